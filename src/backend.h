@@ -1,0 +1,78 @@
+/*
+ * backend.h — the one interface between the engine and a compute backend (CPU or CUDA).
+ *
+ * The engine owns rows, chunking and the state cache; a backend owns the weights in its memory,
+ * one *working state* (per GDN layer the fp32 recurrent state S [nv][dk][dv] and the last K-1 conv
+ * inputs; per attention layer K / V for positions [0, max_context)), and the forward of one chunk.
+ *
+ * A chunk continues from the working state: tokens [start, start + len) of a row whose earlier
+ * positions [0, start) are already in the state. forward() runs embed -> every layer -> (if the
+ * chunk has answer slots) the letter logits at those slots, masked to nopts, softmax. It updates
+ * the working state as it goes: after it, the state is that of position start + len.
+ *
+ * Checkpoints (the state cache) are blobs in backend memory (alloc/release):
+ *  - save_gdn / load_gdn: every GDN layer's S and conv inputs, gdn_snapshot_bytes in all;
+ *  - save_kv / load_kv: K / V of positions [0, n) of every attention layer, n * kv_bytes_per_pos.
+ * A blob given to load_kv must stay valid until the next reset() or load_kv() (a backend may read it
+ * in place instead of copying).
+ *
+ * Every function returns 0 or a negative squad error code with err filled; none prints or exits.
+ */
+#ifndef SQUAD_BACKEND_H
+#define SQUAD_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "squad.h"
+
+typedef struct squad_chunk {
+    const int32_t *ids; /* host memory, [len] */
+    int start;          /* absolute position of ids[0] in the row */
+    int len;            /* tokens in this chunk, 1..max_chunk */
+    int n_slots;        /* answer slots inside this chunk (0: no answer from this chunk) */
+    int slots[SQUAD_MAX_SLOTS_PER_ROW]; /* relative to start, ascending */
+    int nopts[SQUAD_MAX_SLOTS_PER_ROW];
+    const int32_t *letters; /* option letter token ids, [n_letters] */
+    int n_letters;
+} squad_chunk;
+
+typedef struct squad_backend squad_backend;
+struct squad_backend {
+    const char *name; /* "cpu" or "cuda" */
+    const squad_model *model;
+    int max_context;           /* positions the working state can hold */
+    int max_chunk;             /* the longest chunk forward() accepts */
+    size_t gdn_snapshot_bytes; /* one save_gdn blob */
+    size_t kv_bytes_per_pos;   /* K and V of every attention layer at one position */
+
+    void *(*alloc)(squad_backend *be, size_t bytes, squad_err *err);
+    void (*release)(squad_backend *be, void *p);
+
+    /* Working state to a row start: GDN states and conv inputs zeroed (K / V need no clearing). */
+    int (*reset)(squad_backend *be, squad_err *err);
+    int (*save_gdn)(squad_backend *be, void *dst, squad_err *err);
+    int (*load_gdn)(squad_backend *be, const void *src, squad_err *err);
+    /* K / V of positions [0, n) into dst (a blob of n * kv_bytes_per_pos bytes). */
+    int (*save_kv)(squad_backend *be, void *dst, int n, squad_err *err);
+    /* Positions [0, n) from a blob saved with blob_positions positions (n <= blob_positions). */
+    int (*load_kv)(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err);
+
+    /* One chunk; probs is [n_slots][SQUAD_MAX_LETTERS] host memory (entries past nopts are 0),
+     * may be NULL when the chunk has no slots. */
+    int (*forward)(squad_backend *be, const squad_chunk *chunk, float *probs, squad_err *err);
+
+    void (*destroy)(squad_backend *be);
+    void *impl; /* the backend's own state */
+};
+
+/* The CPU backend (src/cpu/). threads 0: all available cores. */
+squad_backend *squad_cpu_backend_new(const squad_model *model, int threads, int max_context, squad_err *err);
+
+/* The CUDA backend (src/cuda/), present when built with SQUAD_HAVE_CUDA. */
+int squad_cuda_device_count(void);
+squad_backend *squad_cuda_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
+                                      squad_err *err);
+
+#endif /* SQUAD_BACKEND_H */

@@ -1,0 +1,35 @@
+/*
+ * engine.h — the engine object (internal view): a model, a backend, the state cache, the memo.
+ *
+ * squad_engine_score (squad.h) validates a row, answers an exact repeat from the memo, sends an
+ * eligible row through the state cache and any other row down the plain path (reset, then the
+ * whole row in chunks). The cache drives the backend itself and runs spans through
+ * squad_engine_run_span.
+ */
+#ifndef SQUAD_ENGINE_H
+#define SQUAD_ENGINE_H
+
+#include "backend.h"
+#include "squad.h"
+
+typedef struct squad_cache squad_cache;
+
+/* Row limits. */
+#define SQUAD_DEFAULT_MAX_TOKENS 32768 /* longest row by default (bounded by the model's positions) */
+
+struct squad_engine {
+    squad_model *model;
+    squad_backend *be;
+    squad_cache *cache; /* NULL when the budget is 0 */
+    squad_engine_opts opts;
+    int max_tokens;
+    uint64_t plain_rows;
+};
+
+/* Runs row->ids[start, end) from the backend's working state (which must hold [0, start)), in
+ * chunks of at most be->max_chunk tokens; the row's slots inside [start, end) are answered into out
+ * (out->probs indexed by the row's slot index). out->computed grows by end - start. */
+int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
+                          squad_err *err);
+
+#endif /* SQUAD_ENGINE_H */

@@ -1,0 +1,68 @@
+/*
+ * model.h — a loaded model: its configuration and its weights bound by Hugging Face names.
+ *
+ * Matrices stay bf16 in memory ([rows][cols] row-major, as the checkpoint stores them: y = W x),
+ * pointing into the mmapped safetensors when the file is bf16, converted once (owned) when it is
+ * F16 or F32. Vectors (norm weights, A_log, dt_bias, conv weights) are converted to fp32 (owned).
+ * Both Qwen3_5ForCausalLM (model.layers.N...) and Qwen3_5ForConditionalGeneration
+ * (model.language_model.layers.N...) layouts are read; model.visual.* and mtp.* are ignored.
+ */
+#ifndef SQUAD_MODEL_H
+#define SQUAD_MODEL_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "safetensors.h"
+#include "squad.h"
+
+typedef struct squad_mat {
+    const uint16_t *w; /* bf16 [rows][cols] */
+    int rows, cols;
+} squad_mat;
+
+typedef struct squad_layer_weights {
+    int kind;          /* SQUAD_LAYER_LINEAR or SQUAD_LAYER_FULL */
+    float *input_norm; /* [H], zero-centred: the op applies (1 + w) */
+    float *post_norm;  /* [H], zero-centred */
+    squad_mat mlp_gate, mlp_up; /* [I][H] */
+    squad_mat mlp_down;         /* [H][I] */
+
+    /* Gated DeltaNet (kind == SQUAD_LAYER_LINEAR) */
+    squad_mat in_qkv;   /* [2 nk dk + nv dv][H] */
+    squad_mat in_z;     /* [nv dv][H] */
+    squad_mat in_b;     /* [nv][H] */
+    squad_mat in_a;     /* [nv][H] */
+    squad_mat out_proj; /* [H][nv dv] */
+    float *conv_w;      /* [C][K] */
+    float *A_log;       /* [nv] */
+    float *dt_bias;     /* [nv] */
+    float *gdn_norm;    /* [dv], a plain weight (not zero-centred) */
+
+    /* Gated attention (kind == SQUAD_LAYER_FULL) */
+    squad_mat q_proj; /* [nh 2 hd][H]: per head hd query then hd gate */
+    squad_mat k_proj; /* [nkv hd][H] */
+    squad_mat v_proj; /* [nkv hd][H] */
+    squad_mat o_proj; /* [H][nh hd] */
+    float *q_norm;    /* [hd], zero-centred */
+    float *k_norm;    /* [hd], zero-centred */
+} squad_layer_weights;
+
+struct squad_model {
+    squad_config cfg;
+    char *dir;
+    st_set files;
+    squad_mat embed;   /* [V][H] */
+    squad_mat lm_head; /* [V][H]: == embed when tied */
+    float *final_norm; /* [H], zero-centred */
+    squad_layer_weights layers[SQUAD_MAX_LAYERS];
+    /* every owned buffer (converted matrices and vectors), freed with the model */
+    void **owned;
+    int n_owned, cap_owned;
+};
+
+/* Binds the tensors of an opened set to a model of configuration cfg (used by squad_model_load
+ * and by tests). */
+int squad_model_bind(squad_model *m, squad_err *err);
+
+#endif /* SQUAD_MODEL_H */

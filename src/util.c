@@ -1,0 +1,162 @@
+/*
+ * util.c — error reporting, checked allocation, file reads and conversions (see util.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+int squad_fail(squad_err *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+int squad_fail_context(squad_err *err, const char *fmt, ...) {
+    if (!err) return SQUAD_E_INVALID;
+    char prefix[SQUAD_ERR_MSG];
+    char old[SQUAD_ERR_MSG];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    if (err->code == 0) err->code = SQUAD_E_INVALID;
+    return err->code;
+}
+
+void *squad_malloc(size_t n, squad_err *err) {
+    void *p = malloc(n ? n : 1);
+    if (!p) squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes)", n);
+    return p;
+}
+
+void *squad_calloc(size_t count, size_t size, squad_err *err) {
+    if (size && count > SIZE_MAX / size) {
+        squad_fail(err, SQUAD_E_NOMEM, "allocation size overflows (%zu x %zu)", count, size);
+        return NULL;
+    }
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu x %zu bytes)", count, size);
+    return p;
+}
+
+void *squad_aligned_alloc(size_t n, squad_err *err) {
+    void *p = NULL;
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded < n || posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+        squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes, aligned)", n);
+        return NULL;
+    }
+    memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+void squad_aligned_free(void *p) { free(p); }
+
+char *squad_strdup(const char *s, squad_err *err) {
+    size_t n = strlen(s) + 1;
+    char *p = squad_malloc(n, err);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+char *squad_read_file(const char *path, size_t *len, squad_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        squad_fail(err, SQUAD_E_IO, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = squad_malloc(cap + 1, err);
+    if (!buf) {
+        fclose(f);
+        return NULL;
+    }
+    for (;;) {
+        if (n == cap) {
+            if (cap > (SIZE_MAX >> 2)) {
+                free(buf);
+                fclose(f);
+                squad_fail(err, SQUAD_E_NOMEM, "file %s is too large", path);
+                return NULL;
+            }
+            char *nb = realloc(buf, cap * 2 + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                squad_fail(err, SQUAD_E_NOMEM, "out of memory reading %s", path);
+                return NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        squad_fail(err, SQUAD_E_IO, "error reading %s", path);
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+char *squad_path_join(const char *dir, const char *name, squad_err *err) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = squad_malloc(a + b + 2, err);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t k = a;
+    if (a && dir[a - 1] != '/') p[k++] = '/';
+    memcpy(p + k, name, b + 1);
+    return p;
+}
+
+double squad_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+float squad_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            man &= 0x3ff;
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}

@@ -1,0 +1,42 @@
+/*
+ * testutil.h — the tiny test harness every tests/test_*.c uses: CHECK macros that count
+ * failures, and a summary line "N passed, N failed" that CTest logs show.
+ */
+#ifndef SQUAD_TESTUTIL_H
+#define SQUAD_TESTUTIL_H
+
+#include <math.h>
+#include <stdio.h>
+
+extern int test_passed, test_failed;
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        if (cond) {                                                                   \
+            test_passed++;                                                            \
+        } else {                                                                      \
+            test_failed++;                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                             \
+    } while (0)
+
+#define CHECKF(cond, ...)                                                  \
+    do {                                                                   \
+        if (cond) {                                                        \
+            test_passed++;                                                 \
+        } else {                                                           \
+            test_failed++;                                                 \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fputc('\n', stderr);                                           \
+        }                                                                  \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol) CHECKF(fabs((double)(a) - (double)(b)) <= (tol), "%.9g vs %.9g (tol %g)", (double)(a), (double)(b), (double)(tol))
+
+/* Prints the summary and returns the process exit code (0 when nothing failed). */
+int test_summary(const char *name);
+/* A fresh temporary directory (mkdtemp under /tmp); the caller may leave it. */
+const char *test_tmpdir(void);
+
+#endif
