@@ -80,9 +80,15 @@ typedef struct squad_cache_opts {
     int max_slots;       /* rows with more slots take the plain path (4) */
 } squad_cache_opts;
 
+/* Arithmetic of the CPU projections. EXACT: fp32 activations times bf16 weights, equal to an fp32
+ * forward up to summation order (the reference's precision). BF16: activations rounded to bf16 for
+ * the bf16 dot-product instructions (the llama.cpp-style path; about 1e-3 relative error). */
+typedef enum { SQUAD_PRECISION_EXACT = 0, SQUAD_PRECISION_BF16 = 1 } squad_precision;
+
 typedef struct squad_engine_opts {
     squad_device device;
     int threads; /* CPU threads; 0: all available cores */
+    squad_precision precision;
     squad_cache_opts cache;
     int precapture; /* CUDA: capture every chunk graph at start */
 } squad_engine_opts;

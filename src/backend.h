@@ -67,8 +67,9 @@ struct squad_backend {
     void *impl; /* the backend's own state */
 };
 
-/* The CPU backend (src/cpu/). threads 0: all available cores. */
-squad_backend *squad_cpu_backend_new(const squad_model *model, int threads, int max_context, squad_err *err);
+/* The CPU backend (src/cpu/): opts->threads (0: all cores) and opts->precision. */
+squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
+                                     squad_err *err);
 
 /* The CUDA backend (src/cuda/), present when built with SQUAD_HAVE_CUDA. */
 int squad_cuda_device_count(void);
