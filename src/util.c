@@ -30,7 +30,13 @@ int squad_fail_context(squad_err *err, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s%s", prefix, old);
+    old[sizeof old - 1] = 0;
+    /* prefix + old message, cut to the buffer */
+    size_t pl = strnlen(prefix, sizeof err->msg - 1);
+    size_t ol = strnlen(old, sizeof err->msg - 1 - pl);
+    memmove(err->msg + pl, old, ol);
+    memcpy(err->msg, prefix, pl);
+    err->msg[pl + ol] = 0;
     if (err->code == 0) err->code = SQUAD_E_INVALID;
     return err->code;
 }

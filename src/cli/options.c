@@ -1,0 +1,88 @@
+/*
+ * options.c — the engine options every model-running subcommand accepts (see options.h).
+ */
+#include "options.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char CLI_ENGINE_OPTIONS_HELP[] =
+    "  --device cpu|cuda|auto   compute device (default auto: CUDA when a GPU is present)\n"
+    "  --threads N              CPU threads (default: all cores)\n"
+    "  --precision exact|bf16   CPU projections: fp32 activations (exact, default) or bf16 activations\n"
+    "  --cache-mb N             state-cache budget in MB (default 1024; 0 turns the cache and memo off)\n"
+    "  --stride N               a checkpoint at every multiple of N tokens (default 2048)\n"
+    "  --tail N                 a checkpoint N tokens before the state's end (default 16)\n"
+    "  --align N                checkpoint positions are multiples of N (default 64)\n"
+    "  --min-prefix N           states shorter than N tokens are not cached (default 256)\n"
+    "  --max-slots N            rows with more slots are not cached (default 4)\n"
+    "  --precapture             CUDA: capture every chunk graph at start\n";
+
+int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *out) {
+    if (!text) {
+        fprintf(stderr, "squad: %s needs a value\n", flag);
+        return -1;
+    }
+    errno = 0;
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "squad: %s must be an integer in %ld..%ld (got '%s')\n", flag, lo, hi, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
+    const char *a = argv[*i];
+    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    long v;
+    if (!strcmp(a, "--precapture")) {
+        o->precapture = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--device")) {
+        if (val && !strcmp(val, "cpu")) o->device = SQUAD_DEVICE_CPU;
+        else if (val && !strcmp(val, "cuda")) o->device = SQUAD_DEVICE_CUDA;
+        else if (val && !strcmp(val, "auto")) o->device = SQUAD_DEVICE_AUTO;
+        else {
+            fprintf(stderr, "squad: --device must be cpu, cuda or auto\n");
+            return -1;
+        }
+    } else if (!strcmp(a, "--precision")) {
+        if (val && !strcmp(val, "exact")) o->precision = SQUAD_PRECISION_EXACT;
+        else if (val && !strcmp(val, "bf16")) o->precision = SQUAD_PRECISION_BF16;
+        else {
+            fprintf(stderr, "squad: --precision must be exact or bf16\n");
+            return -1;
+        }
+    } else if (!strcmp(a, "--threads")) {
+        if (cli_parse_int(a, val, 0, 1024, &v)) return -1;
+        o->threads = (int)v;
+    } else if (!strcmp(a, "--cache-mb")) {
+        if (cli_parse_int(a, val, 0, 1L << 30, &v)) return -1;
+        o->cache.budget_bytes = (size_t)v << 20;
+    } else if (!strcmp(a, "--stride")) {
+        if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
+        o->cache.stride = (int)v;
+    } else if (!strcmp(a, "--tail")) {
+        if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
+        o->cache.tail = (int)v;
+    } else if (!strcmp(a, "--align")) {
+        if (cli_parse_int(a, val, 1, 1L << 16, &v)) return -1;
+        o->cache.align = (int)v;
+    } else if (!strcmp(a, "--min-prefix")) {
+        if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
+        o->cache.min_prefix = (int)v;
+    } else if (!strcmp(a, "--max-slots")) {
+        if (cli_parse_int(a, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return -1;
+        o->cache.max_slots = (int)v;
+    } else {
+        return 0;
+    }
+    (*i)++;
+    return 1;
+}

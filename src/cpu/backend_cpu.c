@@ -1,0 +1,344 @@
+/*
+ * backend_cpu.c — the CPU backend (src/backend.h): the reference forward of one chunk on fp32
+ * activations with the bf16 weights kept in bf16, spread over a thread pool.
+ *
+ * Working state, laid out so a checkpoint is one memcpy:
+ *   gdn_state  [n_gdn] x { S [nv][dk][dv] fp32, conv inputs [K-1][C] fp32 }  (= one save_gdn blob)
+ *   K[la], V[la] [capacity][nkv hd] fp32 per attention layer, grown on demand up to max_context.
+ * A save_kv blob is [n_attn][K then V][n][nkv hd].
+ *
+ * Scratch activations are sized for CPU_MAX_CHUNK tokens once, at creation, so a forward allocates
+ * nothing but the attention's per-call score row. The projections that end a block (out_proj,
+ * o_proj, down_proj) accumulate straight into the residual stream h.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend.h"
+#include "../util.h"
+#include "gemm.h"
+#include "ops.h"
+#include "pool.h"
+
+/* The longest chunk this backend runs at once; longer spans are split by the engine. */
+#define CPU_MAX_CHUNK 512
+/* Tokens per block of the chunked delta rule (the WY form's block, as on the GPU). */
+#define CPU_DELTA_BLOCK 64
+/* The first K / V allocation, in positions; it doubles as rows grow. */
+#define CPU_KV_INITIAL_POSITIONS 1024
+
+typedef struct cpu_backend {
+    squad_backend base; /* first: a squad_backend * is a cpu_backend * */
+    const squad_model *m;
+    cpu_pool *pool;
+    cpu_gemm_precision prec;
+    int n_gdn, n_attn;
+    int slot_of_layer[SQUAD_MAX_LAYERS]; /* index among the layers of its kind */
+    size_t gdn_layer_floats;             /* S + conv floats of one GDN layer */
+    float *gdn_state;                    /* [n_gdn][gdn_layer_floats] */
+    float **K, **V;                      /* [n_attn] -> [kv_capacity][nkv hd] */
+    int kv_capacity;
+    float *inv_freq; /* [rd/2] */
+    /* scratch, [CPU_MAX_CHUNK] rows each */
+    float *h, *x, *qkv, *conv_out, *z, *gate_a, *gate_b, *g, *beta, *o, *qg, *kk, *vv, *att, *mlp_gate, *mlp_up;
+} cpu_backend;
+
+static cpu_backend *impl_of(squad_backend *be) { return (cpu_backend *)be; }
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+static void *cpu_alloc(squad_backend *be, size_t bytes, squad_err *err) { return squad_aligned_alloc(bytes, err); }
+static void cpu_release(squad_backend *be, void *p) { squad_aligned_free(p); }
+
+static int kv_dim(const cpu_backend *c) { return c->m->cfg.num_kv_heads * c->m->cfg.head_dim; }
+
+/* Makes room for positions [0, need) in every attention layer's K / V, keeping what is there. */
+static int ensure_kv_capacity(cpu_backend *c, int need, squad_err *err) {
+    if (need <= c->kv_capacity) return 0;
+    if (need > c->base.max_context)
+        return squad_fail(err, SQUAD_E_INVALID, "position %d is past the longest supported row (%d)", need,
+                          c->base.max_context);
+    int cap = c->kv_capacity ? c->kv_capacity : CPU_KV_INITIAL_POSITIONS;
+    while (cap < need) cap = cap > c->base.max_context / 2 ? c->base.max_context : cap * 2;
+    size_t row = sizeof(float) * (size_t)kv_dim(c);
+    for (int la = 0; la < c->n_attn; la++) {
+        float *nk = realloc(c->K[la], row * (size_t)cap);
+        if (!nk) return squad_fail(err, SQUAD_E_NOMEM, "out of memory growing K/V to %d positions", cap);
+        c->K[la] = nk;
+        float *nv = realloc(c->V[la], row * (size_t)cap);
+        if (!nv) return squad_fail(err, SQUAD_E_NOMEM, "out of memory growing K/V to %d positions", cap);
+        c->V[la] = nv;
+    }
+    c->kv_capacity = cap;
+    return 0;
+}
+
+static int cpu_reset(squad_backend *be, squad_err *err) {
+    cpu_backend *c = impl_of(be);
+    memset(c->gdn_state, 0, sizeof(float) * c->gdn_layer_floats * (size_t)c->n_gdn);
+    return 0;
+}
+
+static int cpu_save_gdn(squad_backend *be, void *dst, squad_err *err) {
+    memcpy(dst, impl_of(be)->gdn_state, be->gdn_snapshot_bytes);
+    return 0;
+}
+
+static int cpu_load_gdn(squad_backend *be, const void *src, squad_err *err) {
+    memcpy(impl_of(be)->gdn_state, src, be->gdn_snapshot_bytes);
+    return 0;
+}
+
+static int cpu_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
+    cpu_backend *c = impl_of(be);
+    if (n < 0 || n > c->kv_capacity) return squad_fail(err, SQUAD_E_INVALID, "save_kv: %d positions not held", n);
+    size_t bytes = sizeof(float) * (size_t)kv_dim(c) * (size_t)n;
+    char *p = dst;
+    for (int la = 0; la < c->n_attn; la++) {
+        memcpy(p, c->K[la], bytes);
+        p += bytes;
+        memcpy(p, c->V[la], bytes);
+        p += bytes;
+    }
+    return 0;
+}
+
+static int cpu_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
+    cpu_backend *c = impl_of(be);
+    if (n < 0 || n > blob_positions) return squad_fail(err, SQUAD_E_INVALID, "load_kv: %d of %d positions", n, blob_positions);
+    int rc = ensure_kv_capacity(c, n, err);
+    if (rc) return rc;
+    size_t stride = sizeof(float) * (size_t)kv_dim(c) * (size_t)blob_positions;
+    size_t bytes = sizeof(float) * (size_t)kv_dim(c) * (size_t)n;
+    const char *p = src;
+    for (int la = 0; la < c->n_attn; la++) {
+        memcpy(c->K[la], p, bytes);
+        p += stride;
+        memcpy(c->V[la], p, bytes);
+        p += stride;
+    }
+    return 0;
+}
+
+/* ---- the forward ----------------------------------------------------------------------------- */
+
+static void gemm(cpu_backend *c, float *y, const float *x, const squad_mat *W, int T, int accumulate) {
+    cpu_gemm_bf16(c->pool, y, x, W->w, T, W->rows, W->cols, accumulate, c->prec);
+}
+
+typedef struct delta_task {
+    cpu_backend *c;
+    float *S;
+    int T;
+} delta_task;
+
+static void delta_task_run(void *ctx, int task, int n_tasks) {
+    delta_task *d = ctx;
+    const squad_config *cfg = &d->c->m->cfg;
+    int nv = cfg->lin_num_v_heads;
+    int h0 = (int)((long)nv * task / n_tasks), h1 = (int)((long)nv * (task + 1) / n_tasks);
+    op_delta_rule_chunked(d->c->o, d->S, d->c->conv_out, d->c->g, d->c->beta, d->T, squad_config_gdn_channels(cfg),
+                          cfg->lin_num_k_heads, nv, cfg->lin_k_dim, cfg->lin_v_dim, h0, h1, CPU_DELTA_BLOCK);
+}
+
+/* h += GatedDeltaNet(x) for one chunk, continuing from the layer's state. */
+static void gdn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, int T) {
+    const squad_config *cfg = &c->m->cfg;
+    int C = squad_config_gdn_channels(cfg), K = cfg->conv_kernel;
+    int nv = cfg->lin_num_v_heads, dv = cfg->lin_v_dim;
+    float *S = c->gdn_state + c->gdn_layer_floats * (size_t)slot;
+    float *conv_state = S + (size_t)nv * cfg->lin_k_dim * dv;
+
+    gemm(c, c->qkv, c->x, &L->in_qkv, T, 0);
+    gemm(c, c->z, c->x, &L->in_z, T, 0);
+    gemm(c, c->gate_b, c->x, &L->in_b, T, 0);
+    gemm(c, c->gate_a, c->x, &L->in_a, T, 0);
+    op_conv_silu(c->conv_out, c->qkv, conv_state, L->conv_w, T, C, K);
+    op_qk_l2norm(c->conv_out, T, C, cfg->lin_num_k_heads, cfg->lin_k_dim);
+    op_gdn_gates(c->g, c->beta, c->gate_a, c->gate_b, L->A_log, L->dt_bias, T, nv);
+
+    delta_task d = {c, S, T};
+    int tasks = cpu_pool_threads(c->pool) < nv ? cpu_pool_threads(c->pool) : nv;
+    cpu_pool_run(c->pool, delta_task_run, &d, tasks);
+
+    op_gated_rmsnorm(c->o, c->z, L->gdn_norm, T, nv, dv, cfg->rms_eps);
+    gemm(c, c->h, c->o, &L->out_proj, T, 1);
+}
+
+typedef struct attn_task {
+    cpu_backend *c;
+    int slot, T, pos0;
+} attn_task;
+
+static void attn_task_run(void *ctx, int task, int n_tasks) {
+    attn_task *a = ctx;
+    const squad_config *cfg = &a->c->m->cfg;
+    int nh = cfg->num_heads, hd = cfg->head_dim;
+    int j0 = (int)((long)nh * task / n_tasks), j1 = (int)((long)nh * (task + 1) / n_tasks);
+    op_attention(a->c->att, a->c->qg, nh * 2 * hd, 2 * hd, a->c->K[a->slot], a->c->V[a->slot], a->T, a->pos0, nh,
+                 cfg->num_kv_heads, hd, j0, j1);
+}
+
+/* h += GatedAttention(x) for one chunk at positions [pos0, pos0 + T). */
+static void attn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, int T, int pos0) {
+    const squad_config *cfg = &c->m->cfg;
+    int nh = cfg->num_heads, nkv = cfg->num_kv_heads, hd = cfg->head_dim;
+    int q_stride = nh * 2 * hd, kvd = nkv * hd;
+
+    gemm(c, c->qg, c->x, &L->q_proj, T, 0);
+    gemm(c, c->kk, c->x, &L->k_proj, T, 0);
+    gemm(c, c->vv, c->x, &L->v_proj, T, 0);
+    for (int j = 0; j < nh; j++) op_head_rmsnorm_zc(c->qg + (long)j * 2 * hd, L->q_norm, T, 1, hd, q_stride, cfg->rms_eps);
+    op_head_rmsnorm_zc(c->kk, L->k_norm, T, nkv, hd, kvd, cfg->rms_eps);
+    op_rope(c->qg, c->inv_freq, T, pos0, nh, 2 * hd, q_stride, cfg->rotary_dim);
+    op_rope(c->kk, c->inv_freq, T, pos0, nkv, hd, kvd, cfg->rotary_dim);
+    memcpy(c->K[slot] + (long)pos0 * kvd, c->kk, sizeof(float) * (size_t)T * (size_t)kvd);
+    memcpy(c->V[slot] + (long)pos0 * kvd, c->vv, sizeof(float) * (size_t)T * (size_t)kvd);
+
+    attn_task a = {c, slot, T, pos0};
+    int tasks = cpu_pool_threads(c->pool) < nh ? cpu_pool_threads(c->pool) : nh;
+    cpu_pool_run(c->pool, attn_task_run, &a, tasks);
+
+    op_sigmoid_gate(c->att, c->qg + hd, T, nh, hd, q_stride, 2 * hd);
+    gemm(c, c->h, c->att, &L->o_proj, T, 1);
+}
+
+/* h += MLP(x) */
+static void mlp_block(cpu_backend *c, const squad_layer_weights *L, int T) {
+    int I = c->m->cfg.intermediate_size;
+    gemm(c, c->mlp_gate, c->x, &L->mlp_gate, T, 0);
+    gemm(c, c->mlp_up, c->x, &L->mlp_up, T, 0);
+    op_silu_mul(c->mlp_gate, c->mlp_up, (long)T * I);
+    gemm(c, c->h, c->mlp_gate, &L->mlp_down, T, 1);
+}
+
+static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, squad_err *err) {
+    cpu_backend *c = impl_of(be);
+    const squad_model *m = c->m;
+    const squad_config *cfg = &m->cfg;
+    int T = ck->len, H = cfg->hidden_size;
+    if (T < 1 || T > be->max_chunk)
+        return squad_fail(err, SQUAD_E_INVALID, "chunk of %d tokens (1..%d)", T, be->max_chunk);
+    if (ck->start < 0 || ck->start + T > be->max_context)
+        return squad_fail(err, SQUAD_E_INVALID, "chunk [%d, %d) is past the longest supported row (%d)", ck->start,
+                          ck->start + T, be->max_context);
+    int rc = ensure_kv_capacity(c, ck->start + T, err);
+    if (rc) return rc;
+
+    for (int t = 0; t < T; t++) {
+        int id = ck->ids[t];
+        if (id < 0 || id >= cfg->vocab_size)
+            return squad_fail(err, SQUAD_E_INVALID, "token id %d is outside the vocabulary (0..%d)", id,
+                              cfg->vocab_size - 1);
+        const uint16_t *e = m->embed.w + (long)id * H;
+        float *hr = c->h + (long)t * H;
+        for (int i = 0; i < H; i++) hr[i] = squad_bf16_to_f32(e[i]);
+    }
+    for (int l = 0; l < cfg->num_layers; l++) {
+        const squad_layer_weights *L = &m->layers[l];
+        op_rmsnorm_zc(c->x, c->h, L->input_norm, T, H, cfg->rms_eps);
+        if (L->kind == SQUAD_LAYER_LINEAR)
+            gdn_layer(c, L, c->slot_of_layer[l], T);
+        else
+            attn_layer(c, L, c->slot_of_layer[l], T, ck->start);
+        op_rmsnorm_zc(c->x, c->h, L->post_norm, T, H, cfg->rms_eps);
+        mlp_block(c, L, T);
+    }
+    for (int s = 0; s < ck->n_slots; s++) {
+        int t = ck->slots[s];
+        if (t < 0 || t >= T) return squad_fail(err, SQUAD_E_INVALID, "slot %d outside the chunk", t);
+        op_letter_probs(probs + (long)s * SQUAD_MAX_LETTERS, c->h + (long)t * H, m->final_norm, cfg->rms_eps,
+                        m->lm_head.w, H, ck->letters, ck->n_letters, ck->nopts[s]);
+    }
+    return 0;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------------- */
+
+static void cpu_destroy(squad_backend *be) {
+    if (!be) return;
+    cpu_backend *c = impl_of(be);
+    cpu_pool_free(c->pool);
+    squad_aligned_free(c->gdn_state);
+    for (int la = 0; la < c->n_attn; la++) {
+        if (c->K) free(c->K[la]);
+        if (c->V) free(c->V[la]);
+    }
+    free(c->K);
+    free(c->V);
+    free(c->inv_freq);
+    float **scratch[] = {&c->h, &c->x, &c->qkv, &c->conv_out, &c->z, &c->gate_a, &c->gate_b, &c->g, &c->beta,
+                         &c->o, &c->qg, &c->kk, &c->vv, &c->att, &c->mlp_gate, &c->mlp_up};
+    for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) squad_aligned_free(*scratch[i]);
+    free(c);
+}
+
+static float *scratch_rows(int width, squad_err *err) {
+    return squad_aligned_alloc(sizeof(float) * (size_t)CPU_MAX_CHUNK * (size_t)(width > 0 ? width : 1), err);
+}
+
+squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
+                                     squad_err *err) {
+    const squad_config *cfg = &model->cfg;
+    if (cfg->lin_v_dim > OP_MAX_HEAD_DIM) {
+        squad_fail(err, SQUAD_E_UNSUPPORTED, "linear_value_head_dim %d is larger than the CPU backend supports (%d)",
+                   cfg->lin_v_dim, OP_MAX_HEAD_DIM);
+        return NULL;
+    }
+    cpu_backend *c = squad_calloc(1, sizeof *c, err);
+    if (!c) return NULL;
+    c->m = model;
+    c->prec = opts && opts->precision == SQUAD_PRECISION_BF16 ? CPU_GEMM_FAST : CPU_GEMM_EXACT;
+    squad_backend *be = &c->base;
+    be->name = "cpu";
+    be->model = model;
+    be->max_context = max_context;
+    be->max_chunk = CPU_MAX_CHUNK;
+    be->alloc = cpu_alloc;
+    be->release = cpu_release;
+    be->reset = cpu_reset;
+    be->save_gdn = cpu_save_gdn;
+    be->load_gdn = cpu_load_gdn;
+    be->save_kv = cpu_save_kv;
+    be->load_kv = cpu_load_kv;
+    be->forward = cpu_forward;
+    be->destroy = cpu_destroy;
+    be->impl = c;
+
+    for (int l = 0; l < cfg->num_layers; l++)
+        c->slot_of_layer[l] = cfg->layer_types[l] == SQUAD_LAYER_LINEAR ? c->n_gdn++ : c->n_attn++;
+    int C = squad_config_gdn_channels(cfg);
+    c->gdn_layer_floats = (size_t)cfg->lin_num_v_heads * cfg->lin_k_dim * cfg->lin_v_dim +
+                          (size_t)(cfg->conv_kernel - 1) * (size_t)C;
+    be->gdn_snapshot_bytes = sizeof(float) * c->gdn_layer_floats * (size_t)c->n_gdn;
+    be->kv_bytes_per_pos = 2 * sizeof(float) * (size_t)kv_dim(c) * (size_t)c->n_attn;
+
+    c->pool = cpu_pool_new(opts ? opts->threads : 0, err);
+    if (!c->pool) goto fail;
+    if (cpu_gemm_reserve(c->pool, CPU_MAX_CHUNK,
+                         cfg->intermediate_size > cfg->hidden_size ? cfg->intermediate_size : cfg->hidden_size, err))
+        goto fail;
+    c->gdn_state = squad_aligned_alloc(be->gdn_snapshot_bytes ? be->gdn_snapshot_bytes : 1, err);
+    c->K = squad_calloc((size_t)c->n_attn + 1, sizeof(float *), err);
+    c->V = squad_calloc((size_t)c->n_attn + 1, sizeof(float *), err);
+    c->inv_freq = squad_calloc((size_t)cfg->rotary_dim / 2 + 1, sizeof(float), err);
+    if (!c->gdn_state || !c->K || !c->V || !c->inv_freq) goto fail;
+    op_rope_inv_freq(c->inv_freq, cfg->rope_theta, cfg->rotary_dim);
+
+    int H = cfg->hidden_size, I = cfg->intermediate_size, nv = cfg->lin_num_v_heads, dv = cfg->lin_v_dim;
+    int nh = cfg->num_heads, hd = cfg->head_dim, kvd = kv_dim(c);
+    struct {
+        float **p;
+        int width;
+    } plan[] = {{&c->h, H},          {&c->x, H},         {&c->qkv, C},          {&c->conv_out, C},
+                {&c->z, nv * dv},    {&c->gate_a, nv},   {&c->gate_b, nv},      {&c->g, nv},
+                {&c->beta, nv},      {&c->o, nv * dv},   {&c->qg, nh * 2 * hd}, {&c->kk, kvd},
+                {&c->vv, kvd},       {&c->att, nh * hd}, {&c->mlp_gate, I},     {&c->mlp_up, I}};
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        if (!(*plan[i].p = scratch_rows(plan[i].width, err))) goto fail;
+    return be;
+fail:
+    cpu_destroy(be);
+    return NULL;
+}

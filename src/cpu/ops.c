@@ -1,0 +1,343 @@
+/*
+ * ops.c — the CPU backend's operations (see ops.h): fp32 arithmetic, written close to the math of
+ * DESIGN.md section 1 so each can be checked by reading. Inner loops run over a contiguous
+ * dimension (features, dv) so -O2 vectorises them; the costly ones (the delta rule, attention)
+ * take a head range so the backend can split heads across threads.
+ */
+#include "ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../util.h"
+
+/* The L2 normalisation epsilon of q and k in the GDN layer (fixed by the architecture). */
+#define GDN_L2NORM_EPS 1e-6f
+/* Longest chunk op_delta_rule_chunked handles in its stack buffers. */
+#define DELTA_MAX_CHUNK 64
+/* softplus(x) = x above this (torch's default threshold). */
+#define SOFTPLUS_THRESHOLD 20.0f
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+void op_rmsnorm_zc(float *y, const float *x, const float *w, int T, int n, float eps) {
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (long)t * n;
+        float *yr = y + (long)t * n;
+        float ss = 0.0f;
+        for (int i = 0; i < n; i++) ss += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int i = 0; i < n; i++) yr[i] = xr[i] * inv * (1.0f + w[i]);
+    }
+}
+
+void op_head_rmsnorm_zc(float *x, const float *w, int T, int n_heads, int hd, int token_stride, float eps) {
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (long)t * token_stride + (long)h * hd;
+            op_rmsnorm_zc(v, v, w, 1, hd, eps);
+        }
+}
+
+void op_rope_inv_freq(float *inv_freq, double theta, int rd) {
+    for (int i = 0; i < rd / 2; i++)
+        inv_freq[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)rd);
+}
+
+void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int head_stride, int token_stride,
+             int rd) {
+    int half = rd / 2;
+    for (int t = 0; t < T; t++) {
+        float pos = (float)(pos0 + t);
+        for (int i = 0; i < half; i++) {
+            float ang = pos * inv_freq[i];
+            float c = cosf(ang), s = sinf(ang);
+            for (int h = 0; h < n_heads; h++) {
+                float *v = x + (long)t * token_stride + (long)h * head_stride;
+                float x1 = v[i], x2 = v[i + half];
+                v[i] = x1 * c - x2 * s;
+                v[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}
+
+void op_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K) {
+    int hist = K - 1;
+    for (int t = 0; t < T; t++) {
+        float *yr = y + (long)t * C;
+        for (int c = 0; c < C; c++) yr[c] = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int src = t + k - hist; /* < 0: from the saved inputs */
+            const float *in = src < 0 ? state + (long)(hist + src) * C : x + (long)src * C;
+            for (int c = 0; c < C; c++) yr[c] += w[(long)c * K + k] * in[c];
+        }
+        for (int c = 0; c < C; c++) yr[c] = silu(yr[c]);
+    }
+    /* the last K-1 inputs of [state | x] become the new state */
+    if (T >= hist) {
+        memcpy(state, x + (long)(T - hist) * C, sizeof(float) * (size_t)hist * (size_t)C);
+    } else {
+        memmove(state, state + (long)T * C, sizeof(float) * (size_t)(hist - T) * (size_t)C);
+        memcpy(state + (long)(hist - T) * C, x, sizeof(float) * (size_t)T * (size_t)C);
+    }
+}
+
+void op_qk_l2norm(float *qkv, int T, int C, int nk, int dk) {
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < 2 * nk; h++) {
+            float *v = qkv + (long)t * C + (long)h * dk;
+            float ss = 0.0f;
+            for (int i = 0; i < dk; i++) ss += v[i] * v[i];
+            float inv = 1.0f / sqrtf(ss + GDN_L2NORM_EPS);
+            if (h < nk) inv *= qscale; /* q heads come first */
+            for (int i = 0; i < dk; i++) v[i] *= inv;
+        }
+}
+
+void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const float *A_log, const float *dt_bias,
+                  int T, int nv) {
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nv; h++) {
+            long i = (long)t * nv + h;
+            float x = a[i] + dt_bias[h];
+            float sp = x > SOFTPLUS_THRESHOLD ? x : log1pf(expf(x));
+            g[i] = -expf(A_log[h]) * sp;
+            beta[i] = sigmoidf(b[i]);
+        }
+}
+
+void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
+                   int nv, int dk, int dv, int h0, int h1) {
+    int group = nv / nk;
+    float kv[OP_MAX_HEAD_DIM];
+    for (int h = h0; h < h1; h++) {
+        float *Sh = S + (long)h * dk * dv;
+        int hk = h / group;
+        for (int t = 0; t < T; t++) {
+            const float *row = qkv + (long)t * C;
+            const float *q = row + (long)hk * dk;
+            const float *k = row + (long)nk * dk + (long)hk * dk;
+            const float *v = row + 2L * nk * dk + (long)h * dv;
+            float decay = expf(g[(long)t * nv + h]);
+            float bt = beta[(long)t * nv + h];
+            /* pass 1: decay S and read S^T k */
+            for (int j = 0; j < dv; j++) kv[j] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sh + (long)i * dv;
+                for (int j = 0; j < dv; j++) {
+                    Si[j] *= decay;
+                    kv[j] += Si[j] * k[i];
+                }
+            }
+            for (int j = 0; j < dv; j++) kv[j] = bt * (v[j] - kv[j]);
+            /* pass 2: rank-1 update and the output S^T q */
+            float *out = o + (long)t * nv * dv + (long)h * dv;
+            for (int j = 0; j < dv; j++) out[j] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sh + (long)i * dv;
+                for (int j = 0; j < dv; j++) {
+                    Si[j] += k[i] * kv[j];
+                    out[j] += Si[j] * q[i];
+                }
+            }
+        }
+    }
+}
+
+/* One chunk of L <= DELTA_MAX_CHUNK tokens for one value head (see ops.h). With G the cumulative
+ * sum of g inside the chunk and S0 the state entering it, the per-token rule unrolls to
+ *   u_i = beta_i (v_i - e^{G_i} S0^T k_i - sum_{j<i} e^{G_i - G_j} (k_i . k_j) u_j)   (a triangular solve)
+ *   o_t = e^{G_t} S0^T q_t + sum_{i<=t} e^{G_t - G_i} (q_t . k_i) u_i
+ *   S_L = e^{G_L} S0 + sum_i e^{G_L - G_i} k_i u_i^T
+ * All exponents are <= 0 (g <= 0), so nothing overflows. */
+static void delta_chunk_head(float *o, int o_stride, float *Sh, const float *q, const float *k, const float *v,
+                             int qk_stride, int v_stride, const float *g, const float *beta, int gb_stride, int L,
+                             int dk, int dv, float *u /* [L][dv] */) {
+    float G[DELTA_MAX_CHUNK];
+    float acc = 0.0f;
+    for (int t = 0; t < L; t++) {
+        acc += g[(long)t * gb_stride];
+        G[t] = acc;
+    }
+    /* u_i: right-hand side, then forward substitution */
+    for (int i = 0; i < L; i++) {
+        const float *ki = k + (long)i * qk_stride;
+        float *ui = u + (long)i * dv;
+        float bi = beta[(long)i * gb_stride];
+        float gi = expf(G[i]);
+        for (int j = 0; j < dv; j++) ui[j] = 0.0f;
+        for (int a = 0; a < dk; a++) {
+            const float *Sa = Sh + (long)a * dv;
+            float ka = ki[a] * gi;
+            for (int j = 0; j < dv; j++) ui[j] += Sa[j] * ka;
+        }
+        const float *vi = v + (long)i * v_stride;
+        for (int j = 0; j < dv; j++) ui[j] = bi * (vi[j] - ui[j]);
+        for (int jj = 0; jj < i; jj++) {
+            const float *kj = k + (long)jj * qk_stride;
+            float dot = 0.0f;
+            for (int a = 0; a < dk; a++) dot += ki[a] * kj[a];
+            float c = bi * expf(G[i] - G[jj]) * dot;
+            const float *uj = u + (long)jj * dv;
+            for (int j = 0; j < dv; j++) ui[j] -= c * uj[j];
+        }
+    }
+    /* outputs */
+    for (int t = 0; t < L; t++) {
+        const float *qt = q + (long)t * qk_stride;
+        float *ot = o + (long)t * o_stride;
+        float gt = expf(G[t]);
+        for (int j = 0; j < dv; j++) ot[j] = 0.0f;
+        for (int a = 0; a < dk; a++) {
+            const float *Sa = Sh + (long)a * dv;
+            float qa = qt[a] * gt;
+            for (int j = 0; j < dv; j++) ot[j] += Sa[j] * qa;
+        }
+        for (int i = 0; i <= t; i++) {
+            const float *ki = k + (long)i * qk_stride;
+            float dot = 0.0f;
+            for (int a = 0; a < dk; a++) dot += qt[a] * ki[a];
+            float c = expf(G[t] - G[i]) * dot;
+            const float *ui = u + (long)i * dv;
+            for (int j = 0; j < dv; j++) ot[j] += c * ui[j];
+        }
+    }
+    /* the state leaving the chunk */
+    float gL = expf(G[L - 1]);
+    for (int a = 0; a < dk; a++) {
+        float *Sa = Sh + (long)a * dv;
+        for (int j = 0; j < dv; j++) Sa[j] *= gL;
+        for (int i = 0; i < L; i++) {
+            float c = expf(G[L - 1] - G[i]) * k[(long)i * qk_stride + a];
+            const float *ui = u + (long)i * dv;
+            for (int j = 0; j < dv; j++) Sa[j] += c * ui[j];
+        }
+    }
+}
+
+void op_delta_rule_chunked(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C,
+                           int nk, int nv, int dk, int dv, int h0, int h1, int chunk) {
+    if (chunk > DELTA_MAX_CHUNK || chunk < 1) chunk = DELTA_MAX_CHUNK;
+    int group = nv / nk;
+    float *u = malloc(sizeof(float) * (size_t)chunk * (size_t)dv);
+    if (!u) { /* no scratch: the per-token form needs none and gives the same result */
+        op_delta_rule(o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
+        return;
+    }
+    for (int h = h0; h < h1; h++) {
+        int hk = h / group;
+        for (int t0 = 0; t0 < T; t0 += chunk) {
+            int L = T - t0 < chunk ? T - t0 : chunk;
+            const float *row = qkv + (long)t0 * C;
+            delta_chunk_head(o + (long)t0 * nv * dv + (long)h * dv, nv * dv, S + (long)h * dk * dv,
+                             row + (long)hk * dk, row + (long)nk * dk + (long)hk * dk,
+                             row + 2L * nk * dk + (long)h * dv, C, C, g + (long)t0 * nv + h,
+                             beta + (long)t0 * nv + h, nv, L, dk, dv, u);
+        }
+    }
+    free(u);
+}
+
+void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, int dv, float eps) {
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nv; h++) {
+            float *x = o + (long)t * nv * dv + (long)h * dv;
+            const float *zz = z + (long)t * nv * dv + (long)h * dv;
+            float ss = 0.0f;
+            for (int i = 0; i < dv; i++) ss += x[i] * x[i];
+            float inv = 1.0f / sqrtf(ss / (float)dv + eps);
+            for (int i = 0; i < dv; i++) x[i] = x[i] * inv * w[i] * silu(zz[i]);
+        }
+}
+
+void op_attention(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
+                  int T, int pos0, int nh, int nkv, int hd, int j0, int j1) {
+    int group = nh / nkv;
+    int kv_stride = nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int n_keys_max = pos0 + T;
+    float *score = malloc(sizeof(float) * (size_t)n_keys_max);
+    float acc_stack[512];
+    float *acc = hd <= 512 ? acc_stack : malloc(sizeof(float) * (size_t)hd);
+    if (!score || !acc) { /* cannot happen for sane sizes; leave zeros rather than crash */
+        free(score);
+        if (acc != acc_stack) free(acc);
+        for (int t = 0; t < T; t++)
+            for (int j = j0; j < j1; j++) memset(out + (long)t * nh * hd + (long)j * hd, 0, sizeof(float) * hd);
+        return;
+    }
+    for (int j = j0; j < j1; j++) {
+        int kvh = j / group;
+        for (int t = 0; t < T; t++) {
+            const float *qt = q + (long)t * q_stride + (long)j * q_head_stride;
+            int n = pos0 + t + 1;
+            float mx = -INFINITY;
+            for (int p = 0; p < n; p++) {
+                const float *kp = K + (long)p * kv_stride + (long)kvh * hd;
+                float d = 0.0f;
+                for (int i = 0; i < hd; i++) d += qt[i] * kp[i];
+                d *= scale;
+                score[p] = d;
+                if (d > mx) mx = d;
+            }
+            float sum = 0.0f;
+            for (int p = 0; p < n; p++) {
+                score[p] = expf(score[p] - mx);
+                sum += score[p];
+            }
+            float inv = 1.0f / sum;
+            for (int i = 0; i < hd; i++) acc[i] = 0.0f;
+            for (int p = 0; p < n; p++) {
+                const float *vp = V + (long)p * kv_stride + (long)kvh * hd;
+                float w = score[p] * inv;
+                for (int i = 0; i < hd; i++) acc[i] += w * vp[i];
+            }
+            memcpy(out + (long)t * nh * hd + (long)j * hd, acc, sizeof(float) * (size_t)hd);
+        }
+    }
+    free(score);
+    if (acc != acc_stack) free(acc);
+}
+
+void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride) {
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < nh; j++) {
+            float *o = out + (long)t * nh * hd + (long)j * hd;
+            const float *gt = gate + (long)t * gate_stride + (long)j * gate_head_stride;
+            for (int i = 0; i < hd; i++) o[i] *= sigmoidf(gt[i]);
+        }
+}
+
+void op_silu_mul(float *a, const float *b, long n) {
+    for (long i = 0; i < n; i++) a[i] = silu(a[i]) * b[i];
+}
+
+void op_add(float *x, const float *y, long n) {
+    for (long i = 0; i < n; i++) x[i] += y[i];
+}
+
+void op_letter_probs(float *probs, const float *h, const float *norm_w, float eps, const uint16_t *E, int H,
+                     const int32_t *letters, int n_letters, int nopts) {
+    double ss = 0.0;
+    for (int i = 0; i < H; i++) ss += (double)h[i] * h[i];
+    float inv = 1.0f / sqrtf((float)(ss / H) + eps);
+    double logit[SQUAD_MAX_LETTERS];
+    double mx = -INFINITY;
+    for (int l = 0; l < nopts && l < n_letters; l++) {
+        const uint16_t *e = E + (long)letters[l] * H;
+        double d = 0.0;
+        for (int i = 0; i < H; i++) d += (double)(h[i] * inv * (1.0f + norm_w[i])) * squad_bf16_to_f32(e[i]);
+        logit[l] = d;
+        if (d > mx) mx = d;
+    }
+    double sum = 0.0;
+    for (int l = 0; l < nopts && l < n_letters; l++) {
+        logit[l] = exp(logit[l] - mx);
+        sum += logit[l];
+    }
+    for (int l = 0; l < SQUAD_MAX_LETTERS; l++) probs[l] = (l < nopts && l < n_letters) ? (float)(logit[l] / sum) : 0.0f;
+}

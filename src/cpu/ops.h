@@ -1,0 +1,78 @@
+/*
+ * ops.h — the CPU backend's operations on fp32 activations, one function per step of DESIGN.md
+ * section 1. Each is written as the plain loop a reader can check against the math; the ones that
+ * cost (the delta rule, attention) are organised so the compiler vectorises the inner loop over a
+ * contiguous dimension. tests/test_ops.c checks each against a direct transcription of the formula
+ * (and the chunked delta rule against the per-token recurrence).
+ *
+ * Layouts: token-major, [T][features]; heads are contiguous blocks of a token's features.
+ */
+#ifndef SQUAD_CPU_OPS_H
+#define SQUAD_CPU_OPS_H
+
+#include <stdint.h>
+
+/* The largest GDN value-head dimension the per-token rule's stack buffer holds. */
+#define OP_MAX_HEAD_DIM 1024
+
+/* y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * (1 + w)   (zero-centred weight), rows of n. */
+void op_rmsnorm_zc(float *y, const float *x, const float *w, int T, int n, float eps);
+
+/* Per head: x[t][h] = rmsnorm_zc(x[t][h]) over hd values, in place; stride between tokens. */
+void op_head_rmsnorm_zc(float *x, const float *w, int T, int n_heads, int hd, int token_stride, float eps);
+
+/* Partial rotary embedding, in place on n_heads heads of hd (first rd dims rotate-half), token t at
+ * position pos0 + t; inv_freq [rd/2]. token_stride / head_stride in floats. */
+void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int head_stride, int token_stride,
+             int rd);
+/* inv_freq[i] = theta^(-2i/rd), computed in fp32 as the reference does. */
+void op_rope_inv_freq(float *inv_freq, double theta, int rd);
+
+/* Causal depthwise conv1d + SiLU over [saved K-1 inputs | T inputs]: y[t][c] = silu(sum_k
+ * w[c][k] * in[t + k - (K-1)][c]); then state <- the last K-1 inputs. x [T][C], state [K-1][C]. */
+void op_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K);
+
+/* q, k L2-normalised per head (eps 1e-6), q scaled by dk^-0.5; in place over the conv output. */
+void op_qk_l2norm(float *qkv, int T, int C, int nk, int dk);
+
+/* beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); [T][nv]. */
+void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const float *A_log, const float *dt_bias,
+                  int T, int nv);
+
+/* The gated delta rule, per value head hv (q/k head hv / (nv / nk)), token by token — the oracle:
+ *   S = exp(g_t) S;  S += beta_t k_t (v_t - S^T k_t)^T;  o_t = S^T q_t
+ * qkv [T][C] with q at 0, k at nk dk, v at 2 nk dk; S [nv][dk][dv] updated; o [T][nv dv].
+ * Heads [h0, h1) only (callers split heads across threads). */
+void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
+                   int nv, int dk, int dv, int h0, int h1);
+
+/* The same computed in chunks of `chunk` tokens with the WY / UT representation (Yang et al.,
+ * Gated Delta Networks): per chunk, intra-chunk terms by small triangular solves, one state update. */
+void op_delta_rule_chunked(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C,
+                           int nk, int nv, int dk, int dv, int h0, int h1, int chunk);
+
+/* o[t][h] = rmsnorm(o[t][h]) * w * silu(z[t][h]) per value head of dv (plain weight). */
+void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, int dv, float eps);
+
+/* Causal attention of T queries at positions pos0..pos0+T-1 over keys [0, pos0 + t]:
+ * q [T][q_stride] (head j at j * q_head_stride), K / V [pos][nkv hd], out [T][nh hd]. Query heads
+ * [j0, j1) only. scale = hd^-0.5. */
+void op_attention(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
+                  int T, int pos0, int nh, int nkv, int hd, int j0, int j1);
+
+/* out[t][j] *= sigmoid(gate[t][j]) for the attention output gate; gate head j at j * gate_head_stride
+ * within a token row of gate_stride. */
+void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride);
+
+/* a[i] = silu(a[i]) * b[i] */
+void op_silu_mul(float *a, const float *b, long n);
+
+/* x[i] += y[i] */
+void op_add(float *x, const float *y, long n);
+
+/* Letter probabilities at one slot: rmsnorm_zc(h) . E[letters[i]] for i < nopts, softmax (the rest 0).
+ * E bf16 [V][H]. */
+void op_letter_probs(float *probs, const float *h, const float *norm_w, float eps, const uint16_t *E, int H,
+                     const int32_t *letters, int n_letters, int nopts);
+
+#endif /* SQUAD_CPU_OPS_H */

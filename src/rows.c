@@ -1,0 +1,108 @@
+/*
+ * rows.c — parsing rows from JSON lines with jansson (see rows.h). Every array element is checked to
+ * be an integer in int32 range, so a hostile line gives a message, never a crash.
+ */
+#include "rows.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+/* Reads an array of integers; the array is allocated (at least one element). */
+static int int_array(json_t *root, const char *key, int required, int32_t **out, int *n, int max_n, squad_err *err) {
+    *out = NULL;
+    *n = 0;
+    json_t *a = json_object_get(root, key);
+    if (!a || json_is_null(a)) {
+        if (required) return squad_fail(err, SQUAD_E_INVALID, "missing \"%s\"", key);
+        return 0;
+    }
+    if (!json_is_array(a)) return squad_fail(err, SQUAD_E_INVALID, "\"%s\" must be an array of integers", key);
+    size_t len = json_array_size(a);
+    if (len > (size_t)max_n)
+        return squad_fail(err, SQUAD_E_INVALID, "\"%s\" has %zu elements; at most %d", key, len, max_n);
+    int32_t *v = squad_calloc(len ? len : 1, sizeof(int32_t), err);
+    if (!v) return SQUAD_E_NOMEM;
+    for (size_t i = 0; i < len; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x)) {
+            free(v);
+            return squad_fail(err, SQUAD_E_INVALID, "\"%s\"[%zu] is not an integer", key, i);
+        }
+        json_int_t val = json_integer_value(x);
+        if (val < INT32_MIN || val > INT32_MAX) {
+            free(v);
+            return squad_fail(err, SQUAD_E_INVALID, "\"%s\"[%zu] = %lld is out of range", key, i, (long long)val);
+        }
+        v[i] = (int32_t)val;
+    }
+    *out = v;
+    *n = (int)len;
+    return 0;
+}
+
+/* Hard cap on array lengths read from JSON (rows longer than the model supports fail later with a
+ * precise message; this only bounds the memory a line can make us allocate). */
+#define ROW_MAX_JSON_ELEMENTS (1 << 24)
+
+int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const int32_t *default_letters,
+                         int n_default_letters, squad_err *err) {
+    memset(out, 0, sizeof *out);
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return squad_fail(err, SQUAD_E_INVALID, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
+    int rc = 0;
+    if (!json_is_object(root)) {
+        rc = squad_fail(err, SQUAD_E_INVALID, "a row must be a JSON object");
+        goto done;
+    }
+    int n_nopts = 0;
+    if ((rc = int_array(root, "ids", 1, &out->ids, &out->row.n_ids, ROW_MAX_JSON_ELEMENTS, err))) goto done;
+    if ((rc = int_array(root, "slots", 1, &out->slots, &out->row.n_slots, SQUAD_MAX_SLOTS_PER_ROW, err))) goto done;
+    if ((rc = int_array(root, "nopts", 1, &out->nopts, &n_nopts, SQUAD_MAX_SLOTS_PER_ROW, err))) goto done;
+    if (n_nopts != out->row.n_slots) {
+        rc = squad_fail(err, SQUAD_E_INVALID, "\"nopts\" has %d entries but \"slots\" has %d", n_nopts, out->row.n_slots);
+        goto done;
+    }
+    if ((rc = int_array(root, "letters", 0, &out->letters, &out->row.n_letters, SQUAD_MAX_LETTERS, err))) goto done;
+    if (!out->letters) {
+        if (!default_letters || n_default_letters < 1) {
+            rc = squad_fail(err, SQUAD_E_INVALID, "missing \"letters\" (and the model has no template letters)");
+            goto done;
+        }
+        out->letters = squad_calloc((size_t)n_default_letters, sizeof(int32_t), err);
+        if (!out->letters) {
+            rc = SQUAD_E_NOMEM;
+            goto done;
+        }
+        memcpy(out->letters, default_letters, sizeof(int32_t) * (size_t)n_default_letters);
+        out->row.n_letters = n_default_letters;
+    }
+    out->row.state_len = -1;
+    json_t *sl = json_object_get(root, "state_len");
+    if (sl && !json_is_null(sl)) {
+        if (!json_is_integer(sl) || json_integer_value(sl) < 0 || json_integer_value(sl) > INT32_MAX) {
+            rc = squad_fail(err, SQUAD_E_INVALID, "\"state_len\" must be a non-negative integer");
+            goto done;
+        }
+        out->row.state_len = (int)json_integer_value(sl);
+    }
+    out->row.ids = out->ids;
+    out->row.slots = out->slots;
+    out->row.nopts = out->nopts;
+    out->row.letters = out->letters;
+done:
+    json_decref(root);
+    if (rc) squad_row_buf_free(out);
+    return rc;
+}
+
+void squad_row_buf_free(squad_row_buf *b) {
+    free(b->ids);
+    free(b->slots);
+    free(b->nopts);
+    free(b->letters);
+    memset(b, 0, sizeof *b);
+}

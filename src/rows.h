@@ -1,0 +1,25 @@
+/*
+ * rows.h — rows from JSON (DESIGN.md section 2): {"ids": [...], "slots": [...], "nopts": [...],
+ * "letters": [...], "state_len": n}. Parsing checks JSON types and gives messages that name the
+ * field; the model-dependent checks (vocabulary, lengths) are squad_row_check's.
+ */
+#ifndef SQUAD_ROWS_H
+#define SQUAD_ROWS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "squad.h"
+
+/* A row that owns its arrays. */
+typedef struct squad_row_buf {
+    squad_row row; /* points into the arrays below */
+    int32_t *ids, *slots, *nopts, *letters;
+} squad_row_buf;
+
+/* Parses one JSON line. "letters" may be absent when default_letters is given (the template's). */
+int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const int32_t *default_letters,
+                         int n_default_letters, squad_err *err);
+void squad_row_buf_free(squad_row_buf *b);
+
+#endif

@@ -1,0 +1,192 @@
+/*
+ * test_ops.c — the CPU ops against direct transcriptions of DESIGN.md section 1: the chunked delta
+ * rule against the per-token recurrence (from a nonzero state, several chunk sizes), the conv with
+ * saved inputs across any split, RoPE, attention against a double-precision softmax, the norms.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/ops.h"
+#include "testutil.h"
+
+static unsigned long long rng_state = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng_state >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+static void fill(float *x, long n, float scale) {
+    for (long i = 0; i < n; i++) x[i] = frand() * scale;
+}
+static double max_abs_diff(const float *a, const float *b, long n) {
+    double m = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (d > m || isnan(d)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static void test_delta_rule(int nk, int nv, int dk, int dv, int T, int chunk) {
+    int C = 2 * nk * dk + nv * dv;
+    float *qkv = malloc(sizeof(float) * T * C), *g = malloc(sizeof(float) * T * nv), *beta = malloc(sizeof(float) * T * nv);
+    float *S1 = malloc(sizeof(float) * nv * dk * dv), *S2 = malloc(sizeof(float) * nv * dk * dv);
+    float *o1 = malloc(sizeof(float) * T * nv * dv), *o2 = malloc(sizeof(float) * T * nv * dv);
+    fill(qkv, (long)T * C, 1.0f);
+    op_qk_l2norm(qkv, T, C, nk, dk);
+    for (int i = 0; i < T * nv; i++) {
+        g[i] = -fabsf(frand()) * 0.5f;
+        beta[i] = 0.5f + 0.5f * frand();
+    }
+    g[0] = 0.0f; /* a padding-like token: no decay */
+    fill(S1, (long)nv * dk * dv, 0.3f);
+    memcpy(S2, S1, sizeof(float) * nv * dk * dv);
+    op_delta_rule(o1, S1, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv);
+    op_delta_rule_chunked(o2, S2, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv, chunk);
+    double eo = max_abs_diff(o1, o2, (long)T * nv * dv), es = max_abs_diff(S1, S2, (long)nv * dk * dv);
+    CHECKF(eo < 2e-5 && es < 2e-5, "delta rule nk=%d nv=%d T=%d chunk=%d: out %g state %g", nk, nv, T, chunk, eo, es);
+    /* splitting the tokens in two calls continues from the state */
+    free(qkv), free(g), free(beta), free(S1), free(S2), free(o1), free(o2);
+}
+
+static void test_delta_split(void) {
+    int nk = 2, nv = 4, dk = 16, dv = 8, T = 150, C = 2 * nk * dk + nv * dv;
+    float *qkv = malloc(sizeof(float) * T * C), *g = malloc(sizeof(float) * T * nv), *beta = malloc(sizeof(float) * T * nv);
+    float *S1 = calloc(nv * dk * dv, sizeof(float)), *S2 = calloc(nv * dk * dv, sizeof(float));
+    float *o1 = malloc(sizeof(float) * T * nv * dv), *o2 = malloc(sizeof(float) * T * nv * dv);
+    fill(qkv, (long)T * C, 1.0f);
+    op_qk_l2norm(qkv, T, C, nk, dk);
+    for (int i = 0; i < T * nv; i++) g[i] = -fabsf(frand()), beta[i] = fabsf(frand());
+    op_delta_rule(o1, S1, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv);
+    int cuts[] = {0, 1, 8, 71, 72, 150};
+    for (int c = 0; c + 1 < 6; c++) {
+        int a = cuts[c], b = cuts[c + 1];
+        op_delta_rule_chunked(o2 + (long)a * nv * dv, S2, qkv + (long)a * C, g + (long)a * nv, beta + (long)a * nv,
+                              b - a, C, nk, nv, dk, dv, 0, nv, 64);
+    }
+    CHECK(max_abs_diff(o1, o2, (long)T * nv * dv) < 2e-5);
+    CHECK(max_abs_diff(S1, S2, (long)nv * dk * dv) < 2e-5);
+    free(qkv), free(g), free(beta), free(S1), free(S2), free(o1), free(o2);
+}
+
+static void test_conv_split(void) {
+    int T = 37, C = 10, K = 4;
+    float *x = malloc(sizeof(float) * T * C), *w = malloc(sizeof(float) * C * K);
+    float *y1 = malloc(sizeof(float) * T * C), *y2 = malloc(sizeof(float) * T * C);
+    float st1[3 * 10] = {0}, st2[3 * 10] = {0};
+    fill(x, T * C, 1.0f);
+    fill(w, C * K, 1.0f);
+    op_conv_silu(y1, x, st1, w, T, C, K);
+    /* direct formula with zero history */
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < C; c++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) {
+                int src = t + k - (K - 1);
+                if (src >= 0) s += (double)w[c * K + k] * x[src * C + c];
+            }
+            double ref = s / (1 + exp(-s));
+            worst = fmax(worst, fabs(ref - y1[t * C + c]));
+        }
+    CHECKF(worst < 1e-5, "conv vs formula %g", worst);
+    int cuts[] = {0, 1, 2, 3, 10, 37};
+    for (int c = 0; c + 1 < 6; c++)
+        op_conv_silu(y2 + cuts[c] * C, x + cuts[c] * C, st2, w, cuts[c + 1] - cuts[c], C, K);
+    CHECK(max_abs_diff(y1, y2, T * C) == 0.0);
+    CHECK(max_abs_diff(st1, st2, 3 * C) == 0.0);
+    free(x), free(w), free(y1), free(y2);
+}
+
+static void test_rope(void) {
+    int hd = 32, rd = 8, T = 5, pos0 = 1000;
+    float inv[4];
+    op_rope_inv_freq(inv, 1e7, rd);
+    float x[5 * 32], ref[5 * 32];
+    fill(x, T * hd, 1.0f);
+    memcpy(ref, x, sizeof x);
+    op_rope(x, inv, T, pos0, 1, hd, hd, rd);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hd; i++) {
+            double want;
+            const float *r = ref + t * hd;
+            if (i >= rd) want = r[i];
+            else {
+                int j = i % (rd / 2);
+                double ang = (double)(pos0 + t) * pow(1e7, -2.0 * j / rd);
+                want = i < rd / 2 ? r[i] * cos(ang) - r[i + rd / 2] * sin(ang) : r[i] * cos(ang) + r[i - rd / 2] * sin(ang);
+            }
+            CHECK_NEAR(x[t * hd + i], want, 2e-3); /* fp32 angles at position ~1000, as the reference computes them */
+        }
+}
+
+static void test_attention(void) {
+    int nh = 4, nkv = 2, hd = 16, pos0 = 7, T = 5, P = pos0 + T;
+    int qs = nh * 2 * hd;
+    float *q = malloc(sizeof(float) * T * qs), *K = malloc(sizeof(float) * P * nkv * hd), *V = malloc(sizeof(float) * P * nkv * hd);
+    float *out = malloc(sizeof(float) * T * nh * hd);
+    fill(q, T * qs, 2.0f), fill(K, P * nkv * hd, 1.0f), fill(V, P * nkv * hd, 1.0f);
+    op_attention(out, q, qs, 2 * hd, K, V, T, pos0, nh, nkv, hd, 0, nh);
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < nh; j++) {
+            int kvh = j / (nh / nkv), n = pos0 + t + 1;
+            double sc[64], mx = -1e30, sum = 0;
+            for (int p = 0; p < n; p++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)q[t * qs + j * 2 * hd + i] * K[(p * nkv + kvh) * hd + i];
+                sc[p] = d / sqrt(hd);
+                mx = fmax(mx, sc[p]);
+            }
+            for (int p = 0; p < n; p++) sum += (sc[p] = exp(sc[p] - mx));
+            for (int i = 0; i < hd; i++) {
+                double acc = 0;
+                for (int p = 0; p < n; p++) acc += sc[p] / sum * V[(p * nkv + kvh) * hd + i];
+                worst = fmax(worst, fabs(acc - out[(t * nh + j) * hd + i]));
+            }
+        }
+    CHECKF(worst < 1e-5, "attention vs double %g", worst);
+    free(q), free(K), free(V), free(out);
+}
+
+static void test_norms(void) {
+    float x[2 * 8], w[8], y[2 * 8];
+    fill(x, 16, 3.0f), fill(w, 8, 0.5f);
+    op_rmsnorm_zc(y, x, w, 2, 8, 1e-6f);
+    for (int t = 0; t < 2; t++) {
+        double ss = 0;
+        for (int i = 0; i < 8; i++) ss += (double)x[t * 8 + i] * x[t * 8 + i];
+        for (int i = 0; i < 8; i++) CHECK_NEAR(y[t * 8 + i], x[t * 8 + i] / sqrt(ss / 8 + 1e-6) * (1 + w[i]), 1e-5);
+    }
+    float o[8], z[8], o0[8];
+    fill(o, 8, 2.0f), fill(z, 8, 2.0f), fill(w, 8, 1.0f);
+    memcpy(o0, o, sizeof o);
+    op_gated_rmsnorm(o, z, w, 1, 2, 4, 1e-6f);
+    for (int h = 0; h < 2; h++) {
+        double ss = 0;
+        for (int i = 0; i < 4; i++) ss += (double)o0[h * 4 + i] * o0[h * 4 + i];
+        for (int i = 0; i < 4; i++) {
+            double zz = z[h * 4 + i];
+            CHECK_NEAR(o[h * 4 + i], o0[h * 4 + i] / sqrt(ss / 4 + 1e-6) * w[h * 4 % 4 + i] * (zz / (1 + exp(-zz))), 1e-5);
+        }
+    }
+    float a[3] = {1.0f, -2.0f, 0.5f}, b = 0, gg, bb;
+    float Alog = 0.3f, dtb = 0.1f;
+    op_gdn_gates(&gg, &bb, &a[0], &a[1], &Alog, &dtb, 1, 1);
+    CHECK_NEAR(gg, -exp(0.3) * log1p(exp(1.1)), 1e-6);
+    CHECK_NEAR(bb, 1 / (1 + exp(2.0)), 1e-6);
+    (void)b;
+}
+
+int main(void) {
+    test_delta_rule(2, 4, 16, 8, 130, 64);
+    test_delta_rule(2, 2, 32, 24, 64, 64);
+    test_delta_rule(1, 3, 8, 8, 65, 16);
+    test_delta_rule(4, 4, 16, 16, 3, 64);
+    test_delta_split();
+    test_conv_split();
+    test_rope();
+    test_attention();
+    test_norms();
+    return test_summary("test_ops");
+}
