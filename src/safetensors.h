@@ -39,7 +39,8 @@ typedef struct st_file {
     int n_tensors;
 } st_file;
 
-/* Parses a whole safetensors image in memory (buf, size): fills out->tensors pointing into buf.
+/* Parses a whole safetensors image in memory (buf, size): initialises *out (tensors pointing into buf;
+ * map and path left empty; release with st_file_close).
  * Used by st_file_open and by the fuzz target. */
 int st_parse(const uint8_t *buf, size_t size, st_file *out, squad_err *err);
 int st_file_open(st_file *f, const char *path, squad_err *err);
@@ -69,5 +70,16 @@ typedef struct st_write_tensor {
     const void *data;
 } st_write_tensor;
 int st_write_file(const char *path, const st_write_tensor *tensors, int n, squad_err *err);
+
+/* Streaming writer (squad synth writes a 1.6 GB checkpoint without holding it in memory): open
+ * writes the header for tensors (their data fields are ignored), put appends the next bytes of the
+ * tensors' data in the given order (any piece size), close checks that every byte was given and
+ * renames the temporary file onto path. abort (also after a failed put) removes the temporary file.
+ * The file appears at path only when close succeeds. */
+typedef struct st_writer st_writer;
+st_writer *st_writer_open(const char *path, const st_write_tensor *tensors, int n, squad_err *err);
+int st_writer_put(st_writer *w, const void *data, size_t nbytes, squad_err *err);
+int st_writer_close(st_writer *w, squad_err *err);
+void st_writer_abort(st_writer *w);
 
 #endif /* SQUAD_SAFETENSORS_H */
