@@ -13,6 +13,7 @@
 #include "squad.h"
 
 typedef struct squad_cache squad_cache;
+typedef struct squad_memo squad_memo;
 
 /* Row limits. */
 #define SQUAD_DEFAULT_MAX_TOKENS 32768 /* longest row by default (bounded by the model's positions) */
@@ -21,6 +22,7 @@ struct squad_engine {
     squad_model *model;
     squad_backend *be;
     squad_cache *cache; /* NULL when the budget is 0 */
+    squad_memo *memo;   /* exact repeats; NULL when the cache is off */
     squad_engine_opts opts;
     int max_tokens;
     uint64_t plain_rows;

@@ -1,0 +1,201 @@
+/*
+ * engine.c — the engine: validates rows, picks the path (memo, state cache, plain) and runs spans
+ * of a row through the backend in chunks.
+ *
+ * The plain path resets the backend's working state and runs the whole row in chunks of at most
+ * be->max_chunk tokens; because every chunk continues from the state the previous one left, any
+ * split gives the same answer (up to round-off). The cached path (cache.c) restores a checkpoint
+ * instead of resetting and calls squad_engine_run_span for the rest.
+ */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "memo.h"
+#include "model.h"
+#include "util.h"
+
+/* Defaults of DESIGN.md section 3. */
+#define DEFAULT_CACHE_MB 1024
+#define DEFAULT_ALIGN 64
+#define DEFAULT_TAIL 16
+#define DEFAULT_STRIDE 2048
+#define DEFAULT_MIN_PREFIX 256
+#define DEFAULT_MAX_SLOTS 4
+/* Bytes the exact-repeat memo may hold (answers are small: this is thousands of rows). */
+#define MEMO_BUDGET_BYTES ((size_t)8 << 20)
+
+void squad_engine_opts_default(squad_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->device = SQUAD_DEVICE_AUTO;
+    o->threads = 0;
+    o->precision = SQUAD_PRECISION_EXACT;
+    o->cache.budget_bytes = (size_t)DEFAULT_CACHE_MB << 20;
+    o->cache.align = DEFAULT_ALIGN;
+    o->cache.tail = DEFAULT_TAIL;
+    o->cache.stride = DEFAULT_STRIDE;
+    o->cache.min_prefix = DEFAULT_MIN_PREFIX;
+    o->cache.max_slots = DEFAULT_MAX_SLOTS;
+}
+
+static squad_backend *make_backend(squad_model *model, const squad_engine_opts *opts, int max_context,
+                                   squad_err *err) {
+    int want_cuda = opts->device == SQUAD_DEVICE_CUDA;
+#ifdef SQUAD_HAVE_CUDA
+    if (opts->device == SQUAD_DEVICE_AUTO && squad_cuda_device_count() > 0) want_cuda = 1;
+    if (want_cuda) {
+        if (squad_cuda_device_count() <= 0) {
+            squad_fail(err, SQUAD_E_BACKEND, "--device cuda: no CUDA GPU is available");
+            return NULL;
+        }
+        return squad_cuda_backend_new(model, opts, max_context, err);
+    }
+#else
+    if (want_cuda) {
+        squad_fail(err, SQUAD_E_UNSUPPORTED, "--device cuda: this build of squad has no CUDA backend");
+        return NULL;
+    }
+#endif
+    return squad_cpu_backend_new(model, opts, max_context, err);
+}
+
+squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts_in, squad_err *err) {
+    squad_engine_opts defaults;
+    if (!opts_in) {
+        squad_engine_opts_default(&defaults);
+        opts_in = &defaults;
+    }
+    squad_engine *e = squad_calloc(1, sizeof *e, err);
+    if (!e) return NULL;
+    e->model = model;
+    e->opts = *opts_in;
+    e->max_tokens = squad_model_max_tokens(model);
+    e->be = make_backend(model, &e->opts, e->max_tokens, err);
+    if (!e->be) goto fail;
+    if (e->be->max_context < e->max_tokens) e->max_tokens = e->be->max_context;
+    if (e->opts.cache.budget_bytes > 0) {
+        e->cache = squad_cache_new(e->be, &e->opts.cache, err);
+        if (!e->cache) goto fail;
+        e->memo = squad_memo_new(MEMO_BUDGET_BYTES, err);
+        if (!e->memo) goto fail;
+    }
+    return e;
+fail:
+    squad_engine_free(e);
+    return NULL;
+}
+
+void squad_engine_free(squad_engine *e) {
+    if (!e) return;
+    squad_memo_free(e->memo);
+    squad_cache_free(e->cache);
+    if (e->be) e->be->destroy(e->be);
+    free(e);
+}
+
+const char *squad_engine_device(const squad_engine *e) { return e->be->name; }
+
+int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err) {
+    int V = model->cfg.vocab_size;
+    int max_tokens = squad_model_max_tokens(model);
+    if (!r->ids || r->n_ids < 1) return squad_fail(err, SQUAD_E_INVALID, "ids is empty");
+    if (r->n_ids > max_tokens)
+        return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; the longest supported is %d", r->n_ids, max_tokens);
+    for (int i = 0; i < r->n_ids; i++)
+        if (r->ids[i] < 0 || r->ids[i] >= V)
+            return squad_fail(err, SQUAD_E_INVALID, "ids[%d] = %d is outside the vocabulary (0..%d)", i, r->ids[i], V - 1);
+    if (r->n_letters < 1 || r->n_letters > SQUAD_MAX_LETTERS || !r->letters)
+        return squad_fail(err, SQUAD_E_INVALID, "letters must hold 1..%d token ids (got %d)", SQUAD_MAX_LETTERS,
+                          r->n_letters);
+    for (int i = 0; i < r->n_letters; i++)
+        if (r->letters[i] < 0 || r->letters[i] >= V)
+            return squad_fail(err, SQUAD_E_INVALID, "letters[%d] = %d is outside the vocabulary (0..%d)", i,
+                              r->letters[i], V - 1);
+    if (r->n_slots < 1 || !r->slots || !r->nopts)
+        return squad_fail(err, SQUAD_E_INVALID, "a row needs at least one slot");
+    if (r->n_slots > SQUAD_MAX_SLOTS_PER_ROW)
+        return squad_fail(err, SQUAD_E_INVALID, "%d slots; at most %d per row", r->n_slots, SQUAD_MAX_SLOTS_PER_ROW);
+    for (int i = 0; i < r->n_slots; i++) {
+        if (r->slots[i] < 0 || r->slots[i] >= r->n_ids)
+            return squad_fail(err, SQUAD_E_INVALID, "slots[%d] = %d is outside the row (0..%d)", i, r->slots[i],
+                              r->n_ids - 1);
+        if (i > 0 && r->slots[i] <= r->slots[i - 1])
+            return squad_fail(err, SQUAD_E_INVALID, "slots must be sorted and unique (slots[%d] = %d after %d)", i,
+                              r->slots[i], r->slots[i - 1]);
+        if (r->nopts[i] < 1 || r->nopts[i] > r->n_letters)
+            return squad_fail(err, SQUAD_E_INVALID, "nopts[%d] = %d must be in 1..%d (the number of letters)", i,
+                              r->nopts[i], r->n_letters);
+    }
+    if (r->state_len < -1 || r->state_len > r->n_ids)
+        return squad_fail(err, SQUAD_E_INVALID, "state_len %d must be in 0..%d (the row's length)", r->state_len,
+                          r->n_ids);
+    return 0;
+}
+
+int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
+                          squad_err *err) {
+    squad_backend *be = e->be;
+    float probs[SQUAD_MAX_SLOTS_PER_ROW][SQUAD_MAX_LETTERS];
+    int slot = 0; /* the row's first slot not yet answered */
+    while (slot < row->n_slots && row->slots[slot] < start) slot++;
+    for (int s = start; s < end;) {
+        int len = end - s < be->max_chunk ? end - s : be->max_chunk;
+        squad_chunk ck;
+        memset(&ck, 0, sizeof ck);
+        ck.ids = row->ids + s;
+        ck.start = s;
+        ck.len = len;
+        ck.letters = row->letters;
+        ck.n_letters = row->n_letters;
+        int first = slot;
+        while (slot < row->n_slots && row->slots[slot] < s + len) {
+            ck.slots[ck.n_slots] = row->slots[slot] - s;
+            ck.nopts[ck.n_slots] = row->nopts[slot];
+            ck.n_slots++;
+            slot++;
+        }
+        int rc = be->forward(be, &ck, ck.n_slots ? &probs[0][0] : NULL, err);
+        if (rc) return rc;
+        for (int i = 0; i < ck.n_slots; i++) memcpy(out->probs[first + i], probs[i], sizeof probs[i]);
+        out->computed += len;
+        s += len;
+    }
+    return 0;
+}
+
+static int score_plain(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
+    int rc = e->be->reset(e->be, err);
+    if (rc) return rc;
+    e->plain_rows++;
+    return squad_engine_run_span(e, row, 0, row->n_ids, out, err);
+}
+
+int squad_engine_score(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
+    memset(out, 0, sizeof *out);
+    int rc = squad_row_check(e->model, row, err);
+    if (rc) return rc;
+    if (row->n_ids > e->max_tokens)
+        return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; this engine holds at most %d", row->n_ids,
+                          e->max_tokens);
+    out->n_slots = row->n_slots;
+    if (e->memo && squad_memo_get(e->memo, row, out)) {
+        out->reused = row->n_ids;
+        out->computed = 0;
+        return 0;
+    }
+    if (e->cache && squad_cache_eligible(e->cache, row))
+        rc = squad_cache_score(e->cache, e, row, out, err);
+    else
+        rc = score_plain(e, row, out, err);
+    if (rc) return rc;
+    if (e->memo) squad_memo_put(e->memo, row, out, NULL); /* a memo that cannot grow just misses later */
+    return 0;
+}
+
+void squad_engine_cache_stats(const squad_engine *e, squad_cache_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (e->cache) squad_cache_get_stats(e->cache, out);
+    out->plain = e->plain_rows;
+}
