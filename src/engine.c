@@ -24,8 +24,6 @@
 #define DEFAULT_STRIDE 2048
 #define DEFAULT_MIN_PREFIX 256
 #define DEFAULT_MAX_SLOTS 4
-/* Bytes the exact-repeat memo may hold (answers are small: this is thousands of rows). */
-#define MEMO_BUDGET_BYTES ((size_t)8 << 20)
 
 void squad_engine_opts_default(squad_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -78,7 +76,7 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
     if (e->opts.cache.budget_bytes > 0) {
         e->cache = squad_cache_new(e->be, &e->opts.cache, err);
         if (!e->cache) goto fail;
-        e->memo = squad_memo_new(MEMO_BUDGET_BYTES, err);
+        e->memo = squad_memo_new(SQUAD_MEMO_DEFAULT_BYTES, err);
         if (!e->memo) goto fail;
     }
     return e;
