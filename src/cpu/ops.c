@@ -19,10 +19,33 @@
 /* softplus(x) = x above this (torch's default threshold). */
 #define SOFTPLUS_THRESHOLD 20.0f
 
+/* The hot loops are compiled for AVX-512, AVX2 and plain x86-64 and picked at load time (GCC's
+ * target_clones), so the library runs on any x86-64 yet uses the wide units where they exist. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define OPS_HOT __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OPS_HOT
+#endif
+
+/* Lanes of the dot product's partial sums: independent accumulators let the compiler vectorise a
+ * reduction without reassociating (which strict IEEE arithmetic forbids). */
+#define DOT_LANES 16
+
+static inline float vdot(const float *a, const float *b, int n) {
+    float acc[DOT_LANES] = {0};
+    int i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] += a[i + l] * b[i + l];
+    float s = 0.0f;
+    for (int l = 0; l < DOT_LANES; l++) s += acc[l];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-void op_rmsnorm_zc(float *y, const float *x, const float *w, int T, int n, float eps) {
+OPS_HOT void op_rmsnorm_zc(float *y, const float *x, const float *w, int T, int n, float eps) {
     for (int t = 0; t < T; t++) {
         const float *xr = x + (long)t * n;
         float *yr = y + (long)t * n;
@@ -64,7 +87,7 @@ void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int 
     }
 }
 
-void op_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K) {
+OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K) {
     int hist = K - 1;
     for (int t = 0; t < T; t++) {
         float *yr = y + (long)t * C;
@@ -110,7 +133,7 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
         }
 }
 
-void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
+OPS_HOT void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
                    int nv, int dk, int dv, int h0, int h1) {
     int group = nv / nk;
     float kv[OP_MAX_HEAD_DIM];
@@ -154,7 +177,7 @@ void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const f
  *   o_t = e^{G_t} S0^T q_t + sum_{i<=t} e^{G_t - G_i} (q_t . k_i) u_i
  *   S_L = e^{G_L} S0 + sum_i e^{G_L - G_i} k_i u_i^T
  * All exponents are <= 0 (g <= 0), so nothing overflows. */
-static void delta_chunk_head(float *o, int o_stride, float *Sh, const float *q, const float *k, const float *v,
+OPS_HOT static void delta_chunk_head(float *o, int o_stride, float *Sh, const float *q, const float *k, const float *v,
                              int qk_stride, int v_stride, const float *g, const float *beta, int gb_stride, int L,
                              int dk, int dv, float *u /* [L][dv] */) {
     float G[DELTA_MAX_CHUNK];
@@ -178,10 +201,7 @@ static void delta_chunk_head(float *o, int o_stride, float *Sh, const float *q, 
         const float *vi = v + (long)i * v_stride;
         for (int j = 0; j < dv; j++) ui[j] = bi * (vi[j] - ui[j]);
         for (int jj = 0; jj < i; jj++) {
-            const float *kj = k + (long)jj * qk_stride;
-            float dot = 0.0f;
-            for (int a = 0; a < dk; a++) dot += ki[a] * kj[a];
-            float c = bi * expf(G[i] - G[jj]) * dot;
+            float c = bi * expf(G[i] - G[jj]) * vdot(ki, k + (long)jj * qk_stride, dk);
             const float *uj = u + (long)jj * dv;
             for (int j = 0; j < dv; j++) ui[j] -= c * uj[j];
         }
@@ -198,10 +218,7 @@ static void delta_chunk_head(float *o, int o_stride, float *Sh, const float *q, 
             for (int j = 0; j < dv; j++) ot[j] += Sa[j] * qa;
         }
         for (int i = 0; i <= t; i++) {
-            const float *ki = k + (long)i * qk_stride;
-            float dot = 0.0f;
-            for (int a = 0; a < dk; a++) dot += qt[a] * ki[a];
-            float c = expf(G[t] - G[i]) * dot;
+            float c = expf(G[t] - G[i]) * vdot(qt, k + (long)i * qk_stride, dk);
             const float *ui = u + (long)i * dv;
             for (int j = 0; j < dv; j++) ot[j] += c * ui[j];
         }
@@ -254,7 +271,7 @@ void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, i
         }
 }
 
-void op_attention(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
+OPS_HOT void op_attention(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
                   int T, int pos0, int nh, int nkv, int hd, int j0, int j1) {
     int group = nh / nkv;
     int kv_stride = nkv * hd;
@@ -277,10 +294,7 @@ void op_attention(float *out, const float *q, int q_stride, int q_head_stride, c
             int n = pos0 + t + 1;
             float mx = -INFINITY;
             for (int p = 0; p < n; p++) {
-                const float *kp = K + (long)p * kv_stride + (long)kvh * hd;
-                float d = 0.0f;
-                for (int i = 0; i < hd; i++) d += qt[i] * kp[i];
-                d *= scale;
+                float d = vdot(qt, K + (long)p * kv_stride + (long)kvh * hd, hd) * scale;
                 score[p] = d;
                 if (d > mx) mx = d;
             }
@@ -312,7 +326,7 @@ void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int g
         }
 }
 
-void op_silu_mul(float *a, const float *b, long n) {
+OPS_HOT void op_silu_mul(float *a, const float *b, long n) {
     for (long i = 0; i < n; i++) a[i] = silu(a[i]) * b[i];
 }
 
