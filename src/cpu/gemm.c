@@ -173,6 +173,207 @@ TARGET_AVX512BF16 static void dot_avx512bf16(const void *xv, const uint16_t *W, 
 }
 #endif
 
+/* ---------------------------------------------------------------- packed GEMM
+ * For larger T the product is tiled BLAS-style. x is packed once per call into row tiles of MR
+ * tokens, k-major inside a tile ([tile][k][MR], zero-padded), so the microkernel broadcasts one
+ * value per token straight from memory. Each task owns an NC-column panel of W (and a range of
+ * tiles), which it packs k-major ([k][NC], zero-padded) into per-thread scratch one KC-deep slice
+ * at a time; the slice stays in L2 while every x tile of the task streams past it. The
+ * microkernel keeps an MR x NC block of y in registers (MR x NC/16 zmm accumulators).
+ * FAST with vdpbf16ps works on k *pairs*: one 32-bit unit holds x[t][2p], x[t][2p+1] (or
+ * W[n][2p], W[n][2p+1]) and one instruction adds both products to each fp32 lane.
+ * Other ISAs use fp32 panels (W widened once while packing) and FMAs, with x rounded to bf16 in
+ * the packing for FAST.
+ */
+
+/* AVX-512 tiles: 8 tokens x 48 columns = 24 zmm accumulators (of 32), 3 for W, the x values
+ * come as memory broadcasts. 11 loads per 24 FMAs keep the two FMA pipes fed. */
+#define P512_MR 8
+#define P512_NC 48
+/* AVX2 tiles: 6 tokens x 16 columns = 12 ymm accumulators (of 16). */
+#define P256_MR 6
+#define P256_NC 16
+/* k (fp32 panels) or k pairs (bf16 panels) per W slice: 512 x 48 x 4 bytes = 96 KiB, in L2. */
+#define PACK_KC 512
+
+/* kern_fn: y[m][c] (+)= sum over kc steps of xp[k][m] * wp[k][c] for m < mv, c < nv. xp and wp
+ * point at the slice start; load_y: add to y (else overwrite). */
+typedef void (*kern_fn)(const void *xp, const void *wp, int kc, float *y, size_t ldy, int mv, int nv, int load_y);
+
+#if GEMM_X86
+/* Writes (or adds) one 16-lane accumulator to y[0..nv) with nv possibly < 16. */
+TARGET_AVX512 static inline void p512_store(float *y, __m512 v, int nv, int load_y) {
+    if (nv >= 16) {
+        if (load_y) v = _mm512_add_ps(v, _mm512_loadu_ps(y));
+        _mm512_storeu_ps(y, v);
+    } else if (nv > 0) {
+        __mmask16 m = (__mmask16)((1u << nv) - 1u);
+        if (load_y) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, y));
+        _mm512_mask_storeu_ps(y, m, v);
+    }
+}
+
+TARGET_AVX512 static void kern_512_f32(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv, int nv,
+                                       int load_y) {
+    const float *xp = xpv, *wp = wpv;
+    __m512 acc[P512_MR][3];
+#pragma GCC unroll 8
+    for (int m = 0; m < P512_MR; m++) acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(wp), b1 = _mm512_load_ps(wp + 16), b2 = _mm512_load_ps(wp + 32);
+#pragma GCC unroll 8
+        for (int m = 0; m < P512_MR; m++) {
+            __m512 a = _mm512_set1_ps(xp[m]);
+            acc[m][0] = _mm512_fmadd_ps(a, b0, acc[m][0]);
+            acc[m][1] = _mm512_fmadd_ps(a, b1, acc[m][1]);
+            acc[m][2] = _mm512_fmadd_ps(a, b2, acc[m][2]);
+        }
+        xp += P512_MR;
+        wp += P512_NC;
+    }
+    for (int m = 0; m < mv; m++) {
+        float *yr = y + (size_t)m * ldy;
+        p512_store(yr, acc[m][0], nv, load_y);
+        p512_store(yr + 16, acc[m][1], nv - 16, load_y);
+        p512_store(yr + 32, acc[m][2], nv - 32, load_y);
+    }
+}
+
+TARGET_AVX512BF16 static void kern_512_bf16(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv,
+                                            int nv, int load_y) {
+    const int32_t *xp = xpv; /* pairs */
+    const uint16_t *wp = wpv;
+    __m512 acc[P512_MR][3];
+#pragma GCC unroll 8
+    for (int m = 0; m < P512_MR; m++) acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m512bh b0 = (__m512bh)_mm512_load_si512(wp), b1 = (__m512bh)_mm512_load_si512(wp + 32),
+                 b2 = (__m512bh)_mm512_load_si512(wp + 64);
+#pragma GCC unroll 8
+        for (int m = 0; m < P512_MR; m++) {
+            __m512bh a = (__m512bh)_mm512_set1_epi32(xp[m]);
+            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], a, b0);
+            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], a, b1);
+            acc[m][2] = _mm512_dpbf16_ps(acc[m][2], a, b2);
+        }
+        xp += P512_MR;
+        wp += 2 * P512_NC;
+    }
+    for (int m = 0; m < mv; m++) {
+        float *yr = y + (size_t)m * ldy;
+        p512_store(yr, acc[m][0], nv, load_y);
+        p512_store(yr + 16, acc[m][1], nv - 16, load_y);
+        p512_store(yr + 32, acc[m][2], nv - 32, load_y);
+    }
+}
+
+TARGET_AVX2 static inline void p256_store(float *y, __m256 v, int nv, int load_y) {
+    if (nv >= 8) {
+        if (load_y) v = _mm256_add_ps(v, _mm256_loadu_ps(y));
+        _mm256_storeu_ps(y, v);
+    } else if (nv > 0) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, v);
+        for (int c = 0; c < nv; c++) y[c] = load_y ? y[c] + tmp[c] : tmp[c];
+    }
+}
+
+TARGET_AVX2 static void kern_256_f32(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv, int nv,
+                                     int load_y) {
+    const float *xp = xpv, *wp = wpv;
+    __m256 acc[P256_MR][2];
+#pragma GCC unroll 6
+    for (int m = 0; m < P256_MR; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(wp), b1 = _mm256_load_ps(wp + 8);
+#pragma GCC unroll 6
+        for (int m = 0; m < P256_MR; m++) {
+            __m256 a = _mm256_broadcast_ss(xp + m);
+            acc[m][0] = _mm256_fmadd_ps(a, b0, acc[m][0]);
+            acc[m][1] = _mm256_fmadd_ps(a, b1, acc[m][1]);
+        }
+        xp += P256_MR;
+        wp += P256_NC;
+    }
+    for (int m = 0; m < mv; m++) {
+        float *yr = y + (size_t)m * ldy;
+        p256_store(yr, acc[m][0], nv, load_y);
+        p256_store(yr + 8, acc[m][1], nv - 8, load_y);
+    }
+}
+#endif
+
+/* ---------------------------------------------------------------- packing (portable C) */
+
+/* Packs rows [t0, t1) of x into tiles of mr: fp32 [tile][K][mr] (values rounded to bf16 when
+ * round), zero-padded past T. */
+static void pack_x_f32(float *xp, const float *x, int T, int K, int mr, int tile0, int tile1, int round) {
+    for (int tile = tile0; tile < tile1; tile++) {
+        float *dst = xp + (size_t)tile * K * mr;
+        for (int m = 0; m < mr; m++) {
+            int t = tile * mr + m;
+            if (t >= T) {
+                for (int k = 0; k < K; k++) dst[(size_t)k * mr + m] = 0.0f;
+                continue;
+            }
+            const float *src = x + (size_t)t * K;
+            if (round)
+                for (int k = 0; k < K; k++) dst[(size_t)k * mr + m] = squad_bf16_to_f32(squad_f32_to_bf16(src[k]));
+            else
+                for (int k = 0; k < K; k++) dst[(size_t)k * mr + m] = src[k];
+        }
+    }
+}
+
+/* bf16 pairs: [tile][K2 = ceil(K/2)][mr] 32-bit units, the odd K's last pair padded with 0. */
+static void pack_x_bf16(uint32_t *xp, const float *x, int T, int K, int mr, int tile0, int tile1) {
+    int K2 = (K + 1) / 2;
+    for (int tile = tile0; tile < tile1; tile++) {
+        uint32_t *dst = xp + (size_t)tile * K2 * mr;
+        for (int m = 0; m < mr; m++) {
+            int t = tile * mr + m;
+            if (t >= T) {
+                for (int p = 0; p < K2; p++) dst[(size_t)p * mr + m] = 0;
+                continue;
+            }
+            const float *src = x + (size_t)t * K;
+            int p = 0;
+            for (; 2 * p + 1 < K; p++)
+                dst[(size_t)p * mr + m] =
+                    (uint32_t)squad_f32_to_bf16(src[2 * p]) | (uint32_t)squad_f32_to_bf16(src[2 * p + 1]) << 16;
+            if (p < K2) dst[(size_t)p * mr + m] = squad_f32_to_bf16(src[2 * p]);
+        }
+    }
+}
+
+/* W columns [n0, n0+nv) (rows of W), k in [k0, k0+kc): fp32 [kc][nc], zero-padded. */
+static void pack_w_f32(float *wp, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc) {
+    for (int c = 0; c < nc; c++) {
+        if (c >= nv) {
+            for (int k = 0; k < kc; k++) wp[(size_t)k * nc + c] = 0.0f;
+            continue;
+        }
+        const uint16_t *src = W + (size_t)(n0 + c) * K + k0;
+        for (int k = 0; k < kc; k++) wp[(size_t)k * nc + c] = squad_bf16_to_f32(src[k]);
+    }
+}
+
+/* bf16 pairs: [kc2][nc] 32-bit units for pairs [p0, p0+kc2); a missing odd element is 0. */
+static void pack_w_bf16(uint32_t *wp, const uint16_t *W, int K, int n0, int nv, int nc, int p0, int kc2) {
+    for (int c = 0; c < nc; c++) {
+        if (c >= nv) {
+            for (int p = 0; p < kc2; p++) wp[(size_t)p * nc + c] = 0;
+            continue;
+        }
+        const uint16_t *src = W + (size_t)(n0 + c) * K;
+        for (int p = p0; p < p0 + kc2; p++) {
+            int k = 2 * p;
+            uint32_t lo = src[k], hi = k + 1 < K ? src[k + 1] : 0;
+            wp[(size_t)(p - p0) * nc + c] = lo | hi << 16;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 /* How x is prepared before the kernels run. */
@@ -184,22 +385,40 @@ typedef enum x_form {
 
 typedef struct gemm_kernels {
     dot_fn dot;
-    x_form xf;
+    x_form xf;   /* DOT: how x is prepared */
+    kern_fn kern; /* PACKED microkernel, NULL: no packed path (scalar) */
+    int mr, nc;   /* its tile */
+    int pairs;    /* 1: bf16 pair panels, 0: fp32 panels */
 } gemm_kernels;
 
 static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
-    gemm_kernels k = {dot_scalar, prec == CPU_GEMM_FAST ? X_ROUNDED_F32 : X_AS_IS};
+    gemm_kernels k = {dot_scalar, prec == CPU_GEMM_FAST ? X_ROUNDED_F32 : X_AS_IS, NULL, 1, 1, 0};
 #if GEMM_X86
     switch (isa) {
     case CPU_ISA_AVX512_BF16:
         k.dot = dot_avx512;
+        k.kern = kern_512_f32;
+        k.mr = P512_MR;
+        k.nc = P512_NC;
         if (prec == CPU_GEMM_FAST) {
             k.dot = dot_avx512bf16;
             k.xf = X_BF16;
+            k.kern = kern_512_bf16;
+            k.pairs = 1;
         }
         break;
-    case CPU_ISA_AVX512: k.dot = dot_avx512; break;
-    case CPU_ISA_AVX2: k.dot = dot_avx2; break;
+    case CPU_ISA_AVX512:
+        k.dot = dot_avx512;
+        k.kern = kern_512_f32;
+        k.mr = P512_MR;
+        k.nc = P512_NC;
+        break;
+    case CPU_ISA_AVX2:
+        k.dot = dot_avx2;
+        k.kern = kern_256_f32;
+        k.mr = P256_MR;
+        k.nc = P256_NC;
+        break;
     default: break;
     }
 #else
@@ -213,17 +432,27 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
 typedef struct gemm_job {
     float *y;
     const float *x;
-    const void *xp; /* x as the kernels read it */
-    size_t xp_stride; /* elements per row of xp */
     const uint16_t *W;
     int T, N, K, accumulate;
+    cpu_gemm_precision prec;
     gemm_kernels kern;
-    int n_blocks, t_blocks; /* the task grid: n_blocks x t_blocks */
+    /* the task grid: n_blocks x t_blocks */
+    int n_blocks, t_blocks;
     int n_block_rows, t_block_rows;
-    /* x preparation */
+    /* DOT: x as the kernels read it */
+    const void *xp;
     void *xbuf;
     int prep_rows_per_task;
+    /* PACKED */
+    void *xpack;    /* [tiles][Kp][mr] */
+    char *wpack;    /* per thread: wpack_stride bytes */
+    size_t wpack_stride;
+    int tiles, tiles_per_task;
+    int Kp; /* k steps the kernel makes over all of K: K (fp32) or ceil(K/2) (pairs) */
 } gemm_job;
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 static void gemm_prep_task(void *ctx, int task, int n_tasks) {
     gemm_job *j = ctx;
@@ -255,13 +484,48 @@ static void gemm_dot_task(void *ctx, int task, int n_tasks) {
         int rows = n1 - n < DOT_ROWS ? n1 - n : DOT_ROWS;
         const uint16_t *w = j->W + (size_t)n * j->K;
         for (int t = t0; t < t1; t++) {
-            const char *xr = (const char *)j->xp + (size_t)t * j->xp_stride * elt;
+            const char *xr = (const char *)j->xp + (size_t)t * j->K * elt;
             j->kern.dot(xr, w, (size_t)j->K, rows, j->K, out);
             float *yr = j->y + (size_t)t * j->N + n;
             if (j->accumulate)
                 for (int r = 0; r < rows; r++) yr[r] += out[r];
             else
                 for (int r = 0; r < rows; r++) yr[r] = out[r];
+        }
+    }
+}
+
+static void gemm_pack_x_task(void *ctx, int task, int n_tasks) {
+    gemm_job *j = ctx;
+    int tile0 = task * j->tiles_per_task, tile1 = tile0 + j->tiles_per_task;
+    if (tile1 > j->tiles) tile1 = j->tiles;
+    if (j->kern.pairs)
+        pack_x_bf16(j->xpack, j->x, j->T, j->K, j->kern.mr, tile0, tile1);
+    else
+        pack_x_f32(j->xpack, j->x, j->T, j->K, j->kern.mr, tile0, tile1, j->prec == CPU_GEMM_FAST);
+}
+
+static void gemm_packed_task(void *ctx, int task, int n_tasks, int thread) {
+    gemm_job *j = ctx;
+    const gemm_kernels *kn = &j->kern;
+    int nb = task % j->n_blocks, tb = task / j->n_blocks;
+    int n0 = nb * kn->nc, nv = j->N - n0 < kn->nc ? j->N - n0 : kn->nc;
+    int tile0 = tb * j->t_block_rows, tile1 = tile0 + j->t_block_rows; /* t_block_rows counts tiles here */
+    if (tile1 > j->tiles) tile1 = j->tiles;
+    void *wp = j->wpack + (size_t)thread * j->wpack_stride;
+    size_t unit = 4; /* bytes per k step per column / per token: fp32 or a bf16 pair */
+    for (int k0 = 0; k0 < j->Kp; k0 += PACK_KC) {
+        int kc = j->Kp - k0 < PACK_KC ? j->Kp - k0 : PACK_KC;
+        if (kn->pairs)
+            pack_w_bf16(wp, j->W, j->K, n0, nv, kn->nc, k0, kc);
+        else
+            pack_w_f32(wp, j->W, j->K, n0, nv, kn->nc, k0, kc);
+        int load_y = j->accumulate || k0 > 0;
+        for (int tile = tile0; tile < tile1; tile++) {
+            int t = tile * kn->mr;
+            int mv = j->T - t < kn->mr ? j->T - t : kn->mr;
+            const char *xt = (const char *)j->xpack + ((size_t)tile * j->Kp + k0) * kn->mr * unit;
+            kn->kern(xt, wp, kc, j->y + (size_t)t * j->N + n0, (size_t)j->N, mv, nv, load_y);
         }
     }
 }
@@ -283,14 +547,70 @@ static void gemm_nomem(float *y, const float *x, const uint16_t *W, int T, int N
         }
 }
 
-static size_t gemm_scratch_bytes(int T, int K) { return (size_t)T * (size_t)K * sizeof(float) + 64; }
+/* Scratch for a call, every algorithm and ISA covered: packed x (tiles of up to P512_MR rows,
+ * fp32, K rounded up to even) plus one W slice per thread. */
+static size_t gemm_scratch_bytes(int T, int K, int threads) {
+    size_t mr = P512_MR > P256_MR ? P512_MR : P256_MR;
+    size_t tiles = ((size_t)T + mr - 1) / mr + 1;
+    size_t xbytes = align64(tiles * mr * ((size_t)K + 1) * sizeof(float));
+    size_t wbytes = align64((size_t)PACK_KC * P512_NC * sizeof(float));
+    return xbytes + (size_t)threads * wbytes + 64;
+}
 
 int cpu_gemm_reserve(cpu_pool *pool, int max_T, int max_K, squad_err *err) {
     if (max_T <= 0 || max_K <= 0) return 0;
-    return cpu_pool_scratch(pool, gemm_scratch_bytes(max_T, max_K), err) ? 0 : squad_fail_context(err, "GEMM scratch: ");
+    if (cpu_pool_scratch(pool, gemm_scratch_bytes(max_T, max_K, cpu_pool_threads(pool)), err)) return 0;
+    return squad_fail_context(err, "GEMM scratch: ");
 }
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+/* T at or below which AUTO takes the DOT path: W is streamed once either way, and the packed path
+ * would pad the x tile. */
+#define DOT_MAX_T 4
+
+static void gemm_run_dot(cpu_pool *pool, gemm_job *j, void *scratch) {
+    int threads = cpu_pool_threads(pool), T = j->T, N = j->N;
+    j->xp = j->x;
+    if (j->kern.xf != X_AS_IS) {
+        j->xbuf = scratch;
+        j->prep_rows_per_task = ceil_div(T, threads * TASKS_PER_THREAD);
+        cpu_pool_run(pool, gemm_prep_task, j, ceil_div(T, j->prep_rows_per_task));
+        j->xp = j->xbuf;
+    }
+    /* Task grid: blocks of W rows; when they are too few to keep every thread busy, T is split too. */
+    j->n_block_rows = DOT_TASK_ROWS;
+    int want = threads * TASKS_PER_THREAD;
+    if (ceil_div(N, j->n_block_rows) < want) j->n_block_rows = ceil_div(ceil_div(N, want), DOT_ROWS) * DOT_ROWS;
+    j->n_blocks = ceil_div(N, j->n_block_rows);
+    j->t_blocks = 1;
+    if (j->n_blocks < want) j->t_blocks = ceil_div(want, j->n_blocks);
+    if (j->t_blocks > T) j->t_blocks = T;
+    j->t_block_rows = ceil_div(T, j->t_blocks);
+    j->t_blocks = ceil_div(T, j->t_block_rows);
+    cpu_pool_run(pool, gemm_dot_task, j, j->n_blocks * j->t_blocks);
+}
+
+static void gemm_run_packed(cpu_pool *pool, gemm_job *j, void *scratch) {
+    int threads = cpu_pool_threads(pool);
+    const gemm_kernels *kn = &j->kern;
+    j->Kp = kn->pairs ? (j->K + 1) / 2 : j->K;
+    j->tiles = ceil_div(j->T, kn->mr);
+    size_t xbytes = align64((size_t)j->tiles * kn->mr * (size_t)j->Kp * 4);
+    j->xpack = scratch;
+    j->wpack = (char *)scratch + xbytes;
+    j->wpack_stride = align64((size_t)PACK_KC * kn->nc * 4);
+
+    j->tiles_per_task = ceil_div(j->tiles, threads * TASKS_PER_THREAD);
+    cpu_pool_run(pool, gemm_pack_x_task, j, ceil_div(j->tiles, j->tiles_per_task));
+
+    /* Tasks: one W panel each; when panels are too few for the threads, the tiles are split too. */
+    j->n_blocks = ceil_div(j->N, kn->nc);
+    int want = threads * TASKS_PER_THREAD;
+    j->t_blocks = j->n_blocks >= want ? 1 : ceil_div(want, j->n_blocks);
+    if (j->t_blocks > j->tiles) j->t_blocks = j->tiles;
+    j->t_block_rows = ceil_div(j->tiles, j->t_blocks);
+    j->t_blocks = ceil_div(j->tiles, j->t_block_rows);
+    cpu_pool_run_indexed(pool, gemm_packed_task, j, j->n_blocks * j->t_blocks);
+}
 
 void cpu_gemm_bf16_algo(cpu_pool *pool, float *y, const float *x, const uint16_t *W, int T, int N, int K,
                         int accumulate, cpu_gemm_precision prec, cpu_gemm_algo algo) {
@@ -308,40 +628,27 @@ void cpu_gemm_bf16_algo(cpu_pool *pool, float *y, const float *x, const uint16_t
     j.N = N;
     j.K = K;
     j.accumulate = accumulate;
+    j.prec = prec;
     j.kern = gemm_select(cpu_pool_isa(pool), prec);
-    int threads = cpu_pool_threads(pool);
-
+    if (algo == CPU_GEMM_ALGO_AUTO) algo = T <= DOT_MAX_T ? CPU_GEMM_ALGO_DOT : CPU_GEMM_ALGO_PACKED;
+    if (algo == CPU_GEMM_ALGO_PACKED && !j.kern.kern) algo = CPU_GEMM_ALGO_DOT;
     if (algo == CPU_GEMM_ALGO_NOMEM) {
         gemm_nomem(y, x, W, T, N, K, accumulate, prec);
         return;
     }
-    j.xp = x;
-    j.xp_stride = (size_t)K;
-    if (j.kern.xf != X_AS_IS) {
+    void *scratch = NULL;
+    if (algo == CPU_GEMM_ALGO_PACKED || j.kern.xf != X_AS_IS) {
         squad_err e;
-        j.xbuf = cpu_pool_scratch(pool, gemm_scratch_bytes(T, K), &e);
-        if (!j.xbuf) {
+        scratch = cpu_pool_scratch(pool, gemm_scratch_bytes(T, K, cpu_pool_threads(pool)), &e);
+        if (!scratch) {
             gemm_nomem(y, x, W, T, N, K, accumulate, prec);
             return;
         }
-        j.prep_rows_per_task = ceil_div(T, threads * TASKS_PER_THREAD);
-        cpu_pool_run(pool, gemm_prep_task, &j, ceil_div(T, j.prep_rows_per_task));
-        j.xp = j.xbuf;
     }
-
-    /* Task grid: blocks of W rows; when they are too few to keep every thread busy, T is split too. */
-    j.n_block_rows = DOT_TASK_ROWS;
-    int want = threads * TASKS_PER_THREAD;
-    if (ceil_div(N, j.n_block_rows) < want) {
-        j.n_block_rows = ceil_div(ceil_div(N, want), DOT_ROWS) * DOT_ROWS;
-    }
-    j.n_blocks = ceil_div(N, j.n_block_rows);
-    j.t_blocks = 1;
-    if (j.n_blocks < want) j.t_blocks = ceil_div(want, j.n_blocks);
-    if (j.t_blocks > T) j.t_blocks = T;
-    j.t_block_rows = ceil_div(T, j.t_blocks);
-    j.t_blocks = ceil_div(T, j.t_block_rows);
-    cpu_pool_run(pool, gemm_dot_task, &j, j.n_blocks * j.t_blocks);
+    if (algo == CPU_GEMM_ALGO_PACKED)
+        gemm_run_packed(pool, &j, scratch);
+    else
+        gemm_run_dot(pool, &j, scratch);
 }
 
 void cpu_gemm_bf16(cpu_pool *pool, float *y, const float *x, const uint16_t *W, int T, int N, int K, int accumulate,
