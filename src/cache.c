@@ -1,0 +1,666 @@
+/*
+ * cache.c — the cross-request state cache (DESIGN.md section 3; interface in cache.h).
+ *
+ * A row is [state prefix | question suffix]. While the prefix runs, the model state is saved at a
+ * few positions (checkpoints); a later row sharing those tokens restores the deepest one and
+ * computes only the rest. The pieces:
+ *
+ *  - A checkpoint at position c: a backend blob with every GDN layer's recurrent state and conv
+ *    inputs at c (save_gdn), the route its upper layers ran with (always the trunk, 0, until
+ *    specialists exist; a router feature sum joins it then), and a pointer to its group.
+ *  - A group: the checkpoints made by one row share one blob of the attention layers' K / V of
+ *    [0, n) (save_kv) and a copy of the tokens [0, n). The tokens are what every lookup is
+ *    verified against: a checkpoint is only used when its group's tokens equal the row's.
+ *  - Placement (squad_cache_bounds): with p = state_len rounded down to `align`, checkpoints at p
+ *    (the same state again), at state_len - tail rounded down (a state that grows at its end), at
+ *    the multiples of `stride` (a state whose middle changes), plus extra chunk ends so no chunk is
+ *    longer than the backend's largest; only positions beyond the restored one are made.
+ *  - The index: a chained hash table keyed by a 64-bit hash of the prefix [0, pos) of each
+ *    checkpoint (pos a multiple of align). A row hashes its prefix block by block (one pass, each
+ *    key extends the previous one) and probes from its deepest aligned position down; the first
+ *    candidate whose position and tokens match is the deepest shared checkpoint. The cost is a
+ *    probe per block of the row plus one token comparison per candidate, whatever the number of
+ *    cached states.
+ *  - LRU and budget: checkpoints sit on one list, least recently used first. Every byte held
+ *    counts: GDN blobs, K / V blobs, token copies, the structures and the index's bucket array.
+ *    Before each allocation the least recently used checkpoints not in use by the running row are
+ *    evicted to make room, and after the row the total is brought within the budget. A group (its
+ *    K / V and tokens) is freed with its last checkpoint. A row keeps only as many of its new
+ *    checkpoints (the deepest first) as fit the budget on their own, so a budget too small for one
+ *    checkpoint caches nothing and still answers the row.
+ *
+ * The cache drives the backend itself (reset, load, save) and runs spans through a span runner
+ * (squad_engine_run_span in production; tests pass their own through cache_internal.h).
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_internal.h"
+#include "engine.h"
+#include "util.h"
+
+/* The index's bucket array: never smaller than this once it exists, doubled when the checkpoints
+ * outnumber the buckets, shrunk when they fall under a quarter of them, freed when empty. */
+#define INDEX_MIN_BUCKETS 16
+#define INDEX_SHRINK_FACTOR 4
+
+/* Prefix hashing: a 64-bit chain over the tokens (splitmix64's finaliser as the step). */
+#define KEY_SEED 0x9e3779b97f4a7c15ull
+
+typedef struct cache_group cache_group;
+
+typedef struct cache_ckpt {
+    int pos;             /* the state after tokens [0, pos) */
+    int route;           /* the route its upper layers ran with (0: the trunk) */
+    uint64_t key;        /* index key: hash of the group's tokens [0, pos) */
+    uint64_t last_row;   /* serial of the last row that used or made it (pinned while it runs) */
+    void *gdn;           /* backend blob of gdn_snapshot_bytes */
+    cache_group *group;
+    struct cache_ckpt *lru_prev, *lru_next; /* lru_prev toward the least recently used */
+    struct cache_ckpt *index_next;          /* the next checkpoint in its bucket */
+} cache_ckpt;
+
+struct cache_group {
+    int32_t *ids;  /* tokens [0, n_pos): what lookups are verified against */
+    void *kv;      /* backend blob: K / V of positions [0, n_pos) */
+    int n_pos;
+    int n_ckpts;   /* freed with its last checkpoint */
+    struct cache_group *prev, *next; /* every group, for checks and teardown */
+};
+
+struct squad_cache {
+    squad_backend *be;
+    squad_cache_opts opts;
+    cache_ckpt *lru_old, *lru_new; /* the list's two ends */
+    cache_group *groups;
+    cache_ckpt **buckets;
+    size_t n_buckets; /* 0 or a power of two */
+    size_t n_ckpts, n_groups;
+    size_t backend_bytes, host_bytes;
+    size_t pending_bytes; /* GDN blobs saved by the running row, not yet committed */
+    uint64_t row_serial;
+    uint64_t key_mask; /* all ones; tests narrow it to force hash collisions */
+    squad_cache_stats stats; /* the counters (the sizes are filled in on request) */
+};
+
+/* A checkpoint saved during a row, waiting for its group's K / V before it joins the cache. */
+typedef struct pending_ckpt {
+    int pos;
+    void *gdn; /* NULL when it is not kept (budget) or its allocation failed */
+} pending_ckpt;
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static int align_down(int x, int align) { return x <= 0 ? 0 : x - x % align; }
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static size_t ckpt_cost(const squad_cache *c) { return sizeof(cache_ckpt) + c->be->gdn_snapshot_bytes; }
+
+static size_t group_cost(const squad_cache *c, int n_pos) {
+    return sizeof(cache_group) + (size_t)n_pos * (sizeof(int32_t) + c->be->kv_bytes_per_pos);
+}
+
+static size_t bytes_held(const squad_cache *c) { return c->backend_bytes + c->host_bytes + c->pending_bytes; }
+
+/* The buckets the index wants for n checkpoints (0 when empty). */
+static size_t buckets_for(size_t n) {
+    if (n == 0) return 0;
+    size_t b = INDEX_MIN_BUCKETS;
+    while (b < n) b *= 2;
+    return b;
+}
+
+size_t squad_cache_ckpt_cost(const squad_cache *c) { return ckpt_cost(c); }
+size_t squad_cache_group_cost(const squad_cache *c, int n_positions) { return group_cost(c, n_positions); }
+
+/* ---- placement ------------------------------------------------------------------------------- */
+
+int squad_cache_bounds(const squad_cache_opts *o, int max_chunk, int c0, int state_len, int *out, int cap) {
+    const int align = o->align;
+    const int end = align_down(state_len, align);
+    /* the chunk-length cap, aligned so the extra ends are checkpoint positions too; when the
+     * backend's chunk is shorter than align, the span runner splits the chunks itself */
+    const int step = align_down(max_chunk, align);
+    /* candidates in ascending order: stride multiples below end, merged with the tail one and end */
+    int extra[2], n_extra = 0;
+    if (o->tail > 0) {
+        int t = align_down(state_len - o->tail, align);
+        if (t > c0 && t < end) extra[n_extra++] = t;
+    }
+    if (end > c0) extra[n_extra++] = end;
+    long long next_stride = o->stride > 0 ? ((long long)c0 / o->stride + 1) * o->stride : LLONG_MAX;
+    int n = 0, last = c0, ei = 0;
+    for (;;) {
+        int x;
+        int stride_ok = next_stride < end;
+        if (stride_ok && (ei >= n_extra || align_down((int)next_stride, align) <= extra[ei])) {
+            x = align_down((int)next_stride, align);
+            next_stride += o->stride;
+        } else if (ei < n_extra) {
+            x = extra[ei++];
+        } else {
+            break;
+        }
+        if (x <= last) continue; /* rounding can repeat a position */
+        while (step > 0 && x - last > step) {
+            last += step;
+            if (n < cap) out[n] = last;
+            n++;
+        }
+        if (n < cap) out[n] = x;
+        n++;
+        last = x;
+    }
+    return n;
+}
+
+/* ---- the index ------------------------------------------------------------------------------- */
+
+void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64_t *keys) {
+    uint64_t h = KEY_SEED;
+    for (int k = 0; k < n_blocks; k++) {
+        const int32_t *block = ids + (size_t)k * align;
+        for (int i = 0; i < align; i++) h = mix64(h ^ (uint32_t)block[i]);
+        /* the position joins the key so a prefix and its extension never share one */
+        keys[k] = mix64(h + (uint64_t)(k + 1) * align * KEY_SEED);
+    }
+}
+
+static size_t bucket_of(const squad_cache *c, uint64_t key) { return (size_t)(key & (c->n_buckets - 1)); }
+
+/* Moves every checkpoint into a bucket array of n (a power of two, or 0 to drop the array when
+ * there are no checkpoints). Keeps the old array when the new one cannot be allocated: chains get
+ * longer, lookups stay correct. */
+static void index_resize(squad_cache *c, size_t n) {
+    if (n == c->n_buckets) return;
+    cache_ckpt **nb = NULL;
+    if (n > 0) {
+        nb = calloc(n, sizeof *nb);
+        if (!nb) return;
+    }
+    for (size_t b = 0; b < c->n_buckets; b++) {
+        cache_ckpt *k = c->buckets[b];
+        while (k) {
+            cache_ckpt *next = k->index_next;
+            size_t i = (size_t)(k->key & (n - 1));
+            k->index_next = nb[i];
+            nb[i] = k;
+            k = next;
+        }
+    }
+    free(c->buckets);
+    c->host_bytes -= c->n_buckets * sizeof *c->buckets;
+    c->buckets = nb;
+    c->n_buckets = n;
+    c->host_bytes += n * sizeof *nb;
+}
+
+/* -1 when there is no bucket array and none can be allocated. */
+static int index_insert(squad_cache *c, cache_ckpt *k) {
+    if (c->n_ckpts + 1 > c->n_buckets) index_resize(c, buckets_for(c->n_ckpts + 1));
+    if (c->n_buckets == 0) return -1;
+    size_t i = bucket_of(c, k->key);
+    k->index_next = c->buckets[i];
+    c->buckets[i] = k;
+    return 0;
+}
+
+static void index_remove(squad_cache *c, cache_ckpt *k) {
+    cache_ckpt **pp = &c->buckets[bucket_of(c, k->key)];
+    while (*pp && *pp != k) pp = &(*pp)->index_next;
+    if (*pp) *pp = k->index_next;
+    k->index_next = NULL;
+}
+
+/* The deepest checkpoint whose position is <= n_blocks * align and whose tokens equal ids. */
+static cache_ckpt *index_deepest(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks) {
+    if (c->n_buckets == 0) return NULL;
+    const int align = c->opts.align;
+    for (int k = n_blocks; k >= 1; k--) {
+        const uint64_t key = keys[k - 1] & c->key_mask;
+        const int pos = k * align;
+        for (cache_ckpt *x = c->buckets[bucket_of(c, key)]; x; x = x->index_next) {
+            if (x->key != key || x->pos != pos) continue;
+            /* a hash match is only a candidate: the tokens decide */
+            if (memcmp(x->group->ids, ids, (size_t)pos * sizeof *ids) == 0) return x;
+        }
+    }
+    return NULL;
+}
+
+int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) {
+    const int n_blocks = n / c->opts.align;
+    if (n_blocks <= 0 || c->n_ckpts == 0) return 0;
+    uint64_t *keys = malloc((size_t)n_blocks * sizeof *keys);
+    if (!keys) return 0;
+    squad_cache_prefix_keys(ids, c->opts.align, n_blocks, keys);
+    cache_ckpt *x = index_deepest(c, ids, keys, n_blocks);
+    free(keys);
+    return x ? x->pos : 0;
+}
+
+/* ---- LRU and eviction ------------------------------------------------------------------------ */
+
+static void lru_unlink(squad_cache *c, cache_ckpt *k) {
+    if (k->lru_prev) k->lru_prev->lru_next = k->lru_next;
+    else c->lru_old = k->lru_next;
+    if (k->lru_next) k->lru_next->lru_prev = k->lru_prev;
+    else c->lru_new = k->lru_prev;
+    k->lru_prev = k->lru_next = NULL;
+}
+
+static void lru_push_new(squad_cache *c, cache_ckpt *k) {
+    k->lru_prev = c->lru_new;
+    k->lru_next = NULL;
+    if (c->lru_new) c->lru_new->lru_next = k;
+    else c->lru_old = k;
+    c->lru_new = k;
+}
+
+static void group_free(squad_cache *c, cache_group *g) {
+    if (g->prev) g->prev->next = g->next;
+    else c->groups = g->next;
+    if (g->next) g->next->prev = g->prev;
+    c->be->release(c->be, g->kv);
+    c->backend_bytes -= (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+    free(g->ids);
+    c->host_bytes -= sizeof *g + (size_t)g->n_pos * sizeof *g->ids;
+    free(g);
+    c->n_groups--;
+}
+
+static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
+    index_remove(c, k);
+    lru_unlink(c, k);
+    c->be->release(c->be, k->gdn);
+    c->backend_bytes -= c->be->gdn_snapshot_bytes;
+    c->host_bytes -= sizeof *k;
+    c->n_ckpts--;
+    cache_group *g = k->group;
+    free(k);
+    if (--g->n_ckpts == 0) group_free(c, g); /* its K / V go with its last checkpoint */
+    c->stats.evicted++;
+    if (c->n_ckpts == 0) index_resize(c, 0);
+}
+
+/* Evicts least recently used checkpoints until `need` more bytes fit the budget; stops at the
+ * first one the running row uses (pinned: every later one is more recent, so also pinned). */
+static void make_room(squad_cache *c, size_t need, uint64_t pin_serial) {
+    while (c->lru_old && bytes_held(c) + need > c->opts.budget_bytes && c->lru_old->last_row != pin_serial)
+        ckpt_evict(c, c->lru_old);
+}
+
+/* After a row: least recently used first until the bytes held are within the budget. */
+static void evict_to_budget(squad_cache *c) {
+    while (c->lru_old && bytes_held(c) > c->opts.budget_bytes) ckpt_evict(c, c->lru_old);
+    if (c->n_ckpts > 0 && c->n_ckpts * INDEX_SHRINK_FACTOR < c->n_buckets && c->n_buckets > INDEX_MIN_BUCKETS)
+        index_resize(c, buckets_for(c->n_ckpts * 2));
+}
+
+/* ---- lifetime -------------------------------------------------------------------------------- */
+
+squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, squad_err *err) {
+    if (!be || !opts) {
+        squad_fail(err, SQUAD_E_INVALID, "state cache: no backend or options");
+        return NULL;
+    }
+    if (opts->align <= 0 || opts->tail < 0 || opts->stride < 0 || opts->min_prefix < 0 || opts->max_slots < 1) {
+        squad_fail(err, SQUAD_E_INVALID,
+                   "state cache: bad options (align %d, tail %d, stride %d, min_prefix %d, max_slots %d)",
+                   opts->align, opts->tail, opts->stride, opts->min_prefix, opts->max_slots);
+        return NULL;
+    }
+    squad_cache *c = squad_calloc(1, sizeof *c, err);
+    if (!c) return NULL;
+    c->be = be;
+    c->opts = *opts;
+    c->key_mask = ~(uint64_t)0;
+    return c;
+}
+
+void squad_cache_free(squad_cache *c) {
+    if (!c) return;
+    while (c->lru_old) ckpt_evict(c, c->lru_old);
+    free(c->buckets);
+    free(c);
+}
+
+void squad_cache_debug_key_bits(squad_cache *c, int bits) {
+    if (c->n_ckpts == 0) c->key_mask = bits >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
+}
+
+/* ---- a row ----------------------------------------------------------------------------------- */
+
+int squad_cache_eligible(const squad_cache *c, const squad_row *row) {
+    if (!c || !row || c->opts.budget_bytes == 0) return 0;
+    if (row->state_len < 0 || row->state_len > row->n_ids) return 0;
+    const int p = align_down(row->state_len, c->opts.align);
+    if (p <= 0 || p < c->opts.min_prefix) return 0;
+    if (row->n_slots < 1 || row->n_slots > c->opts.max_slots) return 0;
+    for (int i = 0; i < row->n_slots; i++)
+        if (row->slots[i] < p) return 0;
+    return row->n_ids <= c->be->max_context;
+}
+
+/* What a row will do: restore `best` (or start cold), run the prefix to each bound, checkpoint
+ * the deepest `n_keep` bounds into `group` (NULL: a new group of [0, p)). */
+typedef struct row_plan {
+    int p, c0;
+    cache_ckpt *best;
+    int *bounds;
+    int n_bounds;
+    int n_keep;
+    int reuse_group; /* the restored group already holds this row's tokens [0, p) */
+    uint64_t *keys;  /* prefix keys of [0, k * align), k = 1..p / align */
+    pending_ckpt *pending;
+} row_plan;
+
+static void plan_free(row_plan *pl) {
+    free(pl->bounds);
+    free(pl->keys);
+    free(pl->pending);
+}
+
+/* How many of n new checkpoints (the deepest first) fit the budget on their own, with their group
+ * when one is needed and the index's buckets for them. */
+static int plan_keep(const squad_cache *c, int n, int p, int reuse_group) {
+    const size_t budget = c->opts.budget_bytes;
+    const size_t base = reuse_group ? 0 : group_cost(c, p);
+    int m = n;
+    while (m > 0 && base + (size_t)m * ckpt_cost(c) + buckets_for((size_t)m) * sizeof(cache_ckpt *) > budget) m--;
+    return m;
+}
+
+static int plan_row(squad_cache *c, const squad_row *row, row_plan *pl, squad_err *err) {
+    memset(pl, 0, sizeof *pl);
+    const int align = c->opts.align;
+    pl->p = align_down(row->state_len, align);
+    const int n_blocks = pl->p / align;
+    pl->keys = squad_malloc((size_t)n_blocks * sizeof *pl->keys, err);
+    if (!pl->keys) return SQUAD_E_NOMEM;
+    squad_cache_prefix_keys(row->ids, align, n_blocks, pl->keys);
+    pl->best = index_deepest(c, row->ids, pl->keys, n_blocks);
+    pl->c0 = pl->best ? pl->best->pos : 0;
+    if (pl->c0 >= pl->p) return 0; /* the same state again: nothing of the prefix to compute */
+
+    const int max_chunk = c->be->max_chunk;
+    const int nb = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, NULL, 0);
+    pl->bounds = squad_malloc((size_t)nb * sizeof *pl->bounds, err);
+    pl->pending = squad_calloc((size_t)nb, sizeof *pl->pending, err);
+    if (!pl->bounds || !pl->pending) return SQUAD_E_NOMEM;
+    pl->n_bounds = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, pl->bounds, nb);
+    /* the restored group may already hold this row's K / V of [0, p): its deeper checkpoints were
+     * evicted, the tokens are the same */
+    const cache_group *g = pl->best ? pl->best->group : NULL;
+    pl->reuse_group = g && g->n_pos >= pl->p &&
+                      memcmp(g->ids + pl->c0, row->ids + pl->c0, (size_t)(pl->p - pl->c0) * sizeof *row->ids) == 0;
+    pl->n_keep = plan_keep(c, pl->n_bounds, pl->p, pl->reuse_group);
+    return 0;
+}
+
+/* The backend's working state to the restored checkpoint (or a row start). */
+static int restore(squad_cache *c, const cache_ckpt *best, squad_err *err) {
+    squad_backend *be = c->be;
+    int rc = be->reset(be, err);
+    if (rc || !best) return rc;
+    rc = be->load_gdn(be, best->gdn, err);
+    if (rc) return rc;
+    return be->load_kv(be, best->group->kv, best->group->n_pos, best->pos, err);
+}
+
+/* A pending checkpoint's blob back to the backend. */
+static void pending_drop(squad_cache *c, pending_ckpt *pc) {
+    if (!pc->gdn) return;
+    c->be->release(c->be, pc->gdn);
+    c->pending_bytes -= ckpt_cost(c);
+    pc->gdn = NULL;
+}
+
+/* Saves the working state's GDN part as the pending checkpoint at `pos`. An allocation failure
+ * only means this checkpoint is not kept; a backend failure fails the row. */
+static int snapshot(squad_cache *c, pending_ckpt *pc, int pos, uint64_t serial, squad_err *err) {
+    squad_backend *be = c->be;
+    squad_err alloc_err = {0};
+    pc->pos = pos;
+    make_room(c, ckpt_cost(c), serial);
+    pc->gdn = be->alloc(be, be->gdn_snapshot_bytes, &alloc_err);
+    if (!pc->gdn) return 0;
+    c->pending_bytes += ckpt_cost(c);
+    int rc = be->save_gdn(be, pc->gdn, err);
+    if (rc) pending_drop(c, pc);
+    return rc;
+}
+
+static void pending_release(squad_cache *c, row_plan *pl) {
+    for (int i = 0; i < pl->n_bounds; i++) pending_drop(c, &pl->pending[i]);
+}
+
+/* A new group holding the working state's K / V of [0, p) and the row's tokens; NULL when memory
+ * is short (the row's checkpoints are then dropped), or on a backend failure (rc set). */
+static cache_group *group_new(squad_cache *c, const squad_row *row, int p, uint64_t serial, int *rc,
+                              squad_err *err) {
+    squad_backend *be = c->be;
+    squad_err alloc_err = {0};
+    const size_t kv_bytes = (size_t)p * be->kv_bytes_per_pos;
+    *rc = 0;
+    make_room(c, group_cost(c, p), serial);
+    cache_group *g = calloc(1, sizeof *g);
+    int32_t *ids = malloc((size_t)p * sizeof *ids);
+    void *kv = (g && ids) ? be->alloc(be, kv_bytes, &alloc_err) : NULL;
+    if (!kv) {
+        free(g);
+        free(ids);
+        return NULL;
+    }
+    *rc = be->save_kv(be, kv, p, err);
+    if (*rc) {
+        be->release(be, kv);
+        free(g);
+        free(ids);
+        return NULL;
+    }
+    memcpy(ids, row->ids, (size_t)p * sizeof *ids);
+    g->ids = ids;
+    g->kv = kv;
+    g->n_pos = p;
+    g->next = c->groups;
+    if (c->groups) c->groups->prev = g;
+    c->groups = g;
+    c->n_groups++;
+    c->backend_bytes += kv_bytes;
+    c->host_bytes += sizeof *g + (size_t)p * sizeof *ids;
+    return g;
+}
+
+/* The row's pending checkpoints join the cache: group, index, the recent end of the LRU list
+ * (shallow first, so the deepest is the most recent). */
+static void commit(squad_cache *c, row_plan *pl, cache_group *g, uint64_t serial) {
+    const int align = c->opts.align;
+    for (int i = 0; i < pl->n_bounds; i++) {
+        pending_ckpt *pc = &pl->pending[i];
+        if (!pc->gdn) continue;
+        cache_ckpt *k = calloc(1, sizeof *k);
+        if (!k) {
+            pending_drop(c, pc);
+            continue;
+        }
+        k->key = pl->keys[pc->pos / align - 1] & c->key_mask;
+        if (index_insert(c, k)) {
+            free(k);
+            pending_drop(c, pc);
+            continue;
+        }
+        k->pos = pc->pos;
+        k->route = 0; /* the trunk: specialists (DESIGN section 4) will set it */
+        k->last_row = serial;
+        k->gdn = pc->gdn;
+        k->group = g;
+        pc->gdn = NULL;
+        c->pending_bytes -= ckpt_cost(c);
+        g->n_ckpts++;
+        c->n_ckpts++;
+        c->backend_bytes += c->be->gdn_snapshot_bytes;
+        c->host_bytes += sizeof *k;
+        lru_push_new(c, k);
+        c->stats.checkpoints_made++;
+    }
+    if (g->n_ckpts == 0) group_free(c, g);
+}
+
+/* Runs the prefix [c0, p) bound by bound, snapshotting the kept bounds, then makes their group
+ * and commits them. */
+static int run_prefix(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, row_plan *pl,
+                      squad_result *out, uint64_t serial, squad_err *err) {
+    const int first_kept = pl->n_bounds - pl->n_keep;
+    int s = pl->c0;
+    for (int i = 0; i < pl->n_bounds; i++) {
+        const int b = pl->bounds[i];
+        int rc = run(ctx, row, s, b, out, err);
+        if (!rc && i >= first_kept) rc = snapshot(c, &pl->pending[i], b, serial, err);
+        if (rc) {
+            pending_release(c, pl);
+            return rc;
+        }
+        s = b;
+    }
+    int kept = 0;
+    for (int i = 0; i < pl->n_bounds; i++) kept += pl->pending[i].gdn != NULL;
+    if (kept == 0) return 0;
+    cache_group *g = pl->reuse_group ? pl->best->group : NULL;
+    if (!g) {
+        int rc = 0;
+        g = group_new(c, row, pl->p, serial, &rc, err);
+        if (!g) {
+            pending_release(c, pl);
+            return rc;
+        }
+    }
+    commit(c, pl, g, serial);
+    return 0;
+}
+
+int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, squad_result *out,
+                           squad_err *err) {
+    if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
+    row_plan pl;
+    int rc = plan_row(c, row, &pl, err);
+    if (rc) {
+        plan_free(&pl);
+        return rc;
+    }
+    const uint64_t serial = ++c->row_serial;
+    if (pl.best) { /* in use by this row: the most recent, and pinned against make_room */
+        pl.best->last_row = serial;
+        lru_unlink(c, pl.best);
+        lru_push_new(c, pl.best);
+    }
+    memset(out, 0, sizeof *out);
+    out->n_slots = row->n_slots;
+    out->reused = pl.c0;
+    out->route = pl.best ? pl.best->route : 0;
+
+    rc = restore(c, pl.best, err);
+    if (!rc) rc = run_prefix(c, run, ctx, row, &pl, out, serial, err);
+    if (!rc) rc = run(ctx, row, pl.p, row->n_ids, out, err);
+    evict_to_budget(c);
+    plan_free(&pl);
+    if (rc) return rc;
+
+    c->stats.rows++;
+    if (pl.c0 == pl.p) c->stats.hits++;
+    else if (pl.c0 > 0) c->stats.partial++;
+    else c->stats.cold++;
+    c->stats.tokens_reused += (uint64_t)pl.c0;
+    c->stats.tokens_computed += (uint64_t)(row->n_ids - pl.c0);
+    return 0;
+}
+
+static int engine_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
+    return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
+}
+
+int squad_cache_score(squad_cache *c, struct squad_engine *e, const squad_row *row, squad_result *out,
+                      squad_err *err) {
+    return squad_cache_score_with(c, engine_span, e, row, out, err);
+}
+
+/* ---- statistics and checks ------------------------------------------------------------------- */
+
+void squad_cache_get_stats(const squad_cache *c, squad_cache_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!c) return;
+    *out = c->stats;
+    out->checkpoints = c->n_ckpts;
+    out->groups = c->n_groups;
+    out->bytes_held = bytes_held(c);
+    out->budget_bytes = c->opts.budget_bytes;
+}
+
+void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host_bytes) {
+    *backend_bytes = c->backend_bytes;
+    *host_bytes = c->host_bytes;
+}
+
+#define CHECK_FAIL(...)                                                                                       \
+    do {                                                                                                      \
+        if (why && why_len) snprintf(why, why_len, __VA_ARGS__);                                              \
+        return -1;                                                                                            \
+    } while (0)
+
+int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
+    const size_t kvb = c->be->kv_bytes_per_pos;
+    size_t be_bytes = 0, host = c->n_buckets * sizeof *c->buckets, n_groups = 0, n_ckpts = 0;
+    for (const cache_group *g = c->groups; g; g = g->next) {
+        if (g->next && g->next->prev != g) CHECK_FAIL("group list links broken");
+        int count = 0;
+        for (const cache_ckpt *k = c->lru_old; k; k = k->lru_next) count += k->group == g;
+        if (count != g->n_ckpts || count == 0) CHECK_FAIL("group holds %d checkpoints, counts %d", count, g->n_ckpts);
+        be_bytes += (size_t)g->n_pos * kvb;
+        host += sizeof *g + (size_t)g->n_pos * sizeof *g->ids;
+        n_groups++;
+    }
+    const cache_ckpt *prev = NULL;
+    for (const cache_ckpt *k = c->lru_old; k; prev = k, k = k->lru_next) {
+        if (k->lru_prev != prev) CHECK_FAIL("LRU links broken at checkpoint %d", k->pos);
+        if (k->pos <= 0 || k->pos % c->opts.align || k->pos > k->group->n_pos)
+            CHECK_FAIL("checkpoint at %d in a group of %d positions", k->pos, k->group->n_pos);
+        uint64_t key;
+        int nb = k->pos / c->opts.align;
+        uint64_t *keys = malloc((size_t)nb * sizeof *keys);
+        if (!keys) CHECK_FAIL("out of memory");
+        squad_cache_prefix_keys(k->group->ids, c->opts.align, nb, keys);
+        key = keys[nb - 1] & c->key_mask;
+        free(keys);
+        if (key != k->key) CHECK_FAIL("checkpoint at %d has a stale key", k->pos);
+        if (c->n_buckets == 0) CHECK_FAIL("checkpoints without an index");
+        const cache_ckpt *x = c->buckets[bucket_of(c, k->key)];
+        while (x && x != k) x = x->index_next;
+        if (!x) CHECK_FAIL("checkpoint at %d missing from the index", k->pos);
+        be_bytes += c->be->gdn_snapshot_bytes;
+        host += sizeof *k;
+        n_ckpts++;
+    }
+    if (prev != c->lru_new) CHECK_FAIL("LRU tail is wrong");
+    size_t in_index = 0;
+    for (size_t b = 0; b < c->n_buckets; b++)
+        for (const cache_ckpt *x = c->buckets[b]; x; x = x->index_next) {
+            if (bucket_of(c, x->key) != b) CHECK_FAIL("checkpoint in the wrong bucket");
+            in_index++;
+        }
+    if (in_index != n_ckpts || n_ckpts != c->n_ckpts) CHECK_FAIL("%zu indexed, %zu listed, %zu counted", in_index, n_ckpts, c->n_ckpts);
+    if (n_groups != c->n_groups) CHECK_FAIL("%zu groups listed, %zu counted", n_groups, c->n_groups);
+    if (be_bytes != c->backend_bytes || host != c->host_bytes)
+        CHECK_FAIL("bytes: backend %zu counted %zu, host %zu counted %zu", be_bytes, c->backend_bytes, host, c->host_bytes);
+    if (n_ckpts == 0 && c->n_buckets) CHECK_FAIL("an empty index keeps its buckets");
+    return 0;
+}

@@ -1,0 +1,58 @@
+/*
+ * cache_internal.h — the state cache's internals that tests and benchmarks reach (cache.h is the
+ * engine's view).
+ *
+ * The cache drives the backend itself (reset / load / save) and runs a row's spans through a span
+ * runner: the engine's squad_engine_run_span in production, a stand-in in tests, so the index, the
+ * LRU and the byte accounting can be checked in isolation with a fake backend that records what it
+ * was given. The placement policy and the prefix hashes are exposed so a test can compute the
+ * earlier runtime's reuse independently of the cache's own bookkeeping.
+ */
+#ifndef SQUAD_CACHE_INTERNAL_H
+#define SQUAD_CACHE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+
+/* Runs row->ids[start, end) from the backend's working state (which holds [0, start)); answers
+ * the row's slots inside the span into out and adds end - start to out->computed. */
+typedef int (*squad_span_fn)(void *ctx, const squad_row *row, int start, int end, squad_result *out,
+                             squad_err *err);
+
+/* squad_cache_score with another span runner (ctx is passed through to it). */
+int squad_cache_score_with(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row,
+                           squad_result *out, squad_err *err);
+
+/* The placement policy: the chunk ends of a state of state_len tokens computed from position c0,
+ * ascending, each a checkpoint position: the multiples of stride, state_len - tail and state_len
+ * (each rounded down to align) above c0, plus extra ends so no chunk exceeds max_chunk. Writes at
+ * most cap positions and returns how many there are (may exceed cap: call again with more room). */
+int squad_cache_bounds(const squad_cache_opts *opts, int max_chunk, int c0, int state_len, int *out, int cap);
+
+/* The 64-bit keys of the row prefixes [0, k * align) for k = 1..n_blocks (keys[k - 1]); every
+ * key depends on all tokens before its position and on the position. */
+void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64_t *keys);
+
+/* The position of the deepest cached checkpoint whose tokens equal ids[0, pos) with pos <= n
+ * (0 when none); does not touch the LRU order or the statistics. */
+int squad_cache_lookup(const squad_cache *cache, const int32_t *ids, int n);
+
+/* Bytes held, split into backend blobs (GDN snapshots, K / V) and host memory (structures, token
+ * ids, the index's buckets). Their sum is squad_cache_stats.bytes_held. */
+void squad_cache_bytes(const squad_cache *cache, size_t *backend_bytes, size_t *host_bytes);
+
+/* Walks every structure (LRU list, index, groups) and checks that they agree with each other and
+ * with the byte counters; 0 when consistent, else -1 with a description in why. */
+int squad_cache_check(const squad_cache *cache, char *why, size_t why_len);
+
+/* The bytes one checkpoint and one group of n positions cost (what the budget is compared with). */
+size_t squad_cache_ckpt_cost(const squad_cache *cache);
+size_t squad_cache_group_cost(const squad_cache *cache, int n_positions);
+
+/* Test hook: narrows the index keys to `bits` bits (on an empty cache) so different prefixes
+ * collide and only the token comparison tells them apart. */
+void squad_cache_debug_key_bits(squad_cache *cache, int bits);
+
+#endif /* SQUAD_CACHE_INTERNAL_H */

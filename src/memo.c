@@ -1,0 +1,257 @@
+/*
+ * memo.c — the exact-request memo (memo.h).
+ *
+ * One allocation per entry: the structure, then the row's ids, slots, nopts and letters (the
+ * copy every hit is verified against), then the answer's probabilities for each slot's options.
+ * A chained hash table over the 64-bit row hash finds candidates; an LRU list orders eviction.
+ * The bytes held are the entries' allocations plus the bucket array, kept within the budget.
+ */
+#include "memo.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define MEMO_MIN_BUCKETS 16
+#define MEMO_HASH_SEED 0x243f6a8885a308d3ull
+
+typedef struct memo_entry {
+    uint64_t key;
+    struct memo_entry *index_next;
+    struct memo_entry *lru_prev, *lru_next; /* lru_prev toward the least recently used */
+    size_t bytes;
+    int n_ids, n_slots, n_letters, state_len, route;
+    int32_t *ids, *slots, *nopts, *letters; /* inside this allocation */
+    float *probs;                           /* the options of each slot, one slot after another */
+} memo_entry;
+
+struct squad_memo {
+    size_t budget;
+    memo_entry **buckets;
+    size_t n_buckets; /* 0 or a power of two */
+    size_t n_entries;
+    size_t bytes;
+    memo_entry *lru_old, *lru_new;
+    squad_memo_stats stats;
+};
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t hash_ints(uint64_t h, const int32_t *v, int n) {
+    h = mix64(h ^ (uint64_t)(uint32_t)n); /* the length first: [1 2][3] differs from [1][2 3] */
+    for (int i = 0; i < n; i++) h = mix64(h ^ (uint32_t)v[i]);
+    return h;
+}
+
+static uint64_t row_key(const squad_row *r) {
+    uint64_t h = MEMO_HASH_SEED;
+    h = hash_ints(h, r->ids, r->n_ids);
+    h = hash_ints(h, r->slots, r->n_slots);
+    h = hash_ints(h, r->nopts, r->n_slots);
+    h = hash_ints(h, r->letters, r->n_letters);
+    return mix64(h ^ (uint64_t)(uint32_t)r->state_len);
+}
+
+static int same_ints(const int32_t *a, const int32_t *b, int n) { return n == 0 || !memcmp(a, b, (size_t)n * sizeof *a); }
+
+static int entry_matches(const memo_entry *e, const squad_row *r) {
+    return e->n_ids == r->n_ids && e->n_slots == r->n_slots && e->n_letters == r->n_letters &&
+           e->state_len == r->state_len && same_ints(e->ids, r->ids, r->n_ids) &&
+           same_ints(e->slots, r->slots, r->n_slots) && same_ints(e->nopts, r->nopts, r->n_slots) &&
+           same_ints(e->letters, r->letters, r->n_letters);
+}
+
+static int total_options(const squad_row *r) {
+    int n = 0;
+    for (int i = 0; i < r->n_slots; i++) n += r->nopts[i];
+    return n;
+}
+
+/* ---- index and LRU --------------------------------------------------------------------------- */
+
+static void resize(squad_memo *m, size_t n) {
+    if (n == m->n_buckets) return;
+    memo_entry **nb = NULL;
+    if (n > 0) {
+        nb = calloc(n, sizeof *nb);
+        if (!nb) return; /* longer chains, still correct */
+    }
+    for (size_t b = 0; b < m->n_buckets; b++) {
+        memo_entry *e = m->buckets[b];
+        while (e) {
+            memo_entry *next = e->index_next;
+            size_t i = (size_t)(e->key & (n - 1));
+            e->index_next = nb[i];
+            nb[i] = e;
+            e = next;
+        }
+    }
+    free(m->buckets);
+    m->bytes -= m->n_buckets * sizeof *m->buckets;
+    m->buckets = nb;
+    m->n_buckets = n;
+    m->bytes += n * sizeof *nb;
+}
+
+/* A bucket array for the entries there are, when the present one is four times too large. */
+static void shrink_index(squad_memo *m) {
+    if (m->n_entries == 0 || m->n_entries * 4 >= m->n_buckets || m->n_buckets <= MEMO_MIN_BUCKETS) return;
+    size_t n = MEMO_MIN_BUCKETS;
+    while (n < m->n_entries) n *= 2;
+    resize(m, n);
+}
+
+static void lru_unlink(squad_memo *m, memo_entry *e) {
+    if (e->lru_prev) e->lru_prev->lru_next = e->lru_next;
+    else m->lru_old = e->lru_next;
+    if (e->lru_next) e->lru_next->lru_prev = e->lru_prev;
+    else m->lru_new = e->lru_prev;
+    e->lru_prev = e->lru_next = NULL;
+}
+
+static void lru_push_new(squad_memo *m, memo_entry *e) {
+    e->lru_prev = m->lru_new;
+    e->lru_next = NULL;
+    if (m->lru_new) m->lru_new->lru_next = e;
+    else m->lru_old = e;
+    m->lru_new = e;
+}
+
+static memo_entry *find(const squad_memo *m, const squad_row *r, uint64_t key) {
+    if (m->n_buckets == 0) return NULL;
+    for (memo_entry *e = m->buckets[key & (m->n_buckets - 1)]; e; e = e->index_next)
+        if (e->key == key && entry_matches(e, r)) return e;
+    return NULL;
+}
+
+static void remove_entry(squad_memo *m, memo_entry *e) {
+    memo_entry **pp = &m->buckets[e->key & (m->n_buckets - 1)];
+    while (*pp && *pp != e) pp = &(*pp)->index_next;
+    if (*pp) *pp = e->index_next;
+    lru_unlink(m, e);
+    m->bytes -= e->bytes;
+    m->n_entries--;
+    free(e);
+    if (m->n_entries == 0) resize(m, 0);
+}
+
+/* ---- the API --------------------------------------------------------------------------------- */
+
+squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err) {
+    squad_memo *m = squad_calloc(1, sizeof *m, err);
+    if (m) m->budget = budget_bytes;
+    return m;
+}
+
+void squad_memo_free(squad_memo *m) {
+    if (!m) return;
+    while (m->lru_old) remove_entry(m, m->lru_old);
+    free(m->buckets);
+    free(m);
+}
+
+int squad_memo_get(squad_memo *m, const squad_row *r, squad_result *out) {
+    if (!m || !r) return 0;
+    memo_entry *e = find(m, r, row_key(r));
+    if (!e) {
+        m->stats.misses++;
+        return 0;
+    }
+    lru_unlink(m, e);
+    lru_push_new(m, e);
+    memset(out, 0, sizeof *out);
+    out->n_slots = e->n_slots;
+    out->route = e->route;
+    const float *p = e->probs;
+    for (int i = 0; i < e->n_slots; i++) {
+        memcpy(out->probs[i], p, (size_t)e->nopts[i] * sizeof *p);
+        p += e->nopts[i];
+    }
+    m->stats.hits++;
+    return 1;
+}
+
+int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, squad_err *err) {
+    if (!m || !r || !res) return squad_fail(err, SQUAD_E_INVALID, "memo: nothing to store");
+    if (r->n_slots > SQUAD_MAX_SLOTS_PER_ROW) return squad_fail(err, SQUAD_E_INVALID, "memo: too many slots");
+    for (int i = 0; i < r->n_slots; i++)
+        if (r->nopts[i] < 0 || r->nopts[i] > SQUAD_MAX_LETTERS) return squad_fail(err, SQUAD_E_INVALID, "memo: bad nopts");
+    const uint64_t key = row_key(r);
+    memo_entry *old = find(m, r, key);
+    if (old) remove_entry(m, old); /* the newer answer replaces it */
+
+    const size_t n_ints = (size_t)r->n_ids + 2 * (size_t)r->n_slots + (size_t)r->n_letters;
+    const size_t n_probs = (size_t)total_options(r);
+    const size_t bytes = sizeof(memo_entry) + n_ints * sizeof(int32_t) + n_probs * sizeof(float);
+    if (bytes + MEMO_MIN_BUCKETS * sizeof(memo_entry *) > m->budget) return 0; /* never fits */
+    memo_entry *e = squad_malloc(bytes, err);
+    if (!e) return SQUAD_E_NOMEM;
+    memset(e, 0, sizeof *e);
+    e->key = key;
+    e->bytes = bytes;
+    e->n_ids = r->n_ids;
+    e->n_slots = r->n_slots;
+    e->n_letters = r->n_letters;
+    e->state_len = r->state_len;
+    e->route = res->route;
+    e->ids = (int32_t *)(e + 1);
+    e->slots = e->ids + r->n_ids;
+    e->nopts = e->slots + r->n_slots;
+    e->letters = e->nopts + r->n_slots;
+    e->probs = (float *)(e->letters + r->n_letters);
+    if (r->n_ids) memcpy(e->ids, r->ids, (size_t)r->n_ids * sizeof *e->ids);
+    if (r->n_slots) {
+        memcpy(e->slots, r->slots, (size_t)r->n_slots * sizeof *e->slots);
+        memcpy(e->nopts, r->nopts, (size_t)r->n_slots * sizeof *e->nopts);
+    }
+    if (r->n_letters) memcpy(e->letters, r->letters, (size_t)r->n_letters * sizeof *e->letters);
+    float *p = e->probs;
+    for (int i = 0; i < r->n_slots; i++) {
+        memcpy(p, res->probs[i], (size_t)r->nopts[i] * sizeof *p);
+        p += r->nopts[i];
+    }
+
+    if (m->n_entries + 1 > m->n_buckets) {
+        size_t n = m->n_buckets ? m->n_buckets * 2 : MEMO_MIN_BUCKETS;
+        resize(m, n);
+        if (m->n_buckets == 0) {
+            free(e);
+            return squad_fail(err, SQUAD_E_NOMEM, "memo: out of memory for its index");
+        }
+    }
+    size_t i = (size_t)(key & (m->n_buckets - 1));
+    e->index_next = m->buckets[i];
+    m->buckets[i] = e;
+    lru_push_new(m, e);
+    m->n_entries++;
+    m->bytes += bytes;
+    m->stats.stored++;
+    /* least recently used first; the new entry is the most recent and fits on its own */
+    while (m->bytes > m->budget && m->lru_old != e) {
+        remove_entry(m, m->lru_old);
+        m->stats.evicted++;
+    }
+    shrink_index(m);
+    if (m->bytes > m->budget) { /* only when the index could not shrink: give the entry up */
+        remove_entry(m, e);
+        m->stats.evicted++;
+    }
+    return 0;
+}
+
+void squad_memo_get_stats(const squad_memo *m, squad_memo_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!m) return;
+    *out = m->stats;
+    out->entries = m->n_entries;
+    out->bytes_held = m->bytes;
+    out->budget_bytes = m->budget;
+}

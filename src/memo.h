@@ -1,0 +1,43 @@
+/*
+ * memo.h — the exact-request memo: a whole repeated row (same ids, slots, nopts, letters and
+ * state_len) is answered from memory before it reaches the state cache (DESIGN.md section 3).
+ *
+ * Entries are keyed by a 64-bit hash of the row's whole content and verified by comparing the
+ * stored copy of the row, so two different rows are never confused. Bounded LRU: every byte an
+ * entry holds (the structure, its row copy, its probabilities) and the bucket array count against
+ * the budget; the least recently used entries go first.
+ */
+#ifndef SQUAD_MEMO_H
+#define SQUAD_MEMO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "squad.h"
+
+/* A default budget for an engine's memo. */
+#define SQUAD_MEMO_DEFAULT_BYTES ((size_t)16 << 20)
+
+typedef struct squad_memo squad_memo;
+
+typedef struct squad_memo_stats {
+    uint64_t hits, misses, stored, evicted;
+    size_t entries, bytes_held, budget_bytes;
+} squad_memo_stats;
+
+/* A memo holding at most budget_bytes (0: a memo that stores nothing). */
+squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err);
+void squad_memo_free(squad_memo *memo);
+
+/* 1 and *out filled when this exact row was answered before (out->reused and out->computed are 0:
+ * nothing restored, nothing computed; probs, n_slots and route are the stored answer); 0 when not.
+ * A hit makes the entry the most recently used. */
+int squad_memo_get(squad_memo *memo, const squad_row *row, squad_result *out);
+
+/* Stores the answer to a row (replacing an older one for the same row). An entry larger than the
+ * whole budget is not stored. 0, or SQUAD_E_NOMEM when memory is short (the memo stays valid). */
+int squad_memo_put(squad_memo *memo, const squad_row *row, const squad_result *result, squad_err *err);
+
+void squad_memo_get_stats(const squad_memo *memo, squad_memo_stats *out);
+
+#endif /* SQUAD_MEMO_H */
