@@ -1,0 +1,707 @@
+/*
+ * test_cache_index.c — the state cache's logic in isolation (placement, index, restore order,
+ * LRU, byte budget) and the exact-request memo, without a model.
+ *
+ * A fake backend stands in for the model: its "GDN state" is the position and a hash of every
+ * token run so far, its "K / V" of a position is the token and the position, and the span runner
+ * checks, before every span, that the working state is exactly the state of the row's tokens
+ * [0, start) — so a restore of the wrong checkpoint, of stale K / V, or at the wrong position
+ * fails the row. Its answers are a function of the row's tokens up to each slot, so a cached
+ * answer must equal the uncached one bit for bit. Its alloc / release count the live bytes, which
+ * the cache's accounting is compared with after every row.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_internal.h"
+#include "memo.h"
+#include "testutil.h"
+#include "util.h"
+
+#define FAKE_MAX_CONTEXT 4096
+#define FAKE_MAX_CHUNK 256
+#define FAKE_GDN_BYTES 96 /* pos + hash + a pattern, like a real snapshot's size matters */
+#define FAKE_KV_BYTES 8   /* token and position */
+#define FAKE_HASH_SEED 0x1234567887654321ull
+
+typedef struct fake_gdn {
+    int64_t pos;
+    uint64_t hash;
+} fake_gdn;
+
+typedef struct fake {
+    squad_backend be; /* first: the cache sees a squad_backend */
+    int32_t kv[FAKE_MAX_CONTEXT][2];
+    fake_gdn gdn;
+    size_t live_bytes, live_blobs;
+    long allocs;
+    long fail_alloc_at;  /* the alloc with this number fails (-1: never) */
+    long spans;
+    long fail_span_at;   /* the span with this number fails (-1: never) */
+    long violations;     /* spans that found a wrong working state */
+    char last_violation[160];
+} fake;
+
+typedef struct blob_header {
+    size_t bytes;
+    size_t pad; /* keeps the payload 16-byte aligned */
+} blob_header;
+
+static uint64_t fmix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t hash_tokens(const int32_t *ids, int n) {
+    uint64_t h = FAKE_HASH_SEED;
+    for (int i = 0; i < n; i++) h = fmix(h ^ (uint32_t)ids[i]);
+    return h;
+}
+
+static void *fake_alloc(squad_backend *be, size_t bytes, squad_err *err) {
+    fake *f = (fake *)be;
+    if (f->allocs++ == f->fail_alloc_at) {
+        squad_fail(err, SQUAD_E_NOMEM, "fake: alloc %ld fails", f->allocs - 1);
+        return NULL;
+    }
+    blob_header *h = malloc(sizeof *h + bytes);
+    if (!h) return NULL;
+    h->bytes = bytes;
+    f->live_bytes += bytes;
+    f->live_blobs++;
+    return h + 1;
+}
+
+static void fake_release(squad_backend *be, void *p) {
+    fake *f = (fake *)be;
+    if (!p) return;
+    blob_header *h = (blob_header *)p - 1;
+    f->live_bytes -= h->bytes;
+    f->live_blobs--;
+    free(h);
+}
+
+static int fake_reset(squad_backend *be, squad_err *err) {
+    fake *f = (fake *)be;
+    f->gdn.pos = 0;
+    f->gdn.hash = FAKE_HASH_SEED;
+    /* a real backend need not clear K / V; this one poisons them so relying on stale ones fails */
+    memset(f->kv, 0xff, sizeof f->kv);
+    return 0;
+}
+
+static int fake_save_gdn(squad_backend *be, void *dst, squad_err *err) {
+    fake *f = (fake *)be;
+    memset(dst, 0xab, FAKE_GDN_BYTES);
+    memcpy(dst, &f->gdn, sizeof f->gdn);
+    return 0;
+}
+
+static int fake_load_gdn(squad_backend *be, const void *src, squad_err *err) {
+    fake *f = (fake *)be;
+    memcpy(&f->gdn, src, sizeof f->gdn);
+    return 0;
+}
+
+static int fake_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
+    fake *f = (fake *)be;
+    if (n > f->gdn.pos) return squad_fail(err, SQUAD_E_BACKEND, "fake: save_kv of %d positions at %d", n, (int)f->gdn.pos);
+    memcpy(dst, f->kv, (size_t)n * FAKE_KV_BYTES);
+    return 0;
+}
+
+static int fake_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
+    fake *f = (fake *)be;
+    if (n > blob_positions) return squad_fail(err, SQUAD_E_BACKEND, "fake: load_kv %d of %d", n, blob_positions);
+    memcpy(f->kv, src, (size_t)n * FAKE_KV_BYTES);
+    return 0;
+}
+
+static void fake_destroy(squad_backend *be) { (void)be; }
+
+static void fake_init(fake *f) {
+    memset(f, 0, sizeof *f);
+    f->be.name = "fake";
+    f->be.max_context = FAKE_MAX_CONTEXT;
+    f->be.max_chunk = FAKE_MAX_CHUNK;
+    f->be.gdn_snapshot_bytes = FAKE_GDN_BYTES;
+    f->be.kv_bytes_per_pos = FAKE_KV_BYTES;
+    f->be.alloc = fake_alloc;
+    f->be.release = fake_release;
+    f->be.reset = fake_reset;
+    f->be.save_gdn = fake_save_gdn;
+    f->be.load_gdn = fake_load_gdn;
+    f->be.save_kv = fake_save_kv;
+    f->be.load_kv = fake_load_kv;
+    f->be.destroy = fake_destroy;
+    f->fail_alloc_at = -1;
+    f->fail_span_at = -1;
+}
+
+/* The answer of a slot: a function of every token up to and including it. */
+static void fake_answer(uint64_t hash_through_slot, int nopts, float *probs) {
+    float sum = 0;
+    for (int j = 0; j < nopts; j++) {
+        probs[j] = 1.0f + (float)((fmix(hash_through_slot + (uint64_t)j) >> 40) & 1023);
+        sum += probs[j];
+    }
+    for (int j = 0; j < nopts; j++) probs[j] /= sum;
+}
+
+static int fake_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
+    fake *f = ctx;
+    if (f->spans++ == f->fail_span_at) return squad_fail(err, SQUAD_E_BACKEND, "fake: span fails");
+    /* the working state must be exactly that of the row's tokens [0, start) */
+    int bad = f->gdn.pos != start || f->gdn.hash != hash_tokens(row->ids, start);
+    for (int i = 0; i < start && !bad; i++) bad = f->kv[i][0] != row->ids[i] || f->kv[i][1] != i;
+    if (bad) {
+        f->violations++;
+        snprintf(f->last_violation, sizeof f->last_violation, "span [%d, %d) from a state at %d", start, end,
+                 (int)f->gdn.pos);
+        return squad_fail(err, SQUAD_E_BACKEND, "fake: %s", f->last_violation);
+    }
+    int slot = 0;
+    while (slot < row->n_slots && row->slots[slot] < start) slot++;
+    for (int i = start; i < end; i++) {
+        f->kv[i][0] = row->ids[i];
+        f->kv[i][1] = i;
+        f->gdn.hash = fmix(f->gdn.hash ^ (uint32_t)row->ids[i]);
+        f->gdn.pos = i + 1;
+        if (slot < row->n_slots && row->slots[slot] == i) {
+            fake_answer(f->gdn.hash, row->nopts[slot], out->probs[slot]);
+            slot++;
+        }
+    }
+    out->computed += end - start;
+    return 0;
+}
+
+/* The uncached answer. */
+static void reference(const squad_row *row, squad_result *out) {
+    memset(out, 0, sizeof *out);
+    out->n_slots = row->n_slots;
+    for (int s = 0; s < row->n_slots; s++)
+        fake_answer(hash_tokens(row->ids, row->slots[s] + 1), row->nopts[s], out->probs[s]);
+}
+
+static int same_answer(const squad_row *row, const squad_result *a, const squad_result *b) {
+    if (a->n_slots != b->n_slots) return 0;
+    for (int s = 0; s < row->n_slots; s++)
+        for (int j = 0; j < SQUAD_MAX_LETTERS; j++)
+            if (a->probs[s][j] != b->probs[s][j]) return 0;
+    return 1;
+}
+
+/* ---- rows -------------------------------------------------------------------------------------- */
+
+#define MAX_ROW 2048
+
+typedef struct test_row {
+    int32_t ids[MAX_ROW];
+    int32_t slots[4], nopts[4], letters[4];
+    squad_row row;
+} test_row;
+
+static uint64_t rng_state = 42;
+static uint32_t rnd(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+
+/* A row of state tokens `state` (n_state of them) followed by a question of q tokens, one slot at
+ * the end (or n_slots spread over the question). */
+static void make_row(test_row *t, const int32_t *state, int n_state, int q, int n_slots) {
+    memcpy(t->ids, state, (size_t)n_state * sizeof *state);
+    for (int i = 0; i < q; i++) t->ids[n_state + i] = 1000 + (int32_t)(rnd() % 5000);
+    int n = n_state + q;
+    for (int s = 0; s < n_slots; s++) {
+        t->slots[s] = n - n_slots + s;
+        t->nopts[s] = 2 + s % 3;
+    }
+    for (int j = 0; j < 4; j++) t->letters[j] = 10 + j;
+    t->row = (squad_row){t->ids, n, t->slots, t->nopts, n_slots, t->letters, 4, n_state};
+}
+
+static void random_tokens(int32_t *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = (int32_t)(rnd() % 50000);
+}
+
+/* The cache's accounting against the fake's live allocations and its own structures. */
+static void check_accounting(squad_cache *c, fake *f, const char *where) {
+    char why[256];
+    size_t be_bytes, host;
+    squad_cache_bytes(c, &be_bytes, &host);
+    squad_cache_stats st;
+    squad_cache_get_stats(c, &st);
+    CHECKF(squad_cache_check(c, why, sizeof why) == 0, "%s: %s", where, why);
+    CHECKF(be_bytes == f->live_bytes, "%s: backend bytes %zu, live %zu", where, be_bytes, f->live_bytes);
+    CHECKF(st.bytes_held == be_bytes + host, "%s", where);
+    CHECKF(st.bytes_held <= st.budget_bytes, "%s: held %zu > budget %zu", where, st.bytes_held, st.budget_bytes);
+}
+
+static squad_cache_opts small_opts(size_t budget) {
+    squad_cache_opts o = {budget, 64, 16, 512, 64, 4};
+    return o;
+}
+
+/* Scores a row through the cache and checks the answer against the reference. */
+static int score(squad_cache *c, fake *f, const squad_row *row, squad_result *out) {
+    squad_err err = {0};
+    squad_result ref;
+    reference(row, &ref);
+    int rc = squad_cache_score_with(c, fake_span, f, row, out, &err);
+    CHECKF(rc == 0, "score: %s", err.msg);
+    CHECKF(rc || same_answer(row, out, &ref), "answer differs from the uncached one");
+    CHECKF(rc || out->reused + out->computed == row->n_ids, "reused %d + computed %d != %d", out->reused,
+           out->computed, row->n_ids);
+    return rc;
+}
+
+/* ---- placement --------------------------------------------------------------------------------- */
+
+static void test_bounds(void) {
+    squad_cache_opts o = small_opts(1 << 20);
+    int b[64];
+    /* a cold state of 1100 tokens: stride 512, tail 1100-16 -> 1024 (= p), p = 1088 */
+    int n = squad_cache_bounds(&o, 4096, 0, 1100, b, 64);
+    CHECK(n == 3 && b[0] == 512 && b[1] == 1024 && b[2] == 1088);
+    /* state_len 1090: tail 1074 -> 1024; p 1088 */
+    n = squad_cache_bounds(&o, 4096, 0, 1090, b, 64);
+    CHECK(n == 3 && b[0] == 512 && b[1] == 1024 && b[2] == 1088);
+    /* from 1024 only p is left */
+    n = squad_cache_bounds(&o, 4096, 1024, 1090, b, 64);
+    CHECK(n == 1 && b[0] == 1088);
+    /* from p: nothing */
+    CHECK(squad_cache_bounds(&o, 4096, 1088, 1090, b, 64) == 0);
+    /* chunks no longer than 256: extra ends at 256, 768 */
+    n = squad_cache_bounds(&o, 256, 0, 1100, b, 64);
+    CHECK(n == 5 && b[0] == 256 && b[1] == 512 && b[2] == 768 && b[3] == 1024 && b[4] == 1088);
+    /* a max chunk that is not a multiple of align is rounded down (300 -> 256) */
+    n = squad_cache_bounds(&o, 300, 0, 600, b, 64);
+    CHECK(n == 3 && b[0] == 256 && b[1] == 512 && b[2] == 576);
+    /* too small a buffer: the count is still right */
+    CHECK(squad_cache_bounds(&o, 256, 0, 1100, b, 2) == 5);
+    /* no stride, no tail */
+    o.stride = 0;
+    o.tail = 0;
+    n = squad_cache_bounds(&o, 4096, 0, 1100, b, 64);
+    CHECK(n == 1 && b[0] == 1088);
+    /* a stride that is not a multiple of align: rounded down */
+    o.stride = 100;
+    n = squad_cache_bounds(&o, 4096, 0, 330, b, 64);
+    CHECK(n == 4 && b[0] == 64 && b[1] == 192 && b[2] == 256 && b[3] == 320); /* 100, 200, 300 */
+}
+
+static void test_keys(void) {
+    int32_t a[256], b[256];
+    uint64_t ka[4], kb[4];
+    random_tokens(a, 256);
+    memcpy(b, a, sizeof a);
+    b[130] ^= 1; /* the third block differs */
+    squad_cache_prefix_keys(a, 64, 4, ka);
+    squad_cache_prefix_keys(b, 64, 4, kb);
+    CHECK(ka[0] == kb[0] && ka[1] == kb[1] && ka[2] != kb[2] && ka[3] != kb[3]);
+    CHECK(ka[0] != ka[1]);
+}
+
+/* ---- scenarios --------------------------------------------------------------------------------- */
+
+static void test_scenarios(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    CHECK(c != NULL);
+    static int32_t state[MAX_ROW];
+    static test_row t;
+    squad_result r;
+    random_tokens(state, MAX_ROW);
+
+    /* cold: a state of 700 tokens, p 640 */
+    make_row(&t, state, 700, 20, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 0 && r.computed == 720);
+    /* the same state, another question: only the question (and [p, state_len)) is computed */
+    make_row(&t, state, 700, 25, 2);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 640 && r.computed == 85);
+    /* one action appended: the state grows to 760; it restores p = 640 of the old state */
+    make_row(&t, state, 760, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 640);
+    /* the last 20 tokens of the first state changed: down(700 - 16) = 640 is gone too, 576 stays */
+    static int32_t changed[MAX_ROW];
+    memcpy(changed, state, sizeof changed);
+    random_tokens(changed + 680, 40);
+    make_row(&t, changed, 700, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 640); /* 640 <= 680 still shared */
+    random_tokens(changed + 630, 100);
+    make_row(&t, changed, 700, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 512); /* 640 is past the shared 630; the stride checkpoint at 512 is not */
+    /* the middle changed (a new page): the stride checkpoint at 512 is what is left */
+    random_tokens(changed + 530, 400);
+    make_row(&t, changed, 1300, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 512);
+    /* exactly the same row again: a hit at p */
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 1280 && r.computed == 30);
+    /* a row that shares only part of a long state: 1000 tokens of it */
+    static int32_t part[MAX_ROW];
+    memcpy(part, changed, sizeof part);
+    random_tokens(part + 1000, 600);
+    make_row(&t, part, 1500, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 768); /* 1300's chunk ends: 512 (restored), 768 (chunk cap 256), 1024, 1216, 1280 */
+    /* an unrelated state: cold */
+    static int32_t other[MAX_ROW];
+    random_tokens(other, MAX_ROW);
+    make_row(&t, other, 300, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 0);
+    /* ineligible rows */
+    make_row(&t, other, 300, 10, 1);
+    t.row.state_len = -1;
+    CHECK(!squad_cache_eligible(c, &t.row));
+    t.row.state_len = 100; /* p 64 >= min_prefix 64 */
+    CHECK(squad_cache_eligible(c, &t.row));
+    t.row.state_len = 60; /* p 0 */
+    CHECK(!squad_cache_eligible(c, &t.row));
+    t.row.state_len = 300;
+    t.slots[0] = 200; /* a slot inside the state */
+    CHECK(!squad_cache_eligible(c, &t.row));
+    make_row(&t, other, 300, 10, 4);
+    CHECK(squad_cache_eligible(c, &t.row));
+    t.row.n_slots = 5;
+    CHECK(!squad_cache_eligible(c, &t.row));
+    CHECK(f.violations == 0);
+    squad_cache_stats st;
+    squad_cache_get_stats(c, &st);
+    CHECK(st.rows == 9 && st.hits == 3 && st.cold == 2 && st.partial == 4);
+    CHECK(st.checkpoints_made > 0 && st.evicted == 0);
+    check_accounting(c, &f, "scenarios");
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0 && f.live_blobs == 0);
+}
+
+/* Prefix hashes reduced to 2 bits: every probe finds candidates of other states; only the tokens
+ * may decide. */
+static void test_collisions(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    squad_cache_debug_key_bits(c, 2);
+    static int32_t states[8][MAX_ROW];
+    static test_row t;
+    squad_result r;
+    for (int s = 0; s < 8; s++) random_tokens(states[s], MAX_ROW);
+    for (int round = 0; round < 3; round++)
+        for (int s = 0; s < 8; s++) {
+            make_row(&t, states[s], 600 + 64 * s, 8, 1);
+            score(c, &f, &t.row, &r);
+            CHECK(r.reused == (round ? 576 + 64 * s : 0));
+        }
+    CHECK(f.violations == 0);
+    check_accounting(c, &f, "collisions");
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0);
+}
+
+/* ---- budget ------------------------------------------------------------------------------------ */
+
+static void test_budgets(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t state[MAX_ROW];
+    static test_row t;
+    squad_result r;
+    random_tokens(state, MAX_ROW);
+    make_row(&t, state, 700, 10, 1);
+
+    /* a budget of zero: the cache takes no rows */
+    squad_cache_opts o = small_opts(0);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    CHECK(c && !squad_cache_eligible(c, &t.row));
+    squad_cache_free(c);
+
+    /* a budget smaller than one checkpoint with its group: rows are answered, nothing is cached */
+    o = small_opts(1000);
+    c = squad_cache_new(&f.be, &o, &err);
+    for (int i = 0; i < 3; i++) {
+        score(c, &f, &t.row, &r);
+        CHECK(r.reused == 0);
+    }
+    squad_cache_stats st;
+    squad_cache_get_stats(c, &st);
+    CHECK(st.checkpoints == 0 && st.bytes_held == 0 && st.rows == 3 && st.cold == 3);
+    CHECK(f.live_bytes == 0);
+    squad_cache_free(c);
+
+    /* room for the deepest checkpoint and its group only: p is kept, the shallower ones are not */
+    c = squad_cache_new(&f.be, &o, &err);
+    size_t one = squad_cache_group_cost(c, 640) + squad_cache_ckpt_cost(c) + 16 * sizeof(void *);
+    squad_cache_free(c);
+    o = small_opts(one);
+    c = squad_cache_new(&f.be, &o, &err);
+    score(c, &f, &t.row, &r);
+    squad_cache_get_stats(c, &st);
+    CHECK(st.checkpoints == 1 && st.groups == 1 && st.bytes_held == one);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 640);
+    check_accounting(c, &f, "one checkpoint");
+    /* another state evicts it */
+    static int32_t other[MAX_ROW];
+    random_tokens(other, MAX_ROW);
+    make_row(&t, other, 700, 10, 1);
+    score(c, &f, &t.row, &r);
+    squad_cache_get_stats(c, &st);
+    CHECK(st.checkpoints == 1 && st.evicted == 1);
+    check_accounting(c, &f, "evicted");
+    make_row(&t, state, 700, 10, 1);
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 0);
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0);
+}
+
+/* LRU order: with room for two states' checkpoints, touching the older one makes the other the
+ * victim. */
+static void test_lru(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t s[3][MAX_ROW];
+    static test_row t;
+    squad_result r;
+    for (int i = 0; i < 3; i++) random_tokens(s[i], MAX_ROW);
+    squad_cache_opts o = small_opts(0);
+    o.stride = 0;
+    o.tail = 0; /* one checkpoint per state (its p: 192, below the chunk cap) */
+    o.budget_bytes = 1;
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    o.budget_bytes = 2 * (squad_cache_group_cost(c, 192) + squad_cache_ckpt_cost(c)) + 16 * sizeof(void *);
+    squad_cache_free(c);
+    c = squad_cache_new(&f.be, &o, &err);
+    make_row(&t, s[0], 250, 5, 1);
+    score(c, &f, &t.row, &r);
+    make_row(&t, s[1], 250, 5, 1);
+    score(c, &f, &t.row, &r);
+    make_row(&t, s[0], 250, 6, 1); /* touch state 0 */
+    score(c, &f, &t.row, &r);
+    CHECK(r.reused == 192);
+    make_row(&t, s[2], 250, 5, 1); /* evicts state 1, the least recently used */
+    score(c, &f, &t.row, &r);
+    CHECK(squad_cache_lookup(c, s[0], 250) == 192);
+    CHECK(squad_cache_lookup(c, s[1], 250) == 0);
+    CHECK(squad_cache_lookup(c, s[2], 250) == 192);
+    check_accounting(c, &f, "lru");
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0);
+}
+
+/* A failing span leaves the cache consistent and leaks nothing; a failing allocation only means
+ * fewer checkpoints. */
+static void test_failures(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t state[MAX_ROW];
+    static test_row t;
+    squad_result r;
+    random_tokens(state, MAX_ROW);
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    make_row(&t, state, 1200, 10, 1);
+    for (long at = 0; at < 8; at++) {
+        f.spans = 0;
+        f.fail_span_at = at;
+        int rc = squad_cache_score_with(c, fake_span, &f, &t.row, &r, &err);
+        CHECK(rc == SQUAD_E_BACKEND || at > 5);
+        check_accounting(c, &f, "failed span");
+    }
+    f.fail_span_at = -1;
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0);
+    for (long at = 0; at < 8; at++) {
+        c = squad_cache_new(&f.be, &o, &err);
+        f.allocs = 0;
+        f.fail_alloc_at = at;
+        score(c, &f, &t.row, &r);
+        check_accounting(c, &f, "failed alloc");
+        f.fail_alloc_at = -1;
+        score(c, &f, &t.row, &r);
+        check_accounting(c, &f, "after a failed alloc");
+        squad_cache_free(c);
+        CHECK(f.live_bytes == 0);
+    }
+    CHECK(f.violations == 0);
+}
+
+/* Thousands of agent-like rows (sessions whose states grow, change in the middle and repeat)
+ * through a small budget; after every row the answer equals the uncached one, the reuse equals
+ * what the index held before the row, and the accounting matches the real allocations. */
+#define N_SESSIONS 12
+#define N_ROWS 3000
+
+static void test_many_rows(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    squad_cache_opts o = small_opts(0);
+    o.budget_bytes = 1;
+    squad_cache *probe = squad_cache_new(&f.be, &o, &err);
+    /* room for about four full states */
+    o.budget_bytes = 4 * (squad_cache_group_cost(probe, 1024) + 6 * squad_cache_ckpt_cost(probe));
+    squad_cache_free(probe);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    static int32_t sess[N_SESSIONS][MAX_ROW];
+    static int len[N_SESSIONS];
+    static test_row t;
+    squad_result r;
+    for (int s = 0; s < N_SESSIONS; s++) {
+        random_tokens(sess[s], MAX_ROW);
+        len[s] = 64 + (int)(rnd() % 300);
+    }
+    uint64_t reused = 0;
+    for (int i = 0; i < N_ROWS; i++) {
+        int s = (int)(rnd() % N_SESSIONS);
+        uint32_t what = rnd() % 10;
+        if (what < 3 && len[s] < 1700) { /* an action appended */
+            random_tokens(sess[s] + len[s], 40);
+            len[s] += 10 + (int)(rnd() % 30);
+        } else if (what == 3 && len[s] > 600) { /* a new page: the middle changes */
+            int from = 300 + (int)(rnd() % (len[s] - 400));
+            random_tokens(sess[s] + from, len[s] - from);
+        } else if (what == 4) { /* a new session */
+            random_tokens(sess[s], MAX_ROW);
+            len[s] = 64 + (int)(rnd() % 300);
+        }
+        make_row(&t, sess[s], len[s], 3 + (int)(rnd() % 30), 1 + (int)(rnd() % 3));
+        int expect = squad_cache_lookup(c, t.row.ids, len[s] - len[s] % 64);
+        if (score(c, &f, &t.row, &r)) break;
+        CHECKF(r.reused == expect, "row %d: reused %d, the index held %d", i, r.reused, expect);
+        reused += (uint64_t)r.reused;
+        size_t be_bytes, host;
+        squad_cache_bytes(c, &be_bytes, &host);
+        squad_cache_stats st;
+        squad_cache_get_stats(c, &st);
+        char why[256];
+        if (squad_cache_check(c, why, sizeof why) || be_bytes != f.live_bytes || st.bytes_held > st.budget_bytes) {
+            check_accounting(c, &f, "many rows");
+            fprintf(stderr, "after row %d\n", i);
+            break;
+        }
+        test_passed++;
+    }
+    squad_cache_stats st;
+    squad_cache_get_stats(c, &st);
+    printf("many rows: %llu rows, %llu hits, %llu partial, %llu cold, %llu reused tokens, %llu evicted, "
+           "%zu bytes held of %zu\n",
+           (unsigned long long)st.rows, (unsigned long long)st.hits, (unsigned long long)st.partial,
+           (unsigned long long)st.cold, (unsigned long long)reused, (unsigned long long)st.evicted,
+           st.bytes_held, st.budget_bytes);
+    CHECK(st.rows == N_ROWS && st.evicted > 0 && st.hits > 0 && st.partial > 0);
+    CHECK(f.violations == 0);
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0 && f.live_blobs == 0);
+}
+
+/* ---- the memo ---------------------------------------------------------------------------------- */
+
+static void test_memo(void) {
+    squad_err err = {0};
+    static test_row a, b;
+    static int32_t state[MAX_ROW];
+    random_tokens(state, MAX_ROW);
+    make_row(&a, state, 300, 10, 2);
+    b = a;
+    b.row.ids = b.ids;
+    b.row.slots = b.slots;
+    b.row.nopts = b.nopts;
+    b.row.letters = b.letters;
+    squad_result ra, rb, got;
+    reference(&a.row, &ra);
+    ra.route = 0;
+    squad_memo *m = squad_memo_new(1 << 20, &err);
+    CHECK(m && !squad_memo_get(m, &a.row, &got));
+    CHECK(squad_memo_put(m, &a.row, &ra, &err) == 0);
+    CHECK(squad_memo_get(m, &b.row, &got) == 1 && same_answer(&a.row, &got, &ra) && got.reused == 0 &&
+          got.computed == 0);
+    /* any difference is another request */
+    b.ids[5] ^= 1;
+    CHECK(!squad_memo_get(m, &b.row, &got));
+    b.ids[5] ^= 1;
+    b.row.state_len = 299;
+    CHECK(!squad_memo_get(m, &b.row, &got));
+    b.row.state_len = 300;
+    b.nopts[1] = a.nopts[1] + 1;
+    CHECK(!squad_memo_get(m, &b.row, &got));
+    b.nopts[1] = a.nopts[1];
+    b.letters[3] = 99;
+    CHECK(!squad_memo_get(m, &b.row, &got));
+    b.letters[3] = a.letters[3];
+    b.row.n_ids = 309; /* a prefix of the row */
+    b.slots[0] = 307;
+    b.slots[1] = 308;
+    CHECK(!squad_memo_get(m, &b.row, &got));
+    /* put again replaces */
+    reference(&b.row, &rb);
+    CHECK(squad_memo_put(m, &a.row, &rb, &err) == 0);
+    CHECK(squad_memo_get(m, &a.row, &got) == 1 && same_answer(&a.row, &got, &rb));
+    squad_memo_stats ms;
+    squad_memo_get_stats(m, &ms);
+    CHECK(ms.entries == 1 && ms.bytes_held <= ms.budget_bytes);
+    squad_memo_free(m);
+
+    /* a small budget: LRU, always within it */
+    m = squad_memo_new(8 << 10, &err);
+    static test_row rows[64];
+    for (int i = 0; i < 64; i++) {
+        random_tokens(state, 300);
+        make_row(&rows[i], state, 100, 5, 1);
+        reference(&rows[i].row, &ra);
+        CHECK(squad_memo_put(m, &rows[i].row, &ra, &err) == 0);
+        squad_memo_get_stats(m, &ms);
+        CHECK(ms.bytes_held <= ms.budget_bytes);
+        if (i >= 1) CHECK(squad_memo_get(m, &rows[i - 1].row, &got) == 1); /* touch the previous one */
+    }
+    CHECK(squad_memo_get(m, &rows[63].row, &got) == 1 && squad_memo_get(m, &rows[62].row, &got) == 1);
+    CHECK(squad_memo_get(m, &rows[0].row, &got) == 0);
+    squad_memo_get_stats(m, &ms);
+    CHECK(ms.evicted > 0 && ms.entries > 2 && ms.entries < 64);
+    /* an entry larger than the budget is not stored */
+    static test_row big;
+    random_tokens(state, MAX_ROW);
+    make_row(&big, state, 2000, 10, 1);
+    reference(&big.row, &ra);
+    CHECK(squad_memo_put(m, &big.row, &ra, &err) == 0 && !squad_memo_get(m, &big.row, &got));
+    squad_memo_free(m);
+    /* a zero budget stores nothing */
+    m = squad_memo_new(0, &err);
+    CHECK(squad_memo_put(m, &a.row, &ra, &err) == 0 && !squad_memo_get(m, &a.row, &got));
+    squad_memo_free(m);
+}
+
+int main(void) {
+    test_bounds();
+    test_keys();
+    test_scenarios();
+    test_collisions();
+    test_budgets();
+    test_lru();
+    test_failures();
+    test_many_rows();
+    test_memo();
+    return test_summary("test_cache_index");
+}
