@@ -195,6 +195,8 @@ TARGET_AVX512BF16 static void dot_avx512bf16(const void *xv, const uint16_t *W, 
 #define P256_NC 16
 /* k (fp32 panels) or k pairs (bf16 panels) per W slice: 512 x 48 x 4 bytes = 96 KiB, in L2. */
 #define PACK_KC 512
+/* How far ahead (in pairs of one W row) the W packing prefetches. */
+#define PACK_PREFETCH_PAIRS 64
 
 /* kern_fn: y[m][c] (+)= sum over kc steps of xp[k][m] * wp[k][c] for m < mv, c < nv. xp and wp
  * point at the slice start; load_y: add to y (else overwrite). */
@@ -213,57 +215,141 @@ TARGET_AVX512 static inline void p512_store(float *y, __m512 v, int nv, int load
     }
 }
 
-TARGET_AVX512 static void kern_512_f32(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv, int nv,
-                                       int load_y) {
-    const float *xp = xpv, *wp = wpv;
-    __m512 acc[P512_MR][3];
-#pragma GCC unroll 8
-    for (int m = 0; m < P512_MR; m++) acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();
-    for (int k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_load_ps(wp), b1 = _mm512_load_ps(wp + 16), b2 = _mm512_load_ps(wp + 32);
-#pragma GCC unroll 8
-        for (int m = 0; m < P512_MR; m++) {
-            __m512 a = _mm512_set1_ps(xp[m]);
-            acc[m][0] = _mm512_fmadd_ps(a, b0, acc[m][0]);
-            acc[m][1] = _mm512_fmadd_ps(a, b1, acc[m][1]);
-            acc[m][2] = _mm512_fmadd_ps(a, b2, acc[m][2]);
-        }
-        xp += P512_MR;
-        wp += P512_NC;
+/* The AVX-512 microkernels in three widths (NZ zmm = 16 columns each): a panel's last, narrower
+ * columns (N = 16, 1000, ...) do not pay for a full 48-column tile. One body, instantiated by macro
+ * for fp32 FMA and for vdpbf16ps; the x value per token is a broadcast, W comes in NZ loads. */
+#define P512_KERNEL_F32(NAME, NZ)                                                                           \
+    TARGET_AVX512 static void NAME(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv,     \
+                                   int nv, int load_y) {                                                     \
+        const float *xp = xpv, *wp = wpv;                                                                    \
+        __m512 acc[P512_MR][NZ];                                                                             \
+        _Pragma("GCC unroll 8") for (int m = 0; m < P512_MR; m++)                                            \
+            _Pragma("GCC unroll 3") for (int z = 0; z < NZ; z++) acc[m][z] = _mm512_setzero_ps();           \
+        for (int k = 0; k < kc; k++) {                                                                       \
+            __m512 b[NZ];                                                                                    \
+            _Pragma("GCC unroll 3") for (int z = 0; z < NZ; z++) b[z] = _mm512_load_ps(wp + 16 * z);        \
+            _Pragma("GCC unroll 8") for (int m = 0; m < P512_MR; m++) {                                      \
+                __m512 a = _mm512_set1_ps(xp[m]);                                                            \
+                _Pragma("GCC unroll 3") for (int z = 0; z < NZ; z++) acc[m][z] =                             \
+                    _mm512_fmadd_ps(a, b[z], acc[m][z]);                                                     \
+            }                                                                                                \
+            xp += P512_MR;                                                                                   \
+            wp += P512_NC;                                                                                   \
+        }                                                                                                    \
+        for (int m = 0; m < mv; m++)                                                                         \
+            for (int z = 0; z < NZ; z++) p512_store(y + (size_t)m * ldy + 16 * z, acc[m][z], nv - 16 * z, load_y); \
     }
-    for (int m = 0; m < mv; m++) {
-        float *yr = y + (size_t)m * ldy;
-        p512_store(yr, acc[m][0], nv, load_y);
-        p512_store(yr + 16, acc[m][1], nv - 16, load_y);
-        p512_store(yr + 32, acc[m][2], nv - 32, load_y);
+
+#define P512_KERNEL_BF16(NAME, NZ)                                                                          \
+    TARGET_AVX512BF16 static void NAME(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv, \
+                                       int nv, int load_y) {                                                 \
+        const int32_t *xp = xpv; /* bf16 pairs */                                                            \
+        const int32_t *wp = wpv;                                                                             \
+        __m512 acc[P512_MR][NZ];                                                                             \
+        _Pragma("GCC unroll 8") for (int m = 0; m < P512_MR; m++)                                            \
+            _Pragma("GCC unroll 3") for (int z = 0; z < NZ; z++) acc[m][z] = _mm512_setzero_ps();           \
+        for (int k = 0; k < kc; k++) {                                                                       \
+            __m512bh b[NZ];                                                                                  \
+            _Pragma("GCC unroll 3") for (int z = 0; z < NZ; z++) b[z] =                                      \
+                (__m512bh)_mm512_load_si512(wp + 16 * z);                                                    \
+            _Pragma("GCC unroll 8") for (int m = 0; m < P512_MR; m++) {                                      \
+                __m512bh a = (__m512bh)_mm512_set1_epi32(xp[m]);                                             \
+                _Pragma("GCC unroll 3") for (int z = 0; z < NZ; z++) acc[m][z] =                             \
+                    _mm512_dpbf16_ps(acc[m][z], a, b[z]);                                                    \
+            }                                                                                                \
+            xp += P512_MR;                                                                                   \
+            wp += P512_NC;                                                                                   \
+        }                                                                                                    \
+        for (int m = 0; m < mv; m++)                                                                         \
+            for (int z = 0; z < NZ; z++) p512_store(y + (size_t)m * ldy + 16 * z, acc[m][z], nv - 16 * z, load_y); \
+    }
+
+P512_KERNEL_F32(kern_512_f32_1, 1)
+P512_KERNEL_F32(kern_512_f32_2, 2)
+P512_KERNEL_F32(kern_512_f32_3, 3)
+P512_KERNEL_BF16(kern_512_bf16_1, 1)
+P512_KERNEL_BF16(kern_512_bf16_2, 2)
+P512_KERNEL_BF16(kern_512_bf16_3, 3)
+
+/* Transposes a 16 x 16 block of 32-bit elements held in r[0..15] (row i -> column i). Three
+ * rounds: 32-bit interleaves, 64-bit interleaves, then 128-bit lane shuffles. */
+TARGET_AVX512 static inline void transpose16x16(__m512i r[16]) {
+    __m512i a[16], c[16];
+    for (int i = 0; i < 16; i += 2) {
+        a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    /* c[4g + q], lane L: column 4L + q of rows 4g .. 4g+3 */
+    for (int g = 0; g < 4; g++) {
+        c[4 * g + 0] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+        c[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+        c[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+        c[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for (int q = 0; q < 4; q++) {
+        __m512i d0 = _mm512_shuffle_i32x4(c[q], c[4 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i d1 = _mm512_shuffle_i32x4(c[q], c[4 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        __m512i d2 = _mm512_shuffle_i32x4(c[8 + q], c[12 + q], _MM_SHUFFLE(1, 0, 1, 0));
+        __m512i d3 = _mm512_shuffle_i32x4(c[8 + q], c[12 + q], _MM_SHUFFLE(3, 2, 3, 2));
+        r[q] = _mm512_shuffle_i32x4(d0, d2, _MM_SHUFFLE(2, 0, 2, 0));
+        r[4 + q] = _mm512_shuffle_i32x4(d0, d2, _MM_SHUFFLE(3, 1, 3, 1));
+        r[8 + q] = _mm512_shuffle_i32x4(d1, d3, _MM_SHUFFLE(2, 0, 2, 0));
+        r[12 + q] = _mm512_shuffle_i32x4(d1, d3, _MM_SHUFFLE(3, 1, 3, 1));
     }
 }
 
-TARGET_AVX512BF16 static void kern_512_bf16(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv,
-                                            int nv, int load_y) {
-    const int32_t *xp = xpv; /* pairs */
-    const uint16_t *wp = wpv;
-    __m512 acc[P512_MR][3];
-#pragma GCC unroll 8
-    for (int m = 0; m < P512_MR; m++) acc[m][0] = acc[m][1] = acc[m][2] = _mm512_setzero_ps();
-    for (int k = 0; k < kc; k++) {
-        __m512bh b0 = (__m512bh)_mm512_load_si512(wp), b1 = (__m512bh)_mm512_load_si512(wp + 32),
-                 b2 = (__m512bh)_mm512_load_si512(wp + 64);
-#pragma GCC unroll 8
-        for (int m = 0; m < P512_MR; m++) {
-            __m512bh a = (__m512bh)_mm512_set1_epi32(xp[m]);
-            acc[m][0] = _mm512_dpbf16_ps(acc[m][0], a, b0);
-            acc[m][1] = _mm512_dpbf16_ps(acc[m][1], a, b1);
-            acc[m][2] = _mm512_dpbf16_ps(acc[m][2], a, b2);
+/* W columns [n0, n0+nv) (rows of W) as bf16 pairs [p0, p0+kc2): [kc2][nc] 32-bit units, zero-padded
+ * past nv and past K. 16 W rows x 16 pairs per transpose. Masked loads stop at the
+ * slice's and the row's end, so an odd K never reads the next row's first element. */
+TARGET_AVX512 static void pack_w_bf16_512(void *wpv, const uint16_t *W, int K, int n0, int nv, int nc, int p0,
+                                          int kc2) {
+    uint32_t *wp = wpv;
+    for (int c0 = 0; c0 < nc; c0 += 16) {
+        for (int pb = 0; pb < kc2; pb += 16) {
+            int pairs = kc2 - pb < 16 ? kc2 - pb : 16;
+            int e = 2 * (p0 + pb);
+            int elems = K - e < 2 * pairs ? K - e : 2 * pairs;
+            __mmask32 mask = elems >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << elems) - 1u);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                if (c0 + i >= nv) {
+                    r[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const uint16_t *src = W + (size_t)(n0 + c0 + i) * K + e;
+                /* W comes from DRAM once per call: ask for the row's next lines early (the
+                 * hardware prefetcher tracks few of these 16-48 strided streams). */
+                if (pb + PACK_PREFETCH_PAIRS < kc2) _mm_prefetch((const char *)(src + 2 * PACK_PREFETCH_PAIRS), _MM_HINT_T0);
+                r[i] = _mm512_maskz_loadu_epi16(mask, src);
+            }
+            transpose16x16(r);
+            for (int j = 0; j < pairs; j++) _mm512_store_si512(wp + (size_t)(pb + j) * nc + c0, r[j]);
         }
-        xp += P512_MR;
-        wp += 2 * P512_NC;
     }
-    for (int m = 0; m < mv; m++) {
-        float *yr = y + (size_t)m * ldy;
-        p512_store(yr, acc[m][0], nv, load_y);
-        p512_store(yr + 16, acc[m][1], nv - 16, load_y);
-        p512_store(yr + 32, acc[m][2], nv - 32, load_y);
+}
+
+/* pack_w_f32 (below) with AVX-512: 16 W rows x 16 k widened to fp32, then transposed. */
+TARGET_AVX512 static void pack_w_f32_512(void *wpv, const uint16_t *W, int K, int n0, int nv, int nc, int k0,
+                                         int kc) {
+    float *wp = wpv;
+    for (int c0 = 0; c0 < nc; c0 += 16) {
+        for (int kb = 0; kb < kc; kb += 16) {
+            int cnt = kc - kb < 16 ? kc - kb : 16;
+            __mmask16 mask = (__mmask16)(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                if (c0 + i < nv) {
+                    const uint16_t *src = W + (size_t)(n0 + c0 + i) * K + k0 + kb;
+                    if (kb + 2 * PACK_PREFETCH_PAIRS < kc) _mm_prefetch((const char *)(src + 2 * PACK_PREFETCH_PAIRS), _MM_HINT_T0);
+                    __m256i h = _mm256_maskz_loadu_epi16(mask, src);
+                    r[i] = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+                } else {
+                    r[i] = _mm512_setzero_si512();
+                }
+            }
+            transpose16x16(r);
+            for (int j = 0; j < cnt; j++) _mm512_store_si512(wp + (size_t)(kb + j) * nc + c0, r[j]);
+        }
     }
 }
 
@@ -347,7 +433,8 @@ static void pack_x_bf16(uint32_t *xp, const float *x, int T, int K, int mr, int 
 }
 
 /* W columns [n0, n0+nv) (rows of W), k in [k0, k0+kc): fp32 [kc][nc], zero-padded. */
-static void pack_w_f32(float *wp, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc) {
+static void pack_w_f32(void *wpv, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc) {
+    float *wp = wpv;
     for (int c = 0; c < nc; c++) {
         if (c >= nv) {
             for (int k = 0; k < kc; k++) wp[(size_t)k * nc + c] = 0.0f;
@@ -355,22 +442,6 @@ static void pack_w_f32(float *wp, const uint16_t *W, int K, int n0, int nv, int 
         }
         const uint16_t *src = W + (size_t)(n0 + c) * K + k0;
         for (int k = 0; k < kc; k++) wp[(size_t)k * nc + c] = squad_bf16_to_f32(src[k]);
-    }
-}
-
-/* bf16 pairs: [kc2][nc] 32-bit units for pairs [p0, p0+kc2); a missing odd element is 0. */
-static void pack_w_bf16(uint32_t *wp, const uint16_t *W, int K, int n0, int nv, int nc, int p0, int kc2) {
-    for (int c = 0; c < nc; c++) {
-        if (c >= nv) {
-            for (int p = 0; p < kc2; p++) wp[(size_t)p * nc + c] = 0;
-            continue;
-        }
-        const uint16_t *src = W + (size_t)(n0 + c) * K;
-        for (int p = p0; p < p0 + kc2; p++) {
-            int k = 2 * p;
-            uint32_t lo = src[k], hi = k + 1 < K ? src[k + 1] : 0;
-            wp[(size_t)(p - p0) * nc + c] = lo | hi << 16;
-        }
     }
 }
 
@@ -387,35 +458,48 @@ typedef struct gemm_kernels {
     dot_fn dot;
     x_form xf;   /* DOT: how x is prepared */
     kern_fn kern; /* PACKED microkernel, NULL: no packed path (scalar) */
+    kern_fn kern_narrow[2]; /* for a panel's last 1 or 2 zmm of columns (AVX-512), else NULL */
+    void (*pack_w)(void *wp, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc);
     int mr, nc;   /* its tile */
     int pairs;    /* 1: bf16 pair panels, 0: fp32 panels */
 } gemm_kernels;
 
 static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
-    gemm_kernels k = {dot_scalar, prec == CPU_GEMM_FAST ? X_ROUNDED_F32 : X_AS_IS, NULL, 1, 1, 0};
+    gemm_kernels k;
+    memset(&k, 0, sizeof k);
+    k.dot = dot_scalar;
+    k.xf = prec == CPU_GEMM_FAST ? X_ROUNDED_F32 : X_AS_IS;
+    k.mr = k.nc = 1;
 #if GEMM_X86
     switch (isa) {
     case CPU_ISA_AVX512_BF16:
-        k.dot = dot_avx512;
-        k.kern = kern_512_f32;
-        k.mr = P512_MR;
-        k.nc = P512_NC;
         if (prec == CPU_GEMM_FAST) {
             k.dot = dot_avx512bf16;
             k.xf = X_BF16;
-            k.kern = kern_512_bf16;
+            k.kern = kern_512_bf16_3;
+            k.kern_narrow[0] = kern_512_bf16_1;
+            k.kern_narrow[1] = kern_512_bf16_2;
+            k.pack_w = pack_w_bf16_512;
+            k.mr = P512_MR;
+            k.nc = P512_NC;
             k.pairs = 1;
+            break;
         }
-        break;
+        /* EXACT uses the fp32 kernels */
+        /* fall through */
     case CPU_ISA_AVX512:
         k.dot = dot_avx512;
-        k.kern = kern_512_f32;
+        k.kern = kern_512_f32_3;
+        k.kern_narrow[0] = kern_512_f32_1;
+        k.kern_narrow[1] = kern_512_f32_2;
+        k.pack_w = pack_w_f32_512;
         k.mr = P512_MR;
         k.nc = P512_NC;
         break;
     case CPU_ISA_AVX2:
         k.dot = dot_avx2;
         k.kern = kern_256_f32;
+        k.pack_w = pack_w_f32;
         k.mr = P256_MR;
         k.nc = P256_NC;
         break;
@@ -513,19 +597,20 @@ static void gemm_packed_task(void *ctx, int task, int n_tasks, int thread) {
     int tile0 = tb * j->t_block_rows, tile1 = tile0 + j->t_block_rows; /* t_block_rows counts tiles here */
     if (tile1 > j->tiles) tile1 = j->tiles;
     void *wp = j->wpack + (size_t)thread * j->wpack_stride;
+    /* A narrow last panel takes the kernel that computes only its columns' zmm. */
+    kern_fn kern = kn->kern;
+    if (kn->kern_narrow[0] && nv <= 16) kern = kn->kern_narrow[0];
+    else if (kn->kern_narrow[1] && nv <= 32) kern = kn->kern_narrow[1];
     size_t unit = 4; /* bytes per k step per column / per token: fp32 or a bf16 pair */
     for (int k0 = 0; k0 < j->Kp; k0 += PACK_KC) {
         int kc = j->Kp - k0 < PACK_KC ? j->Kp - k0 : PACK_KC;
-        if (kn->pairs)
-            pack_w_bf16(wp, j->W, j->K, n0, nv, kn->nc, k0, kc);
-        else
-            pack_w_f32(wp, j->W, j->K, n0, nv, kn->nc, k0, kc);
+        kn->pack_w(wp, j->W, j->K, n0, nv, kn->nc, k0, kc);
         int load_y = j->accumulate || k0 > 0;
         for (int tile = tile0; tile < tile1; tile++) {
             int t = tile * kn->mr;
             int mv = j->T - t < kn->mr ? j->T - t : kn->mr;
             const char *xt = (const char *)j->xpack + ((size_t)tile * j->Kp + k0) * kn->mr * unit;
-            kn->kern(xt, wp, kc, j->y + (size_t)t * j->N + n0, (size_t)j->N, mv, nv, load_y);
+            kern(xt, wp, kc, j->y + (size_t)t * j->N + n0, (size_t)j->N, mv, nv, load_y);
         }
     }
 }
