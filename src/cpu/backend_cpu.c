@@ -7,6 +7,11 @@
  *   K[la], V[la] [capacity][nkv hd] fp32 per attention layer, grown on demand up to max_context.
  * A save_kv blob is [n_attn][K then V][n][nkv hd].
  *
+ * The delta rule runs token by token (op_delta_rule): its result does not depend on where chunks
+ * start, so any split of a row gives bit-for-bit the same state; the blocked WY form
+ * (op_delta_rule_chunked, what the GPU runs) differs by round-off with the block boundaries, and it
+ * is only a few per cent of the CPU's time either way.
+ *
  * Scratch activations are sized for CPU_MAX_CHUNK tokens once, at creation, so a forward allocates
  * nothing but the attention's per-call score row. The projections that end a block (out_proj,
  * o_proj, down_proj) accumulate straight into the residual stream h.
@@ -23,8 +28,6 @@
 
 /* The longest chunk this backend runs at once; longer spans are split by the engine. */
 #define CPU_MAX_CHUNK 512
-/* Tokens per block of the chunked delta rule (the WY form's block, as on the GPU). */
-#define CPU_DELTA_BLOCK 64
 /* The first K / V allocation, in positions; it doubles as rows grow. */
 #define CPU_KV_INITIAL_POSITIONS 1024
 
@@ -138,8 +141,8 @@ static void delta_task_run(void *ctx, int task, int n_tasks) {
     const squad_config *cfg = &d->c->m->cfg;
     int nv = cfg->lin_num_v_heads;
     int h0 = (int)((long)nv * task / n_tasks), h1 = (int)((long)nv * (task + 1) / n_tasks);
-    op_delta_rule_chunked(d->c->o, d->S, d->c->conv_out, d->c->g, d->c->beta, d->T, squad_config_gdn_channels(cfg),
-                          cfg->lin_num_k_heads, nv, cfg->lin_k_dim, cfg->lin_v_dim, h0, h1, CPU_DELTA_BLOCK);
+    op_delta_rule(d->c->o, d->S, d->c->conv_out, d->c->g, d->c->beta, d->T, squad_config_gdn_channels(cfg),
+                  cfg->lin_num_k_heads, nv, cfg->lin_k_dim, cfg->lin_v_dim, h0, h1);
 }
 
 /* h += GatedDeltaNet(x) for one chunk, continuing from the layer's state. */
