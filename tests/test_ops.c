@@ -76,7 +76,9 @@ static void test_conv_split(void) {
     float st1[3 * 10] = {0}, st2[3 * 10] = {0};
     fill(x, T * C, 1.0f);
     fill(w, C * K, 1.0f);
-    op_conv_silu(y1, x, st1, w, T, C, K);
+    float wkc[10 * 4];
+    op_conv_weights_kc(wkc, w, C, K);
+    op_conv_silu(y1, x, st1, wkc, T, C, K);
     /* direct formula with zero history */
     double worst = 0;
     for (int t = 0; t < T; t++)
@@ -92,7 +94,7 @@ static void test_conv_split(void) {
     CHECKF(worst < 1e-5, "conv vs formula %g", worst);
     int cuts[] = {0, 1, 2, 3, 10, 37};
     for (int c = 0; c + 1 < 6; c++)
-        op_conv_silu(y2 + cuts[c] * C, x + cuts[c] * C, st2, w, cuts[c + 1] - cuts[c], C, K);
+        op_conv_silu(y2 + cuts[c] * C, x + cuts[c] * C, st2, wkc, cuts[c + 1] - cuts[c], C, K);
     CHECK(max_abs_diff(y1, y2, T * C) == 0.0);
     CHECK(max_abs_diff(st1, st2, 3 * C) == 0.0);
     free(x), free(w), free(y1), free(y2);

@@ -43,6 +43,7 @@ typedef struct cpu_backend {
     float **K, **V;                      /* [n_attn] -> [kv_capacity][nkv hd] */
     int kv_capacity;
     float *inv_freq; /* [rd/2] */
+    float **conv_kc; /* [n_gdn] -> conv weights transposed to [K][C] */
     /* scratch, [CPU_MAX_CHUNK] rows each */
     float *h, *x, *qkv, *conv_out, *z, *gate_a, *gate_b, *g, *beta, *o, *qg, *kk, *vv, *att, *mlp_gate, *mlp_up;
 } cpu_backend;
@@ -157,7 +158,7 @@ static void gdn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, in
     gemm(c, c->z, c->x, &L->in_z, T, 0);
     gemm(c, c->gate_b, c->x, &L->in_b, T, 0);
     gemm(c, c->gate_a, c->x, &L->in_a, T, 0);
-    op_conv_silu(c->conv_out, c->qkv, conv_state, L->conv_w, T, C, K);
+    op_conv_silu(c->conv_out, c->qkv, conv_state, c->conv_kc[slot], T, C, K);
     op_qk_l2norm(c->conv_out, T, C, cfg->lin_num_k_heads, cfg->lin_k_dim);
     op_gdn_gates(c->g, c->beta, c->gate_a, c->gate_b, L->A_log, L->dt_bias, T, nv);
 
@@ -270,6 +271,8 @@ static void cpu_destroy(squad_backend *be) {
     }
     free(c->K);
     free(c->V);
+    for (int lg = 0; c->conv_kc && lg < c->n_gdn; lg++) free(c->conv_kc[lg]);
+    free(c->conv_kc);
     free(c->inv_freq);
     float **scratch[] = {&c->h, &c->x, &c->qkv, &c->conv_out, &c->z, &c->gate_a, &c->gate_b, &c->g, &c->beta,
                          &c->o, &c->qg, &c->kk, &c->vv, &c->att, &c->mlp_gate, &c->mlp_up};
@@ -328,6 +331,15 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     c->inv_freq = squad_calloc((size_t)cfg->rotary_dim / 2 + 1, sizeof(float), err);
     if (!c->gdn_state || !c->K || !c->V || !c->inv_freq) goto fail;
     op_rope_inv_freq(c->inv_freq, cfg->rope_theta, cfg->rotary_dim);
+    c->conv_kc = squad_calloc((size_t)c->n_gdn + 1, sizeof(float *), err);
+    if (!c->conv_kc) goto fail;
+    for (int l = 0; l < cfg->num_layers; l++) {
+        if (cfg->layer_types[l] != SQUAD_LAYER_LINEAR) continue;
+        float *w = squad_calloc((size_t)C * (size_t)cfg->conv_kernel, sizeof(float), err);
+        if (!w) goto fail;
+        op_conv_weights_kc(w, model->layers[l].conv_w, C, cfg->conv_kernel);
+        c->conv_kc[c->slot_of_layer[l]] = w;
+    }
 
     int H = cfg->hidden_size, I = cfg->intermediate_size, nv = cfg->lin_num_v_heads, dv = cfg->lin_v_dim;
     int nh = cfg->num_heads, hd = cfg->head_dim, kvd = kv_dim(c);

@@ -87,7 +87,12 @@ void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int 
     }
 }
 
-OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K) {
+void op_conv_weights_kc(float *w_kc, const float *w_ck, int C, int K) {
+    for (int c = 0; c < C; c++)
+        for (int k = 0; k < K; k++) w_kc[(long)k * C + c] = w_ck[(long)c * K + k];
+}
+
+OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w_kc, int T, int C, int K) {
     int hist = K - 1;
     for (int t = 0; t < T; t++) {
         float *yr = y + (long)t * C;
@@ -95,7 +100,8 @@ OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w
         for (int k = 0; k < K; k++) {
             int src = t + k - hist; /* < 0: from the saved inputs */
             const float *in = src < 0 ? state + (long)(hist + src) * C : x + (long)src * C;
-            for (int c = 0; c < C; c++) yr[c] += w[(long)c * K + k] * in[c];
+            const float *wk = w_kc + (long)k * C;
+            for (int c = 0; c < C; c++) yr[c] += wk[c] * in[c];
         }
         for (int c = 0; c < C; c++) yr[c] = silu(yr[c]);
     }
@@ -133,38 +139,62 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
         }
 }
 
+/* One pass over S per token: the update and output of token t are fused with the decay and the
+ * S^T k read of token t + 1, row by row of S. Each element sees exactly the operations of the
+ * two-pass form in the same order, so the result is the same; the state is streamed once, not
+ * twice (it does not fit the L1 cache). */
 OPS_HOT void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
                    int nv, int dk, int dv, int h0, int h1) {
     int group = nv / nk;
-    float kv[OP_MAX_HEAD_DIM];
+    float kv[OP_MAX_HEAD_DIM], kv_next[OP_MAX_HEAD_DIM];
+    if (T < 1) return;
     for (int h = h0; h < h1; h++) {
         float *Sh = S + (long)h * dk * dv;
         int hk = h / group;
-        for (int t = 0; t < T; t++) {
-            const float *row = qkv + (long)t * C;
-            const float *q = row + (long)hk * dk;
-            const float *k = row + (long)nk * dk + (long)hk * dk;
-            const float *v = row + 2L * nk * dk + (long)h * dv;
-            float decay = expf(g[(long)t * nv + h]);
-            float bt = beta[(long)t * nv + h];
-            /* pass 1: decay S and read S^T k */
-            for (int j = 0; j < dv; j++) kv[j] = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                float *Si = Sh + (long)i * dv;
-                for (int j = 0; j < dv; j++) {
-                    Si[j] *= decay;
-                    kv[j] += Si[j] * k[i];
-                }
+        const float *q_of = qkv + (long)hk * dk;
+        const float *k_of = qkv + (long)nk * dk + (long)hk * dk;
+        const float *v_of = qkv + 2L * nk * dk + (long)h * dv;
+        /* token 0: decay and read S^T k */
+        float decay = expf(g[h]);
+        for (int j = 0; j < dv; j++) kv[j] = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            float *Si = Sh + (long)i * dv;
+            float ki = k_of[i];
+            for (int j = 0; j < dv; j++) {
+                Si[j] *= decay;
+                kv[j] += Si[j] * ki;
             }
+        }
+        for (int t = 0; t < T; t++) {
+            const float *q = q_of + (long)t * C, *k = k_of + (long)t * C, *v = v_of + (long)t * C;
+            float bt = beta[(long)t * nv + h];
             for (int j = 0; j < dv; j++) kv[j] = bt * (v[j] - kv[j]);
-            /* pass 2: rank-1 update and the output S^T q */
             float *out = o + (long)t * nv * dv + (long)h * dv;
             for (int j = 0; j < dv; j++) out[j] = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                float *Si = Sh + (long)i * dv;
-                for (int j = 0; j < dv; j++) {
-                    Si[j] += k[i] * kv[j];
-                    out[j] += Si[j] * q[i];
+            if (t + 1 < T) {
+                const float *kn = k + C;
+                float dn = expf(g[(long)(t + 1) * nv + h]);
+                for (int j = 0; j < dv; j++) kv_next[j] = 0.0f;
+                for (int i = 0; i < dk; i++) {
+                    float *Si = Sh + (long)i * dv;
+                    float ki = k[i], qi = q[i], kni = kn[i];
+                    for (int j = 0; j < dv; j++) {
+                        float sij = Si[j] + ki * kv[j];
+                        out[j] += sij * qi;
+                        sij *= dn;
+                        kv_next[j] += sij * kni;
+                        Si[j] = sij;
+                    }
+                }
+                memcpy(kv, kv_next, sizeof(float) * (size_t)dv);
+            } else {
+                for (int i = 0; i < dk; i++) {
+                    float *Si = Sh + (long)i * dv;
+                    float ki = k[i], qi = q[i];
+                    for (int j = 0; j < dv; j++) {
+                        Si[j] += ki * kv[j];
+                        out[j] += Si[j] * qi;
+                    }
                 }
             }
         }

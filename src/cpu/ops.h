@@ -29,8 +29,11 @@ void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int 
 void op_rope_inv_freq(float *inv_freq, double theta, int rd);
 
 /* Causal depthwise conv1d + SiLU over [saved K-1 inputs | T inputs]: y[t][c] = silu(sum_k
- * w[c][k] * in[t + k - (K-1)][c]); then state <- the last K-1 inputs. x [T][C], state [K-1][C]. */
-void op_conv_silu(float *y, const float *x, float *state, const float *w, int T, int C, int K);
+ * w[c][k] * in[t + k - (K-1)][c]); then state <- the last K-1 inputs. x [T][C], state [K-1][C].
+ * The weights come transposed, w_kc [K][C] (op_conv_weights_kc), so the inner loop is contiguous. */
+void op_conv_silu(float *y, const float *x, float *state, const float *w_kc, int T, int C, int K);
+/* w_kc [K][C] from the checkpoint's w_ck [C][K]. */
+void op_conv_weights_kc(float *w_kc, const float *w_ck, int C, int K);
 
 /* q, k L2-normalised per head (eps 1e-6), q scaled by dk^-0.5; in place over the conv output. */
 void op_qk_l2norm(float *qkv, int T, int C, int nk, int dk);
