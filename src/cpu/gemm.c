@@ -393,7 +393,8 @@ TARGET_AVX2 static void kern_256_f32(const void *xpv, const void *wpv, int kc, f
 
 /* Packs rows [t0, t1) of x into tiles of mr: fp32 [tile][K][mr] (values rounded to bf16 when
  * round), zero-padded past T. */
-static void pack_x_f32(float *xp, const float *x, int T, int K, int mr, int tile0, int tile1, int round) {
+static void pack_x_f32(void *xpv, const float *x, int T, int K, int mr, int tile0, int tile1, int round) {
+    float *xp = xpv;
     for (int tile = tile0; tile < tile1; tile++) {
         float *dst = xp + (size_t)tile * K * mr;
         for (int m = 0; m < mr; m++) {
@@ -411,27 +412,6 @@ static void pack_x_f32(float *xp, const float *x, int T, int K, int mr, int tile
     }
 }
 
-/* bf16 pairs: [tile][K2 = ceil(K/2)][mr] 32-bit units, the odd K's last pair padded with 0. */
-static void pack_x_bf16(uint32_t *xp, const float *x, int T, int K, int mr, int tile0, int tile1) {
-    int K2 = (K + 1) / 2;
-    for (int tile = tile0; tile < tile1; tile++) {
-        uint32_t *dst = xp + (size_t)tile * K2 * mr;
-        for (int m = 0; m < mr; m++) {
-            int t = tile * mr + m;
-            if (t >= T) {
-                for (int p = 0; p < K2; p++) dst[(size_t)p * mr + m] = 0;
-                continue;
-            }
-            const float *src = x + (size_t)t * K;
-            int p = 0;
-            for (; 2 * p + 1 < K; p++)
-                dst[(size_t)p * mr + m] =
-                    (uint32_t)squad_f32_to_bf16(src[2 * p]) | (uint32_t)squad_f32_to_bf16(src[2 * p + 1]) << 16;
-            if (p < K2) dst[(size_t)p * mr + m] = squad_f32_to_bf16(src[2 * p]);
-        }
-    }
-}
-
 /* W columns [n0, n0+nv) (rows of W), k in [k0, k0+kc): fp32 [kc][nc], zero-padded. */
 static void pack_w_f32(void *wpv, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc) {
     float *wp = wpv;
@@ -444,6 +424,72 @@ static void pack_w_f32(void *wpv, const uint16_t *W, int K, int n0, int nv, int 
         for (int k = 0; k < kc; k++) wp[(size_t)k * nc + c] = squad_bf16_to_f32(src[k]);
     }
 }
+
+#if GEMM_X86
+/* x as bf16 pairs: [tile][K2 = ceil(K/2)][8] 32-bit units, zero-padded past T and past an odd K.
+ * With AVX-512: 8 rows x 32 floats -> 16 pairs each (vcvtne2ps2bf16,
+ * round to nearest even like squad_f32_to_bf16), transposed to [pair][token]. */
+TARGET_AVX512BF16 static void pack_x_bf16_512(void *xpv, const float *x, int T, int K, int mr, int tile0, int tile1,
+                                              int round) {
+    uint32_t *xp = xpv;
+    int K2 = (K + 1) / 2;
+    for (int tile = tile0; tile < tile1; tile++) {
+        uint32_t *dst = xp + (size_t)tile * K2 * P512_MR;
+        for (int pb = 0; pb < K2; pb += 16) {
+            int pairs = K2 - pb < 16 ? K2 - pb : 16, e = K - 2 * pb;
+            __mmask16 mlo = (__mmask16)(e >= 16 ? 0xffffu : (1u << e) - 1u);
+            __mmask16 mhi = (__mmask16)(e >= 32 ? 0xffffu : e > 16 ? (1u << (e - 16)) - 1u : 0u);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                int t = tile * P512_MR + i;
+                if (i >= P512_MR || t >= T) {
+                    r[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const float *src = x + (size_t)t * K + 2 * pb;
+                __m512 lo = _mm512_maskz_loadu_ps(mlo, src), hi = _mm512_maskz_loadu_ps(mhi, src + 16);
+                r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            }
+            transpose16x16(r);
+            for (int j = 0; j < pairs; j++) _mm256_storeu_si256((__m256i *)(dst + (size_t)(pb + j) * P512_MR), _mm512_castsi512_si256(r[j]));
+        }
+    }
+}
+
+/* pack_x_f32 for 8-token tiles with AVX-512 (no rounding: the FAST case without vdpbf16ps keeps
+ * the scalar packer). */
+TARGET_AVX512 static void pack_x_f32_512(void *xpv, const float *x, int T, int K, int mr, int tile0, int tile1,
+                                         int round) {
+    if (round) {
+        pack_x_f32(xpv, x, T, K, mr, tile0, tile1, round);
+        return;
+    }
+    float *xp = xpv;
+    for (int tile = tile0; tile < tile1; tile++) {
+        float *dst = xp + (size_t)tile * K * P512_MR;
+        for (int kb = 0; kb < K; kb += 16) {
+            int cnt = K - kb < 16 ? K - kb : 16;
+            __mmask16 mask = (__mmask16)(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) {
+                int t = tile * P512_MR + i;
+                r[i] = i < P512_MR && t < T ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, x + (size_t)t * K + kb))
+                                            : _mm512_setzero_si512();
+            }
+            transpose16x16(r);
+            for (int j = 0; j < cnt; j++) _mm256_storeu_si256((__m256i *)(dst + (size_t)(kb + j) * P512_MR), _mm512_castsi512_si256(r[j]));
+        }
+    }
+}
+
+/* One x row to bf16 for the DOT path. */
+TARGET_AVX512BF16 static void x_to_bf16_512(uint16_t *dst, const float *src, int K) {
+    int k = 0;
+    for (; k + 32 <= K; k += 32)
+        _mm512_storeu_si512(dst + k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k)));
+    for (; k < K; k++) dst[k] = squad_f32_to_bf16(src[k]);
+}
+#endif
 
 /* ---------------------------------------------------------------- dispatch */
 
@@ -460,6 +506,8 @@ typedef struct gemm_kernels {
     kern_fn kern; /* PACKED microkernel, NULL: no packed path (scalar) */
     kern_fn kern_narrow[2]; /* for a panel's last 1 or 2 zmm of columns (AVX-512), else NULL */
     void (*pack_w)(void *wp, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc);
+    void (*pack_x)(void *xp, const float *x, int T, int K, int mr, int tile0, int tile1, int round);
+    void (*x_to_bf16)(uint16_t *dst, const float *src, int K); /* DOT with X_BF16 */
     int mr, nc;   /* its tile */
     int pairs;    /* 1: bf16 pair panels, 0: fp32 panels */
 } gemm_kernels;
@@ -480,6 +528,8 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
             k.kern_narrow[0] = kern_512_bf16_1;
             k.kern_narrow[1] = kern_512_bf16_2;
             k.pack_w = pack_w_bf16_512;
+            k.pack_x = pack_x_bf16_512;
+            k.x_to_bf16 = x_to_bf16_512;
             k.mr = P512_MR;
             k.nc = P512_NC;
             k.pairs = 1;
@@ -493,6 +543,7 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
         k.kern_narrow[0] = kern_512_f32_1;
         k.kern_narrow[1] = kern_512_f32_2;
         k.pack_w = pack_w_f32_512;
+        k.pack_x = pack_x_f32_512;
         k.mr = P512_MR;
         k.nc = P512_NC;
         break;
@@ -500,6 +551,7 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
         k.dot = dot_avx2;
         k.kern = kern_256_f32;
         k.pack_w = pack_w_f32;
+        k.pack_x = pack_x_f32;
         k.mr = P256_MR;
         k.nc = P256_NC;
         break;
@@ -546,8 +598,7 @@ static void gemm_prep_task(void *ctx, int task, int n_tasks) {
     for (int t = t0; t < t1; t++) {
         const float *src = j->x + (size_t)t * K;
         if (j->kern.xf == X_BF16) {
-            uint16_t *dst = (uint16_t *)j->xbuf + (size_t)t * K;
-            for (size_t k = 0; k < K; k++) dst[k] = squad_f32_to_bf16(src[k]);
+            j->kern.x_to_bf16((uint16_t *)j->xbuf + (size_t)t * K, src, (int)K);
         } else {
             float *dst = (float *)j->xbuf + (size_t)t * K;
             for (size_t k = 0; k < K; k++) dst[k] = squad_bf16_to_f32(squad_f32_to_bf16(src[k]));
@@ -583,10 +634,7 @@ static void gemm_pack_x_task(void *ctx, int task, int n_tasks) {
     gemm_job *j = ctx;
     int tile0 = task * j->tiles_per_task, tile1 = tile0 + j->tiles_per_task;
     if (tile1 > j->tiles) tile1 = j->tiles;
-    if (j->kern.pairs)
-        pack_x_bf16(j->xpack, j->x, j->T, j->K, j->kern.mr, tile0, tile1);
-    else
-        pack_x_f32(j->xpack, j->x, j->T, j->K, j->kern.mr, tile0, tile1, j->prec == CPU_GEMM_FAST);
+    j->kern.pack_x(j->xpack, j->x, j->T, j->K, j->kern.mr, tile0, tile1, j->prec == CPU_GEMM_FAST);
 }
 
 static void gemm_packed_task(void *ctx, int task, int n_tasks, int thread) {

@@ -1,18 +1,24 @@
 /*
  * pool.c — the CPU thread pool (pool.h): n - 1 worker threads plus the caller.
  *
- * Protocol of one cpu_pool_run:
- *   1. the caller publishes the job (fn, ctx, n_tasks), resets the task counter `next` and sets
- *      `active` to the number of workers, then bumps `gen` (the job generation);
- *   2. a worker that sees a new generation takes tasks with atomic_fetch_add(&next) until none are
- *      left, then decrements `active`; the caller takes tasks the same way;
- *   3. the caller returns once `active` is 0, so the job fields are never rewritten while a worker
- *      may still read them.
- * Waiting: a worker spins (with a pause hint) for WORKER_SPIN_ROUNDS checks of `gen` before it
- * sleeps on `wake`; the caller broadcasts only when some worker is asleep (`sleepers` > 0). The
- * sleeper count and the generation are both sequentially consistent atomics, and a worker
- * increments `sleepers` and rechecks `gen` under the mutex the caller takes to broadcast, so a
- * wake-up is never lost. The caller, having finished its own tasks, spins for the stragglers and
+ * Protocol of one cpu_pool_run. The job is announced by one 64-bit atomic, `ticket`: the job
+ * generation in the high 32 bits, the number of tasks not yet handed out in the low 32.
+ *   1. the caller writes the job (fn, ctx, n_tasks), zeroes `done`, then stores
+ *      ticket = (gen + 1, n_tasks);
+ *   2. a thread claims a task by a compare-and-swap that decrements the low half while the high
+ *      half still names the job it saw; the task index is the remaining count minus one (tasks go
+ *      out in descending order). Only after a successful claim does it read fn / ctx, and it
+ *      increments `done` when the task returns;
+ *   3. the caller claims tasks the same way and returns once done == n_tasks.
+ * Completion counts tasks, not threads: a worker the OS has descheduled does not hold the caller
+ * up when the others (or the caller alone) have run every task, and when it wakes its claim fails
+ * because the generation moved on. A claim keeps its job alive (done < n_tasks until the task
+ * ends), so the job fields a claimer reads cannot be rewritten under it.
+ * Waiting: a worker spins (with a pause hint) for WORKER_SPIN_ROUNDS checks of the generation
+ * before it sleeps on `wake`; the caller broadcasts only when some worker is asleep (`sleepers` >
+ * 0). Sleeper count and ticket are sequentially consistent atomics, and a worker increments
+ * `sleepers` and rechecks the ticket under the mutex the caller takes to broadcast, so a wake-up
+ * is never lost. The caller, its own tasks done, spins for tasks still running elsewhere and
  * yields the core after CALLER_SPIN_ROUNDS (the machine may be shared).
  */
 #define _GNU_SOURCE
@@ -21,6 +27,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -31,10 +38,10 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* Checks of `gen` a worker makes before sleeping: tens of microseconds, longer than the gap
+/* Checks of the generation a worker makes before sleeping: tens of microseconds, longer than the gap
  * between the kernels of one layer, far shorter than a scheduler tick. */
 #define WORKER_SPIN_ROUNDS 20000
-/* Checks of `active` the caller makes before it starts yielding its core to the stragglers. */
+/* Checks of `done` the caller makes before it starts yielding its core to the stragglers. */
 #define CALLER_SPIN_ROUNDS 4000
 /* Threads a pool may have: far beyond any machine this runs on, a guard against nonsense. */
 #define POOL_MAX_THREADS 1024
@@ -51,16 +58,16 @@ struct cpu_pool {
     pool_worker *workers; /* threads - 1 */
     int started;          /* workers successfully created */
 
-    /* The current job, written by the caller before it bumps gen. */
+    /* The current job, written by the caller before it publishes the ticket. */
     void (*fn)(void *ctx, int task, int n_tasks);
     void (*fn_indexed)(void *ctx, int task, int n_tasks, int thread);
     void *ctx;
     int n_tasks;
+    unsigned gen; /* the caller's count of jobs published */
 
-    atomic_uint gen;     /* job generation */
-    atomic_int next;     /* the next task to hand out */
-    atomic_int active;   /* workers not yet done with the current generation */
-    atomic_int sleepers; /* workers waiting on wake */
+    _Atomic uint64_t ticket; /* (generation << 32) | tasks not yet claimed */
+    atomic_int done;         /* tasks of the current job finished */
+    atomic_int sleepers;     /* workers waiting on wake */
     atomic_int stop;
 
     pthread_mutex_t mu;
@@ -105,42 +112,46 @@ int cpu_available_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
-/* Takes tasks of the current job until none are left. */
-static void pool_drain(cpu_pool *p, int thread) {
-    int n = p->n_tasks;
+/* Runs tasks of job generation g until none are left to claim; returns at once when the pool has
+ * moved past g. */
+static void pool_drain(cpu_pool *p, uint32_t g, int thread) {
+    uint64_t cur = atomic_load(&p->ticket);
     for (;;) {
-        int task = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (task >= n) break;
+        if ((uint32_t)(cur >> 32) != g || (uint32_t)cur == 0) return;
+        if (!atomic_compare_exchange_weak(&p->ticket, &cur, cur - 1)) continue; /* cur reloaded */
+        int task = (int)(uint32_t)cur - 1;
         if (p->fn_indexed)
-            p->fn_indexed(p->ctx, task, n, thread);
+            p->fn_indexed(p->ctx, task, p->n_tasks, thread);
         else
-            p->fn(p->ctx, task, n);
+            p->fn(p->ctx, task, p->n_tasks);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        cur = atomic_load(&p->ticket);
     }
 }
 
 static void *pool_worker_main(void *arg) {
     pool_worker *w = arg;
     cpu_pool *p = w->pool;
-    unsigned seen = 0; /* the pool starts at generation 0 with no job */
+    uint32_t seen = 0; /* the pool starts at generation 0 with no job */
     for (;;) {
-        unsigned g;
+        uint32_t g;
         int spins = 0;
-        while ((g = atomic_load(&p->gen)) == seen && !atomic_load(&p->stop)) {
+        while ((g = (uint32_t)(atomic_load(&p->ticket) >> 32)) == seen && !atomic_load(&p->stop)) {
             if (++spins < WORKER_SPIN_ROUNDS) {
                 CPU_RELAX();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleepers, 1);
-            while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->wake, &p->mu);
+            while ((uint32_t)(atomic_load(&p->ticket) >> 32) == seen && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->wake, &p->mu);
             atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
             spins = 0;
         }
         if (atomic_load(&p->stop)) break;
         seen = g;
-        pool_drain(p, w->index);
-        atomic_fetch_sub_explicit(&p->active, 1, memory_order_release);
+        pool_drain(p, g, w->index);
     }
     return NULL;
 }
@@ -163,9 +174,8 @@ cpu_pool *cpu_pool_new(int threads, squad_err *err) {
     if (!p) return NULL;
     p->threads = threads;
     p->isa = cpu_detect_isa();
-    atomic_init(&p->gen, 0);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->active, 0);
+    atomic_init(&p->ticket, 0);
+    atomic_init(&p->done, 0);
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, 0);
     if (pthread_mutex_init(&p->mu, NULL) != 0) {
@@ -239,13 +249,14 @@ static void pool_run(cpu_pool *p, void (*fn)(void *, int, int), void (*fn_indexe
     p->fn_indexed = fn_indexed;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, p->started, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes the job, ordered before the sleeper check */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    p->gen++;
+    /* seq_cst: publishes the job, and is ordered before the sleeper check in pool_wake_all. */
+    atomic_store(&p->ticket, (uint64_t)p->gen << 32 | (uint32_t)n_tasks);
     pool_wake_all(p);
-    pool_drain(p, 0);
+    pool_drain(p, p->gen, 0);
     int spins = 0;
-    while (atomic_load_explicit(&p->active, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) {
         if (++spins < CALLER_SPIN_ROUNDS)
             CPU_RELAX();
         else
