@@ -18,6 +18,7 @@
  */
 #include "config.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -307,8 +308,10 @@ int squad_config_parse(squad_config *cfg, const char *text, size_t len, squad_er
         rc = squad_fail(err, SQUAD_E_MODEL, "config.json: missing field 'rms_norm_eps'");
         goto done;
     }
-    if (json_number(eps, &e) != 0 || !(e > 0) || e > 1.0) {
-        rc = squad_fail(err, SQUAD_E_MODEL, "config.json: field 'rms_norm_eps' must be a number in (0, 1]");
+    /* eps is used as a float: it must stay a positive normal float after the conversion. */
+    if (json_number(eps, &e) != 0 || !(e >= FLT_MIN) || e > 1.0) {
+        rc = squad_fail(err, SQUAD_E_MODEL, "config.json: field 'rms_norm_eps' must be a number in [%g, 1]",
+                        (double)FLT_MIN);
         goto done;
     }
     cfg->rms_eps = (float)e;

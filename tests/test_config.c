@@ -231,6 +231,7 @@ static void test_inconsistent(void) {
     set_and_fail("num_hidden_layers", json_integer(23), "layer_types");
     set_and_fail("rms_norm_eps", json_integer(0), "rms_norm_eps");
     set_and_fail("rms_norm_eps", json_string("1e-6"), "rms_norm_eps");
+    set_and_fail("rms_norm_eps", json_real(1e-46), "rms_norm_eps"); /* 0 as a float (found by fuzzing) */
     set_and_fail("tie_word_embeddings", json_integer(1), "tie_word_embeddings");
     set_and_fail("max_position_embeddings", json_integer(0), "max_position_embeddings");
     set_and_fail("layer_types", json_string("linear_attention"), "layer_types");
