@@ -1,0 +1,604 @@
+/*
+ * synth.c — deterministic random Qwen3.5 checkpoints in the Hugging Face layout (see synth.h).
+ *
+ * Design:
+ *  - A preset is a row of PRESETS: the text-model sizes and the layer pattern. Its squad_config is
+ *    built from that row; config.json is written from the squad_config and parsed back with
+ *    squad_config_parse before anything else is written, so a synthesized model always loads.
+ *  - The plan lists the tensors (Hugging Face names for the chosen layout, shapes, how values are
+ *    drawn), sorted by name as transformers' save_pretrained orders them.
+ *  - Values: each tensor has its own splitmix64 stream keyed by the seed and the tensor's name
+ *    inside the text model (the layout prefix removed), so a tensor does not depend on the others
+ *    or on the layout. Per element one 64-bit draw gives four 16-bit uniforms whose sum is a cheap
+ *    bell-shaped (Irwin-Hall) variate. Scales follow tools/make_fixtures.py so forward passes
+ *    are neither saturated nor uniform: matrices N(0, 1/fan_in), zero-centred norms N(0, 0.2), the
+ *    GDN gated-norm weight 1 + N(0, 0.2), exp(A_log) log-uniform in [0.5, 8], dt_bias and conv
+ *    weights N(0, 0.5), the output embedding N(0, (f / sqrt(H))^2) with a per-preset factor f.
+ *    Values are rounded to bf16 first, so F16 / F32 checkpoints (for tests) hold the same numbers.
+ *  - Writing streams blocks of elements through st_writer; memory stays a few MB whatever the size.
+ */
+#define _XOPEN_SOURCE 700 /* realpath */
+#include "synth.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Presets
+ */
+
+typedef struct synth_preset {
+    const char *name;
+    const char *summary;
+    const char *pattern; /* one letter per layer: L linear_attention, F full_attention */
+    int hidden, intermediate;
+    int nh, nkv, hd;
+    int nk, nv, dk, dv, kernel;
+    double rotary_factor, theta;
+    int vocab, tied;
+    double eps;
+    int max_position;
+    double out_scale; /* f in N(0, (f / sqrt(H))^2) for the output embedding */
+    int mrope;        /* write mrope_section (as the 0.8B reference config does) */
+} synth_preset;
+
+static const synth_preset PRESETS[] = {
+    {"tiny", "H 64, 4 layers [lin lin lin full], GQA 4/2 x 32, GDN nk 2 / nv 4 x 16, I 128, vocab 300, tied",
+     "LLLF", 64, 128, 4, 2, 32, 2, 4, 16, 16, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 2.0, 0},
+    {"tiny-mha",
+     "H 96, 5 layers [full lin lin full lin], MHA 3/3 x 32, GDN nk 2 / nv 2 (dk 24, dv 32), I 192, vocab 320, "
+     "untied",
+     "FLLFL", 96, 192, 3, 3, 32, 2, 2, 24, 32, 4, 0.5, 1e6, 320, 0, 1e-6, 262144, 2.0, 0},
+    {"demo", "H 256, 8 layers ([3 lin, 1 full] x 2), GQA 4/2 x 64, GDN 4/4 x 64, I 768, vocab 248320, tied",
+     "LLLFLLLF", 256, 768, 4, 2, 64, 4, 4, 64, 64, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144, 2.0, 0},
+    {"qwen3.5-0.8b",
+     "the reference shapes: H 1024, 24 layers ([3 lin, 1 full] x 6), I 3584, GQA 8/2 x 256, GDN 16/16 x 128, "
+     "vocab 248320, tied (~1.6 GB)",
+     "LLLFLLLFLLLFLLLFLLLFLLLF", 1024, 3584, 8, 2, 256, 16, 16, 128, 128, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144,
+     2.0, 1},
+};
+#define N_PRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
+
+int squad_synth_preset_count(void) { return N_PRESETS; }
+const char *squad_synth_preset_name(int i) { return i >= 0 && i < N_PRESETS ? PRESETS[i].name : NULL; }
+const char *squad_synth_preset_summary(int i) { return i >= 0 && i < N_PRESETS ? PRESETS[i].summary : NULL; }
+
+static const synth_preset *find_preset(const char *name, squad_err *err) {
+    for (int i = 0; i < N_PRESETS; i++)
+        if (name && !strcmp(PRESETS[i].name, name)) return &PRESETS[i];
+    char list[256] = "";
+    for (int i = 0; i < N_PRESETS; i++) {
+        strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+        strncat(list, PRESETS[i].name, sizeof list - strlen(list) - 1);
+    }
+    squad_fail(err, SQUAD_E_INVALID, "unknown preset '%.64s' (presets: %s)", name ? name : "(none)", list);
+    return NULL;
+}
+
+static void preset_to_config(const synth_preset *p, squad_config *c) {
+    memset(c, 0, sizeof *c);
+    c->hidden_size = p->hidden;
+    c->num_layers = (int)strlen(p->pattern);
+    c->intermediate_size = p->intermediate;
+    c->num_heads = p->nh;
+    c->num_kv_heads = p->nkv;
+    c->head_dim = p->hd;
+    c->lin_num_k_heads = p->nk;
+    c->lin_num_v_heads = p->nv;
+    c->lin_k_dim = p->dk;
+    c->lin_v_dim = p->dv;
+    c->conv_kernel = p->kernel;
+    c->vocab_size = p->vocab;
+    c->rms_eps = (float)p->eps;
+    c->rope_theta = p->theta;
+    c->partial_rotary_factor = p->rotary_factor;
+    c->rotary_dim = (int)(p->hd * p->rotary_factor);
+    c->tie_embeddings = p->tied;
+    c->max_position = p->max_position;
+    for (int i = 0; i < c->num_layers; i++) c->layer_types[i] = p->pattern[i] == 'F' ? SQUAD_LAYER_FULL : SQUAD_LAYER_LINEAR;
+}
+
+int squad_synth_preset_config(const char *preset, squad_config *cfg, squad_err *err) {
+    squad_err local;
+    if (!err) err = &local;
+    const synth_preset *p = find_preset(preset, err);
+    if (!p) return err->code;
+    preset_to_config(p, cfg);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The plan: tensor names, shapes and value kinds
+ */
+
+enum {
+    KIND_MATRIX,       /* N(0, 1/fan_in) */
+    KIND_EMBED_TIED,   /* N(0, (f/sqrt(H))^2): input and output embedding at once */
+    KIND_EMBED_INPUT,  /* N(0, 1): an untied input embedding */
+    KIND_LM_HEAD,      /* N(0, (f/sqrt(H))^2) */
+    KIND_NORM_ZERO,    /* zero-centred RMSNorm weight, N(0, 0.2) */
+    KIND_NORM_GATED,   /* the GDN gated norm's plain weight, 1 + N(0, 0.2) */
+    KIND_A_LOG,        /* exp(A_log) log-uniform in [0.5, 8] */
+    KIND_DT_BIAS,      /* N(0, 0.5) */
+    KIND_CONV,         /* N(0, 0.5) */
+};
+
+typedef struct plan_builder {
+    squad_synth_plan *plan;
+    int cap;
+    const char *prefix;
+} plan_builder;
+
+static int plan_add(plan_builder *b, const char *top_name, const char *suffix, int kind, int ndim, int64_t d0,
+                    int64_t d1, int64_t d2, squad_err *err) {
+    if (b->plan->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        squad_synth_tensor *t = realloc(b->plan->tensors, (size_t)cap * sizeof *t);
+        if (!t) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (synth plan)");
+        b->plan->tensors = t;
+        b->cap = cap;
+    }
+    squad_synth_tensor *t = &b->plan->tensors[b->plan->n++];
+    memset(t, 0, sizeof *t);
+    if (top_name)
+        snprintf(t->name, sizeof t->name, "%s", top_name);
+    else
+        snprintf(t->name, sizeof t->name, "%s%s", b->prefix, suffix);
+    t->kind = kind;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->shape[2] = d2;
+    return 0;
+}
+
+static int plan_layer(plan_builder *b, const squad_config *c, int i, squad_err *err) {
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    char s[96];
+#define ADD(suffix, kind, ndim, d0, d1, d2)                                                  \
+    do {                                                                                     \
+        snprintf(s, sizeof s, "layers.%d.%s", i, suffix);                                    \
+        if (plan_add(b, NULL, s, kind, ndim, d0, d1, d2, err) != 0) return err->code; \
+    } while (0)
+    ADD("input_layernorm.weight", KIND_NORM_ZERO, 1, H, 0, 0);
+    ADD("post_attention_layernorm.weight", KIND_NORM_ZERO, 1, H, 0, 0);
+    ADD("mlp.gate_proj.weight", KIND_MATRIX, 2, I, H, 0);
+    ADD("mlp.up_proj.weight", KIND_MATRIX, 2, I, H, 0);
+    ADD("mlp.down_proj.weight", KIND_MATRIX, 2, H, I, 0);
+    if (c->layer_types[i] == SQUAD_LAYER_LINEAR) {
+        int64_t nv = c->lin_num_v_heads, dv = c->lin_v_dim, C = squad_config_gdn_channels(c);
+        ADD("linear_attn.in_proj_qkv.weight", KIND_MATRIX, 2, C, H, 0);
+        ADD("linear_attn.in_proj_z.weight", KIND_MATRIX, 2, nv * dv, H, 0);
+        ADD("linear_attn.in_proj_b.weight", KIND_MATRIX, 2, nv, H, 0);
+        ADD("linear_attn.in_proj_a.weight", KIND_MATRIX, 2, nv, H, 0);
+        ADD("linear_attn.out_proj.weight", KIND_MATRIX, 2, H, nv * dv, 0);
+        ADD("linear_attn.conv1d.weight", KIND_CONV, 3, C, 1, c->conv_kernel);
+        ADD("linear_attn.A_log", KIND_A_LOG, 1, nv, 0, 0);
+        ADD("linear_attn.dt_bias", KIND_DT_BIAS, 1, nv, 0, 0);
+        ADD("linear_attn.norm.weight", KIND_NORM_GATED, 1, dv, 0, 0);
+    } else {
+        int64_t nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim;
+        ADD("self_attn.q_proj.weight", KIND_MATRIX, 2, nh * 2 * hd, H, 0);
+        ADD("self_attn.k_proj.weight", KIND_MATRIX, 2, nkv * hd, H, 0);
+        ADD("self_attn.v_proj.weight", KIND_MATRIX, 2, nkv * hd, H, 0);
+        ADD("self_attn.o_proj.weight", KIND_MATRIX, 2, H, nh * hd, 0);
+        ADD("self_attn.q_norm.weight", KIND_NORM_ZERO, 1, hd, 0, 0);
+        ADD("self_attn.k_norm.weight", KIND_NORM_ZERO, 1, hd, 0, 0);
+    }
+#undef ADD
+    return 0;
+}
+
+static int tensor_by_name(const void *a, const void *b) {
+    return strcmp(((const squad_synth_tensor *)a)->name, ((const squad_synth_tensor *)b)->name);
+}
+
+int squad_synth_plan_make(const squad_config *c, squad_synth_layout layout, squad_synth_plan *plan, squad_err *err) {
+    squad_err local;
+    if (!err) err = &local;
+    memset(plan, 0, sizeof *plan);
+    plan_builder b = {plan, 0, layout == SQUAD_SYNTH_CONDITIONAL ? "model.language_model." : "model."};
+    int64_t V = c->vocab_size, H = c->hidden_size;
+    int rc = plan_add(&b, NULL, "embed_tokens.weight", c->tie_embeddings ? KIND_EMBED_TIED : KIND_EMBED_INPUT, 2, V, H,
+                      0, err);
+    if (rc == 0) rc = plan_add(&b, NULL, "norm.weight", KIND_NORM_ZERO, 1, H, 0, 0, err);
+    if (rc == 0 && !c->tie_embeddings) rc = plan_add(&b, "lm_head.weight", NULL, KIND_LM_HEAD, 2, V, H, 0, err);
+    for (int i = 0; rc == 0 && i < c->num_layers; i++) rc = plan_layer(&b, c, i, err);
+    if (rc != 0) {
+        squad_synth_plan_free(plan);
+        return rc;
+    }
+    qsort(plan->tensors, (size_t)plan->n, sizeof *plan->tensors, tensor_by_name);
+    return 0;
+}
+
+void squad_synth_plan_free(squad_synth_plan *plan) {
+    if (!plan) return;
+    free(plan->tensors);
+    memset(plan, 0, sizeof *plan);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Values
+ */
+
+typedef struct synth_rng {
+    uint64_t state;
+} synth_rng;
+
+static uint64_t rng_next(synth_rng *r) {
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* The stream of one tensor: keyed by the seed and its name inside the text model. */
+static synth_rng tensor_rng(uint64_t seed, const char *name, const char *prefix) {
+    size_t plen = strlen(prefix);
+    if (!strncmp(name, prefix, plen)) name += plen;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *s = name; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    synth_rng r = {seed};
+    r.state = rng_next(&r) ^ h;
+    rng_next(&r);
+    return r;
+}
+
+/* A bell-shaped variate with mean 0 and variance 1: the sum of four 16-bit uniforms, centred and
+ * scaled (Irwin-Hall, n = 4); scale multiplies the result. */
+static inline float rng_bell(synth_rng *r, float scale) {
+    uint64_t x = rng_next(r);
+    int32_t sum = (int32_t)(x & 0xffff) + (int32_t)((x >> 16) & 0xffff) + (int32_t)((x >> 32) & 0xffff) +
+                  (int32_t)(x >> 48) + 2 - 131072;
+    return (float)sum * scale * (1.7320508f / 65536.0f);
+}
+
+static inline float rng_uniform(synth_rng *r) { return (float)((rng_next(r) >> 40) * (1.0 / 16777216.0)); }
+
+typedef struct value_params {
+    int kind;
+    float scale, mean;
+} value_params;
+
+static value_params kind_params(const squad_synth_tensor *t, const synth_preset *p) {
+    value_params v = {t->kind, 1.0f, 0.0f};
+    float inv_sqrt_h = 1.0f / sqrtf((float)p->hidden);
+    switch (t->kind) {
+    case KIND_MATRIX: v.scale = 1.0f / sqrtf((float)t->shape[1]); break;
+    case KIND_EMBED_TIED:
+    case KIND_LM_HEAD: v.scale = (float)p->out_scale * inv_sqrt_h; break;
+    case KIND_EMBED_INPUT: v.scale = 1.0f; break;
+    case KIND_NORM_ZERO: v.scale = 0.2f; break;
+    case KIND_NORM_GATED: v.scale = 0.2f, v.mean = 1.0f; break;
+    case KIND_DT_BIAS:
+    case KIND_CONV: v.scale = 0.5f; break;
+    default: break;
+    }
+    return v;
+}
+
+static inline float draw(synth_rng *r, const value_params *v) {
+    if (v->kind == KIND_A_LOG) {
+        const float lo = -0.69314718f, hi = 2.0794415f; /* log 0.5, log 8 */
+        return lo + (hi - lo) * rng_uniform(r);
+    }
+    return v->mean + rng_bell(r, v->scale);
+}
+
+/* f32 -> f16, round to nearest even (for F16 test checkpoints). */
+static uint16_t f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) { /* a subnormal half (or zero) */
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = sign | ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
+    return (uint16_t)h;
+}
+
+#define SYNTH_BLOCK (1 << 16) /* elements generated per block */
+
+/* Streams one tensor's values into the writer. */
+static int write_tensor(st_writer *w, const squad_synth_tensor *t, const synth_preset *p, const char *prefix,
+                        uint64_t seed, st_dtype dtype, void *buf, squad_err *err) {
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+    synth_rng r = tensor_rng(seed, t->name, prefix);
+    value_params v = kind_params(t, p);
+    for (size_t done = 0; done < n;) {
+        size_t m = n - done < SYNTH_BLOCK ? n - done : SYNTH_BLOCK;
+        size_t bytes;
+        if (dtype == ST_BF16) {
+            uint16_t *o = buf;
+            for (size_t i = 0; i < m; i++) o[i] = squad_f32_to_bf16(draw(&r, &v));
+            bytes = m * 2;
+        } else if (dtype == ST_F16) {
+            uint16_t *o = buf;
+            for (size_t i = 0; i < m; i++) o[i] = f32_to_f16(squad_bf16_to_f32(squad_f32_to_bf16(draw(&r, &v))));
+            bytes = m * 2;
+        } else {
+            float *o = buf;
+            for (size_t i = 0; i < m; i++) o[i] = squad_bf16_to_f32(squad_f32_to_bf16(draw(&r, &v)));
+            bytes = m * 4;
+        }
+        if (st_writer_put(w, buf, bytes, err) != 0) return err->code;
+        done += m;
+    }
+    return 0;
+}
+
+static int write_weights(const char *path, const squad_synth_plan *plan, const synth_preset *p, const char *prefix,
+                         uint64_t seed, st_dtype dtype, squad_err *err) {
+    st_write_tensor *wt = squad_calloc((size_t)plan->n, sizeof *wt, err);
+    void *buf = squad_malloc((size_t)SYNTH_BLOCK * 4, err);
+    st_writer *w = NULL;
+    int rc = SQUAD_E_NOMEM;
+    if (!wt || !buf) goto done;
+    for (int i = 0; i < plan->n; i++) {
+        wt[i].name = plan->tensors[i].name;
+        wt[i].dtype = dtype;
+        wt[i].ndim = plan->tensors[i].ndim;
+        for (int d = 0; d < wt[i].ndim; d++) wt[i].shape[d] = plan->tensors[i].shape[d];
+    }
+    if (!(w = st_writer_open(path, wt, plan->n, err))) {
+        rc = err->code;
+        goto done;
+    }
+    for (int i = 0; i < plan->n; i++) {
+        if ((rc = write_tensor(w, &plan->tensors[i], p, prefix, seed, dtype, buf, err)) != 0) {
+            st_writer_abort(w);
+            goto done;
+        }
+    }
+    rc = st_writer_close(w, err);
+done:
+    free(wt);
+    free(buf);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * config.json
+ */
+
+static json_t *layer_types_json(const squad_config *c) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < c->num_layers; i++)
+        if (json_array_append_new(a, json_string(c->layer_types[i] == SQUAD_LAYER_FULL ? "full_attention"
+                                                                                       : "linear_attention")) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+static const char *dtype_torch_name(st_dtype dt) {
+    return dt == ST_F32 ? "float32" : dt == ST_F16 ? "float16" : "bfloat16";
+}
+
+/* The text model's fields, as Qwen3_5TextConfig.to_dict() writes them (transformers 5 also keeps
+ * partial_rotary_factor beside rope_parameters). */
+static json_t *text_config_json(const squad_config *c, const synth_preset *p) {
+    json_t *rope = json_pack("{s:s, s:f, s:f}", "rope_type", "default", "rope_theta", c->rope_theta,
+                             "partial_rotary_factor", c->partial_rotary_factor);
+    if (rope && p->mrope) {
+        /* mrope_section splits the rotary half-dims over (t, h, w); for text all are equal. */
+        int half = c->rotary_dim / 2, s0 = (half + 2) / 3, s1 = (half + 2) / 3, s2 = half - s0 - s1;
+        if (json_object_set_new(rope, "mrope_section", json_pack("[i, i, i]", s0, s1, s2)) != 0 ||
+            json_object_set_new(rope, "mrope_interleaved", json_true()) != 0) {
+            json_decref(rope);
+            rope = NULL;
+        }
+    }
+    json_t *types = layer_types_json(c);
+    if (!rope || !types) {
+        json_decref(rope);
+        json_decref(types);
+        return NULL;
+    }
+    return json_pack(
+        "{s:b, s:f, s:n, s:n, s:i, s:s, s:i, s:f, s:i, s:o, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:n,"
+        " s:f, s:f, s:o, s:b, s:b, s:i}",
+        "attention_bias", 0, "attention_dropout", 0.0, "bos_token_id", "eos_token_id", "head_dim", c->head_dim, "hidden_act", "silu", "hidden_size", c->hidden_size,
+        "initializer_range", 0.02, "intermediate_size", c->intermediate_size, "layer_types", types,
+        "linear_conv_kernel_dim", c->conv_kernel, "linear_key_head_dim", c->lin_k_dim, "linear_num_key_heads",
+        c->lin_num_k_heads, "linear_num_value_heads", c->lin_num_v_heads, "linear_value_head_dim", c->lin_v_dim,
+        "max_position_embeddings", c->max_position, "model_type", "qwen3_5_text", "num_attention_heads", c->num_heads,
+        "num_hidden_layers", c->num_layers, "num_key_value_heads", c->num_kv_heads, "pad_token_id",
+        "partial_rotary_factor", c->partial_rotary_factor, "rms_norm_eps", (double)p->eps, "rope_parameters", rope, "tie_word_embeddings", c->tie_embeddings, "use_cache", 1,
+        "vocab_size", c->vocab_size);
+}
+
+static char *config_text(const squad_config *c, const synth_preset *p, squad_synth_layout layout, st_dtype dtype,
+                         squad_err *err) {
+    json_t *text = text_config_json(c, p);
+    json_t *root = NULL;
+    if (text && layout == SQUAD_SYNTH_CAUSAL) {
+        root = text;
+        if (json_object_set_new(root, "architectures", json_pack("[s]", "Qwen3_5ForCausalLM")) != 0 ||
+            json_object_set_new(root, "dtype", json_string(dtype_torch_name(dtype))) != 0) {
+            json_decref(root);
+            root = NULL;
+        }
+    } else if (text) {
+        /* The composite config: text fields nested; the tie flag the composite model acts on at the top. */
+        root = json_pack("{s:[s], s:s, s:s, s:o, s:b}", "architectures", "Qwen3_5ForConditionalGeneration", "dtype",
+                         dtype_torch_name(dtype), "model_type", "qwen3_5", "text_config", text, "tie_word_embeddings",
+                         c->tie_embeddings);
+    }
+    char *s = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10)) : NULL;
+    json_decref(root);
+    if (!s) squad_fail(err, SQUAD_E_NOMEM, "out of memory writing config.json");
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Files
+ */
+
+static int write_text_file(const char *path, const char *text, size_t len, squad_err *err) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return squad_fail(err, SQUAD_E_IO, "cannot create %s: %s", path, strerror(errno));
+    int bad = fwrite(text, 1, len, f) != len;
+    bad |= fclose(f) != 0;
+    if (bad) return squad_fail(err, SQUAD_E_IO, "cannot write %s", path);
+    return 0;
+}
+
+/* Ends a text file with a newline, as transformers' JSON files do. */
+static int write_text_file_append_newline(const char *path, squad_err *err) {
+    FILE *f = fopen(path, "ab");
+    if (!f) return squad_fail(err, SQUAD_E_IO, "cannot open %s: %s", path, strerror(errno));
+    int bad = fputc('\n', f) == EOF;
+    bad |= fclose(f) != 0;
+    if (bad) return squad_fail(err, SQUAD_E_IO, "cannot write %s", path);
+    return 0;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *dir, squad_err *err) {
+    char *p = squad_strdup(dir, err);
+    if (!p) return SQUAD_E_NOMEM;
+    int rc = 0;
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n && rc == 0; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char saved = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) rc = squad_fail(err, SQUAD_E_IO, "cannot create %s: %s", p, strerror(errno));
+        p[i] = saved;
+    }
+    struct stat st;
+    if (rc == 0 && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
+        rc = squad_fail(err, SQUAD_E_IO, "%s is not a directory", dir);
+    free(p);
+    return rc;
+}
+
+/* The vocabulary a tokenizer.json needs: its largest id + 1, rounded up to a multiple of 64. */
+static int tokenizer_vocab(const char *text, size_t len, const char *path, int *vocab, squad_err *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root) return squad_fail(err, SQUAD_E_INVALID, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
+    long long max_id = -1;
+    int bad = 0;
+    json_t *vocab_j = json_object_get(json_object_get(root, "model"), "vocab");
+    if (json_is_object(vocab_j)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(vocab_j, k, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0) bad = 1;
+            else if (json_integer_value(v) > max_id) max_id = json_integer_value(v);
+        }
+    } else if (json_is_array(vocab_j)) { /* Unigram: [[piece, score], ...], ids are positions */
+        max_id = (long long)json_array_size(vocab_j) - 1;
+    }
+    json_t *added = json_object_get(root, "added_tokens");
+    for (size_t i = 0; json_is_array(added) && i < json_array_size(added); i++) {
+        json_t *id = json_object_get(json_array_get(added, i), "id");
+        if (!json_is_integer(id) || json_integer_value(id) < 0) bad = 1;
+        else if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
+    }
+    json_decref(root);
+    if (bad) return squad_fail(err, SQUAD_E_INVALID, "%s: a token id is not a non-negative integer", path);
+    if (max_id < 0) return squad_fail(err, SQUAD_E_INVALID, "%s: no token ids in model.vocab or added_tokens", path);
+    long long v = (max_id + 1 + 63) / 64 * 64;
+    if (v > (1 << 24)) return squad_fail(err, SQUAD_E_INVALID, "%s: token id %lld is too large", path, max_id);
+    *vocab = (int)v;
+    return 0;
+}
+
+int squad_synth_write(const squad_synth_opts *o, squad_err *err) {
+    squad_err local;
+    if (!err) err = &local;
+    const synth_preset *p = find_preset(o->preset, err);
+    if (!p) return err->code;
+    if (!o->out_dir || !o->out_dir[0]) return squad_fail(err, SQUAD_E_INVALID, "no output directory given");
+    if (o->dtype != ST_BF16 && o->dtype != ST_F16 && o->dtype != ST_F32)
+        return squad_fail(err, SQUAD_E_INVALID, "synth writes BF16, F16 or F32 only");
+    squad_config cfg;
+    preset_to_config(p, &cfg);
+
+    char *tok_text = NULL, *cfg_json = NULL, *path = NULL;
+    size_t tok_len = 0;
+    squad_synth_plan plan = {0};
+    int rc;
+    if (o->tokenizer) {
+        if (!(tok_text = squad_read_file(o->tokenizer, &tok_len, err))) return err->code;
+        if ((rc = tokenizer_vocab(tok_text, tok_len, o->tokenizer, &cfg.vocab_size, err)) != 0) goto done;
+    }
+    /* config.json text first, checked by our own parser against the preset. */
+    if (!(cfg_json = config_text(&cfg, p, o->layout, o->dtype, err))) {
+        rc = err->code;
+        goto done;
+    }
+    squad_config check;
+    if ((rc = squad_config_parse(&check, cfg_json, strlen(cfg_json), err)) != 0) {
+        squad_fail_context(err, "internal error, preset %s: ", p->name);
+        goto done;
+    }
+    if ((rc = make_dirs(o->out_dir, err)) != 0) goto done;
+    /* A stale index would shadow the model.safetensors written here. */
+    if (!(path = squad_path_join(o->out_dir, "model.safetensors.index.json", err))) {
+        rc = SQUAD_E_NOMEM;
+        goto done;
+    }
+    if (access(path, F_OK) == 0) {
+        rc = squad_fail(err, SQUAD_E_INVALID, "%s already exists and would shadow the new weights; use an empty directory",
+                        path);
+        goto done;
+    }
+    free(path);
+    if ((rc = squad_synth_plan_make(&cfg, o->layout, &plan, err)) != 0) goto done;
+    if (!(path = squad_path_join(o->out_dir, "model.safetensors", err))) {
+        rc = SQUAD_E_NOMEM;
+        goto done;
+    }
+    const char *prefix = o->layout == SQUAD_SYNTH_CONDITIONAL ? "model.language_model." : "model.";
+    if ((rc = write_weights(path, &plan, p, prefix, o->seed, o->dtype, err)) != 0) goto done;
+    free(path);
+    if (!(path = squad_path_join(o->out_dir, "config.json", err))) {
+        rc = SQUAD_E_NOMEM;
+        goto done;
+    }
+    if ((rc = write_text_file(path, cfg_json, strlen(cfg_json), err)) != 0 ||
+        (rc = write_text_file_append_newline(path, err)) != 0)
+        goto done;
+    if (tok_text) {
+        free(path);
+        if (!(path = squad_path_join(o->out_dir, "tokenizer.json", err))) {
+            rc = SQUAD_E_NOMEM;
+            goto done;
+        }
+        char *src_real = realpath(o->tokenizer, NULL), *dst_real = realpath(path, NULL);
+        int same = src_real && dst_real && !strcmp(src_real, dst_real);
+        free(src_real);
+        free(dst_real);
+        if (!same) rc = write_text_file(path, tok_text, tok_len, err);
+    }
+done:
+    squad_synth_plan_free(&plan);
+    free(path);
+    free(cfg_json);
+    free(tok_text);
+    return rc;
+}
