@@ -1,0 +1,651 @@
+/*
+ * backend_cuda.cu — the CUDA backend (backend.h): weights on the device, the working state, and
+ * the forward of one chunk as one CUDA graph replay.
+ *
+ * Design:
+ *  - Weights are uploaded once: bf16 matrices, with the projections that read the same input
+ *    fused into one matrix (GDN: in_proj_qkv | z | b | a; attention: q | k | v; MLP: gate | up),
+ *    so a layer runs 4 (GDN) or 4 (attention) GEMMs. Vectors are fp32.
+ *  - Working state: one arena holding every GDN layer's S^T [nv][dv][dk] (fp32) and conv inputs
+ *    [K-1][C] (bf16), so save_gdn / load_gdn / reset are single copies; and one K / V cache,
+ *    position-major [max_context][attention layer][K | V][nkv][hd] (bf16), so the K / V of
+ *    positions [0, n) of every layer is one contiguous range: save_kv / load_kv are single copies
+ *    and a blob saved with more positions has the shorter one as its prefix.
+ *  - forward(chunk): the chunk is padded to a length bucket (CHUNK_BUCKETS), its attention span
+ *    start + len to a span bucket; the pair selects a graph, captured on first use (or all at once
+ *    with precapture) and replayed for every chunk of that shape. Start, real length, ids,
+ *    slots, nopts and letters travel in one small host-to-device copy of cu_chunk_params before
+ *    the replay; kernels read them from device memory. Padding rows are computed but masked
+ *    (g = 0, beta = 0 in the delta rule; never written to K / V; never a slot).
+ *  - The residual stream h is fp32; GEMM inputs bf16; out_proj / o_proj / down_proj add into h in
+ *    the cuBLASLt epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
+ *    gate|up GEMM, silu*mul, down GEMM(+residual).
+ *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
+ *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
+ */
+#include "cuda_internal.cuh"
+
+#include "cuda_backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "config.h"
+#include "model.h"
+}
+
+static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048};
+#define N_CHUNK_BUCKETS ((int)(sizeof CHUNK_BUCKETS / sizeof CHUNK_BUCKETS[0]))
+#define SPAN_MIN 1024 /* span buckets: 1024, 2048, ... up to max_context */
+#define MAX_SPANS 24
+
+typedef struct cu_layer {
+    int kind;
+    bf16 *w_in;   /* GDN: [NP][H] (qkv | z | b | a | 0); attention: [ldQKV][H] (q | k | v | 0) */
+    bf16 *w_out;  /* GDN out_proj [H][nv dv]; attention o_proj [H][nh hd] */
+    bf16 *w_gu;   /* [2I][H] (gate | up) */
+    bf16 *w_down; /* [H][I] */
+    float *in_norm, *post_norm;
+    float *conv_w, *A_log, *dt_bias, *gdn_norm; /* GDN */
+    float *S;                                   /* GDN: S^T [nv][dv][dk] in the state arena */
+    bf16 *conv_state;                           /* GDN: [K-1][C] in the state arena */
+    float *q_norm, *k_norm;                     /* attention */
+    int attn_index;                             /* attention: index among attention layers */
+} cu_layer;
+
+typedef struct cu_be {
+    const squad_model *m;
+    int H, I, V, nl, n_gdn, n_attn, max_context, max_chunk;
+    float eps;
+    cudaStream_t st;
+    cu_gemm_ctx gemm;
+    cu_layer layers[SQUAD_MAX_LAYERS];
+    cu_gdn_dims gd;
+    cu_attn_dims ad;
+    int NP;    /* GDN in-projection rows (padded to 8) */
+    int ldQKV; /* attention in-projection rows (padded to 8) */
+    int C;     /* GDN conv channels */
+    int n_sm;
+    char device_name[256];
+
+    bf16 *embed, *lm_head;
+    float *final_norm, *inv_freq;
+
+    unsigned char *gdn_state; /* the arena: S of every GDN layer, then conv inputs */
+    size_t gdn_bytes;
+    bf16 *kv; /* [max_context][n_attn][2][nkv][hd] */
+    size_t kv_pos_elems;
+
+    float *h;
+    bf16 *x, *proj, *mix, *qb, *mlp;
+    void *gdn_scr, *att_part;
+    cu_gdn_scratch scr;
+    cu_chunk_params *prm_dev, *prm_host;
+    size_t prm_bytes;
+    float *probs_dev, *probs_host;
+
+    int n_spans, spans[MAX_SPANS];
+    int splits[N_CHUNK_BUCKETS][MAX_SPANS];
+    cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
+    int use_graphs;
+    int n_graphs;
+    double capture_s;
+    unsigned long long replays;
+
+    void **allocs;
+    int n_allocs, cap_allocs;
+    size_t weight_bytes, state_bytes, scratch_bytes;
+} cu_be;
+
+static cu_be *impl_of(squad_backend *be) { return (cu_be *)be->impl; }
+
+/* ---- device memory ---------------------------------------------------------------------------- */
+
+enum { MEM_WEIGHT, MEM_STATE, MEM_SCRATCH };
+
+static int dalloc(cu_be *cb, void **p, size_t bytes, int kind, squad_err *err) {
+    *p = NULL;
+    if (cb->n_allocs == cb->cap_allocs) {
+        const int cap = cb->cap_allocs ? 2 * cb->cap_allocs : 256;
+        void **na = (void **)realloc(cb->allocs, sizeof *na * (size_t)cap);
+        if (!na) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (allocation table)");
+        cb->allocs = na;
+        cb->cap_allocs = cap;
+    }
+    if (bytes == 0) bytes = 16;
+    CU_TRY(cudaMalloc(p, bytes));
+    cb->allocs[cb->n_allocs++] = *p;
+    CU_TRY(cudaMemsetAsync(*p, 0, bytes, cb->st));
+    if (kind == MEM_WEIGHT)
+        cb->weight_bytes += bytes;
+    else if (kind == MEM_STATE)
+        cb->state_bytes += bytes;
+    else
+        cb->scratch_bytes += bytes;
+    return 0;
+}
+
+static int upload_vec(cu_be *cb, float **dst, const float *src, size_t n, const char *what, squad_err *err) {
+    if (!src) return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: missing weight %s", what);
+    int rc = dalloc(cb, (void **)dst, n * sizeof(float), MEM_WEIGHT, err);
+    if (rc) return rc;
+    CU_TRY(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* Uploads matrices one after another as the rows of one device matrix of `rows` rows x cols. */
+static int upload_fused(cu_be *cb, bf16 **dst, const squad_mat *const *mats, int n, int rows, int cols,
+                        const char *what, squad_err *err) {
+    int rc = dalloc(cb, (void **)dst, (size_t)rows * cols * 2, MEM_WEIGHT, err);
+    if (rc) return rc;
+    size_t row = 0;
+    for (int i = 0; i < n; i++) {
+        const squad_mat *m = mats[i];
+        if (!m->w || m->cols != cols)
+            return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: %s: matrix %d missing or %d columns, expected %d",
+                              what, i, m->cols, cols);
+        if (row + (size_t)m->rows > (size_t)rows)
+            return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: %s: more rows than expected", what);
+        CU_TRY(cudaMemcpy(*dst + row * cols, m->w, (size_t)m->rows * cols * 2, cudaMemcpyHostToDevice));
+        row += (size_t)m->rows;
+    }
+    return 0;
+}
+
+static int round8(int n) { return (n + 7) & ~7; }
+
+/* ---- buckets ------------------------------------------------------------------------------------ */
+
+static int chunk_bucket(int len) {
+    for (int i = 0; i < N_CHUNK_BUCKETS; i++)
+        if (len <= CHUNK_BUCKETS[i]) return i;
+    return -1;
+}
+
+static int span_bucket(const cu_be *cb, int keys) {
+    for (int i = 0; i < cb->n_spans; i++)
+        if (keys <= cb->spans[i]) return i;
+    return cb->n_spans - 1;
+}
+
+/* ---- the forward of one chunk (enqueued on cb->st; captured into a graph or run eagerly) -------- */
+
+static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
+    const int rows = CHUNK_BUCKETS[bi];
+    const int H = cb->H, I = cb->I;
+    const squad_config *cfg = &cb->m->cfg;
+    int rc;
+    rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps, cb->st, err);
+    if (rc) return rc;
+    for (int l = 0; l < cb->nl; l++) {
+        const cu_layer *L = &cb->layers[l];
+        if (l > 0 && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, cb->st, err))) return rc;
+        if (L->kind == SQUAD_LAYER_LINEAR) {
+            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->NP, H, 0, cb->st, err))) return rc;
+            rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->S,
+                                cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err);
+            if (rc) return rc;
+            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->lin_num_v_heads * cfg->lin_v_dim, 1, cb->st,
+                         err);
+            if (rc) return rc;
+        } else {
+            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->ldQKV, H, 0, cb->st, err))) return rc;
+            bf16 *Kc = cb->kv + (size_t)L->attn_index * 2 * cfg->num_kv_heads * cfg->head_dim;
+            bf16 *Vc = Kc + (size_t)cfg->num_kv_heads * cfg->head_dim;
+            rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, Kc, Vc, cb->qb, cb->att_part,
+                                 cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
+            if (rc) return rc;
+            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->num_heads * cfg->head_dim, 1, cb->st, err);
+            if (rc) return rc;
+        }
+        if ((rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, cb->st, err))) return rc;
+        if ((rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, cb->st, err))) return rc;
+        if ((rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, cb->st, err))) return rc;
+        if ((rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, cb->st, err))) return rc;
+    }
+    return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, cb->probs_dev, H, cb->eps, cb->st, err);
+}
+
+/* The graph of (bucket, span), captured now if it does not exist yet. */
+static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
+    if (cb->graphs[bi][si]) return 0;
+    const double t0 = squad_now_seconds();
+    CU_TRY(cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal));
+    const int rc = enqueue_chunk(cb, bi, si, err);
+    cudaGraph_t g = NULL;
+    const cudaError_t ec = cudaStreamEndCapture(cb->st, &g);
+    if (rc) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return rc;
+    }
+    if (ec != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return cu_fail(err, "cudaStreamEndCapture", ec, __FILE__, __LINE__);
+    }
+    cudaGraphExec_t ex = NULL;
+    const cudaError_t ei = cudaGraphInstantiate(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (ei != cudaSuccess) return cu_fail(err, "cudaGraphInstantiate", ei, __FILE__, __LINE__);
+    CU_TRY(cudaGraphUpload(ex, cb->st));
+    cb->graphs[bi][si] = ex;
+    cb->n_graphs++;
+    cb->capture_s += squad_now_seconds() - t0;
+    return 0;
+}
+
+/* The smallest span bucket a chunk of bucket bi can have (its real length exceeds the previous
+ * bucket's). */
+static int min_span_index(const cu_be *cb, int bi) {
+    const int prev = bi > 0 ? CHUNK_BUCKETS[bi - 1] : 0;
+    return span_bucket(cb, prev + 1);
+}
+
+static int precapture_all(cu_be *cb, squad_err *err) {
+    for (int bi = 0; bi < N_CHUNK_BUCKETS && CHUNK_BUCKETS[bi] <= cb->max_chunk; bi++)
+        for (int si = min_span_index(cb, bi); si < cb->n_spans; si++) {
+            const int rc = get_graph(cb, bi, si, err);
+            if (rc) return rc;
+        }
+    return 0;
+}
+
+static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (!ch || !ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
+        return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: chunk length %d outside [1, %d]", ch ? ch->len : 0,
+                          cb->max_chunk);
+    if (ch->start < 0 || ch->start > cb->max_context - ch->len)
+        return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: chunk [%d, %d) beyond the context of %d positions",
+                          ch->start, ch->start + ch->len, cb->max_context);
+    if (ch->n_slots < 0 || ch->n_slots > CU_MAX_SLOTS)
+        return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: %d slots (at most %d)", ch->n_slots, CU_MAX_SLOTS);
+    if (ch->n_slots > 0) {
+        if (!probs) return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: slots but no output");
+        if (!ch->letters || ch->n_letters < 1 || ch->n_letters > CU_MAX_LETTERS)
+            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: %d letters (1..%d)", ch->n_letters, CU_MAX_LETTERS);
+    }
+    const int bi = chunk_bucket(ch->len);
+    const int si = span_bucket(cb, ch->start + ch->len);
+    const int rows = CHUNK_BUCKETS[bi];
+    cu_chunk_params *p = cb->prm_host;
+    p->start = ch->start;
+    p->len = ch->len;
+    p->n_slots = ch->n_slots;
+    p->n_letters = ch->n_slots > 0 ? ch->n_letters : 0;
+    for (int i = 0; i < ch->n_slots; i++) {
+        if (ch->slots[i] < 0 || ch->slots[i] >= ch->len)
+            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: slot %d outside the chunk", ch->slots[i]);
+        p->slots[i] = ch->slots[i];
+        p->nopts[i] = ch->nopts[i] < 1 ? 1 : (ch->nopts[i] > ch->n_letters ? ch->n_letters : ch->nopts[i]);
+    }
+    for (int j = 0; j < p->n_letters; j++) {
+        if (ch->letters[j] < 0 || ch->letters[j] >= cb->V)
+            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: letter id %d outside the vocabulary", ch->letters[j]);
+        p->letters[j] = ch->letters[j];
+    }
+    for (int t = 0; t < ch->len; t++) {
+        if (ch->ids[t] < 0 || ch->ids[t] >= cb->V)
+            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: token id %d outside the vocabulary", ch->ids[t]);
+        p->ids[t] = ch->ids[t];
+    }
+    for (int t = ch->len; t < rows; t++) p->ids[t] = 0;
+    CU_TRY(cudaMemcpyAsync(cb->prm_dev, p, CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int),
+                           cudaMemcpyHostToDevice, cb->st));
+    int rc;
+    if (cb->use_graphs) {
+        if ((rc = get_graph(cb, bi, si, err))) return rc;
+        CU_TRY(cudaGraphLaunch(cb->graphs[bi][si], cb->st));
+    } else if ((rc = enqueue_chunk(cb, bi, si, err))) {
+        return rc;
+    }
+    cb->replays++;
+    if (ch->n_slots > 0)
+        CU_TRY(cudaMemcpyAsync(cb->probs_host, cb->probs_dev, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float),
+                               cudaMemcpyDeviceToHost, cb->st));
+    CU_TRY(cudaStreamSynchronize(cb->st));
+    if (ch->n_slots > 0) memcpy(probs, cb->probs_host, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float));
+    return 0;
+}
+
+/* ---- state -------------------------------------------------------------------------------------- */
+
+static void *be_alloc(squad_backend *be, size_t bytes, squad_err *err) {
+    void *p = NULL;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cu_fail(err, "cudaMalloc", e, __FILE__, __LINE__);
+        if (err && e == cudaErrorMemoryAllocation) err->code = SQUAD_E_NOMEM;
+        return NULL;
+    }
+    return p;
+}
+
+static void be_release(squad_backend *be, void *p) {
+    if (!p) return;
+    cudaStreamSynchronize(impl_of(be)->st); /* no copy still reads it */
+    cudaFree(p);
+}
+
+static int be_reset(squad_backend *be, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (cb->gdn_bytes) CU_TRY(cudaMemsetAsync(cb->gdn_state, 0, cb->gdn_bytes, cb->st));
+    return 0;
+}
+
+static int be_save_gdn(squad_backend *be, void *dst, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(dst, cb->gdn_state, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    return 0;
+}
+
+static int be_load_gdn(squad_backend *be, const void *src, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(cb->gdn_state, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    return 0;
+}
+
+static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (n < 0 || n > cb->max_context) return squad_fail(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions", n);
+    const size_t bytes = (size_t)n * be->kv_bytes_per_pos;
+    if (bytes) CU_TRY(cudaMemcpyAsync(dst, cb->kv, bytes, cudaMemcpyDeviceToDevice, cb->st));
+    return 0;
+}
+
+static int be_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (n < 0 || n > blob_positions || n > cb->max_context)
+        return squad_fail(err, SQUAD_E_INVALID, "CUDA load_kv: %d positions of a %d-position blob", n, blob_positions);
+    const size_t bytes = (size_t)n * be->kv_bytes_per_pos; /* position-major: the prefix of the blob */
+    if (bytes) CU_TRY(cudaMemcpyAsync(cb->kv, src, bytes, cudaMemcpyDeviceToDevice, cb->st));
+    return 0;
+}
+
+static void be_destroy(squad_backend *be) {
+    if (!be) return;
+    cu_be *cb = impl_of(be);
+    if (cb) {
+        if (cb->st) cudaStreamSynchronize(cb->st);
+        for (int i = 0; i < N_CHUNK_BUCKETS; i++)
+            for (int j = 0; j < MAX_SPANS; j++)
+                if (cb->graphs[i][j]) cudaGraphExecDestroy(cb->graphs[i][j]);
+        cu_gemm_free(&cb->gemm);
+        for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
+        free(cb->allocs);
+        if (cb->prm_host) cudaFreeHost(cb->prm_host);
+        if (cb->probs_host) cudaFreeHost(cb->probs_host);
+        if (cb->st) cudaStreamDestroy(cb->st);
+        cudaGetLastError();
+        free(cb);
+    }
+    free(be);
+}
+
+/* ---- creation ----------------------------------------------------------------------------------- */
+
+extern "C" int squad_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+static int check_config(const squad_config *c, squad_err *err) {
+    if (c->num_layers < 1 || c->num_layers > SQUAD_MAX_LAYERS)
+        return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: %d layers", c->num_layers);
+    if (c->hidden_size < 32 || c->hidden_size % 8)
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: hidden_size %d must be a multiple of 8",
+                          c->hidden_size);
+    if (c->intermediate_size % 8)
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: intermediate_size %d must be a multiple of 8",
+                          c->intermediate_size);
+    return 0;
+}
+
+static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts, int max_context, squad_err *err) {
+    const squad_config *c = &m->cfg;
+    int rc;
+    if ((rc = check_config(c, err))) return rc;
+    cb->m = m;
+    cb->H = c->hidden_size;
+    cb->I = c->intermediate_size;
+    cb->V = c->vocab_size;
+    cb->nl = c->num_layers;
+    cb->eps = c->rms_eps;
+    cb->max_context = max_context;
+    cb->max_chunk = CHUNK_BUCKETS[N_CHUNK_BUCKETS - 1];
+    cb->n_gdn = squad_config_count_layers(c, SQUAD_LAYER_LINEAR);
+    cb->n_attn = squad_config_count_layers(c, SQUAD_LAYER_FULL);
+    const char *g = getenv("SQUAD_CUDA_GRAPHS");
+    cb->use_graphs = !(g && g[0] == '0');
+
+    CU_TRY(cudaSetDevice(0));
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, 0));
+    cb->n_sm = prop.multiProcessorCount;
+    snprintf(cb->device_name, sizeof cb->device_name, "%s", prop.name);
+    if (prop.major < 8)
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: %s is compute capability %d.%d (8.0+ needed)",
+                          prop.name, prop.major, prop.minor);
+    CU_TRY(cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking));
+    if ((rc = cu_gemm_init(&cb->gemm, err))) return rc;
+
+    /* dims */
+    cb->C = squad_config_gdn_channels(c);
+    cb->gd.nk = c->lin_num_k_heads;
+    cb->gd.nv = c->lin_num_v_heads;
+    cb->gd.dk = c->lin_k_dim;
+    cb->gd.dv = c->lin_v_dim;
+    cb->gd.K = c->conv_kernel;
+    cb->NP = round8(cb->C + c->lin_num_v_heads * c->lin_v_dim + 2 * c->lin_num_v_heads);
+    cb->gd.ldP = cb->NP;
+    cb->gd.eps = c->rms_eps;
+    cb->ad.nh = c->num_heads;
+    cb->ad.nkv = c->num_kv_heads;
+    cb->ad.hd = c->head_dim;
+    cb->ad.rd = c->rotary_dim;
+    cb->ldQKV = round8(c->num_heads * 2 * c->head_dim + 2 * c->num_kv_heads * c->head_dim);
+    cb->ad.ldQKV = cb->ldQKV;
+    cb->ad.eps = c->rms_eps;
+    cb->ad.max_context = max_context;
+    cb->kv_pos_elems = (size_t)cb->n_attn * 2 * c->num_kv_heads * c->head_dim;
+    cb->ad.kv_stride = cb->kv_pos_elems;
+    if (cb->n_gdn) {
+        if (!cu_gdn_supported(&cb->gd))
+            return squad_fail(err, SQUAD_E_UNSUPPORTED,
+                              "CUDA backend: linear attention shape nk %d nv %d dk %d dv %d K %d not supported "
+                              "(dk = dv in 32, 64, 128; nv a multiple of nk; K <= %d)",
+                              cb->gd.nk, cb->gd.nv, cb->gd.dk, cb->gd.dv, cb->gd.K, CU_MAX_CONV_K);
+        if ((rc = cu_gdn_init(&cb->gd, err))) return rc;
+    }
+    if (cb->n_attn) {
+        if (!cu_attn_supported(&cb->ad))
+            return squad_fail(err, SQUAD_E_UNSUPPORTED,
+                              "CUDA backend: attention shape nh %d nkv %d hd %d rd %d not supported (hd 64, 128, 256)",
+                              cb->ad.nh, cb->ad.nkv, cb->ad.hd, cb->ad.rd);
+        if ((rc = cu_attn_init(&cb->ad, err))) return rc;
+    }
+
+    /* span buckets */
+    cb->n_spans = 0;
+    for (long s = SPAN_MIN;; s *= 2) {
+        if (cb->n_spans == MAX_SPANS) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: context too long");
+        cb->spans[cb->n_spans++] = (int)(s < max_context ? s : max_context);
+        if (s >= max_context) break;
+    }
+
+    /* weights */
+    if (!m->embed.w || m->embed.rows != cb->V || m->embed.cols != cb->H)
+        return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: embed_tokens missing or misshapen");
+    {
+        const squad_mat *e[1] = {&m->embed};
+        if ((rc = upload_fused(cb, &cb->embed, e, 1, cb->V, cb->H, "embed_tokens", err))) return rc;
+    }
+    if (!m->lm_head.w || m->lm_head.w == m->embed.w) {
+        cb->lm_head = cb->embed;
+    } else {
+        const squad_mat *e[1] = {&m->lm_head};
+        if ((rc = upload_fused(cb, &cb->lm_head, e, 1, cb->V, cb->H, "lm_head", err))) return rc;
+    }
+    if ((rc = upload_vec(cb, &cb->final_norm, m->final_norm, cb->H, "norm", err))) return rc;
+    if (cb->n_attn) {
+        const int half = c->rotary_dim / 2;
+        float inv[512];
+        if (half > 512) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: rotary_dim %d", c->rotary_dim);
+        for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i / rd) in fp32 */
+            inv[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
+        if ((rc = upload_vec(cb, &cb->inv_freq, inv, half > 0 ? half : 1, "inv_freq", err))) return rc;
+    }
+    cb->gdn_bytes = (size_t)cb->n_gdn * ((size_t)cb->gd.nv * cb->gd.dv * cb->gd.dk * 4 +
+                                         (size_t)(cb->gd.K - 1) * cb->C * 2 + 256) ;
+    if ((rc = dalloc(cb, (void **)&cb->gdn_state, cb->gdn_bytes, MEM_STATE, err))) return rc;
+    if (cb->n_attn && (rc = dalloc(cb, (void **)&cb->kv, (size_t)max_context * cb->kv_pos_elems * 2, MEM_STATE, err)))
+        return rc;
+    {
+        unsigned char *S0 = cb->gdn_state;
+        unsigned char *conv0 = S0 + (size_t)cb->n_gdn * cb->gd.nv * cb->gd.dv * cb->gd.dk * 4;
+        int gi = 0, ai = 0;
+        for (int l = 0; l < cb->nl; l++) {
+            const squad_layer_weights *W = &m->layers[l];
+            cu_layer *L = &cb->layers[l];
+            L->kind = c->layer_types[l];
+            char what[64];
+            snprintf(what, sizeof what, "layer %d", l);
+            if ((rc = upload_vec(cb, &L->in_norm, W->input_norm, cb->H, "input_layernorm", err))) return rc;
+            if ((rc = upload_vec(cb, &L->post_norm, W->post_norm, cb->H, "post_attention_layernorm", err))) return rc;
+            const squad_mat *gu[2] = {&W->mlp_gate, &W->mlp_up};
+            if ((rc = upload_fused(cb, &L->w_gu, gu, 2, 2 * cb->I, cb->H, "mlp gate/up", err))) return rc;
+            const squad_mat *dn[1] = {&W->mlp_down};
+            if ((rc = upload_fused(cb, &L->w_down, dn, 1, cb->H, cb->I, "mlp down", err))) return rc;
+            if (L->kind == SQUAD_LAYER_LINEAR) {
+                const squad_mat *in[4] = {&W->in_qkv, &W->in_z, &W->in_b, &W->in_a};
+                if ((rc = upload_fused(cb, &L->w_in, in, 4, cb->NP, cb->H, "linear_attn in_proj", err))) return rc;
+                const squad_mat *out[1] = {&W->out_proj};
+                if ((rc = upload_fused(cb, &L->w_out, out, 1, cb->H, cb->gd.nv * cb->gd.dv, "out_proj", err)))
+                    return rc;
+                if ((rc = upload_vec(cb, &L->conv_w, W->conv_w, (size_t)cb->C * cb->gd.K, "conv1d", err))) return rc;
+                if ((rc = upload_vec(cb, &L->A_log, W->A_log, cb->gd.nv, "A_log", err))) return rc;
+                if ((rc = upload_vec(cb, &L->dt_bias, W->dt_bias, cb->gd.nv, "dt_bias", err))) return rc;
+                if ((rc = upload_vec(cb, &L->gdn_norm, W->gdn_norm, cb->gd.dv, "linear_attn norm", err))) return rc;
+                L->S = (float *)(S0 + (size_t)gi * cb->gd.nv * cb->gd.dv * cb->gd.dk * 4);
+                L->conv_state = (bf16 *)(conv0 + (size_t)gi * (cb->gd.K - 1) * cb->C * 2);
+                gi++;
+            } else {
+                const squad_mat *in[3] = {&W->q_proj, &W->k_proj, &W->v_proj};
+                if ((rc = upload_fused(cb, &L->w_in, in, 3, cb->ldQKV, cb->H, "self_attn q/k/v_proj", err))) return rc;
+                const squad_mat *out[1] = {&W->o_proj};
+                if ((rc = upload_fused(cb, &L->w_out, out, 1, cb->H, cb->ad.nh * cb->ad.hd, "o_proj", err))) return rc;
+                if ((rc = upload_vec(cb, &L->q_norm, W->q_norm, cb->ad.hd, "q_norm", err))) return rc;
+                if ((rc = upload_vec(cb, &L->k_norm, W->k_norm, cb->ad.hd, "k_norm", err))) return rc;
+                L->attn_index = ai++;
+            }
+        }
+    }
+
+    /* activations and scratch, sized for the largest bucket */
+    const size_t R = (size_t)cb->max_chunk;
+    int wproj = cb->NP > cb->ldQKV ? cb->NP : cb->ldQKV;
+    if (2 * cb->I > wproj) wproj = 2 * cb->I;
+    const int wmix = cb->gd.nv * cb->gd.dv > cb->ad.nh * cb->ad.hd ? cb->gd.nv * cb->gd.dv : cb->ad.nh * cb->ad.hd;
+    if ((rc = dalloc(cb, (void **)&cb->h, R * cb->H * 4, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->x, R * cb->H * 2, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->proj, R * wproj * 2, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->mix, R * wmix * 2, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->mlp, R * cb->I * 2, MEM_SCRATCH, err))) return rc;
+    if (cb->n_attn) {
+        if ((rc = dalloc(cb, (void **)&cb->qb, R * cb->ad.nh * cb->ad.hd * 2, MEM_SCRATCH, err))) return rc;
+        size_t pb = 0;
+        for (int bi = 0; bi < N_CHUNK_BUCKETS; bi++)
+            for (int si = 0; si < cb->n_spans; si++) {
+                cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm);
+                const size_t b = cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
+                if (b > pb) pb = b;
+            }
+        if ((rc = dalloc(cb, &cb->att_part, pb, MEM_SCRATCH, err))) return rc;
+    }
+    if (cb->n_gdn) {
+        if ((rc = dalloc(cb, &cb->gdn_scr, cu_gdn_scratch_bytes(&cb->gd, (int)R), MEM_SCRATCH, err))) return rc;
+        cu_gdn_scratch_bind(&cb->scr, cb->gdn_scr, &cb->gd, (int)R);
+    }
+    cb->prm_bytes = CU_PARAMS_HEADER_BYTES + R * sizeof(int);
+    if ((rc = dalloc(cb, (void **)&cb->prm_dev, cb->prm_bytes, MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->prm_host, cb->prm_bytes));
+    memset(cb->prm_host, 0, cb->prm_bytes);
+    const size_t pbytes = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS * sizeof(float);
+    if ((rc = dalloc(cb, (void **)&cb->probs_dev, pbytes, MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->probs_host, pbytes));
+    CU_TRY(cudaStreamSynchronize(cb->st));
+
+    if (opts && opts->precapture && cb->use_graphs && (rc = precapture_all(cb, err))) return rc;
+    return 0;
+}
+
+extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const squad_engine_opts *opts,
+                                                 int max_context, squad_err *err) {
+    if (!model) {
+        squad_fail(err, SQUAD_E_INVALID, "CUDA backend: no model");
+        return NULL;
+    }
+    if (max_context < 1) {
+        squad_fail(err, SQUAD_E_INVALID, "CUDA backend: max_context %d", max_context);
+        return NULL;
+    }
+    if (squad_cuda_device_count() < 1) {
+        squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: no CUDA device");
+        return NULL;
+    }
+    squad_backend *be = (squad_backend *)calloc(1, sizeof *be);
+    cu_be *cb = (cu_be *)calloc(1, sizeof *cb);
+    if (!be || !cb) {
+        free(be);
+        free(cb);
+        squad_fail(err, SQUAD_E_NOMEM, "out of memory (CUDA backend)");
+        return NULL;
+    }
+    be->impl = cb;
+    be->name = "cuda";
+    be->model = model;
+    be->alloc = be_alloc;
+    be->release = be_release;
+    be->reset = be_reset;
+    be->save_gdn = be_save_gdn;
+    be->load_gdn = be_load_gdn;
+    be->save_kv = be_save_kv;
+    be->load_kv = be_load_kv;
+    be->forward = be_forward;
+    be->destroy = be_destroy;
+    if (build(cb, model, opts, max_context, err)) {
+        be_destroy(be);
+        return NULL;
+    }
+    be->max_context = max_context;
+    be->max_chunk = cb->max_chunk;
+    be->gdn_snapshot_bytes = cb->gdn_bytes;
+    be->kv_bytes_per_pos = cb->kv_pos_elems * 2;
+    return be;
+}
+
+extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info *info) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl) return SQUAD_E_INVALID;
+    const cu_be *cb = (const cu_be *)be->impl;
+    memset(info, 0, sizeof *info);
+    snprintf(info->device, sizeof info->device, "%s", cb->device_name);
+    info->sm_count = cb->n_sm;
+    info->graphs = cb->n_graphs;
+    info->capture_s = cb->capture_s;
+    info->replays = cb->replays;
+    info->weight_bytes = cb->weight_bytes;
+    info->state_bytes = cb->state_bytes;
+    info->scratch_bytes = cb->scratch_bytes;
+    info->n_buckets = N_CHUNK_BUCKETS;
+    for (int i = 0; i < N_CHUNK_BUCKETS; i++) info->buckets[i] = CHUNK_BUCKETS[i];
+    info->n_spans = cb->n_spans;
+    for (int i = 0; i < cb->n_spans; i++) info->spans[i] = cb->spans[i];
+    return 0;
+}

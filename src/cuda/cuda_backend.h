@@ -1,0 +1,37 @@
+/*
+ * cuda_backend.h — what the CUDA backend tells beyond backend.h: its chunk-graph statistics and
+ * its shape buckets, for the benchmark, the tests and diagnostics.
+ */
+#ifndef SQUAD_CUDA_BACKEND_H
+#define SQUAD_CUDA_BACKEND_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend.h"
+
+typedef struct squad_cuda_info {
+    char device[256];      /* the GPU's name */
+    int sm_count;
+    int graphs;            /* chunk graphs captured so far */
+    double capture_s;      /* seconds spent capturing and instantiating them */
+    unsigned long long replays;
+    size_t weight_bytes;   /* device bytes of weights */
+    size_t state_bytes;    /* working state: GDN states + K / V */
+    size_t scratch_bytes;  /* activations and kernel scratch */
+    int n_buckets;         /* chunk-length buckets */
+    int buckets[16];
+    int n_spans;           /* attention-span buckets */
+    int spans[24];
+} squad_cuda_info;
+
+/* Fills info for a backend made by squad_cuda_backend_new; 0, or SQUAD_E_INVALID for another. */
+int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

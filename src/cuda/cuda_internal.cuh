@@ -1,0 +1,211 @@
+/*
+ * cuda_internal.cuh — what the CUDA backend's .cu files share: error checks that fill a squad_err
+ * (never print, never exit), bf16 helpers, the mma.sync / ldmatrix / cp.async wrappers, the
+ * device-resident chunk parameters, and the host launchers of every kernel (each kernel file
+ * implements its launchers and a plain host reference used by the tests).
+ *
+ * Design: every shape that varies from chunk to chunk of one bucket (chunk start, real length,
+ * ids, slots, nopts, letters) lives in one device struct (cu_chunk_params) that the host writes
+ * before a graph replay, so a captured graph serves every chunk of its shape. Kernels read it
+ * through a pointer; nothing about a chunk is baked into a kernel argument except its bucket.
+ */
+#ifndef SQUAD_CUDA_INTERNAL_CUH
+#define SQUAD_CUDA_INTERNAL_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend.h"
+#include "util.h"
+}
+
+typedef __nv_bfloat16 bf16;
+
+/* ---- limits and tile sizes ------------------------------------------------------------------ */
+#define CU_MAX_SLOTS SQUAD_MAX_SLOTS_PER_ROW /* slots of one chunk */
+#define CU_MAX_LETTERS SQUAD_MAX_LETTERS
+#define CU_GDN_CHUNK 64    /* tokens per block of the chunked delta rule (WY / UT form) */
+#define CU_ATT_BM 64       /* query rows per attention block */
+#define CU_ATT_BN 64       /* keys per attention inner step */
+#define CU_MAX_CONV_K 8    /* the largest conv kernel supported */
+
+/* The per-chunk values a graph reads at replay time (device memory; written by the host before
+ * each replay). ids[] holds the padded chunk (padding ids are 0, a valid token). */
+typedef struct cu_chunk_params {
+    int start;     /* absolute position of token 0 */
+    int len;       /* real tokens; positions [len, bucket) are padding */
+    int n_slots;   /* answer slots in this chunk */
+    int n_letters; /* option letters */
+    int slots[CU_MAX_SLOTS]; /* relative to start */
+    int nopts[CU_MAX_SLOTS];
+    int letters[CU_MAX_LETTERS];
+    int pad_[2];
+    int ids[1]; /* [bucket] (the struct is allocated larger) */
+} cu_chunk_params;
+
+#define CU_PARAMS_HEADER_BYTES offsetof(cu_chunk_params, ids)
+
+/* ---- error checks ---------------------------------------------------------------------------- */
+/* Fills err with the failing call and CUDA's message; returns SQUAD_E_BACKEND. */
+static inline int cu_fail(squad_err *err, const char *call, cudaError_t e, const char *file, int line) {
+    return squad_fail(err, SQUAD_E_BACKEND, "CUDA: %s: %s (%s) at %s:%d", call, cudaGetErrorString(e),
+                      cudaGetErrorName(e), file, line);
+}
+#define CU_TRY(call)                                                             \
+    do {                                                                         \
+        cudaError_t e_ = (call);                                                 \
+        if (e_ != cudaSuccess) return cu_fail(err, #call, e_, __FILE__, __LINE__); \
+    } while (0)
+/* After a kernel launch: the launch error (bad configuration, too much shared memory, ...). */
+#define CU_LAUNCH_CHECK(what)                                                     \
+    do {                                                                          \
+        cudaError_t e_ = cudaGetLastError();                                      \
+        if (e_ != cudaSuccess) return cu_fail(err, what, e_, __FILE__, __LINE__); \
+    } while (0)
+
+/* ---- device helpers -------------------------------------------------------------------------- */
+#ifdef __CUDACC__
+__device__ __forceinline__ uint32_t cu_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ float cu_silu(float x) { return x / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float cu_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+/* D += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate. Fragment layout (lane = 4 r + c):
+ * a0 (row r, k 2c..2c+1), a1 (row r+8), a2 (row r, k 2c+8..), a3 (row r+8, k 2c+8..);
+ * b0 (k 2c..2c+1, n r), b1 (k 2c+8.., n r); d0,d1 (row r, n 2c..2c+1), d2,d3 (row r+8). */
+__device__ __forceinline__ void cu_mma16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t cu_smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cu_ldmatrix_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(cu_smem_addr(p)));
+}
+__device__ __forceinline__ void cu_ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(cu_smem_addr(p)));
+}
+/* 16-byte async copy global -> shared; src_bytes 0 fills the 16 bytes with zeros. */
+__device__ __forceinline__ void cu_cp_async16(void *smem, const void *gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(cu_smem_addr(smem)), "l"(gmem),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cu_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cu_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif
+
+/* ---- cuBLASLt projections (k_gemm.cu) ------------------------------------------------------------
+ * Y[M][N] = X[M][K] W[N][K]^T with W a checkpoint matrix (row-major [out][in]) and X row-major
+ * activations: in cuBLASLt's column-major terms D (N x M) = op_T(W as K x N) * (X as K x M), the
+ * "TN" layout. bf16 inputs, fp32 accumulation; acc = 0: D bf16, beta 0; acc = 1: D fp32 and
+ * beta 1 with C = D (the residual add fused into the epilogue). A plan (descriptors + the
+ * heuristic's algorithm) is made once per shape and kept, so graph captures reuse it. */
+typedef struct cu_gemm_plan {
+    int M, N, K, acc;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} cu_gemm_plan;
+typedef struct cu_gemm_ctx {
+    cublasLtHandle_t lt;
+    void *ws; /* device workspace */
+    size_t ws_bytes;
+    cu_gemm_plan *plans;
+    int n_plans, cap_plans;
+} cu_gemm_ctx;
+int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
+void cu_gemm_free(cu_gemm_ctx *g);
+int cu_gemm(cu_gemm_ctx *g, const bf16 *W, const bf16 *X, void *Y, int M, int N, int K, int acc, cudaStream_t st,
+            squad_err *err);
+
+/* ---- kernel launchers (host) ----------------------------------------------------------------- */
+
+/* k_norm.cu */
+/* h[t] = E[ids[t]] (fp32) and x[t] = RMSNorm(h[t]) * (1 + w) (bf16), t < rows. */
+int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, bf16 *x, const float *w, int rows, int H,
+                     float eps, cudaStream_t st, squad_err *err);
+/* x[t] = RMSNorm(h[t]) * (1 + w), bf16 out. */
+int cu_rmsnorm(const float *h, bf16 *x, const float *w, int rows, int H, float eps, cudaStream_t st, squad_err *err);
+/* out[t][i] = silu(gu[t][i]) * gu[t][I + i] (gu: [rows][2I] bf16). */
+int cu_silu_mul(const bf16 *gu, bf16 *out, int rows, int I, cudaStream_t st, squad_err *err);
+/* The letter probabilities at the chunk's slots: probs[i][j] = softmax over j < nopts[i] of
+ * RMSNorm(h[slot_i]) * (1 + w) . E[letters[j]]; zero past nopts. probs is [CU_MAX_SLOTS][CU_MAX_LETTERS]. */
+int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
+                    float eps, cudaStream_t st, squad_err *err);
+/* k_gdn.cu: the Gated DeltaNet mixer after in_proj. */
+typedef struct cu_gdn_dims {
+    int nk, nv, dk, dv, K; /* heads, head dims, conv kernel */
+    int ldP;               /* row stride of the in_proj output P: [q | k | v | z | b | a | pad] */
+    float eps;             /* the gated RMSNorm's eps */
+} cu_gdn_dims;
+typedef struct cu_gdn_scratch {
+    bf16 *W;      /* [chunks][nv][64][dk] */
+    float *UT;    /* [chunks][nv][dv][64] */
+    bf16 *Qg;     /* [chunks][nv][64][dk] */
+    bf16 *KpT;    /* [chunks][nv][dk][64] */
+    bf16 *Pm;     /* [chunks][nv][64][64] */
+    float *glast; /* [chunks][nv] */
+} cu_gdn_scratch;
+/* Bytes of scratch for a chunk bucket of `rows` tokens. */
+size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows);
+void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows);
+int cu_gdn_supported(const cu_gdn_dims *d);
+int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
+/* P: [rows][ldP] bf16 in_proj output; conv_state [K-1][C] bf16 (updated); S [nv][dv][dk] fp32
+ * (updated, transposed state); Y: [rows][nv dv] bf16, the gated-normed output. */
+int cu_gdn_forward(const cu_gdn_dims *d, const bf16 *P, bf16 *conv_state, const float *conv_w, const float *A_log,
+                   const float *dt_bias, const float *norm_w, float *S, bf16 *Y, const cu_gdn_scratch *scr,
+                   const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);
+
+/* k_attn.cu: gated attention after q/k/v_proj. */
+typedef struct cu_attn_dims {
+    int nh, nkv, hd, rd; /* heads, head dim, rotary dims */
+    int ldQKV;           /* row stride of the projection output: [nh (hd q | hd gate) | nkv hd k | nkv hd v] */
+    float eps;
+    int max_context;
+    size_t kv_stride; /* elements between positions in the K / V cache (position-major cache) */
+} cu_attn_dims;
+int cu_attn_supported(const cu_attn_dims *d);
+int cu_attn_init(const cu_attn_dims *d, squad_err *err);
+/* Splits of the key range for a chunk of `rows` query rows and keys up to `span`. */
+int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm);
+size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits);
+/* QKV: [rows][ldQKV] bf16; Kc/Vc: this layer's K / V at position 0, kv_stride elements per
+ * position, [nkv][hd] bf16 each (positions [start, start+len) written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;
+ * out: [rows][nh hd] bf16 = attention * sigmoid(gate). */
+int cu_attn_forward(const cu_attn_dims *d, const bf16 *QKV, const float *q_norm, const float *k_norm,
+                    const float *inv_freq, bf16 *Kc, bf16 *Vc, bf16 *Qb, void *part, int splits, bf16 *out,
+                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);
+
+#endif

@@ -1,0 +1,252 @@
+/*
+ * cuda_test_api.cu — the test entry points of cuda_test_api.h: each uploads host data, runs one
+ * kernel group exactly as the backend does (same launchers, same layouts), and downloads the
+ * result. Device memory is tracked in a small list and freed on every path.
+ */
+#include "cuda_internal.cuh"
+#include "cuda_test_api.h"
+
+#include <stdlib.h>
+
+#define TEST_MAX_BUFS 32
+
+typedef struct tbufs {
+    void *p[TEST_MAX_BUFS];
+    int n;
+} tbufs;
+
+static int talloc(tbufs *b, void **p, size_t bytes, squad_err *err) {
+    *p = NULL;
+    if (b->n == TEST_MAX_BUFS) return squad_fail(err, SQUAD_E_NOMEM, "test: too many buffers");
+    CU_TRY(cudaMalloc(p, bytes ? bytes : 16));
+    b->p[b->n++] = *p;
+    CU_TRY(cudaMemset(*p, 0, bytes ? bytes : 16));
+    return 0;
+}
+static void tfree(tbufs *b) {
+    for (int i = 0; i < b->n; i++) cudaFree(b->p[i]);
+    b->n = 0;
+}
+
+/* fp32 host -> bf16 device (n values) */
+static int up_bf16(tbufs *b, bf16 **d, const float *h, size_t n, squad_err *err) {
+    int rc = talloc(b, (void **)d, n * 2, err);
+    if (rc) return rc;
+    uint16_t *t = (uint16_t *)malloc(n * 2 + 2);
+    if (!t) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    for (size_t i = 0; i < n; i++) t[i] = squad_f32_to_bf16(h[i]);
+    const cudaError_t e = cudaMemcpy(*d, t, n * 2, cudaMemcpyHostToDevice);
+    free(t);
+    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    return 0;
+}
+static int up_f32(tbufs *b, float **d, const float *h, size_t n, squad_err *err) {
+    int rc = talloc(b, (void **)d, n * 4, err);
+    if (rc) return rc;
+    CU_TRY(cudaMemcpy(*d, h, n * 4, cudaMemcpyHostToDevice));
+    return 0;
+}
+static int down_bf16(float *h, const bf16 *d, size_t n, squad_err *err) {
+    uint16_t *t = (uint16_t *)malloc(n * 2 + 2);
+    if (!t) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    const cudaError_t e = cudaMemcpy(t, d, n * 2, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess)
+        for (size_t i = 0; i < n; i++) h[i] = squad_bf16_to_f32(t[i]);
+    free(t);
+    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    return 0;
+}
+static int params(tbufs *b, cu_chunk_params **d, int start, int len, int rows, squad_err *err) {
+    const size_t bytes = CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int);
+    cu_chunk_params *h = (cu_chunk_params *)calloc(1, bytes);
+    if (!h) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    h->start = start;
+    h->len = len;
+    int rc = talloc(b, (void **)d, bytes, err);
+    if (!rc) {
+        const cudaError_t e = cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    }
+    free(h);
+    return rc;
+}
+
+static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
+    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps};
+    if (!cu_gdn_supported(&d)) return squad_fail(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
+    int rc = cu_gdn_init(&d, err);
+    if (rc) return rc;
+    const int C = 2 * a->nk * a->dk + a->nv * a->dv, Km1 = a->K - 1;
+    const size_t nS = (size_t)a->nv * a->dk * a->dv;
+    bf16 *P, *conv, *Y;
+    float *cw, *Al, *dt, *nw, *S;
+    cu_chunk_params *prm;
+    void *scr;
+    if ((rc = up_bf16(b, &P, a->P, (size_t)a->rows * a->ldP, err))) return rc;
+    if ((rc = up_bf16(b, &conv, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, err))) return rc;
+    if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
+    if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
+    if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
+    if ((rc = up_f32(b, &nw, a->norm_w, a->dv, err))) return rc;
+    /* the device keeps S^T [nv][dv][dk] */
+    float *St = (float *)malloc(nS * 4);
+    if (!St) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    for (int h = 0; h < a->nv; h++)
+        for (int i = 0; i < a->dk; i++)
+            for (int j = 0; j < a->dv; j++)
+                St[((size_t)h * a->dv + j) * a->dk + i] = a->S[((size_t)h * a->dk + i) * a->dv + j];
+    rc = up_f32(b, &S, St, nS, err);
+    if (!rc) rc = talloc(b, (void **)&Y, (size_t)a->rows * a->nv * a->dv * 2, err);
+    if (!rc) rc = params(b, &prm, 0, a->len, a->rows, err);
+    if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows), err);
+    cu_gdn_scratch s;
+    if (!rc) {
+        cu_gdn_scratch_bind(&s, scr, &d, a->rows);
+        rc = cu_gdn_forward(&d, P, conv, cw, Al, dt, nw, S, Y, &s, prm, a->rows, 0, err);
+    }
+    if (!rc) {
+        const cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaDeviceSynchronize", e, __FILE__, __LINE__);
+    }
+    if (!rc) rc = down_bf16(a->Y, Y, (size_t)a->rows * a->nv * a->dv, err);
+    if (!rc && Km1 > 0) rc = down_bf16(a->conv_state, conv, (size_t)Km1 * C, err);
+    if (!rc) {
+        const cudaError_t e = cudaMemcpy(St, S, nS * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    }
+    if (!rc)
+        for (int h = 0; h < a->nv; h++)
+            for (int i = 0; i < a->dk; i++)
+                for (int j = 0; j < a->dv; j++)
+                    a->S[((size_t)h * a->dk + i) * a->dv + j] = St[((size_t)h * a->dv + j) * a->dk + i];
+    free(St);
+    return rc;
+}
+
+extern "C" int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_gdn(&b, a, err);
+    tfree(&b);
+    return rc;
+}
+
+static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
+    cu_attn_dims d;
+    memset(&d, 0, sizeof d);
+    d.nh = a->nh;
+    d.nkv = a->nkv;
+    d.hd = a->hd;
+    d.rd = a->rd;
+    d.ldQKV = a->ld;
+    d.eps = a->eps;
+    d.max_context = a->max_context;
+    d.kv_stride = (size_t)a->nkv * a->hd;
+    if (!cu_attn_supported(&d)) return squad_fail(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
+    int rc = cu_attn_init(&d, err);
+    if (rc) return rc;
+    const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
+    bf16 *QKV, *K, *V, *Qb, *out;
+    float *qn, *kn, *inv;
+    cu_chunk_params *prm;
+    void *part;
+    int dev = 0, nsm = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    const int span = a->max_context;
+    const int splits = cu_attn_splits(&d, a->rows, span, nsm);
+    if ((rc = up_bf16(b, &QKV, a->QKV, (size_t)a->rows * a->ld, err))) return rc;
+    if ((rc = up_bf16(b, &K, a->K, kvn, err))) return rc;
+    if ((rc = up_bf16(b, &V, a->V, kvn, err))) return rc;
+    if ((rc = up_f32(b, &qn, a->q_norm, a->hd, err))) return rc;
+    if ((rc = up_f32(b, &kn, a->k_norm, a->hd, err))) return rc;
+    if ((rc = up_f32(b, &inv, a->inv_freq, a->rd / 2 > 0 ? a->rd / 2 : 1, err))) return rc;
+    if ((rc = talloc(b, (void **)&Qb, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
+    if ((rc = talloc(b, (void **)&out, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
+    if ((rc = talloc(b, &part, cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
+    if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
+    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, K, V, Qb, part, splits, out, prm, a->rows, 0, err))) return rc;
+    CU_TRY(cudaDeviceSynchronize());
+    if ((rc = down_bf16(a->out, out, (size_t)a->rows * a->nh * a->hd, err))) return rc;
+    const size_t off = (size_t)a->start * a->nkv * a->hd, n = (size_t)a->len * a->nkv * a->hd;
+    if ((rc = down_bf16(a->K + off, K + off, n, err))) return rc;
+    return down_bf16(a->V + off, V + off, n, err);
+}
+
+extern "C" int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_attn(&b, a, err);
+    tfree(&b);
+    return rc;
+}
+
+static int test_rmsnorm(tbufs *b, const float *h, float *out, const float *w, int rows, int H, float eps,
+                        squad_err *err) {
+    float *dh, *dw;
+    bf16 *dx;
+    int rc;
+    if ((rc = up_f32(b, &dh, h, (size_t)rows * H, err))) return rc;
+    if ((rc = up_f32(b, &dw, w, H, err))) return rc;
+    if ((rc = talloc(b, (void **)&dx, (size_t)rows * H * 2, err))) return rc;
+    if ((rc = cu_rmsnorm(dh, dx, dw, rows, H, eps, 0, err))) return rc;
+    CU_TRY(cudaDeviceSynchronize());
+    return down_bf16(out, dx, (size_t)rows * H, err);
+}
+
+extern "C" int squad_cuda_test_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps,
+                                       squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_rmsnorm(&b, h, out, w, rows, H, eps, err);
+    tfree(&b);
+    return rc;
+}
+
+static int test_silu_mul(tbufs *b, const float *gu, float *out, int rows, int I, squad_err *err) {
+    bf16 *dg, *dout;
+    int rc;
+    if ((rc = up_bf16(b, &dg, gu, (size_t)rows * 2 * I, err))) return rc;
+    if ((rc = talloc(b, (void **)&dout, (size_t)rows * I * 2, err))) return rc;
+    if ((rc = cu_silu_mul(dg, dout, rows, I, 0, err))) return rc;
+    CU_TRY(cudaDeviceSynchronize());
+    return down_bf16(out, dout, (size_t)rows * I, err);
+}
+
+extern "C" int squad_cuda_test_silu_mul(const float *gu, float *out, int rows, int I, squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_silu_mul(&b, gu, out, rows, I, err);
+    tfree(&b);
+    return rc;
+}
+
+static int test_gemm(tbufs *b, cu_gemm_ctx *g, const float *X, const float *W, float *Y, int M, int N, int K, int acc,
+                     squad_err *err) {
+    bf16 *dX, *dW;
+    void *dY;
+    int rc;
+    if ((rc = up_bf16(b, &dX, X, (size_t)M * K, err))) return rc;
+    if ((rc = up_bf16(b, &dW, W, (size_t)N * K, err))) return rc;
+    if (acc) {
+        float *f;
+        if ((rc = up_f32(b, &f, Y, (size_t)M * N, err))) return rc;
+        dY = f;
+    } else if ((rc = talloc(b, &dY, (size_t)M * N * 2, err))) {
+        return rc;
+    }
+    if ((rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, err))) return rc;
+    CU_TRY(cudaDeviceSynchronize());
+    if (acc) {
+        CU_TRY(cudaMemcpy(Y, dY, (size_t)M * N * 4, cudaMemcpyDeviceToHost));
+        return 0;
+    }
+    return down_bf16(Y, (const bf16 *)dY, (size_t)M * N, err);
+}
+
+extern "C" int squad_cuda_test_gemm(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
+                                    squad_err *err) {
+    tbufs b = {{0}, 0};
+    cu_gemm_ctx g;
+    int rc = cu_gemm_init(&g, err);
+    if (!rc) rc = test_gemm(&b, &g, X, W, Y, M, N, K, accumulate, err);
+    cu_gemm_free(&g);
+    tfree(&b);
+    return rc;
+}

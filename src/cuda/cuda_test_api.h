@@ -1,0 +1,66 @@
+/*
+ * cuda_test_api.h — entry points of the CUDA backend for tests/gpu_test_kernels.c: each runs one
+ * kernel group on host data (uploads, launches, downloads; every call checked) so a test can
+ * compare it with the plain host reference beside the kernel (cu_ref_*, same header).
+ *
+ * Host arrays are fp32; values that the device holds in bf16 (projection outputs, the conv state,
+ * K / V) are rounded to bf16 on upload, so a test should round its inputs first (squad_f32_to_bf16)
+ * and give the references the same values. Compiled only with SQUAD_HAVE_CUDA.
+ */
+#ifndef SQUAD_CUDA_TEST_API_H
+#define SQUAD_CUDA_TEST_API_H
+
+#include "squad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the Gated DeltaNet mixer after in_proj ---- */
+typedef struct cu_ref_gdn_args {
+    int nk, nv, dk, dv, K; /* heads, head dims, conv kernel */
+    int ldP;               /* row stride of P: [q | k | v | z | b | a] then padding */
+    int rows, len;         /* bucket rows, real tokens (len <= rows) */
+    float eps;
+    const float *P;        /* [rows][ldP] */
+    float *conv_state;     /* [K-1][C], C = 2 nk dk + nv dv: in / out */
+    const float *conv_w;   /* [C][K] */
+    const float *A_log, *dt_bias; /* [nv] */
+    const float *norm_w;   /* [dv] */
+    float *S;              /* [nv][dk][dv]: in / out */
+    float *Y;              /* [rows][nv dv] out (rows >= len: 0 from the device, untouched by the reference) */
+} cu_ref_gdn_args;
+void cu_ref_gdn(const cu_ref_gdn_args *a);
+int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err);
+
+/* ---- gated attention after q/k/v_proj ---- */
+typedef struct cu_ref_attn_args {
+    int nh, nkv, hd, rd;
+    int ld;               /* row stride of QKV: [nh (hd q | hd gate) | nkv hd k | nkv hd v] */
+    int rows, start, len; /* bucket rows, chunk start, real tokens */
+    int max_context;
+    float eps;
+    const float *QKV;                 /* [rows][ld] */
+    const float *q_norm, *k_norm;     /* [hd] */
+    const float *inv_freq;            /* [rd/2] */
+    float *K, *V;                     /* [max_context][nkv][hd]: [0, start) given, [start, start+len) written */
+    float *out;                       /* [rows][nh hd] */
+} cu_ref_attn_args;
+void cu_ref_attn(const cu_ref_attn_args *a);
+int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);
+
+/* ---- small ops ---- */
+void cu_ref_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps);
+void cu_ref_silu_mul(const float *gu, float *out, int rows, int I);
+/* out = RMSNorm(h) * (1 + w) through the device kernel (bf16 out, returned as fp32). */
+int squad_cuda_test_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps, squad_err *err);
+int squad_cuda_test_silu_mul(const float *gu, float *out, int rows, int I, squad_err *err);
+/* Y[M][N] = X[M][K] W[N][K]^T through the backend's cuBLASLt path (bf16 in, fp32 accumulate);
+ * accumulate != 0: Y += (fp32 out), else Y = (bf16 out, returned as fp32). */
+int squad_cuda_test_gemm(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
+                         squad_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,465 @@
+/*
+ * k_attn.cu — gated full attention between q/k/v_proj and o_proj, as three kernels.
+ *
+ * 1. attn_prep (one block per token): q / k RMSNorm per head (zero-centred weight, fp32), partial
+ *    RoPE on the first rd dims (rotate-half within rd, angle = fp32(position * inv_freq) as
+ *    transformers computes it, cos / sin in double so long positions keep their accuracy),
+ *    positions offset by the chunk start. q goes to a scratch [rows][nh][hd]; k and v of the real
+ *    tokens go straight into the K / V cache at [start, start + len).
+ * 2. attn_fwd (FlashAttention-2 style, mma.sync bf16 / fp32 accumulate, never materialises the
+ *    score matrix): a block takes 64 query rows of one head and one split of the key range
+ *    [0, start + len) of the cache, keys 64 at a time through shared memory (K of the next tile
+ *    loads while P V of this one runs), online softmax in the exp2 domain. Query row t sees keys
+ *    j <= start + t (and j < start + len, so padding rows stay finite). GQA: query head j reads kv
+ *    head j / (nh / nkv). The key range of a split is computed at run time from the chunk's
+ *    start, so one captured graph balances every chunk of its bucket. Partial (unnormalised) O,
+ *    running max and sum go to scratch.
+ * 3. attn_combine (one block per token x head): merges the splits and multiplies by
+ *    sigmoid(gate), bf16 out for o_proj.
+ * The host reference cu_ref_attn (below) is the plain loop the tests compare with.
+ */
+#include "cuda_internal.cuh"
+#include "cuda_test_api.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define ATT_THREADS 128 /* 4 warps x 16 query rows */
+#define ATT_SPLIT_MIN_KEYS 256
+#define ATT_SPLIT_MAX 64
+#define ATT_SPLIT_ROWS_MAX 8192 /* splits x rows of partial results held */
+
+/* ---- 1. q / k norm + RoPE + cache write -------------------------------------------------------- */
+
+struct attn_prep_args {
+    const bf16 *QKV;
+    int ld;
+    const float *q_norm, *k_norm, *inv_freq;
+    bf16 *Kc, *Vc;
+    size_t kv_stride;
+    bf16 *Qb;
+    const cu_chunk_params *prm;
+    int nh, nkv, hd, rd;
+    float eps;
+};
+
+__global__ void attn_prep_kernel(attn_prep_args a) {
+    extern __shared__ float sm[];
+    const int nwarp = a.nh + a.nkv;
+    float *buf = sm;                          /* [nwarp][hd] */
+    float *cs = sm + (size_t)nwarp * a.hd;    /* cos [rd/2] */
+    float *sn = cs + a.rd / 2;                /* sin [rd/2] */
+    const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int start = a.prm->start, len = a.prm->len;
+    const int pos = start + t;
+    const int half = a.rd / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const float ang = __fmul_rn((float)pos, a.inv_freq[i]);
+        double s, c;
+        sincos((double)ang, &s, &c);
+        cs[i] = (float)c;
+        sn[i] = (float)s;
+    }
+    __syncthreads();
+    const bf16 *row = a.QKV + (size_t)t * a.ld;
+    const bool is_q = w < a.nh;
+    const int hh = is_q ? w : w - a.nh;
+    const bf16 *src = is_q ? row + (size_t)hh * 2 * a.hd : row + (size_t)a.nh * 2 * a.hd + (size_t)hh * a.hd;
+    const float *nw = is_q ? a.q_norm : a.k_norm;
+    float *b = buf + (size_t)w * a.hd;
+    float ss = 0.f;
+    for (int d = lane; d < a.hd; d += 32) {
+        const float x = __bfloat162float(src[d]);
+        b[d] = x;
+        ss += x * x;
+    }
+    ss = cu_warp_sum(ss);
+    const float r = rsqrtf(ss / (float)a.hd + a.eps);
+    for (int d = lane; d < a.hd; d += 32) b[d] = b[d] * r * (1.f + nw[d]);
+    __syncwarp();
+    bf16 *dst;
+    if (is_q)
+        dst = a.Qb + ((size_t)t * a.nh + hh) * a.hd;
+    else
+        dst = t < len ? a.Kc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd : nullptr;
+    for (int d = lane; d < a.hd; d += 32) {
+        float o = b[d];
+        if (d < half)
+            o = b[d] * cs[d] - b[d + half] * sn[d];
+        else if (d < a.rd)
+            o = b[d] * cs[d - half] + b[d - half] * sn[d - half];
+        if (dst) dst[d] = __float2bfloat16(o);
+    }
+    if (!is_q && t < len) { /* v passes unchanged */
+        const bf16 *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
+        bf16 *vd = a.Vc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd;
+        for (int d = lane; d < a.hd; d += 32) vd[d] = vs[d];
+    }
+}
+
+/* ---- 2. flash attention over [cache | chunk], one split of the keys ------------------------------ */
+
+struct attn_fwd_args {
+    const bf16 *Qb;
+    const bf16 *Kc, *Vc;
+    size_t kv_stride;
+    const cu_chunk_params *prm;
+    int rows, nh, nkv, splits;
+    float scale_log2; /* hd^-1/2 * log2(e) */
+    float *Op;        /* [splits][rows][nh][hd] */
+    float *Mp, *Lp;   /* [splits][rows][nh] */
+};
+
+template <int HD>
+struct att_smem {
+    static constexpr int LD = HD + 8;
+    static constexpr size_t tile = (size_t)CU_ATT_BM * LD * 2;
+    static constexpr size_t bytes = 3 * tile; /* Q, K, V */
+};
+
+template <int HD>
+__device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, size_t stride, int kb, int k_hi, int kvh,
+                                            int tid) {
+    constexpr int LD = HD + 8, SEG = HD / 8;
+    for (int e = tid; e < CU_ATT_BN * SEG; e += ATT_THREADS) {
+        const int i = e / SEG, s = e % SEG;
+        const int j = kb + i;
+        const bool ok = j < k_hi;
+        const bf16 *src = base + (size_t)(ok ? j : 0) * stride + (size_t)kvh * HD + 8 * s;
+        cu_cp_async16(dst + i * LD + 8 * s, src, ok ? 16 : 0);
+    }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) {
+    typedef att_smem<HD> SM;
+    constexpr int LD = SM::LD;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem;
+    bf16 *Ks = (bf16 *)(smem + SM::tile);
+    bf16 *Vs = (bf16 *)(smem + 2 * SM::tile);
+    const int qt = blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int start = a.prm->start, len = a.prm->len;
+    const int t0 = qt * CU_ATT_BM;
+    int k_lo = 0, k_hi = 0;
+    if (t0 < len) {
+        const int kend = start + min(t0 + CU_ATT_BM, len);
+        const int per = ((kend + a.splits - 1) / a.splits + CU_ATT_BN - 1) / CU_ATT_BN * CU_ATT_BN;
+        k_lo = sp * per;
+        k_hi = min(kend, k_lo + per);
+    }
+    if (k_lo >= k_hi) { /* nothing for this split: an empty partial */
+        if (tid < CU_ATT_BM && t0 + tid < a.rows) {
+            const size_t i = ((size_t)sp * a.rows + t0 + tid) * a.nh + h;
+            a.Mp[i] = -INFINITY;
+            a.Lp[i] = 0.f;
+        }
+        return;
+    }
+    const int kvh = h / (a.nh / a.nkv);
+
+    /* Q tile (rows past the bucket are zero) and the first K / V tiles */
+    for (int e = tid; e < CU_ATT_BM * (HD / 8); e += ATT_THREADS) {
+        const int i = e / (HD / 8), s = e % (HD / 8);
+        const bool ok = t0 + i < a.rows;
+        const bf16 *src = a.Qb + ((size_t)(ok ? t0 + i : 0) * a.nh + h) * HD + 8 * s;
+        cu_cp_async16(Qs + i * LD + 8 * s, src, ok ? 16 : 0);
+    }
+    att_load_kv<HD>(Ks, a.Kc, a.kv_stride, k_lo, k_hi, kvh, tid);
+    cu_cp_async_commit();
+    att_load_kv<HD>(Vs, a.Vc, a.kv_stride, k_lo, k_hi, kvh, tid);
+    cu_cp_async_commit();
+
+    const int r = lane >> 2, c = lane & 3;
+    const int row0 = t0 + 16 * w + r, row1 = row0 + 8;
+    /* exclusive key limits of the two rows this lane holds */
+    const int lim0 = min(k_hi, start + min(row0, len - 1) + 1);
+    const int lim1 = min(k_hi, start + min(row1, len - 1) + 1);
+    float O[HD / 8][4];
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN) {
+        const bool more = kb + CU_ATT_BN < k_hi;
+        cu_cp_async_wait<1>(); /* Q and this K */
+        __syncthreads();
+        float S[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+            uint32_t qa[4];
+            cu_ldmatrix_x4(qa, Qs + (16 * w + (lane & 15)) * LD + 16 * ks + (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t kb4[4];
+                cu_ldmatrix_x4(kb4, Ks + (16 * np + ((lane >> 4) << 3) + (lane & 7)) * LD + 16 * ks + ((lane >> 3) & 1) * 8);
+                cu_mma16816(S[2 * np], qa, kb4[0], kb4[1]);
+                cu_mma16816(S[2 * np + 1], qa, kb4[2], kb4[3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with this K tile */
+        if (more) att_load_kv<HD>(Ks, a.Kc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+        cu_cp_async_commit();
+
+        /* mask, online softmax (exp2 domain) */
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int key = kb + 8 * j + 2 * c;
+            S[j][0] = key < lim0 ? S[j][0] * a.scale_log2 : -INFINITY;
+            S[j][1] = key + 1 < lim0 ? S[j][1] * a.scale_log2 : -INFINITY;
+            S[j][2] = key < lim1 ? S[j][2] * a.scale_log2 : -INFINITY;
+            S[j][3] = key + 1 < lim1 ? S[j][3] * a.scale_log2 : -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
+        const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
+        const float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
+        m0 = nm0;
+        m1 = nm1;
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            S[j][0] = exp2f(S[j][0] - u0);
+            S[j][1] = exp2f(S[j][1] - u0);
+            S[j][2] = exp2f(S[j][2] - u1);
+            S[j][3] = exp2f(S[j][3] - u1);
+            s0 += S[j][0] + S[j][1];
+            s1 += S[j][2] + S[j][3];
+        }
+        l0 = l0 * al0 + s0;
+        l1 = l1 * al1 + s1;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            O[j][0] *= al0;
+            O[j][1] *= al0;
+            O[j][2] *= al1;
+            O[j][3] *= al1;
+        }
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            pa[ks][0] = cu_pack_bf16(S[2 * ks][0], S[2 * ks][1]);
+            pa[ks][1] = cu_pack_bf16(S[2 * ks][2], S[2 * ks][3]);
+            pa[ks][2] = cu_pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
+            pa[ks][3] = cu_pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+        }
+        if (more)
+            cu_cp_async_wait<1>(); /* this V (the next K may still be in flight) */
+        else
+            cu_cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int np = 0; np < HD / 16; np++) {
+                uint32_t vb[4];
+                cu_ldmatrix_x4_trans(vb, Vs + (16 * ks + (lane & 15)) * LD + 16 * np + (lane >> 4) * 8);
+                cu_mma16816(O[2 * np], pa[ks], vb[0], vb[1]);
+                cu_mma16816(O[2 * np + 1], pa[ks], vb[2], vb[3]);
+            }
+        __syncthreads(); /* every warp is done with this V tile */
+        if (more) att_load_kv<HD>(Vs, a.Vc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+        cu_cp_async_commit();
+    }
+    cu_cp_async_wait<0>();
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (row0 < a.rows) {
+        const size_t i = ((size_t)sp * a.rows + row0) * a.nh + h;
+        float *o = a.Op + i * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][0], O[j][1]);
+        if (c == 0) {
+            a.Mp[i] = m0;
+            a.Lp[i] = l0;
+        }
+    }
+    if (row1 < a.rows) {
+        const size_t i = ((size_t)sp * a.rows + row1) * a.nh + h;
+        float *o = a.Op + i * HD;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][2], O[j][3]);
+        if (c == 0) {
+            a.Mp[i] = m1;
+            a.Lp[i] = l1;
+        }
+    }
+}
+
+/* ---- 3. merge the splits, * sigmoid(gate) ------------------------------------------------------- */
+
+__global__ void attn_combine_kernel(const float *__restrict__ Op, const float *__restrict__ Mp,
+                                    const float *__restrict__ Lp, const bf16 *__restrict__ QKV, int ld,
+                                    bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
+                                    int nh, int hd, int splits) {
+    const int t = blockIdx.x, h = blockIdx.y;
+    const int len = prm->len;
+    float mmax = -INFINITY;
+    for (int s = 0; s < splits; s++) mmax = fmaxf(mmax, Mp[((size_t)s * rows + t) * nh + h]);
+    float den = 0.f;
+    if (t < len && mmax != -INFINITY)
+        for (int s = 0; s < splits; s++) {
+            const float m = Mp[((size_t)s * rows + t) * nh + h];
+            if (m != -INFINITY) den += exp2f(m - mmax) * Lp[((size_t)s * rows + t) * nh + h];
+        }
+    const bf16 *gate = QKV + (size_t)t * ld + (size_t)h * 2 * hd + hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.f;
+        if (t < len && den > 0.f) {
+            for (int s = 0; s < splits; s++) {
+                const size_t i = ((size_t)s * rows + t) * nh + h;
+                const float m = Mp[i];
+                if (m != -INFINITY) o += exp2f(m - mmax) * Op[i * hd + d];
+            }
+            o = o / den * cu_sigmoid(__bfloat162float(gate[d]));
+        }
+        out[((size_t)t * nh + h) * hd + d] = __float2bfloat16(o);
+    }
+}
+
+/* ---- host side ---------------------------------------------------------------------------------- */
+
+#define ATT_SHAPES(X) X(64) X(128) X(256)
+
+int cu_attn_supported(const cu_attn_dims *d) {
+    if (d->nkv <= 0 || d->nh % d->nkv || d->rd % 2 || d->rd > d->hd) return 0;
+#define ATT_SUP(HD_) if (d->hd == HD_) return 1;
+    ATT_SHAPES(ATT_SUP)
+#undef ATT_SUP
+    return 0;
+}
+
+int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
+#define ATT_INIT(HD_)                                                                                              \
+    if (d->hd == HD_) {                                                                                            \
+        CU_TRY(cudaFuncSetAttribute(attn_fwd_kernel<HD_>, cudaFuncAttributeMaxDynamicSharedMemorySize,             \
+                                    (int)att_smem<HD_>::bytes));                                                   \
+        return 0;                                                                                                  \
+    }
+    ATT_SHAPES(ATT_INIT)
+#undef ATT_INIT
+    return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (64, 128, 256)", d->hd);
+}
+
+int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm) {
+    const int qt = (rows + CU_ATT_BM - 1) / CU_ATT_BM;
+    const int base = qt * d->nh;
+    int s = (2 * n_sm + base - 1) / base;
+    const int by_keys = span / ATT_SPLIT_MIN_KEYS;
+    const int by_mem = ATT_SPLIT_ROWS_MAX / rows;
+    if (s > by_keys) s = by_keys;
+    if (s > by_mem) s = by_mem;
+    if (s > ATT_SPLIT_MAX) s = ATT_SPLIT_MAX;
+    return s < 1 ? 1 : s;
+}
+
+size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits) {
+    const size_t n = (size_t)splits * rows * d->nh;
+    return n * d->hd * 4 + 2 * n * 4 + 512;
+}
+
+int cu_attn_forward(const cu_attn_dims *d, const bf16 *QKV, const float *q_norm, const float *k_norm,
+                    const float *inv_freq, bf16 *Kc, bf16 *Vc, bf16 *Qb, void *part, int splits, bf16 *out,
+                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
+    attn_prep_args pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, Kc, Vc, d->kv_stride, Qb, prm,
+                         d->nh, d->nkv, d->hd, d->rd, d->eps};
+    const int nwarp = d->nh + d->nkv;
+    const size_t psm = ((size_t)nwarp * d->hd + d->rd) * sizeof(float);
+    attn_prep_kernel<<<rows, 32 * nwarp, psm, st>>>(pa);
+    CU_LAUNCH_CHECK("attn_prep_kernel");
+
+    const size_t n = (size_t)splits * rows * d->nh;
+    float *Op = (float *)part;
+    float *Mp = Op + n * d->hd;
+    float *Lp = Mp + n;
+    attn_fwd_args fa = {Qb, Kc, Vc, d->kv_stride, prm, rows, d->nh, d->nkv, splits,
+                        (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp};
+    dim3 grid((unsigned)((rows + CU_ATT_BM - 1) / CU_ATT_BM), (unsigned)d->nh, (unsigned)splits);
+    int launched = 0;
+#define ATT_RUN(HD_)                                                                      \
+    if (d->hd == HD_) {                                                                   \
+        attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa);        \
+        launched = 1;                                                                     \
+    }
+    ATT_SHAPES(ATT_RUN)
+#undef ATT_RUN
+    if (!launched) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
+    CU_LAUNCH_CHECK("attn_fwd_kernel");
+    attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), d->hd < 256 ? d->hd : 256, 0, st>>>(
+        Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);
+    CU_LAUNCH_CHECK("attn_combine_kernel");
+    return 0;
+}
+
+/* ---- host reference ---------------------------------------------------------------------------- */
+
+extern "C" void cu_ref_attn(const cu_ref_attn_args *a) {
+    const int nh = a->nh, nkv = a->nkv, hd = a->hd, rd = a->rd, half = rd / 2;
+    const size_t kvd = (size_t)nkv * hd;
+    float *q = (float *)malloc(sizeof(float) * (size_t)a->len * nh * hd);
+    double *x = (double *)malloc(sizeof(double) * hd), *sc = (double *)malloc(sizeof(double) * (a->start + a->len));
+    /* norm + rope of q, k; k, v into the cache */
+    for (int t = 0; t < a->len; t++) {
+        const int pos = a->start + t;
+        const float *row = a->QKV + (size_t)t * a->ld;
+        for (int hh = 0; hh < nh + nkv; hh++) {
+            const int isq = hh < nh, j = isq ? hh : hh - nh;
+            const float *src = isq ? row + (size_t)j * 2 * hd : row + (size_t)nh * 2 * hd + (size_t)j * hd;
+            const float *nw = isq ? a->q_norm : a->k_norm;
+            double ss = 0;
+            for (int d = 0; d < hd; d++) ss += (double)src[d] * src[d];
+            const double rr = 1.0 / sqrt(ss / hd + a->eps);
+            for (int d = 0; d < hd; d++) x[d] = src[d] * rr * (1.0 + nw[d]);
+            float *dst = isq ? q + ((size_t)t * nh + j) * hd : a->K + (size_t)pos * kvd + (size_t)j * hd;
+            for (int d = 0; d < hd; d++) {
+                double o = x[d];
+                if (d < rd) {
+                    const int i = d < half ? d : d - half;
+                    const float ang = (float)pos * a->inv_freq[i];
+                    const double cth = cos((double)ang), sth = sin((double)ang);
+                    o = d < half ? x[d] * cth - x[d + half] * sth : x[d] * cth + x[d - half] * sth;
+                }
+                dst[d] = (float)o;
+            }
+            if (!isq)
+                for (int d = 0; d < hd; d++)
+                    a->V[(size_t)pos * kvd + (size_t)j * hd + d] = row[(size_t)nh * 2 * hd + kvd + (size_t)j * hd + d];
+        }
+    }
+    const double scale = 1.0 / sqrt((double)hd);
+    for (int t = 0; t < a->len; t++)
+        for (int h = 0; h < nh; h++) {
+            const int kvh = h / (nh / nkv), nkeys = a->start + t + 1;
+            const float *qq = q + ((size_t)t * nh + h) * hd;
+            double m = -1e300;
+            for (int j = 0; j < nkeys; j++) {
+                double s = 0;
+                const float *k = a->K + (size_t)j * kvd + (size_t)kvh * hd;
+                for (int d = 0; d < hd; d++) s += (double)qq[d] * k[d];
+                sc[j] = s * scale;
+                if (sc[j] > m) m = sc[j];
+            }
+            double z = 0;
+            for (int j = 0; j < nkeys; j++) z += (sc[j] = exp(sc[j] - m));
+            const float *gate = a->QKV + (size_t)t * a->ld + (size_t)h * 2 * hd + hd;
+            for (int d = 0; d < hd; d++) {
+                double o = 0;
+                for (int j = 0; j < nkeys; j++) o += sc[j] * a->V[(size_t)j * kvd + (size_t)kvh * hd + d];
+                a->out[((size_t)t * nh + h) * hd + d] = (float)(o / z / (1.0 + exp(-(double)gate[d])));
+            }
+        }
+    free(q);
+    free(x);
+    free(sc);
+}

@@ -1,0 +1,108 @@
+/*
+ * k_gemm.cu — the projections through cuBLASLt (see cu_gemm_plan in cuda_internal.cuh).
+ *
+ * Design: one handle and one workspace per backend; a plan per (M, N, K, acc) made on first use
+ * (descriptors + the first heuristic result) and kept for the backend's life, so capturing a
+ * chunk graph issues only cublasLtMatmul calls. Every cuBLASLt status is checked and reported
+ * with the call's text.
+ */
+#include "cuda_internal.cuh"
+
+#include <stdlib.h>
+
+#define GEMM_WORKSPACE_BYTES (32u << 20)
+
+#define LT_TRY(call)                                                                                   \
+    do {                                                                                               \
+        cublasStatus_t s_ = (call);                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                               \
+            return squad_fail(err, SQUAD_E_BACKEND, "cuBLASLt: %s: %s (%d) at %s:%d", #call,           \
+                              cublasLtGetStatusString(s_), (int)s_, __FILE__, __LINE__);               \
+    } while (0)
+
+int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
+    memset(g, 0, sizeof *g);
+    LT_TRY(cublasLtCreate(&g->lt));
+    g->ws_bytes = GEMM_WORKSPACE_BYTES;
+    CU_TRY(cudaMalloc(&g->ws, g->ws_bytes));
+    return 0;
+}
+
+static void plan_free(cu_gemm_plan *p) {
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+}
+
+void cu_gemm_free(cu_gemm_ctx *g) {
+    for (int i = 0; i < g->n_plans; i++) plan_free(&g->plans[i]);
+    free(g->plans);
+    if (g->ws) cudaFree(g->ws);
+    if (g->lt) cublasLtDestroy(g->lt);
+    memset(g, 0, sizeof *g);
+}
+
+static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, squad_err *err) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cudaDataType_t dt = p->acc ? CUDA_R_32F : CUDA_R_16BF;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->N, (int64_t)p->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->M, (int64_t)p->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, dt, (uint64_t)p->N, (uint64_t)p->M, (int64_t)p->N));
+    cublasLtMatmulPreference_t pref = NULL;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &g->ws_bytes, sizeof g->ws_bytes);
+    cublasLtMatmulHeuristicResult_t res;
+    int n = 0;
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return squad_fail(err, SQUAD_E_BACKEND, "cuBLASLt: cublasLtMatmulAlgoGetHeuristic(%d x %d x %d): %s", p->M,
+                          p->N, p->K, cublasLtGetStatusString(s));
+    if (n < 1)
+        return squad_fail(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
+    p->algo = res.algo;
+    return 0;
+}
+
+int cu_gemm(cu_gemm_ctx *g, const bf16 *W, const bf16 *X, void *Y, int M, int N, int K, int acc, cudaStream_t st,
+            squad_err *err) {
+    cu_gemm_plan *p = NULL;
+    for (int i = 0; i < g->n_plans; i++) {
+        cu_gemm_plan *q = &g->plans[i];
+        if (q->M == M && q->N == N && q->K == K && q->acc == acc) {
+            p = q;
+            break;
+        }
+    }
+    if (!p) {
+        if (g->n_plans == g->cap_plans) {
+            const int cap = g->cap_plans ? 2 * g->cap_plans : 64;
+            cu_gemm_plan *np = (cu_gemm_plan *)realloc(g->plans, sizeof *np * (size_t)cap);
+            if (!np) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (GEMM plans)");
+            g->plans = np;
+            g->cap_plans = cap;
+        }
+        p = &g->plans[g->n_plans];
+        memset(p, 0, sizeof *p);
+        p->M = M;
+        p->N = N;
+        p->K = K;
+        p->acc = acc;
+        const int rc = plan_make(g, p, err);
+        if (rc) {
+            plan_free(p);
+            return rc;
+        }
+        g->n_plans++;
+    }
+    const float alpha = 1.f, beta = acc ? 1.f : 0.f;
+    LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &p->algo, g->ws,
+                          g->ws_bytes, st));
+    return 0;
+}

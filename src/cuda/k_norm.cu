@@ -1,0 +1,173 @@
+/*
+ * k_norm.cu — the memory-bound kernels around the projections: the embedding gather fused with
+ * layer 0's input RMSNorm, RMSNorm (zero-centred weight, fp32 math, bf16 out for the next GEMM),
+ * SiLU(gate) * up, and the letter probabilities at the answer slots.
+ *
+ * Design: the residual stream h stays fp32 on the device; every GEMM input is bf16. Residual adds
+ * happen in the cuBLASLt epilogue (beta = 1 into h), so a norm kernel is the only pass between two
+ * GEMMs. One block per token row; sums in fp32. The letter kernel runs one block per slot and
+ * never touches the full vocabulary: only the rows of E named by the chunk's letters.
+ * Each kernel has a plain host reference (cu_ref_*) used by tests/gpu_test_kernels.c.
+ */
+#include "cuda_internal.cuh"
+#include "cuda_test_api.h"
+
+#include <math.h>
+
+#define NORM_THREADS 256
+
+/* Sum over the block (NORM_THREADS threads); every thread gets the result. */
+__device__ static float block_sum(float v, float *red) {
+    v = cu_warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NORM_THREADS / 32; i++) s += red[i];
+    return s;
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) embed_rmsnorm_kernel(const bf16 *__restrict__ E,
+                                                                     const cu_chunk_params *__restrict__ prm,
+                                                                     float *__restrict__ h, bf16 *__restrict__ x,
+                                                                     const float *__restrict__ w, int H, float eps) {
+    __shared__ float red[NORM_THREADS / 32];
+    const int t = blockIdx.x;
+    const bf16 *e = E + (size_t)prm->ids[t] * H;
+    float *hr = h + (size_t)t * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+        float v = __bfloat162float(e[i]);
+        hr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)H + eps);
+    bf16 *xr = x + (size_t)t * H;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) xr[i] = __float2bfloat16(hr[i] * r * (1.f + w[i]));
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__restrict__ h, bf16 *__restrict__ x,
+                                                               const float *__restrict__ w, int H, float eps) {
+    __shared__ float red[NORM_THREADS / 32];
+    const int t = blockIdx.x;
+    const float *hr = h + (size_t)t * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+        float v = hr[i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)H + eps);
+    bf16 *xr = x + (size_t)t * H;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) xr[i] = __float2bfloat16(hr[i] * r * (1.f + w[i]));
+}
+
+/* Two outputs per thread (I is even); one row per blockIdx.y. */
+__global__ void silu_mul_kernel(const bf16 *__restrict__ gu, bf16 *__restrict__ out, int I) {
+    const int t = blockIdx.y;
+    const int i = 2 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= I) return;
+    const __nv_bfloat162 g = *reinterpret_cast<const __nv_bfloat162 *>(gu + (size_t)t * 2 * I + i);
+    const __nv_bfloat162 u = *reinterpret_cast<const __nv_bfloat162 *>(gu + (size_t)t * 2 * I + I + i);
+    const float a = cu_silu(__low2float(g)) * __low2float(u);
+    const float b = cu_silu(__high2float(g)) * __high2float(u);
+    *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)t * I + i) = __floats2bfloat162_rn(a, b);
+}
+
+/* One block per slot; xn (the normed row) in dynamic shared memory. */
+__global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float *__restrict__ h,
+                                                                    const float *__restrict__ w,
+                                                                    const bf16 *__restrict__ E,
+                                                                    const cu_chunk_params *__restrict__ prm,
+                                                                    float *__restrict__ probs, int H, float eps) {
+    extern __shared__ float xn[];
+    __shared__ float red[NORM_THREADS / 32];
+    __shared__ float logit[CU_MAX_LETTERS];
+    const int s = blockIdx.x;
+    const int n_slots = prm->n_slots;
+    if (s >= n_slots) return;
+    const int nl = prm->n_letters;
+    const float *hr = h + (size_t)prm->slots[s] * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+        float v = hr[i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float r = rsqrtf(ss / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) xn[i] = hr[i] * r * (1.f + w[i]);
+    __syncthreads();
+    const int wp = threadIdx.x >> 5, l = threadIdx.x & 31;
+    for (int j = wp; j < nl; j += NORM_THREADS / 32) {
+        const bf16 *e = E + (size_t)prm->letters[j] * H;
+        float d = 0.f;
+        for (int i = l; i < H; i += 32) d += xn[i] * __bfloat162float(e[i]);
+        d = cu_warp_sum(d);
+        if (l == 0) logit[j] = d;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int no = prm->nopts[s];
+        if (no > nl) no = nl;
+        if (no < 1) no = 1;
+        float m = -INFINITY;
+        for (int j = 0; j < no; j++) m = fmaxf(m, logit[j]);
+        float z = 0.f;
+        for (int j = 0; j < no; j++) z += expf(logit[j] - m);
+        float *p = probs + (size_t)s * CU_MAX_LETTERS;
+        for (int j = 0; j < CU_MAX_LETTERS; j++) p[j] = j < no ? expf(logit[j] - m) / z : 0.f;
+    }
+}
+
+/* ---- launchers ---------------------------------------------------------------------------------- */
+
+int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, bf16 *x, const float *w, int rows, int H,
+                     float eps, cudaStream_t st, squad_err *err) {
+    embed_rmsnorm_kernel<<<rows, NORM_THREADS, 0, st>>>(E, prm, h, x, w, H, eps);
+    CU_LAUNCH_CHECK("embed_rmsnorm_kernel");
+    return 0;
+}
+
+int cu_rmsnorm(const float *h, bf16 *x, const float *w, int rows, int H, float eps, cudaStream_t st, squad_err *err) {
+    rmsnorm_kernel<<<rows, NORM_THREADS, 0, st>>>(h, x, w, H, eps);
+    CU_LAUNCH_CHECK("rmsnorm_kernel");
+    return 0;
+}
+
+int cu_silu_mul(const bf16 *gu, bf16 *out, int rows, int I, cudaStream_t st, squad_err *err) {
+    if (I % 2) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: intermediate_size %d must be even", I);
+    const int threads = 256;
+    dim3 grid((unsigned)((I / 2 + threads - 1) / threads), (unsigned)rows);
+    silu_mul_kernel<<<grid, threads, 0, st>>>(gu, out, I);
+    CU_LAUNCH_CHECK("silu_mul_kernel");
+    return 0;
+}
+
+int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
+                    float eps, cudaStream_t st, squad_err *err) {
+    letter_probs_kernel<<<CU_MAX_SLOTS, NORM_THREADS, (size_t)H * sizeof(float), st>>>(h, w, E, prm, probs, H, eps);
+    CU_LAUNCH_CHECK("letter_probs_kernel");
+    return 0;
+}
+
+/* ---- host references ---------------------------------------------------------------------------- */
+
+extern "C" void cu_ref_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps) {
+    for (int t = 0; t < rows; t++) {
+        double ss = 0;
+        for (int i = 0; i < H; i++) ss += (double)h[(size_t)t * H + i] * h[(size_t)t * H + i];
+        const double r = 1.0 / sqrt(ss / H + eps);
+        for (int i = 0; i < H; i++) out[(size_t)t * H + i] = (float)(h[(size_t)t * H + i] * r * (1.0 + w[i]));
+    }
+}
+
+extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
+    for (int t = 0; t < rows; t++)
+        for (int i = 0; i < I; i++) {
+            const double g = gu[(size_t)t * 2 * I + i], u = gu[(size_t)t * 2 * I + I + i];
+            out[(size_t)t * I + i] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+}
