@@ -52,13 +52,13 @@ typedef struct synth_preset {
 
 static const synth_preset PRESETS[] = {
     {"tiny", "H 64, 4 layers [lin lin lin full], GQA 4/2 x 32, GDN nk 2 / nv 4 x 16, I 128, vocab 300, tied",
-     "LLLF", 64, 128, 4, 2, 32, 2, 4, 16, 16, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 2.0, 0},
+     "LLLF", 64, 128, 4, 2, 32, 2, 4, 16, 16, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 1.7, 0},
     {"tiny-mha",
      "H 96, 5 layers [full lin lin full lin], MHA 3/3 x 32, GDN nk 2 / nv 2 (dk 24, dv 32), I 192, vocab 320, "
      "untied",
-     "FLLFL", 96, 192, 3, 3, 32, 2, 2, 24, 32, 4, 0.5, 1e6, 320, 0, 1e-6, 262144, 2.0, 0},
+     "FLLFL", 96, 192, 3, 3, 32, 2, 2, 24, 32, 4, 0.5, 1e6, 320, 0, 1e-6, 262144, 1.5, 0},
     {"demo", "H 256, 8 layers ([3 lin, 1 full] x 2), GQA 4/2 x 64, GDN 4/4 x 64, I 768, vocab 248320, tied",
-     "LLLFLLLF", 256, 768, 4, 2, 64, 4, 4, 64, 64, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144, 2.0, 0},
+     "LLLFLLLF", 256, 768, 4, 2, 64, 4, 4, 64, 64, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144, 1.7, 0},
     {"qwen3.5-0.8b",
      "the reference shapes: H 1024, 24 layers ([3 lin, 1 full] x 6), I 3584, GQA 8/2 x 256, GDN 16/16 x 128, "
      "vocab 248320, tied (~1.6 GB)",
