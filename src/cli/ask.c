@@ -1,0 +1,225 @@
+/*
+ * ask.c — `squad ask`: a text request (a state and multiple-choice questions) answered end to end.
+ *
+ * The request becomes rows through the prompt template (src/template.h: DIR/squad-template.json or
+ * the default Qwen chat markup), the tokenizer is DIR/tokenizer.json unless --tokenizer names one, and
+ * each row is scored by the engine. Output, one JSON object on stdout:
+ *   {"answers": [{"probs": [...], "choice": "B", "index": 1}, ...],
+ *    "tokens": {"state": n, "computed": m, "reused": r}, "ms": t}
+ * answers follow the request's questions; ms is the time to build and score the rows (loading the
+ * model is not counted). Any error is {"error": "..."} on stdout: exit 1 for a bad request, 2 for a
+ * usage error or a model / tokenizer / template that cannot be used.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "options.h"
+#include "squad.h"
+#include "template.h"
+#include "tokenizer.h"
+#include "util.h"
+
+static void ask_help(FILE *f) {
+    fprintf(f,
+            "usage: squad ask --model DIR [--request FILE|-] [options]\n"
+            "\n"
+            "Answers a text request end to end:\n"
+            "  {\"state\": \"...\", \"questions\": [{\"text\": \"...\", \"options\": [\"...\", ...]}, ...],\n"
+            "   \"system\": \"...\"}                         (system is optional)\n"
+            "and prints\n"
+            "  {\"answers\": [{\"probs\": [...], \"choice\": \"B\", \"index\": 1}, ...],\n"
+            "   \"tokens\": {\"state\": n, \"computed\": m, \"reused\": r}, \"ms\": t}\n"
+            "(ms: building and scoring the rows, not loading the model). Errors are {\"error\": \"...\"} on\n"
+            "stdout. Exit status: 0 answered, 1 bad request, 2 usage error or unusable model / tokenizer.\n"
+            "\n"
+            "options:\n"
+            "  --model DIR              a Hugging Face Qwen3.5 model directory (config.json, safetensors,\n"
+            "                           tokenizer.json, optionally squad-template.json)\n"
+            "  --request FILE           the request (default: stdin; '-' is stdin too)\n"
+            "  --tokenizer FILE         a tokenizer.json other than DIR/tokenizer.json\n"
+            "  --template FILE          a template other than DIR/squad-template.json (README: Prompt template)\n"
+            "%s",
+            CLI_ENGINE_OPTIONS_HELP);
+}
+
+/* Prints {"error": msg} and returns code. */
+static int fail_json(int code, const char *msg) {
+    json_t *o = json_pack("{s:s}", "error", msg);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    printf("%s\n", s ? s : "{\"error\": \"out of memory\"}");
+    free(s);
+    json_decref(o);
+    return code;
+}
+
+typedef struct ask_args {
+    const char *model_dir, *request, *tokenizer, *template_path;
+    squad_engine_opts opts;
+} ask_args;
+
+/* 0 ok, 1 help printed, 2 usage error (already reported). */
+static int parse_args(int argc, char **argv, ask_args *a) {
+    memset(a, 0, sizeof *a);
+    squad_engine_opts_default(&a->opts);
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        int r = cli_engine_option(argc, argv, &i, &a->opts);
+        if (r < 0) return fail_json(2, "bad engine option (see squad ask --help)");
+        if (r > 0) continue;
+        const char **dst = !strcmp(s, "--model")       ? &a->model_dir
+                           : !strcmp(s, "--request")   ? &a->request
+                           : !strcmp(s, "--tokenizer") ? &a->tokenizer
+                           : !strcmp(s, "--template")  ? &a->template_path
+                                                       : NULL;
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            ask_help(stdout);
+            return 1;
+        }
+        if (!dst || i + 1 >= argc) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "unknown or incomplete option '%.80s' (see squad ask --help)", s);
+            return fail_json(2, msg);
+        }
+        *dst = argv[++i];
+    }
+    if (!a->model_dir) return fail_json(2, "--model DIR is required (see squad ask --help)");
+    return 0;
+}
+
+/* The request text: a file, or stdin for NULL / "-". */
+static char *read_request(const char *path, size_t *len, squad_err *err) {
+    if (path && strcmp(path, "-")) return squad_read_file(path, len, err);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = squad_malloc(cap + 1, err);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, stdin);
+        if (n < cap) break;
+        char *nb = realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            squad_fail(err, SQUAD_E_NOMEM, "out of memory reading the request");
+            return NULL;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* Everything ask holds, freed in one place. */
+typedef struct ask_state {
+    squad_tokenizer *tok;
+    squad_template *tpl;
+    squad_model *model;
+    squad_engine *engine;
+    char *request;
+    squad_text_rows rows;
+    squad_result *results;
+} ask_state;
+
+static void ask_free(ask_state *s) {
+    free(s->results);
+    squad_text_rows_free(&s->rows);
+    squad_engine_free(s->engine);
+    squad_model_free(s->model);
+    free(s->request);
+    squad_template_free(s->tpl);
+    squad_tokenizer_free(s->tok);
+}
+
+/* Loads the tokenizer, the template, the request and the model: 0, or an exit code after printing. */
+static int ask_load(const ask_args *a, ask_state *s, size_t *req_len) {
+    squad_err err = {0};
+    char *tok_path = a->tokenizer ? NULL : squad_path_join(a->model_dir, "tokenizer.json", &err);
+    if (!a->tokenizer && !tok_path) return fail_json(2, err.msg);
+    s->tok = squad_tokenizer_load(a->tokenizer ? a->tokenizer : tok_path, &err);
+    free(tok_path);
+    if (!s->tok) return fail_json(2, err.msg);
+    s->tpl = a->template_path ? squad_template_load_file(a->template_path, &err)
+                              : squad_template_load_dir(a->model_dir, &err);
+    if (!s->tpl) return fail_json(2, err.msg);
+    s->request = read_request(a->request, req_len, &err);
+    if (!s->request) return fail_json(2, err.msg);
+    s->model = squad_model_load(a->model_dir, &err);
+    if (!s->model) return fail_json(2, err.msg);
+    if (squad_tokenizer_vocab_size(s->tok) > squad_model_vocab_size(s->model)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "the tokenizer has %d token ids but the model's vocabulary has %d: they do not belong "
+                 "together", squad_tokenizer_vocab_size(s->tok), squad_model_vocab_size(s->model));
+        return fail_json(2, msg);
+    }
+    return 0;
+}
+
+static void print_answers(const ask_state *s, double ms) {
+    const squad_text_rows *r = &s->rows;
+    long computed = 0, reused = 0;
+    for (int i = 0; i < r->n_rows; i++) {
+        computed += s->results[i].computed;
+        reused += s->results[i].reused;
+    }
+    fputs("{\"answers\": [", stdout);
+    for (int q = 0; q < r->n_questions; q++) {
+        int row = r->q_row[q], slot = r->q_slot[q], nopts = r->rows[row].nopts[slot], best = 0;
+        const float *p = s->results[row].probs[slot];
+        fputs(q ? ", {\"probs\": [" : "{\"probs\": [", stdout);
+        for (int k = 0; k < nopts; k++) {
+            printf(k ? ", %.6g" : "%.6g", p[k]);
+            if (p[k] > p[best]) best = k;
+        }
+        json_t *label = json_string(r->labels[best]);
+        char *lj = label ? json_dumps(label, JSON_ENCODE_ANY) : NULL;
+        printf("], \"choice\": %s, \"index\": %d}", lj ? lj : "null", best);
+        free(lj);
+        json_decref(label);
+    }
+    printf("], \"tokens\": {\"state\": %d, \"computed\": %ld, \"reused\": %ld}, \"ms\": %.1f}\n", r->state_len, computed,
+           reused, ms);
+}
+
+int cmd_ask(int argc, char **argv) {
+    ask_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : rc;
+    ask_state s;
+    memset(&s, 0, sizeof s);
+    size_t req_len = 0;
+    if ((rc = ask_load(&a, &s, &req_len)) != 0) {
+        ask_free(&s);
+        return rc;
+    }
+    squad_err err = {0};
+    double t0 = squad_now_seconds();
+    rc = squad_template_build(s.tpl, s.tok, s.request, req_len, squad_model_max_tokens(s.model), &s.rows, &err);
+    if (rc < 0) {
+        rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
+        ask_free(&s);
+        return rc;
+    }
+    double build_s = squad_now_seconds() - t0;
+    s.engine = squad_engine_new(s.model, &a.opts, &err);
+    s.results = s.engine ? squad_calloc((size_t)s.rows.n_rows, sizeof(squad_result), &err) : NULL;
+    if (!s.engine || !s.results) {
+        rc = fail_json(2, err.msg);
+        ask_free(&s);
+        return rc;
+    }
+    double t_engine = squad_now_seconds(); /* engine creation is setup, not the request's cost */
+    for (int i = 0; i < s.rows.n_rows; i++) {
+        if ((rc = squad_engine_score(s.engine, &s.rows.rows[i], &s.results[i], &err)) < 0) {
+            rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
+            ask_free(&s);
+            return rc;
+        }
+    }
+    double ms = 1000.0 * (build_s + (squad_now_seconds() - t_engine));
+    print_answers(&s, ms);
+    ask_free(&s);
+    return 0;
+}

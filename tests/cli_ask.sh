@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# cli_ask.sh — `squad ask` end to end on a small synthesized model that carries the real Qwen3
+# tokenizer: the answer JSON for the example requests, the model directory's tokenizer and template
+# found automatically, bad requests (exit 1, {"error": ...} on stdout), unusable models, templates and
+# usage (exit 2). Run from the repository root: bash tests/cli_ask.sh path/to/squad
+set -uo pipefail
+SQUAD="${1:?usage: cli_ask.sh path/to/squad}"
+TOK=third_party/qwen3/tokenizer.json
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
+check() { if [ "$2" = "$3" ]; then ok; else bad "$1: got [$2], want [$3]"; fi; }
+has() { case "$2" in *"$3"*) ok ;; *) bad "$1: [$2] lacks [$3]" ;; esac; }
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+if [ ! -f "$TOK" ]; then
+  bad "$TOK is missing (run tools/fetch_test_data.sh)"
+  echo "cli_ask: $pass passed, $fail failed"
+  exit 1
+fi
+M="$tmp/model"
+"$SQUAD" synth --preset tiny --out "$M" --tokenizer "$TOK" 2> /dev/null
+check "synth" "$?" 0
+
+out="$("$SQUAD" ask --model "$M" --request examples/login.json --threads 1)"
+check "ask exit status" "$?" 0
+has "answers" "$out" '{"answers": [{"probs": ['
+check "three answers" "$(grep -o '"choice"' <<< "$out" | wc -l)" 3
+has "tokens" "$out" '"tokens": {"state": '
+has "ms" "$out" '"ms": '
+# the probabilities of the first question: four numbers
+check "four options" "$(sed -E 's/^\{"answers": \[\{"probs": \[([^]]*)\].*/\1/' <<< "$out" | tr ',' '\n' | wc -l)" 4
+# the same request on stdin gives the same answers (timing aside)
+out2="$("$SQUAD" ask --model "$M" --request - --threads 1 < examples/login.json)"
+check "stdin request" "${out2%%\"ms\"*}" "${out%%\"ms\"*}"
+out3="$("$SQUAD" ask --model "$M" --threads 1 < examples/cart.json)"
+check "default is stdin" "$?" 0
+check "four answers" "$(grep -o '"choice"' <<< "$out3" | wc -l)" 4
+
+# bad requests: exit 1, the error as JSON on stdout
+bad_request() {
+  local req="$1" want="$2" got rc
+  got="$(printf '%s' "$req" | "$SQUAD" ask --model "$M" --threads 1)"
+  rc=$?
+  check "bad request exit status ($want)" "$rc" 1
+  has "bad request message" "$got" "{\"error\":"
+  has "bad request message" "$got" "$want"
+}
+bad_request '{"state": "", "questions": [{"text": "q", "options": ["a"]}]}' "request.state is empty"
+bad_request '{"state": "s"}' "request.questions is missing"
+bad_request '{"state": "s", "questions": []}' "request.questions is empty"
+bad_request '{"state": "s", "questions": [{"text": "q", "options": []}]}' "options is empty"
+bad_request '{"state": "s", "questions": [{"text": "q", "options": ["a", 7]}]}' "options[1] must be a string"
+bad_request "{\"state\": \"s\", \"questions\": [{\"text\": \"q\", \"options\": [$(printf '"o",%.0s' $(seq 26))\"o\"]}]}" "27 options"
+bad_request 'not json' "not valid JSON"
+
+# a state longer than the model supports
+cp -r "$M" "$tmp/short"
+sed -i -E 's/"max_position_embeddings": [0-9]+/"max_position_embeddings": 64/' "$tmp/short/config.json"
+got="$("$SQUAD" ask --model "$tmp/short" --request examples/login.json)"
+check "long state exit status" "$?" 1
+has "long state message" "$got" "the model supports at most 64 tokens"
+
+# the model directory's template: three questions in one row
+echo '{"questions_per_row": 3}' > "$M/squad-template.json"
+out4="$("$SQUAD" ask --model "$M" --request examples/login.json --threads 1)"
+check "template exit status" "$?" 0
+check "template: three answers" "$(grep -o '"choice"' <<< "$out4" | wc -l)" 3
+# letters that are not single tokens: the template does not fit this tokenizer
+echo '{"labels": ["1", "2", "3", "4"]}' > "$M/squad-template.json"
+got="$("$SQUAD" ask --model "$M" --request examples/login.json)"
+check "bad letters exit status" "$?" 2
+has "bad letters message" "$got" "single token"
+echo '{"prefix": "no state"}' > "$M/squad-template.json"
+got="$("$SQUAD" ask --model "$M" --request examples/login.json)"
+check "bad template exit status" "$?" 2
+has "bad template message" "$got" "squad-template.json"
+rm "$M/squad-template.json"
+# --template overrides; --tokenizer overrides
+echo '{"questions_per_row": 2}' > "$tmp/t.json"
+"$SQUAD" ask --model "$M" --template "$tmp/t.json" --tokenizer "$TOK" --request examples/settings.json > /dev/null
+check "--template / --tokenizer" "$?" 0
+
+# usage and model errors: exit 2
+got="$("$SQUAD" ask --request examples/login.json)"
+check "no --model" "$?" 2
+has "no --model message" "$got" "--model"
+got="$("$SQUAD" ask --model "$tmp/nonexistent" --request examples/login.json)"
+check "missing model" "$?" 2
+has "missing model message" "$got" "{\"error\":"
+got="$("$SQUAD" ask --model "$M" --request "$tmp/nonexistent.json")"
+check "missing request file" "$?" 2
+mkdir "$tmp/notok" && cp "$M/config.json" "$M/model.safetensors" "$tmp/notok/"
+got="$("$SQUAD" ask --model "$tmp/notok" --request examples/login.json)"
+check "no tokenizer.json" "$?" 2
+has "no tokenizer message" "$got" "tokenizer.json"
+"$SQUAD" ask --model "$M" --bogus 1 > /dev/null
+check "unknown option" "$?" 2
+"$SQUAD" ask --help > /dev/null
+check "--help" "$?" 0
+
+echo "cli_ask: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
