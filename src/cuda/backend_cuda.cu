@@ -6,7 +6,8 @@
  *  - Weights are uploaded once: bf16 matrices, with the projections that read the same input
  *    fused into one matrix (GDN: in_proj_qkv | z | b | a; attention: q | k | v; MLP: gate | up),
  *    so a layer runs 4 (GDN) or 4 (attention) GEMMs. Vectors are fp32.
- *  - Working state: one arena holding every GDN layer's S^T [nv][dv][dk] (fp32) and conv inputs
+ *  - Working state: one arena holding every GDN layer's S^T [nv][dv][dk] (fp32, head dims padded
+ *    as k_gdn.cu instantiates them) and conv inputs
  *    [K-1][C] (bf16), so save_gdn / load_gdn / reset are single copies; and one K / V cache,
  *    position-major [max_context][attention layer][K | V][nkv][hd] (bf16), so the K / V of
  *    positions [0, n) of every layer is one contiguous range: save_kv / load_kv are single copies
@@ -110,7 +111,7 @@ static int dalloc(cu_be *cb, void **p, size_t bytes, int kind, squad_err *err) {
     if (cb->n_allocs == cb->cap_allocs) {
         const int cap = cb->cap_allocs ? 2 * cb->cap_allocs : 256;
         void **na = (void **)realloc(cb->allocs, sizeof *na * (size_t)cap);
-        if (!na) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (allocation table)");
+        if (!na) return cu_err(err, SQUAD_E_NOMEM, "out of memory (allocation table)");
         cb->allocs = na;
         cb->cap_allocs = cap;
     }
@@ -128,7 +129,7 @@ static int dalloc(cu_be *cb, void **p, size_t bytes, int kind, squad_err *err) {
 }
 
 static int upload_vec(cu_be *cb, float **dst, const float *src, size_t n, const char *what, squad_err *err) {
-    if (!src) return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: missing weight %s", what);
+    if (!src) return cu_err(err, SQUAD_E_MODEL, "CUDA backend: missing weight %s", what);
     int rc = dalloc(cb, (void **)dst, n * sizeof(float), MEM_WEIGHT, err);
     if (rc) return rc;
     CU_TRY(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -144,10 +145,10 @@ static int upload_fused(cu_be *cb, bf16 **dst, const squad_mat *const *mats, int
     for (int i = 0; i < n; i++) {
         const squad_mat *m = mats[i];
         if (!m->w || m->cols != cols)
-            return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: %s: matrix %d missing or %d columns, expected %d",
+            return cu_err(err, SQUAD_E_MODEL, "CUDA backend: %s: matrix %d missing or %d columns, expected %d",
                               what, i, m->cols, cols);
         if (row + (size_t)m->rows > (size_t)rows)
-            return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: %s: more rows than expected", what);
+            return cu_err(err, SQUAD_E_MODEL, "CUDA backend: %s: more rows than expected", what);
         CU_TRY(cudaMemcpy(*dst + row * cols, m->w, (size_t)m->rows * cols * 2, cudaMemcpyHostToDevice));
         row += (size_t)m->rows;
     }
@@ -211,7 +212,7 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
 /* The graph of (bucket, span), captured now if it does not exist yet. */
 static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
     if (cb->graphs[bi][si]) return 0;
-    const double t0 = squad_now_seconds();
+    const double t0 = cu_now_seconds();
     CU_TRY(cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal));
     const int rc = enqueue_chunk(cb, bi, si, err);
     cudaGraph_t g = NULL;
@@ -232,7 +233,7 @@ static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
     CU_TRY(cudaGraphUpload(ex, cb->st));
     cb->graphs[bi][si] = ex;
     cb->n_graphs++;
-    cb->capture_s += squad_now_seconds() - t0;
+    cb->capture_s += cu_now_seconds() - t0;
     return 0;
 }
 
@@ -255,17 +256,17 @@ static int precapture_all(cu_be *cb, squad_err *err) {
 static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (!ch || !ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
-        return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: chunk length %d outside [1, %d]", ch ? ch->len : 0,
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk length %d outside [1, %d]", ch ? ch->len : 0,
                           cb->max_chunk);
     if (ch->start < 0 || ch->start > cb->max_context - ch->len)
-        return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: chunk [%d, %d) beyond the context of %d positions",
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk [%d, %d) beyond the context of %d positions",
                           ch->start, ch->start + ch->len, cb->max_context);
     if (ch->n_slots < 0 || ch->n_slots > CU_MAX_SLOTS)
-        return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: %d slots (at most %d)", ch->n_slots, CU_MAX_SLOTS);
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: %d slots (at most %d)", ch->n_slots, CU_MAX_SLOTS);
     if (ch->n_slots > 0) {
-        if (!probs) return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: slots but no output");
+        if (!probs) return cu_err(err, SQUAD_E_INVALID, "CUDA forward: slots but no output");
         if (!ch->letters || ch->n_letters < 1 || ch->n_letters > CU_MAX_LETTERS)
-            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: %d letters (1..%d)", ch->n_letters, CU_MAX_LETTERS);
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: %d letters (1..%d)", ch->n_letters, CU_MAX_LETTERS);
     }
     const int bi = chunk_bucket(ch->len);
     const int si = span_bucket(cb, ch->start + ch->len);
@@ -277,18 +278,18 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
     p->n_letters = ch->n_slots > 0 ? ch->n_letters : 0;
     for (int i = 0; i < ch->n_slots; i++) {
         if (ch->slots[i] < 0 || ch->slots[i] >= ch->len)
-            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: slot %d outside the chunk", ch->slots[i]);
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: slot %d outside the chunk", ch->slots[i]);
         p->slots[i] = ch->slots[i];
         p->nopts[i] = ch->nopts[i] < 1 ? 1 : (ch->nopts[i] > ch->n_letters ? ch->n_letters : ch->nopts[i]);
     }
     for (int j = 0; j < p->n_letters; j++) {
         if (ch->letters[j] < 0 || ch->letters[j] >= cb->V)
-            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: letter id %d outside the vocabulary", ch->letters[j]);
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: letter id %d outside the vocabulary", ch->letters[j]);
         p->letters[j] = ch->letters[j];
     }
     for (int t = 0; t < ch->len; t++) {
         if (ch->ids[t] < 0 || ch->ids[t] >= cb->V)
-            return squad_fail(err, SQUAD_E_INVALID, "CUDA forward: token id %d outside the vocabulary", ch->ids[t]);
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: token id %d outside the vocabulary", ch->ids[t]);
         p->ids[t] = ch->ids[t];
     }
     for (int t = ch->len; t < rows; t++) p->ids[t] = 0;
@@ -350,7 +351,7 @@ static int be_load_gdn(squad_backend *be, const void *src, squad_err *err) {
 
 static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (n < 0 || n > cb->max_context) return squad_fail(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions", n);
+    if (n < 0 || n > cb->max_context) return cu_err(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions", n);
     const size_t bytes = (size_t)n * be->kv_bytes_per_pos;
     if (bytes) CU_TRY(cudaMemcpyAsync(dst, cb->kv, bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
@@ -359,7 +360,7 @@ static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
 static int be_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (n < 0 || n > blob_positions || n > cb->max_context)
-        return squad_fail(err, SQUAD_E_INVALID, "CUDA load_kv: %d positions of a %d-position blob", n, blob_positions);
+        return cu_err(err, SQUAD_E_INVALID, "CUDA load_kv: %d positions of a %d-position blob", n, blob_positions);
     const size_t bytes = (size_t)n * be->kv_bytes_per_pos; /* position-major: the prefix of the blob */
     if (bytes) CU_TRY(cudaMemcpyAsync(cb->kv, src, bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
@@ -398,12 +399,12 @@ extern "C" int squad_cuda_device_count(void) {
 
 static int check_config(const squad_config *c, squad_err *err) {
     if (c->num_layers < 1 || c->num_layers > SQUAD_MAX_LAYERS)
-        return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: %d layers", c->num_layers);
+        return cu_err(err, SQUAD_E_MODEL, "CUDA backend: %d layers", c->num_layers);
     if (c->hidden_size < 32 || c->hidden_size % 8)
-        return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: hidden_size %d must be a multiple of 8",
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: hidden_size %d must be a multiple of 8",
                           c->hidden_size);
     if (c->intermediate_size % 8)
-        return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: intermediate_size %d must be a multiple of 8",
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: intermediate_size %d must be a multiple of 8",
                           c->intermediate_size);
     return 0;
 }
@@ -431,7 +432,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->n_sm = prop.multiProcessorCount;
     snprintf(cb->device_name, sizeof cb->device_name, "%s", prop.name);
     if (prop.major < 8)
-        return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: %s is compute capability %d.%d (8.0+ needed)",
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: %s is compute capability %d.%d (8.0+ needed)",
                           prop.name, prop.major, prop.minor);
     CU_TRY(cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking));
     if ((rc = cu_gemm_init(&cb->gemm, err))) return rc;
@@ -458,16 +459,16 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->ad.kv_stride = cb->kv_pos_elems;
     if (cb->n_gdn) {
         if (!cu_gdn_supported(&cb->gd))
-            return squad_fail(err, SQUAD_E_UNSUPPORTED,
+            return cu_err(err, SQUAD_E_UNSUPPORTED,
                               "CUDA backend: linear attention shape nk %d nv %d dk %d dv %d K %d not supported "
-                              "(dk = dv in 32, 64, 128; nv a multiple of nk; K <= %d)",
+                              "(dk, dv padded to 16, 32, 64 or 128; nv a multiple of nk; K <= %d)",
                               cb->gd.nk, cb->gd.nv, cb->gd.dk, cb->gd.dv, cb->gd.K, CU_MAX_CONV_K);
         if ((rc = cu_gdn_init(&cb->gd, err))) return rc;
     }
     if (cb->n_attn) {
         if (!cu_attn_supported(&cb->ad))
-            return squad_fail(err, SQUAD_E_UNSUPPORTED,
-                              "CUDA backend: attention shape nh %d nkv %d hd %d rd %d not supported (hd 64, 128, 256)",
+            return cu_err(err, SQUAD_E_UNSUPPORTED,
+                              "CUDA backend: attention shape nh %d nkv %d hd %d rd %d not supported (hd 16 .. 256)",
                               cb->ad.nh, cb->ad.nkv, cb->ad.hd, cb->ad.rd);
         if ((rc = cu_attn_init(&cb->ad, err))) return rc;
     }
@@ -475,14 +476,14 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     /* span buckets */
     cb->n_spans = 0;
     for (long s = SPAN_MIN;; s *= 2) {
-        if (cb->n_spans == MAX_SPANS) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: context too long");
+        if (cb->n_spans == MAX_SPANS) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: context too long");
         cb->spans[cb->n_spans++] = (int)(s < max_context ? s : max_context);
         if (s >= max_context) break;
     }
 
     /* weights */
     if (!m->embed.w || m->embed.rows != cb->V || m->embed.cols != cb->H)
-        return squad_fail(err, SQUAD_E_MODEL, "CUDA backend: embed_tokens missing or misshapen");
+        return cu_err(err, SQUAD_E_MODEL, "CUDA backend: embed_tokens missing or misshapen");
     {
         const squad_mat *e[1] = {&m->embed};
         if ((rc = upload_fused(cb, &cb->embed, e, 1, cb->V, cb->H, "embed_tokens", err))) return rc;
@@ -497,19 +498,20 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     if (cb->n_attn) {
         const int half = c->rotary_dim / 2;
         float inv[512];
-        if (half > 512) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: rotary_dim %d", c->rotary_dim);
+        if (half > 512) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: rotary_dim %d", c->rotary_dim);
         for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i / rd) in fp32 */
             inv[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
         if ((rc = upload_vec(cb, &cb->inv_freq, inv, half > 0 ? half : 1, "inv_freq", err))) return rc;
     }
-    cb->gdn_bytes = (size_t)cb->n_gdn * ((size_t)cb->gd.nv * cb->gd.dv * cb->gd.dk * 4 +
-                                         (size_t)(cb->gd.K - 1) * cb->C * 2 + 256) ;
+    const size_t s_bytes = (size_t)cb->gd.nv * cu_gdn_pad(cb->gd.dv) * cu_gdn_pad(cb->gd.dk) * 4;
+    const size_t conv_bytes = ((size_t)(cb->gd.K - 1) * cb->C * 2 + 255) & ~(size_t)255;
+    cb->gdn_bytes = (size_t)cb->n_gdn * (s_bytes + conv_bytes);
     if ((rc = dalloc(cb, (void **)&cb->gdn_state, cb->gdn_bytes, MEM_STATE, err))) return rc;
     if (cb->n_attn && (rc = dalloc(cb, (void **)&cb->kv, (size_t)max_context * cb->kv_pos_elems * 2, MEM_STATE, err)))
         return rc;
     {
         unsigned char *S0 = cb->gdn_state;
-        unsigned char *conv0 = S0 + (size_t)cb->n_gdn * cb->gd.nv * cb->gd.dv * cb->gd.dk * 4;
+        unsigned char *conv0 = S0 + (size_t)cb->n_gdn * s_bytes;
         int gi = 0, ai = 0;
         for (int l = 0; l < cb->nl; l++) {
             const squad_layer_weights *W = &m->layers[l];
@@ -533,8 +535,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
                 if ((rc = upload_vec(cb, &L->A_log, W->A_log, cb->gd.nv, "A_log", err))) return rc;
                 if ((rc = upload_vec(cb, &L->dt_bias, W->dt_bias, cb->gd.nv, "dt_bias", err))) return rc;
                 if ((rc = upload_vec(cb, &L->gdn_norm, W->gdn_norm, cb->gd.dv, "linear_attn norm", err))) return rc;
-                L->S = (float *)(S0 + (size_t)gi * cb->gd.nv * cb->gd.dv * cb->gd.dk * 4);
-                L->conv_state = (bf16 *)(conv0 + (size_t)gi * (cb->gd.K - 1) * cb->C * 2);
+                L->S = (float *)(S0 + (size_t)gi * s_bytes);
+                L->conv_state = (bf16 *)(conv0 + (size_t)gi * conv_bytes);
                 gi++;
             } else {
                 const squad_mat *in[3] = {&W->q_proj, &W->k_proj, &W->v_proj};
@@ -589,15 +591,15 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
 extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const squad_engine_opts *opts,
                                                  int max_context, squad_err *err) {
     if (!model) {
-        squad_fail(err, SQUAD_E_INVALID, "CUDA backend: no model");
+        cu_err(err, SQUAD_E_INVALID, "CUDA backend: no model");
         return NULL;
     }
     if (max_context < 1) {
-        squad_fail(err, SQUAD_E_INVALID, "CUDA backend: max_context %d", max_context);
+        cu_err(err, SQUAD_E_INVALID, "CUDA backend: max_context %d", max_context);
         return NULL;
     }
     if (squad_cuda_device_count() < 1) {
-        squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA backend: no CUDA device");
+        cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: no CUDA device");
         return NULL;
     }
     squad_backend *be = (squad_backend *)calloc(1, sizeof *be);
@@ -605,7 +607,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     if (!be || !cb) {
         free(be);
         free(cb);
-        squad_fail(err, SQUAD_E_NOMEM, "out of memory (CUDA backend)");
+        cu_err(err, SQUAD_E_NOMEM, "out of memory (CUDA backend)");
         return NULL;
     }
     be->impl = cb;

@@ -12,9 +12,12 @@
 #ifndef SQUAD_CUDA_INTERNAL_CUH
 #define SQUAD_CUDA_INTERNAL_CUH
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -52,9 +55,26 @@ typedef struct cu_chunk_params {
 #define CU_PARAMS_HEADER_BYTES offsetof(cu_chunk_params, ids)
 
 /* ---- error checks ---------------------------------------------------------------------------- */
+/* squad_fail's twin, so libsquadcuda needs nothing from libsquad (it links after it). */
+static inline int cu_err(squad_err *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+static inline double cu_now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Fills err with the failing call and CUDA's message; returns SQUAD_E_BACKEND. */
 static inline int cu_fail(squad_err *err, const char *call, cudaError_t e, const char *file, int line) {
-    return squad_fail(err, SQUAD_E_BACKEND, "CUDA: %s: %s (%s) at %s:%d", call, cudaGetErrorString(e),
+    return cu_err(err, SQUAD_E_BACKEND, "CUDA: %s: %s (%s) at %s:%d", call, cudaGetErrorString(e),
                       cudaGetErrorName(e), file, line);
 }
 #define CU_TRY(call)                                                             \
@@ -177,13 +197,16 @@ typedef struct cu_gdn_scratch {
     bf16 *Pm;     /* [chunks][nv][64][64] */
     float *glast; /* [chunks][nv] */
 } cu_gdn_scratch;
+/* A head dim padded to the kernels' instantiation (16, 32, 64, 128). The state S^T is
+ * [nv][pad(dv)][pad(dk)] fp32. */
+int cu_gdn_pad(int x);
 /* Bytes of scratch for a chunk bucket of `rows` tokens. */
 size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows);
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows);
 int cu_gdn_supported(const cu_gdn_dims *d);
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
-/* P: [rows][ldP] bf16 in_proj output; conv_state [K-1][C] bf16 (updated); S [nv][dv][dk] fp32
- * (updated, transposed state); Y: [rows][nv dv] bf16, the gated-normed output. */
+/* P: [rows][ldP] bf16 in_proj output; conv_state [K-1][C] bf16 (updated); S [nv][pad dv][pad dk]
+ * fp32 (updated, transposed state); Y: [rows][nv dv] bf16, the gated-normed output. */
 int cu_gdn_forward(const cu_gdn_dims *d, const bf16 *P, bf16 *conv_state, const float *conv_w, const float *A_log,
                    const float *dt_bias, const float *norm_w, float *S, bf16 *Y, const cu_gdn_scratch *scr,
                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);

@@ -17,10 +17,18 @@ typedef struct tbufs {
 
 static int talloc(tbufs *b, void **p, size_t bytes, squad_err *err) {
     *p = NULL;
-    if (b->n == TEST_MAX_BUFS) return squad_fail(err, SQUAD_E_NOMEM, "test: too many buffers");
+    if (b->n == TEST_MAX_BUFS) return cu_err(err, SQUAD_E_NOMEM, "test: too many buffers");
     CU_TRY(cudaMalloc(p, bytes ? bytes : 16));
     b->p[b->n++] = *p;
     CU_TRY(cudaMemset(*p, 0, bytes ? bytes : 16));
+    return 0;
+}
+/* An output buffer filled with 0xff bytes (NaN in bf16 and fp32): an element the kernel does not
+ * write shows up in the comparison. */
+static int talloc_poison(tbufs *b, void **p, size_t bytes, squad_err *err) {
+    int rc = talloc(b, p, bytes, err);
+    if (rc) return rc;
+    CU_TRY(cudaMemset(*p, 0xff, bytes ? bytes : 16));
     return 0;
 }
 static void tfree(tbufs *b) {
@@ -33,7 +41,7 @@ static int up_bf16(tbufs *b, bf16 **d, const float *h, size_t n, squad_err *err)
     int rc = talloc(b, (void **)d, n * 2, err);
     if (rc) return rc;
     uint16_t *t = (uint16_t *)malloc(n * 2 + 2);
-    if (!t) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    if (!t) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     for (size_t i = 0; i < n; i++) t[i] = squad_f32_to_bf16(h[i]);
     const cudaError_t e = cudaMemcpy(*d, t, n * 2, cudaMemcpyHostToDevice);
     free(t);
@@ -48,7 +56,7 @@ static int up_f32(tbufs *b, float **d, const float *h, size_t n, squad_err *err)
 }
 static int down_bf16(float *h, const bf16 *d, size_t n, squad_err *err) {
     uint16_t *t = (uint16_t *)malloc(n * 2 + 2);
-    if (!t) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    if (!t) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     const cudaError_t e = cudaMemcpy(t, d, n * 2, cudaMemcpyDeviceToHost);
     if (e == cudaSuccess)
         for (size_t i = 0; i < n; i++) h[i] = squad_bf16_to_f32(t[i]);
@@ -59,7 +67,7 @@ static int down_bf16(float *h, const bf16 *d, size_t n, squad_err *err) {
 static int params(tbufs *b, cu_chunk_params **d, int start, int len, int rows, squad_err *err) {
     const size_t bytes = CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int);
     cu_chunk_params *h = (cu_chunk_params *)calloc(1, bytes);
-    if (!h) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     h->start = start;
     h->len = len;
     int rc = talloc(b, (void **)d, bytes, err);
@@ -73,11 +81,12 @@ static int params(tbufs *b, cu_chunk_params **d, int start, int len, int rows, s
 
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps};
-    if (!cu_gdn_supported(&d)) return squad_fail(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
+    if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     int rc = cu_gdn_init(&d, err);
     if (rc) return rc;
     const int C = 2 * a->nk * a->dk + a->nv * a->dv, Km1 = a->K - 1;
-    const size_t nS = (size_t)a->nv * a->dk * a->dv;
+    const int DKP = cu_gdn_pad(a->dk), DVP = cu_gdn_pad(a->dv);
+    const size_t nS = (size_t)a->nv * DKP * DVP;
     bf16 *P, *conv, *Y;
     float *cw, *Al, *dt, *nw, *S;
     cu_chunk_params *prm;
@@ -88,15 +97,15 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
     if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
     if ((rc = up_f32(b, &nw, a->norm_w, a->dv, err))) return rc;
-    /* the device keeps S^T [nv][dv][dk] */
-    float *St = (float *)malloc(nS * 4);
-    if (!St) return squad_fail(err, SQUAD_E_NOMEM, "test: out of memory");
+    /* the device keeps S^T [nv][DVP][DKP] (zero padding) */
+    float *St = (float *)calloc(nS, 4);
+    if (!St) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     for (int h = 0; h < a->nv; h++)
         for (int i = 0; i < a->dk; i++)
             for (int j = 0; j < a->dv; j++)
-                St[((size_t)h * a->dv + j) * a->dk + i] = a->S[((size_t)h * a->dk + i) * a->dv + j];
+                St[((size_t)h * DVP + j) * DKP + i] = a->S[((size_t)h * a->dk + i) * a->dv + j];
     rc = up_f32(b, &S, St, nS, err);
-    if (!rc) rc = talloc(b, (void **)&Y, (size_t)a->rows * a->nv * a->dv * 2, err);
+    if (!rc) rc = talloc_poison(b, (void **)&Y, (size_t)a->rows * a->nv * a->dv * 2, err);
     if (!rc) rc = params(b, &prm, 0, a->len, a->rows, err);
     if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows), err);
     cu_gdn_scratch s;
@@ -118,7 +127,7 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
         for (int h = 0; h < a->nv; h++)
             for (int i = 0; i < a->dk; i++)
                 for (int j = 0; j < a->dv; j++)
-                    a->S[((size_t)h * a->dk + i) * a->dv + j] = St[((size_t)h * a->dv + j) * a->dk + i];
+                    a->S[((size_t)h * a->dk + i) * a->dv + j] = St[((size_t)h * DVP + j) * DKP + i];
     free(St);
     return rc;
 }
@@ -141,7 +150,7 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     d.eps = a->eps;
     d.max_context = a->max_context;
     d.kv_stride = (size_t)a->nkv * a->hd;
-    if (!cu_attn_supported(&d)) return squad_fail(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
+    if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
     int rc = cu_attn_init(&d, err);
     if (rc) return rc;
     const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
@@ -161,7 +170,7 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     if ((rc = up_f32(b, &kn, a->k_norm, a->hd, err))) return rc;
     if ((rc = up_f32(b, &inv, a->inv_freq, a->rd / 2 > 0 ? a->rd / 2 : 1, err))) return rc;
     if ((rc = talloc(b, (void **)&Qb, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
-    if ((rc = talloc(b, (void **)&out, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
+    if ((rc = talloc_poison(b, (void **)&out, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
     if ((rc = talloc(b, &part, cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
     if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
     if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, K, V, Qb, part, splits, out, prm, a->rows, 0, err))) return rc;
@@ -186,7 +195,7 @@ static int test_rmsnorm(tbufs *b, const float *h, float *out, const float *w, in
     int rc;
     if ((rc = up_f32(b, &dh, h, (size_t)rows * H, err))) return rc;
     if ((rc = up_f32(b, &dw, w, H, err))) return rc;
-    if ((rc = talloc(b, (void **)&dx, (size_t)rows * H * 2, err))) return rc;
+    if ((rc = talloc_poison(b, (void **)&dx, (size_t)rows * H * 2, err))) return rc;
     if ((rc = cu_rmsnorm(dh, dx, dw, rows, H, eps, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
     return down_bf16(out, dx, (size_t)rows * H, err);
@@ -204,7 +213,7 @@ static int test_silu_mul(tbufs *b, const float *gu, float *out, int rows, int I,
     bf16 *dg, *dout;
     int rc;
     if ((rc = up_bf16(b, &dg, gu, (size_t)rows * 2 * I, err))) return rc;
-    if ((rc = talloc(b, (void **)&dout, (size_t)rows * I * 2, err))) return rc;
+    if ((rc = talloc_poison(b, (void **)&dout, (size_t)rows * I * 2, err))) return rc;
     if ((rc = cu_silu_mul(dg, dout, rows, I, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
     return down_bf16(out, dout, (size_t)rows * I, err);
@@ -228,7 +237,7 @@ static int test_gemm(tbufs *b, cu_gemm_ctx *g, const float *X, const float *W, f
         float *f;
         if ((rc = up_f32(b, &f, Y, (size_t)M * N, err))) return rc;
         dY = f;
-    } else if ((rc = talloc(b, &dY, (size_t)M * N * 2, err))) {
+    } else if ((rc = talloc_poison(b, &dY, (size_t)M * N * 2, err))) {
         return rc;
     }
     if ((rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, err))) return rc;

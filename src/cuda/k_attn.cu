@@ -330,7 +330,7 @@ __global__ void attn_combine_kernel(const float *__restrict__ Op, const float *_
 
 /* ---- host side ---------------------------------------------------------------------------------- */
 
-#define ATT_SHAPES(X) X(64) X(128) X(256)
+#define ATT_SHAPES(X) X(16) X(32) X(64) X(128) X(256)
 
 int cu_attn_supported(const cu_attn_dims *d) {
     if (d->nkv <= 0 || d->nh % d->nkv || d->rd % 2 || d->rd > d->hd) return 0;
@@ -349,7 +349,7 @@ int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
     }
     ATT_SHAPES(ATT_INIT)
 #undef ATT_INIT
-    return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (64, 128, 256)", d->hd);
+    return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)", d->hd);
 }
 
 int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm) {
@@ -394,7 +394,7 @@ int cu_attn_forward(const cu_attn_dims *d, const bf16 *QKV, const float *q_norm,
     }
     ATT_SHAPES(ATT_RUN)
 #undef ATT_RUN
-    if (!launched) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
+    if (!launched) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
     CU_LAUNCH_CHECK("attn_fwd_kernel");
     attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), d->hd < 256 ? d->hd : 256, 0, st>>>(
         Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);

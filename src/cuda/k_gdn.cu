@@ -26,6 +26,9 @@
  * (o / rms(o) * w * silu(z)) over the head's dv, fused. Kernel B also moves the conv state on
  * (kernel A, which reads it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
+ * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
+ * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
+ * and the gated norm reads only the real dv.
  */
 #include "cuda_internal.cuh"
 #include "cuda_test_api.h"
@@ -47,7 +50,8 @@ struct gdn_prep_args {
     const float *A_log, *dt_bias;
     const cu_chunk_params *prm;
     int nk, nv, K, C;
-    int rows; /* the bucket */
+    int dk, dv; /* real head dims (<= DK, DV) */
+    int rows;   /* the bucket */
     cu_gdn_scratch scr;
 };
 
@@ -94,41 +98,47 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
         Ts[e] = 0.f;
     }
 
-    /* 1. conv + SiLU (+ L2 norm for q, k), one warp per row */
+    /* 1. conv + SiLU (+ L2 norm for q, k), one warp per row; lane: channels lane + 32 e */
     {
-        constexpr int QPL = DK / 32, VPL = DV / 32;
-        const float qscale = rsqrtf((float)DK);
+        constexpr int EQ = (DK + 31) / 32, EV = (DV + 31) / 32;
+        const int dk = a.dk, dv = a.dv;
+        const float qscale = rsqrtf((float)dk);
         for (int t = w; t < GDN_C; t += PREP_WARPS) {
             const int tt = t0 + t;
             const bool valid = tt < len;
-            float q[QPL], k[QPL], v[VPL];
+            float q[EQ], k[EQ], v[EV];
 #pragma unroll
-            for (int e = 0; e < QPL; e++) q[e] = k[e] = 0.f;
+            for (int e = 0; e < EQ; e++) q[e] = k[e] = 0.f;
 #pragma unroll
-            for (int e = 0; e < VPL; e++) v[e] = 0.f;
+            for (int e = 0; e < EV; e++) v[e] = 0.f;
             if (valid) {
                 for (int j = 0; j < a.K; j++) {
                     const int tau = tt - Km1 + j;
                     const bf16 *row = tau >= 0 ? a.P + (size_t)tau * a.ldP
                                                : a.conv_state + (size_t)(Km1 + tau) * a.C;
 #pragma unroll
-                    for (int e = 0; e < QPL; e++) {
-                        const int cq = hk * DK + lane * QPL + e;
-                        const int ck = a.nk * DK + cq;
-                        q[e] += a.conv_w[(size_t)cq * a.K + j] * __bfloat162float(row[cq]);
-                        k[e] += a.conv_w[(size_t)ck * a.K + j] * __bfloat162float(row[ck]);
+                    for (int e = 0; e < EQ; e++) {
+                        const int i = lane + 32 * e;
+                        if (i < dk) {
+                            const int cq = hk * dk + i, ck = a.nk * dk + cq;
+                            q[e] += a.conv_w[(size_t)cq * a.K + j] * __bfloat162float(row[cq]);
+                            k[e] += a.conv_w[(size_t)ck * a.K + j] * __bfloat162float(row[ck]);
+                        }
                     }
 #pragma unroll
-                    for (int e = 0; e < VPL; e++) {
-                        const int cv = 2 * a.nk * DK + h * DV + lane * VPL + e;
-                        v[e] += a.conv_w[(size_t)cv * a.K + j] * __bfloat162float(row[cv]);
+                    for (int e = 0; e < EV; e++) {
+                        const int i = lane + 32 * e;
+                        if (i < dv) {
+                            const int cv = 2 * a.nk * dk + h * dv + i;
+                            v[e] += a.conv_w[(size_t)cv * a.K + j] * __bfloat162float(row[cv]);
+                        }
                     }
                 }
             }
             float sq = 0.f, sk = 0.f;
 #pragma unroll
-            for (int e = 0; e < QPL; e++) {
-                q[e] = cu_silu(q[e]);
+            for (int e = 0; e < EQ; e++) {
+                q[e] = cu_silu(q[e]); /* silu(0) = 0: padding channels stay 0 */
                 k[e] = cu_silu(k[e]);
                 sq += q[e] * q[e];
                 sk += k[e] * k[e];
@@ -137,12 +147,18 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
             sk = cu_warp_sum(sk);
             const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
 #pragma unroll
-            for (int e = 0; e < QPL; e++) {
-                Qs[t * LDK + lane * QPL + e] = __float2bfloat16(valid ? q[e] * rq : 0.f);
-                Ks[t * LDK + lane * QPL + e] = __float2bfloat16(valid ? k[e] * rk : 0.f);
+            for (int e = 0; e < EQ; e++) {
+                const int i = lane + 32 * e;
+                if (i < DK) {
+                    Qs[t * LDK + i] = __float2bfloat16(valid ? q[e] * rq : 0.f);
+                    Ks[t * LDK + i] = __float2bfloat16(valid ? k[e] * rk : 0.f);
+                }
             }
 #pragma unroll
-            for (int e = 0; e < VPL; e++) Vs[t * DV + lane * VPL + e] = valid ? cu_silu(v[e]) : 0.f;
+            for (int e = 0; e < EV; e++) {
+                const int i = lane + 32 * e;
+                if (i < DV) Vs[t * DV + i] = valid ? cu_silu(v[e]) : 0.f;
+            }
         }
     }
     /* 2. gates and the cumulative log-decay */
@@ -150,7 +166,7 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
         const int tt = t0 + tid;
         float g = 0.f, b = 0.f;
         if (tt < len) {
-            const int zoff = a.C + a.nv * DV; /* after q, k, v and z */
+            const int zoff = a.C + a.nv * a.dv; /* b, a follow q, k, v and z */
             const float bv = __bfloat162float(a.P[(size_t)tt * a.ldP + zoff + h]);
             const float av = __bfloat162float(a.P[(size_t)tt * a.ldP + zoff + a.nv + h]);
             const float x = av + a.dt_bias[h];
@@ -264,32 +280,33 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
         __syncthreads();
     }
 
-    /* 5. W = T diag(beta Gamma) K (warp: 8 rows; lane: DK/32 columns) */
+    /* 5. W = T diag(beta Gamma) K (warp: 8 rows; lane: columns lane + 32 e) */
     {
-        constexpr int WPL = DK / 32;
-        float acc[8][WPL];
+        constexpr int EQ = (DK + 31) / 32;
+        float acc[8][EQ];
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
-            for (int e = 0; e < WPL; e++) acc[i][e] = 0.f;
+            for (int e = 0; e < EQ; e++) acc[i][e] = 0.f;
         const int tmax = 8 * w + 7;
         for (int tp = 0; tp <= tmax; tp++) {
             const float s = bet[tp] * Gam[tp];
-            float kv[WPL];
+            float kv[EQ];
 #pragma unroll
-            for (int e = 0; e < WPL; e++) kv[e] = __bfloat162float(Ks[tp * LDK + lane * WPL + e]);
+            for (int e = 0; e < EQ; e++) kv[e] = lane + 32 * e < DK ? __bfloat162float(Ks[tp * LDK + lane + 32 * e]) : 0.f;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 const float av = Ts[(8 * w + i) * LDL + tp] * s;
 #pragma unroll
-                for (int e = 0; e < WPL; e++) acc[i][e] += av * kv[e];
+                for (int e = 0; e < EQ; e++) acc[i][e] += av * kv[e];
             }
         }
         bf16 *W = a.scr.W + blk * GDN_C * DK;
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
-            for (int e = 0; e < WPL; e++) W[(8 * w + i) * DK + lane * WPL + e] = __float2bfloat16(acc[i][e]);
+            for (int e = 0; e < EQ; e++)
+                if (lane + 32 * e < DK) W[(8 * w + i) * DK + lane + 32 * e] = __float2bfloat16(acc[i][e]);
     }
     /* U^T = (T diag(beta) V)^T (lane: rows t, warp: DV/8 columns) */
     {
@@ -338,10 +355,11 @@ struct gdn_scan_args {
     int ldP;
     bf16 *conv_state; /* [K-1][C], moved on to the chunk's end */
     const float *norm_w;
-    float *S; /* [nv][dv][dk] */
-    bf16 *Y;  /* [rows][nv dv] */
+    float *S; /* [nv][DV][DK] (padded) */
+    bf16 *Y;  /* [rows][nv dv] (real dv) */
     const cu_chunk_params *prm;
     int nk, nv, K, C;
+    int dv; /* real */
     int rows;
     float eps;
     cu_gdn_scratch scr;
@@ -528,37 +546,38 @@ __global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
             Os[(t + 1) * SM::LDO + n0 + 8] = O[j][3];
         }
         __syncthreads();
-        /* gated RMSNorm over the head's dv, one warp per token row */
-        constexpr int VPL = DV / 32;
+        /* gated RMSNorm over the head's real dv, one warp per token row */
+        constexpr int EV = (DV + 31) / 32;
+        const int dv = a.dv;
         for (int t = w; t < GDN_C; t += NW) {
             const int tt = ci * GDN_C + t;
             if (tt >= a.rows) break;
-            bf16 *y = a.Y + (size_t)tt * a.nv * DV + h * DV;
+            bf16 *y = a.Y + (size_t)tt * a.nv * dv + h * dv;
             if (tt >= len) {
-#pragma unroll
-                for (int e = 0; e < VPL; e++) y[lane + 32 * e] = __float2bfloat16(0.f);
+                for (int d = lane; d < dv; d += 32) y[d] = __float2bfloat16(0.f);
                 continue;
             }
-            float o[VPL], ss = 0.f;
+            float o[EV], ss = 0.f;
 #pragma unroll
-            for (int e = 0; e < VPL; e++) {
-                o[e] = Os[t * SM::LDO + lane + 32 * e];
+            for (int e = 0; e < EV; e++) {
+                const int d = lane + 32 * e;
+                o[e] = d < dv ? Os[t * SM::LDO + d] : 0.f;
                 ss += o[e] * o[e];
             }
             ss = cu_warp_sum(ss);
-            const float rs = rsqrtf(ss / (float)DV + a.eps);
-            const bf16 *z = a.P + (size_t)tt * a.ldP + zoff + h * DV;
+            const float rs = rsqrtf(ss / (float)dv + a.eps);
+            const bf16 *z = a.P + (size_t)tt * a.ldP + zoff + h * dv;
 #pragma unroll
-            for (int e = 0; e < VPL; e++) {
+            for (int e = 0; e < EV; e++) {
                 const int d = lane + 32 * e;
-                y[d] = __float2bfloat16(o[e] * rs * a.norm_w[d] * cu_silu(__bfloat162float(z[d])));
+                if (d < dv) y[d] = __float2bfloat16(o[e] * rs * a.norm_w[d] * cu_silu(__bfloat162float(z[d])));
             }
         }
     }
     cu_cp_async_wait<0>();
     /* rows of padding-only blocks */
     for (int tt = nreal * GDN_C + w; tt < a.rows; tt += NW)
-        for (int d = lane; d < DV; d += 32) a.Y[(size_t)tt * a.nv * DV + h * DV + d] = __float2bfloat16(0.f);
+        for (int d = lane; d < a.dv; d += 32) a.Y[(size_t)tt * a.nv * a.dv + h * a.dv + d] = __float2bfloat16(0.f);
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
         *(float2 *)(Sh + (size_t)n0 * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
@@ -568,42 +587,57 @@ __global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
 
 /* ---- host side -------------------------------------------------------------------------------- */
 
-#define GDN_SHAPES(X) X(32, 32) X(64, 64) X(128, 128)
+/* Padded head dims instantiated: DK, DV in {16, 32, 64, 128}. */
+#define GDN_SHAPES(X)                                                                                   \
+    X(16, 16) X(16, 32) X(32, 16) X(32, 32) X(32, 64) X(64, 32) X(64, 64) X(64, 128) X(128, 64) X(128, 128)
 
-int cu_gdn_supported(const cu_gdn_dims *d) {
-#define GDN_SUP(DK_, DV_) if (d->dk == DK_ && d->dv == DV_) return d->nk > 0 && d->nv % d->nk == 0 && d->K >= 1 && d->K <= CU_MAX_CONV_K;
+int cu_gdn_pad(int x) {
+    const int p = (x + 15) & ~15;
+    return p == 48 ? 64 : (p > 64 && p < 128 ? 128 : p);
+}
+
+static int gdn_shape_ok(int DKP, int DVP) {
+#define GDN_SUP(DK_, DV_) if (DKP == DK_ && DVP == DV_) return 1;
     GDN_SHAPES(GDN_SUP)
 #undef GDN_SUP
     return 0;
+}
+
+int cu_gdn_supported(const cu_gdn_dims *d) {
+    return d->nk > 0 && d->nv > 0 && d->nv % d->nk == 0 && d->K >= 1 && d->K <= CU_MAX_CONV_K && d->dk >= 1 &&
+           d->dv >= 1 && gdn_shape_ok(cu_gdn_pad(d->dk), cu_gdn_pad(d->dv));
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
-    return align256(nb * GDN_C * d->dk * 2) * 2 + align256(nb * d->dv * GDN_C * 4) + align256(nb * d->dk * GDN_C * 2) +
+    const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
+    return align256(nb * GDN_C * DK * 2) * 2 + align256(nb * DV * GDN_C * 4) + align256(nb * DK * GDN_C * 2) +
            align256(nb * GDN_C * GDN_C * 2) + align256(nb * 4);
 }
 
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows) {
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
+    const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
     unsigned char *p = (unsigned char *)base;
     s->W = (bf16 *)p;
-    p += align256(nb * GDN_C * d->dk * 2);
+    p += align256(nb * GDN_C * DK * 2);
     s->Qg = (bf16 *)p;
-    p += align256(nb * GDN_C * d->dk * 2);
+    p += align256(nb * GDN_C * DK * 2);
     s->UT = (float *)p;
-    p += align256(nb * d->dv * GDN_C * 4);
+    p += align256(nb * DV * GDN_C * 4);
     s->KpT = (bf16 *)p;
-    p += align256(nb * d->dk * GDN_C * 2);
+    p += align256(nb * DK * GDN_C * 2);
     s->Pm = (bf16 *)p;
     p += align256(nb * GDN_C * GDN_C * 2);
     s->glast = (float *)p;
 }
 
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
+    const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
 #define GDN_INIT(DK_, DV_)                                                                                          \
-    if (d->dk == DK_ && d->dv == DV_) {                                                                             \
+    if (DKP == DK_ && DVP == DV_) {                                                                                 \
         CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)prep_smem<DK_, DV_>::bytes));                                              \
         CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
@@ -612,7 +646,7 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     }
     GDN_SHAPES(GDN_INIT)
 #undef GDN_INIT
-    return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
+    return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
                       d->dv);
 }
 
@@ -621,10 +655,12 @@ int cu_gdn_forward(const cu_gdn_dims *d, const bf16 *P, bf16 *conv_state, const 
                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
     const int nc = (rows + GDN_C - 1) / GDN_C;
-    gdn_prep_args pa = {P, d->ldP, conv_state, conv_w, A_log, dt_bias, prm, d->nk, d->nv, d->K, C, rows, *scr};
-    gdn_scan_args sa = {P, d->ldP, conv_state, norm_w, S, Y, prm, d->nk, d->nv, d->K, C, rows, d->eps, *scr};
+    const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
+    gdn_prep_args pa = {P, d->ldP, conv_state, conv_w, A_log, dt_bias, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, rows,
+                        *scr};
+    gdn_scan_args sa = {P, d->ldP, conv_state, norm_w, S, Y, prm, d->nk, d->nv, d->K, C, d->dv, rows, d->eps, *scr};
 #define GDN_RUN(DK_, DV_)                                                                                          \
-    if (d->dk == DK_ && d->dv == DV_) {                                                                            \
+    if (DKP == DK_ && DVP == DV_) {                                                                                \
         gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
         CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
         gdn_scan_kernel<DK_, DV_><<<d->nv, DV_ * 2, scan_smem<DK_, DV_>::bytes, st>>>(sa);                          \
@@ -633,7 +669,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const bf16 *P, bf16 *conv_state, const 
     }
     GDN_SHAPES(GDN_RUN)
 #undef GDN_RUN
-    return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
+    return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
                       d->dv);
 }
 

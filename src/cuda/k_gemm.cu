@@ -16,7 +16,7 @@
     do {                                                                                               \
         cublasStatus_t s_ = (call);                                                                    \
         if (s_ != CUBLAS_STATUS_SUCCESS)                                                               \
-            return squad_fail(err, SQUAD_E_BACKEND, "cuBLASLt: %s: %s (%d) at %s:%d", #call,           \
+            return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: %s: %s (%d) at %s:%d", #call,           \
                               cublasLtGetStatusString(s_), (int)s_, __FILE__, __LINE__);               \
     } while (0)
 
@@ -62,10 +62,10 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, squad_err *err) {
         s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS)
-        return squad_fail(err, SQUAD_E_BACKEND, "cuBLASLt: cublasLtMatmulAlgoGetHeuristic(%d x %d x %d): %s", p->M,
+        return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: cublasLtMatmulAlgoGetHeuristic(%d x %d x %d): %s", p->M,
                           p->N, p->K, cublasLtGetStatusString(s));
     if (n < 1)
-        return squad_fail(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
+        return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
     p->algo = res.algo;
     return 0;
 }
@@ -84,7 +84,7 @@ int cu_gemm(cu_gemm_ctx *g, const bf16 *W, const bf16 *X, void *Y, int M, int N,
         if (g->n_plans == g->cap_plans) {
             const int cap = g->cap_plans ? 2 * g->cap_plans : 64;
             cu_gemm_plan *np = (cu_gemm_plan *)realloc(g->plans, sizeof *np * (size_t)cap);
-            if (!np) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (GEMM plans)");
+            if (!np) return cu_err(err, SQUAD_E_NOMEM, "out of memory (GEMM plans)");
             g->plans = np;
             g->cap_plans = cap;
         }

@@ -138,7 +138,7 @@ int cu_rmsnorm(const float *h, bf16 *x, const float *w, int rows, int H, float e
 }
 
 int cu_silu_mul(const bf16 *gu, bf16 *out, int rows, int I, cudaStream_t st, squad_err *err) {
-    if (I % 2) return squad_fail(err, SQUAD_E_UNSUPPORTED, "CUDA: intermediate_size %d must be even", I);
+    if (I % 2) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: intermediate_size %d must be even", I);
     const int threads = 256;
     dim3 grid((unsigned)((I / 2 + threads - 1) / threads), (unsigned)rows);
     silu_mul_kernel<<<grid, threads, 0, st>>>(gu, out, I);

@@ -1,0 +1,482 @@
+/*
+ * gpu_test_backend.c — the CUDA backend against the CPU backend and the transformers fixtures.
+ *
+ *  - fixtures (tests/fixtures/models/<name>): every row on the CUDA backend against expected.jsonl
+ *    (transformers, fp32) and against the CPU backend: each probability within 0.02 absolute, the
+ *    same argmax wherever the reference's top two differ by more than 0.05; the same row in short
+ *    chunks (continuation through the working state, several graph buckets) within 0.01;
+ *  - the cache scenario (tiny-causal cache_rows.jsonl) through the engine on CUDA with the state
+ *    cache (ample and tight budgets) against the same engine without a cache (0.01) and the
+ *    uncached reference (0.02);
+ *  - a synthesized model (the demo preset: hd 64, GDN 64) with multi-chunk rows of up to 3000
+ *    tokens against the CPU backend; a row continued from a saved and restored state (save_gdn /
+ *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass (0.01); a K / V
+ *    blob of more positions restored as a prefix, and the same row twice, bit for bit;
+ *  - bad chunks are refused and the backend stays usable.
+ * Exits 77 (skipped) without a GPU.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "model.h"
+#include "rows.h"
+#include "squad.h"
+#include "synth.h"
+#include "testutil.h"
+#include "util.h"
+
+#define TOL_REF 0.02    /* against transformers or the CPU backend */
+#define TOL_ARGMAX 0.05 /* top-two gap above which the argmax must agree */
+#define TOL_CHUNKED 0.01
+#define MAX_CONTEXT 8192
+
+#ifdef SQUAD_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+
+typedef float probs_t[SQUAD_MAX_LETTERS];
+
+/* ---- running rows on a backend ---- */
+
+/* Runs row->ids[start, end) from the working state in chunks of at most `chunk` tokens; the slots
+ * inside go to out[slot index]. */
+static int run_span(squad_backend *be, const squad_row *row, int start, int end, int chunk, probs_t *out,
+                    squad_err *err) {
+    static probs_t tmp[SQUAD_MAX_SLOTS_PER_ROW];
+    if (chunk > be->max_chunk) chunk = be->max_chunk;
+    for (int s = start; s < end; s += chunk) {
+        const int e = s + chunk < end ? s + chunk : end;
+        squad_chunk ch;
+        memset(&ch, 0, sizeof ch);
+        ch.ids = row->ids + s;
+        ch.start = s;
+        ch.len = e - s;
+        ch.letters = row->letters;
+        ch.n_letters = row->n_letters;
+        int idx[SQUAD_MAX_SLOTS_PER_ROW];
+        for (int i = 0; i < row->n_slots; i++)
+            if (row->slots[i] >= s && row->slots[i] < e) {
+                idx[ch.n_slots] = i;
+                ch.slots[ch.n_slots] = row->slots[i] - s;
+                ch.nopts[ch.n_slots] = row->nopts[i];
+                ch.n_slots++;
+            }
+        const int rc = be->forward(be, &ch, ch.n_slots ? &tmp[0][0] : NULL, err);
+        if (rc) return rc;
+        for (int i = 0; i < ch.n_slots; i++) memcpy(out[idx[i]], tmp[i], sizeof(probs_t));
+    }
+    return 0;
+}
+
+static int run_row(squad_backend *be, const squad_row *row, int chunk, probs_t *out, squad_err *err) {
+    const int rc = be->reset(be, err);
+    return rc ? rc : run_span(be, row, 0, row->n_ids, chunk, out, err);
+}
+
+/* Worst |a - b| over the row's options; *argmax_bad counts slots whose argmax differs where the
+ * reference b has a clear winner. */
+static double compare(const squad_row *row, probs_t *a, probs_t *b, int *argmax_bad) {
+    double worst = 0;
+    for (int s = 0; s < row->n_slots; s++) {
+        int ia = 0, ib = 0;
+        double b1 = -1, b2 = -1;
+        for (int l = 0; l < row->nopts[s]; l++) {
+            const double d = fabs((double)a[s][l] - b[s][l]);
+            if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+            if (a[s][l] > a[s][ia]) ia = l;
+            if (b[s][l] > b[s][ib]) ib = l;
+            if (b[s][l] > b1) {
+                b2 = b1;
+                b1 = b[s][l];
+            } else if (b[s][l] > b2) {
+                b2 = b[s][l];
+            }
+        }
+        if (argmax_bad && row->nopts[s] > 1 && b1 - b2 > TOL_ARGMAX && ia != ib) (*argmax_bad)++;
+    }
+    return worst;
+}
+
+/* ---- files ---- */
+
+static char **read_lines(const char *path, int *n) {
+    FILE *f = fopen(path, "rb");
+    *n = 0;
+    if (!f) return NULL;
+    char **lines = NULL, *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        if (line[0] == '\n' || !line[0]) continue;
+        char **nl = realloc(lines, sizeof(char *) * (size_t)(*n + 2));
+        if (!nl) abort();
+        lines = nl;
+        lines[(*n)++] = strdup(line);
+        lines[*n] = NULL;
+    }
+    free(line);
+    fclose(f);
+    return lines;
+}
+static void free_lines(char **l, int n) {
+    for (int i = 0; i < n; i++) free(l[i]);
+    free(l);
+}
+
+static int parse_expected(const char *line, const squad_row *row, probs_t *out) {
+    json_error_t je;
+    json_t *root = json_loads(line, 0, &je);
+    json_t *p = json_object_get(root, "probs");
+    int ok = p && (int)json_array_size(p) == row->n_slots;
+    for (int s = 0; ok && s < row->n_slots; s++) {
+        json_t *ps = json_array_get(p, s);
+        memset(out[s], 0, sizeof(probs_t));
+        for (int l = 0; l < row->nopts[s] && l < (int)json_array_size(ps); l++)
+            out[s][l] = (float)json_number_value(json_array_get(ps, l));
+    }
+    json_decref(root);
+    return ok;
+}
+
+static squad_backend *new_cuda(const squad_model *m, int precapture) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precapture = precapture;
+    squad_err err = {0};
+    squad_backend *be = squad_cuda_backend_new(m, &o, MAX_CONTEXT, &err);
+    CHECKF(be != NULL, "cuda backend: %s", err.msg);
+    return be;
+}
+static squad_backend *new_cpu(const squad_model *m) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CPU;
+    squad_err err = {0};
+    squad_backend *be = squad_cpu_backend_new(m, &o, MAX_CONTEXT, &err);
+    CHECKF(be != NULL, "cpu backend: %s", err.msg);
+    return be;
+}
+
+/* ---- fixtures ---- */
+
+static void test_fixture(const char *name) {
+    char dir[512], path[600];
+    snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
+    squad_err err = {0};
+    squad_model *m = squad_model_load(dir, &err);
+    if (!m) {
+        printf("fixture %s: not loadable (%s), skipped\n", name, err.msg);
+        return;
+    }
+    squad_backend *gpu = new_cuda(m, 0), *cpu = new_cpu(m);
+    int nr = 0, ne = 0;
+    snprintf(path, sizeof path, "%s/rows.jsonl", dir);
+    char **rows = read_lines(path, &nr);
+    snprintf(path, sizeof path, "%s/expected.jsonl", dir);
+    char **exp = read_lines(path, &ne);
+    CHECKF(nr > 0 && nr == ne, "fixture %s: %d rows, %d expected", name, nr, ne);
+    double w_ref = 0, w_cpu = 0, w_chunk = 0;
+    int bad_ref = 0, bad_cpu = 0, ran = 0;
+    for (int i = 0; gpu && cpu && i < nr && i < ne; i++) {
+        squad_row_buf rb;
+        if (squad_row_parse_json(&rb, rows[i], strlen(rows[i]), NULL, 0, &err)) {
+            CHECKF(0, "%s row %d: %s", name, i, err.msg);
+            continue;
+        }
+        const squad_row *row = &rb.row;
+        probs_t *g = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t)), *c = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+        probs_t *x = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t)), *gc = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+        int rc = run_row(gpu, row, gpu->max_chunk, g, &err);
+        CHECKF(rc == 0, "%s row %d on CUDA: %s", name, i, err.msg);
+        if (!rc) rc = run_row(cpu, row, cpu->max_chunk, c, &err);
+        CHECKF(rc == 0, "%s row %d on CPU: %s", name, i, err.msg);
+        if (!rc) rc = run_row(gpu, row, 48, gc, &err); /* chunks of 48: buckets 64 / 16 / 32, continuation */
+        CHECKF(rc == 0, "%s row %d on CUDA in chunks: %s", name, i, err.msg);
+        if (!rc && parse_expected(exp[i], row, x)) {
+            const double a = compare(row, g, x, &bad_ref), b = compare(row, g, c, &bad_cpu);
+            const double d = compare(row, gc, g, NULL);
+            if (a > w_ref) w_ref = a;
+            if (b > w_cpu) w_cpu = b;
+            if (d > w_chunk) w_chunk = d;
+            ran++;
+        }
+        free(g);
+        free(c);
+        free(x);
+        free(gc);
+        squad_row_buf_free(&rb);
+    }
+    printf("fixture %-16s %2d rows: max |cuda - transformers| %.2e, |cuda - cpu| %.2e, |chunks of 48 - one pass| %.2e, "
+           "argmax flips %d / %d\n",
+           name, ran, w_ref, w_cpu, w_chunk, bad_ref, bad_cpu);
+    CHECKF(ran == nr, "fixture %s: %d of %d rows compared", name, ran, nr);
+    CHECKF(w_ref <= TOL_REF, "fixture %s: cuda vs transformers %.3e", name, w_ref);
+    CHECKF(w_cpu <= TOL_REF, "fixture %s: cuda vs cpu %.3e", name, w_cpu);
+    CHECKF(w_chunk <= TOL_CHUNKED, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
+    CHECKF(bad_ref == 0 && bad_cpu == 0, "fixture %s: argmax differs (%d, %d)", name, bad_ref, bad_cpu);
+    free_lines(rows, nr);
+    free_lines(exp, ne);
+    if (gpu) gpu->destroy(gpu);
+    if (cpu) cpu->destroy(cpu);
+    squad_model_free(m);
+}
+
+/* ---- the cache scenario through the engine ---- */
+
+static squad_engine *engine_cuda(squad_model *m, size_t budget) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.cache.budget_bytes = budget;
+    o.cache.stride = 512;
+    squad_err err = {0};
+    squad_engine *e = squad_engine_new(m, &o, &err);
+    CHECKF(e != NULL, "engine on CUDA: %s", err.msg);
+    return e;
+}
+
+static void test_cache_scenario(void) {
+    const char *dir = "tests/fixtures/models/tiny-causal";
+    squad_err err = {0};
+    squad_model *m = squad_model_load(dir, &err);
+    if (!m) {
+        printf("cache scenario: %s, skipped\n", err.msg);
+        return;
+    }
+    int nr = 0, ne = 0;
+    char **rows = read_lines("tests/fixtures/models/tiny-causal/cache_rows.jsonl", &nr);
+    char **exp = read_lines("tests/fixtures/models/tiny-causal/cache_expected.jsonl", &ne);
+    if (!rows || nr != ne) {
+        printf("cache scenario: no cache_rows.jsonl / cache_expected.jsonl, skipped\n");
+        free_lines(rows, nr);
+        free_lines(exp, ne);
+        squad_model_free(m);
+        return;
+    }
+    const size_t budgets[2] = {(size_t)256 << 20, (size_t)1 << 20};
+    squad_engine *plain = engine_cuda(m, 0);
+    for (int bi = 0; bi < 2 && plain; bi++) {
+        squad_engine *e = engine_cuda(m, budgets[bi]);
+        if (!e) break;
+        double w_plain = 0, w_ref = 0;
+        int bad = 0, n = 0;
+        for (int i = 0; i < nr; i++) {
+            squad_row_buf rb;
+            if (squad_row_parse_json(&rb, rows[i], strlen(rows[i]), NULL, 0, &err)) continue;
+            squad_result *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+            probs_t *x = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+            int rc = squad_engine_score(e, &rb.row, a, &err);
+            CHECKF(rc == 0, "cache row %d: %s", i, err.msg);
+            if (!rc) rc = squad_engine_score(plain, &rb.row, b, &err);
+            CHECKF(rc == 0, "plain row %d: %s", i, err.msg);
+            if (!rc && parse_expected(exp[i], &rb.row, x)) {
+                const double d1 = compare(&rb.row, a->probs, b->probs, NULL);
+                const double d2 = compare(&rb.row, a->probs, x, &bad);
+                if (d1 > w_plain) w_plain = d1;
+                if (d2 > w_ref) w_ref = d2;
+                n++;
+            }
+            free(a);
+            free(b);
+            free(x);
+            squad_row_buf_free(&rb);
+        }
+        squad_cache_stats st;
+        squad_engine_cache_stats(e, &st);
+        printf("cache scenario (budget %zu MB): %d rows, hits %llu partial %llu cold %llu plain %llu, evicted %llu; "
+               "max |cached - uncached| %.2e, |cached - transformers| %.2e\n",
+               budgets[bi] >> 20, n, (unsigned long long)st.hits, (unsigned long long)st.partial,
+               (unsigned long long)st.cold, (unsigned long long)st.plain, (unsigned long long)st.evicted, w_plain, w_ref);
+        CHECKF(n == nr, "cache scenario: %d of %d rows", n, nr);
+        CHECKF(w_plain <= TOL_CHUNKED, "cached vs uncached on CUDA: %.3e", w_plain);
+        CHECKF(w_ref <= TOL_REF && bad == 0, "cached vs transformers: %.3e, argmax flips %d", w_ref, bad);
+        if (bi == 0) CHECKF(st.hits + st.partial > 0, "the cache scenario must hit");
+        squad_engine_free(e);
+    }
+    if (plain) squad_engine_free(plain);
+    free_lines(rows, nr);
+    free_lines(exp, ne);
+    squad_model_free(m);
+}
+
+/* ---- a synthesized model: long rows, save / restore ---- */
+
+typedef struct rowgen {
+    int32_t ids[4096], slots[4], nopts[4], letters[4];
+    squad_row row;
+} rowgen;
+
+static void make_row(rowgen *g, uint64_t seed, int n, int vocab) {
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        g->ids[i] = (int32_t)(s % (uint64_t)vocab);
+    }
+    g->slots[0] = n - 40;
+    g->slots[1] = n - 7;
+    g->slots[2] = n - 1;
+    for (int i = 0; i < 3; i++) g->nopts[i] = 4 - i % 2;
+    for (int i = 0; i < 4; i++) g->letters[i] = 32 + 7 * i;
+    g->row = (squad_row){g->ids, n, g->slots, g->nopts, 3, g->letters, 4, -1};
+}
+
+static void test_synth(void) {
+    const char *tmp = test_tmpdir();
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/demo", tmp);
+    squad_synth_opts so;
+    memset(&so, 0, sizeof so);
+    so.preset = "demo";
+    so.out_dir = dir;
+    so.seed = 7;
+    squad_err err = {0};
+    if (squad_synth_write(&so, &err)) {
+        CHECKF(0, "synth demo: %s", err.msg);
+        return;
+    }
+    squad_model *m = squad_model_load(dir, &err);
+    CHECKF(m != NULL, "load demo: %s", err.msg);
+    if (!m) return;
+    squad_backend *gpu = new_cuda(m, 0), *cpu = new_cpu(m);
+    if (!gpu || !cpu) goto done;
+    const int V = m->cfg.vocab_size < 4096 ? m->cfg.vocab_size : 4096;
+    rowgen *g = calloc(1, sizeof *g);
+    probs_t *a = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t)), *b = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+    probs_t *c = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+    /* CUDA vs CPU on rows of several lengths (one or more chunks, several buckets and spans) */
+    const int lens[] = {70, 700, 2100, 3000};
+    for (int i = 0; i < 4; i++) {
+        make_row(g, 100 + i, lens[i], V);
+        int bad = 0;
+        int rc = run_row(gpu, &g->row, gpu->max_chunk, a, &err);
+        CHECKF(rc == 0, "demo row %d cuda: %s", lens[i], err.msg);
+        if (!rc) rc = run_row(cpu, &g->row, cpu->max_chunk, b, &err);
+        CHECKF(rc == 0, "demo row %d cpu: %s", lens[i], err.msg);
+        const double d = rc ? INFINITY : compare(&g->row, a, b, &bad);
+        printf("demo row of %4d tokens: max |cuda - cpu| %.2e, argmax flips %d\n", lens[i], d, bad);
+        CHECKF(d <= TOL_REF && bad == 0, "demo row %d: cuda vs cpu %.3e (flips %d)", lens[i], d, bad);
+    }
+    /* continuation from a saved and restored state */
+    {
+        const int N = 3000, A = 1280, B = 1792;
+        make_row(g, 5, N, V);
+        int rc = run_row(gpu, &g->row, gpu->max_chunk, a, &err); /* one pass */
+        void *G = gpu->alloc(gpu, gpu->gdn_snapshot_bytes, &err);
+        void *KA = gpu->alloc(gpu, (size_t)A * gpu->kv_bytes_per_pos, &err);
+        void *KB = gpu->alloc(gpu, (size_t)B * gpu->kv_bytes_per_pos, &err);
+        CHECKF(G && KA && KB, "alloc: %s", err.msg);
+        if (!rc && G && KA && KB) {
+            rc = gpu->reset(gpu, &err);
+            if (!rc) rc = run_span(gpu, &g->row, 0, A, 512, b, &err);
+            if (!rc) rc = gpu->save_gdn(gpu, G, &err);
+            if (!rc) rc = gpu->save_kv(gpu, KA, A, &err);
+            if (!rc) rc = run_span(gpu, &g->row, A, B, 512, b, &err);
+            if (!rc) rc = gpu->save_kv(gpu, KB, B, &err);
+            /* clobber the working state with another row */
+            rowgen *o = calloc(1, sizeof *o);
+            make_row(o, 99, 2500, V);
+            if (!rc) rc = run_row(gpu, &o->row, gpu->max_chunk, c, &err);
+            free(o);
+            if (!rc) rc = gpu->reset(gpu, &err);
+            if (!rc) rc = gpu->load_gdn(gpu, G, &err);
+            if (!rc) rc = gpu->load_kv(gpu, KA, A, A, &err);
+            if (!rc) rc = run_span(gpu, &g->row, A, N, gpu->max_chunk, b, &err);
+            CHECKF(rc == 0, "save / restore: %s", err.msg);
+            const double d = rc ? INFINITY : compare(&g->row, b, a, NULL);
+            /* the same state from a longer K / V blob (its prefix) must give the same bits */
+            if (!rc) rc = gpu->reset(gpu, &err);
+            if (!rc) rc = gpu->load_gdn(gpu, G, &err);
+            if (!rc) rc = gpu->load_kv(gpu, KB, B, A, &err);
+            if (!rc) rc = run_span(gpu, &g->row, A, N, gpu->max_chunk, c, &err);
+            CHECKF(rc == 0, "restore from a longer blob: %s", err.msg);
+            const int same = !rc && memcmp(b, c, sizeof(probs_t) * 3) == 0;
+            printf("save / restore at %d of %d: max |restored - one pass| %.2e; prefix of a %d-position blob %s\n", A,
+                   N, d, B, same ? "bit-identical" : "DIFFERS");
+            CHECKF(d <= TOL_CHUNKED, "restored vs one pass %.3e", d);
+            CHECKF(same, "a K / V blob's prefix must restore the same state");
+        }
+        gpu->release(gpu, G);
+        gpu->release(gpu, KA);
+        gpu->release(gpu, KB);
+        /* determinism: the same row twice */
+        rc = run_row(gpu, &g->row, gpu->max_chunk, b, &err);
+        CHECKF(rc == 0 && memcmp(a, b, sizeof(probs_t) * 3) == 0, "the same row twice must give the same bits");
+    }
+    /* bad chunks are refused; the backend stays usable */
+    {
+        squad_chunk ch;
+        memset(&ch, 0, sizeof ch);
+        ch.ids = g->ids;
+        ch.len = 0;
+        CHECK(gpu->forward(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
+        ch.len = 10;
+        ch.start = MAX_CONTEXT - 5;
+        CHECK(gpu->forward(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
+        ch.start = 0;
+        ch.len = gpu->max_chunk + 1;
+        CHECK(gpu->forward(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
+        make_row(g, 100, 70, V);
+        int rc = run_row(gpu, &g->row, gpu->max_chunk, b, &err);
+        CHECKF(rc == 0, "after refused chunks: %s", err.msg);
+    }
+    squad_cuda_info info;
+    if (squad_cuda_backend_info(gpu, &info) == 0)
+        printf("cuda backend on %s (%d SMs): %d graphs captured in %.3f s, %llu replays; weights %.1f MB, state %.1f MB, "
+               "scratch %.1f MB\n",
+               info.device, info.sm_count, info.graphs, info.capture_s, info.replays, info.weight_bytes / 1048576.0,
+               info.state_bytes / 1048576.0, info.scratch_bytes / 1048576.0);
+    free(g);
+    free(a);
+    free(b);
+    free(c);
+done:
+    if (gpu) gpu->destroy(gpu);
+    if (cpu) cpu->destroy(cpu);
+    squad_model_free(m);
+}
+
+/* precapture: every graph of a small model at creation */
+static void test_precapture(void) {
+    squad_err err = {0};
+    squad_model *m = squad_model_load("tests/fixtures/models/tiny-causal", &err);
+    if (!m) return;
+    const double t0 = squad_now_seconds();
+    squad_backend *be = new_cuda(m, 1);
+    if (be) {
+        squad_cuda_info info;
+        squad_cuda_backend_info(be, &info);
+        printf("precapture (tiny-causal, context %d): %d graphs in %.3f s (backend ready in %.3f s)\n", MAX_CONTEXT,
+               info.graphs, info.capture_s, squad_now_seconds() - t0);
+        CHECK(info.graphs > info.n_buckets);
+        be->destroy(be);
+    }
+    squad_model_free(m);
+}
+
+int main(void) {
+    if (squad_cuda_device_count() <= 0) {
+        printf("gpu_test_backend: no CUDA device, skipped\n");
+        return 77;
+    }
+    const char *fixtures[] = {"tiny-causal", "tiny-cond-untied", "small-mha"};
+    for (int i = 0; i < 3; i++) test_fixture(fixtures[i]);
+    test_cache_scenario();
+    test_synth();
+    test_precapture();
+    return test_summary("gpu_test_backend");
+}
+#else
+int main(void) {
+    printf("gpu_test_backend: built without CUDA, skipped\n");
+    return 77;
+}
+#endif

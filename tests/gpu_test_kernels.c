@@ -1,0 +1,260 @@
+/*
+ * gpu_test_kernels.c — each CUDA kernel group against its plain host reference on fresh random
+ * inputs (src/cuda/cuda_test_api.h): the GDN mixer (conv with saved inputs, gates, the chunked
+ * delta rule from a nonzero initial state, padding, the gated norm) against the per-token
+ * recurrence, chained over two chunks; attention over cached K / V (RoPE offsets, GQA, padding,
+ * head dims 16..256); RMSNorm, SiLU * up and the cuBLASLt projection. Outputs are poisoned (NaN)
+ * on the device before each run, so an element a kernel does not write fails the comparison.
+ * Errors are relative: ||out - ref|| / ||ref|| (bf16 operands: about 1e-3 .. 1e-2).
+ * Exits 77 (skipped) without a GPU.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "testutil.h"
+#include "util.h"
+
+#ifdef SQUAD_HAVE_CUDA
+#include "cuda/cuda_test_api.h"
+
+/* ---- random inputs ---- */
+typedef struct rng {
+    uint64_t s;
+} rng;
+static uint32_t rng_u32(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 11);
+}
+static double rng_unif(rng *r) { return (rng_u32(r) + 0.5) / 2097152.0 / 1024.0; } /* (0, 1) */
+static double rng_norm(rng *r) { return sqrt(-2.0 * log(rng_unif(r))) * cos(6.283185307179586 * rng_unif(r)); }
+static float bf(float x) { return squad_bf16_to_f32(squad_f32_to_bf16(x)); }
+static float *randn(rng *r, size_t n, double sd, int round_bf16) {
+    float *p = malloc(n * sizeof *p);
+    if (!p) abort();
+    for (size_t i = 0; i < n; i++) p[i] = (float)(rng_norm(r) * sd);
+    if (round_bf16)
+        for (size_t i = 0; i < n; i++) p[i] = bf(p[i]);
+    return p;
+}
+
+/* relative error over the first n values; NaN anywhere gives +inf */
+static double rel_err(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        const double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- GDN ---- */
+typedef struct gdn_case {
+    int nk, nv, dk, dv, K;
+    int rows1, len1, rows2, len2; /* two chunks, the second continuing the first */
+} gdn_case;
+
+static void test_gdn(rng *r, const gdn_case *c) {
+    const int C = 2 * c->nk * c->dk + c->nv * c->dv;
+    const int ldP = C + c->nv * c->dv + 2 * c->nv + 3; /* odd padding on purpose */
+    const size_t nS = (size_t)c->nv * c->dk * c->dv;
+    float *conv_w = randn(r, (size_t)C * c->K, 0.5, 0);
+    float *A_log = malloc(sizeof(float) * c->nv), *dt = randn(r, c->nv, 0.5, 0), *nw = malloc(sizeof(float) * c->dv);
+    for (int h = 0; h < c->nv; h++) A_log[h] = (float)log(0.02 * pow(400.0, rng_unif(r)));
+    for (int j = 0; j < c->dv; j++) nw[j] = (float)(1.0 + 0.2 * rng_norm(r));
+    /* a nonzero initial state and conv inputs, as after earlier chunks */
+    float *S_dev = randn(r, nS, 0.3, 0), *S_ref = malloc(nS * sizeof(float));
+    memcpy(S_ref, S_dev, nS * sizeof(float));
+    float *cs_dev = randn(r, (size_t)(c->K - 1) * C + 1, 1.0, 1), *cs_ref = malloc(((size_t)(c->K - 1) * C + 1) * 4);
+    memcpy(cs_ref, cs_dev, ((size_t)(c->K - 1) * C + 1) * 4);
+    double worst_y = 0, worst_s = 0;
+    int pad_ok = 1, conv_ok = 1;
+    for (int chunk = 0; chunk < 2; chunk++) {
+        const int rows = chunk ? c->rows2 : c->rows1, len = chunk ? c->len2 : c->len1;
+        float *P = randn(r, (size_t)rows * ldP, 1.0, 1);
+        float *Y = malloc(sizeof(float) * rows * c->nv * c->dv), *Yr = calloc((size_t)rows * c->nv * c->dv, 4);
+        cu_ref_gdn_args a = {c->nk, c->nv, c->dk, c->dv, c->K, ldP, rows, len, 1e-6f, P, cs_dev, conv_w, A_log, dt, nw,
+                             S_dev, Y};
+        squad_err err = {0};
+        const int rc = squad_cuda_test_gdn(&a, &err);
+        CHECKF(rc == 0, "squad_cuda_test_gdn: %s", err.msg);
+        cu_ref_gdn_args b = a;
+        b.conv_state = cs_ref;
+        b.S = S_ref;
+        b.Y = Yr;
+        cu_ref_gdn(&b);
+        const double ey = rel_err(Y, Yr, (size_t)len * c->nv * c->dv);
+        const double es = rel_err(S_dev, S_ref, nS);
+        if (ey > worst_y) worst_y = ey;
+        if (es > worst_s) worst_s = es;
+        for (size_t i = (size_t)len * c->nv * c->dv; i < (size_t)rows * c->nv * c->dv; i++)
+            if (Y[i] != 0.f) pad_ok = 0;
+        for (size_t i = 0; i < (size_t)(c->K - 1) * C; i++)
+            if (cs_dev[i] != cs_ref[i]) conv_ok = 0;
+        /* continue the next chunk from the reference's state on both sides, so errors don't compound */
+        memcpy(S_dev, S_ref, nS * sizeof(float));
+        free(P);
+        free(Y);
+        free(Yr);
+    }
+    printf("gdn nk %d nv %d dk %d dv %d K %d chunks (%d/%d, %d/%d): rel err Y %.2e S %.2e\n", c->nk, c->nv, c->dk,
+           c->dv, c->K, c->len1, c->rows1, c->len2, c->rows2, worst_y, worst_s);
+    CHECKF(worst_y < 2.5e-2, "gdn output rel err %.3e", worst_y);
+    CHECKF(worst_s < 2e-2, "gdn state rel err %.3e", worst_s);
+    CHECKF(pad_ok, "gdn padding rows must be written as 0");
+    CHECKF(conv_ok, "gdn conv state after the chunk");
+    free(conv_w);
+    free(A_log);
+    free(dt);
+    free(nw);
+    free(S_dev);
+    free(S_ref);
+    free(cs_dev);
+    free(cs_ref);
+}
+
+/* ---- attention ---- */
+typedef struct attn_case {
+    int nh, nkv, hd, rd;
+    int rows, start, len;
+} attn_case;
+
+static void test_attn(rng *r, const attn_case *c) {
+    const int ld = c->nh * 2 * c->hd + 2 * c->nkv * c->hd + 8;
+    const int maxc = c->start + c->rows + 64;
+    const size_t kvn = (size_t)maxc * c->nkv * c->hd;
+    float *QKV = randn(r, (size_t)c->rows * ld, 1.0, 1);
+    float *qn = randn(r, c->hd, 0.2, 0), *kn = randn(r, c->hd, 0.2, 0);
+    float *inv = malloc(sizeof(float) * (c->rd / 2 + 1));
+    for (int i = 0; i < c->rd / 2; i++) inv[i] = 1.0f / powf(1e7f, (float)(2 * i) / (float)c->rd);
+    /* cached K / V of [0, start): normed, rotated keys have entries of size ~1 */
+    float *K = randn(r, kvn, 1.0, 1), *V = randn(r, kvn, 1.0, 1);
+    float *Kr = malloc(kvn * 4), *Vr = malloc(kvn * 4);
+    for (size_t i = (size_t)c->start * c->nkv * c->hd; i < kvn; i++) K[i] = V[i] = NAN; /* must be written */
+    memcpy(Kr, K, kvn * 4);
+    memcpy(Vr, V, kvn * 4);
+    const size_t no = (size_t)c->rows * c->nh * c->hd;
+    float *out = malloc(no * 4), *outr = calloc(no, 4);
+    cu_ref_attn_args a = {c->nh, c->nkv, c->hd, c->rd, ld, c->rows, c->start, c->len, maxc, 1e-6f, QKV, qn, kn, inv,
+                          K, V, out};
+    squad_err err = {0};
+    const int rc = squad_cuda_test_attn(&a, &err);
+    CHECKF(rc == 0, "squad_cuda_test_attn: %s", err.msg);
+    cu_ref_attn_args b = a;
+    b.K = Kr;
+    b.V = Vr;
+    b.out = outr;
+    cu_ref_attn(&b);
+    const size_t off = (size_t)c->start * c->nkv * c->hd, n = (size_t)c->len * c->nkv * c->hd;
+    const double eo = rel_err(out, outr, (size_t)c->len * c->nh * c->hd);
+    const double ek = rel_err(K + off, Kr + off, n), ev = rel_err(V + off, Vr + off, n);
+    int pad_ok = 1;
+    for (size_t i = (size_t)c->len * c->nh * c->hd; i < no; i++)
+        if (out[i] != 0.f) pad_ok = 0;
+    printf("attn nh %d nkv %d hd %d rd %d rows %d start %d len %d: rel err out %.2e K %.2e V %.2e\n", c->nh, c->nkv,
+           c->hd, c->rd, c->rows, c->start, c->len, eo, ek, ev);
+    CHECKF(eo < 2e-2, "attention output rel err %.3e", eo);
+    CHECKF(ek < 1e-2 && ev < 1e-2, "K / V written to the cache: rel err %.3e %.3e", ek, ev);
+    CHECKF(pad_ok, "attention padding rows must be written as 0");
+    free(QKV);
+    free(qn);
+    free(kn);
+    free(inv);
+    free(K);
+    free(V);
+    free(Kr);
+    free(Vr);
+    free(out);
+    free(outr);
+}
+
+/* ---- small ops ---- */
+static void test_small(rng *r) {
+    squad_err err = {0};
+    const int rows = 37, H = 1024, I = 3584;
+    float *h = randn(r, (size_t)rows * H, 3.0, 0), *w = randn(r, H, 0.2, 0);
+    float *o = malloc(sizeof(float) * rows * H), *orf = malloc(sizeof(float) * rows * H);
+    CHECKF(squad_cuda_test_rmsnorm(h, o, w, rows, H, 1e-6f, &err) == 0, "%s", err.msg);
+    cu_ref_rmsnorm(h, orf, w, rows, H, 1e-6f);
+    double e = rel_err(o, orf, (size_t)rows * H);
+    printf("rmsnorm: rel err %.2e\n", e);
+    CHECKF(e < 5e-3, "rmsnorm rel err %.3e", e);
+    float *gu = randn(r, (size_t)rows * 2 * I, 2.0, 1), *m = malloc(sizeof(float) * rows * I),
+          *mr = malloc(sizeof(float) * rows * I);
+    CHECKF(squad_cuda_test_silu_mul(gu, m, rows, I, &err) == 0, "%s", err.msg);
+    cu_ref_silu_mul(gu, mr, rows, I);
+    e = rel_err(m, mr, (size_t)rows * I);
+    printf("silu_mul: rel err %.2e\n", e);
+    CHECKF(e < 5e-3, "silu_mul rel err %.3e", e);
+    /* projections: bf16 out, and fp32 accumulate into a residual */
+    const int M = 77, N = 200, K = 128;
+    float *X = randn(r, (size_t)M * K, 1.0, 1), *W = randn(r, (size_t)N * K, 0.1, 1);
+    float *Y = malloc(sizeof(float) * M * N), *Yr = malloc(sizeof(float) * M * N), *R0 = randn(r, (size_t)M * N, 1, 0);
+    for (int acc = 0; acc < 2; acc++) {
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = acc ? R0[(size_t)i * N + j] : 0;
+                for (int k = 0; k < K; k++) s += (double)X[(size_t)i * K + k] * W[(size_t)j * K + k];
+                Yr[(size_t)i * N + j] = (float)s;
+            }
+        if (acc) memcpy(Y, R0, sizeof(float) * M * N);
+        CHECKF(squad_cuda_test_gemm(X, W, Y, M, N, K, acc, &err) == 0, "%s", err.msg);
+        e = rel_err(Y, Yr, (size_t)M * N);
+        printf("gemm %dx%dx%d acc %d: rel err %.2e\n", M, N, K, acc, e);
+        CHECKF(e < (acc ? 1e-5 : 5e-3), "gemm rel err %.3e", e);
+    }
+    free(h);
+    free(w);
+    free(o);
+    free(orf);
+    free(gu);
+    free(m);
+    free(mr);
+    free(X);
+    free(W);
+    free(Y);
+    free(Yr);
+    free(R0);
+}
+
+int main(void) {
+    if (squad_cuda_device_count() <= 0) {
+        printf("gpu_test_kernels: no CUDA device, skipped\n");
+        return 77;
+    }
+    rng r = {0x9e3779b97f4a7c15ull};
+    const gdn_case gc[] = {
+        {2, 4, 16, 16, 4, 16, 5, 64, 64},      /* tiny-causal shapes; bucket 16, then a full block */
+        {2, 2, 32, 24, 4, 256, 200, 128, 77},  /* dv 24 (padded to 32), padding inside a block */
+        {4, 4, 32, 32, 4, 192, 192, 32, 1},    /* 3 blocks, then a single token */
+        {4, 4, 64, 64, 3, 128, 100, 384, 300}, /* conv kernel 3 */
+        {2, 4, 128, 128, 4, 512, 450, 64, 50}, /* the 0.8B head dims (fewer heads), 8 blocks */
+        {16, 16, 128, 128, 4, 128, 128, 16, 3},/* the 0.8B layer */
+    };
+    for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i]);
+    const attn_case ac[] = {
+        {4, 2, 32, 8, 64, 0, 64},       /* tiny: one full chunk from position 0 */
+        {4, 2, 32, 8, 128, 300, 100},   /* cached keys, padding */
+        {2, 1, 64, 32, 16, 1000, 16},   /* a short chunk on a long cache (splits) */
+        {4, 4, 16, 4, 256, 64, 200},    /* hd 16, no GQA */
+        {8, 2, 128, 32, 192, 70, 150},  /* hd 128 */
+        {8, 2, 256, 64, 128, 1500, 128},/* the 0.8B shape: a hit's question on a cached state */
+        {8, 2, 256, 64, 512, 0, 500},   /* the 0.8B shape: a cold chunk */
+    };
+    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i]);
+    test_small(&r);
+    return test_summary("gpu_test_kernels");
+}
+#else
+int main(void) {
+    printf("gpu_test_kernels: built without CUDA, skipped\n");
+    return 77;
+}
+#endif
