@@ -47,12 +47,22 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* CPU time of the whole process: with one thread (no pool workers, OpenBLAS single-threaded) it
+ * counts only the time the benchmark actually ran, so other load on a shared machine does not
+ * slow the figures down (it can still evict caches). */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+
 /* The core clock in GHz: a dependent chain of integer adds retires one per cycle. */
 static double measure_ghz(void) {
     double best = 0;
     for (int rep = 0; rep < 5; rep++) {
         uint64_t n = 200000000ull, v = 0;
-        double t0 = now_s();
+        double t0 = cpu_s();
 #if defined(__x86_64__)
         for (uint64_t i = 0; i < n; i += 8)
             __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
@@ -61,7 +71,7 @@ static double measure_ghz(void) {
 #else
         for (uint64_t i = 0; i < n; i++) __asm__ volatile("" : "+r"(v));
 #endif
-        double dt = now_s() - t0;
+        double dt = cpu_s() - t0;
         /* 8 adds plus the loop's own (fused, parallel) add and branch: ~8 cycles per iteration. */
         double ghz = (double)n / dt * 1e-9;
         if (ghz > best) best = ghz;
@@ -80,11 +90,11 @@ __attribute__((target("avx512f"))) static double fma_gflops_512(void) {
 #define FMA_STEP(i) a##i = _mm512_fmadd_ps(a##i, c, b);
 #define FMA_SUM(i) s = _mm512_add_ps(s, a##i);
     FMA_CHAINS(FMA_DECL)
-    double t0 = now_s();
+    double t0 = cpu_s();
     for (long r = 0; r < FMA_ROUNDS; r++) {
         FMA_CHAINS(FMA_STEP)
     }
-    double dt = now_s() - t0;
+    double dt = cpu_s() - t0;
     FMA_CHAINS(FMA_SUM)
     volatile float sink = _mm512_reduce_add_ps(s);
     (void)sink;
@@ -99,11 +109,11 @@ __attribute__((target("avx2,fma"))) static double fma_gflops_256(void) {
 #define FMA_STEP(i) a##i = _mm256_fmadd_ps(a##i, c, b);
 #define FMA_SUM(i) s = _mm256_add_ps(s, a##i);
     FMA_CHAINS(FMA_DECL)
-    double t0 = now_s();
+    double t0 = cpu_s();
     for (long r = 0; r < FMA_ROUNDS; r++) {
         FMA_CHAINS(FMA_STEP)
     }
-    double dt = now_s() - t0;
+    double dt = cpu_s() - t0;
     FMA_CHAINS(FMA_SUM)
     float out[8];
     _mm256_storeu_ps(out, s);
@@ -154,16 +164,18 @@ static void run_once(int method, cpu_pool *pool, bench_data *d, int T, int N, in
 }
 
 /* Median seconds per call: at least min_runs runs and about `seconds` in all. */
-static double time_method(int method, cpu_pool *pool, bench_data *d, int T, int N, int K, double seconds) {
+static double time_method(int method, cpu_pool *pool, bench_data *d, int T, int N, int K, double seconds,
+                          int cpu_clock) {
     enum { MAX_RUNS = 51, MIN_RUNS = 5 };
     double times[MAX_RUNS];
+    double (*clk)(void) = cpu_clock ? cpu_s : now_s;
     run_once(method, pool, d, T, N, K); /* warm-up: scratch growth, caches, OpenBLAS buffers */
     int n = 0;
     double start = now_s();
     while (n < MAX_RUNS && (n < MIN_RUNS || now_s() - start < seconds)) {
-        double t0 = now_s();
+        double t0 = clk();
         run_once(method, pool, d, T, N, K);
-        times[n++] = now_s() - t0;
+        times[n++] = clk() - t0;
     }
     qsort(times, (size_t)n, sizeof times[0], cmp_double);
     return times[n / 2];
@@ -237,7 +249,7 @@ int main(int argc, char **argv) {
     printf("CPU GEMM benchmark: cpu_gemm_bf16 vs OpenBLAS cblas_sgemm (fp32 W), y[T][N] = x[T][K] W[N][K]^T\n");
     printf("isa: %s; OpenBLAS: %s, kernel %s%s%s\n", cpu_isa_name(cpu_detect_isa()), openblas_get_config(),
            openblas_get_corename(), ct ? ", OPENBLAS_CORETYPE=" : "", ct ? ct : "");
-    printf("clock: %.2f GHz (measured: dependent integer add chain); fp32 FMA throughput measured at %.1f FLOP/cycle "
+    printf("clock: %.2f GHz (measured: dependent integer add chain, CPU time); fp32 FMA throughput measured at %.1f FLOP/cycle "
            "-> %d FLOP/cycle; fp32 FMA peak per core = %.2f GHz x %d = %.1f GFLOP/s (bf16 vdpbf16ps: twice that)\n",
            ghz, fpc_measured, fpc, ghz, fpc, ghz * fpc);
     printf("median of >= 5 runs per figure; GFLOP/s = 2*T*N*K / time\n\n");
@@ -252,7 +264,8 @@ int main(int argc, char **argv) {
         }
         openblas_set_num_threads(threads);
         double peak = ghz * fpc * threads;
-        printf("threads %d: fp32 FMA peak %.1f GFLOP/s\n", threads, peak);
+        printf("threads %d: fp32 FMA peak %.1f GFLOP/s; times: %s\n", threads, peak,
+               threads == 1 ? "process CPU time (immune to other load)" : "wall clock");
         printf("%-16s %5s %6s %6s | %10s %10s %10s | %7s %7s %7s | %s\n", "shape", "T", "N", "K", "FAST", "EXACT",
                "OpenBLAS", "FAST%pk", "EXA%pk", "BLAS%pk", "FAST/BLAS");
         for (int tt = 0; tt < nT; tt++) {
@@ -263,7 +276,7 @@ int main(int argc, char **argv) {
                 double flop = 2.0 * T * N * K, gf[N_METHODS] = {0};
                 for (int m = 0; m < N_METHODS; m++) {
                     if (m == M_BLAS && !use_blas) continue;
-                    double t = time_method(m, pool, &d, T, N, K, seconds);
+                    double t = time_method(m, pool, &d, T, N, K, seconds, threads == 1);
                     gf[m] = flop / t * 1e-9;
                     model_s[m] += t * SHAPES[s].uses;
                 }

@@ -6,6 +6,7 @@
  * for the workers to fall asleep (the condition-variable path).
  * GEMM: every ISA this CPU has (forced through cpu_pool_set_isa), every algorithm (forced through
  * cpu_gemm_bf16_algo) and both precisions against cpu_gemm_bf16_ref on random data: odd T, N, K,
+ * T past one token block,
  * a W pointer off any 64-byte boundary, accumulate on and off. EXACT must be within 1e-6 of the
  * oracle (relative L2); FAST within 1e-2, visibly different from EXACT, and close to the oracle
  * run on x rounded to bf16 (which is what FAST means).
@@ -192,6 +193,8 @@ static void test_gemm(int threads) {
         {1, 1, 1, 0},     {1, 17, 33, 1},   {3, 5, 7, 3},      {12, 32, 64, 0},   {13, 33, 65, 5},
         {1, 1024, 2048, 1}, {2, 16, 1024, 0}, {37, 16, 1024, 7}, {25, 100, 31, 9}, {64, 96, 256, 0},
         {5, 48, 3584, 1}, {130, 70, 129, 2},
+        /* longer than one token block of the packed path (512) */
+        {600, 37, 45, 3}, {1100, 20, 70, 1},
     };
     for (int isa = 0; isa <= (int)best; isa++) {
         cpu_pool_set_isa(pool, (cpu_isa)isa);

@@ -25,6 +25,9 @@
 #define GEMM_X86 0
 #endif
 
+/* T at or below which AUTO takes the DOT path: W is streamed once either way, and the packed path
+ * would pad the x tile (measured: the two meet near T = 4). */
+#define DOT_MAX_T 4
 /* W rows one DOT kernel call handles: their partial sums share each load of x. */
 #define DOT_ROWS 4
 /* W rows per DOT task (a multiple of DOT_ROWS): K x 64 rows x 2 bytes stays in L2 across all t. */
@@ -195,6 +198,8 @@ TARGET_AVX512BF16 static void dot_avx512bf16(const void *xv, const uint16_t *W, 
 #define P256_NC 16
 /* k (fp32 panels) or k pairs (bf16 panels) per W slice: 512 x 48 x 4 bytes = 96 KiB, in L2. */
 #define PACK_KC 512
+/* Tokens per block of the packed path: 512 x 1024 x 2 bytes of bf16 x (4 bytes in fp32). */
+#define PACK_TB 512
 /* How far ahead (in pairs of one W row) the W packing prefetches. */
 #define PACK_PREFETCH_PAIRS 64
 
@@ -680,11 +685,14 @@ static void gemm_nomem(float *y, const float *x, const uint16_t *W, int T, int N
         }
 }
 
-/* Scratch for a call, every algorithm and ISA covered: packed x (tiles of up to P512_MR rows,
- * fp32, K rounded up to even) plus one W slice per thread. */
-static size_t gemm_scratch_bytes(int T, int K, int threads) {
+/* Scratch for a call, every algorithm and ISA covered. PACKED: x of one token block in tiles of
+ * up to P512_MR rows (fp32, K rounded up to even) plus one W slice per thread. DOT: x as bf16 or
+ * rounded fp32. */
+static size_t gemm_scratch_bytes(int T, int K, int threads, cpu_gemm_algo algo) {
+    if (algo == CPU_GEMM_ALGO_DOT) return (size_t)T * (size_t)K * sizeof(float) + 64;
     size_t mr = P512_MR > P256_MR ? P512_MR : P256_MR;
-    size_t tiles = ((size_t)T + mr - 1) / mr + 1;
+    size_t tb = T < PACK_TB ? (size_t)T : PACK_TB;
+    size_t tiles = (tb + mr - 1) / mr + 1;
     size_t xbytes = align64(tiles * mr * ((size_t)K + 1) * sizeof(float));
     size_t wbytes = align64((size_t)PACK_KC * P512_NC * sizeof(float));
     return xbytes + (size_t)threads * wbytes + 64;
@@ -692,13 +700,12 @@ static size_t gemm_scratch_bytes(int T, int K, int threads) {
 
 int cpu_gemm_reserve(cpu_pool *pool, int max_T, int max_K, squad_err *err) {
     if (max_T <= 0 || max_K <= 0) return 0;
-    if (cpu_pool_scratch(pool, gemm_scratch_bytes(max_T, max_K, cpu_pool_threads(pool)), err)) return 0;
+    size_t packed = gemm_scratch_bytes(max_T, max_K, cpu_pool_threads(pool), CPU_GEMM_ALGO_PACKED);
+    size_t dot = gemm_scratch_bytes(max_T < DOT_MAX_T ? max_T : DOT_MAX_T, max_K, 1, CPU_GEMM_ALGO_DOT);
+    if (cpu_pool_scratch(pool, packed > dot ? packed : dot, err)) return 0;
     return squad_fail_context(err, "GEMM scratch: ");
 }
 
-/* T at or below which AUTO takes the DOT path: W is streamed once either way, and the packed path
- * would pad the x tile. */
-#define DOT_MAX_T 4
 
 static void gemm_run_dot(cpu_pool *pool, gemm_job *j, void *scratch) {
     int threads = cpu_pool_threads(pool), T = j->T, N = j->N;
@@ -722,7 +729,8 @@ static void gemm_run_dot(cpu_pool *pool, gemm_job *j, void *scratch) {
     cpu_pool_run(pool, gemm_dot_task, j, j->n_blocks * j->t_blocks);
 }
 
-static void gemm_run_packed(cpu_pool *pool, gemm_job *j, void *scratch) {
+/* One block of at most PACK_TB tokens: pack its x, then every W panel against it. */
+static void gemm_run_packed_block(cpu_pool *pool, gemm_job *j, void *scratch) {
     int threads = cpu_pool_threads(pool);
     const gemm_kernels *kn = &j->kern;
     j->Kp = kn->pairs ? (j->K + 1) / 2 : j->K;
@@ -743,6 +751,19 @@ static void gemm_run_packed(cpu_pool *pool, gemm_job *j, void *scratch) {
     j->t_block_rows = ceil_div(j->tiles, j->t_blocks);
     j->t_blocks = ceil_div(j->tiles, j->t_block_rows);
     cpu_pool_run_indexed(pool, gemm_packed_task, j, j->n_blocks * j->t_blocks);
+}
+
+/* Long inputs go in blocks of PACK_TB tokens, so packed x stays within L3 (and the scratch small)
+ * at the price of packing W once per block. */
+static void gemm_run_packed(cpu_pool *pool, gemm_job *j, void *scratch) {
+    gemm_job whole = *j;
+    for (int t0 = 0; t0 < whole.T; t0 += PACK_TB) {
+        *j = whole;
+        j->T = whole.T - t0 < PACK_TB ? whole.T - t0 : PACK_TB;
+        j->x = whole.x + (size_t)t0 * whole.K;
+        j->y = whole.y + (size_t)t0 * whole.N;
+        gemm_run_packed_block(pool, j, scratch);
+    }
 }
 
 void cpu_gemm_bf16_algo(cpu_pool *pool, float *y, const float *x, const uint16_t *W, int T, int N, int K,
@@ -772,7 +793,7 @@ void cpu_gemm_bf16_algo(cpu_pool *pool, float *y, const float *x, const uint16_t
     void *scratch = NULL;
     if (algo == CPU_GEMM_ALGO_PACKED || j.kern.xf != X_AS_IS) {
         squad_err e;
-        scratch = cpu_pool_scratch(pool, gemm_scratch_bytes(T, K, cpu_pool_threads(pool)), &e);
+        scratch = cpu_pool_scratch(pool, gemm_scratch_bytes(T, K, cpu_pool_threads(pool), algo), &e);
         if (!scratch) {
             gemm_nomem(y, x, W, T, N, K, accumulate, prec);
             return;
