@@ -13,6 +13,7 @@
  *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass (0.01); a K / V
  *    blob of more positions restored as a prefix, and the same row twice, bit for bit;
  *  - bad chunks are refused and the backend stays usable.
+ * SQUAD_GPU_TEST_QUICK=1 runs the fixtures and the cache scenario only (for compute-sanitizer).
  * Exits 77 (skipped) without a GPU.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -467,9 +468,12 @@ int main(void) {
         printf("gpu_test_backend: no CUDA device, skipped\n");
         return 77;
     }
+    /* SQUAD_GPU_TEST_QUICK=1 (under compute-sanitizer): the small fixtures and the cache scenario */
+    const char *quick = getenv("SQUAD_GPU_TEST_QUICK");
     const char *fixtures[] = {"tiny-causal", "tiny-cond-untied", "small-mha"};
     for (int i = 0; i < 3; i++) test_fixture(fixtures[i]);
     test_cache_scenario();
+    if (quick && quick[0] == '1') return test_summary("gpu_test_backend (quick)");
     test_synth();
     test_precapture();
     return test_summary("gpu_test_backend");

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# gpu_run.sh — the CUDA backend's build, tests, sanitizers and benchmark on the GPU machine, in one
+# call, logs into a folder.
+#
+#   tools/gpu_run.sh --prepare     HERE (no GPU needed): builds build-gpu/ (Release, sm_90 + PTX) and
+#                                  fills .carry/ with the binaries and the shared libraries the GPU
+#                                  machine lacks (jansson, PCRE2, utf8proc, libmicrohttpd and theirs).
+#   tools/gpu_run.sh OUTDIR        THERE (the run tool, carry [".carry"]): runs everything below and
+#                                  writes at most 8 logs into OUTDIR.
+#
+# Why carry binaries: the GPU machine has CUDA 13 and Python but not the Debian -dev packages the
+# build needs (pkg-config, jansson, PCRE2, utf8proc, libmicrohttpd), and builds there cost device
+# time. cuBLASLt comes from the machine's CUDA (or its pip nvidia-cublas) at run time.
+#
+# Steps there (STEPS="env tests memcheck racecheck bench hf" by default; each bounded by a timeout):
+#   env        GPU, driver, libraries found                       -> summary.log
+#   tests      gpu_test_kernels, gpu_test_backend                 -> test_kernels.log, test_backend.log
+#   memcheck   compute-sanitizer memcheck on both tests (backend: SQUAD_GPU_TEST_QUICK=1) -> memcheck.log
+#   racecheck  compute-sanitizer racecheck on gpu_test_kernels   -> racecheck.log
+#   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
+#   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CARRY=$ROOT/.carry
+BINS="squad gpu_test_kernels gpu_test_backend bench_gpu"
+
+if [ "${1:-}" = "--prepare" ]; then
+    set -e
+    cd "$ROOT"
+    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual" >/dev/null
+    cmake --build build-gpu -j2 --target $BINS
+    rm -rf "$CARRY"
+    mkdir -p "$CARRY/bin" "$CARRY/lib"
+    for b in $BINS; do cp build-gpu/$b "$CARRY/bin/"; done
+    # every shared library the binaries need except glibc, libstdc++ / libgcc and CUDA's own
+    for b in $BINS; do ldd build-gpu/$b; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+        grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcublas|libcudart' |
+        while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
+    # libmicrohttpd's own dependencies (gnutls and friends) for the squad binary
+    for l in "$CARRY"/lib/*.so*; do ldd "$l"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+        grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
+        while read -r lib; do [ -e "$CARRY/lib/$(basename "$lib")" ] || cp -L "$lib" "$CARRY/lib/"; done
+    git rev-parse HEAD >"$CARRY/COMMIT"
+    du -sh "$CARRY"
+    ls "$CARRY/lib"
+    exit 0
+fi
+
+OUT=${1:?usage: tools/gpu_run.sh OUTDIR | --prepare}
+mkdir -p "$OUT"
+cd "$ROOT"
+STEPS=${STEPS:-"env tests memcheck racecheck bench hf"}
+SUM=$OUT/summary.log
+BIN=$CARRY/bin
+MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-qwen3.5-0.8b}
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$SUM"; }
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# cuBLASLt: the machine's CUDA, else the pip wheel's
+CUBLAS_DIR=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-13.0/lib64; do
+    [ -e "$d/libcublasLt.so.13" ] && CUBLAS_DIR=$d && break
+done
+if [ -z "$CUBLAS_DIR" ]; then
+    CUBLAS_DIR=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
+fi
+# only our binaries get the carried libraries (python keeps its own)
+RUNENV="env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+step() { # step NAME TIMEOUT LOGFILE CMD...
+    local name=$1 to=$2 lf=$3
+    shift 3
+    local t0=$(date +%s)
+    timeout "$to" "$@" >>"$lf" 2>&1
+    local rc=$?
+    log "$name: exit $rc in $(($(date +%s) - t0)) s (log $(basename "$lf"))"
+    return $rc
+}
+
+log "gpu_run.sh: steps [$STEPS], carried build of $(cat "$CARRY/COMMIT" 2>/dev/null || echo '?'), tree $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+if has env; then
+    { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; uname -r
+      echo "cuBLASLt dir: $CUBLAS_DIR"; ls -la "$BIN" 2>&1; $RUNENV ldd "$BIN/gpu_test_backend" 2>&1 | grep -E "not found|cublas|jansson"
+      which compute-sanitizer nvcc python3 2>&1; } >>"$SUM" 2>&1
+fi
+if [ ! -x "$BIN/gpu_test_kernels" ]; then
+    log "no carried binaries in $BIN: run tools/gpu_run.sh --prepare here and carry .carry"
+    exit 2
+fi
+
+if has tests; then
+    step "gpu_test_kernels" 240 "$OUT/test_kernels.log" $RUNENV "$BIN/gpu_test_kernels"
+    step "gpu_test_backend" 420 "$OUT/test_backend.log" $RUNENV "$BIN/gpu_test_backend"
+fi
+if has memcheck; then
+    step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
+    step "memcheck gpu_test_backend (quick)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_backend"
+fi
+if has racecheck; then
+    step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
+fi
+BW=4300
+TF=790
+if has bench; then
+    if [ ! -e "$MODEL/model.safetensors" ]; then
+        step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
+    fi
+    if python3 - >"$OUT/ceil.txt" 2>>"$OUT/bench.log" <<'EOF'
+import torch
+x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda.synchronize(); s.record()
+for _ in range(10): y.copy_(x)
+e.record(); torch.cuda.synchronize(); bw = 2 * (1 << 30) * 10 / (s.elapsed_time(e) * 1e-3) / 1e9
+del x, y
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+for _ in range(3): a @ b
+torch.cuda.synchronize(); s.record()
+for _ in range(10): a @ b
+e.record(); torch.cuda.synchronize(); tf = 2 * 8192 ** 3 * 10 / (s.elapsed_time(e) * 1e-3) / 1e12
+print(f"{bw:.0f} {tf:.0f}")
+EOF
+    then
+        read -r BW TF <"$OUT/ceil.txt"
+        log "ceilings measured: copy $BW GB/s, bf16 matmul $TF TFLOP/s"
+    fi
+    rm -f "$OUT/ceil.txt"
+    step "bench_gpu" 300 "$OUT/bench.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF" --rows-out /tmp/bench_rows.jsonl --json /tmp/bench.json
+fi
+if has hf && [ -e /tmp/bench_rows.jsonl ]; then
+    step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json
+fi
+log "done"
+exit 0

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""hf_timing.py — transformers' own bf16 forward on the rows bench_gpu ran, on the same weights.
+
+    python3 tools/hf_timing.py --model DIR --rows ROWS.jsonl [--reps N] [--out FILE.json]
+
+ROWS.jsonl is bench_gpu's --rows-out: one row per case (cold rows; hits with "state_len") with
+squad's letter probabilities. For each row this script
+  - runs transformers (AutoModelForCausalLM, bf16, CUDA, its default attention and whatever Gated
+    DeltaNet kernels it finds: flash-linear-attention when importable, else its PyTorch fallback),
+  - compares the letter probabilities at the slot with squad's (max absolute difference, argmax),
+  - times the forward with CUDA events, median of --reps after a warm-up: a cold row is one forward
+    of all its tokens (logits_to_keep=1); a hit is the question's forward on a copy of the state's
+    cache (the state's own forward runs once, untimed), the same work squad's hit does.
+It also measures the two ceilings once (device-to-device copy bandwidth counting read + write,
+and an 8192^3 bf16 matmul on random data) and prints a table; --out writes everything as JSON.
+"""
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+
+
+def ceilings(torch):
+    dev = "cuda"
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=dev)  # 1 GiB
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        y.copy_(x)
+    e.record()
+    torch.cuda.synchronize()
+    bw = 2 * (1 << 30) * 10 / (s.elapsed_time(e) * 1e-3) / 1e9
+    del x, y
+    n = 8192
+    a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    s.record()
+    for _ in range(10):
+        a @ b
+    e.record()
+    torch.cuda.synchronize()
+    tf = 2 * n**3 * 10 / (s.elapsed_time(e) * 1e-3) / 1e12
+    return bw, tf
+
+
+def timed(torch, prep, fn, reps):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        x = prep()  # untimed preparation (a cache copy)
+        torch.cuda.synchronize()
+        s.record()
+        fn(x)
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return statistics.median(out), min(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--rows", required=True)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    rows = [json.loads(l) for l in open(args.rows) if l.strip()]
+    bw, tf = ceilings(torch)
+    print(f"ceilings: copy {bw:.0f} GB/s (read + write), bf16 matmul {tf:.0f} TFLOP/s", flush=True)
+    try:
+        import fla  # noqa: F401
+        gdn = "flash-linear-attention"
+    except Exception:  # noqa: BLE001
+        gdn = "PyTorch fallback (flash-linear-attention not installed)"
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}; model loaded in {time.time() - t0:.1f} s;"
+          f" GDN kernels: {gdn}; attention: {model.config._attn_implementation}", flush=True)
+    results = []
+    state_cache = {}
+    with torch.no_grad():
+        for r in rows:
+            ids = torch.tensor([r["ids"]], device="cuda")
+            slot, nopts, letters = r["slots"][0], r["nopts"][0], r["letters"]
+            n = ids.shape[1]
+            t_start = time.time()
+            if r["kind"] == "cold":
+                def run(_, ids=ids):
+                    return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+                logits = run(None)
+                p50, mn = timed(torch, lambda: None, run, args.reps)
+            else:
+                p = r["state_len"]
+                key = tuple(r["ids"][:p])
+                if key not in state_cache:
+                    state_cache.clear()
+                    out = model(input_ids=ids[:, :p], use_cache=True, logits_to_keep=1)
+                    state_cache[key] = out.past_key_values
+                pkv = state_cache[key]
+                q = ids[:, p:]
+
+                def run(cache, q=q):
+                    return model(input_ids=q, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+                logits = run(copy.deepcopy(pkv))
+                p50, mn = timed(torch, lambda pkv=pkv: copy.deepcopy(pkv), run, args.reps)
+            assert slot == n - 1, "bench rows have their slot at the end"
+            lg = logits[0, -1, letters[:nopts]].float()
+            probs = torch.softmax(lg.double(), -1).tolist()
+            diff = max(abs(a - b) for a, b in zip(probs, r["probs"][0]))
+            same = max(range(nopts), key=lambda i: probs[i]) == max(range(nopts), key=lambda i: r["probs"][0][i])
+            res = {"case": r["case"], "hf_p50_ms": p50, "hf_min_ms": mn, "squad_ms": r.get("squad_ms"),
+                   "max_abs_prob_diff": diff, "same_argmax": same, "hf_probs": probs, "squad_probs": r["probs"][0],
+                   "wall_s": time.time() - t_start}
+            results.append(res)
+            print(f"{r['case']:>14}: transformers p50 {p50:9.2f} ms (min {mn:.2f}); |p_hf - p_squad| max {diff:.2e}, "
+                  f"argmax {'same' if same else 'DIFFERS'}", flush=True)
+    print("\n| case | transformers p50 ms | max abs prob diff vs squad | same argmax |")
+    print("| --- | ---: | ---: | --- |")
+    for x in results:
+        print(f"| {x['case']} | {x['hf_p50_ms']:.2f} | {x['max_abs_prob_diff']:.2e} | {x['same_argmax']} |")
+    if args.out:
+        json.dump({"ceilings": {"copy_gbs": bw, "bf16_tflops": tf}, "gdn": gdn,
+                   "transformers": transformers.__version__, "torch": torch.__version__, "rows": results},
+                  open(args.out, "w"), indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
