@@ -7,7 +7,7 @@
  * seeded generator: the same preset, seed, layout and tokenizer give byte-identical files. Each
  * tensor's values depend only on the seed and the tensor's name inside the text model, so both
  * layouts hold the same weights. The file is streamed tensor by tensor (the 0.8B preset writes
- * about 1.6 GB without holding it in memory).
+ * about 1.5 GB without holding it in memory).
  */
 #ifndef SQUAD_SYNTH_H
 #define SQUAD_SYNTH_H
