@@ -20,6 +20,7 @@
 
 typedef enum { SQUAD_SYNTH_CAUSAL = 0, SQUAD_SYNTH_CONDITIONAL = 1 } squad_synth_layout;
 
+/* Zero-initialised options (plus preset and out_dir) mean: seed 0, causal layout, bf16. */
 typedef struct squad_synth_opts {
     const char *preset;  /* a name from squad_synth_preset_name */
     const char *out_dir; /* created when missing */
