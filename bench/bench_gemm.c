@@ -2,7 +2,10 @@
  * bench_gemm.c — GFLOP/s of cpu_gemm_bf16 (FAST and EXACT) against OpenBLAS cblas_sgemm on the
  * Qwen3.5-0.8B projection shapes, with 1 and 2 threads, and the share of the cores' fp32 FMA peak.
  *
- * Usage: bench_gemm [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--no-blas]
+ * Usage: bench_gemm [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--wall] [--no-blas]
+ * Times are process CPU time divided by the thread count unless --wall: on a machine shared with
+ * other work, wall time measures the neighbours; CPU time measures the code (spin-waits included,
+ * so a multi-threaded figure errs low). On a quiet machine use --wall.
  * OpenBLAS gets an fp32 copy of W (it has no bf16 x fp32 GEMM); OPENBLAS_CORETYPE, when set in the
  * environment, forces OpenBLAS's kernel choice: run with it unset for a fair comparison (the
  * program prints the kernel OpenBLAS picked). Every figure is the median of several runs.
@@ -164,8 +167,10 @@ static void run_once(int method, cpu_pool *pool, bench_data *d, int T, int N, in
 }
 
 /* Median seconds per call: at least min_runs runs and about `seconds` in all. */
+/* cpu_clock: process CPU time divided by the thread count, the time the call would take with the
+ * threads' cores to themselves (spin-waiting counts, so it errs on the slow side); else wall time. */
 static double time_method(int method, cpu_pool *pool, bench_data *d, int T, int N, int K, double seconds,
-                          int cpu_clock) {
+                          int cpu_clock, int threads) {
     enum { MAX_RUNS = 51, MIN_RUNS = 5 };
     double times[MAX_RUNS];
     double (*clk)(void) = cpu_clock ? cpu_s : now_s;
@@ -175,7 +180,7 @@ static double time_method(int method, cpu_pool *pool, bench_data *d, int T, int 
     while (n < MAX_RUNS && (n < MIN_RUNS || now_s() - start < seconds)) {
         double t0 = clk();
         run_once(method, pool, d, T, N, K);
-        times[n++] = clk() - t0;
+        times[n++] = (clk() - t0) / (cpu_clock ? threads : 1);
     }
     qsort(times, (size_t)n, sizeof times[0], cmp_double);
     return times[n / 2];
@@ -197,7 +202,7 @@ int main(int argc, char **argv) {
     int Ts[8] = {1, 128, 512, 2048}, nT = 4;
     int threads_list[8] = {1, 2}, n_threads = 2;
     double seconds = 0.4;
-    int use_blas = 1;
+    int use_blas = 1, cpu_clock = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--T") && i + 1 < argc)
             nT = parse_list(argv[++i], Ts, 8);
@@ -205,10 +210,12 @@ int main(int argc, char **argv) {
             n_threads = parse_list(argv[++i], threads_list, 8);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
             seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--wall"))
+            cpu_clock = 0;
         else if (!strcmp(argv[i], "--no-blas"))
             use_blas = 0;
         else {
-            fprintf(stderr, "usage: %s [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--no-blas]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--wall] [--no-blas]\n", argv[0]);
             return 2;
         }
     }
@@ -265,7 +272,7 @@ int main(int argc, char **argv) {
         openblas_set_num_threads(threads);
         double peak = ghz * fpc * threads;
         printf("threads %d: fp32 FMA peak %.1f GFLOP/s; times: %s\n", threads, peak,
-               threads == 1 ? "process CPU time (immune to other load)" : "wall clock");
+               cpu_clock ? "process CPU time / threads (immune to other load on the machine)" : "wall clock");
         printf("%-16s %5s %6s %6s | %10s %10s %10s | %7s %7s %7s | %s\n", "shape", "T", "N", "K", "FAST", "EXACT",
                "OpenBLAS", "FAST%pk", "EXA%pk", "BLAS%pk", "FAST/BLAS");
         for (int tt = 0; tt < nT; tt++) {
@@ -276,7 +283,7 @@ int main(int argc, char **argv) {
                 double flop = 2.0 * T * N * K, gf[N_METHODS] = {0};
                 for (int m = 0; m < N_METHODS; m++) {
                     if (m == M_BLAS && !use_blas) continue;
-                    double t = time_method(m, pool, &d, T, N, K, seconds, threads == 1);
+                    double t = time_method(m, pool, &d, T, N, K, seconds, cpu_clock, threads);
                     gf[m] = flop / t * 1e-9;
                     model_s[m] += t * SHAPES[s].uses;
                 }

@@ -278,7 +278,7 @@ P512_KERNEL_BF16(kern_512_bf16_3, 3)
 
 /* Transposes a 16 x 16 block of 32-bit elements held in r[0..15] (row i -> column i). Three
  * rounds: 32-bit interleaves, 64-bit interleaves, then 128-bit lane shuffles. */
-TARGET_AVX512 static inline void transpose16x16(__m512i r[16]) {
+TARGET_AVX512 static inline __attribute__((always_inline)) void transpose16x16(__m512i r[16]) {
     __m512i a[16], c[16];
     for (int i = 0; i < 16; i += 2) {
         a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -438,8 +438,10 @@ TARGET_AVX512BF16 static void pack_x_bf16_512(void *xpv, const float *x, int T, 
                                               int round) {
     uint32_t *xp = xpv;
     int K2 = (K + 1) / 2;
-    for (int tile = tile0; tile < tile1; tile++) {
-        uint32_t *dst = xp + (size_t)tile * K2 * P512_MR;
+    /* Two tiles per transpose: rows 0-7 of the block are tile `tile`, rows 8-15 tile `tile + 1`. */
+    for (int tile = tile0; tile < tile1; tile += 2) {
+        int two = tile + 1 < tile1;
+        uint32_t *dst0 = xp + (size_t)tile * K2 * P512_MR, *dst1 = dst0 + (size_t)K2 * P512_MR;
         for (int pb = 0; pb < K2; pb += 16) {
             int pairs = K2 - pb < 16 ? K2 - pb : 16, e = K - 2 * pb;
             __mmask16 mlo = (__mmask16)(e >= 16 ? 0xffffu : (1u << e) - 1u);
@@ -447,7 +449,7 @@ TARGET_AVX512BF16 static void pack_x_bf16_512(void *xpv, const float *x, int T, 
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
                 int t = tile * P512_MR + i;
-                if (i >= P512_MR || t >= T) {
+                if (t >= T || (i >= P512_MR && !two)) {
                     r[i] = _mm512_setzero_si512();
                     continue;
                 }
@@ -456,13 +458,17 @@ TARGET_AVX512BF16 static void pack_x_bf16_512(void *xpv, const float *x, int T, 
                 r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
             }
             transpose16x16(r);
-            for (int j = 0; j < pairs; j++) _mm256_storeu_si256((__m256i *)(dst + (size_t)(pb + j) * P512_MR), _mm512_castsi512_si256(r[j]));
+            for (int j = 0; j < pairs; j++) {
+                _mm256_storeu_si256((__m256i *)(dst0 + (size_t)(pb + j) * P512_MR), _mm512_castsi512_si256(r[j]));
+                if (two)
+                    _mm256_storeu_si256((__m256i *)(dst1 + (size_t)(pb + j) * P512_MR), _mm512_extracti64x4_epi64(r[j], 1));
+            }
         }
     }
 }
 
-/* pack_x_f32 for 8-token tiles with AVX-512 (no rounding: the FAST case without vdpbf16ps keeps
- * the scalar packer). */
+/* pack_x_f32 for 8-token tiles with AVX-512, two tiles per transpose (no rounding: the FAST case
+ * without vdpbf16ps keeps the scalar packer). */
 TARGET_AVX512 static void pack_x_f32_512(void *xpv, const float *x, int T, int K, int mr, int tile0, int tile1,
                                          int round) {
     if (round) {
@@ -470,19 +476,25 @@ TARGET_AVX512 static void pack_x_f32_512(void *xpv, const float *x, int T, int K
         return;
     }
     float *xp = xpv;
-    for (int tile = tile0; tile < tile1; tile++) {
-        float *dst = xp + (size_t)tile * K * P512_MR;
+    for (int tile = tile0; tile < tile1; tile += 2) {
+        int two = tile + 1 < tile1;
+        float *dst0 = xp + (size_t)tile * K * P512_MR, *dst1 = dst0 + (size_t)K * P512_MR;
         for (int kb = 0; kb < K; kb += 16) {
             int cnt = K - kb < 16 ? K - kb : 16;
             __mmask16 mask = (__mmask16)(cnt >= 16 ? 0xffffu : (1u << cnt) - 1u);
             __m512i r[16];
             for (int i = 0; i < 16; i++) {
                 int t = tile * P512_MR + i;
-                r[i] = i < P512_MR && t < T ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, x + (size_t)t * K + kb))
-                                            : _mm512_setzero_si512();
+                r[i] = t < T && (i < P512_MR || two)
+                           ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mask, x + (size_t)t * K + kb))
+                           : _mm512_setzero_si512();
             }
             transpose16x16(r);
-            for (int j = 0; j < cnt; j++) _mm256_storeu_si256((__m256i *)(dst + (size_t)(kb + j) * P512_MR), _mm512_castsi512_si256(r[j]));
+            for (int j = 0; j < cnt; j++) {
+                _mm256_storeu_si256((__m256i *)(dst0 + (size_t)(kb + j) * P512_MR), _mm512_castsi512_si256(r[j]));
+                if (two)
+                    _mm256_storeu_si256((__m256i *)(dst1 + (size_t)(kb + j) * P512_MR), _mm512_extracti64x4_epi64(r[j], 1));
+            }
         }
     }
 }
@@ -741,6 +753,7 @@ static void gemm_run_packed_block(cpu_pool *pool, gemm_job *j, void *scratch) {
     j->wpack_stride = align64((size_t)PACK_KC * kn->nc * 4);
 
     j->tiles_per_task = ceil_div(j->tiles, threads * TASKS_PER_THREAD);
+    j->tiles_per_task += j->tiles_per_task & 1; /* the AVX-512 packers transpose two tiles at once */
     cpu_pool_run(pool, gemm_pack_x_task, j, ceil_div(j->tiles, j->tiles_per_task));
 
     /* Tasks: one W panel each; when panels are too few for the threads, the tiles are split too. */
