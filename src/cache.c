@@ -14,20 +14,26 @@
  *  - Placement (squad_cache_bounds): with p = state_len rounded down to `align`, checkpoints at p
  *    (the same state again), at state_len - tail rounded down (a state that grows at its end), at
  *    the multiples of `stride` (a state whose middle changes), plus extra chunk ends so no chunk is
- *    longer than the backend's largest; only positions beyond the restored one are made.
- *  - The index: a chained hash table keyed by a 64-bit hash of the prefix [0, pos) of each
- *    checkpoint (pos a multiple of align). A row hashes its prefix block by block (one pass, each
- *    key extends the previous one) and probes from its deepest aligned position down; the first
- *    candidate whose position and tokens match is the deepest shared checkpoint. The cost is a
- *    probe per block of the row plus one token comparison per candidate, whatever the number of
- *    cached states.
+ *    longer than the backend's largest; only positions beyond the restored one are made. One more,
+ *    the fork: the deepest aligned position up to which the row shares tokens with any cached
+ *    state. An agent's state changes in its middle where its history ends (a step appended, then
+ *    a new page); the row's tokens diverge from the cached state there, and the next state of the
+ *    same agent shares the history up to that point again, so a checkpoint there is reused by the
+ *    next step instead of restarting from the last stride multiple.
+ *  - Two indexes, chained hash tables keyed by a 64-bit hash of a prefix [0, pos) (pos a multiple of
+ *    align): the checkpoint index (one entry per checkpoint) and the block index (one entry per
+ *    aligned position of each group's tokens, for the fork). A row hashes its prefix block by
+ *    block (one pass, each key extends the previous one) and probes from its deepest aligned
+ *    position down; the first candidate whose position and tokens match is the deepest. The cost
+ *    is a probe per block of the row plus a token comparison per candidate, whatever the number
+ *    of cached states; a hash match alone never decides.
  *  - LRU and budget: checkpoints sit on one list, least recently used first. Every byte held
- *    counts: GDN blobs, K / V blobs, token copies, the structures and the index's bucket array.
- *    Before each allocation the least recently used checkpoints not in use by the running row are
- *    evicted to make room, and after the row the total is brought within the budget. A group (its
- *    K / V and tokens) is freed with its last checkpoint. A row keeps only as many of its new
- *    checkpoints (the deepest first) as fit the budget on their own, so a budget too small for one
- *    checkpoint caches nothing and still answers the row.
+ *    counts: GDN blobs, K / V blobs, token copies, block entries, the structures and both indexes'
+ *    bucket arrays. Before each allocation the least recently used checkpoints not in use by the
+ *    running row are evicted to make room, and after the row the total is brought within the
+ *    budget. A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
+ *    keeps only as many of its new checkpoints (the deepest first) as fit the budget on their own,
+ *    so a budget too small for one checkpoint caches nothing and still answers the row.
  *
  * The cache drives the backend itself (reset, load, save) and runs spans through a span runner
  * (squad_engine_run_span in production; tests pass their own through cache_internal.h).
@@ -41,7 +47,7 @@
 #include "engine.h"
 #include "util.h"
 
-/* The index's bucket array: never smaller than this once it exists, doubled when the checkpoints
+/* An index's bucket array: never smaller than this once it exists, doubled when its entries
  * outnumber the buckets, shrunk when they fall under a quarter of them, freed when empty. */
 #define INDEX_MIN_BUCKETS 16
 #define INDEX_SHRINK_FACTOR 4
@@ -49,24 +55,45 @@
 /* Prefix hashing: a 64-bit chain over the tokens (splitmix64's finaliser as the step). */
 #define KEY_SEED 0x9e3779b97f4a7c15ull
 
+/* ---- structures ------------------------------------------------------------------------------ */
+
+/* The part of an index entry the hash table sees (first member of each entry type). */
+typedef struct index_node {
+    uint64_t key;
+    struct index_node *next; /* the next entry in its bucket */
+} index_node;
+
+typedef struct index_table {
+    index_node **buckets;
+    size_t n_buckets; /* 0 or a power of two */
+    size_t n_nodes;
+} index_table;
+
 typedef struct cache_group cache_group;
 
 typedef struct cache_ckpt {
+    index_node node;     /* key: hash of the group's tokens [0, pos) */
     int pos;             /* the state after tokens [0, pos) */
     int route;           /* the route its upper layers ran with (0: the trunk) */
-    uint64_t key;        /* index key: hash of the group's tokens [0, pos) */
-    uint64_t last_row;   /* serial of the last row that used or made it (pinned while it runs) */
     void *gdn;           /* backend blob of gdn_snapshot_bytes */
     cache_group *group;
     struct cache_ckpt *lru_prev, *lru_next; /* lru_prev toward the least recently used */
-    struct cache_ckpt *index_next;          /* the next checkpoint in its bucket */
 } cache_ckpt;
 
+/* A block index entry: the group's tokens [0, pos) exist (for the fork search). */
+typedef struct block_entry {
+    index_node node;
+    int pos;
+    cache_group *group;
+} block_entry;
+
 struct cache_group {
-    int32_t *ids;  /* tokens [0, n_pos): what lookups are verified against */
-    void *kv;      /* backend blob: K / V of positions [0, n_pos) */
+    int32_t *ids;        /* tokens [0, n_pos): what lookups are verified against */
+    void *kv;            /* backend blob: K / V of positions [0, n_pos) */
+    block_entry *blocks; /* n_pos / align entries, one per aligned position */
     int n_pos;
-    int n_ckpts;   /* freed with its last checkpoint */
+    int n_ckpts;         /* freed with its last checkpoint */
+    uint64_t pin_row;    /* serial of the row using it: make_room leaves its checkpoints alone */
     struct cache_group *prev, *next; /* every group, for checks and teardown */
 };
 
@@ -75,11 +102,10 @@ struct squad_cache {
     squad_cache_opts opts;
     cache_ckpt *lru_old, *lru_new; /* the list's two ends */
     cache_group *groups;
-    cache_ckpt **buckets;
-    size_t n_buckets; /* 0 or a power of two */
+    index_table ckpt_index, block_index;
     size_t n_ckpts, n_groups;
-    size_t backend_bytes, host_bytes;
-    size_t pending_bytes; /* GDN blobs saved by the running row, not yet committed */
+    size_t backend_bytes, host_bytes; /* host_bytes: structures, tokens, block entries (not the buckets) */
+    size_t pending_bytes;             /* GDN blobs saved by the running row, not yet committed */
     uint64_t row_serial;
     uint64_t key_mask; /* all ones; tests narrow it to force hash collisions */
     squad_cache_stats stats; /* the counters (the sizes are filled in on request) */
@@ -104,15 +130,7 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-static size_t ckpt_cost(const squad_cache *c) { return sizeof(cache_ckpt) + c->be->gdn_snapshot_bytes; }
-
-static size_t group_cost(const squad_cache *c, int n_pos) {
-    return sizeof(cache_group) + (size_t)n_pos * (sizeof(int32_t) + c->be->kv_bytes_per_pos);
-}
-
-static size_t bytes_held(const squad_cache *c) { return c->backend_bytes + c->host_bytes + c->pending_bytes; }
-
-/* The buckets the index wants for n checkpoints (0 when empty). */
+/* The buckets an index wants for n entries (0 when empty). */
 static size_t buckets_for(size_t n) {
     if (n == 0) return 0;
     size_t b = INDEX_MIN_BUCKETS;
@@ -120,30 +138,48 @@ static size_t buckets_for(size_t n) {
     return b;
 }
 
+static size_t table_bytes(const index_table *t) { return t->n_buckets * sizeof *t->buckets; }
+
+static size_t ckpt_cost(const squad_cache *c) { return sizeof(cache_ckpt) + c->be->gdn_snapshot_bytes; }
+
+static size_t group_cost(const squad_cache *c, int n_pos) {
+    return sizeof(cache_group) + (size_t)n_pos * (sizeof(int32_t) + c->be->kv_bytes_per_pos) +
+           (size_t)(n_pos / c->opts.align) * sizeof(block_entry);
+}
+
+static size_t bytes_held(const squad_cache *c) {
+    return c->backend_bytes + c->host_bytes + c->pending_bytes + table_bytes(&c->ckpt_index) +
+           table_bytes(&c->block_index);
+}
+
 size_t squad_cache_ckpt_cost(const squad_cache *c) { return ckpt_cost(c); }
 size_t squad_cache_group_cost(const squad_cache *c, int n_positions) { return group_cost(c, n_positions); }
 
 /* ---- placement ------------------------------------------------------------------------------- */
 
-int squad_cache_bounds(const squad_cache_opts *o, int max_chunk, int c0, int state_len, int *out, int cap) {
+int squad_cache_bounds(const squad_cache_opts *o, int max_chunk, int c0, int state_len, int fork, int *out,
+                       int cap) {
     const int align = o->align;
     const int end = align_down(state_len, align);
     /* the chunk-length cap, aligned so the extra ends are checkpoint positions too; when the
      * backend's chunk is shorter than align, the span runner splits the chunks itself */
     const int step = align_down(max_chunk, align);
-    /* candidates in ascending order: stride multiples below end, merged with the tail one and end */
-    int extra[2], n_extra = 0;
-    if (o->tail > 0) {
-        int t = align_down(state_len - o->tail, align);
-        if (t > c0 && t < end) extra[n_extra++] = t;
+    /* the positions that are not stride multiples (fork, tail, end), ascending */
+    int extra[3], n_extra = 0;
+    const int tail = o->tail > 0 ? align_down(state_len - o->tail, align) : 0;
+    const int candidates[3] = {align_down(fork, align), tail, end};
+    for (int i = 0; i < 3; i++) {
+        const int x = candidates[i];
+        if (x <= c0 || x > end) continue;
+        int j = n_extra++;
+        for (; j > 0 && extra[j - 1] > x; j--) extra[j] = extra[j - 1];
+        extra[j] = x;
     }
-    if (end > c0) extra[n_extra++] = end;
     long long next_stride = o->stride > 0 ? ((long long)c0 / o->stride + 1) * o->stride : LLONG_MAX;
     int n = 0, last = c0, ei = 0;
     for (;;) {
         int x;
-        int stride_ok = next_stride < end;
-        if (stride_ok && (ei >= n_extra || align_down((int)next_stride, align) <= extra[ei])) {
+        if (next_stride < end && (ei >= n_extra || align_down((int)next_stride, align) <= extra[ei])) {
             x = align_down((int)next_stride, align);
             next_stride += o->stride;
         } else if (ei < n_extra) {
@@ -151,7 +187,7 @@ int squad_cache_bounds(const squad_cache_opts *o, int max_chunk, int c0, int sta
         } else {
             break;
         }
-        if (x <= last) continue; /* rounding can repeat a position */
+        if (x <= last) continue; /* rounding and coinciding rules can repeat a position */
         while (step > 0 && x - last > step) {
             last += step;
             if (n < cap) out[n] = last;
@@ -164,7 +200,7 @@ int squad_cache_bounds(const squad_cache_opts *o, int max_chunk, int c0, int sta
     return n;
 }
 
-/* ---- the index ------------------------------------------------------------------------------- */
+/* ---- the indexes ----------------------------------------------------------------------------- */
 
 void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64_t *keys) {
     uint64_t h = KEY_SEED;
@@ -176,63 +212,92 @@ void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64
     }
 }
 
-static size_t bucket_of(const squad_cache *c, uint64_t key) { return (size_t)(key & (c->n_buckets - 1)); }
+static size_t bucket_of(const index_table *t, uint64_t key) { return (size_t)(key & (t->n_buckets - 1)); }
 
-/* Moves every checkpoint into a bucket array of n (a power of two, or 0 to drop the array when
- * there are no checkpoints). Keeps the old array when the new one cannot be allocated: chains get
- * longer, lookups stay correct. */
-static void index_resize(squad_cache *c, size_t n) {
-    if (n == c->n_buckets) return;
-    cache_ckpt **nb = NULL;
+/* Moves every entry into a bucket array of n (a power of two; 0 only when empty). Keeps the old
+ * array when the new one cannot be allocated: chains get longer, lookups stay correct. */
+static void table_resize(index_table *t, size_t n) {
+    if (n == t->n_buckets || (n == 0 && t->n_nodes > 0)) return;
+    index_node **nb = NULL;
     if (n > 0) {
         nb = calloc(n, sizeof *nb);
         if (!nb) return;
     }
-    for (size_t b = 0; b < c->n_buckets; b++) {
-        cache_ckpt *k = c->buckets[b];
-        while (k) {
-            cache_ckpt *next = k->index_next;
-            size_t i = (size_t)(k->key & (n - 1));
-            k->index_next = nb[i];
-            nb[i] = k;
-            k = next;
+    for (size_t b = 0; b < t->n_buckets; b++) {
+        index_node *x = t->buckets[b];
+        while (x) {
+            index_node *next = x->next;
+            size_t i = (size_t)(x->key & (n - 1));
+            x->next = nb[i];
+            nb[i] = x;
+            x = next;
         }
     }
-    free(c->buckets);
-    c->host_bytes -= c->n_buckets * sizeof *c->buckets;
-    c->buckets = nb;
-    c->n_buckets = n;
-    c->host_bytes += n * sizeof *nb;
+    free(t->buckets);
+    t->buckets = nb;
+    t->n_buckets = n;
 }
 
-/* -1 when there is no bucket array and none can be allocated. */
-static int index_insert(squad_cache *c, cache_ckpt *k) {
-    if (c->n_ckpts + 1 > c->n_buckets) index_resize(c, buckets_for(c->n_ckpts + 1));
-    if (c->n_buckets == 0) return -1;
-    size_t i = bucket_of(c, k->key);
-    k->index_next = c->buckets[i];
-    c->buckets[i] = k;
-    return 0;
+/* Buckets for n_more further entries; -1 when the index has none and none can be allocated. */
+static int table_reserve(index_table *t, size_t n_more) {
+    if (t->n_nodes + n_more > t->n_buckets) table_resize(t, buckets_for(t->n_nodes + n_more));
+    return t->n_buckets ? 0 : -1;
 }
 
-static void index_remove(squad_cache *c, cache_ckpt *k) {
-    cache_ckpt **pp = &c->buckets[bucket_of(c, k->key)];
-    while (*pp && *pp != k) pp = &(*pp)->index_next;
-    if (*pp) *pp = k->index_next;
-    k->index_next = NULL;
+/* Needs a bucket array (table_reserve). */
+static void table_insert(index_table *t, index_node *x) {
+    size_t i = bucket_of(t, x->key);
+    x->next = t->buckets[i];
+    t->buckets[i] = x;
+    t->n_nodes++;
 }
 
-/* The deepest checkpoint whose position is <= n_blocks * align and whose tokens equal ids. */
-static cache_ckpt *index_deepest(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks) {
-    if (c->n_buckets == 0) return NULL;
+static void table_remove(index_table *t, index_node *x) {
+    index_node **pp = &t->buckets[bucket_of(t, x->key)];
+    while (*pp && *pp != x) pp = &(*pp)->next;
+    if (*pp) {
+        *pp = x->next;
+        t->n_nodes--;
+    }
+    x->next = NULL;
+}
+
+/* A smaller bucket array when it is mostly empty; none when empty. */
+static void table_fit(index_table *t) {
+    if (t->n_nodes == 0) table_resize(t, 0);
+    else if (t->n_nodes * INDEX_SHRINK_FACTOR < t->n_buckets && t->n_buckets > INDEX_MIN_BUCKETS)
+        table_resize(t, buckets_for(t->n_nodes * 2));
+}
+
+static const index_node *table_chain(const index_table *t, uint64_t key) {
+    return t->n_buckets ? t->buckets[bucket_of(t, key)] : NULL;
+}
+
+/* The deepest checkpoint at a position <= n_blocks * align whose tokens equal ids. */
+static cache_ckpt *deepest_ckpt(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks) {
     const int align = c->opts.align;
-    for (int k = n_blocks; k >= 1; k--) {
+    for (int k = n_blocks; k >= 1 && c->n_ckpts > 0; k--) {
         const uint64_t key = keys[k - 1] & c->key_mask;
-        const int pos = k * align;
-        for (cache_ckpt *x = c->buckets[bucket_of(c, key)]; x; x = x->index_next) {
-            if (x->key != key || x->pos != pos) continue;
+        for (const index_node *x = table_chain(&c->ckpt_index, key); x; x = x->next) {
+            cache_ckpt *ck = (cache_ckpt *)x;
+            if (x->key != key || ck->pos != k * align) continue;
             /* a hash match is only a candidate: the tokens decide */
-            if (memcmp(x->group->ids, ids, (size_t)pos * sizeof *ids) == 0) return x;
+            if (memcmp(ck->group->ids, ids, (size_t)ck->pos * sizeof *ids) == 0) return ck;
+        }
+    }
+    return NULL;
+}
+
+/* The deepest block (lo_block < block <= n_blocks) of a cached group whose tokens equal ids. */
+static const block_entry *deepest_block(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int lo_block,
+                                        int n_blocks) {
+    const int align = c->opts.align;
+    for (int k = n_blocks; k > lo_block && c->n_groups > 0; k--) {
+        const uint64_t key = keys[k - 1] & c->key_mask;
+        for (const index_node *x = table_chain(&c->block_index, key); x; x = x->next) {
+            const block_entry *b = (const block_entry *)x;
+            if (x->key != key || b->pos != k * align) continue;
+            if (memcmp(b->group->ids, ids, (size_t)b->pos * sizeof *ids) == 0) return b;
         }
     }
     return NULL;
@@ -244,7 +309,7 @@ int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) {
     uint64_t *keys = malloc((size_t)n_blocks * sizeof *keys);
     if (!keys) return 0;
     squad_cache_prefix_keys(ids, c->opts.align, n_blocks, keys);
-    cache_ckpt *x = index_deepest(c, ids, keys, n_blocks);
+    const cache_ckpt *x = deepest_ckpt(c, ids, keys, n_blocks);
     free(keys);
     return x ? x->pos : 0;
 }
@@ -271,16 +336,21 @@ static void group_free(squad_cache *c, cache_group *g) {
     if (g->prev) g->prev->next = g->next;
     else c->groups = g->next;
     if (g->next) g->next->prev = g->prev;
+    const int n_blocks = g->n_pos / c->opts.align;
+    for (int i = 0; i < n_blocks; i++) table_remove(&c->block_index, &g->blocks[i].node);
+    table_fit(&c->block_index);
     c->be->release(c->be, g->kv);
     c->backend_bytes -= (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+    c->host_bytes -= group_cost(c, g->n_pos) - (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+    free(g->blocks);
     free(g->ids);
-    c->host_bytes -= sizeof *g + (size_t)g->n_pos * sizeof *g->ids;
     free(g);
     c->n_groups--;
 }
 
 static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
-    index_remove(c, k);
+    table_remove(&c->ckpt_index, &k->node);
+    table_fit(&c->ckpt_index);
     lru_unlink(c, k);
     c->be->release(c->be, k->gdn);
     c->backend_bytes -= c->be->gdn_snapshot_bytes;
@@ -290,21 +360,22 @@ static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
     free(k);
     if (--g->n_ckpts == 0) group_free(c, g); /* its K / V go with its last checkpoint */
     c->stats.evicted++;
-    if (c->n_ckpts == 0) index_resize(c, 0);
 }
 
-/* Evicts least recently used checkpoints until `need` more bytes fit the budget; stops at the
- * first one the running row uses (pinned: every later one is more recent, so also pinned). */
-static void make_room(squad_cache *c, size_t need, uint64_t pin_serial) {
-    while (c->lru_old && bytes_held(c) + need > c->opts.budget_bytes && c->lru_old->last_row != pin_serial)
-        ckpt_evict(c, c->lru_old);
+/* Evicts least recently used checkpoints until `need` more bytes fit the budget, leaving those of
+ * the groups the running row uses (pinned: it restored from one, it may add checkpoints to one). */
+static void make_room(squad_cache *c, size_t need, uint64_t serial) {
+    cache_ckpt *k = c->lru_old;
+    while (k && bytes_held(c) + need > c->opts.budget_bytes) {
+        cache_ckpt *next = k->lru_next; /* an unpinned group cannot own it once k is gone */
+        if (k->group->pin_row != serial) ckpt_evict(c, k);
+        k = next;
+    }
 }
 
 /* After a row: least recently used first until the bytes held are within the budget. */
 static void evict_to_budget(squad_cache *c) {
     while (c->lru_old && bytes_held(c) > c->opts.budget_bytes) ckpt_evict(c, c->lru_old);
-    if (c->n_ckpts > 0 && c->n_ckpts * INDEX_SHRINK_FACTOR < c->n_buckets && c->n_buckets > INDEX_MIN_BUCKETS)
-        index_resize(c, buckets_for(c->n_ckpts * 2));
 }
 
 /* ---- lifetime -------------------------------------------------------------------------------- */
@@ -331,7 +402,8 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
 void squad_cache_free(squad_cache *c) {
     if (!c) return;
     while (c->lru_old) ckpt_evict(c, c->lru_old);
-    free(c->buckets);
+    free(c->ckpt_index.buckets);
+    free(c->block_index.buckets);
     free(c);
 }
 
@@ -353,15 +425,17 @@ int squad_cache_eligible(const squad_cache *c, const squad_row *row) {
 }
 
 /* What a row will do: restore `best` (or start cold), run the prefix to each bound, checkpoint
- * the deepest `n_keep` bounds into `group` (NULL: a new group of [0, p)). */
+ * the deepest `n_keep` bounds into `share` (a cached group that already holds this row's tokens
+ * [0, p) and their K / V) or into a new group of [0, p). */
 typedef struct row_plan {
     int p, c0;
     cache_ckpt *best;
+    cache_group *share;
+    int fork;
     int *bounds;
     int n_bounds;
     int n_keep;
-    int reuse_group; /* the restored group already holds this row's tokens [0, p) */
-    uint64_t *keys;  /* prefix keys of [0, k * align), k = 1..p / align */
+    uint64_t *keys; /* prefix keys of [0, k * align), k = 1..p / align */
     pending_ckpt *pending;
 } row_plan;
 
@@ -372,12 +446,13 @@ static void plan_free(row_plan *pl) {
 }
 
 /* How many of n new checkpoints (the deepest first) fit the budget on their own, with their group
- * when one is needed and the index's buckets for them. */
-static int plan_keep(const squad_cache *c, int n, int p, int reuse_group) {
+ * when one is needed and the indexes' buckets for them. */
+static int plan_keep(const squad_cache *c, int n, int p, int new_group) {
     const size_t budget = c->opts.budget_bytes;
-    const size_t base = reuse_group ? 0 : group_cost(c, p);
+    const size_t blocks = new_group ? buckets_for((size_t)(p / c->opts.align)) * sizeof(index_node *) : 0;
+    const size_t base = (new_group ? group_cost(c, p) : 0) + blocks;
     int m = n;
-    while (m > 0 && base + (size_t)m * ckpt_cost(c) + buckets_for((size_t)m) * sizeof(cache_ckpt *) > budget) m--;
+    while (m > 0 && base + (size_t)m * ckpt_cost(c) + buckets_for((size_t)m) * sizeof(index_node *) > budget) m--;
     return m;
 }
 
@@ -389,22 +464,23 @@ static int plan_row(squad_cache *c, const squad_row *row, row_plan *pl, squad_er
     pl->keys = squad_malloc((size_t)n_blocks * sizeof *pl->keys, err);
     if (!pl->keys) return SQUAD_E_NOMEM;
     squad_cache_prefix_keys(row->ids, align, n_blocks, pl->keys);
-    pl->best = index_deepest(c, row->ids, pl->keys, n_blocks);
+    pl->best = deepest_ckpt(c, row->ids, pl->keys, n_blocks);
     pl->c0 = pl->best ? pl->best->pos : 0;
     if (pl->c0 >= pl->p) return 0; /* the same state again: nothing of the prefix to compute */
 
+    /* how far the row shares tokens with any cached state (at least c0): a group holding all of
+     * [0, p) takes the new checkpoints; else the fork becomes a checkpoint */
+    const block_entry *shared = deepest_block(c, row->ids, pl->keys, pl->c0 / align, n_blocks);
+    if (shared && shared->pos == pl->p) pl->share = shared->group;
+    else if (shared) pl->fork = shared->pos;
+
     const int max_chunk = c->be->max_chunk;
-    const int nb = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, NULL, 0);
+    const int nb = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, pl->fork, NULL, 0);
     pl->bounds = squad_malloc((size_t)nb * sizeof *pl->bounds, err);
     pl->pending = squad_calloc((size_t)nb, sizeof *pl->pending, err);
     if (!pl->bounds || !pl->pending) return SQUAD_E_NOMEM;
-    pl->n_bounds = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, pl->bounds, nb);
-    /* the restored group may already hold this row's K / V of [0, p): its deeper checkpoints were
-     * evicted, the tokens are the same */
-    const cache_group *g = pl->best ? pl->best->group : NULL;
-    pl->reuse_group = g && g->n_pos >= pl->p &&
-                      memcmp(g->ids + pl->c0, row->ids + pl->c0, (size_t)(pl->p - pl->c0) * sizeof *row->ids) == 0;
-    pl->n_keep = plan_keep(c, pl->n_bounds, pl->p, pl->reuse_group);
+    pl->n_bounds = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, pl->fork, pl->bounds, nb);
+    pl->n_keep = plan_keep(c, pl->n_bounds, pl->p, pl->share == NULL);
     return 0;
 }
 
@@ -445,68 +521,74 @@ static void pending_release(squad_cache *c, row_plan *pl) {
     for (int i = 0; i < pl->n_bounds; i++) pending_drop(c, &pl->pending[i]);
 }
 
-/* A new group holding the working state's K / V of [0, p) and the row's tokens; NULL when memory
- * is short (the row's checkpoints are then dropped), or on a backend failure (rc set). */
-static cache_group *group_new(squad_cache *c, const squad_row *row, int p, uint64_t serial, int *rc,
-                              squad_err *err) {
+/* A new group holding the working state's K / V of [0, p), the row's tokens and their block
+ * entries; NULL when memory is short (the row's checkpoints are then dropped), or on a backend
+ * failure (rc set). */
+static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64_t *keys, int p, uint64_t serial,
+                              int *rc, squad_err *err) {
     squad_backend *be = c->be;
     squad_err alloc_err = {0};
+    const int align = c->opts.align, n_blocks = p / align;
     const size_t kv_bytes = (size_t)p * be->kv_bytes_per_pos;
     *rc = 0;
     make_room(c, group_cost(c, p), serial);
     cache_group *g = calloc(1, sizeof *g);
     int32_t *ids = malloc((size_t)p * sizeof *ids);
-    void *kv = (g && ids) ? be->alloc(be, kv_bytes, &alloc_err) : NULL;
-    if (!kv) {
+    block_entry *blocks = calloc((size_t)n_blocks, sizeof *blocks);
+    void *kv = (g && ids && blocks && table_reserve(&c->block_index, (size_t)n_blocks) == 0)
+                   ? be->alloc(be, kv_bytes, &alloc_err)
+                   : NULL;
+    if (kv) *rc = be->save_kv(be, kv, p, err);
+    if (!kv || *rc) {
+        if (kv) be->release(be, kv);
         free(g);
         free(ids);
-        return NULL;
-    }
-    *rc = be->save_kv(be, kv, p, err);
-    if (*rc) {
-        be->release(be, kv);
-        free(g);
-        free(ids);
+        free(blocks);
+        table_fit(&c->block_index);
         return NULL;
     }
     memcpy(ids, row->ids, (size_t)p * sizeof *ids);
     g->ids = ids;
     g->kv = kv;
+    g->blocks = blocks;
     g->n_pos = p;
+    g->pin_row = serial;
+    for (int i = 0; i < n_blocks; i++) {
+        blocks[i].node.key = keys[i] & c->key_mask;
+        blocks[i].pos = (i + 1) * align;
+        blocks[i].group = g;
+        table_insert(&c->block_index, &blocks[i].node);
+    }
     g->next = c->groups;
     if (c->groups) c->groups->prev = g;
     c->groups = g;
     c->n_groups++;
     c->backend_bytes += kv_bytes;
-    c->host_bytes += sizeof *g + (size_t)p * sizeof *ids;
+    c->host_bytes += group_cost(c, p) - kv_bytes;
     return g;
 }
 
 /* The row's pending checkpoints join the cache: group, index, the recent end of the LRU list
  * (shallow first, so the deepest is the most recent). */
-static void commit(squad_cache *c, row_plan *pl, cache_group *g, uint64_t serial) {
+static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
     const int align = c->opts.align;
     for (int i = 0; i < pl->n_bounds; i++) {
         pending_ckpt *pc = &pl->pending[i];
         if (!pc->gdn) continue;
         cache_ckpt *k = calloc(1, sizeof *k);
-        if (!k) {
-            pending_drop(c, pc);
-            continue;
-        }
-        k->key = pl->keys[pc->pos / align - 1] & c->key_mask;
-        if (index_insert(c, k)) {
+        if (!k || table_reserve(&c->ckpt_index, 1)) {
             free(k);
             pending_drop(c, pc);
             continue;
         }
+        k->node.key = pl->keys[pc->pos / align - 1] & c->key_mask;
         k->pos = pc->pos;
         k->route = 0; /* the trunk: specialists (DESIGN section 4) will set it */
-        k->last_row = serial;
         k->gdn = pc->gdn;
         k->group = g;
         pc->gdn = NULL;
         c->pending_bytes -= ckpt_cost(c);
+        table_insert(&c->ckpt_index, &k->node);
         g->n_ckpts++;
         c->n_ckpts++;
         c->backend_bytes += c->be->gdn_snapshot_bytes;
@@ -518,7 +600,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g, uint64_t serial
 }
 
 /* Runs the prefix [c0, p) bound by bound, snapshotting the kept bounds, then makes their group
- * and commits them. */
+ * (unless one is shared) and commits them. */
 static int run_prefix(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, row_plan *pl,
                       squad_result *out, uint64_t serial, squad_err *err) {
     const int first_kept = pl->n_bounds - pl->n_keep;
@@ -536,16 +618,16 @@ static int run_prefix(squad_cache *c, squad_span_fn run, void *ctx, const squad_
     int kept = 0;
     for (int i = 0; i < pl->n_bounds; i++) kept += pl->pending[i].gdn != NULL;
     if (kept == 0) return 0;
-    cache_group *g = pl->reuse_group ? pl->best->group : NULL;
+    cache_group *g = pl->share;
     if (!g) {
         int rc = 0;
-        g = group_new(c, row, pl->p, serial, &rc, err);
+        g = group_new(c, row, pl->keys, pl->p, serial, &rc, err);
         if (!g) {
             pending_release(c, pl);
             return rc;
         }
     }
-    commit(c, pl, g, serial);
+    commit(c, pl, g);
     return 0;
 }
 
@@ -559,11 +641,12 @@ int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const s
         return rc;
     }
     const uint64_t serial = ++c->row_serial;
-    if (pl.best) { /* in use by this row: the most recent, and pinned against make_room */
-        pl.best->last_row = serial;
+    if (pl.best) { /* in use by this row: the most recent, and its group pinned against make_room */
+        pl.best->group->pin_row = serial;
         lru_unlink(c, pl.best);
         lru_push_new(c, pl.best);
     }
+    if (pl.share) pl.share->pin_row = serial;
     memset(out, 0, sizeof *out);
     out->n_slots = row->n_slots;
     out->reused = pl.c0;
@@ -608,7 +691,7 @@ void squad_cache_get_stats(const squad_cache *c, squad_cache_stats *out) {
 
 void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host_bytes) {
     *backend_bytes = c->backend_bytes;
-    *host_bytes = c->host_bytes;
+    *host_bytes = c->host_bytes + c->pending_bytes + table_bytes(&c->ckpt_index) + table_bytes(&c->block_index);
 }
 
 #define CHECK_FAIL(...)                                                                                       \
@@ -617,50 +700,83 @@ void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host
         return -1;                                                                                            \
     } while (0)
 
+/* 1 when x is in its bucket of t. */
+static int table_holds(const index_table *t, const index_node *x) {
+    for (const index_node *y = table_chain(t, x->key); y; y = y->next)
+        if (y == x) return 1;
+    return 0;
+}
+
+/* Every entry in its right bucket; the count. */
+static int table_check(const index_table *t, size_t *n) {
+    *n = 0;
+    for (size_t b = 0; b < t->n_buckets; b++)
+        for (const index_node *x = t->buckets[b]; x; x = x->next) {
+            if (bucket_of(t, x->key) != b) return -1;
+            (*n)++;
+        }
+    return *n == t->n_nodes && (t->n_nodes > 0 || t->n_buckets == 0) ? 0 : -1;
+}
+
 int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
+    const int align = c->opts.align;
     const size_t kvb = c->be->kv_bytes_per_pos;
-    size_t be_bytes = 0, host = c->n_buckets * sizeof *c->buckets, n_groups = 0, n_ckpts = 0;
+    size_t be_bytes = 0, host = 0, n_groups = 0, n_ckpts = 0, n_blocks = 0, in_table;
+    uint64_t *keys = NULL;
     for (const cache_group *g = c->groups; g; g = g->next) {
         if (g->next && g->next->prev != g) CHECK_FAIL("group list links broken");
         int count = 0;
         for (const cache_ckpt *k = c->lru_old; k; k = k->lru_next) count += k->group == g;
         if (count != g->n_ckpts || count == 0) CHECK_FAIL("group holds %d checkpoints, counts %d", count, g->n_ckpts);
+        const int nb = g->n_pos / align;
+        uint64_t *nk = realloc(keys, (size_t)(nb > 0 ? nb : 1) * sizeof *keys);
+        if (!nk) {
+            free(keys);
+            CHECK_FAIL("out of memory");
+        }
+        keys = nk;
+        squad_cache_prefix_keys(g->ids, align, nb, keys);
+        for (int i = 0; i < nb; i++) {
+            const block_entry *b = &g->blocks[i];
+            if (b->group != g || b->pos != (i + 1) * align || b->node.key != (keys[i] & c->key_mask) ||
+                !table_holds(&c->block_index, &b->node)) {
+                free(keys);
+                CHECK_FAIL("block entry %d of a group of %d positions is wrong", i, g->n_pos);
+            }
+        }
+        n_blocks += (size_t)nb;
         be_bytes += (size_t)g->n_pos * kvb;
-        host += sizeof *g + (size_t)g->n_pos * sizeof *g->ids;
+        host += group_cost(c, g->n_pos) - (size_t)g->n_pos * kvb;
         n_groups++;
     }
     const cache_ckpt *prev = NULL;
     for (const cache_ckpt *k = c->lru_old; k; prev = k, k = k->lru_next) {
-        if (k->lru_prev != prev) CHECK_FAIL("LRU links broken at checkpoint %d", k->pos);
-        if (k->pos <= 0 || k->pos % c->opts.align || k->pos > k->group->n_pos)
+        if (k->lru_prev != prev) {
+            free(keys);
+            CHECK_FAIL("LRU links broken at checkpoint %d", k->pos);
+        }
+        if (k->pos <= 0 || k->pos % align || k->pos > k->group->n_pos) {
+            free(keys);
             CHECK_FAIL("checkpoint at %d in a group of %d positions", k->pos, k->group->n_pos);
-        uint64_t key;
-        int nb = k->pos / c->opts.align;
-        uint64_t *keys = malloc((size_t)nb * sizeof *keys);
-        if (!keys) CHECK_FAIL("out of memory");
-        squad_cache_prefix_keys(k->group->ids, c->opts.align, nb, keys);
-        key = keys[nb - 1] & c->key_mask;
-        free(keys);
-        if (key != k->key) CHECK_FAIL("checkpoint at %d has a stale key", k->pos);
-        if (c->n_buckets == 0) CHECK_FAIL("checkpoints without an index");
-        const cache_ckpt *x = c->buckets[bucket_of(c, k->key)];
-        while (x && x != k) x = x->index_next;
-        if (!x) CHECK_FAIL("checkpoint at %d missing from the index", k->pos);
+        }
+        /* its key is its group's block key at its position */
+        if (k->node.key != k->group->blocks[k->pos / align - 1].node.key || !table_holds(&c->ckpt_index, &k->node)) {
+            free(keys);
+            CHECK_FAIL("checkpoint at %d: wrong key or missing from the index", k->pos);
+        }
         be_bytes += c->be->gdn_snapshot_bytes;
         host += sizeof *k;
         n_ckpts++;
     }
+    free(keys);
     if (prev != c->lru_new) CHECK_FAIL("LRU tail is wrong");
-    size_t in_index = 0;
-    for (size_t b = 0; b < c->n_buckets; b++)
-        for (const cache_ckpt *x = c->buckets[b]; x; x = x->index_next) {
-            if (bucket_of(c, x->key) != b) CHECK_FAIL("checkpoint in the wrong bucket");
-            in_index++;
-        }
-    if (in_index != n_ckpts || n_ckpts != c->n_ckpts) CHECK_FAIL("%zu indexed, %zu listed, %zu counted", in_index, n_ckpts, c->n_ckpts);
+    if (table_check(&c->ckpt_index, &in_table) || in_table != n_ckpts || n_ckpts != c->n_ckpts)
+        CHECK_FAIL("checkpoint index: %zu entries, %zu listed, %zu counted", in_table, n_ckpts, c->n_ckpts);
+    if (table_check(&c->block_index, &in_table) || in_table != n_blocks)
+        CHECK_FAIL("block index: %zu entries, groups have %zu", in_table, n_blocks);
     if (n_groups != c->n_groups) CHECK_FAIL("%zu groups listed, %zu counted", n_groups, c->n_groups);
-    if (be_bytes != c->backend_bytes || host != c->host_bytes)
-        CHECK_FAIL("bytes: backend %zu counted %zu, host %zu counted %zu", be_bytes, c->backend_bytes, host, c->host_bytes);
-    if (n_ckpts == 0 && c->n_buckets) CHECK_FAIL("an empty index keeps its buckets");
+    if (be_bytes != c->backend_bytes || host != c->host_bytes || c->pending_bytes != 0)
+        CHECK_FAIL("bytes: backend %zu counted %zu, host %zu counted %zu, pending %zu", be_bytes, c->backend_bytes,
+                   host, c->host_bytes, c->pending_bytes);
     return 0;
 }

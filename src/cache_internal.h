@@ -27,9 +27,12 @@ int squad_cache_score_with(squad_cache *cache, squad_span_fn run, void *ctx, con
 
 /* The placement policy: the chunk ends of a state of state_len tokens computed from position c0,
  * ascending, each a checkpoint position: the multiples of stride, state_len - tail and state_len
- * (each rounded down to align) above c0, plus extra ends so no chunk exceeds max_chunk. Writes at
- * most cap positions and returns how many there are (may exceed cap: call again with more room). */
-int squad_cache_bounds(const squad_cache_opts *opts, int max_chunk, int c0, int state_len, int *out, int cap);
+ * (each rounded down to align), and `fork` (the deepest position the row shares with a cached
+ * state; 0 for none), above c0 and at most state_len rounded down, plus extra ends so no chunk
+ * exceeds max_chunk. Writes at most cap positions and returns how many there are (may exceed cap:
+ * call again with more room). */
+int squad_cache_bounds(const squad_cache_opts *opts, int max_chunk, int c0, int state_len, int fork, int *out,
+                       int cap);
 
 /* The 64-bit keys of the row prefixes [0, k * align) for k = 1..n_blocks (keys[k - 1]); every
  * key depends on all tokens before its position and on the position. */

@@ -268,32 +268,41 @@ static void test_bounds(void) {
     squad_cache_opts o = small_opts(1 << 20);
     int b[64];
     /* a cold state of 1100 tokens: stride 512, tail 1100-16 -> 1024 (= p), p = 1088 */
-    int n = squad_cache_bounds(&o, 4096, 0, 1100, b, 64);
+    int n = squad_cache_bounds(&o, 4096, 0, 1100, 0, b, 64);
     CHECK(n == 3 && b[0] == 512 && b[1] == 1024 && b[2] == 1088);
     /* state_len 1090: tail 1074 -> 1024; p 1088 */
-    n = squad_cache_bounds(&o, 4096, 0, 1090, b, 64);
+    n = squad_cache_bounds(&o, 4096, 0, 1090, 0, b, 64);
     CHECK(n == 3 && b[0] == 512 && b[1] == 1024 && b[2] == 1088);
     /* from 1024 only p is left */
-    n = squad_cache_bounds(&o, 4096, 1024, 1090, b, 64);
+    n = squad_cache_bounds(&o, 4096, 1024, 1090, 0, b, 64);
     CHECK(n == 1 && b[0] == 1088);
     /* from p: nothing */
-    CHECK(squad_cache_bounds(&o, 4096, 1088, 1090, b, 64) == 0);
+    CHECK(squad_cache_bounds(&o, 4096, 1088, 1090, 0, b, 64) == 0);
     /* chunks no longer than 256: extra ends at 256, 768 */
-    n = squad_cache_bounds(&o, 256, 0, 1100, b, 64);
+    n = squad_cache_bounds(&o, 256, 0, 1100, 0, b, 64);
     CHECK(n == 5 && b[0] == 256 && b[1] == 512 && b[2] == 768 && b[3] == 1024 && b[4] == 1088);
     /* a max chunk that is not a multiple of align is rounded down (300 -> 256) */
-    n = squad_cache_bounds(&o, 300, 0, 600, b, 64);
+    n = squad_cache_bounds(&o, 300, 0, 600, 0, b, 64);
     CHECK(n == 3 && b[0] == 256 && b[1] == 512 && b[2] == 576);
     /* too small a buffer: the count is still right */
-    CHECK(squad_cache_bounds(&o, 256, 0, 1100, b, 2) == 5);
+    CHECK(squad_cache_bounds(&o, 256, 0, 1100, 0, b, 2) == 5);
+    /* a fork (the deepest shared position) is one more: rounded down, only between c0 and p */
+    n = squad_cache_bounds(&o, 256, 0, 1100, 850, b, 64);
+    CHECK(n == 6 && b[0] == 256 && b[1] == 512 && b[2] == 768 && b[3] == 832 && b[4] == 1024 && b[5] == 1088);
+    n = squad_cache_bounds(&o, 4096, 512, 1100, 512, b, 64);
+    CHECK(n == 2 && b[0] == 1024 && b[1] == 1088);
+    n = squad_cache_bounds(&o, 4096, 0, 1100, 1088, b, 64);
+    CHECK(n == 3 && b[2] == 1088);
+    n = squad_cache_bounds(&o, 4096, 0, 1100, 1050, b, 64); /* the fork coincides with the tail position */
+    CHECK(n == 3 && b[0] == 512 && b[1] == 1024 && b[2] == 1088);
     /* no stride, no tail */
     o.stride = 0;
     o.tail = 0;
-    n = squad_cache_bounds(&o, 4096, 0, 1100, b, 64);
+    n = squad_cache_bounds(&o, 4096, 0, 1100, 0, b, 64);
     CHECK(n == 1 && b[0] == 1088);
     /* a stride that is not a multiple of align: rounded down */
     o.stride = 100;
-    n = squad_cache_bounds(&o, 4096, 0, 330, b, 64);
+    n = squad_cache_bounds(&o, 4096, 0, 330, 0, b, 64);
     CHECK(n == 4 && b[0] == 64 && b[1] == 192 && b[2] == 256 && b[3] == 320); /* 100, 200, 300 */
 }
 
@@ -392,6 +401,43 @@ static void test_scenarios(void) {
     CHECK(f.live_bytes == 0 && f.live_blobs == 0);
 }
 
+/* An agent's steps: [goal and history | page]; each action appends a step to the history and
+ * brings a new page, so a state shares the previous one up to the end of its history. The fork
+ * checkpoint (where the row left the cached state) lets the next step restore there. */
+static void test_fork(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    static int32_t state[MAX_ROW];
+    static test_row t;
+    squad_result r;
+    random_tokens(state, MAX_ROW);
+    int history = 300;
+    const int step = 50, page = 400;
+    /* restored: cold; then the stride chunk end 256 (the history ends at 300: no fork yet); then
+     * the forks at the end of the history two steps before, rounded down: 320, 384 */
+    const int expect[5] = {0, 256, 256, 320, 384};
+    for (int k = 0; k < 5; k++) {
+        if (k > 0) {
+            random_tokens(state + history, step); /* an action joins the history */
+            history += step;
+        }
+        random_tokens(state + history, page); /* and a new page follows it */
+        make_row(&t, state, history + page, 10, 1);
+        score(c, &f, &t.row, &r);
+        CHECKF(r.reused == expect[k], "step %d: reused %d, expected %d", k, r.reused, expect[k]);
+        make_row(&t, state, history + page, 12, 1); /* another question: a hit */
+        score(c, &f, &t.row, &r);
+        CHECK(r.reused == history + page - (history + page) % 64);
+    }
+    CHECK(f.violations == 0);
+    check_accounting(c, &f, "fork");
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0);
+}
+
 /* Prefix hashes reduced to 2 bits: every probe finds candidates of other states; only the tokens
  * may decide. */
 static void test_collisions(void) {
@@ -450,7 +496,8 @@ static void test_budgets(void) {
 
     /* room for the deepest checkpoint and its group only: p is kept, the shallower ones are not */
     c = squad_cache_new(&f.be, &o, &err);
-    size_t one = squad_cache_group_cost(c, 640) + squad_cache_ckpt_cost(c) + 16 * sizeof(void *);
+    /* the group, the checkpoint, and the smallest bucket arrays of the two indexes */
+    size_t one = squad_cache_group_cost(c, 640) + squad_cache_ckpt_cost(c) + 2 * 16 * sizeof(void *);
     squad_cache_free(c);
     o = small_opts(one);
     c = squad_cache_new(&f.be, &o, &err);
@@ -490,7 +537,7 @@ static void test_lru(void) {
     o.tail = 0; /* one checkpoint per state (its p: 192, below the chunk cap) */
     o.budget_bytes = 1;
     squad_cache *c = squad_cache_new(&f.be, &o, &err);
-    o.budget_bytes = 2 * (squad_cache_group_cost(c, 192) + squad_cache_ckpt_cost(c)) + 16 * sizeof(void *);
+    o.budget_bytes = 2 * (squad_cache_group_cost(c, 192) + squad_cache_ckpt_cost(c)) + 2 * 16 * sizeof(void *);
     squad_cache_free(c);
     c = squad_cache_new(&f.be, &o, &err);
     make_row(&t, s[0], 250, 5, 1);
@@ -697,6 +744,7 @@ int main(void) {
     test_bounds();
     test_keys();
     test_scenarios();
+    test_fork();
     test_collisions();
     test_budgets();
     test_lru();
