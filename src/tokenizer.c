@@ -750,7 +750,7 @@ static int bpe_word(squad_tokenizer *t, const uint8_t *w, size_t n, squad_idvec 
     if (bpe_reserve(t, n, err) < 0) return err ? err->code : SQUAD_E_NOMEM;
     size_t ns = bpe_symbols(t, w, n);
     if (bpe_merge(t, ns, out, err) < 0) return SQUAD_E_NOMEM;
-    if (n <= WC_KEY) cache_put(t, h, w, n, out->v + before, out->n - before);
+    if (n <= WC_KEY && out->n > before) cache_put(t, h, w, n, out->v + before, out->n - before);
     return 0;
 }
 
@@ -1646,15 +1646,15 @@ static int build_tries(squad_tokenizer *t, squad_err *err) {
             return squad_fail(err, SQUAD_E_MODEL, "added token %d is not valid UTF-8", (int)at->id);
         if (normalize(t, t->arena + at->off, at->len, &ns, &nn, &owned, err) < 0) return err ? err->code : SQUAD_E_NOMEM;
         int rc = 0;
-        if (nn) {
+        if (owned && nn) { /* changed by the normaliser: keep the normalised form (ns is not in the arena) */
             uint32_t off;
             rc = arena_put(t, ns, nn, &off, err);
             if (rc == 0) {
                 at->off = off;
                 at->len = (uint32_t)nn;
-                rc = trie_add(&t->norm_trie, t->arena + off, nn, a, err);
             }
         }
+        if (rc == 0 && nn) rc = trie_add(&t->norm_trie, t->arena + at->off, at->len, a, err);
         free(owned);
         if (rc < 0) return rc;
     }
