@@ -4,8 +4,9 @@
  *   y[t][n] = (accumulate ? y[t][n] : 0) + sum_k x[t][k] * W[n][k]
  *
  * x is fp32 [T][K] row-major, W is bf16 [N][K] row-major exactly as the checkpoint stores it (it
- * may point into an mmapped file at any alignment), y is fp32 [T][N]. Every linear layer of the
- * model is one such call, so this is where the CPU engine spends its time.
+ * may point into an mmapped file: any 2-byte aligned address will do), y is fp32 [T][N] and must
+ * not overlap x or W. Every linear layer of the model is one such call, so this is where the CPU
+ * engine spends its time. One call at a time per pool (the pool's scratch holds the packed operands).
  *
  * Two precisions:
  *   CPU_GEMM_EXACT  the fp32 product: W widened to fp32, fp32 FMAs. Differs from a double-precision
