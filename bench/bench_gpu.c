@@ -3,6 +3,7 @@
  * way a user's rows run), each against its floor.
  *
  *   bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] [--json FILE]
+ *   bench_gpu --model DIR --profile cold:N|hit:Q      (one row between cudaProfilerStart / Stop, for ncu)
  *
  * Cases: cold rows of 512, 2048, 4096 and 8192 tokens (an engine without a cache: every token
  * computed); hits: a 4096-token state cached once, then rows of that state plus a fresh 32-, 128-
@@ -15,8 +16,10 @@
  * read and write once in bf16, a hit's cached K / V read and its GDN state read and written)
  * over --bw; the larger is the floor. Defaults: 790 TFLOP/s and 4300 GB/s, the H200 figures
  * measured on this workplace's machines (tools/hf_timing.py measures them again).
- * --rows-out writes one row per case with squad's probabilities, for tools/hf_timing.py to run
- * through transformers on the same weights.
+ * The engines run the fast path (precision BF16, the path the targets are about); each case's first
+ * row also runs once through an EXACT (fp32) engine, whose time and probabilities are reported too.
+ * --rows-out writes one row per case with squad's probabilities (both precisions), for
+ * tools/hf_timing.py to run through transformers on the same weights.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -32,6 +35,8 @@
 #include "util.h"
 
 #ifdef SQUAD_HAVE_CUDA
+#include <cuda_profiler_api.h>
+
 #include "cuda/cuda_backend.h"
 #endif
 
@@ -118,10 +123,12 @@ typedef struct result {
     double p50_ms, min_ms;
     cost c;
     double target_ms;
+    double exact_ms, bf16_vs_exact;
+    float probs_exact[N_LETTERS];
 } result;
 
-static int time_case(squad_engine *e, bench_row *b, int n, int state_len, int prefix_fixed, int reps, int vocab,
-                     result *out, FILE *rows_out, const char *kind) {
+static int time_case(squad_engine *e, squad_engine *ex, bench_row *b, int n, int state_len, int prefix_fixed, int reps,
+                     int vocab, result *out, FILE *rows_out, const char *kind) {
     double *t = calloc((size_t)reps, sizeof(double));
     squad_result *res = calloc(1, sizeof *res);
     squad_err err = {0};
@@ -143,6 +150,20 @@ static int time_case(squad_engine *e, bench_row *b, int n, int state_len, int pr
         }
         if (r >= 0) t[r] = dt * 1e3;
         computed = res->computed;
+        if (r == 0 && ex) { /* the same row once on the exact path */
+            squad_result *rx = calloc(1, sizeof *rx);
+            const double tx = squad_now_seconds();
+            const int rcx = squad_engine_score(ex, &b->row, rx, &err);
+            out->exact_ms = (squad_now_seconds() - tx) * 1e3;
+            if (rcx) fprintf(stderr, "bench_gpu: %s exact: %s\n", out->name, err.msg);
+            double d = 0;
+            for (int i = 0; i < N_LETTERS; i++) {
+                out->probs_exact[i] = rx->probs[0][i];
+                if (fabs(rx->probs[0][i] - res->probs[0][i]) > d) d = fabs(rx->probs[0][i] - res->probs[0][i]);
+            }
+            out->bf16_vs_exact = d;
+            free(rx);
+        }
         if (r == 0 && rows_out) {
             fprintf(rows_out, "{\"case\": \"%s\", \"kind\": \"%s\", \"state_len\": %d, \"ids\": [", out->name, kind,
                     state_len);
@@ -151,6 +172,8 @@ static int time_case(squad_engine *e, bench_row *b, int n, int state_len, int pr
             for (int i = 0; i < N_LETTERS; i++) fprintf(rows_out, "%s%d", i ? "," : "", b->letters[i]);
             fprintf(rows_out, "], \"probs\": [[");
             for (int i = 0; i < N_LETTERS; i++) fprintf(rows_out, "%s%.7g", i ? "," : "", res->probs[0][i]);
+            fprintf(rows_out, "]], \"probs_exact\": [[");
+            for (int i = 0; i < N_LETTERS; i++) fprintf(rows_out, "%s%.7g", i ? "," : "", out->probs_exact[i]);
             fprintf(rows_out, "]], \"squad_ms\": %.4f}\n", dt * 1e3);
         }
     }
@@ -163,11 +186,12 @@ static int time_case(squad_engine *e, bench_row *b, int n, int state_len, int pr
     return 0;
 }
 
-static squad_engine *open_engine(squad_model *m, size_t budget, squad_err *err) {
+static squad_engine *open_engine(squad_model *m, size_t budget, squad_precision prec, int precapture, squad_err *err) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CUDA;
-    o.precapture = 1;
+    o.precision = prec;
+    o.precapture = precapture;
     o.cache.budget_bytes = budget;
     return squad_engine_new(m, &o, err);
 }
@@ -186,7 +210,7 @@ static void print_capture(squad_engine *e, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    const char *model_dir = NULL, *rows_path = NULL, *json_path = NULL;
+    const char *model_dir = NULL, *rows_path = NULL, *json_path = NULL, *profile = NULL;
     int reps = 20;
     double bw = 4300, tflops = 790;
     for (int i = 1; i < argc; i++) {
@@ -202,6 +226,8 @@ int main(int argc, char **argv) {
             rows_path = argv[++i];
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json_path = argv[++i];
+        else if (!strcmp(argv[i], "--profile") && i + 1 < argc)
+            profile = argv[++i];
         else {
             fprintf(stderr, "usage: bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] "
                             "[--json FILE]\n");
@@ -222,8 +248,48 @@ int main(int argc, char **argv) {
     printf("model %s loaded in %.2f s (H %d, %d layers, vocab %d)\n", model_dir, squad_now_seconds() - tl,
            m->cfg.hidden_size, m->cfg.num_layers, m->cfg.vocab_size);
     const int vocab = m->cfg.vocab_size;
+    if (profile) { /* one row of the case between cudaProfilerStart / Stop (run under ncu) */
+        int n = 0;
+        const int hit = !strncmp(profile, "hit:", 4);
+        n = atoi(profile + (hit ? 4 : 5));
+        squad_engine *e = open_engine(m, hit ? (size_t)1 << 30 : 0, SQUAD_PRECISION_BF16, 0, &err);
+        bench_row *b = calloc(1, sizeof *b);
+        squad_result *res = calloc(1, sizeof *res);
+        if (!e || !b || !res || n < 1 || n > MAX_ROW - STATE_LEN) {
+            fprintf(stderr, "bench_gpu: --profile cold:N | hit:Q (%s)\n", e ? "" : err.msg);
+            return 2;
+        }
+        const int len = hit ? STATE_LEN + n : n;
+        fill(b->ids, len, vocab);
+        for (int r = 0; r < 3; r++) { /* the state into the cache, graphs warm */
+            fill(b->ids + (hit ? STATE_LEN : 0), len - (hit ? STATE_LEN : 0), vocab);
+            make_row(b, len, hit ? STATE_LEN : -1, vocab);
+            if (squad_engine_score(e, &b->row, res, &err)) {
+                fprintf(stderr, "bench_gpu: %s\n", err.msg);
+                return 1;
+            }
+        }
+        fill(b->ids + (hit ? STATE_LEN : 0), len - (hit ? STATE_LEN : 0), vocab);
+        make_row(b, len, hit ? STATE_LEN : -1, vocab);
+#ifdef SQUAD_HAVE_CUDA
+        cudaProfilerStart();
+#endif
+        const double tp = squad_now_seconds();
+        const int rc = squad_engine_score(e, &b->row, res, &err);
+        const double dt = squad_now_seconds() - tp;
+#ifdef SQUAD_HAVE_CUDA
+        cudaProfilerStop();
+#endif
+        printf("profile %s: %.3f ms, computed %d, reused %d%s%s\n", profile, dt * 1e3, res->computed, res->reused,
+               rc ? ": " : "", rc ? err.msg : "");
+        squad_engine_free(e);
+        free(b);
+        free(res);
+        squad_model_free(m);
+        return rc ? 1 : 0;
+    }
     double t0 = squad_now_seconds();
-    squad_engine *cold = open_engine(m, 0, &err);
+    squad_engine *cold = open_engine(m, 0, SQUAD_PRECISION_BF16, 1, &err);
     if (!cold) {
         fprintf(stderr, "bench_gpu: engine: %s\n", err.msg);
         return 2;
@@ -231,12 +297,16 @@ int main(int argc, char **argv) {
     printf("cold engine ready in %.2f s (device %s)\n", squad_now_seconds() - t0, squad_engine_device(cold));
     print_capture(cold, "cold engine");
     t0 = squad_now_seconds();
-    squad_engine *hot = open_engine(m, (size_t)4 << 30, &err);
+    squad_engine *hot = open_engine(m, (size_t)4 << 30, SQUAD_PRECISION_BF16, 1, &err);
     if (!hot) {
         fprintf(stderr, "bench_gpu: engine: %s\n", err.msg);
         return 2;
     }
     printf("cache engine ready in %.2f s\n", squad_now_seconds() - t0);
+    t0 = squad_now_seconds();
+    squad_engine *exact = open_engine(m, 0, SQUAD_PRECISION_EXACT, 0, &err);
+    if (!exact) fprintf(stderr, "bench_gpu: exact engine: %s (exact figures left out)\n", err.msg);
+    else printf("exact engine ready in %.2f s\n", squad_now_seconds() - t0);
     FILE *rows_out = rows_path ? fopen(rows_path, "w") : NULL;
     bench_row *b = calloc(1, sizeof *b);
     result res[8];
@@ -250,7 +320,7 @@ int main(int argc, char **argv) {
         r->tokens = cold_n[i];
         r->c = cost_of(&m->cfg, cold_n[i], 0);
         r->target_ms = cold_target[i];
-        rc = time_case(cold, b, cold_n[i], -1, 0, reps, vocab, r, rows_out, "cold");
+        rc = time_case(cold, exact, b, cold_n[i], -1, 0, reps, vocab, r, rows_out, "cold");
     }
     /* hits: one state, cached by its first row, then fresh questions */
     const int q_n[3] = {32, 128, 512};
@@ -263,7 +333,7 @@ int main(int argc, char **argv) {
         r->tokens = q_n[i];
         r->c = cost_of(&m->cfg, q_n[i], STATE_LEN);
         r->target_ms = q_target[i];
-        rc = time_case(hot, b, STATE_LEN + q_n[i], STATE_LEN, STATE_LEN, reps, vocab, r, rows_out, "hit");
+        rc = time_case(hot, exact, b, STATE_LEN + q_n[i], STATE_LEN, STATE_LEN, reps, vocab, r, rows_out, "hit");
         if (!rc && r->computed != q_n[i])
             printf("note: %s computed %d tokens (expected %d: the state should come from the cache)\n", r->name,
                    r->computed, q_n[i]);
@@ -295,6 +365,10 @@ int main(int argc, char **argv) {
                     r->name, r->p50_ms, r->min_ms, r->c.flops / 1e9, r->c.bytes / 1e6, floor_ms);
     }
     if (jf) fclose(jf);
+    printf("\nthe exact path (fp32, no cache: a hit row is computed whole), one row per case:\n");
+    printf("| case | exact ms | max |p_bf16 - p_exact| |\n| --- | ---: | ---: |\n");
+    for (int i = 0; i < nres && exact; i++) printf("| %s | %.1f | %.2e |\n", res[i].name, res[i].exact_ms, res[i].bf16_vs_exact);
+    if (exact) squad_engine_free(exact);
     free(b);
     squad_engine_free(cold);
     squad_engine_free(hot);

@@ -1,6 +1,8 @@
 /*
  * gpu_test_backend.c — the CUDA backend against the CPU backend and the transformers fixtures.
  *
+ * Each part runs on both precisions: EXACT (fp32; held to the tolerances below) and BF16 (the fast
+ * path; held to the chunking / cache tolerances, and to a loose bound against the fp32 references).
  *  - fixtures (tests/fixtures/models/<name>): every row on the CUDA backend against expected.jsonl
  *    (transformers, fp32) and against the CPU backend: each probability within 0.02 absolute, the
  *    same argmax wherever the reference's top two differ by more than 0.05; the same row in short
@@ -37,6 +39,11 @@
 #define TOL_REF 0.02    /* against transformers or the CPU backend */
 #define TOL_ARGMAX 0.05 /* top-two gap above which the argmax must agree */
 #define TOL_CHUNKED 0.01
+/* The bf16 path against the fp32 references: a sanity bound only. The random test models move by
+ * a few 1e-2 under bf16 activations alone (bench/CUDA_NOTES.md: the same holds for transformers
+ * in bf16); the tolerances above are met by the exact path. */
+#define TOL_BF16 0.1
+static const char *PREC_NAME[2] = {"exact", "bf16"};
 #define MAX_CONTEXT 8192
 
 #ifdef SQUAD_HAVE_CUDA
@@ -145,11 +152,12 @@ static int parse_expected(const char *line, const squad_row *row, probs_t *out) 
     return ok;
 }
 
-static squad_backend *new_cuda(const squad_model *m, int precapture) {
+static squad_backend *new_cuda(const squad_model *m, int precapture, squad_precision prec) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CUDA;
     o.precapture = precapture;
+    o.precision = prec;
     squad_err err = {0};
     squad_backend *be = squad_cuda_backend_new(m, &o, MAX_CONTEXT, &err);
     CHECKF(be != NULL, "cuda backend: %s", err.msg);
@@ -167,7 +175,8 @@ static squad_backend *new_cpu(const squad_model *m) {
 
 /* ---- fixtures ---- */
 
-static void test_fixture(const char *name) {
+static void test_fixture(const char *name, squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
     squad_err err = {0};
@@ -176,7 +185,7 @@ static void test_fixture(const char *name) {
         printf("fixture %s: not loadable (%s), skipped\n", name, err.msg);
         return;
     }
-    squad_backend *gpu = new_cuda(m, 0), *cpu = new_cpu(m);
+    squad_backend *gpu = new_cuda(m, 0, prec), *cpu = new_cpu(m);
     int nr = 0, ne = 0;
     snprintf(path, sizeof path, "%s/rows.jsonl", dir);
     char **rows = read_lines(path, &nr);
@@ -214,14 +223,18 @@ static void test_fixture(const char *name) {
         free(gc);
         squad_row_buf_free(&rb);
     }
-    printf("fixture %-16s %2d rows: max |cuda - transformers| %.2e, |cuda - cpu| %.2e, |chunks of 48 - one pass| %.2e, "
-           "argmax flips %d / %d\n",
-           name, ran, w_ref, w_cpu, w_chunk, bad_ref, bad_cpu);
+    printf("fixture %-16s %-5s %2d rows: max |cuda - transformers| %.2e, |cuda - cpu| %.2e, |chunks of 48 - one pass| "
+           "%.2e, argmax flips %d / %d\n",
+           name, PREC_NAME[prec == SQUAD_PRECISION_BF16], ran, w_ref, w_cpu, w_chunk, bad_ref, bad_cpu);
     CHECKF(ran == nr, "fixture %s: %d of %d rows compared", name, ran, nr);
-    CHECKF(w_ref <= TOL_REF, "fixture %s: cuda vs transformers %.3e", name, w_ref);
-    CHECKF(w_cpu <= TOL_REF, "fixture %s: cuda vs cpu %.3e", name, w_cpu);
-    CHECKF(w_chunk <= TOL_CHUNKED, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
-    CHECKF(bad_ref == 0 && bad_cpu == 0, "fixture %s: argmax differs (%d, %d)", name, bad_ref, bad_cpu);
+    CHECKF(w_ref <= tol, "fixture %s: cuda vs transformers %.3e", name, w_ref);
+    CHECKF(w_cpu <= tol, "fixture %s: cuda vs cpu %.3e", name, w_cpu);
+    if (prec == SQUAD_PRECISION_EXACT) {
+        CHECKF(w_chunk <= TOL_CHUNKED, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
+        CHECKF(bad_ref == 0 && bad_cpu == 0, "fixture %s: argmax differs (%d, %d)", name, bad_ref, bad_cpu);
+    } else {
+        CHECKF(w_chunk <= TOL_BF16, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
+    }
     free_lines(rows, nr);
     free_lines(exp, ne);
     if (gpu) gpu->destroy(gpu);
@@ -231,10 +244,11 @@ static void test_fixture(const char *name) {
 
 /* ---- the cache scenario through the engine ---- */
 
-static squad_engine *engine_cuda(squad_model *m, size_t budget) {
+static squad_engine *engine_cuda(squad_model *m, size_t budget, squad_precision prec) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CUDA;
+    o.precision = prec;
     o.cache.budget_bytes = budget;
     o.cache.stride = 512;
     squad_err err = {0};
@@ -243,7 +257,8 @@ static squad_engine *engine_cuda(squad_model *m, size_t budget) {
     return e;
 }
 
-static void test_cache_scenario(void) {
+static void test_cache_scenario(squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
     const char *dir = "tests/fixtures/models/tiny-causal";
     squad_err err = {0};
     squad_model *m = squad_model_load(dir, &err);
@@ -262,9 +277,9 @@ static void test_cache_scenario(void) {
         return;
     }
     const size_t budgets[2] = {(size_t)256 << 20, (size_t)1 << 20};
-    squad_engine *plain = engine_cuda(m, 0);
+    squad_engine *plain = engine_cuda(m, 0, prec);
     for (int bi = 0; bi < 2 && plain; bi++) {
-        squad_engine *e = engine_cuda(m, budgets[bi]);
+        squad_engine *e = engine_cuda(m, budgets[bi], prec);
         if (!e) break;
         double w_plain = 0, w_ref = 0;
         int bad = 0, n = 0;
@@ -291,13 +306,14 @@ static void test_cache_scenario(void) {
         }
         squad_cache_stats st;
         squad_engine_cache_stats(e, &st);
-        printf("cache scenario (budget %zu MB): %d rows, hits %llu partial %llu cold %llu plain %llu, evicted %llu; "
+        printf("cache scenario %-5s (budget %zu MB): %d rows, hits %llu partial %llu cold %llu plain %llu, evicted %llu; "
                "max |cached - uncached| %.2e, |cached - transformers| %.2e\n",
-               budgets[bi] >> 20, n, (unsigned long long)st.hits, (unsigned long long)st.partial,
+               PREC_NAME[prec == SQUAD_PRECISION_BF16], budgets[bi] >> 20, n, (unsigned long long)st.hits, (unsigned long long)st.partial,
                (unsigned long long)st.cold, (unsigned long long)st.plain, (unsigned long long)st.evicted, w_plain, w_ref);
         CHECKF(n == nr, "cache scenario: %d of %d rows", n, nr);
         CHECKF(w_plain <= TOL_CHUNKED, "cached vs uncached on CUDA: %.3e", w_plain);
-        CHECKF(w_ref <= TOL_REF && bad == 0, "cached vs transformers: %.3e, argmax flips %d", w_ref, bad);
+        CHECKF(w_ref <= tol && (bad == 0 || prec != SQUAD_PRECISION_EXACT), "cached vs transformers: %.3e, argmax flips %d",
+               w_ref, bad);
         if (bi == 0) CHECKF(st.hits + st.partial > 0, "the cache scenario must hit");
         squad_engine_free(e);
     }
@@ -330,7 +346,8 @@ static void make_row(rowgen *g, uint64_t seed, int n, int vocab) {
     g->row = (squad_row){g->ids, n, g->slots, g->nopts, 3, g->letters, 4, -1};
 }
 
-static void test_synth(void) {
+static void test_synth(squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
     const char *tmp = test_tmpdir();
     char dir[600];
     snprintf(dir, sizeof dir, "%s/demo", tmp);
@@ -347,7 +364,7 @@ static void test_synth(void) {
     squad_model *m = squad_model_load(dir, &err);
     CHECKF(m != NULL, "load demo: %s", err.msg);
     if (!m) return;
-    squad_backend *gpu = new_cuda(m, 0), *cpu = new_cpu(m);
+    squad_backend *gpu = new_cuda(m, 0, prec), *cpu = new_cpu(m);
     if (!gpu || !cpu) goto done;
     const int V = m->cfg.vocab_size < 4096 ? m->cfg.vocab_size : 4096;
     rowgen *g = calloc(1, sizeof *g);
@@ -363,8 +380,10 @@ static void test_synth(void) {
         if (!rc) rc = run_row(cpu, &g->row, cpu->max_chunk, b, &err);
         CHECKF(rc == 0, "demo row %d cpu: %s", lens[i], err.msg);
         const double d = rc ? INFINITY : compare(&g->row, a, b, &bad);
-        printf("demo row of %4d tokens: max |cuda - cpu| %.2e, argmax flips %d\n", lens[i], d, bad);
-        CHECKF(d <= TOL_REF && bad == 0, "demo row %d: cuda vs cpu %.3e (flips %d)", lens[i], d, bad);
+        printf("demo %-5s row of %4d tokens: max |cuda - cpu| %.2e, argmax flips %d\n", PREC_NAME[prec == SQUAD_PRECISION_BF16],
+               lens[i], d, bad);
+        CHECKF(d <= tol && (bad == 0 || prec != SQUAD_PRECISION_EXACT), "demo row %d: cuda vs cpu %.3e (flips %d)",
+               lens[i], d, bad);
     }
     /* continuation from a saved and restored state */
     {
@@ -431,9 +450,9 @@ static void test_synth(void) {
     }
     squad_cuda_info info;
     if (squad_cuda_backend_info(gpu, &info) == 0)
-        printf("cuda backend on %s (%d SMs): %d graphs captured in %.3f s, %llu replays; weights %.1f MB, state %.1f MB, "
+        printf("cuda backend (%s) on %s (%d SMs): %d graphs captured in %.3f s, %llu replays; weights %.1f MB, state %.1f MB, "
                "scratch %.1f MB\n",
-               info.device, info.sm_count, info.graphs, info.capture_s, info.replays, info.weight_bytes / 1048576.0,
+               info.precision, info.device, info.sm_count, info.graphs, info.capture_s, info.replays, info.weight_bytes / 1048576.0,
                info.state_bytes / 1048576.0, info.scratch_bytes / 1048576.0);
     free(g);
     free(a);
@@ -451,7 +470,7 @@ static void test_precapture(void) {
     squad_model *m = squad_model_load("tests/fixtures/models/tiny-causal", &err);
     if (!m) return;
     const double t0 = squad_now_seconds();
-    squad_backend *be = new_cuda(m, 1);
+    squad_backend *be = new_cuda(m, 1, SQUAD_PRECISION_BF16);
     if (be) {
         squad_cuda_info info;
         squad_cuda_backend_info(be, &info);
@@ -471,10 +490,13 @@ int main(void) {
     /* SQUAD_GPU_TEST_QUICK=1 (under compute-sanitizer): the small fixtures and the cache scenario */
     const char *quick = getenv("SQUAD_GPU_TEST_QUICK");
     const char *fixtures[] = {"tiny-causal", "tiny-cond-untied", "small-mha"};
-    for (int i = 0; i < 3; i++) test_fixture(fixtures[i]);
-    test_cache_scenario();
+    const squad_precision precs[2] = {SQUAD_PRECISION_EXACT, SQUAD_PRECISION_BF16};
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < 3; i++) test_fixture(fixtures[i], precs[p]);
+        test_cache_scenario(precs[p]);
+    }
     if (quick && quick[0] == '1') return test_summary("gpu_test_backend (quick)");
-    test_synth();
+    for (int p = 0; p < 2; p++) test_synth(precs[p]);
     test_precapture();
     return test_summary("gpu_test_backend");
 }

@@ -12,11 +12,14 @@
 # build needs (pkg-config, jansson, PCRE2, utf8proc, libmicrohttpd), and builds there cost device
 # time. cuBLASLt comes from the machine's CUDA (or its pip nvidia-cublas) at run time.
 #
-# Steps there (STEPS="env tests memcheck racecheck bench hf" by default; each bounded by a timeout):
+# Steps there, in this order (STEPS="env tests profile bench hf memcheck racecheck" by default; each
+# bounded by a timeout):
 #   env        GPU, driver, libraries found                       -> summary.log
 #   tests      gpu_test_kernels, gpu_test_backend                 -> test_kernels.log, test_backend.log
 #   memcheck   compute-sanitizer memcheck on both tests (backend: SQUAD_GPU_TEST_QUICK=1) -> memcheck.log
 #   racecheck  compute-sanitizer racecheck on gpu_test_kernels   -> racecheck.log
+#   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
+#              4096+128 hit on the 0.8B preset, summed per kernel (tools/ncu_summary.py) -> profile.log
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
 set -u
@@ -50,7 +53,7 @@ fi
 OUT=${1:?usage: tools/gpu_run.sh OUTDIR | --prepare}
 mkdir -p "$OUT"
 cd "$ROOT"
-STEPS=${STEPS:-"env tests memcheck racecheck bench hf"}
+STEPS=${STEPS:-"env tests profile bench hf memcheck racecheck"}
 SUM=$OUT/summary.log
 BIN=$CARRY/bin
 MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-qwen3.5-0.8b}
@@ -82,7 +85,7 @@ log "gpu_run.sh: steps [$STEPS], carried build of $(cat "$CARRY/COMMIT" 2>/dev/n
 if has env; then
     { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; uname -r
       echo "cuBLASLt dir: $CUBLAS_DIR"; ls -la "$BIN" 2>&1; $RUNENV ldd "$BIN/gpu_test_backend" 2>&1 | grep -E "not found|cublas|jansson"
-      which compute-sanitizer nvcc python3 2>&1; } >>"$SUM" 2>&1
+      which compute-sanitizer nvcc ncu python3 2>&1; } >>"$SUM" 2>&1
 fi
 if [ ! -x "$BIN/gpu_test_kernels" ]; then
     log "no carried binaries in $BIN: run tools/gpu_run.sh --prepare here and carry .carry"
@@ -93,19 +96,22 @@ if has tests; then
     step "gpu_test_kernels" 240 "$OUT/test_kernels.log" $RUNENV "$BIN/gpu_test_kernels"
     step "gpu_test_backend" 420 "$OUT/test_backend.log" $RUNENV "$BIN/gpu_test_backend"
 fi
-if has memcheck; then
-    step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
-    step "memcheck gpu_test_backend (quick)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_backend"
-fi
-if has racecheck; then
-    step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
-fi
 BW=4300
 TF=790
+if { has profile || has bench; } && [ ! -e "$MODEL/model.safetensors" ]; then
+    step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
+fi
+if has profile; then
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    for c in ${PROFILE_CASES:-cold:2048 hit:128}; do
+        f=/tmp/ncu_${c/:/_}.log
+        step "ncu $c" 240 "$OUT/profile.log" $RUNENV SQUAD_CUDA_GRAPHS=0 "$NCU" --clock-control none \
+            --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file "$f" \
+            "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
+        python3 tools/ncu_summary.py "$f" "$c" >>"$OUT/profile.log" 2>&1
+    done
+fi
 if has bench; then
-    if [ ! -e "$MODEL/model.safetensors" ]; then
-        step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
-    fi
     if python3 - >"$OUT/ceil.txt" 2>>"$OUT/bench.log" <<'EOF'
 import torch
 x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda"); y = torch.empty_like(x)
@@ -131,6 +137,13 @@ EOF
 fi
 if has hf && [ -e /tmp/bench_rows.jsonl ]; then
     step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json
+fi
+if has memcheck; then
+    step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
+    step "memcheck gpu_test_backend (quick)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_backend"
+fi
+if has racecheck; then
+    step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
 fi
 log "done"
 exit 0

@@ -18,8 +18,14 @@
  *    slots, nopts and letters travel in one small host-to-device copy of cu_chunk_params before
  *    the replay; kernels read them from device memory. Padding rows are computed but masked
  *    (g = 0, beta = 0 in the delta rule; never written to K / V; never a slot).
- *  - The residual stream h is fp32; GEMM inputs bf16; out_proj / o_proj / down_proj add into h in
- *    the cuBLASLt epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
+ *  - Two precisions (opts->precision, as on the CPU): BF16, the fast path — bf16 matrices and
+ *    activations on the tensor cores, the chunked delta rule and flash attention (k_gdn.cu,
+ *    k_attn.cu); EXACT, the reference path — fp32 matrices and activations, fp32 GEMMs, the
+ *    token-by-token delta rule (k_gdn_exact.cu) and fp32 attention. The random test models are so
+ *    sensitive that bf16 activations alone move their answers by a few 1e-2 (see
+ *    bench/CUDA_NOTES.md); EXACT meets the fixtures, BF16 is what the benchmark times.
+ *  - The residual stream h is fp32; out_proj / o_proj / down_proj add into h in the cuBLASLt
+ *    epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
  *    gate|up GEMM, silu*mul, down GEMM(+residual).
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
@@ -44,14 +50,15 @@ static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 10
 
 typedef struct cu_layer {
     int kind;
-    bf16 *w_in;   /* GDN: [NP][H] (qkv | z | b | a | 0); attention: [ldQKV][H] (q | k | v | 0) */
-    bf16 *w_out;  /* GDN out_proj [H][nv dv]; attention o_proj [H][nh hd] */
-    bf16 *w_gu;   /* [2I][H] (gate | up) */
-    bf16 *w_down; /* [H][I] */
+    /* matrices: bf16, or fp32 on the exact path */
+    void *w_in;   /* GDN: [NP][H] (qkv | z | b | a | 0); attention: [ldQKV][H] (q | k | v | 0) */
+    void *w_out;  /* GDN out_proj [H][nv dv]; attention o_proj [H][nh hd] */
+    void *w_gu;   /* [2I][H] (gate | up) */
+    void *w_down; /* [H][I] */
     float *in_norm, *post_norm;
     float *conv_w, *A_log, *dt_bias, *gdn_norm; /* GDN */
-    float *S;                                   /* GDN: S^T [nv][dv][dk] in the state arena */
-    bf16 *conv_state;                           /* GDN: [K-1][C] in the state arena */
+    float *S;                                   /* GDN: the recurrent state in the arena */
+    void *conv_state;                           /* GDN: [K-1][C] activations in the arena */
     float *q_norm, *k_norm;                     /* attention */
     int attn_index;                             /* attention: index among attention layers */
 } cu_layer;
@@ -60,6 +67,8 @@ typedef struct cu_be {
     const squad_model *m;
     int H, I, V, nl, n_gdn, n_attn, max_context, max_chunk;
     float eps;
+    int f32;   /* precision EXACT: fp32 matrices, activations, K / V and the fp32 mixer kernels */
+    size_t es; /* bytes of one activation element: 2 (bf16) or 4 */
     cudaStream_t st;
     cu_gemm_ctx gemm;
     cu_layer layers[SQUAD_MAX_LAYERS];
@@ -76,11 +85,11 @@ typedef struct cu_be {
 
     unsigned char *gdn_state; /* the arena: S of every GDN layer, then conv inputs */
     size_t gdn_bytes;
-    bf16 *kv; /* [max_context][n_attn][2][nkv][hd] */
+    void *kv; /* [max_context][n_attn][2][nkv][hd] activations */
     size_t kv_pos_elems;
 
     float *h;
-    bf16 *x, *proj, *mix, *qb, *mlp;
+    void *x, *proj, *mix, *qb, *mlp; /* activations (bf16 or fp32) */
     void *gdn_scr, *att_part;
     cu_gdn_scratch scr;
     cu_chunk_params *prm_dev, *prm_host;
@@ -136,10 +145,11 @@ static int upload_vec(cu_be *cb, float **dst, const float *src, size_t n, const 
     return 0;
 }
 
-/* Uploads matrices one after another as the rows of one device matrix of `rows` rows x cols. */
-static int upload_fused(cu_be *cb, bf16 **dst, const squad_mat *const *mats, int n, int rows, int cols,
+/* Uploads matrices one after another as the rows of one device matrix of `rows` rows x cols, bf16
+ * as they are or (f32) converted to fp32 through a host staging buffer. */
+static int upload_fused(cu_be *cb, void **dst, const squad_mat *const *mats, int n, int rows, int cols, int f32,
                         const char *what, squad_err *err) {
-    int rc = dalloc(cb, (void **)dst, (size_t)rows * cols * 2, MEM_WEIGHT, err);
+    int rc = dalloc(cb, dst, (size_t)rows * cols * (f32 ? 4 : 2), MEM_WEIGHT, err);
     if (rc) return rc;
     size_t row = 0;
     for (int i = 0; i < n; i++) {
@@ -149,7 +159,18 @@ static int upload_fused(cu_be *cb, bf16 **dst, const squad_mat *const *mats, int
                               what, i, m->cols, cols);
         if (row + (size_t)m->rows > (size_t)rows)
             return cu_err(err, SQUAD_E_MODEL, "CUDA backend: %s: more rows than expected", what);
-        CU_TRY(cudaMemcpy(*dst + row * cols, m->w, (size_t)m->rows * cols * 2, cudaMemcpyHostToDevice));
+        if (!f32) {
+            CU_TRY(cudaMemcpy((bf16 *)*dst + row * cols, m->w, (size_t)m->rows * cols * 2, cudaMemcpyHostToDevice));
+        } else {
+            const size_t n_el = (size_t)m->rows * cols;
+            float *tmp = (float *)malloc(n_el * sizeof(float));
+            if (!tmp) return cu_err(err, SQUAD_E_NOMEM, "out of memory (%s staging)", what);
+            for (size_t i = 0; i < n_el; i++) tmp[i] = squad_bf16_to_f32(m->w[i]);
+            const cudaError_t e = cudaMemcpy((float *)*dst + row * cols, tmp, n_el * sizeof(float),
+                                             cudaMemcpyHostToDevice);
+            free(tmp);
+            if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+        }
         row += (size_t)m->rows;
     }
     return 0;
@@ -178,33 +199,37 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
     const int H = cb->H, I = cb->I;
     const squad_config *cfg = &cb->m->cfg;
     int rc;
-    rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps, cb->st, err);
+    const int f = cb->f32;
+    rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps, f, cb->st,
+                          err);
     if (rc) return rc;
     for (int l = 0; l < cb->nl; l++) {
         const cu_layer *L = &cb->layers[l];
-        if (l > 0 && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, cb->st, err))) return rc;
+        if (l > 0 && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
         if (L->kind == SQUAD_LAYER_LINEAR) {
-            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->NP, H, 0, cb->st, err))) return rc;
+            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->NP, H, 0, f, cb->st, err))) return rc;
             rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->S,
                                 cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err);
             if (rc) return rc;
-            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->lin_num_v_heads * cfg->lin_v_dim, 1, cb->st,
-                         err);
+            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->lin_num_v_heads * cfg->lin_v_dim, 1, f,
+                         cb->st, err);
             if (rc) return rc;
         } else {
-            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->ldQKV, H, 0, cb->st, err))) return rc;
-            bf16 *Kc = cb->kv + (size_t)L->attn_index * 2 * cfg->num_kv_heads * cfg->head_dim;
-            bf16 *Vc = Kc + (size_t)cfg->num_kv_heads * cfg->head_dim;
+            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->ldQKV, H, 0, f, cb->st, err))) return rc;
+            const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
+            char *Kc = (char *)cb->kv + (size_t)L->attn_index * 2 * kvd * cb->es;
+            char *Vc = Kc + kvd * cb->es;
             rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, Kc, Vc, cb->qb, cb->att_part,
                                  cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
             if (rc) return rc;
-            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->num_heads * cfg->head_dim, 1, cb->st, err);
+            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->num_heads * cfg->head_dim, 1, f, cb->st,
+                         err);
             if (rc) return rc;
         }
-        if ((rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, cb->st, err))) return rc;
-        if ((rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, cb->st, err))) return rc;
-        if ((rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, cb->st, err))) return rc;
-        if ((rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, cb->st, err))) return rc;
+        if ((rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
+        if ((rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err))) return rc;
+        if ((rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err))) return rc;
+        if ((rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err))) return rc;
     }
     return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, cb->probs_dev, H, cb->eps, cb->st, err);
 }
@@ -421,6 +446,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->eps = c->rms_eps;
     cb->max_context = max_context;
     cb->max_chunk = CHUNK_BUCKETS[N_CHUNK_BUCKETS - 1];
+    cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
+    cb->es = cb->f32 ? 4 : 2;
     cb->n_gdn = squad_config_count_layers(c, SQUAD_LAYER_LINEAR);
     cb->n_attn = squad_config_count_layers(c, SQUAD_LAYER_FULL);
     const char *g = getenv("SQUAD_CUDA_GRAPHS");
@@ -447,6 +474,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->NP = round8(cb->C + c->lin_num_v_heads * c->lin_v_dim + 2 * c->lin_num_v_heads);
     cb->gd.ldP = cb->NP;
     cb->gd.eps = c->rms_eps;
+    cb->gd.f32 = cb->f32;
+    cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;
     cb->ad.hd = c->head_dim;
@@ -486,13 +515,13 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         return cu_err(err, SQUAD_E_MODEL, "CUDA backend: embed_tokens missing or misshapen");
     {
         const squad_mat *e[1] = {&m->embed};
-        if ((rc = upload_fused(cb, &cb->embed, e, 1, cb->V, cb->H, "embed_tokens", err))) return rc;
+        if ((rc = upload_fused(cb, (void **)&cb->embed, e, 1, cb->V, cb->H, 0, "embed_tokens", err))) return rc;
     }
     if (!m->lm_head.w || m->lm_head.w == m->embed.w) {
         cb->lm_head = cb->embed;
     } else {
         const squad_mat *e[1] = {&m->lm_head};
-        if ((rc = upload_fused(cb, &cb->lm_head, e, 1, cb->V, cb->H, "lm_head", err))) return rc;
+        if ((rc = upload_fused(cb, (void **)&cb->lm_head, e, 1, cb->V, cb->H, 0, "lm_head", err))) return rc;
     }
     if ((rc = upload_vec(cb, &cb->final_norm, m->final_norm, cb->H, "norm", err))) return rc;
     if (cb->n_attn) {
@@ -503,11 +532,11 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
             inv[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
         if ((rc = upload_vec(cb, &cb->inv_freq, inv, half > 0 ? half : 1, "inv_freq", err))) return rc;
     }
-    const size_t s_bytes = (size_t)cb->gd.nv * cu_gdn_pad(cb->gd.dv) * cu_gdn_pad(cb->gd.dk) * 4;
-    const size_t conv_bytes = ((size_t)(cb->gd.K - 1) * cb->C * 2 + 255) & ~(size_t)255;
+    const size_t s_bytes = cu_gdn_state_bytes(&cb->gd);
+    const size_t conv_bytes = ((size_t)(cb->gd.K - 1) * cb->C * cb->es + 255) & ~(size_t)255;
     cb->gdn_bytes = (size_t)cb->n_gdn * (s_bytes + conv_bytes);
     if ((rc = dalloc(cb, (void **)&cb->gdn_state, cb->gdn_bytes, MEM_STATE, err))) return rc;
-    if (cb->n_attn && (rc = dalloc(cb, (void **)&cb->kv, (size_t)max_context * cb->kv_pos_elems * 2, MEM_STATE, err)))
+    if (cb->n_attn && (rc = dalloc(cb, &cb->kv, (size_t)max_context * cb->kv_pos_elems * cb->es, MEM_STATE, err)))
         return rc;
     {
         unsigned char *S0 = cb->gdn_state;
@@ -522,27 +551,30 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
             if ((rc = upload_vec(cb, &L->in_norm, W->input_norm, cb->H, "input_layernorm", err))) return rc;
             if ((rc = upload_vec(cb, &L->post_norm, W->post_norm, cb->H, "post_attention_layernorm", err))) return rc;
             const squad_mat *gu[2] = {&W->mlp_gate, &W->mlp_up};
-            if ((rc = upload_fused(cb, &L->w_gu, gu, 2, 2 * cb->I, cb->H, "mlp gate/up", err))) return rc;
+            const int f = cb->f32;
+            if ((rc = upload_fused(cb, &L->w_gu, gu, 2, 2 * cb->I, cb->H, f, "mlp gate/up", err))) return rc;
             const squad_mat *dn[1] = {&W->mlp_down};
-            if ((rc = upload_fused(cb, &L->w_down, dn, 1, cb->H, cb->I, "mlp down", err))) return rc;
+            if ((rc = upload_fused(cb, &L->w_down, dn, 1, cb->H, cb->I, f, "mlp down", err))) return rc;
             if (L->kind == SQUAD_LAYER_LINEAR) {
                 const squad_mat *in[4] = {&W->in_qkv, &W->in_z, &W->in_b, &W->in_a};
-                if ((rc = upload_fused(cb, &L->w_in, in, 4, cb->NP, cb->H, "linear_attn in_proj", err))) return rc;
+                if ((rc = upload_fused(cb, &L->w_in, in, 4, cb->NP, cb->H, f, "linear_attn in_proj", err))) return rc;
                 const squad_mat *out[1] = {&W->out_proj};
-                if ((rc = upload_fused(cb, &L->w_out, out, 1, cb->H, cb->gd.nv * cb->gd.dv, "out_proj", err)))
+                if ((rc = upload_fused(cb, &L->w_out, out, 1, cb->H, cb->gd.nv * cb->gd.dv, f, "out_proj", err)))
                     return rc;
                 if ((rc = upload_vec(cb, &L->conv_w, W->conv_w, (size_t)cb->C * cb->gd.K, "conv1d", err))) return rc;
                 if ((rc = upload_vec(cb, &L->A_log, W->A_log, cb->gd.nv, "A_log", err))) return rc;
                 if ((rc = upload_vec(cb, &L->dt_bias, W->dt_bias, cb->gd.nv, "dt_bias", err))) return rc;
                 if ((rc = upload_vec(cb, &L->gdn_norm, W->gdn_norm, cb->gd.dv, "linear_attn norm", err))) return rc;
                 L->S = (float *)(S0 + (size_t)gi * s_bytes);
-                L->conv_state = (bf16 *)(conv0 + (size_t)gi * conv_bytes);
+                L->conv_state = conv0 + (size_t)gi * conv_bytes;
                 gi++;
             } else {
                 const squad_mat *in[3] = {&W->q_proj, &W->k_proj, &W->v_proj};
-                if ((rc = upload_fused(cb, &L->w_in, in, 3, cb->ldQKV, cb->H, "self_attn q/k/v_proj", err))) return rc;
+                if ((rc = upload_fused(cb, &L->w_in, in, 3, cb->ldQKV, cb->H, f, "self_attn q/k/v_proj", err)))
+                    return rc;
                 const squad_mat *out[1] = {&W->o_proj};
-                if ((rc = upload_fused(cb, &L->w_out, out, 1, cb->H, cb->ad.nh * cb->ad.hd, "o_proj", err))) return rc;
+                if ((rc = upload_fused(cb, &L->w_out, out, 1, cb->H, cb->ad.nh * cb->ad.hd, f, "o_proj", err)))
+                    return rc;
                 if ((rc = upload_vec(cb, &L->q_norm, W->q_norm, cb->ad.hd, "q_norm", err))) return rc;
                 if ((rc = upload_vec(cb, &L->k_norm, W->k_norm, cb->ad.hd, "k_norm", err))) return rc;
                 L->attn_index = ai++;
@@ -556,17 +588,18 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     if (2 * cb->I > wproj) wproj = 2 * cb->I;
     const int wmix = cb->gd.nv * cb->gd.dv > cb->ad.nh * cb->ad.hd ? cb->gd.nv * cb->gd.dv : cb->ad.nh * cb->ad.hd;
     if ((rc = dalloc(cb, (void **)&cb->h, R * cb->H * 4, MEM_SCRATCH, err))) return rc;
-    if ((rc = dalloc(cb, (void **)&cb->x, R * cb->H * 2, MEM_SCRATCH, err))) return rc;
-    if ((rc = dalloc(cb, (void **)&cb->proj, R * wproj * 2, MEM_SCRATCH, err))) return rc;
-    if ((rc = dalloc(cb, (void **)&cb->mix, R * wmix * 2, MEM_SCRATCH, err))) return rc;
-    if ((rc = dalloc(cb, (void **)&cb->mlp, R * cb->I * 2, MEM_SCRATCH, err))) return rc;
+    const size_t es = cb->es;
+    if ((rc = dalloc(cb, &cb->x, R * cb->H * es, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, &cb->proj, R * wproj * es, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, &cb->mix, R * wmix * es, MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, &cb->mlp, R * cb->I * es, MEM_SCRATCH, err))) return rc;
     if (cb->n_attn) {
-        if ((rc = dalloc(cb, (void **)&cb->qb, R * cb->ad.nh * cb->ad.hd * 2, MEM_SCRATCH, err))) return rc;
+        if ((rc = dalloc(cb, &cb->qb, R * cb->ad.nh * cb->ad.hd * es, MEM_SCRATCH, err))) return rc;
         size_t pb = 0;
         for (int bi = 0; bi < N_CHUNK_BUCKETS; bi++)
             for (int si = 0; si < cb->n_spans; si++) {
                 cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm);
-                const size_t b = cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
+                const size_t b = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
                 if (b > pb) pb = b;
             }
         if ((rc = dalloc(cb, &cb->att_part, pb, MEM_SCRATCH, err))) return rc;
@@ -629,7 +662,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->max_context = max_context;
     be->max_chunk = cb->max_chunk;
     be->gdn_snapshot_bytes = cb->gdn_bytes;
-    be->kv_bytes_per_pos = cb->kv_pos_elems * 2;
+    be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
     return be;
 }
 
@@ -645,6 +678,7 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     info->weight_bytes = cb->weight_bytes;
     info->state_bytes = cb->state_bytes;
     info->scratch_bytes = cb->scratch_bytes;
+    snprintf(info->precision, sizeof info->precision, "%s", cb->f32 ? "exact" : "bf16");
     info->n_buckets = N_CHUNK_BUCKETS;
     for (int i = 0; i < N_CHUNK_BUCKETS; i++) info->buckets[i] = CHUNK_BUCKETS[i];
     info->n_spans = cb->n_spans;

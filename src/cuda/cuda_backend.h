@@ -16,6 +16,7 @@ extern "C" {
 typedef struct squad_cuda_info {
     char device[256];      /* the GPU's name */
     int sm_count;
+    char precision[8];     /* "bf16" (the fast path) or "exact" (fp32) */
     int graphs;            /* chunk graphs captured so far */
     double capture_s;      /* seconds spent capturing and instantiating them */
     unsigned long long replays;

@@ -96,6 +96,11 @@ __device__ __forceinline__ uint32_t cu_pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 __device__ __forceinline__ float cu_silu(float x) { return x / (1.0f + __expf(-x)); }
+/* Activations are bf16 (the fast path) or fp32 (the exact path): loads and stores of either. */
+__device__ __forceinline__ float cu_ld(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float cu_ld(const float *p) { return *p; }
+__device__ __forceinline__ void cu_st(bf16 *p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void cu_st(float *p, float v) { *p = v; }
 __device__ __forceinline__ float cu_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 /* D += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate. Fragment layout (lane = 4 r + c):
@@ -148,11 +153,12 @@ __device__ __forceinline__ float cu_warp_max(float v) {
 /* ---- cuBLASLt projections (k_gemm.cu) ------------------------------------------------------------
  * Y[M][N] = X[M][K] W[N][K]^T with W a checkpoint matrix (row-major [out][in]) and X row-major
  * activations: in cuBLASLt's column-major terms D (N x M) = op_T(W as K x N) * (X as K x M), the
- * "TN" layout. bf16 inputs, fp32 accumulation; acc = 0: D bf16, beta 0; acc = 1: D fp32 and
- * beta 1 with C = D (the residual add fused into the epilogue). A plan (descriptors + the
- * heuristic's algorithm) is made once per shape and kept, so graph captures reuse it. */
+ * "TN" layout. Fast path (f32 = 0): bf16 W and X, fp32 accumulation; acc = 0: D bf16, beta 0;
+ * acc = 1: D fp32 and beta 1 with C = D (the residual add fused into the epilogue). Exact path
+ * (f32 = 1): W, X and D fp32, fp32 compute (no TF32). A plan (descriptors + the heuristic's
+ * algorithm) is made once per shape and kept, so graph captures reuse it. */
 typedef struct cu_gemm_plan {
-    int M, N, K, acc;
+    int M, N, K, acc, f32;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
@@ -166,19 +172,21 @@ typedef struct cu_gemm_ctx {
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
-int cu_gemm(cu_gemm_ctx *g, const bf16 *W, const bf16 *X, void *Y, int M, int N, int K, int acc, cudaStream_t st,
-            squad_err *err);
+int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N, int K, int acc, int f32,
+            cudaStream_t st, squad_err *err);
 
 /* ---- kernel launchers (host) ----------------------------------------------------------------- */
 
 /* k_norm.cu */
-/* h[t] = E[ids[t]] (fp32) and x[t] = RMSNorm(h[t]) * (1 + w) (bf16), t < rows. */
-int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, bf16 *x, const float *w, int rows, int H,
-                     float eps, cudaStream_t st, squad_err *err);
-/* x[t] = RMSNorm(h[t]) * (1 + w), bf16 out. */
-int cu_rmsnorm(const float *h, bf16 *x, const float *w, int rows, int H, float eps, cudaStream_t st, squad_err *err);
-/* out[t][i] = silu(gu[t][i]) * gu[t][I + i] (gu: [rows][2I] bf16). */
-int cu_silu_mul(const bf16 *gu, bf16 *out, int rows, int I, cudaStream_t st, squad_err *err);
+/* In these launchers f32 selects fp32 activations (the exact path) instead of bf16. */
+/* h[t] = E[ids[t]] (fp32) and x[t] = RMSNorm(h[t]) * (1 + w), t < rows. */
+int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, void *x, const float *w, int rows, int H,
+                     float eps, int f32, cudaStream_t st, squad_err *err);
+/* x[t] = RMSNorm(h[t]) * (1 + w). */
+int cu_rmsnorm(const float *h, void *x, const float *w, int rows, int H, float eps, int f32, cudaStream_t st,
+               squad_err *err);
+/* out[t][i] = silu(gu[t][i]) * gu[t][I + i] (gu: [rows][2I]). */
+int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_t st, squad_err *err);
 /* The letter probabilities at the chunk's slots: probs[i][j] = softmax over j < nopts[i] of
  * RMSNorm(h[slot_i]) * (1 + w) . E[letters[j]]; zero past nopts. probs is [CU_MAX_SLOTS][CU_MAX_LETTERS]. */
 int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
@@ -188,15 +196,23 @@ typedef struct cu_gdn_dims {
     int nk, nv, dk, dv, K; /* heads, head dims, conv kernel */
     int ldP;               /* row stride of the in_proj output P: [q | k | v | z | b | a | pad] */
     float eps;             /* the gated RMSNorm's eps */
+    int f32;               /* the exact path (k_gdn_exact.cu): fp32 P, conv state, Y; S [nv][dk][dv] */
 } cu_gdn_dims;
 typedef struct cu_gdn_scratch {
+    /* the chunked path (head dims padded) */
     bf16 *W;      /* [chunks][nv][64][dk] */
     float *UT;    /* [chunks][nv][dv][64] */
     bf16 *Qg;     /* [chunks][nv][64][dk] */
     bf16 *KpT;    /* [chunks][nv][dk][64] */
     bf16 *Pm;     /* [chunks][nv][64][64] */
     float *glast; /* [chunks][nv] */
+    /* the exact path */
+    float *q, *k;       /* [rows][nk dk], normed */
+    float *v, *o;       /* [rows][nv dv] */
+    float *dec, *beta;  /* [rows][nv]: exp(g), beta */
 } cu_gdn_scratch;
+/* Bytes of one GDN layer's recurrent state S in the backend's layout. */
+size_t cu_gdn_state_bytes(const cu_gdn_dims *d);
 /* A head dim padded to the kernels' instantiation (16, 32, 64, 128). The state S^T is
  * [nv][pad(dv)][pad(dk)] fp32. */
 int cu_gdn_pad(int x);
@@ -207,9 +223,13 @@ int cu_gdn_supported(const cu_gdn_dims *d);
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
 /* P: [rows][ldP] bf16 in_proj output; conv_state [K-1][C] bf16 (updated); S [nv][pad dv][pad dk]
  * fp32 (updated, transposed state); Y: [rows][nv dv] bf16, the gated-normed output. */
-int cu_gdn_forward(const cu_gdn_dims *d, const bf16 *P, bf16 *conv_state, const float *conv_w, const float *A_log,
-                   const float *dt_bias, const float *norm_w, float *S, bf16 *Y, const cu_gdn_scratch *scr,
+int cu_gdn_forward(const cu_gdn_dims *d, const void *P, void *conv_state, const float *conv_w, const float *A_log,
+                   const float *dt_bias, const float *norm_w, float *S, void *Y, const cu_gdn_scratch *scr,
                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);
+int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, float *conv_state, const float *conv_w,
+                         const float *A_log, const float *dt_bias, const float *norm_w, float *S, float *Y,
+                         const cu_gdn_scratch *scr, const cu_chunk_params *prm, int rows, cudaStream_t st,
+                         squad_err *err);
 
 /* k_attn.cu: gated attention after q/k/v_proj. */
 typedef struct cu_attn_dims {
@@ -218,6 +238,7 @@ typedef struct cu_attn_dims {
     float eps;
     int max_context;
     size_t kv_stride; /* elements between positions in the K / V cache (position-major cache) */
+    int f32;          /* the exact path: fp32 QKV, K / V cache, q scratch and out; fp32 attention */
 } cu_attn_dims;
 int cu_attn_supported(const cu_attn_dims *d);
 int cu_attn_init(const cu_attn_dims *d, squad_err *err);
@@ -227,8 +248,8 @@ size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits);
 /* QKV: [rows][ldQKV] bf16; Kc/Vc: this layer's K / V at position 0, kv_stride elements per
  * position, [nkv][hd] bf16 each (positions [start, start+len) written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;
  * out: [rows][nh hd] bf16 = attention * sigmoid(gate). */
-int cu_attn_forward(const cu_attn_dims *d, const bf16 *QKV, const float *q_norm, const float *k_norm,
-                    const float *inv_freq, bf16 *Kc, bf16 *Vc, bf16 *Qb, void *part, int splits, bf16 *out,
+int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm, const float *k_norm,
+                    const float *inv_freq, void *Kc, void *Vc, void *Qb, void *part, int splits, void *out,
                     const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);
 
 #endif

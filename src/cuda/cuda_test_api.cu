@@ -79,33 +79,46 @@ static int params(tbufs *b, cu_chunk_params **d, int start, int len, int rows, s
     return rc;
 }
 
+/* fp32 host -> device as bf16 (f32 = 0) or fp32 */
+static int up_act(tbufs *b, void **d, const float *h, size_t n, int f32, squad_err *err) {
+    return f32 ? up_f32(b, (float **)d, h, n, err) : up_bf16(b, (bf16 **)d, h, n, err);
+}
+static int down_act(float *h, const void *d, size_t n, int f32, squad_err *err) {
+    if (!f32) return down_bf16(h, (const bf16 *)d, n, err);
+    CU_TRY(cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
-    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps};
+    const int ex = a->exact != 0;
+    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex};
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     int rc = cu_gdn_init(&d, err);
     if (rc) return rc;
     const int C = 2 * a->nk * a->dk + a->nv * a->dv, Km1 = a->K - 1;
-    const int DKP = cu_gdn_pad(a->dk), DVP = cu_gdn_pad(a->dv);
+    /* the device state: S^T [nv][DVP][DKP] (zero padding) on the chunked path, S [nv][dk][dv] exact */
+    const int DKP = ex ? a->dv : cu_gdn_pad(a->dk), DVP = ex ? a->dk : cu_gdn_pad(a->dv);
     const size_t nS = (size_t)a->nv * DKP * DVP;
-    bf16 *P, *conv, *Y;
+    void *P, *conv, *Y;
     float *cw, *Al, *dt, *nw, *S;
     cu_chunk_params *prm;
     void *scr;
-    if ((rc = up_bf16(b, &P, a->P, (size_t)a->rows * a->ldP, err))) return rc;
-    if ((rc = up_bf16(b, &conv, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, err))) return rc;
+    if ((rc = up_act(b, &P, a->P, (size_t)a->rows * a->ldP, ex, err))) return rc;
+    if ((rc = up_act(b, &conv, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, ex, err))) return rc;
     if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
     if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
     if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
     if ((rc = up_f32(b, &nw, a->norm_w, a->dv, err))) return rc;
-    /* the device keeps S^T [nv][DVP][DKP] (zero padding) */
+    /* (exact: DKP = dv, DVP = dk, so the same index maps S [h][i][j] to [h][i][j]) */
     float *St = (float *)calloc(nS, 4);
     if (!St) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     for (int h = 0; h < a->nv; h++)
         for (int i = 0; i < a->dk; i++)
             for (int j = 0; j < a->dv; j++)
-                St[((size_t)h * DVP + j) * DKP + i] = a->S[((size_t)h * a->dk + i) * a->dv + j];
+                St[ex ? ((size_t)h * a->dk + i) * a->dv + j : ((size_t)h * DVP + j) * DKP + i] =
+                    a->S[((size_t)h * a->dk + i) * a->dv + j];
     rc = up_f32(b, &S, St, nS, err);
-    if (!rc) rc = talloc_poison(b, (void **)&Y, (size_t)a->rows * a->nv * a->dv * 2, err);
+    if (!rc) rc = talloc_poison(b, &Y, (size_t)a->rows * a->nv * a->dv * (ex ? 4 : 2), err);
     if (!rc) rc = params(b, &prm, 0, a->len, a->rows, err);
     if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows), err);
     cu_gdn_scratch s;
@@ -117,8 +130,8 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
         const cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) rc = cu_fail(err, "cudaDeviceSynchronize", e, __FILE__, __LINE__);
     }
-    if (!rc) rc = down_bf16(a->Y, Y, (size_t)a->rows * a->nv * a->dv, err);
-    if (!rc && Km1 > 0) rc = down_bf16(a->conv_state, conv, (size_t)Km1 * C, err);
+    if (!rc) rc = down_act(a->Y, Y, (size_t)a->rows * a->nv * a->dv, ex, err);
+    if (!rc && Km1 > 0) rc = down_act(a->conv_state, conv, (size_t)Km1 * C, ex, err);
     if (!rc) {
         const cudaError_t e = cudaMemcpy(St, S, nS * 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
@@ -127,7 +140,8 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
         for (int h = 0; h < a->nv; h++)
             for (int i = 0; i < a->dk; i++)
                 for (int j = 0; j < a->dv; j++)
-                    a->S[((size_t)h * a->dk + i) * a->dv + j] = St[((size_t)h * DVP + j) * DKP + i];
+                    a->S[((size_t)h * a->dk + i) * a->dv + j] =
+                        St[ex ? ((size_t)h * a->dk + i) * a->dv + j : ((size_t)h * DVP + j) * DKP + i];
     free(St);
     return rc;
 }
@@ -150,11 +164,14 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     d.eps = a->eps;
     d.max_context = a->max_context;
     d.kv_stride = (size_t)a->nkv * a->hd;
+    d.f32 = a->exact != 0;
+    const int ex = d.f32;
+    const size_t es = ex ? 4 : 2;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
     int rc = cu_attn_init(&d, err);
     if (rc) return rc;
     const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
-    bf16 *QKV, *K, *V, *Qb, *out;
+    void *QKV, *K, *V, *Qb, *out;
     float *qn, *kn, *inv;
     cu_chunk_params *prm;
     void *part;
@@ -163,22 +180,22 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     const int span = a->max_context;
     const int splits = cu_attn_splits(&d, a->rows, span, nsm);
-    if ((rc = up_bf16(b, &QKV, a->QKV, (size_t)a->rows * a->ld, err))) return rc;
-    if ((rc = up_bf16(b, &K, a->K, kvn, err))) return rc;
-    if ((rc = up_bf16(b, &V, a->V, kvn, err))) return rc;
+    if ((rc = up_act(b, &QKV, a->QKV, (size_t)a->rows * a->ld, ex, err))) return rc;
+    if ((rc = up_act(b, &K, a->K, kvn, ex, err))) return rc;
+    if ((rc = up_act(b, &V, a->V, kvn, ex, err))) return rc;
     if ((rc = up_f32(b, &qn, a->q_norm, a->hd, err))) return rc;
     if ((rc = up_f32(b, &kn, a->k_norm, a->hd, err))) return rc;
     if ((rc = up_f32(b, &inv, a->inv_freq, a->rd / 2 > 0 ? a->rd / 2 : 1, err))) return rc;
-    if ((rc = talloc(b, (void **)&Qb, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
-    if ((rc = talloc_poison(b, (void **)&out, (size_t)a->rows * a->nh * a->hd * 2, err))) return rc;
-    if ((rc = talloc(b, &part, cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
+    if ((rc = talloc(b, &Qb, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
+    if ((rc = talloc_poison(b, &out, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
+    if ((rc = talloc(b, &part, ex ? 16 : cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
     if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
     if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, K, V, Qb, part, splits, out, prm, a->rows, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
-    if ((rc = down_bf16(a->out, out, (size_t)a->rows * a->nh * a->hd, err))) return rc;
+    if ((rc = down_act(a->out, out, (size_t)a->rows * a->nh * a->hd, ex, err))) return rc;
     const size_t off = (size_t)a->start * a->nkv * a->hd, n = (size_t)a->len * a->nkv * a->hd;
-    if ((rc = down_bf16(a->K + off, K + off, n, err))) return rc;
-    return down_bf16(a->V + off, V + off, n, err);
+    if ((rc = down_act(a->K + off, (const char *)K + off * es, n, ex, err))) return rc;
+    return down_act(a->V + off, (const char *)V + off * es, n, ex, err);
 }
 
 extern "C" int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err) {
@@ -196,7 +213,7 @@ static int test_rmsnorm(tbufs *b, const float *h, float *out, const float *w, in
     if ((rc = up_f32(b, &dh, h, (size_t)rows * H, err))) return rc;
     if ((rc = up_f32(b, &dw, w, H, err))) return rc;
     if ((rc = talloc_poison(b, (void **)&dx, (size_t)rows * H * 2, err))) return rc;
-    if ((rc = cu_rmsnorm(dh, dx, dw, rows, H, eps, 0, err))) return rc;
+    if ((rc = cu_rmsnorm(dh, dx, dw, rows, H, eps, 0, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
     return down_bf16(out, dx, (size_t)rows * H, err);
 }
@@ -214,7 +231,7 @@ static int test_silu_mul(tbufs *b, const float *gu, float *out, int rows, int I,
     int rc;
     if ((rc = up_bf16(b, &dg, gu, (size_t)rows * 2 * I, err))) return rc;
     if ((rc = talloc_poison(b, (void **)&dout, (size_t)rows * I * 2, err))) return rc;
-    if ((rc = cu_silu_mul(dg, dout, rows, I, 0, err))) return rc;
+    if ((rc = cu_silu_mul(dg, dout, rows, I, 0, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
     return down_bf16(out, dout, (size_t)rows * I, err);
 }
@@ -240,7 +257,7 @@ static int test_gemm(tbufs *b, cu_gemm_ctx *g, const float *X, const float *W, f
     } else if ((rc = talloc_poison(b, &dY, (size_t)M * N * 2, err))) {
         return rc;
     }
-    if ((rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, err))) return rc;
+    if ((rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
     if (acc) {
         CU_TRY(cudaMemcpy(Y, dY, (size_t)M * N * 4, cudaMemcpyDeviceToHost));

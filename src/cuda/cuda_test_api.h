@@ -3,9 +3,10 @@
  * kernel group on host data (uploads, launches, downloads; every call checked) so a test can
  * compare it with the plain host reference beside the kernel (cu_ref_*, same header).
  *
- * Host arrays are fp32; values that the device holds in bf16 (projection outputs, the conv state,
- * K / V) are rounded to bf16 on upload, so a test should round its inputs first (squad_f32_to_bf16)
- * and give the references the same values. Compiled only with SQUAD_HAVE_CUDA.
+ * Host arrays are fp32; on the bf16 path the values the device holds in bf16 (projection outputs,
+ * the conv state, K / V) are rounded to bf16 on upload, so a test should round its inputs first
+ * (squad_f32_to_bf16) and give the references the same values. With exact set, everything stays
+ * fp32 (the EXACT precision's kernels). Compiled only with SQUAD_HAVE_CUDA.
  */
 #ifndef SQUAD_CUDA_TEST_API_H
 #define SQUAD_CUDA_TEST_API_H
@@ -29,6 +30,7 @@ typedef struct cu_ref_gdn_args {
     const float *norm_w;   /* [dv] */
     float *S;              /* [nv][dk][dv]: in / out */
     float *Y;              /* [rows][nv dv] out (rows >= len: 0 from the device, untouched by the reference) */
+    int exact;             /* device: the fp32 token-by-token path instead of the chunked bf16 one */
 } cu_ref_gdn_args;
 void cu_ref_gdn(const cu_ref_gdn_args *a);
 int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err);
@@ -45,6 +47,7 @@ typedef struct cu_ref_attn_args {
     const float *inv_freq;            /* [rd/2] */
     float *K, *V;                     /* [max_context][nkv][hd]: [0, start) given, [start, start+len) written */
     float *out;                       /* [rows][nh hd] */
+    int exact;                        /* device: the fp32 path instead of bf16 flash attention */
 } cu_ref_attn_args;
 void cu_ref_attn(const cu_ref_attn_args *a);
 int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);

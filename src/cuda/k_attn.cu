@@ -16,6 +16,8 @@
  *    running max and sum go to scratch.
  * 3. attn_combine (one block per token x head): merges the splits and multiplies by
  *    sigmoid(gate), bf16 out for o_proj.
+ * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
+ * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
  * The host reference cu_ref_attn (below) is the plain loop the tests compare with.
  */
 #include "cuda_internal.cuh"
@@ -31,19 +33,21 @@
 
 /* ---- 1. q / k norm + RoPE + cache write -------------------------------------------------------- */
 
+template <typename A>
 struct attn_prep_args {
-    const bf16 *QKV;
+    const A *QKV;
     int ld;
     const float *q_norm, *k_norm, *inv_freq;
-    bf16 *Kc, *Vc;
+    A *Kc, *Vc;
     size_t kv_stride;
-    bf16 *Qb;
+    A *Qb;
     const cu_chunk_params *prm;
     int nh, nkv, hd, rd;
     float eps;
 };
 
-__global__ void attn_prep_kernel(attn_prep_args a) {
+template <typename A>
+__global__ void attn_prep_kernel(attn_prep_args<A> a) {
     extern __shared__ float sm[];
     const int nwarp = a.nh + a.nkv;
     float *buf = sm;                          /* [nwarp][hd] */
@@ -61,15 +65,15 @@ __global__ void attn_prep_kernel(attn_prep_args a) {
         sn[i] = (float)s;
     }
     __syncthreads();
-    const bf16 *row = a.QKV + (size_t)t * a.ld;
+    const A *row = a.QKV + (size_t)t * a.ld;
     const bool is_q = w < a.nh;
     const int hh = is_q ? w : w - a.nh;
-    const bf16 *src = is_q ? row + (size_t)hh * 2 * a.hd : row + (size_t)a.nh * 2 * a.hd + (size_t)hh * a.hd;
+    const A *src = is_q ? row + (size_t)hh * 2 * a.hd : row + (size_t)a.nh * 2 * a.hd + (size_t)hh * a.hd;
     const float *nw = is_q ? a.q_norm : a.k_norm;
     float *b = buf + (size_t)w * a.hd;
     float ss = 0.f;
     for (int d = lane; d < a.hd; d += 32) {
-        const float x = __bfloat162float(src[d]);
+        const float x = cu_ld(src + d);
         b[d] = x;
         ss += x * x;
     }
@@ -77,7 +81,7 @@ __global__ void attn_prep_kernel(attn_prep_args a) {
     const float r = rsqrtf(ss / (float)a.hd + a.eps);
     for (int d = lane; d < a.hd; d += 32) b[d] = b[d] * r * (1.f + nw[d]);
     __syncwarp();
-    bf16 *dst;
+    A *dst;
     if (is_q)
         dst = a.Qb + ((size_t)t * a.nh + hh) * a.hd;
     else
@@ -88,11 +92,11 @@ __global__ void attn_prep_kernel(attn_prep_args a) {
             o = b[d] * cs[d] - b[d + half] * sn[d];
         else if (d < a.rd)
             o = b[d] * cs[d - half] + b[d - half] * sn[d - half];
-        if (dst) dst[d] = __float2bfloat16(o);
+        if (dst) cu_st(dst + d, o);
     }
     if (!is_q && t < len) { /* v passes unchanged */
-        const bf16 *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
-        bf16 *vd = a.Vc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd;
+        const A *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
+        A *vd = a.Vc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd;
         for (int d = lane; d < a.hd; d += 32) vd[d] = vs[d];
     }
 }
@@ -328,12 +332,83 @@ __global__ void attn_combine_kernel(const float *__restrict__ Op, const float *_
     }
 }
 
+/* ---- the exact path: fp32, one warp per (query row, head) --------------------------------------- */
+
+#define ATT_EX_MAX_HD 256
+
+struct attn_exact_args {
+    const float *Qb, *Kc, *Vc, *QKV;
+    size_t kv_stride;
+    int ld;
+    float *out;
+    const cu_chunk_params *prm;
+    int nh, nkv, hd;
+    float scale;
+};
+
+__global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
+    extern __shared__ float sq[]; /* [hd] */
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int start = a.prm->start, len = a.prm->len, hd = a.hd;
+    float *out = a.out + ((size_t)t * a.nh + h) * hd;
+    if (t >= len) {
+        for (int d = lane; d < hd; d += 32) out[d] = 0.f;
+        return;
+    }
+    const float *q = a.Qb + ((size_t)t * a.nh + h) * hd;
+    for (int d = lane; d < hd; d += 32) sq[d] = q[d];
+    __syncwarp();
+    const int kvh = h / (a.nh / a.nkv), nkeys = start + t + 1;
+    float O[ATT_EX_MAX_HD / 32];
+#pragma unroll
+    for (int e = 0; e < ATT_EX_MAX_HD / 32; e++) O[e] = 0.f;
+    double m = -INFINITY, l = 0;
+    for (int kb = 0; kb < nkeys; kb += 32) {
+        const int j = kb + lane;
+        double sc = -INFINITY;
+        if (j < nkeys) {
+            const float *k = a.Kc + (size_t)j * a.kv_stride + (size_t)kvh * hd;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            for (int d = 0; d < hd; d++) acc[d & 3] += sq[d] * k[d];
+            sc = (double)((acc[0] + acc[1]) + (acc[2] + acc[3])) * a.scale;
+        }
+        double mx = sc;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const double mn = fmax(m, mx); /* finite: key kb is always valid */
+        const float p = j < nkeys ? (float)exp(sc - mn) : 0.f;
+        const float alpha = (float)exp(m - mn);
+        double ps = p;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+        l = l * alpha + ps;
+#pragma unroll
+        for (int e = 0; e < ATT_EX_MAX_HD / 32; e++) O[e] *= alpha;
+        const int nj = nkeys - kb < 32 ? nkeys - kb : 32;
+        for (int jj = 0; jj < nj; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            const float *v = a.Vc + (size_t)(kb + jj) * a.kv_stride + (size_t)kvh * hd;
+#pragma unroll
+            for (int e = 0; e < ATT_EX_MAX_HD / 32; e++)
+                if (lane + 32 * e < hd) O[e] += pj * v[lane + 32 * e];
+        }
+        m = mn;
+    }
+    const float *gate = a.QKV + (size_t)t * a.ld + (size_t)h * 2 * hd + hd;
+#pragma unroll
+    for (int e = 0; e < ATT_EX_MAX_HD / 32; e++) {
+        const int d = lane + 32 * e;
+        if (d < hd) out[d] = (float)(O[e] / l / (1.0 + exp(-(double)gate[d])));
+    }
+}
+
 /* ---- host side ---------------------------------------------------------------------------------- */
 
 #define ATT_SHAPES(X) X(16) X(32) X(64) X(128) X(256)
 
 int cu_attn_supported(const cu_attn_dims *d) {
     if (d->nkv <= 0 || d->nh % d->nkv || d->rd % 2 || d->rd > d->hd) return 0;
+    if (d->f32) return d->hd >= 1 && d->hd <= ATT_EX_MAX_HD;
 #define ATT_SUP(HD_) if (d->hd == HD_) return 1;
     ATT_SHAPES(ATT_SUP)
 #undef ATT_SUP
@@ -341,6 +416,7 @@ int cu_attn_supported(const cu_attn_dims *d) {
 }
 
 int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
+    if (d->f32) return 0;
 #define ATT_INIT(HD_)                                                                                              \
     if (d->hd == HD_) {                                                                                            \
         CU_TRY(cudaFuncSetAttribute(attn_fwd_kernel<HD_>, cudaFuncAttributeMaxDynamicSharedMemorySize,             \
@@ -369,14 +445,29 @@ size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits) {
     return n * d->hd * 4 + 2 * n * 4 + 512;
 }
 
-int cu_attn_forward(const cu_attn_dims *d, const bf16 *QKV, const float *q_norm, const float *k_norm,
-                    const float *inv_freq, bf16 *Kc, bf16 *Vc, bf16 *Qb, void *part, int splits, bf16 *out,
+int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm, const float *k_norm,
+                    const float *inv_freq, void *Kcv, void *Vcv, void *Qbv, void *part, int splits, void *outv,
                     const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
-    attn_prep_args pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, Kc, Vc, d->kv_stride, Qb, prm,
-                         d->nh, d->nkv, d->hd, d->rd, d->eps};
     const int nwarp = d->nh + d->nkv;
     const size_t psm = ((size_t)nwarp * d->hd + d->rd) * sizeof(float);
-    attn_prep_kernel<<<rows, 32 * nwarp, psm, st>>>(pa);
+    if (d->f32) {
+        attn_prep_args<float> pa = {(const float *)QKVv, d->ldQKV, q_norm, k_norm, inv_freq, (float *)Kcv,
+                                    (float *)Vcv, d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd,
+                                    d->eps};
+        attn_prep_kernel<float><<<rows, 32 * nwarp, psm, st>>>(pa);
+        CU_LAUNCH_CHECK("attn_prep_kernel");
+        attn_exact_args ea = {(const float *)Qbv, (const float *)Kcv, (const float *)Vcv, (const float *)QKVv,
+                              d->kv_stride, d->ldQKV, (float *)outv, prm, d->nh, d->nkv, d->hd,
+                              (float)(1.0 / sqrt((double)d->hd))};
+        attn_exact_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), 32, (size_t)d->hd * sizeof(float), st>>>(ea);
+        CU_LAUNCH_CHECK("attn_exact_kernel");
+        return 0;
+    }
+    const bf16 *QKV = (const bf16 *)QKVv;
+    bf16 *Kc = (bf16 *)Kcv, *Vc = (bf16 *)Vcv, *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
+    attn_prep_args<bf16> pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, Kc, Vc, d->kv_stride, Qb, prm,
+                               d->nh, d->nkv, d->hd, d->rd, d->eps};
+    attn_prep_kernel<bf16><<<rows, 32 * nwarp, psm, st>>>(pa);
     CU_LAUNCH_CHECK("attn_prep_kernel");
 
     const size_t n = (size_t)splits * rows * d->nh;

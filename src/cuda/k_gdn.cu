@@ -604,13 +604,22 @@ static int gdn_shape_ok(int DKP, int DVP) {
 }
 
 int cu_gdn_supported(const cu_gdn_dims *d) {
-    return d->nk > 0 && d->nv > 0 && d->nv % d->nk == 0 && d->K >= 1 && d->K <= CU_MAX_CONV_K && d->dk >= 1 &&
-           d->dv >= 1 && gdn_shape_ok(cu_gdn_pad(d->dk), cu_gdn_pad(d->dv));
+    const int base = d->nk > 0 && d->nv > 0 && d->nv % d->nk == 0 && d->K >= 1 && d->K <= CU_MAX_CONV_K &&
+                     d->dk >= 1 && d->dv >= 1 && d->dk <= 128;
+    return base && (d->f32 || gdn_shape_ok(cu_gdn_pad(d->dk), cu_gdn_pad(d->dv)));
+}
+
+size_t cu_gdn_state_bytes(const cu_gdn_dims *d) {
+    if (d->f32) return (size_t)d->nv * d->dk * d->dv * 4;
+    return (size_t)d->nv * cu_gdn_pad(d->dk) * cu_gdn_pad(d->dv) * 4;
 }
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
+    if (d->f32)
+        return 2 * align256((size_t)rows * d->nk * d->dk * 4) + 2 * align256((size_t)rows * d->nv * d->dv * 4) +
+               2 * align256((size_t)rows * d->nv * 4);
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
     const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
     return align256(nb * GDN_C * DK * 2) * 2 + align256(nb * DV * GDN_C * 4) + align256(nb * DK * GDN_C * 2) +
@@ -621,6 +630,21 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
     const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
     unsigned char *p = (unsigned char *)base;
+    memset(s, 0, sizeof *s);
+    if (d->f32) {
+        s->q = (float *)p;
+        p += align256((size_t)rows * d->nk * d->dk * 4);
+        s->k = (float *)p;
+        p += align256((size_t)rows * d->nk * d->dk * 4);
+        s->v = (float *)p;
+        p += align256((size_t)rows * d->nv * d->dv * 4);
+        s->o = (float *)p;
+        p += align256((size_t)rows * d->nv * d->dv * 4);
+        s->dec = (float *)p;
+        p += align256((size_t)rows * d->nv * 4);
+        s->beta = (float *)p;
+        return;
+    }
     s->W = (bf16 *)p;
     p += align256(nb * GDN_C * DK * 2);
     s->Qg = (bf16 *)p;
@@ -635,6 +659,7 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
 }
 
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
+    if (d->f32) return 0;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
 #define GDN_INIT(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                 \
@@ -650,9 +675,14 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
                       d->dv);
 }
 
-int cu_gdn_forward(const cu_gdn_dims *d, const bf16 *P, bf16 *conv_state, const float *conv_w, const float *A_log,
-                   const float *dt_bias, const float *norm_w, float *S, bf16 *Y, const cu_gdn_scratch *scr,
+int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, const float *conv_w, const float *A_log,
+                   const float *dt_bias, const float *norm_w, float *S, void *Yv, const cu_gdn_scratch *scr,
                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
+    if (d->f32)
+        return cu_gdn_forward_exact(d, (const float *)Pv, (float *)conv_state_v, conv_w, A_log, dt_bias, norm_w, S,
+                                    (float *)Yv, scr, prm, rows, st, err);
+    const bf16 *P = (const bf16 *)Pv;
+    bf16 *conv_state = (bf16 *)conv_state_v, *Y = (bf16 *)Yv;
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);

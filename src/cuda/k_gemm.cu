@@ -1,7 +1,7 @@
 /*
  * k_gemm.cu — the projections through cuBLASLt (see cu_gemm_plan in cuda_internal.cuh).
  *
- * Design: one handle and one workspace per backend; a plan per (M, N, K, acc) made on first use
+ * Design: one handle and one workspace per backend; bf16 (fast) or fp32 (exact) operands; a plan per (M, N, K, acc) made on first use
  * (descriptors + the first heuristic result) and kept for the backend's life, so capturing a
  * chunk graph issues only cublasLtMatmul calls. Every cuBLASLt status is checked and reported
  * with the call's text.
@@ -45,12 +45,13 @@ void cu_gemm_free(cu_gemm_ctx *g) {
 
 static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, squad_err *err) {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    const cudaDataType_t dt = p->acc ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t it = p->f32 ? CUDA_R_32F : CUDA_R_16BF;
+    const cudaDataType_t dt = p->acc || p->f32 ? CUDA_R_32F : CUDA_R_16BF;
     LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->N, (int64_t)p->K));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->M, (int64_t)p->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, it, (uint64_t)p->K, (uint64_t)p->N, (int64_t)p->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, it, (uint64_t)p->K, (uint64_t)p->M, (int64_t)p->K));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, dt, (uint64_t)p->N, (uint64_t)p->M, (int64_t)p->N));
     cublasLtMatmulPreference_t pref = NULL;
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
@@ -70,12 +71,12 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, squad_err *err) {
     return 0;
 }
 
-int cu_gemm(cu_gemm_ctx *g, const bf16 *W, const bf16 *X, void *Y, int M, int N, int K, int acc, cudaStream_t st,
-            squad_err *err) {
+int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N, int K, int acc, int f32,
+            cudaStream_t st, squad_err *err) {
     cu_gemm_plan *p = NULL;
     for (int i = 0; i < g->n_plans; i++) {
         cu_gemm_plan *q = &g->plans[i];
-        if (q->M == M && q->N == N && q->K == K && q->acc == acc) {
+        if (q->M == M && q->N == N && q->K == K && q->acc == acc && q->f32 == f32) {
             p = q;
             break;
         }
@@ -94,6 +95,7 @@ int cu_gemm(cu_gemm_ctx *g, const bf16 *W, const bf16 *X, void *Y, int M, int N,
         p->N = N;
         p->K = K;
         p->acc = acc;
+        p->f32 = f32;
         const int rc = plan_make(g, p, err);
         if (rc) {
             plan_free(p);

@@ -3,7 +3,8 @@
  * layer 0's input RMSNorm, RMSNorm (zero-centred weight, fp32 math, bf16 out for the next GEMM),
  * SiLU(gate) * up, and the letter probabilities at the answer slots.
  *
- * Design: the residual stream h stays fp32 on the device; every GEMM input is bf16. Residual adds
+ * Design: the residual stream h stays fp32 on the device; every GEMM input is bf16 (the fast path)
+ * or fp32 (the exact path; the kernels are templated on the activation type). Residual adds
  * happen in the cuBLASLt epilogue (beta = 1 into h), so a norm kernel is the only pass between two
  * GEMMs. One block per token row; sums in fp32. The letter kernel runs one block per slot and
  * never touches the full vocabulary: only the rows of E named by the chunk's letters.
@@ -29,9 +30,10 @@ __device__ static float block_sum(float v, float *red) {
     return s;
 }
 
+template <typename A>
 __global__ void __launch_bounds__(NORM_THREADS) embed_rmsnorm_kernel(const bf16 *__restrict__ E,
                                                                      const cu_chunk_params *__restrict__ prm,
-                                                                     float *__restrict__ h, bf16 *__restrict__ x,
+                                                                     float *__restrict__ h, A *__restrict__ x,
                                                                      const float *__restrict__ w, int H, float eps) {
     __shared__ float red[NORM_THREADS / 32];
     const int t = blockIdx.x;
@@ -45,11 +47,12 @@ __global__ void __launch_bounds__(NORM_THREADS) embed_rmsnorm_kernel(const bf16 
     }
     ss = block_sum(ss, red);
     const float r = rsqrtf(ss / (float)H + eps);
-    bf16 *xr = x + (size_t)t * H;
-    for (int i = threadIdx.x; i < H; i += NORM_THREADS) xr[i] = __float2bfloat16(hr[i] * r * (1.f + w[i]));
+    A *xr = x + (size_t)t * H;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) cu_st(xr + i, hr[i] * r * (1.f + w[i]));
 }
 
-__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__restrict__ h, bf16 *__restrict__ x,
+template <typename A>
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__restrict__ h, A *__restrict__ x,
                                                                const float *__restrict__ w, int H, float eps) {
     __shared__ float red[NORM_THREADS / 32];
     const int t = blockIdx.x;
@@ -61,8 +64,8 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__re
     }
     ss = block_sum(ss, red);
     const float r = rsqrtf(ss / (float)H + eps);
-    bf16 *xr = x + (size_t)t * H;
-    for (int i = threadIdx.x; i < H; i += NORM_THREADS) xr[i] = __float2bfloat16(hr[i] * r * (1.f + w[i]));
+    A *xr = x + (size_t)t * H;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) cu_st(xr + i, hr[i] * r * (1.f + w[i]));
 }
 
 /* Two outputs per thread (I is even); one row per blockIdx.y. */
@@ -75,6 +78,13 @@ __global__ void silu_mul_kernel(const bf16 *__restrict__ gu, bf16 *__restrict__ 
     const float a = cu_silu(__low2float(g)) * __low2float(u);
     const float b = cu_silu(__high2float(g)) * __high2float(u);
     *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)t * I + i) = __floats2bfloat162_rn(a, b);
+}
+__global__ void silu_mul_f32_kernel(const float *__restrict__ gu, float *__restrict__ out, int I) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    const float g = gu[(size_t)t * 2 * I + i], u = gu[(size_t)t * 2 * I + I + i];
+    out[(size_t)t * I + i] = g / (1.f + expf(-g)) * u;
 }
 
 /* One block per slot; xn (the normed row) in dynamic shared memory. */
@@ -124,24 +134,36 @@ __global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float 
 
 /* ---- launchers ---------------------------------------------------------------------------------- */
 
-int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, bf16 *x, const float *w, int rows, int H,
-                     float eps, cudaStream_t st, squad_err *err) {
-    embed_rmsnorm_kernel<<<rows, NORM_THREADS, 0, st>>>(E, prm, h, x, w, H, eps);
+int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, void *x, const float *w, int rows, int H,
+                     float eps, int f32, cudaStream_t st, squad_err *err) {
+    if (f32)
+        embed_rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, st>>>(E, prm, h, (float *)x, w, H, eps);
+    else
+        embed_rmsnorm_kernel<bf16><<<rows, NORM_THREADS, 0, st>>>(E, prm, h, (bf16 *)x, w, H, eps);
     CU_LAUNCH_CHECK("embed_rmsnorm_kernel");
     return 0;
 }
 
-int cu_rmsnorm(const float *h, bf16 *x, const float *w, int rows, int H, float eps, cudaStream_t st, squad_err *err) {
-    rmsnorm_kernel<<<rows, NORM_THREADS, 0, st>>>(h, x, w, H, eps);
+int cu_rmsnorm(const float *h, void *x, const float *w, int rows, int H, float eps, int f32, cudaStream_t st,
+               squad_err *err) {
+    if (f32)
+        rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, st>>>(h, (float *)x, w, H, eps);
+    else
+        rmsnorm_kernel<bf16><<<rows, NORM_THREADS, 0, st>>>(h, (bf16 *)x, w, H, eps);
     CU_LAUNCH_CHECK("rmsnorm_kernel");
     return 0;
 }
 
-int cu_silu_mul(const bf16 *gu, bf16 *out, int rows, int I, cudaStream_t st, squad_err *err) {
-    if (I % 2) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: intermediate_size %d must be even", I);
+int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_t st, squad_err *err) {
     const int threads = 256;
-    dim3 grid((unsigned)((I / 2 + threads - 1) / threads), (unsigned)rows);
-    silu_mul_kernel<<<grid, threads, 0, st>>>(gu, out, I);
+    if (f32) {
+        dim3 grid((unsigned)((I + threads - 1) / threads), (unsigned)rows);
+        silu_mul_f32_kernel<<<grid, threads, 0, st>>>((const float *)gu, (float *)out, I);
+    } else {
+        if (I % 2) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: intermediate_size %d must be even", I);
+        dim3 grid((unsigned)((I / 2 + threads - 1) / threads), (unsigned)rows);
+        silu_mul_kernel<<<grid, threads, 0, st>>>((const bf16 *)gu, (bf16 *)out, I);
+    }
     CU_LAUNCH_CHECK("silu_mul_kernel");
     return 0;
 }
