@@ -194,7 +194,7 @@ static void test_gemm(int threads) {
         {1, 1024, 2048, 1}, {2, 16, 1024, 0}, {37, 16, 1024, 7}, {25, 100, 31, 9}, {64, 96, 256, 0},
         {5, 48, 3584, 1}, {130, 70, 129, 2},
         /* longer than one token block of the packed path (512) */
-        {600, 37, 45, 3}, {1100, 20, 70, 1},
+        {600, 37, 45, 3}, {1100, 20, 70, 1}, {150, 20, 3584, 1},
     };
     for (int isa = 0; isa <= (int)best; isa++) {
         cpu_pool_set_isa(pool, (cpu_isa)isa);

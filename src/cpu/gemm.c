@@ -208,8 +208,12 @@ TARGET_AVX512BF16 static void dot_avx512bf16(const void *xv, const uint16_t *W, 
 #define P256_NC 16
 /* k (fp32 panels) or k pairs (bf16 panels) per W slice: 512 x 48 x 4 bytes = 96 KiB, in L2. */
 #define PACK_KC 512
-/* Tokens per block of the packed path: 512 x 1024 x 2 bytes of bf16 x (4 bytes in fp32). */
+/* Tokens per block of the packed path: as many as keep the block's packed x within
+ * PACK_X_BLOCK_BYTES (L2 + a slice of L3: x is re-read for every W panel), between PACK_TB_MIN
+ * and PACK_TB. Measured: K = 3584 in fp32 at 256 tokens instead of 512 runs 20% faster. */
 #define PACK_TB 512
+#define PACK_TB_MIN 64
+#define PACK_X_BLOCK_BYTES (2u << 20)
 /* How far ahead (in pairs of one W row) the W packing prefetches. */
 #define PACK_PREFETCH_PAIRS 64
 
@@ -780,9 +784,12 @@ static void gemm_run_packed_block(cpu_pool *pool, gemm_job *j, void *scratch) {
  * at the price of packing W once per block. */
 static void gemm_run_packed(cpu_pool *pool, gemm_job *j, void *scratch) {
     gemm_job whole = *j;
-    for (int t0 = 0; t0 < whole.T; t0 += PACK_TB) {
+    size_t row_bytes = (size_t)(j->kern.pairs ? (j->K + 1) / 2 : j->K) * 4;
+    size_t fit = PACK_X_BLOCK_BYTES / row_bytes;
+    int tb = fit > PACK_TB ? PACK_TB : fit < PACK_TB_MIN ? PACK_TB_MIN : (int)fit & ~7;
+    for (int t0 = 0; t0 < whole.T; t0 += tb) {
         *j = whole;
-        j->T = whole.T - t0 < PACK_TB ? whole.T - t0 : PACK_TB;
+        j->T = whole.T - t0 < tb ? whole.T - t0 : tb;
         j->x = whole.x + (size_t)t0 * whole.K;
         j->y = whole.y + (size_t)t0 * whole.N;
         gemm_run_packed_block(pool, j, scratch);
