@@ -129,6 +129,7 @@ struct squad_tokenizer {
 
     merge_slot *mmap;
     size_t mmask;
+    int mshift; /* 64 - log2(slots): Fibonacci hashing takes the product's top bits */
 
     added_tok *added;
     int n_added;
@@ -141,6 +142,8 @@ struct squad_tokenizer {
     pretok_stage stages[TOK_MAX_STAGES];
     int n_stages;
     int byte_level;           /* a ByteLevel step: BPE symbols are bytes */
+    uint16_t bl_cp[256];      /* the byte-level alphabet: byte -> code point */
+    int16_t bl_byte[324];     /* and back (-1: not in the alphabet) */
     int32_t byte_id[256];     /* byte-level: the id of each byte's symbol, -1 */
     int32_t fallback_id[256]; /* byte_fallback: the id of <0xXX>, -1 */
     int byte_fallback, ignore_merges, fuse_unk;
@@ -185,14 +188,6 @@ static uint64_t hash_bytes(const void *p, size_t n) {
     return h;
 }
 
-static uint64_t hash_u64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return x;
-}
 
 /* Grows *buf (element size elem) to hold at least need elements. */
 static int grow(void **buf, size_t *cap, size_t need, size_t elem, squad_err *err) {
@@ -358,22 +353,14 @@ static int32_t utf8_prev_char(const char *s, size_t end, size_t *start) {
 
 static int byte_is_printable(int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE); }
 
-static uint32_t byte_to_cp(int b) {
-    if (byte_is_printable(b)) return (uint32_t)b;
+/* Fills the byte -> code point table and its inverse (code points 0..323; -1 where none). */
+static void byte_alphabet(uint16_t *to_cp, int16_t *to_byte) {
     int n = 0;
-    for (int i = 0; i < b; i++)
-        if (!byte_is_printable(i)) n++;
-    return 256u + (uint32_t)n;
-}
-
-/* The byte a code point of the alphabet stands for, or -1. */
-static int cp_to_byte(int32_t cp) {
-    if (cp < 0 || cp > 323) return -1;
-    if (cp < 256) return byte_is_printable(cp) ? cp : -1;
-    int n = 0;
-    for (int b = 0; b < 256; b++)
-        if (!byte_is_printable(b) && 256 + n++ == cp) return b;
-    return -1;
+    for (int cp = 0; cp < 324; cp++) to_byte[cp] = -1;
+    for (int b = 0; b < 256; b++) {
+        to_cp[b] = (uint16_t)(byte_is_printable(b) ? b : 256 + n++);
+        to_byte[to_cp[b]] = (int16_t)b;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -428,7 +415,7 @@ static void vocab_insert(squad_tokenizer *t, uint32_t k) {
 
 static const merge_slot *merge_find(const squad_tokenizer *t, int32_t a, int32_t b) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    size_t i = hash_u64(key) & t->mmask;
+    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> t->mshift);
     for (;;) {
         const merge_slot *m = &t->mmap[i];
         if (m->key == key) return m;
@@ -440,7 +427,7 @@ static const merge_slot *merge_find(const squad_tokenizer *t, int32_t a, int32_t
 /* Records a merge; a later merge of the same pair replaces an earlier one (Hugging Face's map does). */
 static void merge_insert(squad_tokenizer *t, int32_t a, int32_t b, uint32_t rank, int32_t id) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    size_t i = hash_u64(key) & t->mmask;
+    size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> t->mshift);
     while (t->mmap[i].key != MERGE_EMPTY && t->mmap[i].key != key) i = (i + 1) & t->mmask;
     t->mmap[i].key = key;
     t->mmap[i].rank = rank;
@@ -664,7 +651,7 @@ static size_t bpe_symbols(squad_tokenizer *t, const uint8_t *w, size_t n) {
                 sym_add_char(t, &b, id, w + i, 1);
             } else { /* the symbol's text is the byte's alphabet character */
                 char c[4];
-                size_t k = utf8_encode(byte_to_cp(w[i]), c);
+                size_t k = utf8_encode(t->bl_cp[w[i]], c);
                 sym_add_char(t, &b, -1, (const uint8_t *)c, k);
             }
         }
@@ -728,7 +715,7 @@ static int whole_word_id(squad_tokenizer *t, const uint8_t *w, size_t n, squad_e
     if (n > SIZE_MAX / 2 - 1 || grow((void **)&t->word_buf, &t->word_cap, 2 * n + 1, 1, err) < 0)
         return squad_fail(err, SQUAD_E_NOMEM, "out of memory (word of %zu bytes)", n);
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += utf8_encode(byte_to_cp(w[i]), t->word_buf + k);
+    for (size_t i = 0; i < n; i++) k += utf8_encode(t->bl_cp[w[i]], t->word_buf + k);
     *id = vocab_id(t, t->word_buf, k);
     return 0;
 }
@@ -1314,6 +1301,8 @@ static int load_merges(squad_tokenizer *t, json_t *model, squad_err *err) {
     size_t n = merges ? json_array_size(merges) : 0;
     if (n >= UINT32_MAX / 2) return squad_fail(err, SQUAD_E_MODEL, "model.merges: too many merges");
     t->mmask = pow2_at_least(2 * n + 2) - 1;
+    t->mshift = 64;
+    for (size_t m = t->mmask + 1; m > 1; m >>= 1) t->mshift--;
     t->mmap = squad_malloc((t->mmask + 1) * sizeof(merge_slot), err);
     if (!t->mmap) return SQUAD_E_NOMEM;
     for (size_t i = 0; i <= t->mmask; i++) t->mmap[i].key = MERGE_EMPTY;
@@ -1599,7 +1588,8 @@ static int build_ids(squad_tokenizer *t, int64_t max_id, squad_err *err) {
         while (j < len && ok) {
             size_t cl = utf8_seq_len((const unsigned char *)t->arena + off + j, len - j);
             size_t used;
-            int b = cl ? cp_to_byte(utf8_decode((const unsigned char *)t->arena + off + j, &used)) : -1;
+            int32_t cp = cl ? utf8_decode((const unsigned char *)t->arena + off + j, &used) : -1;
+            int b = cp >= 0 && cp < 324 ? t->bl_byte[cp] : -1;
             if (b < 0) ok = 0;
             else buf[k++] = (char)b;
             j += cl ? cl : 1;
@@ -1622,7 +1612,7 @@ static int build_ids(squad_tokenizer *t, int64_t max_id, squad_err *err) {
 static void build_byte_tables(squad_tokenizer *t) {
     for (int b = 0; b < 256; b++) {
         char s[8];
-        size_t k = utf8_encode(byte_to_cp(b), s);
+        size_t k = utf8_encode(t->bl_cp[b], s);
         t->byte_id[b] = vocab_id(t, s, k);
         snprintf(s, sizeof s, "<0x%02X>", b);
         t->fallback_id[b] = vocab_id(t, s, strlen(s));
@@ -1676,6 +1666,7 @@ static int make_scratch(squad_tokenizer *t, squad_err *err) {
 
 static int load_root(squad_tokenizer *t, json_t *root, squad_err *err) {
     if (!json_is_object(root)) return squad_fail(err, SQUAD_E_MODEL, "the top level must be a JSON object");
+    byte_alphabet(t->bl_cp, t->bl_byte);
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return squad_fail(err, SQUAD_E_MODEL, "\"model\" must be an object");
     const char *unk = NULL;
