@@ -24,5 +24,8 @@ done
 echo "== GEMM vs OpenBLAS sgemm"
 "$BUILD"/bench_gemm
 
+echo "== state cache: an agent trace with and without the cache (demo preset)"
+THREADS=$THREADS bash bench/cache_bench.sh "$BUILD"
+
 echo "== tokenizer"
 if [ -f third_party/qwen3/tokenizer.json ]; then "$BUILD"/bench_tokenizer third_party/qwen3/tokenizer.json; fi
