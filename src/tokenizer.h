@@ -43,6 +43,11 @@ squad_tokenizer *squad_tokenizer_load(const char *path, squad_err *err);
 squad_tokenizer *squad_tokenizer_load_buffer(const char *json, size_t len, squad_err *err);
 void squad_tokenizer_free(squad_tokenizer *tok);
 
+/* Load flags: SQUAD_TOK_LOAD_GENERIC parses the whole file with jansson instead of reading the
+ * vocabulary and merges straight from the text (the same result, slower; for tests and fuzzing). */
+enum { SQUAD_TOK_LOAD_GENERIC = 1u };
+squad_tokenizer *squad_tokenizer_load_buffer_ex(const char *json, size_t len, unsigned flags, squad_err *err);
+
 /* Flags of squad_tokenize_append. */
 enum {
     /* Added tokens in the text are ordinary text: "<|im_end|>" inside a web page stays text. */

@@ -99,11 +99,22 @@ static int check_case(squad_tokenizer *tok, const char *text, size_t len, json_t
     return ok;
 }
 
-static void test_corpus(void) {
+/* Loads the Qwen tokenizer with the given load flags (the fast reader, or jansson for everything). */
+static squad_tokenizer *load_qwen(unsigned flags) {
     squad_err err = {0};
-    squad_tokenizer *tok = squad_tokenizer_load(QWEN_PATH, &err);
+    size_t len = 0;
+    char *buf = squad_read_file(QWEN_PATH, &len, &err);
+    squad_tokenizer *tok = buf ? squad_tokenizer_load_buffer_ex(buf, len, flags, &err) : NULL;
+    free(buf);
     CHECKF(tok != NULL, "%s (run tools/fetch_test_data.sh, which `make deps` calls)", err.msg);
+    return tok;
+}
+
+static void test_corpus(unsigned load_flags) {
+    squad_err err = {0};
+    squad_tokenizer *tok = load_qwen(load_flags);
     if (!tok) return;
+    printf("loader: %s\n", load_flags & SQUAD_TOK_LOAD_GENERIC ? "jansson for the whole file" : "fast reader");
     json_t *corpus = read_jsonl(FIXTURES "corpus.jsonl"), *expected = read_jsonl(FIXTURES "expected.jsonl");
     CHECK(corpus && expected);
     if (corpus && expected) {
@@ -163,7 +174,7 @@ static void test_corpus(void) {
     squad_tokenizer_free(tok);
 }
 
-static void test_variants(void) {
+static void test_variants(unsigned load_flags) {
     json_t *variants = read_jsonl(FIXTURES "variants.jsonl");
     CHECK(variants != NULL);
     size_t nv = json_array_size(variants), cases = 0, good = 0;
@@ -172,7 +183,7 @@ static void test_variants(void) {
         const char *name = json_string_value(json_object_get(v, "name"));
         char *js = json_dumps(json_object_get(v, "tokenizer"), JSON_COMPACT);
         squad_err err = {0};
-        squad_tokenizer *tok = js ? squad_tokenizer_load_buffer(js, strlen(js), &err) : NULL;
+        squad_tokenizer *tok = js ? squad_tokenizer_load_buffer_ex(js, strlen(js), load_flags, &err) : NULL;
         free(js);
         CHECKF(tok != NULL, "variant '%s' does not load: %s", name, err.msg);
         if (!tok) continue;
@@ -213,18 +224,66 @@ static char *tokenizer_with(const char *key, const char *value_json) {
     return s;
 }
 
-/* Loading must fail with a message that contains want. */
+/* Loading must fail with a message that contains want, the same through both loaders. */
 static void expect_refused(const char *key, const char *value_json, const char *want) {
     char *js = tokenizer_with(key, value_json);
     CHECK(js != NULL);
     if (!js) return;
-    squad_err err = {0};
+    squad_err err = {0}, err2 = {0};
     squad_tokenizer *tok = squad_tokenizer_load_buffer(js, strlen(js), &err);
     CHECKF(tok == NULL, "%s = %s was accepted", key, value_json);
     CHECKF(tok || strstr(err.msg, want), "%s = %s: message \"%s\" lacks \"%s\"", key, value_json, err.msg, want);
     CHECKF(tok || err.code < 0, "no error code");
     squad_tokenizer_free(tok);
+    tok = squad_tokenizer_load_buffer_ex(js, strlen(js), SQUAD_TOK_LOAD_GENERIC, &err2);
+    CHECKF(!tok && !strcmp(err.msg, err2.msg), "%s = %s: the loaders disagree: \"%s\" vs \"%s\"", key, value_json,
+           err.msg, err2.msg);
+    squad_tokenizer_free(tok);
     free(js);
+}
+
+/* The fast reader's strictness: unusual JSON in the big members goes to jansson and gives the same
+ * result (escapes, surrogate pairs, "#version", duplicate keys, whitespace, numbers). */
+static void test_fast_reader_fallbacks(void) {
+    const char *docs[] = {
+        "{\"model\": {\"vocab\": {\"a\": 0, \"\\u00e9\": 1, \"a\\u00e9\": 2, \"\\ud83d\\ude00\": 3}, "
+        "\"merges\": [\"#version: 0.2\", \"a \\u00e9\"]}, \"pre_tokenizer\": null}",
+        "{\"model\": {\"vocab\": {\"a\": 0, \"a\": 1}, \"merges\": []}}",                 /* duplicate key */
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}, \"model\": {\"vocab\": {\"b\": 0}, \"merges\": []}}",
+        "{\"model\": {\"vocab\": {\"a\": 1.0}, \"merges\": []}}",                           /* a real id */
+        "{\"model\": {\"vocab\": {\"a\": 01}, \"merges\": []}}",                            /* a leading zero */
+        "{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [[\"a\", \"b\"]]}}  ",
+        "\n {\"model\" :{ \"merges\" : [ \"a b\" ] , \"vocab\" : { \"a\" : 0 , \"b\" : 1 , \"ab\" : 2 } } }\n",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": null}}",
+        "{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}} trailing",
+        "{\"model\": {\"vocab\": {\"\\u0000\": 0}, \"merges\": []}}",
+        "{\"model\": {\"vocab\": {\"\\ud800\": 0}, \"merges\": []}}",
+        "{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\", \"b a\"]}}",
+        "{\"model\": {\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2, \"ba\": 3} , \"merges\": [ \"b a\" , \"a b\" ]}}",
+        "{\"model\": {\"type\": \"BPG\", \"vocab\": {\"a\": 0, \"b\": 1\x01}, \"merges\": []}}",
+        "{\"model\": {\"type\": \"BPG\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}",
+    };
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        squad_err e1 = {0}, e2 = {0};
+        squad_tokenizer *a = squad_tokenizer_load_buffer(docs[i], strlen(docs[i]), &e1);
+        squad_tokenizer *b = squad_tokenizer_load_buffer_ex(docs[i], strlen(docs[i]), SQUAD_TOK_LOAD_GENERIC, &e2);
+        CHECKF(!a == !b, "doc %zu: fast %s, jansson %s (%s / %s)", i, a ? "loads" : "fails", b ? "loads" : "fails", e1.msg,
+               e2.msg);
+        if (!a && !b) CHECKF(!strcmp(e1.msg, e2.msg), "doc %zu: \"%s\" vs \"%s\"", i, e1.msg, e2.msg);
+        if (a && b) {
+            CHECK(squad_tokenizer_vocab_size(a) == squad_tokenizer_vocab_size(b));
+            const char *text = "ab\xC3\xA9 a\xC3\xA9\xF0\x9F\x98\x80";
+            int32_t *ia = NULL, *ib = NULL;
+            int na = 0, nb = 0;
+            CHECK(squad_tokenize(a, text, strlen(text), &ia, &na, &e1) == 0);
+            CHECK(squad_tokenize(b, text, strlen(text), &ib, &nb, &e2) == 0);
+            CHECKF(na == nb && (!na || !memcmp(ia, ib, (size_t)na * 4)), "doc %zu: the loaders tokenise differently", i);
+            free(ia);
+            free(ib);
+        }
+        squad_tokenizer_free(a);
+        squad_tokenizer_free(b);
+    }
 }
 
 static void test_load_errors(void) {
@@ -292,8 +351,7 @@ static void test_load_errors(void) {
 
 static void test_invalid_utf8(void) {
     squad_err err = {0};
-    squad_tokenizer *tok = squad_tokenizer_load(QWEN_PATH, &err);
-    CHECKF(tok != NULL, "%s", err.msg);
+    squad_tokenizer *tok = load_qwen(0);
     if (!tok) return;
     struct {
         const char *s;
@@ -331,8 +389,11 @@ static void test_invalid_utf8(void) {
 }
 
 int main(void) {
-    test_corpus();
-    test_variants();
+    test_corpus(0);
+    test_corpus(SQUAD_TOK_LOAD_GENERIC);
+    test_variants(0);
+    test_variants(SQUAD_TOK_LOAD_GENERIC);
+    test_fast_reader_fallbacks();
     test_load_errors();
     test_invalid_utf8();
     return test_summary("test_tokenizer");
