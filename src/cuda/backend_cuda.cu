@@ -100,6 +100,7 @@ typedef struct cu_be {
     int splits[N_CHUNK_BUCKETS][MAX_SPANS];
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
     int use_graphs;
+    int plan_only; /* enqueue_chunk runs only the GEMMs (plan making and tuning before a capture) */
     int n_graphs;
     double capture_s;
     unsigned long long replays;
@@ -200,6 +201,19 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
     const squad_config *cfg = &cb->m->cfg;
     int rc;
     const int f = cb->f32;
+    if (cb->plan_only) { /* only the GEMMs, on whatever the activation buffers hold */
+        for (int l = 0; l < cb->nl; l++) {
+            const cu_layer *L = &cb->layers[l];
+            const int lin = L->kind == SQUAD_LAYER_LINEAR;
+            const int kin = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
+            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, lin ? cb->NP : cb->ldQKV, H, 0, f, cb->st, err)) ||
+                (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, kin, 1, f, cb->st, err)) ||
+                (rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err)) ||
+                (rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err)))
+                return rc;
+        }
+        return 0;
+    }
     rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps, f, cb->st,
                           err);
     if (rc) return rc;
@@ -238,6 +252,14 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
 static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
     if (cb->graphs[bi][si]) return 0;
     const double t0 = cu_now_seconds();
+    /* the GEMM plans of this bucket, made and tuned outside the capture (scratch outputs only) */
+    cb->plan_only = 1;
+    cb->gemm.tune = 1;
+    int rp = enqueue_chunk(cb, bi, si, err);
+    cb->plan_only = 0;
+    cb->gemm.tune = 0;
+    if (rp) return rp;
+    CU_TRY(cudaStreamSynchronize(cb->st));
     CU_TRY(cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal));
     const int rc = enqueue_chunk(cb, bi, si, err);
     cudaGraph_t g = NULL;

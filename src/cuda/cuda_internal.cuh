@@ -169,6 +169,7 @@ typedef struct cu_gemm_ctx {
     size_t ws_bytes;
     cu_gemm_plan *plans;
     int n_plans, cap_plans;
+    int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
@@ -206,6 +207,8 @@ typedef struct cu_gdn_scratch {
     bf16 *KpT;    /* [chunks][nv][dk][64] */
     bf16 *Pm;     /* [chunks][nv][64][64] */
     float *glast; /* [chunks][nv] */
+    bf16 *Sc;     /* [chunks][nv][dv][dk]: S^T at each block's start (written by the scan) */
+    bf16 *dT;     /* [chunks][nv][dv][64]: delta^T (written by the scan) */
     /* the exact path */
     float *q, *k;       /* [rows][nk dk], normed */
     float *v, *o;       /* [rows][nv dv] */

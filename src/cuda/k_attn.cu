@@ -14,8 +14,9 @@
  *    head j / (nh / nkv). The key range of a split is computed at run time from the chunk's
  *    start, so one captured graph balances every chunk of its bucket. Partial (unnormalised) O,
  *    running max and sum go to scratch.
- * 3. attn_combine (one block per token x head): merges the splits and multiplies by
- *    sigmoid(gate), bf16 out for o_proj.
+ * 3. attn_combine (one block per token, only when the keys were split): merges the splits and
+ *    multiplies by sigmoid(gate), bf16 out for o_proj. With one split (long chunks: enough
+ *    blocks already) attn_fwd normalises, gates and writes the output itself.
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
  * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
  * The host reference cu_ref_attn (below) is the plain loop the tests compare with.
@@ -27,7 +28,7 @@
 #include <stdlib.h>
 
 #define ATT_THREADS 128 /* 4 warps x 16 query rows */
-#define ATT_SPLIT_MIN_KEYS 256
+#define ATT_SPLIT_MIN_KEYS 512
 #define ATT_SPLIT_MAX 64
 #define ATT_SPLIT_ROWS_MAX 8192 /* splits x rows of partial results held */
 
@@ -112,6 +113,10 @@ struct attn_fwd_args {
     float scale_log2; /* hd^-1/2 * log2(e) */
     float *Op;        /* [splits][rows][nh][hd] */
     float *Mp, *Lp;   /* [splits][rows][nh] */
+    /* splits == 1: the block writes out = O / l * sigmoid(gate) itself (no partials, no combine) */
+    const bf16 *QKV;
+    int ld;
+    bf16 *out; /* [rows][nh hd] */
 };
 
 template <int HD>
@@ -153,7 +158,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
         k_lo = sp * per;
         k_hi = min(kend, k_lo + per);
     }
-    if (k_lo >= k_hi) { /* nothing for this split: an empty partial */
+    if (k_lo >= k_hi) { /* nothing for this split: an empty partial (or zeros, written directly) */
+        if (a.splits == 1) {
+            for (int e = tid; e < CU_ATT_BM * HD; e += ATT_THREADS) {
+                const int t = t0 + e / HD;
+                if (t < a.rows) a.out[((size_t)t * a.nh + h) * HD + e % HD] = __float2bfloat16(0.f);
+            }
+            return;
+        }
         if (tid < CU_ATT_BM && t0 + tid < a.rows) {
             const size_t i = ((size_t)sp * a.rows + t0 + tid) * a.nh + h;
             a.Mp[i] = -INFINITY;
@@ -279,6 +291,29 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    if (a.splits == 1) { /* finish here: normalise, gate, bf16 */
+        const int rw[2] = {row0, row1};
+        const float il[2] = {l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f};
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int t = rw[hh];
+            if (t >= a.rows) continue;
+            const bool real = t < len;
+            const bf16 *gate = a.QKV + (size_t)t * a.ld + (size_t)h * 2 * HD + HD;
+            bf16 *o = a.out + ((size_t)t * a.nh + h) * HD;
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++) {
+                const int d = 8 * j + 2 * c;
+                float v0 = 0.f, v1 = 0.f;
+                if (real) {
+                    v0 = O[j][2 * hh] * il[hh] * cu_sigmoid(__bfloat162float(gate[d]));
+                    v1 = O[j][2 * hh + 1] * il[hh] * cu_sigmoid(__bfloat162float(gate[d + 1]));
+                }
+                *(uint32_t *)(o + d) = cu_pack_bf16(v0, v1);
+            }
+        }
+        return;
+    }
     if (row0 < a.rows) {
         const size_t i = ((size_t)sp * a.rows + row0) * a.nh + h;
         float *o = a.Op + i * HD;
@@ -301,34 +336,44 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
     }
 }
 
-/* ---- 3. merge the splits, * sigmoid(gate) ------------------------------------------------------- */
+/* ---- 3. merge the splits, * sigmoid(gate): one block per token ---------------------------------- */
 
-__global__ void attn_combine_kernel(const float *__restrict__ Op, const float *__restrict__ Mp,
-                                    const float *__restrict__ Lp, const bf16 *__restrict__ QKV, int ld,
-                                    bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
-                                    int nh, int hd, int splits) {
-    const int t = blockIdx.x, h = blockIdx.y;
-    const int len = prm->len;
-    float mmax = -INFINITY;
-    for (int s = 0; s < splits; s++) mmax = fmaxf(mmax, Mp[((size_t)s * rows + t) * nh + h]);
-    float den = 0.f;
-    if (t < len && mmax != -INFINITY)
+#define COMBINE_THREADS 256
+
+__global__ void __launch_bounds__(COMBINE_THREADS) attn_combine_kernel(
+    const float *__restrict__ Op, const float *__restrict__ Mp, const float *__restrict__ Lp,
+    const bf16 *__restrict__ QKV, int ld, bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
+    int nh, int hd, int splits) {
+    extern __shared__ float wts[]; /* [splits][nh]: each split's weight in the merged row, then 1 / den */
+    const int t = blockIdx.x;
+    const bool real = t < prm->len;
+    for (int h = threadIdx.x; h < nh && real; h += COMBINE_THREADS) {
+        float mmax = -INFINITY;
+        for (int s = 0; s < splits; s++) mmax = fmaxf(mmax, Mp[((size_t)s * rows + t) * nh + h]);
+        float den = 0.f;
         for (int s = 0; s < splits; s++) {
-            const float m = Mp[((size_t)s * rows + t) * nh + h];
-            if (m != -INFINITY) den += exp2f(m - mmax) * Lp[((size_t)s * rows + t) * nh + h];
+            const size_t i = ((size_t)s * rows + t) * nh + h;
+            const float m = Mp[i];
+            const float wgt = m == -INFINITY ? 0.f : exp2f(m - mmax);
+            wts[s * nh + h] = wgt;
+            den += wgt * Lp[i];
         }
-    const bf16 *gate = QKV + (size_t)t * ld + (size_t)h * 2 * hd + hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        const float inv = den > 0.f ? 1.f / den : 0.f;
+        for (int s = 0; s < splits; s++) wts[s * nh + h] *= inv;
+    }
+    __syncthreads();
+    const int n = nh * hd;
+    for (int e = threadIdx.x; e < n; e += COMBINE_THREADS) {
+        const int h = e / hd, d = e % hd;
         float o = 0.f;
-        if (t < len && den > 0.f) {
+        if (real) {
             for (int s = 0; s < splits; s++) {
-                const size_t i = ((size_t)s * rows + t) * nh + h;
-                const float m = Mp[i];
-                if (m != -INFINITY) o += exp2f(m - mmax) * Op[i * hd + d];
+                const float wgt = wts[s * nh + h];
+                if (wgt != 0.f) o += wgt * Op[(((size_t)s * rows + t) * nh + h) * hd + d];
             }
-            o = o / den * cu_sigmoid(__bfloat162float(gate[d]));
+            o *= cu_sigmoid(__bfloat162float(QKV[(size_t)t * ld + (size_t)h * 2 * hd + hd + d]));
         }
-        out[((size_t)t * nh + h) * hd + d] = __float2bfloat16(o);
+        out[(size_t)t * n + e] = __float2bfloat16(o);
     }
 }
 
@@ -431,7 +476,7 @@ int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
 int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm) {
     const int qt = (rows + CU_ATT_BM - 1) / CU_ATT_BM;
     const int base = qt * d->nh;
-    int s = (2 * n_sm + base - 1) / base;
+    int s = (n_sm + base - 1) / base; /* about one wave of blocks */
     const int by_keys = span / ATT_SPLIT_MIN_KEYS;
     const int by_mem = ATT_SPLIT_ROWS_MAX / rows;
     if (s > by_keys) s = by_keys;
@@ -475,7 +520,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     float *Mp = Op + n * d->hd;
     float *Lp = Mp + n;
     attn_fwd_args fa = {Qb, Kc, Vc, d->kv_stride, prm, rows, d->nh, d->nkv, splits,
-                        (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp};
+                        (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp, QKV, d->ldQKV, out};
     dim3 grid((unsigned)((rows + CU_ATT_BM - 1) / CU_ATT_BM), (unsigned)d->nh, (unsigned)splits);
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
@@ -487,9 +532,11 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
 #undef ATT_RUN
     if (!launched) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
     CU_LAUNCH_CHECK("attn_fwd_kernel");
-    attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), d->hd < 256 ? d->hd : 256, 0, st>>>(
-        Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);
-    CU_LAUNCH_CHECK("attn_combine_kernel");
+    if (splits > 1) {
+        attn_combine_kernel<<<rows, COMBINE_THREADS, (size_t)splits * d->nh * sizeof(float), st>>>(
+            Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);
+        CU_LAUNCH_CHECK("attn_combine_kernel");
+    }
     return 0;
 }
 

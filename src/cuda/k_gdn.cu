@@ -1,5 +1,5 @@
 /*
- * k_gdn.cu — the Gated DeltaNet mixer between in_proj and out_proj, as two kernels.
+ * k_gdn.cu — the Gated DeltaNet mixer between in_proj and out_proj on the tensor cores (the bf16 path).
  *
  * The math (DESIGN.md section 1), per value head with state S [dk][dv]:
  *   S_t = exp(g_t) S_{t-1} + k_t delta_t^T,  delta_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t),  o_t = S_t^T q_t.
@@ -13,18 +13,21 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Kernel A (gdn_prep, grid blocks x heads, all independent): the causal conv over
- * [saved inputs | chunk] + SiLU, L2 norm of q / k, q * dk^-1/2, the gates, then L, T (blockwise
- * 16x16 inverse in fp32), W, U, P, diag(Gamma) Q and K'^T, written to scratch. The Gram products
- * use mma.sync (bf16 in, fp32 accumulate); T, W and U are fp32 FMA.
- * Kernel B (gdn_scan, one block per head, sequential over blocks): the state recurrence. Each warp
- * owns 16 columns of dv and keeps S^T [16][dk] in fp32 mma accumulators for the whole chunk, so
- * the state never leaves registers between blocks. Per block: delta^T = U^T - S^T W^T,
- * O^T = S^T (Gamma Q)^T + delta^T P^T, S^T = Gamma_last S^T + delta^T K' — all mma.sync, the
- * accumulator of one product reused as the A operand of the next (same fragment layout). Block
- * c+1's operands arrive by cp.async while block c computes. The epilogue is the gated RMSNorm
- * (o / rms(o) * w * silu(z)) over the head's dv, fused. Kernel B also moves the conv state on
- * (kernel A, which reads it, has finished).
+ * Three kernels (v2; bench/CUDA_NOTES.md has v1's figures):
+ * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
+ *   decay; the causal conv over [saved inputs | chunk] + SiLU with one thread per channel sliding a
+ *   register window down the block's 64 rows; the L2 norms of q / k (row sums by segmented warp
+ *   sums); K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
+ *   L and P; T = (I + L)^-1 in fp32 by forward substitution down each column (4 threads a column);
+ *   W and U by mma. Writes W, U^T, P, diag(Gamma) Q, K'^T and Gamma_last to scratch.
+ * B, gdn_scan (one block per value head and 32 columns of dv, sequential over the blocks): only the
+ *   recurrence. Each warp keeps S^T [16][dk] in fp32 mma accumulators for the whole chunk;
+ *   per block delta^T = U^T - S^T W^T and S^T = Gamma_last S^T + delta^T K', the accumulator of one
+ *   product reused as the A operand of the next (the same fragment layout); block c+1's operands
+ *   arrive by cp.async while block c computes. Writes S^T at each block start and delta^T (bf16).
+ * C, gdn_out (grid blocks x heads, all independent): O = diag(Gamma) Q S + P delta on the tensor
+ *   cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
+ *   moved on to the chunk's end (A, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
  * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
@@ -55,120 +58,92 @@ struct gdn_prep_args {
     cu_gdn_scratch scr;
 };
 
-template <int DK, int DV>
-struct prep_smem {
-    static constexpr int LDK = DK + 8; /* bf16 row stride (bank-conflict padding) */
-    static constexpr int LDL = GDN_C + 1;
-    static constexpr size_t q_off = 0;
-    static constexpr size_t k_off = q_off + (size_t)GDN_C * LDK * 2;
-    static constexpr size_t v_off = k_off + (size_t)GDN_C * LDK * 2;
-    static constexpr size_t l_off = v_off + (size_t)GDN_C * DV * 4;
-    static constexpr size_t t_off = l_off + (size_t)GDN_C * LDL * 4;
-    static constexpr size_t tmp_off = t_off + (size_t)GDN_C * LDL * 4;
-    static constexpr size_t vec_off = tmp_off + (size_t)3 * 16 * 17 * 4;
-    static constexpr size_t bytes = vec_off + (size_t)4 * GDN_C * 4;
-};
+#define GDN_LDT (GDN_C + 8) /* bf16 row stride of [x][64] tiles (bank-conflict padding) */
 
 template <int DK, int DV>
-__global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a) {
+struct prep_smem {
+    static constexpr int LDK = DK + 8; /* bf16 row stride of [64][DK] tiles */
+    static constexpr int LDL = GDN_C + 1;
+    static constexpr size_t q_off = 0;                                   /* Qs [64][LDK] bf16 */
+    static constexpr size_t k_off = q_off + (size_t)GDN_C * LDK * 2;     /* Ks [64][LDK] bf16 */
+    static constexpr size_t xt_off = k_off + (size_t)GDN_C * LDK * 2;    /* (beta Gamma K)^T [DK][LDT] */
+    static constexpr size_t vt_off = xt_off + (size_t)DK * GDN_LDT * 2;  /* (beta V)^T [DV][LDT] */
+    static constexpr size_t l_off = vt_off + (size_t)DV * GDN_LDT * 2;   /* L [64][LDL] fp32 */
+    static constexpr size_t tb_off = l_off + (size_t)GDN_C * LDL * 4;    /* T [64][LDT] bf16 */
+    static constexpr size_t vec_off = tb_off + (size_t)GDN_C * GDN_LDT * 2;
+    static constexpr size_t bytes = vec_off + (size_t)6 * GDN_C * 4;
+};
+
+/* y[t] = silu(conv(x)[t0 + t]) for one channel over the 64 rows of a block, 0 past len or for a
+ * padding channel. The window of the last CU_MAX_CONV_K inputs stays in registers, aligned to its
+ * end (win[7] is the newest), so the runtime kernel size never indexes an array. */
+__device__ __forceinline__ void conv_rows(const gdn_prep_args &a, int ch, bool real, int t0, int len,
+                                          float (&y)[GDN_C]) {
+    constexpr int MK = CU_MAX_CONV_K;
+    const int K = a.K, Km1 = K - 1, off = MK - K;
+    float wv[MK], win[MK];
+    /* weights aligned to the window's end: wv[j] multiplies x(t - (MK - 1 - j)) */
+#pragma unroll
+    for (int j = 0; j < MK; j++) {
+        const int jj = j - off;
+        wv[j] = real && jj >= 0 ? a.conv_w[(size_t)ch * K + jj] : 0.f;
+    }
+    /* before the first shift win[m] = x(t0 - (MK - m)), m >= 1, for the K - 1 positions the conv reads
+     * ([saved inputs | chunk]); the rest stay 0 (their weights are 0) */
+    win[0] = 0.f;
+#pragma unroll
+    for (int m = 1; m < MK; m++) {
+        const int back = MK - m, tau = t0 - back;
+        float x = 0.f;
+        if (real && back <= Km1 && t0 < len)
+            x = tau >= 0 ? __bfloat162float(a.P[(size_t)tau * a.ldP + ch])
+                         : __bfloat162float(a.conv_state[(size_t)(Km1 + tau) * a.C + ch]);
+        win[m] = x;
+    }
+#pragma unroll
+    for (int t = 0; t < GDN_C; t++) {
+#pragma unroll
+        for (int j = 0; j < MK - 1; j++) win[j] = win[j + 1];
+        const int tt = t0 + t;
+        const bool ok = real && tt < len;
+        win[MK - 1] = ok ? __bfloat162float(a.P[(size_t)tt * a.ldP + ch]) : 0.f;
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < MK; j++) acc += wv[j] * win[j];
+        y[t] = ok ? cu_silu(acc) : 0.f;
+    }
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
-    constexpr int LDK = SM::LDK, LDL = SM::LDL;
+    constexpr int LDK = SM::LDK, LDL = SM::LDL, LDT = GDN_LDT;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
-    float *Vs = (float *)(smem + SM::v_off);
+    bf16 *XT = (bf16 *)(smem + SM::xt_off);
+    bf16 *VT = (bf16 *)(smem + SM::vt_off);
     float *Ls = (float *)(smem + SM::l_off);
-    float *Ts = (float *)(smem + SM::t_off);
-    float *tmp = (float *)(smem + SM::tmp_off);
+    bf16 *Tb = (bf16 *)(smem + SM::tb_off);
     float *gam = (float *)(smem + SM::vec_off);
-    float *Gam = gam + GDN_C;
-    float *bet = Gam + GDN_C;
-    float *gsc = bet + GDN_C;
+    float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C, *ssq = gsc + GDN_C; /* ssq: q then k */
 
     const int c = blockIdx.x, h = blockIdx.y;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int len = a.prm->len;
     const int t0 = c * GDN_C;
-    const int Km1 = a.K - 1;
     const size_t blk = (size_t)c * a.nv + h;
+    const int dk = a.dk, dv = a.dv;
 
-    for (int e = tid; e < GDN_C * LDL; e += PREP_THREADS) {
-        Ls[e] = 0.f;
-        Ts[e] = 0.f;
-    }
-
-    /* 1. conv + SiLU (+ L2 norm for q, k), one warp per row; lane: channels lane + 32 e */
-    {
-        constexpr int EQ = (DK + 31) / 32, EV = (DV + 31) / 32;
-        const int dk = a.dk, dv = a.dv;
-        const float qscale = rsqrtf((float)dk);
-        for (int t = w; t < GDN_C; t += PREP_WARPS) {
-            const int tt = t0 + t;
-            const bool valid = tt < len;
-            float q[EQ], k[EQ], v[EV];
-#pragma unroll
-            for (int e = 0; e < EQ; e++) q[e] = k[e] = 0.f;
-#pragma unroll
-            for (int e = 0; e < EV; e++) v[e] = 0.f;
-            if (valid) {
-                for (int j = 0; j < a.K; j++) {
-                    const int tau = tt - Km1 + j;
-                    const bf16 *row = tau >= 0 ? a.P + (size_t)tau * a.ldP
-                                               : a.conv_state + (size_t)(Km1 + tau) * a.C;
-#pragma unroll
-                    for (int e = 0; e < EQ; e++) {
-                        const int i = lane + 32 * e;
-                        if (i < dk) {
-                            const int cq = hk * dk + i, ck = a.nk * dk + cq;
-                            q[e] += a.conv_w[(size_t)cq * a.K + j] * __bfloat162float(row[cq]);
-                            k[e] += a.conv_w[(size_t)ck * a.K + j] * __bfloat162float(row[ck]);
-                        }
-                    }
-#pragma unroll
-                    for (int e = 0; e < EV; e++) {
-                        const int i = lane + 32 * e;
-                        if (i < dv) {
-                            const int cv = 2 * a.nk * dk + h * dv + i;
-                            v[e] += a.conv_w[(size_t)cv * a.K + j] * __bfloat162float(row[cv]);
-                        }
-                    }
-                }
-            }
-            float sq = 0.f, sk = 0.f;
-#pragma unroll
-            for (int e = 0; e < EQ; e++) {
-                q[e] = cu_silu(q[e]); /* silu(0) = 0: padding channels stay 0 */
-                k[e] = cu_silu(k[e]);
-                sq += q[e] * q[e];
-                sk += k[e] * k[e];
-            }
-            sq = cu_warp_sum(sq);
-            sk = cu_warp_sum(sk);
-            const float rq = rsqrtf(sq + 1e-6f) * qscale, rk = rsqrtf(sk + 1e-6f);
-#pragma unroll
-            for (int e = 0; e < EQ; e++) {
-                const int i = lane + 32 * e;
-                if (i < DK) {
-                    Qs[t * LDK + i] = __float2bfloat16(valid ? q[e] * rq : 0.f);
-                    Ks[t * LDK + i] = __float2bfloat16(valid ? k[e] * rk : 0.f);
-                }
-            }
-#pragma unroll
-            for (int e = 0; e < EV; e++) {
-                const int i = lane + 32 * e;
-                if (i < DV) Vs[t * DV + i] = valid ? cu_silu(v[e]) : 0.f;
-            }
-        }
-    }
-    /* 2. gates and the cumulative log-decay */
+    /* 0. gates; zero the row sums */
     if (tid < GDN_C) {
         const int tt = t0 + tid;
         float g = 0.f, b = 0.f;
         if (tt < len) {
-            const int zoff = a.C + a.nv * a.dv; /* b, a follow q, k, v and z */
-            const float bv = __bfloat162float(a.P[(size_t)tt * a.ldP + zoff + h]);
-            const float av = __bfloat162float(a.P[(size_t)tt * a.ldP + zoff + a.nv + h]);
+            const int boff = a.C + a.nv * dv; /* b, a follow q, k, v and z */
+            const float bv = __bfloat162float(a.P[(size_t)tt * a.ldP + boff + h]);
+            const float av = __bfloat162float(a.P[(size_t)tt * a.ldP + boff + a.nv + h]);
             const float x = av + a.dt_bias[h];
             const float sp = x > 20.f ? x : log1pf(__expf(x));
             g = -__expf(a.A_log[h]) * sp;
@@ -176,9 +151,11 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
         }
         gam[tid] = g;
         bet[tid] = b;
+        ssq[tid] = 0.f;
+        ssq[GDN_C + tid] = 0.f;
     }
     __syncthreads();
-    if (w == 0) {
+    if (w == 0) { /* cumulative log-decay (warp 0; the others run the conv meanwhile) */
         const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
         float s = v0 + v1;
 #pragma unroll
@@ -186,8 +163,7 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
             const float u = __shfl_up_sync(0xffffffffu, s, o);
             if (lane >= o) s += u;
         }
-        const float ex = s - (v0 + v1);
-        const float g0 = ex + v0, g1 = s;
+        const float g0 = s - v1, g1 = s;
         const float glast = __shfl_sync(0xffffffffu, s, 31);
         gam[2 * lane] = g0;
         gam[2 * lane + 1] = g1;
@@ -196,6 +172,54 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
         gsc[2 * lane] = __expf(glast - g0);
         gsc[2 * lane + 1] = __expf(glast - g1);
         if (lane == 31) a.scr.glast[blk] = __expf(glast);
+    }
+
+    /* 1. the conv, one thread per channel over the block's rows: v first (into (beta V)^T) */
+    float y[GDN_C];
+    for (int i = tid; i < DV; i += PREP_THREADS) {
+        conv_rows(a, 2 * a.nk * dk + h * dv + i, i < dv, t0, len, y);
+#pragma unroll
+        for (int t = 0; t < GDN_C; t++) VT[i * LDT + t] = __float2bfloat16(bet[t] * y[t]);
+    }
+    /* q, k: threads [0, DK) q, [DK, 2 DK) k; per-row sums of squares by segmented warp sums */
+    const bool qk = tid < 2 * DK;
+    const bool isk = tid >= DK;
+    const int i = isk ? tid - DK : tid;
+    if (qk) {
+        const int ch = isk ? a.nk * dk + hk * dk + i : hk * dk + i;
+        conv_rows(a, ch, i < dk, t0, len, y);
+    } else {
+#pragma unroll
+        for (int t = 0; t < GDN_C; t++) y[t] = 0.f;
+    }
+    constexpr int SEG = DK < 32 ? DK : 32;
+#pragma unroll
+    for (int t = 0; t < GDN_C; t++) {
+        float s2 = y[t] * y[t];
+#pragma unroll
+        for (int o = SEG / 2; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
+        if (qk && (lane & (SEG - 1)) == 0) atomicAdd(&ssq[(isk ? GDN_C : 0) + t], s2);
+    }
+    __syncthreads();
+
+    /* 2. normalise: Qs, Ks (bf16 for the Gram products), (beta Gamma K)^T, and straight to global
+     *    diag(Gamma) Q and K'^T = (exp(gamma_last - gamma) K)^T */
+    if (qk) {
+        const float sc = isk ? 1.f : rsqrtf((float)dk);
+        bf16 *Qg = a.scr.Qg + blk * GDN_C * DK;
+        bf16 *KpT = a.scr.KpT + blk * DK * GDN_C;
+#pragma unroll
+        for (int t = 0; t < GDN_C; t++) {
+            const float v = y[t] * rsqrtf(ssq[(isk ? GDN_C : 0) + t] + 1e-6f) * sc;
+            if (!isk) {
+                Qs[t * LDK + i] = __float2bfloat16(v);
+                Qg[t * DK + i] = __float2bfloat16(Gam[t] * v);
+            } else {
+                Ks[t * LDK + i] = __float2bfloat16(v);
+                XT[i * LDT + t] = __float2bfloat16(bet[t] * Gam[t] * v);
+                KpT[i * GDN_C + t] = __float2bfloat16(gsc[t] * v);
+            }
+        }
     }
     __syncthreads();
 
@@ -212,7 +236,7 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
                 *(uint32_t *)(Pm + i1 * GDN_C + j0) = 0u;
                 continue;
             }
-            float kk[4] = {0.f, 0.f, 0.f, 0.f}, qk[4] = {0.f, 0.f, 0.f, 0.f};
+            float kk[4] = {0.f, 0.f, 0.f, 0.f}, qk4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int ks = 0; ks < DK / 16; ks++) {
                 const int k0 = 16 * ks + 2 * cc;
@@ -228,16 +252,16 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
                 const uint32_t b0 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0);
                 const uint32_t b1 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0 + 8);
                 cu_mma16816(kk, ak, b0, b1);
-                cu_mma16816(qk, aq, b0, b1);
+                cu_mma16816(qk4, aq, b0, b1);
             }
             const int ii[4] = {i0, i0, i1, i1}, jj[4] = {j0, j0 + 1, j0, j0 + 1};
             float pv[4];
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int i = ii[e], j = jj[e];
-                const float dec = j <= i ? __expf(gam[i] - gam[j]) : 0.f;
-                if (j < i) Ls[i * LDL + j] = bet[i] * dec * kk[e];
-                pv[e] = dec * qk[e];
+                const int ri = ii[e], cj = jj[e];
+                const float dec = cj <= ri ? __expf(gam[ri] - gam[cj]) : 0.f;
+                if (cj < ri) Ls[ri * LDL + cj] = bet[ri] * dec * kk[e];
+                pv[e] = dec * qk4[e];
             }
             *(uint32_t *)(Pm + i0 * GDN_C + j0) = cu_pack_bf16(pv[0], pv[1]);
             *(uint32_t *)(Pm + i1 * GDN_C + j0) = cu_pack_bf16(pv[2], pv[3]);
@@ -245,194 +269,147 @@ __global__ void __launch_bounds__(PREP_THREADS) gdn_prep_kernel(gdn_prep_args a)
     }
     __syncthreads();
 
-    /* 4. T = (I + L)^-1: 16x16 diagonal blocks by forward substitution, then block rows */
-    if (w < 4 && lane < 16) {
-        const int b = w, col = lane;
-        float x[16];
+    /* 4. T = (I + L)^-1 by forward substitution down each column, 4 threads per column (the sum over
+     *    earlier rows split by j mod 4, combined by two shuffles); only L[i][j < i] is read */
+    {
+        const int col = tid >> 2, qq = tid & 3;
+        float tv[16];
 #pragma unroll
-        for (int r = 0; r < 16; r++) {
-            float s = r == col ? 1.f : 0.f;
+        for (int m = 0; m < 16; m++) tv[m] = 0.f;
 #pragma unroll
-            for (int j = 0; j < r; j++) s -= Ls[(16 * b + r) * LDL + 16 * b + j] * x[j];
-            x[r] = s;
+        for (int row = 0; row < GDN_C; row++) {
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+            for (int m = 0; m < 16; m += 2) {
+                if (4 * m + qq < row) s0 += Ls[row * LDL + 4 * m + qq] * tv[m];
+                if (4 * (m + 1) + qq < row) s1 += Ls[row * LDL + 4 * (m + 1) + qq] * tv[m + 1];
+            }
+            float s = s0 + s1;
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            s += __shfl_xor_sync(0xffffffffu, s, 2);
+            const float v = (row == col ? 1.f : 0.f) - s;
+            if ((row & 3) == qq) tv[row >> 2] = v;
+            if (qq == 0) Tb[row * LDT + col] = __float2bfloat16(v);
         }
-#pragma unroll
-        for (int r = 0; r < 16; r++) Ts[(16 * b + r) * LDL + 16 * b + col] = x[r];
     }
     __syncthreads();
-    for (int i = 1; i < 4; i++) {
-        for (int e = tid; e < i * 256; e += PREP_THREADS) {
-            const int j = e >> 8, rr = (e >> 4) & 15, cc = e & 15;
-            float s = 0.f;
-            for (int m = j; m < i; m++)
-#pragma unroll
-                for (int q = 0; q < 16; q++) s += Ls[(16 * i + rr) * LDL + 16 * m + q] * Ts[(16 * m + q) * LDL + 16 * j + cc];
-            tmp[(j * 16 + rr) * 17 + cc] = s;
-        }
-        __syncthreads();
-        for (int e = tid; e < i * 256; e += PREP_THREADS) {
-            const int j = e >> 8, rr = (e >> 4) & 15, cc = e & 15;
-            float s = 0.f;
-#pragma unroll
-            for (int q = 0; q < 16; q++) s += Ts[(16 * i + rr) * LDL + 16 * i + q] * tmp[(j * 16 + q) * 17 + cc];
-            Ts[(16 * i + rr) * LDL + 16 * j + cc] = -s;
-        }
-        __syncthreads();
-    }
 
-    /* 5. W = T diag(beta Gamma) K (warp: 8 rows; lane: columns lane + 32 e) */
+    /* 5. W = T (beta Gamma K), U = T (beta V) on the tensor cores; warp w: rows 16 (w & 3).., half the
+     *    columns; T is lower triangular, so k-steps stop at the diagonal block */
     {
-        constexpr int EQ = (DK + 31) / 32;
-        float acc[8][EQ];
+        const int mt = w & 3, half = w >> 2, r = lane >> 2, cc = lane & 3;
+        const int i0 = 16 * mt + r, i1 = i0 + 8;
+        uint32_t ta[4][4];
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < EQ; e++) acc[i][e] = 0.f;
-        const int tmax = 8 * w + 7;
-        for (int tp = 0; tp <= tmax; tp++) {
-            const float s = bet[tp] * Gam[tp];
-            float kv[EQ];
-#pragma unroll
-            for (int e = 0; e < EQ; e++) kv[e] = lane + 32 * e < DK ? __bfloat162float(Ks[tp * LDK + lane + 32 * e]) : 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const float av = Ts[(8 * w + i) * LDL + tp] * s;
-#pragma unroll
-                for (int e = 0; e < EQ; e++) acc[i][e] += av * kv[e];
-            }
+        for (int ks = 0; ks < 4; ks++) {
+            const int k0 = 16 * ks + 2 * cc;
+            ta[ks][0] = *(const uint32_t *)(Tb + i0 * LDT + k0);
+            ta[ks][1] = *(const uint32_t *)(Tb + i1 * LDT + k0);
+            ta[ks][2] = *(const uint32_t *)(Tb + i0 * LDT + k0 + 8);
+            ta[ks][3] = *(const uint32_t *)(Tb + i1 * LDT + k0 + 8);
         }
         bf16 *W = a.scr.W + blk * GDN_C * DK;
+        constexpr int NJW = DK / 16; /* n-tiles per half */
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int q = 0; q < NJW; q++) {
+            const int j = half * NJW + q;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int e = 0; e < EQ; e++)
-                if (lane + 32 * e < DK) W[(8 * w + i) * DK + lane + 32 * e] = __float2bfloat16(acc[i][e]);
-    }
-    /* U^T = (T diag(beta) V)^T (lane: rows t, warp: DV/8 columns) */
-    {
-        constexpr int UPW = DV / PREP_WARPS;
-        float acc[2][UPW];
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < UPW; j++) acc[i][j] = 0.f;
-        for (int tp = 0; tp < GDN_C; tp++) {
-            const float s = bet[tp];
-            const float a0 = Ts[lane * LDL + tp] * s, a1 = Ts[(lane + 32) * LDL + tp] * s;
-#pragma unroll
-            for (int j = 0; j < UPW; j++) {
-                const float vv = Vs[tp * DV + w * UPW + j];
-                acc[0][j] += a0 * vv;
-                acc[1][j] += a1 * vv;
-            }
+            for (int ks = 0; ks < 4; ks++)
+                if (ks <= mt) {
+                    const uint32_t b0 = *(const uint32_t *)(XT + (8 * j + r) * LDT + 16 * ks + 2 * cc);
+                    const uint32_t b1 = *(const uint32_t *)(XT + (8 * j + r) * LDT + 16 * ks + 2 * cc + 8);
+                    cu_mma16816(acc, ta[ks], b0, b1);
+                }
+            *(uint32_t *)(W + i0 * DK + 8 * j + 2 * cc) = cu_pack_bf16(acc[0], acc[1]);
+            *(uint32_t *)(W + i1 * DK + 8 * j + 2 * cc) = cu_pack_bf16(acc[2], acc[3]);
         }
         float *UT = a.scr.UT + blk * DV * GDN_C;
+        constexpr int NJU = DV / 16;
 #pragma unroll
-        for (int j = 0; j < UPW; j++) {
-            UT[(w * UPW + j) * GDN_C + lane] = acc[0][j];
-            UT[(w * UPW + j) * GDN_C + lane + 32] = acc[1][j];
-        }
-    }
-    /* diag(Gamma) Q and K'^T */
-    {
-        bf16 *Qg = a.scr.Qg + blk * GDN_C * DK;
-        for (int e = tid; e < GDN_C * DK; e += PREP_THREADS) {
-            const int t = e / DK, d = e % DK;
-            Qg[e] = __float2bfloat16(Gam[t] * __bfloat162float(Qs[t * LDK + d]));
-        }
-        bf16 *KpT = a.scr.KpT + blk * DK * GDN_C;
-        for (int e = tid; e < GDN_C * DK; e += PREP_THREADS) {
-            const int d = e / GDN_C, t = e % GDN_C;
-            KpT[e] = __float2bfloat16(gsc[t] * __bfloat162float(Ks[t * LDK + d]));
+        for (int q = 0; q < NJU; q++) {
+            const int j = half * NJU + q;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+                if (ks <= mt) {
+                    const uint32_t b0 = *(const uint32_t *)(VT + (8 * j + r) * LDT + 16 * ks + 2 * cc);
+                    const uint32_t b1 = *(const uint32_t *)(VT + (8 * j + r) * LDT + 16 * ks + 2 * cc + 8);
+                    cu_mma16816(acc, ta[ks], b0, b1);
+                }
+            const int n = 8 * j + 2 * cc;
+            UT[n * GDN_C + i0] = acc[0];
+            UT[(n + 1) * GDN_C + i0] = acc[1];
+            UT[n * GDN_C + i1] = acc[2];
+            UT[(n + 1) * GDN_C + i1] = acc[3];
         }
     }
 }
 
-/* ---- kernel B: one block per value head, sequential over blocks of 64 tokens -------------------- */
+/* ---- kernel B: the recurrence; one block per (value head, 32 columns of dv), sequential over blocks */
 
 struct gdn_scan_args {
-    const bf16 *P;
-    int ldP;
-    bf16 *conv_state; /* [K-1][C], moved on to the chunk's end */
-    const float *norm_w;
     float *S; /* [nv][DV][DK] (padded) */
-    bf16 *Y;  /* [rows][nv dv] (real dv) */
     const cu_chunk_params *prm;
-    int nk, nv, K, C;
-    int dv; /* real */
-    int rows;
-    float eps;
+    int nv, rows;
     cu_gdn_scratch scr;
 };
 
 template <int DK, int DV>
 struct scan_smem {
-    static constexpr int LDW = DK + 8;     /* W, Qg rows [64][DK] */
-    static constexpr int LDT = GDN_C + 8;  /* K'^T rows [DK][64], P rows [64][64] */
-    static constexpr int LDO = DV + 4;     /* O rows (fp32) */
+    static constexpr int BV = DV < 32 ? DV : 32; /* dv columns per block */
+    static constexpr int LDW = DK + 8;           /* W rows [64][DK] */
+    static constexpr int LDU = GDN_C + 8;        /* U^T rows (fp32) */
     static constexpr size_t w_off = 0;
-    static constexpr size_t q_off = w_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t k_off = q_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t p_off = k_off + (size_t)DK * LDT * 2;
-    static constexpr size_t stage = p_off + (size_t)GDN_C * LDT * 2;
-    static constexpr size_t o_off = 2 * stage;
-    static constexpr size_t bytes = o_off + (size_t)GDN_C * LDO * 4;
+    static constexpr size_t k_off = w_off + (size_t)GDN_C * LDW * 2;
+    static constexpr size_t u_off = k_off + (size_t)DK * GDN_LDT * 2;
+    static constexpr size_t stage = u_off + (size_t)BV * LDU * 4;
+    static constexpr size_t bytes = 2 * stage;
 };
 
 template <int DK, int DV>
-__device__ __forceinline__ void scan_prefetch(unsigned char *st, const cu_gdn_scratch &scr, size_t blk, int tid,
-                                              int nthreads) {
+__device__ __forceinline__ void scan_prefetch(unsigned char *st, const cu_gdn_scratch &scr, size_t blk, int n_base,
+                                              int tid, int nthreads) {
     typedef scan_smem<DK, DV> SM;
-    bf16 *Ws = (bf16 *)(st + SM::w_off), *Qs = (bf16 *)(st + SM::q_off);
-    bf16 *Ks = (bf16 *)(st + SM::k_off), *Ps = (bf16 *)(st + SM::p_off);
-    const bf16 *W = scr.W + blk * GDN_C * DK, *Q = scr.Qg + blk * GDN_C * DK;
-    const bf16 *K = scr.KpT + blk * DK * GDN_C, *Pm = scr.Pm + blk * GDN_C * GDN_C;
-    constexpr int SW = DK / 8; /* 16-byte segments per row */
+    bf16 *Ws = (bf16 *)(st + SM::w_off), *Ks = (bf16 *)(st + SM::k_off);
+    float *Us = (float *)(st + SM::u_off);
+    const bf16 *W = scr.W + blk * GDN_C * DK, *K = scr.KpT + blk * DK * GDN_C;
+    const float *U = scr.UT + blk * DV * GDN_C + (size_t)n_base * GDN_C;
+    constexpr int SW = DK / 8; /* 16-byte segments per W row */
     for (int e = tid; e < GDN_C * SW; e += nthreads) {
         const int r = e / SW, s = e % SW;
         cu_cp_async16(Ws + r * SM::LDW + 8 * s, W + r * DK + 8 * s, 16);
-        cu_cp_async16(Qs + r * SM::LDW + 8 * s, Q + r * DK + 8 * s, 16);
     }
     for (int e = tid; e < DK * 8; e += nthreads) {
         const int r = e >> 3, s = e & 7;
-        cu_cp_async16(Ks + r * SM::LDT + 8 * s, K + r * GDN_C + 8 * s, 16);
+        cu_cp_async16(Ks + r * GDN_LDT + 8 * s, K + r * GDN_C + 8 * s, 16);
     }
-    for (int e = tid; e < GDN_C * 8; e += nthreads) {
-        const int r = e >> 3, s = e & 7;
-        cu_cp_async16(Ps + r * SM::LDT + 8 * s, Pm + r * GDN_C + 8 * s, 16);
+    for (int e = tid; e < SM::BV * 16; e += nthreads) {
+        const int r = e >> 4, s = e & 15;
+        cu_cp_async16(Us + r * SM::LDU + 4 * s, U + r * GDN_C + 4 * s, 16);
     }
 }
 
 template <int DK, int DV>
-__global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
+__global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_scan_args a) {
     typedef scan_smem<DK, DV> SM;
-    constexpr int NW = DV / 16, NT = NW * 32;
-    constexpr int NJ = DK / 8;  /* n-tiles of S^T along dk */
+    constexpr int NW = SM::BV / 16, NT = NW * 32;
+    constexpr int NJ = DK / 8;   /* n-tiles of S^T along dk */
     constexpr int NKS = DK / 16; /* k-steps along dk */
     extern __shared__ __align__(16) unsigned char smem[];
-    float *Os = (float *)(smem + SM::o_off);
-    const int h = blockIdx.x, tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int h = blockIdx.x, n_base = blockIdx.y * SM::BV;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
     const int len = a.prm->len;
     const int nc = (a.rows + GDN_C - 1) / GDN_C;
     int nreal = (len + GDN_C - 1) / GDN_C;
     if (nreal > nc) nreal = nc;
 
-    /* the conv state moves on: new[j] = [old | P][len + j] (kernel A has read the old one) */
-    {
-        const int Km1 = a.K - 1;
-        for (int ch = h * NT + tid; ch < a.C; ch += a.nv * NT)
-            for (int j = 0; j < Km1; j++) {
-                const int src = len + j; /* index into [old (K-1) | chunk] */
-                const bf16 v = src < Km1 ? a.conv_state[(size_t)src * a.C + ch] : a.P[(size_t)(src - Km1) * a.ldP + ch];
-                a.conv_state[(size_t)j * a.C + ch] = v;
-            }
-    }
-
-    /* S^T slice [16 w .. 16 w + 16) x [0, DK) in accumulators */
+    /* S^T rows [n0, n0 + 8] of this head in accumulators */
     float Sacc[NJ][4];
     float *Sh = a.S + (size_t)h * DV * DK;
-    const int n0 = 16 * w + r;
+    const int nl = 16 * w + r; /* row inside the block's slice */
+    const int n0 = n_base + nl;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
         const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + 8 * j + 2 * cc);
@@ -443,38 +420,24 @@ __global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
         Sacc[j][3] = hi.y;
     }
 
-    scan_prefetch<DK, DV>(smem, a.scr, (size_t)h, tid, NT);
+    scan_prefetch<DK, DV>(smem, a.scr, (size_t)h, n_base, tid, NT);
     cu_cp_async_commit();
 
-    const int zoff = a.C; /* z follows q, k, v */
     for (int ci = 0; ci < nreal; ci++) {
         const size_t blk = (size_t)ci * a.nv + h;
-        unsigned char *st = smem + (ci & 1) * SM::stage;
-        const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Qs = (const bf16 *)(st + SM::q_off);
-        const bf16 *Ks = (const bf16 *)(st + SM::k_off), *Ps = (const bf16 *)(st + SM::p_off);
-
-        float D[8][4]; /* delta^T [16][64], initialised with U^T */
-        const float *UT = a.scr.UT + blk * DV * GDN_C;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float2 lo = *(const float2 *)(UT + n0 * GDN_C + 8 * j + 2 * cc);
-            const float2 hi = *(const float2 *)(UT + (n0 + 8) * GDN_C + 8 * j + 2 * cc);
-            D[j][0] = lo.x;
-            D[j][1] = lo.y;
-            D[j][2] = hi.x;
-            D[j][3] = hi.y;
-        }
+        const unsigned char *st = smem + (ci & 1) * SM::stage;
+        const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Ks = (const bf16 *)(st + SM::k_off);
+        const float *Us = (const float *)(st + SM::u_off);
         const float gl = a.scr.glast[blk];
 
-        cu_cp_async_wait<0>();
-        __syncthreads();
-        if (ci + 1 < nreal) {
-            scan_prefetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, a.scr, (size_t)(ci + 1) * a.nv + h, tid, NT);
-            cu_cp_async_commit();
+        /* the state at the block start, for the output kernel */
+        bf16 *Sc = a.scr.Sc + (blk * DV + n0) * DK;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            *(uint32_t *)(Sc + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][0], Sacc[j][1]);
+            *(uint32_t *)(Sc + 8 * DK + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][2], Sacc[j][3]);
         }
-
-        /* -S^T as bf16 A fragments */
-        uint32_t nS[NKS][4];
+        uint32_t nS[NKS][4]; /* -S^T as bf16 A fragments */
 #pragma unroll
         for (int ks = 0; ks < NKS; ks++) {
             nS[ks][0] = cu_pack_bf16(-Sacc[2 * ks][0], -Sacc[2 * ks][1]);
@@ -482,27 +445,37 @@ __global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
             nS[ks][2] = cu_pack_bf16(-Sacc[2 * ks + 1][0], -Sacc[2 * ks + 1][1]);
             nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
         }
-        /* delta^T = U^T - S^T W^T;  O^T = -(-S^T Qg^T) */
-        float O[8][4];
+
+        cu_cp_async_wait<0>();
+        __syncthreads();
+        if (ci + 1 < nreal) {
+            scan_prefetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, a.scr, (size_t)(ci + 1) * a.nv + h, n_base, tid,
+                                  NT);
+            cu_cp_async_commit();
+        }
+
+        /* delta^T = U^T - S^T W^T */
+        float D[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
+            const float2 lo = *(const float2 *)(Us + nl * SM::LDU + 8 * j + 2 * cc);
+            const float2 hi = *(const float2 *)(Us + (nl + 8) * SM::LDU + 8 * j + 2 * cc);
+            D[j][0] = lo.x;
+            D[j][1] = lo.y;
+            D[j][2] = hi.x;
+            D[j][3] = hi.y;
+        }
 #pragma unroll
-            for (int ks = 0; ks < NKS; ks++) {
+        for (int ks = 0; ks < NKS; ks++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
                 const int k0 = 16 * ks + 2 * cc;
                 const uint32_t w0 = *(const uint32_t *)(Ws + (8 * j + r) * SM::LDW + k0);
                 const uint32_t w1 = *(const uint32_t *)(Ws + (8 * j + r) * SM::LDW + k0 + 8);
                 cu_mma16816(D[j], nS[ks], w0, w1);
-                const uint32_t q0 = *(const uint32_t *)(Qs + (8 * j + r) * SM::LDW + k0);
-                const uint32_t q1 = *(const uint32_t *)(Qs + (8 * j + r) * SM::LDW + k0 + 8);
-                cu_mma16816(O[j], nS[ks], q0, q1);
             }
-            O[j][0] = -O[j][0];
-            O[j][1] = -O[j][1];
-            O[j][2] = -O[j][2];
-            O[j][3] = -O[j][3];
-        }
-        /* delta^T as A fragments (k = tokens) */
+        /* delta^T to global (bf16) and as A fragments (k = tokens) */
+        bf16 *dT = a.scr.dT + (blk * DV + n0) * GDN_C;
         uint32_t dF[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
@@ -510,17 +483,11 @@ __global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
             dF[ks][1] = cu_pack_bf16(D[2 * ks][2], D[2 * ks][3]);
             dF[ks][2] = cu_pack_bf16(D[2 * ks + 1][0], D[2 * ks + 1][1]);
             dF[ks][3] = cu_pack_bf16(D[2 * ks + 1][2], D[2 * ks + 1][3]);
+            *(uint32_t *)(dT + 16 * ks + 2 * cc) = dF[ks][0];
+            *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 2 * cc) = dF[ks][1];
+            *(uint32_t *)(dT + 16 * ks + 8 + 2 * cc) = dF[ks][2];
+            *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 8 + 2 * cc) = dF[ks][3];
         }
-        /* O^T += delta^T P^T (P lower triangular: k-steps up to the diagonal) */
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-#pragma unroll
-            for (int ks = 0; ks <= j / 2; ks++) {
-                const int k0 = 16 * ks + 2 * cc;
-                const uint32_t p0 = *(const uint32_t *)(Ps + (8 * j + r) * SM::LDT + k0);
-                const uint32_t p1 = *(const uint32_t *)(Ps + (8 * j + r) * SM::LDT + k0 + 8);
-                cu_mma16816(O[j], dF[ks], p0, p1);
-            }
         /* S^T = Gamma_last S^T + delta^T K' */
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
@@ -528,60 +495,177 @@ __global__ void __launch_bounds__(DV * 2) gdn_scan_kernel(gdn_scan_args a) {
             Sacc[j][1] *= gl;
             Sacc[j][2] *= gl;
             Sacc[j][3] *= gl;
+        }
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
                 const int k0 = 16 * ks + 2 * cc;
-                const uint32_t k0v = *(const uint32_t *)(Ks + (8 * j + r) * SM::LDT + k0);
-                const uint32_t k1v = *(const uint32_t *)(Ks + (8 * j + r) * SM::LDT + k0 + 8);
+                const uint32_t k0v = *(const uint32_t *)(Ks + (8 * j + r) * GDN_LDT + k0);
+                const uint32_t k1v = *(const uint32_t *)(Ks + (8 * j + r) * GDN_LDT + k0 + 8);
                 cu_mma16816(Sacc[j], dF[ks], k0v, k1v);
             }
-        }
-        /* O^T -> Os[t][n] */
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int t = 8 * j + 2 * cc;
-            Os[t * SM::LDO + n0] = O[j][0];
-            Os[(t + 1) * SM::LDO + n0] = O[j][1];
-            Os[t * SM::LDO + n0 + 8] = O[j][2];
-            Os[(t + 1) * SM::LDO + n0 + 8] = O[j][3];
-        }
-        __syncthreads();
-        /* gated RMSNorm over the head's real dv, one warp per token row */
-        constexpr int EV = (DV + 31) / 32;
-        const int dv = a.dv;
-        for (int t = w; t < GDN_C; t += NW) {
-            const int tt = ci * GDN_C + t;
-            if (tt >= a.rows) break;
-            bf16 *y = a.Y + (size_t)tt * a.nv * dv + h * dv;
-            if (tt >= len) {
-                for (int d = lane; d < dv; d += 32) y[d] = __float2bfloat16(0.f);
-                continue;
-            }
-            float o[EV], ss = 0.f;
-#pragma unroll
-            for (int e = 0; e < EV; e++) {
-                const int d = lane + 32 * e;
-                o[e] = d < dv ? Os[t * SM::LDO + d] : 0.f;
-                ss += o[e] * o[e];
-            }
-            ss = cu_warp_sum(ss);
-            const float rs = rsqrtf(ss / (float)dv + a.eps);
-            const bf16 *z = a.P + (size_t)tt * a.ldP + zoff + h * dv;
-#pragma unroll
-            for (int e = 0; e < EV; e++) {
-                const int d = lane + 32 * e;
-                if (d < dv) y[d] = __float2bfloat16(o[e] * rs * a.norm_w[d] * cu_silu(__bfloat162float(z[d])));
-            }
-        }
     }
     cu_cp_async_wait<0>();
-    /* rows of padding-only blocks */
-    for (int tt = nreal * GDN_C + w; tt < a.rows; tt += NW)
-        for (int d = lane; d < a.dv; d += 32) a.Y[(size_t)tt * a.nv * a.dv + h * a.dv + d] = __float2bfloat16(0.f);
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
         *(float2 *)(Sh + (size_t)n0 * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
         *(float2 *)(Sh + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
+    }
+}
+
+/* ---- kernel C: outputs; one block per (block of 64 tokens, value head), all independent -------- */
+
+struct gdn_out_args {
+    const bf16 *P;
+    int ldP;
+    bf16 *conv_state; /* [K-1][C], moved on to the chunk's end */
+    const float *norm_w;
+    bf16 *Y; /* [rows][nv dv] */
+    const cu_chunk_params *prm;
+    int nv, dv, K, C, rows;
+    float eps;
+    cu_gdn_scratch scr;
+};
+
+#define OUT_THREADS 128 /* 4 warps x 16 token rows */
+
+template <int DK, int DV>
+struct out_smem {
+    static constexpr int LDK = DK + 8;
+    static constexpr int LDZ = DV + 8;
+    static constexpr size_t q_off = 0;                                  /* Gamma Q [64][LDK] */
+    static constexpr size_t s_off = q_off + (size_t)GDN_C * LDK * 2;    /* S^T [DV][LDK] */
+    static constexpr size_t p_off = s_off + (size_t)DV * LDK * 2;       /* P [64][LDT] */
+    static constexpr size_t d_off = p_off + (size_t)GDN_C * GDN_LDT * 2; /* delta^T [DV][LDT] */
+    static constexpr size_t z_off = d_off + (size_t)DV * GDN_LDT * 2;   /* z [64][LDZ] */
+    static constexpr size_t bytes = z_off + (size_t)GDN_C * LDZ * 2;
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
+    typedef out_smem<DK, DV> SM;
+    constexpr int LDK = SM::LDK, LDT = GDN_LDT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)(smem + SM::q_off), *Ss = (bf16 *)(smem + SM::s_off);
+    bf16 *Ps = (bf16 *)(smem + SM::p_off), *Ds = (bf16 *)(smem + SM::d_off);
+    bf16 *Zs = (bf16 *)(smem + SM::z_off);
+    const int c = blockIdx.x, h = blockIdx.y;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, cc = lane & 3;
+    const int len = a.prm->len, dv = a.dv;
+    const int t0 = c * GDN_C;
+    const size_t blk = (size_t)c * a.nv + h;
+
+    if (c == 0) { /* the conv state moves on: new[j] = [old | P][len + j] (kernel A has read it) */
+        const int Km1 = a.K - 1;
+        for (int ch = h * OUT_THREADS + tid; ch < a.C; ch += a.nv * OUT_THREADS)
+            for (int j = 0; j < Km1; j++) {
+                const int src = len + j;
+                const bf16 v = src < Km1 ? a.conv_state[(size_t)src * a.C + ch] : a.P[(size_t)(src - Km1) * a.ldP + ch];
+                a.conv_state[(size_t)j * a.C + ch] = v;
+            }
+    }
+    const int tend = min(a.rows, t0 + GDN_C); /* rows of this block inside the bucket */
+    if (t0 >= len) { /* padding only */
+        for (int e = tid; e < (tend - t0) * dv; e += OUT_THREADS)
+            a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+        return;
+    }
+    {
+        const bf16 *Q = a.scr.Qg + blk * GDN_C * DK, *S = a.scr.Sc + blk * DV * DK;
+        const bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
+        constexpr int SK = DK / 8;
+        for (int e = tid; e < GDN_C * SK; e += OUT_THREADS)
+            cu_cp_async16(Qs + (e / SK) * LDK + 8 * (e % SK), Q + (e / SK) * DK + 8 * (e % SK), 16);
+        for (int e = tid; e < DV * SK; e += OUT_THREADS)
+            cu_cp_async16(Ss + (e / SK) * LDK + 8 * (e % SK), S + (e / SK) * DK + 8 * (e % SK), 16);
+        for (int e = tid; e < GDN_C * 8; e += OUT_THREADS)
+            cu_cp_async16(Ps + (e >> 3) * LDT + 8 * (e & 7), Pm + (e >> 3) * GDN_C + 8 * (e & 7), 16);
+        for (int e = tid; e < DV * 8; e += OUT_THREADS)
+            cu_cp_async16(Ds + (e >> 3) * LDT + 8 * (e & 7), dT + (e >> 3) * GDN_C + 8 * (e & 7), 16);
+        const int SZ = dv / 8;
+        for (int e = tid; e < GDN_C * SZ; e += OUT_THREADS) {
+            const int t = e / SZ, s = e % SZ;
+            const bool ok = t0 + t < len;
+            const bf16 *src = a.P + (size_t)(ok ? t0 + t : 0) * a.ldP + a.C + (size_t)h * dv + 8 * s;
+            cu_cp_async16(Zs + t * SM::LDZ + 8 * s, src, ok ? 16 : 0);
+        }
+        cu_cp_async_commit();
+        cu_cp_async_wait<0>();
+        __syncthreads();
+    }
+    /* O = (Gamma Q) S + P delta: warp w rows 16 w .. 16 w + 15, all DV columns */
+    constexpr int NJ = DV / 8;
+    float O[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
+    const int i0 = 16 * w + r, i1 = i0 + 8;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ks++) {
+        const int k0 = 16 * ks + 2 * cc;
+        uint32_t aq[4];
+        aq[0] = *(const uint32_t *)(Qs + i0 * LDK + k0);
+        aq[1] = *(const uint32_t *)(Qs + i1 * LDK + k0);
+        aq[2] = *(const uint32_t *)(Qs + i0 * LDK + k0 + 8);
+        aq[3] = *(const uint32_t *)(Qs + i1 * LDK + k0 + 8);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const uint32_t b0 = *(const uint32_t *)(Ss + (8 * j + r) * LDK + k0);
+            const uint32_t b1 = *(const uint32_t *)(Ss + (8 * j + r) * LDK + k0 + 8);
+            cu_mma16816(O[j], aq, b0, b1);
+        }
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        if (ks > w) break; /* P is lower triangular */
+        const int k0 = 16 * ks + 2 * cc;
+        uint32_t ap[4];
+        ap[0] = *(const uint32_t *)(Ps + i0 * LDT + k0);
+        ap[1] = *(const uint32_t *)(Ps + i1 * LDT + k0);
+        ap[2] = *(const uint32_t *)(Ps + i0 * LDT + k0 + 8);
+        ap[3] = *(const uint32_t *)(Ps + i1 * LDT + k0 + 8);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const uint32_t b0 = *(const uint32_t *)(Ds + (8 * j + r) * LDT + k0);
+            const uint32_t b1 = *(const uint32_t *)(Ds + (8 * j + r) * LDT + k0 + 8);
+            cu_mma16816(O[j], ap, b0, b1);
+        }
+    }
+    /* gated RMSNorm over the real dv: a row's values sit in the 4 lanes of a quad */
+    float ss0 = 0.f, ss1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        ss0 += O[j][0] * O[j][0] + O[j][1] * O[j][1];
+        ss1 += O[j][2] * O[j][2] + O[j][3] * O[j][3];
+    }
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 1);
+    ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
+    ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+    const float rs0 = rsqrtf(ss0 / (float)dv + a.eps), rs1 = rsqrtf(ss1 / (float)dv + a.eps);
+    const int tt0 = t0 + i0, tt1 = t0 + i1;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const int d = 8 * j + 2 * cc;
+        if (d >= dv) break;
+        const float w0 = a.norm_w[d], w1 = a.norm_w[d + 1];
+        if (tt0 < tend) {
+            float y0 = 0.f, y1 = 0.f;
+            if (tt0 < len) {
+                y0 = O[j][0] * rs0 * w0 * cu_silu(__bfloat162float(Zs[i0 * SM::LDZ + d]));
+                y1 = O[j][1] * rs0 * w1 * cu_silu(__bfloat162float(Zs[i0 * SM::LDZ + d + 1]));
+            }
+            *(uint32_t *)(a.Y + (size_t)tt0 * a.nv * dv + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
+        }
+        if (tt1 < tend) {
+            float y0 = 0.f, y1 = 0.f;
+            if (tt1 < len) {
+                y0 = O[j][2] * rs1 * w0 * cu_silu(__bfloat162float(Zs[i1 * SM::LDZ + d]));
+                y1 = O[j][3] * rs1 * w1 * cu_silu(__bfloat162float(Zs[i1 * SM::LDZ + d + 1]));
+            }
+            *(uint32_t *)(a.Y + (size_t)tt1 * a.nv * dv + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
+        }
     }
 }
 
@@ -606,7 +690,11 @@ static int gdn_shape_ok(int DKP, int DVP) {
 int cu_gdn_supported(const cu_gdn_dims *d) {
     const int base = d->nk > 0 && d->nv > 0 && d->nv % d->nk == 0 && d->K >= 1 && d->K <= CU_MAX_CONV_K &&
                      d->dk >= 1 && d->dv >= 1 && d->dk <= 128;
-    return base && (d->f32 || gdn_shape_ok(cu_gdn_pad(d->dk), cu_gdn_pad(d->dv)));
+    if (!base) return 0;
+    if (d->f32) return 1;
+    /* the chunked path copies z rows with 16-byte cp.async: z's offset and the row stride in 8s */
+    const int C = 2 * d->nk * d->dk + d->nv * d->dv;
+    return gdn_shape_ok(cu_gdn_pad(d->dk), cu_gdn_pad(d->dv)) && C % 8 == 0 && d->dv % 8 == 0 && d->ldP % 8 == 0;
 }
 
 size_t cu_gdn_state_bytes(const cu_gdn_dims *d) {
@@ -623,7 +711,8 @@ size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
     const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
     return align256(nb * GDN_C * DK * 2) * 2 + align256(nb * DV * GDN_C * 4) + align256(nb * DK * GDN_C * 2) +
-           align256(nb * GDN_C * GDN_C * 2) + align256(nb * 4);
+           align256(nb * GDN_C * GDN_C * 2) + align256(nb * 4) + align256(nb * DV * DK * 2) +
+           align256(nb * DV * GDN_C * 2);
 }
 
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows) {
@@ -656,6 +745,10 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
     s->Pm = (bf16 *)p;
     p += align256(nb * GDN_C * GDN_C * 2);
     s->glast = (float *)p;
+    p += align256(nb * 4);
+    s->Sc = (bf16 *)p;
+    p += align256(nb * DV * DK * 2);
+    s->dT = (bf16 *)p;
 }
 
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
@@ -667,6 +760,8 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
                                     (int)prep_smem<DK_, DV_>::bytes));                                              \
         CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)scan_smem<DK_, DV_>::bytes));                                              \
+        CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,           \
+                                    (int)out_smem<DK_, DV_>::bytes));                                               \
         return 0;                                                                                                   \
     }
     GDN_SHAPES(GDN_INIT)
@@ -688,13 +783,17 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
     gdn_prep_args pa = {P, d->ldP, conv_state, conv_w, A_log, dt_bias, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, rows,
                         *scr};
-    gdn_scan_args sa = {P, d->ldP, conv_state, norm_w, S, Y, prm, d->nk, d->nv, d->K, C, d->dv, rows, d->eps, *scr};
+    gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
+    gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
+        constexpr int BV = scan_smem<DK_, DV_>::BV;                                                               \
         gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
         CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
-        gdn_scan_kernel<DK_, DV_><<<d->nv, DV_ * 2, scan_smem<DK_, DV_>::bytes, st>>>(sa);                          \
+        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / BV), BV * 2, scan_smem<DK_, DV_>::bytes, st>>>(sa);          \
         CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                        \
+        gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);             \
+        CU_LAUNCH_CHECK("gdn_out_kernel");                                                                         \
         return 0;                                                                                                  \
     }
     GDN_SHAPES(GDN_RUN)

@@ -1,16 +1,21 @@
 /*
  * k_gemm.cu — the projections through cuBLASLt (see cu_gemm_plan in cuda_internal.cuh).
  *
- * Design: one handle and one workspace per backend; bf16 (fast) or fp32 (exact) operands; a plan per (M, N, K, acc) made on first use
- * (descriptors + the first heuristic result) and kept for the backend's life, so capturing a
- * chunk graph issues only cublasLtMatmul calls. Every cuBLASLt status is checked and reported
- * with the call's text.
+ * Design: one handle and one workspace per backend; bf16 (fast) or fp32 (exact) operands; a plan
+ * per (M, N, K, acc, f32) made on first use and kept for the backend's life, so capturing a chunk
+ * graph issues only cublasLtMatmul calls. With g->tune set (the backend's untimed plan pass before
+ * each capture, whose outputs are scratch) a new plan times up to GEMM_CANDIDATES of the
+ * heuristic's algorithms on the real operands and keeps the fastest; otherwise (and always while a
+ * stream is being captured) it takes the heuristic's first. Every cuBLASLt status is checked and
+ * reported with the call's text.
  */
 #include "cuda_internal.cuh"
 
 #include <stdlib.h>
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
+#define GEMM_CANDIDATES 8 /* heuristic results timed when tuning */
+#define GEMM_TUNE_REPS 3
 
 #define LT_TRY(call)                                                                                   \
     do {                                                                                               \
@@ -43,7 +48,8 @@ void cu_gemm_free(cu_gemm_ctx *g) {
     memset(g, 0, sizeof *g);
 }
 
-static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, squad_err *err) {
+static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void *X, void *Y, cudaStream_t st,
+                     squad_err *err) {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const cudaDataType_t it = p->f32 ? CUDA_R_32F : CUDA_R_16BF;
     const cudaDataType_t dt = p->acc || p->f32 ? CUDA_R_32F : CUDA_R_16BF;
@@ -57,17 +63,55 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, squad_err *err) {
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                             &g->ws_bytes, sizeof g->ws_bytes);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    const int tune = g->tune && cudaStreamIsCapturing(st, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone;
     int n = 0;
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &n);
+        s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, tune ? GEMM_CANDIDATES : 1,
+                                           res, &n);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS)
         return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: cublasLtMatmulAlgoGetHeuristic(%d x %d x %d): %s", p->M,
                           p->N, p->K, cublasLtGetStatusString(s));
     if (n < 1)
         return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
-    p->algo = res.algo;
+    p->algo = res[0].algo;
+    if (!tune || n == 1) return 0;
+    /* time each candidate (one warm-up, then GEMM_TUNE_REPS) and keep the fastest */
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    CU_TRY(cudaEventCreate(&e0));
+    if (cudaEventCreate(&e1) != cudaSuccess) {
+        cudaEventDestroy(e0);
+        return cu_err(err, SQUAD_E_BACKEND, "CUDA: cudaEventCreate failed");
+    }
+    const float alpha = 1.f, beta = p->acc ? 1.f : 0.f;
+    float best = 1e30f;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        cublasStatus_t ls = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r <= GEMM_TUNE_REPS && ls == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == 1 && cudaEventRecord(e0, st) != cudaSuccess) rc = -1;
+            ls = cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &res[i].algo,
+                                g->ws, g->ws_bytes, st);
+        }
+        if (ls != CUBLAS_STATUS_SUCCESS) continue; /* an algorithm that refuses these operands */
+        float ms = 0.f;
+        if (cudaEventRecord(e1, st) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            rc = -1;
+        else if (ms < best) {
+            best = ms;
+            p->algo = res[i].algo;
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (rc) {
+        const cudaError_t e = cudaGetLastError();
+        return cu_fail(err, "GEMM tuning (events)", e, __FILE__, __LINE__);
+    }
     return 0;
 }
 
@@ -96,7 +140,7 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
         p->K = K;
         p->acc = acc;
         p->f32 = f32;
-        const int rc = plan_make(g, p, err);
+        const int rc = plan_make(g, p, W, X, Y, st, err);
         if (rc) {
             plan_free(p);
             return rc;
