@@ -122,8 +122,8 @@ static void test_rope(void) {
         }
 }
 
-static void test_attention(void) {
-    int nh = 4, nkv = 2, hd = 16, pos0 = 7, T = 5, P = pos0 + T;
+static void test_attention(int nh, int nkv, int hd, int pos0, int T) {
+    int P = pos0 + T;
     int qs = nh * 2 * hd;
     float *q = malloc(sizeof(float) * T * qs), *K = malloc(sizeof(float) * P * nkv * hd), *V = malloc(sizeof(float) * P * nkv * hd);
     float *out = malloc(sizeof(float) * T * nh * hd);
@@ -133,7 +133,7 @@ static void test_attention(void) {
     for (int t = 0; t < T; t++)
         for (int j = 0; j < nh; j++) {
             int kvh = j / (nh / nkv), n = pos0 + t + 1;
-            double sc[64], mx = -1e30, sum = 0;
+            double *sc = malloc(sizeof(double) * P), mx = -1e30, sum = 0;
             for (int p = 0; p < n; p++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++) d += (double)q[t * qs + j * 2 * hd + i] * K[(p * nkv + kvh) * hd + i];
@@ -146,8 +146,19 @@ static void test_attention(void) {
                 for (int p = 0; p < n; p++) acc += sc[p] / sum * V[(p * nkv + kvh) * hd + i];
                 worst = fmax(worst, fabs(acc - out[(t * nh + j) * hd + i]));
             }
+            free(sc);
         }
     CHECKF(worst < 1e-5, "attention vs double %g", worst);
+    /* the flash-style group form, over token blocks, equals the plain one */
+    float *out2 = malloc(sizeof(float) * T * nh * hd);
+    float *scratch = malloc(sizeof(float) * op_attention_scratch_floats(nh, nkv, hd, T));
+    for (int kvh = 0; kvh < nkv; kvh++) {
+        int cut = T / 3;
+        op_attention_group(out2, q, qs, 2 * hd, K, V, pos0, nh, nkv, hd, kvh, 0, cut, scratch);
+        op_attention_group(out2, q, qs, 2 * hd, K, V, pos0, nh, nkv, hd, kvh, cut, T, scratch);
+    }
+    CHECKF(max_abs_diff(out, out2, (long)T * nh * hd) < 1e-5, "attention group vs plain %g", max_abs_diff(out, out2, (long)T * nh * hd));
+    free(out2), free(scratch);
     free(q), free(K), free(V), free(out);
 }
 
@@ -188,7 +199,9 @@ int main(void) {
     test_delta_split();
     test_conv_split();
     test_rope();
-    test_attention();
+    test_attention(4, 2, 16, 7, 5);
+    test_attention(4, 1, 32, 150, 40);
+    test_attention(2, 2, 64, 0, 130);
     test_norms();
     return test_summary("test_ops");
 }

@@ -28,6 +28,8 @@
 
 /* The longest chunk this backend runs at once; longer spans are split by the engine. */
 #define CPU_MAX_CHUNK 512
+/* Query tokens per attention task (with the kv head's whole group of query heads). */
+#define CPU_ATTN_QUERY_BLOCK 16
 /* The first K / V allocation, in positions; it doubles as rows grow. */
 #define CPU_KV_INITIAL_POSITIONS 1024
 
@@ -44,6 +46,8 @@ typedef struct cpu_backend {
     int kv_capacity;
     float *inv_freq; /* [rd/2] */
     float **conv_kc; /* [n_gdn] -> conv weights transposed to [K][C] */
+    float *attn_scratch; /* per thread, attn_scratch_floats each */
+    long attn_scratch_floats;
     /* scratch, [CPU_MAX_CHUNK] rows each */
     float *h, *x, *qkv, *conv_out, *z, *gate_a, *gate_b, *g, *beta, *o, *qg, *kk, *vv, *att, *mlp_gate, *mlp_up;
 } cpu_backend;
@@ -172,16 +176,18 @@ static void gdn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, in
 
 typedef struct attn_task {
     cpu_backend *c;
-    int slot, T, pos0;
+    int slot, T, pos0, n_blocks;
 } attn_task;
 
-static void attn_task_run(void *ctx, int task, int n_tasks) {
+/* One task: one kv head's group of query heads over one block of query tokens. */
+static void attn_task_run(void *ctx, int task, int n_tasks, int thread) {
     attn_task *a = ctx;
     const squad_config *cfg = &a->c->m->cfg;
     int nh = cfg->num_heads, hd = cfg->head_dim;
-    int j0 = (int)((long)nh * task / n_tasks), j1 = (int)((long)nh * (task + 1) / n_tasks);
-    op_attention(a->c->att, a->c->qg, nh * 2 * hd, 2 * hd, a->c->K[a->slot], a->c->V[a->slot], a->T, a->pos0, nh,
-                 cfg->num_kv_heads, hd, j0, j1);
+    int kvh = task / a->n_blocks, blk = task % a->n_blocks;
+    int t0 = blk * CPU_ATTN_QUERY_BLOCK, t1 = t0 + CPU_ATTN_QUERY_BLOCK < a->T ? t0 + CPU_ATTN_QUERY_BLOCK : a->T;
+    op_attention_group(a->c->att, a->c->qg, nh * 2 * hd, 2 * hd, a->c->K[a->slot], a->c->V[a->slot], a->pos0, nh,
+                       cfg->num_kv_heads, hd, kvh, t0, t1, a->c->attn_scratch + a->c->attn_scratch_floats * thread);
 }
 
 /* h += GatedAttention(x) for one chunk at positions [pos0, pos0 + T). */
@@ -200,9 +206,8 @@ static void attn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, i
     memcpy(c->K[slot] + (long)pos0 * kvd, c->kk, sizeof(float) * (size_t)T * (size_t)kvd);
     memcpy(c->V[slot] + (long)pos0 * kvd, c->vv, sizeof(float) * (size_t)T * (size_t)kvd);
 
-    attn_task a = {c, slot, T, pos0};
-    int tasks = cpu_pool_threads(c->pool) < nh ? cpu_pool_threads(c->pool) : nh;
-    cpu_pool_run(c->pool, attn_task_run, &a, tasks);
+    attn_task a = {c, slot, T, pos0, (T + CPU_ATTN_QUERY_BLOCK - 1) / CPU_ATTN_QUERY_BLOCK};
+    cpu_pool_run_indexed(c->pool, attn_task_run, &a, nkv * a.n_blocks);
 
     op_sigmoid_gate(c->att, c->qg + hd, T, nh, hd, q_stride, 2 * hd);
     gemm(c, c->h, c->att, &L->o_proj, T, 1);
@@ -274,6 +279,7 @@ static void cpu_destroy(squad_backend *be) {
     for (int lg = 0; c->conv_kc && lg < c->n_gdn; lg++) free(c->conv_kc[lg]);
     free(c->conv_kc);
     free(c->inv_freq);
+    squad_aligned_free(c->attn_scratch);
     float **scratch[] = {&c->h, &c->x, &c->qkv, &c->conv_out, &c->z, &c->gate_a, &c->gate_b, &c->g, &c->beta,
                          &c->o, &c->qg, &c->kk, &c->vv, &c->att, &c->mlp_gate, &c->mlp_up};
     for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) squad_aligned_free(*scratch[i]);
@@ -331,6 +337,11 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     c->inv_freq = squad_calloc((size_t)cfg->rotary_dim / 2 + 1, sizeof(float), err);
     if (!c->gdn_state || !c->K || !c->V || !c->inv_freq) goto fail;
     op_rope_inv_freq(c->inv_freq, cfg->rope_theta, cfg->rotary_dim);
+    c->attn_scratch_floats = op_attention_scratch_floats(cfg->num_heads, cfg->num_kv_heads, cfg->head_dim,
+                                                         CPU_ATTN_QUERY_BLOCK);
+    c->attn_scratch = squad_aligned_alloc(sizeof(float) * (size_t)c->attn_scratch_floats *
+                                              (size_t)cpu_pool_threads(c->pool), err);
+    if (!c->attn_scratch) goto fail;
     c->conv_kc = squad_calloc((size_t)c->n_gdn + 1, sizeof(float *), err);
     if (!c->conv_kc) goto fail;
     for (int l = 0; l < cfg->num_layers; l++) {

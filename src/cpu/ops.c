@@ -347,6 +347,64 @@ OPS_HOT void op_attention(float *out, const float *q, int q_stride, int q_head_s
     if (acc != acc_stack) free(acc);
 }
 
+long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens) {
+    long rows = (long)max_tokens * (nh / nkv);
+    return rows * hd + rows * OP_ATTN_KEY_TILE + 2 * rows;
+}
+
+OPS_HOT void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                                const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                                float *scratch) {
+    int group = nh / nkv, kv_stride = nkv * hd;
+    int rows = (t1 - t0) * group;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *acc = scratch, *sc = acc + (long)rows * hd, *mx = sc + (long)rows * OP_ATTN_KEY_TILE, *den = mx + rows;
+    for (int r = 0; r < rows; r++) {
+        mx[r] = -INFINITY;
+        den[r] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)hd);
+    int end = pos0 + t1; /* keys the last query sees */
+    for (int k0 = 0; k0 < end; k0 += OP_ATTN_KEY_TILE) {
+        int k1 = k0 + OP_ATTN_KEY_TILE < end ? k0 + OP_ATTN_KEY_TILE : end;
+        for (int r = 0; r < rows; r++) {
+            int t = t0 + r / group, j = kvh * group + r % group;
+            int n_keys = pos0 + t + 1; /* causal: keys [0, pos0 + t] */
+            if (k0 >= n_keys) continue;
+            int kend = k1 < n_keys ? k1 : n_keys;
+            const float *qr = q + (long)t * q_stride + (long)j * q_head_stride;
+            float *s_r = sc + (long)r * OP_ATTN_KEY_TILE;
+            float tile_max = -INFINITY;
+            for (int p = k0; p < kend; p++) {
+                float d = vdot(qr, K + (long)p * kv_stride + (long)kvh * hd, hd) * scale;
+                s_r[p - k0] = d;
+                if (d > tile_max) tile_max = d;
+            }
+            float m_new = tile_max > mx[r] ? tile_max : mx[r];
+            float corr = expf(mx[r] - m_new); /* 0 on the first tile (mx = -inf) */
+            float *a = acc + (long)r * hd;
+            if (corr != 1.0f) {
+                den[r] *= corr;
+                for (int i = 0; i < hd; i++) a[i] *= corr;
+            }
+            for (int p = k0; p < kend; p++) {
+                float e = expf(s_r[p - k0] - m_new);
+                den[r] += e;
+                const float *vp = V + (long)p * kv_stride + (long)kvh * hd;
+                for (int i = 0; i < hd; i++) a[i] += e * vp[i];
+            }
+            mx[r] = m_new;
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        int t = t0 + r / group, j = kvh * group + r % group;
+        float inv = 1.0f / den[r];
+        float *o = out + (long)t * nh * hd + (long)j * hd;
+        const float *a = acc + (long)r * hd;
+        for (int i = 0; i < hd; i++) o[i] = a[i] * inv;
+    }
+}
+
 void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride) {
     for (int t = 0; t < T; t++)
         for (int j = 0; j < nh; j++) {

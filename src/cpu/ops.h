@@ -63,6 +63,18 @@ void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, i
 void op_attention(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
                   int T, int pos0, int nh, int nkv, int hd, int j0, int j1);
 
+/* Keys per tile of op_attention_group; tiles start at absolute multiples of it, so a query's
+ * arithmetic does not depend on how its row was split into chunks. */
+#define OP_ATTN_KEY_TILE 64
+
+/* The same attention, flash-style, for the query heads of one kv head (j / (nh / nkv) == kvh) and
+ * tokens [t0, t1): keys in tiles of OP_ATTN_KEY_TILE with an online softmax, so each K / V tile is
+ * read once for the whole group of queries while it sits in cache. scratch holds
+ * op_attention_scratch_floats(...) floats. */
+void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
+                        int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch);
+long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens);
+
 /* out[t][j] *= sigmoid(gate[t][j]) for the attention output gate; gate head j at j * gate_head_stride
  * within a token row of gate_stride. */
 void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride);
