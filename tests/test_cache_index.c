@@ -344,7 +344,7 @@ static void test_scenarios(void) {
     make_row(&t, state, 760, 10, 1);
     score(c, &f, &t.row, &r);
     CHECK(r.reused == 640);
-    /* the last 20 tokens of the first state changed: down(700 - 16) = 640 is gone too, 576 stays */
+    /* the state's last 20 tokens changed: p = 640 is still shared */
     static int32_t changed[MAX_ROW];
     memcpy(changed, state, sizeof changed);
     random_tokens(changed + 680, 40);
@@ -354,7 +354,7 @@ static void test_scenarios(void) {
     random_tokens(changed + 630, 100);
     make_row(&t, changed, 700, 10, 1);
     score(c, &f, &t.row, &r);
-    CHECK(r.reused == 512); /* 640 is past the shared 630; the stride checkpoint at 512 is not */
+    CHECK(r.reused == 512); /* 640 is past the shared 630, the stride checkpoint 512 is not (a fork at 576 is made) */
     /* the middle changed (a new page): the stride checkpoint at 512 is what is left */
     random_tokens(changed + 530, 400);
     make_row(&t, changed, 1300, 10, 1);
@@ -369,7 +369,7 @@ static void test_scenarios(void) {
     random_tokens(part + 1000, 600);
     make_row(&t, part, 1500, 10, 1);
     score(c, &f, &t.row, &r);
-    CHECK(r.reused == 768); /* 1300's chunk ends: 512 (restored), 768 (chunk cap 256), 1024, 1216, 1280 */
+    CHECK(r.reused == 768); /* the 1300-token state's checkpoints: 768 (a chunk-cap end), 1024, 1280 */
     /* an unrelated state: cold */
     static int32_t other[MAX_ROW];
     random_tokens(other, MAX_ROW);
