@@ -4,7 +4,10 @@
  *
  * Usage: bench_cache --model DIR --rows FILE [--cache-mb X] [--stride N] [--tail N] [--align N]
  *                    [--min-prefix N] [--max-slots N] [--threads N] [--device cpu|cuda]
- *                    [--no-baseline] [--label TEXT]
+ *                    [--clock wall|cpu] [--no-baseline] [--label TEXT]
+ *
+ * --clock cpu times rows by the process's CPU time (exact with --threads 1 on a machine shared
+ * with other work, where wall time measures the neighbours); wall (the default) by the clock.
  *
  * Reports (a readable block, then one JSON line):
  *  - token hit rate: tokens restored / tokens in all rows;
@@ -13,9 +16,8 @@
  *    "full oracle" does not;
  *  - rows per second, p50 / p99 row latency, with and without the cache;
  *  - the peak bytes the cache held (after any row) and its budget;
- *  - whether a hit row's cost scales with its suffix, not its state: the latency of the rows restored
- *    at their state's end fitted as a + b * computed tokens + c * state tokens, with the uncached
- *    cost of a token beside it (c far below it: the state is not paid for again);
+ *  - whether a hit row's cost scales with its suffix, not its state: the rows restored at their
+ *    state's end in thirds by state length, their cached and uncached latency side by side;
  *  - the time a cached row spends outside the backend's forward (the cache's own work);
  *  - the largest difference between the cached and the uncached answers.
  * The exact-request memo is part of the engine; a trace without repeated rows never reaches it.
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 #include "rows.h"
@@ -52,7 +55,14 @@ typedef struct bench_args {
     const char *model, *rows, *label;
     squad_engine_opts opts;
     int baseline;
+    int cpu_clock;
 } bench_args;
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int fail_usage(const char *msg) {
     fprintf(stderr, "bench_cache: %s\n(usage at the top of bench/bench_cache.c)\n", msg);
@@ -94,6 +104,9 @@ static int parse_args(int argc, char **argv, bench_args *a) {
             a->opts.cache.max_slots = atoi(v);
         } else if (!strcmp(k, "--threads")) {
             a->opts.threads = atoi(v);
+        } else if (!strcmp(k, "--clock")) {
+            if (strcmp(v, "cpu") && strcmp(v, "wall")) return fail_usage("--clock is cpu or wall");
+            a->cpu_clock = !strcmp(v, "cpu");
         } else if (!strcmp(k, "--device")) {
             a->opts.device = !strcmp(v, "cuda") ? SQUAD_DEVICE_CUDA : SQUAD_DEVICE_CPU;
         } else {
@@ -160,21 +173,23 @@ static void oracle(const trace *t, int *lcp) {
  * finds the real forward and the clock here (a benchmark program: one engine at a time). */
 static struct {
     int (*forward)(squad_backend *, const squad_chunk *, float *, squad_err *);
+    double (*now)(void);
     double seconds;
 } timed;
 
 static int timed_forward(squad_backend *be, const squad_chunk *ck, float *probs, squad_err *err) {
-    double t0 = squad_now_seconds();
+    double t0 = timed.now();
     int rc = timed.forward(be, ck, probs, err);
-    timed.seconds += squad_now_seconds() - t0;
+    timed.seconds += timed.now() - t0;
     return rc;
 }
 
-static int run_rows(squad_model *model, const squad_engine_opts *opts, const trace *t, run_result *out,
-                    squad_err *err) {
+static int run_rows(squad_model *model, const squad_engine_opts *opts, double (*now)(void), const trace *t,
+                    run_result *out, squad_err *err) {
     squad_engine *e = squad_engine_new(model, opts, err);
     if (!e) return err->code;
     timed.forward = e->be->forward;
+    timed.now = now;
     timed.seconds = 0;
     e->be->forward = timed_forward;
     out->latency = calloc((size_t)t->n, sizeof *out->latency);
@@ -185,11 +200,11 @@ static int run_rows(squad_model *model, const squad_engine_opts *opts, const tra
         squad_engine_free(e);
         return squad_fail(err, SQUAD_E_NOMEM, "out of memory");
     }
-    double t0 = squad_now_seconds();
+    double t0 = now();
     for (int i = 0; i < t->n; i++) {
-        double s = squad_now_seconds();
+        double s = now();
         int rc = squad_engine_score(e, &t->rows[i].row, &out->answers[i], err);
-        out->latency[i] = squad_now_seconds() - s;
+        out->latency[i] = now() - s;
         if (rc) {
             squad_fail_context(err, "row %d: ", i);
             squad_engine_free(e);
@@ -201,7 +216,7 @@ static int run_rows(squad_model *model, const squad_engine_opts *opts, const tra
         squad_engine_cache_stats(e, &st);
         if (st.bytes_held > out->peak_bytes) out->peak_bytes = st.bytes_held;
     }
-    out->seconds = squad_now_seconds() - t0;
+    out->seconds = now() - t0;
     out->forward_seconds = timed.seconds;
     squad_engine_cache_stats(e, &out->stats);
     squad_engine_free(e);
@@ -234,68 +249,58 @@ static double percentile(const double *v, int n, double q) {
     return x;
 }
 
-/* Hit rows: restored at their state's end. Their latency fitted as a + b * computed + c * state
- * (least squares): b is what a computed token costs, c what a state token adds to a hit row (the
- * restore and the attention over the cached K / V); c << b means the cost follows the suffix. */
-typedef struct hit_scaling {
-    int n;
-    double us_base, us_per_computed, us_per_state; /* a, b, c in microseconds */
-    double mean_state, mean_computed;
-} hit_scaling;
+/* Hit rows: restored at their state's end, sorted by state length and cut into thirds. Per third:
+ * the mean state and computed tokens, the mean latency with the cache and (same rows) without it,
+ * and the cached microseconds per computed token. When a hit's cost follows its suffix, the cached
+ * latency stays flat while the state grows (attention over the cached K / V adds a little per
+ * state token), and the uncached one grows with the state. */
+#define HIT_PARTS 3
 
-/* Solves the 3 x 3 system m x = v (Gaussian elimination with partial pivoting); -1 if singular. */
-static int solve3(double m[3][3], double v[3], double x[3]) {
-    for (int c = 0; c < 3; c++) {
-        int piv = c;
-        for (int r = c + 1; r < 3; r++)
-            if (fabs(m[r][c]) > fabs(m[piv][c])) piv = r;
-        if (fabs(m[piv][c]) < 1e-12) return -1;
-        for (int k = 0; k < 3; k++) {
-            double t = m[c][k];
-            m[c][k] = m[piv][k];
-            m[piv][k] = t;
-        }
-        double t = v[c];
-        v[c] = v[piv];
-        v[piv] = t;
-        for (int r = c + 1; r < 3; r++) {
-            double f = m[r][c] / m[c][c];
-            for (int k = c; k < 3; k++) m[r][k] -= f * m[c][k];
-            v[r] -= f * v[c];
-        }
-    }
-    for (int c = 2; c >= 0; c--) {
-        double s = v[c];
-        for (int k = c + 1; k < 3; k++) s -= m[c][k] * x[k];
-        x[c] = s / m[c][c];
-    }
-    return 0;
+typedef struct hit_part {
+    int n;
+    double state, computed, cached_ms, uncached_ms, us_per_computed;
+} hit_part;
+
+typedef struct hit_row {
+    double state, computed, cached_s, uncached_s;
+} hit_row;
+
+static int cmp_hit_state(const void *a, const void *b) {
+    const hit_row *x = a, *y = b;
+    return (x->state > y->state) - (x->state < y->state);
 }
 
-static hit_scaling hit_rows(const trace *t, const run_result *r, int align) {
-    hit_scaling h;
-    memset(&h, 0, sizeof h);
-    double m[3][3] = {{0}}, v[3] = {0}, x[3] = {0};
+/* Fills parts[HIT_PARTS]; returns the number of hit rows. */
+static int hit_rows(const trace *t, const run_result *r, const run_result *plain, int align, hit_part *parts) {
+    memset(parts, 0, HIT_PARTS * sizeof *parts);
+    hit_row *h = malloc((size_t)t->n * sizeof *h);
+    if (!h) return 0;
+    int n = 0;
     for (int i = 0; i < t->n; i++) {
         const squad_row *row = &t->rows[i].row;
         int p = row->state_len - row->state_len % align;
         if (r->reused[i] == 0 || r->reused[i] != p || r->computed[i] == 0) continue;
-        const double f[3] = {1.0, (double)r->computed[i], (double)row->state_len};
-        for (int a = 0; a < 3; a++) {
-            for (int b = 0; b < 3; b++) m[a][b] += f[a] * f[b];
-            v[a] += f[a] * r->latency[i];
-        }
-        h.mean_state += row->state_len;
-        h.mean_computed += r->computed[i];
-        h.n++;
+        h[n++] = (hit_row){(double)row->state_len, (double)r->computed[i], r->latency[i],
+                           plain ? plain->latency[i] : 0};
     }
-    if (h.n < 4 || solve3(m, v, x)) return h;
-    h.us_base = 1e6 * x[0];
-    h.us_per_computed = 1e6 * x[1];
-    h.us_per_state = 1e6 * x[2];
-    h.mean_state /= h.n;
-    h.mean_computed /= h.n;
-    return h;
+    qsort(h, (size_t)n, sizeof *h, cmp_hit_state);
+    for (int k = 0; k < HIT_PARTS && n >= HIT_PARTS; k++) {
+        hit_part *q = &parts[k];
+        for (int i = k * n / HIT_PARTS; i < (k + 1) * n / HIT_PARTS; i++) {
+            q->state += h[i].state;
+            q->computed += h[i].computed;
+            q->cached_ms += 1e3 * h[i].cached_s;
+            q->uncached_ms += 1e3 * h[i].uncached_s;
+            q->n++;
+        }
+        q->us_per_computed = q->computed > 0 ? 1e3 * q->cached_ms / q->computed : 0;
+        q->state /= q->n;
+        q->computed /= q->n;
+        q->cached_ms /= q->n;
+        q->uncached_ms /= q->n;
+    }
+    free(h);
+    return n;
 }
 
 static double max_diff(const trace *t, const run_result *a, const run_result *b) {
@@ -339,21 +344,23 @@ int main(int argc, char **argv) {
     }
 
     run_result cached = {0}, plain = {0};
-    if (run_rows(model, &a.opts, &t, &cached, &err)) {
+    double (*now)(void) = a.cpu_clock ? cpu_seconds : squad_now_seconds;
+    if (run_rows(model, &a.opts, now, &t, &cached, &err)) {
         fprintf(stderr, "bench_cache: cached run: %s\n", err.msg);
         return 1;
     }
     if (a.baseline) {
         squad_engine_opts off = a.opts;
         off.cache.budget_bytes = 0; /* the cache and the memo off */
-        if (run_rows(model, &off, &t, &plain, &err)) {
+        if (run_rows(model, &off, now, &t, &plain, &err)) {
             fprintf(stderr, "bench_cache: uncached run: %s\n", err.msg);
             return 1;
         }
     }
     uint64_t reused = 0;
     for (int i = 0; i < t.n; i++) reused += (uint64_t)cached.reused[i];
-    hit_scaling h = hit_rows(&t, &cached, a.opts.cache.align);
+    hit_part parts[HIT_PARTS];
+    const int n_hits = hit_rows(&t, &cached, a.baseline ? &plain : NULL, a.opts.cache.align, parts);
     const squad_cache_stats *st = &cached.stats;
     double p50c = percentile(cached.latency, t.n, 0.50), p99c = percentile(cached.latency, t.n, 0.99);
     double p50u = a.baseline ? percentile(plain.latency, t.n, 0.50) : 0;
@@ -362,10 +369,11 @@ int main(int argc, char **argv) {
 
     printf("state cache on %s: %d rows, %llu tokens (%llu in states)%s%s\n", a.rows, t.n,
            (unsigned long long)tokens, (unsigned long long)state_tokens, *a.label ? ", " : "", a.label);
-    printf("  settings: budget %.1f MB, align %d, tail %d, stride %d, min_prefix %d, max_slots %d, device %s\n",
+    printf("  settings: budget %.1f MB, align %d, tail %d, stride %d, min_prefix %d, max_slots %d, device %s, "
+           "%d threads, %s time\n",
            (double)a.opts.cache.budget_bytes / 1048576.0, a.opts.cache.align, a.opts.cache.tail,
            a.opts.cache.stride, a.opts.cache.min_prefix, a.opts.cache.max_slots,
-           a.opts.device == SQUAD_DEVICE_CUDA ? "cuda" : "cpu");
+           a.opts.device == SQUAD_DEVICE_CUDA ? "cuda" : "cpu", a.opts.threads, a.cpu_clock ? "CPU" : "wall");
     printf("  rows: %llu cached (%llu hits, %llu partial, %llu cold), %llu plain; %llu checkpoints made, %llu evicted\n",
            (unsigned long long)st->rows, (unsigned long long)st->hits, (unsigned long long)st->partial,
            (unsigned long long)st->cold, (unsigned long long)st->plain, (unsigned long long)st->checkpoints_made,
@@ -385,21 +393,22 @@ int main(int argc, char **argv) {
            100.0 * (cached.seconds - cached.forward_seconds) / cached.seconds);
     printf("  peak cache bytes: %.2f MB of %.2f MB\n", (double)cached.peak_bytes / 1048576.0,
            (double)st->budget_bytes / 1048576.0);
-    const double us_per_token_uncached = a.baseline ? 1e6 * plain.seconds / (double)tokens : 0;
-    printf("  hit rows (restored at their state's end): %d, mean state %.0f, mean computed %.0f tokens; latency fit:\n"
-           "    %.1f us + %.2f us per computed token + %.3f us per state token (uncached: %.2f us per token)\n",
-           h.n, h.mean_state, h.mean_computed, h.us_base, h.us_per_computed, h.us_per_state, us_per_token_uncached);
+    printf("  hit rows (restored at their state's end): %d; by state length, thirds:\n", n_hits);
+    for (int k = 0; k < HIT_PARTS && n_hits >= HIT_PARTS; k++)
+        printf("    state %6.0f, computed %4.0f tokens: cached %7.2f ms (%6.1f us per computed token), uncached %7.2f ms\n",
+               parts[k].state, parts[k].computed, parts[k].cached_ms, parts[k].us_per_computed, parts[k].uncached_ms);
     printf("{\"bench\": \"cache\", \"label\": \"%s\", \"rows\": %d, \"tokens\": %llu, \"hit_rate\": %.4f, "
            "\"oracle_state_frac\": %.4f, \"oracle_full_frac\": %.4f, \"rows_per_s\": %.3f, \"p50_ms\": %.3f, "
            "\"p99_ms\": %.3f, \"uncached_rows_per_s\": %.3f, \"uncached_p50_ms\": %.3f, \"uncached_p99_ms\": %.3f, "
-           "\"peak_bytes\": %zu, \"budget_bytes\": %zu, \"hit_rows\": %d, \"hit_us_per_computed\": %.3f, "
-           "\"hit_us_per_state\": %.4f, \"uncached_us_per_token\": %.3f, \"outside_forward_ms_per_row\": %.4f, "
-           "\"max_abs_diff\": %.3g}\n",
+           "\"peak_bytes\": %zu, \"budget_bytes\": %zu, \"hit_rows\": %d, \"hit_state\": [%.0f, %.0f, %.0f], "
+           "\"hit_cached_ms\": [%.3f, %.3f, %.3f], \"hit_uncached_ms\": [%.3f, %.3f, %.3f], "
+           "\"outside_forward_ms_per_row\": %.4f, \"max_abs_diff\": %.3g}\n",
            a.label, t.n, (unsigned long long)tokens, (double)reused / (double)tokens,
            oracle_state ? (double)reused / (double)oracle_state : 0,
            oracle_full ? (double)reused / (double)oracle_full : 0, t.n / cached.seconds, 1e3 * p50c, 1e3 * p99c,
-           a.baseline ? t.n / plain.seconds : 0, 1e3 * p50u, 1e3 * p99u, cached.peak_bytes, st->budget_bytes, h.n,
-           h.us_per_computed, h.us_per_state, us_per_token_uncached,
+           a.baseline ? t.n / plain.seconds : 0, 1e3 * p50u, 1e3 * p99u, cached.peak_bytes, st->budget_bytes, n_hits,
+           parts[0].state, parts[1].state, parts[2].state, parts[0].cached_ms, parts[1].cached_ms, parts[2].cached_ms,
+           parts[0].uncached_ms, parts[1].uncached_ms, parts[2].uncached_ms,
            1e3 * (cached.seconds - cached.forward_seconds) / t.n, diff);
 
     run_free(&cached);

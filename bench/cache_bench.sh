@@ -4,7 +4,8 @@
 #
 # Usage: bash bench/cache_bench.sh BUILD_DIR
 # Environment (all optional): PRESET (demo), SESSIONS (16), LIVE (4), STEPS (6), SEED (1),
-# CACHE_MB (64: holds the live sessions' states), TIGHT_MB (8: a budget that evicts), THREADS (0: all).
+# CACHE_MB (64: holds the live sessions' states), TIGHT_MB (8: a budget that evicts), THREADS (1),
+# CLOCK (cpu: process CPU time, exact with one thread on a shared machine; wall).
 # Prints bench_cache's report for each budget; bench/RESULTS.md records the figures.
 set -euo pipefail
 BUILD=${1:?usage: bash bench/cache_bench.sh BUILD_DIR}
@@ -15,7 +16,8 @@ STEPS=${STEPS:-6}
 SEED=${SEED:-1}
 CACHE_MB=${CACHE_MB:-64}
 TIGHT_MB=${TIGHT_MB:-8}
-THREADS=${THREADS:-0}
+THREADS=${THREADS:-1}
+CLOCK=${CLOCK:-cpu}
 
 cd "$(dirname "$0")/.."
 DATA="$BUILD/bench-data"
@@ -29,7 +31,7 @@ VOCAB=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get
 
 echo "== state cache: $PRESET, $(wc -l < "$TRACE") rows, budget $CACHE_MB MB (with the uncached baseline)"
 "$BUILD/bench_cache" --model "$MODEL" --rows "$TRACE" --cache-mb "$CACHE_MB" --threads "$THREADS" \
-    --label "$PRESET budget $CACHE_MB MB"
+    --clock "$CLOCK" --label "$PRESET budget $CACHE_MB MB"
 echo "== state cache: $PRESET, budget $TIGHT_MB MB (evicting)"
 "$BUILD/bench_cache" --model "$MODEL" --rows "$TRACE" --cache-mb "$TIGHT_MB" --threads "$THREADS" --no-baseline \
-    --label "$PRESET budget $TIGHT_MB MB"
+    --clock "$CLOCK" --label "$PRESET budget $TIGHT_MB MB"
