@@ -43,6 +43,9 @@ static const char *const DEFAULT_PARTS[N_PARTS] = {
     "<|im_end|>\n<|im_start|>user\n",
 };
 #define DEFAULT_QUESTIONS_PER_ROW 1
+/* Every row holds its own copy of the prefix: a bound on all rows' tokens together keeps a huge
+ * state times many questions from exhausting memory (64 M ids = 256 MB). */
+#define MAX_TOTAL_IDS ((size_t)1 << 26)
 #define LETTER_MAX 32 /* bytes of a letter's text, with its NUL */
 
 typedef struct tpl_seg {
@@ -512,6 +515,7 @@ static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *r
         rc = SQUAD_E_NOMEM;
         goto done;
     }
+    size_t total = 0;
     for (int r = 0; r < nr; r++) {
         int q0 = r * per, qn = nq - q0 < per ? nq - q0 : per;
         out->n_rows = r + 1;
@@ -535,6 +539,14 @@ static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *r
             rc = squad_fail(err, SQUAD_E_INVALID,
                             "request.questions[%d] makes a row of %zu tokens; the model supports at most %d", q0,
                             b.ids.n, max_tokens);
+            goto done;
+        }
+        total += b.ids.n;
+        if (total > MAX_TOTAL_IDS) {
+            rc = squad_fail(err, SQUAD_E_INVALID,
+                            "the request is too large: its %d rows would hold more than %zu tokens (each row repeats "
+                            "the %zu-token state); send fewer questions per request",
+                            nr, MAX_TOTAL_IDS, state_len);
             goto done;
         }
         out->row_ids[r] = squad_malloc(b.ids.n * sizeof(int32_t), err);
