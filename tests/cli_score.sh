@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# cli_score.sh SQUAD — `squad score` as a user drives it (DESIGN.md section 8): one output line per
+# row in order, {"error": ...} for a bad row while the rest go on, exit 0 / 1 / 2, and clear
+# messages for a missing or broken model directory.
+set -u
+SQUAD=${1:?usage: cli_score.sh path/to/squad}
+MODEL=tests/fixtures/models/tiny-causal
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0 fail=0
+check() { # description, command status (0 = ok)
+    if [ "$2" -eq 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1" >&2; fi
+}
+
+good='{"ids": [5, 9, 12, 40], "slots": [3], "nopts": [3], "letters": [1, 2, 3]}'
+printf '%s\n' "$good" "$good" > "$tmp/good.jsonl"
+"$SQUAD" score --model "$MODEL" --rows "$tmp/good.jsonl" --device cpu > "$tmp/out" 2> "$tmp/err"
+check "good rows exit 0" $?
+check "two output lines" $([ "$(wc -l < "$tmp/out")" -eq 2 ]; echo $?)
+check "probs present" $(grep -c '"probs"' "$tmp/out" | grep -qx 2; echo $?)
+check "second identical row answered by the memo" $(sed -n 2p "$tmp/out" | grep -q '"computed": 0'; echo $?)
+
+printf '%s\n' "$good" '{"ids": [1, 2], "slots": [5], "nopts": [2], "letters": [1, 2]}' 'not json' \
+    '{"ids": [1, 2, 99999], "slots": [0], "nopts": [1], "letters": [1]}' '' "$good" > "$tmp/mixed.jsonl"
+"$SQUAD" score --model "$MODEL" --rows "$tmp/mixed.jsonl" --device cpu --cache-mb 0 > "$tmp/out" 2> "$tmp/err"
+check "some rows failed: exit 1" $([ $? -eq 1 ]; echo $?)
+check "five output lines (blank line skipped)" $([ "$(wc -l < "$tmp/out")" -eq 5 ]; echo $?)
+check "row 2 error names the slot" $(sed -n 2p "$tmp/out" | grep -q '"error".*slots'; echo $?)
+check "row 3 error says JSON" $(sed -n 3p "$tmp/out" | grep -q '"error".*JSON'; echo $?)
+check "row 4 error names the vocabulary" $(sed -n 4p "$tmp/out" | grep -q '"error".*vocabulary'; echo $?)
+check "the last row still answered" $(sed -n 5p "$tmp/out" | grep -q '"probs"'; echo $?)
+
+echo "$good" | "$SQUAD" score --model "$MODEL" --device cpu > "$tmp/out" 2>&1
+check "rows from stdin" $?
+
+"$SQUAD" score --model "$tmp/nope" < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "missing model dir: exit 2" $([ $? -eq 2 ]; echo $?)
+check "missing model dir: one clear message" $(grep -q "model directory.*No such file" "$tmp/err"; echo $?)
+
+mkdir -p "$tmp/broken" && cp "$MODEL/config.json" "$tmp/broken/" && head -c 1000 "$MODEL/model.safetensors" > "$tmp/broken/model.safetensors"
+"$SQUAD" score --model "$tmp/broken" < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "truncated weights: exit 2" $([ $? -eq 2 ]; echo $?)
+check "truncated weights: message" $([ -s "$tmp/err" ]; echo $?)
+
+"$SQUAD" score > "$tmp/out" 2> "$tmp/err"
+check "no --model: exit 2" $([ $? -eq 2 ]; echo $?)
+"$SQUAD" score --model "$MODEL" --threads abc < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "bad --threads: exit 2" $([ $? -eq 2 ]; echo $?)
+"$SQUAD" score --help > "$tmp/out"
+check "help mentions --cache-mb" $(grep -q -- "--cache-mb" "$tmp/out"; echo $?)
+
+echo "cli_score: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
