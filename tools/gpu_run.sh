@@ -19,7 +19,8 @@
 #   memcheck   compute-sanitizer memcheck on both tests (backend: SQUAD_GPU_TEST_QUICK=1) -> memcheck.log
 #   racecheck  compute-sanitizer racecheck on gpu_test_kernels   -> racecheck.log
 #   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
-#              4096+128 hit on the 0.8B preset, summed per kernel (tools/ncu_summary.py) -> profile.log
+#              4096+128 hit on the 0.8B preset (graph nodes, so tuned GEMMs), summed per kernel
+#              (tools/ncu_summary.py) -> profile.log
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
 set -u
@@ -105,7 +106,7 @@ if has profile; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     for c in ${PROFILE_CASES:-cold:2048 hit:128}; do
         f=/tmp/ncu_${c/:/_}.log
-        step "ncu $c" 240 "$OUT/profile.log" $RUNENV SQUAD_CUDA_GRAPHS=0 "$NCU" --clock-control none \
+        step "ncu $c" 240 "$OUT/profile.log" $RUNENV "$NCU" --clock-control none \
             --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file "$f" \
             "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
         python3 tools/ncu_summary.py "$f" "$c" >>"$OUT/profile.log" 2>&1
@@ -136,7 +137,7 @@ EOF
     step "bench_gpu" 300 "$OUT/bench.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF" --rows-out /tmp/bench_rows.jsonl --json /tmp/bench.json
 fi
 if has hf && [ -e /tmp/bench_rows.jsonl ]; then
-    step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json
+    step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json --bench-json /tmp/bench.json
 fi
 if has memcheck; then
     step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"

@@ -72,12 +72,16 @@ def main():
     ap.add_argument("--rows", required=True)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out")
+    ap.add_argument("--bench-json", help="bench_gpu --json output: squad's p50 per case for the ratios")
     args = ap.parse_args()
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
     rows = [json.loads(l) for l in open(args.rows) if l.strip()]
+    p50 = {}
+    if args.bench_json:
+        p50 = {j["case"]: j["p50_ms"] for j in (json.loads(l) for l in open(args.bench_json) if l.strip())}
     bw, tf = ceilings(torch)
     print(f"ceilings: copy {bw:.0f} GB/s (read + write), bf16 matmul {tf:.0f} TFLOP/s", flush=True)
     try:
@@ -101,7 +105,7 @@ def main():
                 def run(_, ids=ids):
                     return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
                 logits = run(None)
-                p50, mn = timed(torch, lambda: None, run, args.reps)
+                hp50, mn = timed(torch, lambda: None, run, args.reps)
             else:
                 p = r["state_len"]
                 key = tuple(r["ids"][:p])
@@ -115,7 +119,7 @@ def main():
                 def run(cache, q=q):
                     return model(input_ids=q, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
                 logits = run(copy.deepcopy(pkv))
-                p50, mn = timed(torch, lambda pkv=pkv: copy.deepcopy(pkv), run, args.reps)
+                hp50, mn = timed(torch, lambda pkv=pkv: copy.deepcopy(pkv), run, args.reps)
             assert slot == n - 1, "bench rows have their slot at the end"
             lg = logits[0, -1, letters[:nopts]].float()
             probs = torch.softmax(lg.double(), -1).tolist()
@@ -123,14 +127,37 @@ def main():
             pe = r.get("probs_exact", [[]])[0]
             diff_exact = max((abs(a - b) for a, b in zip(probs, pe)), default=float("nan"))
             same = max(range(nopts), key=lambda i: probs[i]) == max(range(nopts), key=lambda i: r["probs"][0][i])
-            res = {"case": r["case"], "hf_p50_ms": p50, "hf_min_ms": mn, "squad_ms": r.get("squad_ms"),
+            res = {"case": r["case"], "hf_p50_ms": hp50, "hf_min_ms": mn, "squad_ms": p50.get(r["case"], r.get("squad_ms")),
                    "max_abs_prob_diff": diff, "max_abs_prob_diff_exact": diff_exact, "same_argmax": same, "hf_probs": probs, "squad_probs": r["probs"][0],
                    "wall_s": time.time() - t_start}
             results.append(res)
-            print(f"{r['case']:>14}: transformers p50 {p50:9.2f} ms (min {mn:.2f}); |p_hf - p_squad| max {diff:.2e} "
+            print(f"{r['case']:>14}: transformers p50 {hp50:9.2f} ms (min {mn:.2f}); |p_hf - p_squad| max {diff:.2e} "
                   f"(squad exact: {diff_exact:.2e}), "
                   f"argmax {'same' if same else 'DIFFERS'}", flush=True)
-    print("\n| case | transformers p50 ms | squad bf16 ms | ratio | max abs prob diff (squad bf16, exact) | same argmax |")
+    # the same rows once more through transformers in float32 (probabilities only): the reference
+    # that tells transformers' own bf16 noise apart from a difference in the model's arithmetic
+    del model
+    torch.cuda.empty_cache()
+    try:
+        m32 = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).cuda().eval()
+        with torch.no_grad():
+            for r, x in zip(rows, results):
+                ids = torch.tensor([r["ids"]], device="cuda")
+                lg = m32(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1, r["letters"][:r["nopts"][0]]]
+                p32 = torch.softmax(lg.double(), -1).tolist()
+                x["hf_fp32_probs"] = p32
+                for key, other in (("fp32_vs_squad_bf16", r["probs"][0]), ("fp32_vs_squad_exact", r.get("probs_exact", [[]])[0]),
+                                   ("fp32_vs_hf_bf16", x["hf_probs"])):
+                    x[key] = max((abs(a - b) for a, b in zip(p32, other)), default=float("nan"))
+        del m32
+    except Exception as e:  # noqa: BLE001
+        print(f"float32 reference failed: {e}", flush=True)
+    print("\n| case | max abs prob diff vs transformers fp32: squad exact | squad bf16 | transformers bf16 |")
+    print("| --- | ---: | ---: | ---: |")
+    for x in results:
+        print(f"| {x['case']} | {x.get('fp32_vs_squad_exact', float('nan')):.2e} | {x.get('fp32_vs_squad_bf16', float('nan')):.2e} | "
+              f"{x.get('fp32_vs_hf_bf16', float('nan')):.2e} |")
+    print("\n| case | transformers p50 ms | squad bf16 p50 ms | ratio | max abs prob diff (squad bf16, exact) | same argmax |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for x in results:
         sq = x["squad_ms"] or float("nan")

@@ -204,7 +204,7 @@ typedef struct cu_gdn_scratch {
     bf16 *W;      /* [chunks][nv][64][dk] */
     float *UT;    /* [chunks][nv][dv][64] */
     bf16 *Qg;     /* [chunks][nv][64][dk] */
-    bf16 *KpT;    /* [chunks][nv][dk][64] */
+    bf16 *Kp;     /* [chunks][nv][64][dk]: K' = diag(exp(gamma_last - gamma)) K */
     bf16 *Pm;     /* [chunks][nv][64][64] */
     float *glast; /* [chunks][nv] */
     bf16 *Sc;     /* [chunks][nv][dv][dk]: S^T at each block's start (written by the scan) */

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 
 #define ATT_THREADS 128 /* 4 warps x 16 query rows */
-#define ATT_SPLIT_MIN_KEYS 512
+#define ATT_SPLIT_MIN_KEYS 256
 #define ATT_SPLIT_MAX 64
 #define ATT_SPLIT_ROWS_MAX 8192 /* splits x rows of partial results held */
 
@@ -339,41 +339,62 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
 /* ---- 3. merge the splits, * sigmoid(gate): one block per token ---------------------------------- */
 
 #define COMBINE_THREADS 256
+#define COMBINE_PER 8 /* outputs per thread per pass: their partial loads are in flight together */
 
 __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine_kernel(
     const float *__restrict__ Op, const float *__restrict__ Mp, const float *__restrict__ Lp,
     const bf16 *__restrict__ QKV, int ld, bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
     int nh, int hd, int splits) {
-    extern __shared__ float wts[]; /* [splits][nh]: each split's weight in the merged row, then 1 / den */
-    const int t = blockIdx.x;
+    extern __shared__ float wts[]; /* [splits][nh] maxima, then weights; [splits][nh] sums */
+    float *lsum = wts + splits * nh;
+    const int t = blockIdx.x, n = nh * hd;
     const bool real = t < prm->len;
-    for (int h = threadIdx.x; h < nh && real; h += COMBINE_THREADS) {
-        float mmax = -INFINITY;
-        for (int s = 0; s < splits; s++) mmax = fmaxf(mmax, Mp[((size_t)s * rows + t) * nh + h]);
-        float den = 0.f;
-        for (int s = 0; s < splits; s++) {
-            const size_t i = ((size_t)s * rows + t) * nh + h;
-            const float m = Mp[i];
-            const float wgt = m == -INFINITY ? 0.f : exp2f(m - mmax);
-            wts[s * nh + h] = wgt;
-            den += wgt * Lp[i];
-        }
-        const float inv = den > 0.f ? 1.f / den : 0.f;
-        for (int s = 0; s < splits; s++) wts[s * nh + h] *= inv;
+    /* every split's running max and sum of this token, loaded at once */
+    for (int e = threadIdx.x; e < splits * nh; e += COMBINE_THREADS) {
+        const int sp = e / nh, h = e % nh;
+        const size_t i = ((size_t)sp * rows + t) * nh + h;
+        wts[e] = Mp[i];
+        lsum[e] = Lp[i];
     }
     __syncthreads();
-    const int n = nh * hd;
-    for (int e = threadIdx.x; e < n; e += COMBINE_THREADS) {
-        const int h = e / hd, d = e % hd;
-        float o = 0.f;
-        if (real) {
-            for (int s = 0; s < splits; s++) {
-                const float wgt = wts[s * nh + h];
-                if (wgt != 0.f) o += wgt * Op[(((size_t)s * rows + t) * nh + h) * hd + d];
-            }
-            o *= cu_sigmoid(__bfloat162float(QKV[(size_t)t * ld + (size_t)h * 2 * hd + hd + d]));
+    if (threadIdx.x < nh) { /* weights exp2(m_s - max) / sum_s exp2(m_s - max) l_s, per head */
+        const int h = threadIdx.x;
+        float mmax = -INFINITY;
+        for (int sp = 0; sp < splits; sp++) mmax = fmaxf(mmax, wts[sp * nh + h]);
+        float den = 0.f;
+        for (int sp = 0; sp < splits; sp++) {
+            const float m = wts[sp * nh + h];
+            const float wgt = m == -INFINITY ? 0.f : exp2f(m - mmax);
+            wts[sp * nh + h] = wgt;
+            den += wgt * lsum[sp * nh + h];
         }
-        out[(size_t)t * n + e] = __float2bfloat16(o);
+        const float inv = den > 0.f ? 1.f / den : 0.f;
+        for (int sp = 0; sp < splits; sp++) wts[sp * nh + h] *= inv;
+    }
+    __syncthreads();
+    for (int e0 = threadIdx.x; e0 < n; e0 += COMBINE_THREADS * COMBINE_PER) {
+        float acc[COMBINE_PER];
+#pragma unroll
+        for (int u = 0; u < COMBINE_PER; u++) acc[u] = 0.f;
+        for (int sp = 0; sp < splits && real; sp++) {
+            const float *o = Op + ((size_t)sp * rows + t) * n;
+#pragma unroll
+            for (int u = 0; u < COMBINE_PER; u++) {
+                const int e = e0 + u * COMBINE_THREADS;
+                if (e < n) {
+                    const float wgt = wts[sp * nh + e / hd];
+                    if (wgt != 0.f) acc[u] += wgt * o[e]; /* an empty split's partial is never written */
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < COMBINE_PER; u++) {
+            const int e = e0 + u * COMBINE_THREADS;
+            if (e >= n) break;
+            const int h = e / hd, d = e % hd;
+            const float g = real ? cu_sigmoid(__bfloat162float(QKV[(size_t)t * ld + (size_t)h * 2 * hd + hd + d])) : 0.f;
+            out[(size_t)t * n + e] = __float2bfloat16(acc[u] * g);
+        }
     }
 }
 
@@ -476,7 +497,7 @@ int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
 int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm) {
     const int qt = (rows + CU_ATT_BM - 1) / CU_ATT_BM;
     const int base = qt * d->nh;
-    int s = (n_sm + base - 1) / base; /* about one wave of blocks */
+    int s = (2 * n_sm + base - 1) / base; /* about two blocks per SM */
     const int by_keys = span / ATT_SPLIT_MIN_KEYS;
     const int by_mem = ATT_SPLIT_ROWS_MAX / rows;
     if (s > by_keys) s = by_keys;
@@ -533,7 +554,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     if (!launched) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
     CU_LAUNCH_CHECK("attn_fwd_kernel");
     if (splits > 1) {
-        attn_combine_kernel<<<rows, COMBINE_THREADS, (size_t)splits * d->nh * sizeof(float), st>>>(
+        attn_combine_kernel<<<rows, COMBINE_THREADS, (size_t)2 * splits * d->nh * sizeof(float), st>>>(
             Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);
         CU_LAUNCH_CHECK("attn_combine_kernel");
     }

@@ -19,11 +19,13 @@
  *   register window down the block's 64 rows; the L2 norms of q / k (row sums by segmented warp
  *   sums); K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
  *   L and P; T = (I + L)^-1 in fp32 by forward substitution down each column (4 threads a column);
- *   W and U by mma. Writes W, U^T, P, diag(Gamma) Q, K'^T and Gamma_last to scratch.
+ *   W and U by fp32 FMA (bf16 there cost too much accuracy). Writes W, U^T, P, diag(Gamma) Q, K'
+ *   and Gamma_last to scratch, all row-major and coalesced.
  * B, gdn_scan (one block per value head and 32 columns of dv, sequential over the blocks): only the
  *   recurrence. Each warp keeps S^T [16][dk] in fp32 mma accumulators for the whole chunk;
- *   per block delta^T = U^T - S^T W^T and S^T = Gamma_last S^T + delta^T K', the accumulator of one
- *   product reused as the A operand of the next (the same fragment layout); block c+1's operands
+ *   per block delta^T = U^T - S^T W^T and S^T = Gamma_last S^T + delta^T K' (K' fragments by
+ *   ldmatrix.trans), the accumulator of one product reused as the A operand of the next (the same
+ *   fragment layout); block c+1's operands
  *   arrive by cp.async while block c computes. Writes S^T at each block start and delta^T (bf16).
  * C, gdn_out (grid blocks x heads, all independent): O = diag(Gamma) Q S + P delta on the tensor
  *   cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
@@ -59,6 +61,7 @@ struct gdn_prep_args {
 };
 
 #define GDN_LDT (GDN_C + 8) /* bf16 row stride of [x][64] tiles (bank-conflict padding) */
+#define CONV_BATCH 16       /* conv input loads in flight per thread */
 
 template <int DK, int DV>
 struct prep_smem {
@@ -66,11 +69,10 @@ struct prep_smem {
     static constexpr int LDL = GDN_C + 1;
     static constexpr size_t q_off = 0;                                   /* Qs [64][LDK] bf16 */
     static constexpr size_t k_off = q_off + (size_t)GDN_C * LDK * 2;     /* Ks [64][LDK] bf16 */
-    static constexpr size_t xt_off = k_off + (size_t)GDN_C * LDK * 2;    /* (beta Gamma K)^T [DK][LDT] */
-    static constexpr size_t vt_off = xt_off + (size_t)DK * GDN_LDT * 2;  /* (beta V)^T [DV][LDT] */
-    static constexpr size_t l_off = vt_off + (size_t)DV * GDN_LDT * 2;   /* L [64][LDL] fp32 */
-    static constexpr size_t tb_off = l_off + (size_t)GDN_C * LDL * 4;    /* T [64][LDT] bf16 */
-    static constexpr size_t vec_off = tb_off + (size_t)GDN_C * GDN_LDT * 2;
+    static constexpr size_t v_off = k_off + (size_t)GDN_C * LDK * 2;     /* V [64][DV] fp32 */
+    static constexpr size_t l_off = v_off + (size_t)GDN_C * DV * 4;      /* L [64][LDL] fp32 */
+    static constexpr size_t t_off = l_off + (size_t)GDN_C * LDL * 4;     /* T [64][LDL] fp32 */
+    static constexpr size_t vec_off = t_off + (size_t)GDN_C * LDL * 4;
     static constexpr size_t bytes = vec_off + (size_t)6 * GDN_C * 4;
 };
 
@@ -100,17 +102,25 @@ __device__ __forceinline__ void conv_rows(const gdn_prep_args &a, int ch, bool r
                          : __bfloat162float(a.conv_state[(size_t)(Km1 + tau) * a.C + ch]);
         win[m] = x;
     }
+    /* the rows' inputs in batches of CONV_BATCH independent loads (one round trip per batch) */
 #pragma unroll
-    for (int t = 0; t < GDN_C; t++) {
+    for (int tb = 0; tb < GDN_C; tb += CONV_BATCH) {
+        float xb[CONV_BATCH];
 #pragma unroll
-        for (int j = 0; j < MK - 1; j++) win[j] = win[j + 1];
-        const int tt = t0 + t;
-        const bool ok = real && tt < len;
-        win[MK - 1] = ok ? __bfloat162float(a.P[(size_t)tt * a.ldP + ch]) : 0.f;
-        float acc = 0.f;
+        for (int u = 0; u < CONV_BATCH; u++) {
+            const int tt = t0 + tb + u;
+            xb[u] = real && tt < len ? __bfloat162float(a.P[(size_t)tt * a.ldP + ch]) : 0.f;
+        }
 #pragma unroll
-        for (int j = 0; j < MK; j++) acc += wv[j] * win[j];
-        y[t] = ok ? cu_silu(acc) : 0.f;
+        for (int u = 0; u < CONV_BATCH; u++) {
+#pragma unroll
+            for (int j = 0; j < MK - 1; j++) win[j] = win[j + 1];
+            win[MK - 1] = xb[u];
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < MK; j++) acc += wv[j] * win[j];
+            y[tb + u] = real && t0 + tb + u < len ? cu_silu(acc) : 0.f;
+        }
     }
 }
 
@@ -121,10 +131,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
-    bf16 *XT = (bf16 *)(smem + SM::xt_off);
-    bf16 *VT = (bf16 *)(smem + SM::vt_off);
+    float *Vs = (float *)(smem + SM::v_off);
     float *Ls = (float *)(smem + SM::l_off);
-    bf16 *Tb = (bf16 *)(smem + SM::tb_off);
+    float *Ts = (float *)(smem + SM::t_off);
     float *gam = (float *)(smem + SM::vec_off);
     float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C, *ssq = gsc + GDN_C; /* ssq: q then k */
 
@@ -174,12 +183,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         if (lane == 31) a.scr.glast[blk] = __expf(glast);
     }
 
-    /* 1. the conv, one thread per channel over the block's rows: v first (into (beta V)^T) */
+    /* 1. the conv, one thread per channel over the block's rows: v first (fp32, for U) */
     float y[GDN_C];
     for (int i = tid; i < DV; i += PREP_THREADS) {
         conv_rows(a, 2 * a.nk * dk + h * dv + i, i < dv, t0, len, y);
 #pragma unroll
-        for (int t = 0; t < GDN_C; t++) VT[i * LDT + t] = __float2bfloat16(bet[t] * y[t]);
+        for (int t = 0; t < GDN_C; t++) Vs[t * DV + i] = y[t];
     }
     /* q, k: threads [0, DK) q, [DK, 2 DK) k; per-row sums of squares by segmented warp sums */
     const bool qk = tid < 2 * DK;
@@ -202,12 +211,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     }
     __syncthreads();
 
-    /* 2. normalise: Qs, Ks (bf16 for the Gram products), (beta Gamma K)^T, and straight to global
-     *    diag(Gamma) Q and K'^T = (exp(gamma_last - gamma) K)^T */
+    /* 2. normalise: Qs, Ks (bf16 for the products), and straight to global (coalesced)
+     *    diag(Gamma) Q and K' = diag(exp(gamma_last - gamma)) K */
     if (qk) {
         const float sc = isk ? 1.f : rsqrtf((float)dk);
         bf16 *Qg = a.scr.Qg + blk * GDN_C * DK;
-        bf16 *KpT = a.scr.KpT + blk * DK * GDN_C;
+        bf16 *Kp = a.scr.Kp + blk * GDN_C * DK;
 #pragma unroll
         for (int t = 0; t < GDN_C; t++) {
             const float v = y[t] * rsqrtf(ssq[(isk ? GDN_C : 0) + t] + 1e-6f) * sc;
@@ -216,8 +225,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                 Qg[t * DK + i] = __float2bfloat16(Gam[t] * v);
             } else {
                 Ks[t * LDK + i] = __float2bfloat16(v);
-                XT[i * LDT + t] = __float2bfloat16(bet[t] * Gam[t] * v);
-                KpT[i * GDN_C + t] = __float2bfloat16(gsc[t] * v);
+                Kp[t * DK + i] = __float2bfloat16(gsc[t] * v);
             }
         }
     }
@@ -289,59 +297,62 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             const float v = (row == col ? 1.f : 0.f) - s;
             if ((row & 3) == qq) tv[row >> 2] = v;
-            if (qq == 0) Tb[row * LDT + col] = __float2bfloat16(v);
+            if (qq == 0) Ts[row * LDL + col] = v;
         }
     }
     __syncthreads();
 
-    /* 5. W = T (beta Gamma K), U = T (beta V) on the tensor cores; warp w: rows 16 (w & 3).., half the
-     *    columns; T is lower triangular, so k-steps stop at the diagonal block */
+    /* 5. W = T diag(beta Gamma) K and U = T diag(beta) V in fp32 FMA (U feeds delta = U - W S, where
+     *    bf16 operands cost too much accuracy: bench/CUDA_NOTES.md, v2). T is lower triangular. */
     {
-        const int mt = w & 3, half = w >> 2, r = lane >> 2, cc = lane & 3;
-        const int i0 = 16 * mt + r, i1 = i0 + 8;
-        uint32_t ta[4][4];
+        constexpr int EQ = (DK + 31) / 32;
+        float acc[8][EQ];
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            const int k0 = 16 * ks + 2 * cc;
-            ta[ks][0] = *(const uint32_t *)(Tb + i0 * LDT + k0);
-            ta[ks][1] = *(const uint32_t *)(Tb + i1 * LDT + k0);
-            ta[ks][2] = *(const uint32_t *)(Tb + i0 * LDT + k0 + 8);
-            ta[ks][3] = *(const uint32_t *)(Tb + i1 * LDT + k0 + 8);
+        for (int ii = 0; ii < 8; ii++)
+#pragma unroll
+            for (int e = 0; e < EQ; e++) acc[ii][e] = 0.f;
+        const int tmax = 8 * w + 7;
+        for (int tp = 0; tp <= tmax; tp++) {
+            const float sb = bet[tp] * Gam[tp];
+            float kv[EQ];
+#pragma unroll
+            for (int e = 0; e < EQ; e++) kv[e] = lane + 32 * e < DK ? __bfloat162float(Ks[tp * LDK + lane + 32 * e]) : 0.f;
+#pragma unroll
+            for (int ii = 0; ii < 8; ii++) {
+                const float av = Ts[(8 * w + ii) * LDL + tp] * sb;
+#pragma unroll
+                for (int e = 0; e < EQ; e++) acc[ii][e] += av * kv[e];
+            }
         }
         bf16 *W = a.scr.W + blk * GDN_C * DK;
-        constexpr int NJW = DK / 16; /* n-tiles per half */
 #pragma unroll
-        for (int q = 0; q < NJW; q++) {
-            const int j = half * NJW + q;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int ii = 0; ii < 8; ii++)
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++)
-                if (ks <= mt) {
-                    const uint32_t b0 = *(const uint32_t *)(XT + (8 * j + r) * LDT + 16 * ks + 2 * cc);
-                    const uint32_t b1 = *(const uint32_t *)(XT + (8 * j + r) * LDT + 16 * ks + 2 * cc + 8);
-                    cu_mma16816(acc, ta[ks], b0, b1);
-                }
-            *(uint32_t *)(W + i0 * DK + 8 * j + 2 * cc) = cu_pack_bf16(acc[0], acc[1]);
-            *(uint32_t *)(W + i1 * DK + 8 * j + 2 * cc) = cu_pack_bf16(acc[2], acc[3]);
+            for (int e = 0; e < EQ; e++)
+                if (lane + 32 * e < DK) W[(8 * w + ii) * DK + lane + 32 * e] = __float2bfloat16(acc[ii][e]);
+    }
+    {
+        constexpr int UPW = DV / PREP_WARPS; /* U^T columns per warp; lanes: rows lane, lane + 32 */
+        float acc[2][UPW];
+#pragma unroll
+        for (int ii = 0; ii < 2; ii++)
+#pragma unroll
+            for (int j = 0; j < UPW; j++) acc[ii][j] = 0.f;
+        for (int tp = 0; tp < GDN_C; tp++) {
+            const float sb = bet[tp];
+            const float a0 = Ts[lane * LDL + tp] * sb, a1 = Ts[(lane + 32) * LDL + tp] * sb;
+#pragma unroll
+            for (int j = 0; j < UPW; j++) {
+                const float vv = Vs[tp * DV + w * UPW + j];
+                acc[0][j] += a0 * vv;
+                acc[1][j] += a1 * vv;
+            }
         }
         float *UT = a.scr.UT + blk * DV * GDN_C;
-        constexpr int NJU = DV / 16;
 #pragma unroll
-        for (int q = 0; q < NJU; q++) {
-            const int j = half * NJU + q;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++)
-                if (ks <= mt) {
-                    const uint32_t b0 = *(const uint32_t *)(VT + (8 * j + r) * LDT + 16 * ks + 2 * cc);
-                    const uint32_t b1 = *(const uint32_t *)(VT + (8 * j + r) * LDT + 16 * ks + 2 * cc + 8);
-                    cu_mma16816(acc, ta[ks], b0, b1);
-                }
-            const int n = 8 * j + 2 * cc;
-            UT[n * GDN_C + i0] = acc[0];
-            UT[(n + 1) * GDN_C + i0] = acc[1];
-            UT[n * GDN_C + i1] = acc[2];
-            UT[(n + 1) * GDN_C + i1] = acc[3];
+        for (int j = 0; j < UPW; j++) {
+            UT[(w * UPW + j) * GDN_C + lane] = acc[0][j];
+            UT[(w * UPW + j) * GDN_C + lane + 32] = acc[1][j];
         }
     }
 }
@@ -358,11 +369,11 @@ struct gdn_scan_args {
 template <int DK, int DV>
 struct scan_smem {
     static constexpr int BV = DV < 32 ? DV : 32; /* dv columns per block */
-    static constexpr int LDW = DK + 8;           /* W rows [64][DK] */
+    static constexpr int LDW = DK + 8;           /* W and K' rows [64][DK] */
     static constexpr int LDU = GDN_C + 8;        /* U^T rows (fp32) */
     static constexpr size_t w_off = 0;
     static constexpr size_t k_off = w_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t u_off = k_off + (size_t)DK * GDN_LDT * 2;
+    static constexpr size_t u_off = k_off + (size_t)GDN_C * LDW * 2;
     static constexpr size_t stage = u_off + (size_t)BV * LDU * 4;
     static constexpr size_t bytes = 2 * stage;
 };
@@ -373,16 +384,13 @@ __device__ __forceinline__ void scan_prefetch(unsigned char *st, const cu_gdn_sc
     typedef scan_smem<DK, DV> SM;
     bf16 *Ws = (bf16 *)(st + SM::w_off), *Ks = (bf16 *)(st + SM::k_off);
     float *Us = (float *)(st + SM::u_off);
-    const bf16 *W = scr.W + blk * GDN_C * DK, *K = scr.KpT + blk * DK * GDN_C;
+    const bf16 *W = scr.W + blk * GDN_C * DK, *K = scr.Kp + blk * GDN_C * DK;
     const float *U = scr.UT + blk * DV * GDN_C + (size_t)n_base * GDN_C;
     constexpr int SW = DK / 8; /* 16-byte segments per W row */
     for (int e = tid; e < GDN_C * SW; e += nthreads) {
         const int r = e / SW, s = e % SW;
         cu_cp_async16(Ws + r * SM::LDW + 8 * s, W + r * DK + 8 * s, 16);
-    }
-    for (int e = tid; e < DK * 8; e += nthreads) {
-        const int r = e >> 3, s = e & 7;
-        cu_cp_async16(Ks + r * GDN_LDT + 8 * s, K + r * GDN_C + 8 * s, 16);
+        cu_cp_async16(Ks + r * SM::LDW + 8 * s, K + r * DK + 8 * s, 16);
     }
     for (int e = tid; e < SM::BV * 16; e += nthreads) {
         const int r = e >> 4, s = e & 15;
@@ -496,14 +504,15 @@ __global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_s
             Sacc[j][2] *= gl;
             Sacc[j][3] *= gl;
         }
+        /* B[k = token][n = dk] = K'[token][dk]: pairs along the token, so ldmatrix.trans from [64][DK] */
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
 #pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                const int k0 = 16 * ks + 2 * cc;
-                const uint32_t k0v = *(const uint32_t *)(Ks + (8 * j + r) * GDN_LDT + k0);
-                const uint32_t k1v = *(const uint32_t *)(Ks + (8 * j + r) * GDN_LDT + k0 + 8);
-                cu_mma16816(Sacc[j], dF[ks], k0v, k1v);
+            for (int np = 0; np < NJ / 2; np++) {
+                uint32_t kb[4];
+                cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * SM::LDW + 16 * np + (lane >> 4) * 8);
+                cu_mma16816(Sacc[2 * np], dF[ks], kb[0], kb[1]);
+                cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
             }
     }
     cu_cp_async_wait<0>();
@@ -557,14 +566,21 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     const int t0 = c * GDN_C;
     const size_t blk = (size_t)c * a.nv + h;
 
-    if (c == 0) { /* the conv state moves on: new[j] = [old | P][len + j] (kernel A has read it) */
-        const int Km1 = a.K - 1;
-        for (int ch = h * OUT_THREADS + tid; ch < a.C; ch += a.nv * OUT_THREADS)
-            for (int j = 0; j < Km1; j++) {
-                const int src = len + j;
-                const bf16 v = src < Km1 ? a.conv_state[(size_t)src * a.C + ch] : a.P[(size_t)(src - Km1) * a.ldP + ch];
-                a.conv_state[(size_t)j * a.C + ch] = v;
-            }
+    { /* the conv state moves on: new[j] = [old | P][len + j] (kernel A has read it); every block
+       * takes some channels; all loads of a channel before its stores (no round trip per value) */
+        const int Km1 = a.K - 1, nthr = gridDim.x * gridDim.y * OUT_THREADS;
+        for (int ch = (blockIdx.x * gridDim.y + h) * OUT_THREADS + tid; ch < a.C; ch += nthr) {
+            bf16 v[CU_MAX_CONV_K];
+#pragma unroll
+            for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
+                if (j < Km1) {
+                    const int src = len + j;
+                    v[j] = src < Km1 ? a.conv_state[(size_t)src * a.C + ch] : a.P[(size_t)(src - Km1) * a.ldP + ch];
+                }
+#pragma unroll
+            for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
+                if (j < Km1) a.conv_state[(size_t)j * a.C + ch] = v[j];
+        }
     }
     const int tend = min(a.rows, t0 + GDN_C); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only */
@@ -740,7 +756,7 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
     p += align256(nb * GDN_C * DK * 2);
     s->UT = (float *)p;
     p += align256(nb * DV * GDN_C * 4);
-    s->KpT = (bf16 *)p;
+    s->Kp = (bf16 *)p;
     p += align256(nb * DK * GDN_C * 2);
     s->Pm = (bf16 *)p;
     p += align256(nb * GDN_C * GDN_C * 2);
