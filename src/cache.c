@@ -45,6 +45,7 @@
 
 #include "cache_internal.h"
 #include "engine.h"
+#include "lru.h"
 #include "util.h"
 
 /* An index's bucket array: never smaller than this once it exists, doubled when its entries
@@ -77,7 +78,7 @@ typedef struct cache_ckpt {
     int route;           /* the route its upper layers ran with (0: the trunk) */
     void *gdn;           /* backend blob of gdn_snapshot_bytes */
     cache_group *group;
-    struct cache_ckpt *lru_prev, *lru_next; /* lru_prev toward the least recently used */
+    squad_lru_node lru; /* in the cache's LRU list */
 } cache_ckpt;
 
 /* A block index entry: the group's tokens [0, pos) exist (for the fork search). */
@@ -100,7 +101,7 @@ struct cache_group {
 struct squad_cache {
     squad_backend *be;
     squad_cache_opts opts;
-    cache_ckpt *lru_old, *lru_new; /* the list's two ends */
+    squad_lru lru; /* checkpoints, least recently used first */
     cache_group *groups;
     index_table ckpt_index, block_index;
     size_t n_ckpts, n_groups;
@@ -316,20 +317,9 @@ int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) {
 
 /* ---- LRU and eviction ------------------------------------------------------------------------ */
 
-static void lru_unlink(squad_cache *c, cache_ckpt *k) {
-    if (k->lru_prev) k->lru_prev->lru_next = k->lru_next;
-    else c->lru_old = k->lru_next;
-    if (k->lru_next) k->lru_next->lru_prev = k->lru_prev;
-    else c->lru_new = k->lru_prev;
-    k->lru_prev = k->lru_next = NULL;
-}
-
-static void lru_push_new(squad_cache *c, cache_ckpt *k) {
-    k->lru_prev = c->lru_new;
-    k->lru_next = NULL;
-    if (c->lru_new) c->lru_new->lru_next = k;
-    else c->lru_old = k;
-    c->lru_new = k;
+static cache_ckpt *ckpt_of(squad_lru_node *n) { return SQUAD_LRU_ENTRY(n, cache_ckpt, lru); }
+static const cache_ckpt *ckpt_of_const(const squad_lru_node *n) {
+    return SQUAD_LRU_ENTRY(n, const cache_ckpt, lru);
 }
 
 static void group_free(squad_cache *c, cache_group *g) {
@@ -351,7 +341,7 @@ static void group_free(squad_cache *c, cache_group *g) {
 static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
     table_remove(&c->ckpt_index, &k->node);
     table_fit(&c->ckpt_index);
-    lru_unlink(c, k);
+    squad_lru_unlink(&c->lru, &k->lru);
     c->be->release(c->be, k->gdn);
     c->backend_bytes -= c->be->gdn_snapshot_bytes;
     c->host_bytes -= sizeof *k;
@@ -365,9 +355,9 @@ static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
 /* Evicts least recently used checkpoints until `need` more bytes fit the budget, leaving those of
  * the groups the running row uses (pinned: it restored from one, it may add checkpoints to one). */
 static void make_room(squad_cache *c, size_t need, uint64_t serial) {
-    cache_ckpt *k = c->lru_old;
+    cache_ckpt *k = ckpt_of(c->lru.oldest);
     while (k && bytes_held(c) + need > c->opts.budget_bytes) {
-        cache_ckpt *next = k->lru_next; /* an unpinned group cannot own it once k is gone */
+        cache_ckpt *next = ckpt_of(k->lru.next); /* an unpinned group cannot own it once k is gone */
         if (k->group->pin_row != serial) ckpt_evict(c, k);
         k = next;
     }
@@ -375,7 +365,7 @@ static void make_room(squad_cache *c, size_t need, uint64_t serial) {
 
 /* After a row: least recently used first until the bytes held are within the budget. */
 static void evict_to_budget(squad_cache *c) {
-    while (c->lru_old && bytes_held(c) > c->opts.budget_bytes) ckpt_evict(c, c->lru_old);
+    while (c->lru.oldest && bytes_held(c) > c->opts.budget_bytes) ckpt_evict(c, ckpt_of(c->lru.oldest));
 }
 
 /* ---- lifetime -------------------------------------------------------------------------------- */
@@ -401,7 +391,7 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
 
 void squad_cache_free(squad_cache *c) {
     if (!c) return;
-    while (c->lru_old) ckpt_evict(c, c->lru_old);
+    while (c->lru.oldest) ckpt_evict(c, ckpt_of(c->lru.oldest));
     free(c->ckpt_index.buckets);
     free(c->block_index.buckets);
     free(c);
@@ -593,7 +583,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         c->n_ckpts++;
         c->backend_bytes += c->be->gdn_snapshot_bytes;
         c->host_bytes += sizeof *k;
-        lru_push_new(c, k);
+        squad_lru_push_newest(&c->lru, &k->lru);
         c->stats.checkpoints_made++;
     }
     if (g->n_ckpts == 0) group_free(c, g);
@@ -643,8 +633,8 @@ int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const s
     const uint64_t serial = ++c->row_serial;
     if (pl.best) { /* in use by this row: the most recent, and its group pinned against make_room */
         pl.best->group->pin_row = serial;
-        lru_unlink(c, pl.best);
-        lru_push_new(c, pl.best);
+        squad_lru_unlink(&c->lru, &pl.best->lru);
+        squad_lru_push_newest(&c->lru, &pl.best->lru);
     }
     if (pl.share) pl.share->pin_row = serial;
     memset(out, 0, sizeof *out);
@@ -726,7 +716,7 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
     for (const cache_group *g = c->groups; g; g = g->next) {
         if (g->next && g->next->prev != g) CHECK_FAIL("group list links broken");
         int count = 0;
-        for (const cache_ckpt *k = c->lru_old; k; k = k->lru_next) count += k->group == g;
+        for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; k = ckpt_of_const(k->lru.next)) count += k->group == g;
         if (count != g->n_ckpts || count == 0) CHECK_FAIL("group holds %d checkpoints, counts %d", count, g->n_ckpts);
         const int nb = g->n_pos / align;
         uint64_t *nk = realloc(keys, (size_t)(nb > 0 ? nb : 1) * sizeof *keys);
@@ -749,9 +739,9 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
         host += group_cost(c, g->n_pos) - (size_t)g->n_pos * kvb;
         n_groups++;
     }
-    const cache_ckpt *prev = NULL;
-    for (const cache_ckpt *k = c->lru_old; k; prev = k, k = k->lru_next) {
-        if (k->lru_prev != prev) {
+    const squad_lru_node *prev = NULL;
+    for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; prev = &k->lru, k = ckpt_of_const(k->lru.next)) {
+        if (k->lru.prev != prev) {
             free(keys);
             CHECK_FAIL("LRU links broken at checkpoint %d", k->pos);
         }
@@ -769,7 +759,7 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
         n_ckpts++;
     }
     free(keys);
-    if (prev != c->lru_new) CHECK_FAIL("LRU tail is wrong");
+    if (prev != c->lru.newest) CHECK_FAIL("LRU tail is wrong");
     if (table_check(&c->ckpt_index, &in_table) || in_table != n_ckpts || n_ckpts != c->n_ckpts)
         CHECK_FAIL("checkpoint index: %zu entries, %zu listed, %zu counted", in_table, n_ckpts, c->n_ckpts);
     if (table_check(&c->block_index, &in_table) || in_table != n_blocks)

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lru.h"
 #include "util.h"
 
 #define MEMO_MIN_BUCKETS 16
@@ -19,7 +20,7 @@
 typedef struct memo_entry {
     uint64_t key;
     struct memo_entry *index_next;
-    struct memo_entry *lru_prev, *lru_next; /* lru_prev toward the least recently used */
+    squad_lru_node lru; /* in the memo's LRU list */
     size_t bytes;
     int n_ids, n_slots, n_letters, state_len, route;
     int32_t *ids, *slots, *nopts, *letters; /* inside this allocation */
@@ -32,7 +33,7 @@ struct squad_memo {
     size_t n_buckets; /* 0 or a power of two */
     size_t n_entries;
     size_t bytes;
-    memo_entry *lru_old, *lru_new;
+    squad_lru lru; /* entries, least recently used first */
     squad_memo_stats stats;
 };
 
@@ -109,21 +110,7 @@ static void shrink_index(squad_memo *m) {
     resize(m, n);
 }
 
-static void lru_unlink(squad_memo *m, memo_entry *e) {
-    if (e->lru_prev) e->lru_prev->lru_next = e->lru_next;
-    else m->lru_old = e->lru_next;
-    if (e->lru_next) e->lru_next->lru_prev = e->lru_prev;
-    else m->lru_new = e->lru_prev;
-    e->lru_prev = e->lru_next = NULL;
-}
-
-static void lru_push_new(squad_memo *m, memo_entry *e) {
-    e->lru_prev = m->lru_new;
-    e->lru_next = NULL;
-    if (m->lru_new) m->lru_new->lru_next = e;
-    else m->lru_old = e;
-    m->lru_new = e;
-}
+static memo_entry *entry_of(squad_lru_node *n) { return SQUAD_LRU_ENTRY(n, memo_entry, lru); }
 
 static memo_entry *find(const squad_memo *m, const squad_row *r, uint64_t key) {
     if (m->n_buckets == 0) return NULL;
@@ -136,7 +123,7 @@ static void remove_entry(squad_memo *m, memo_entry *e) {
     memo_entry **pp = &m->buckets[e->key & (m->n_buckets - 1)];
     while (*pp && *pp != e) pp = &(*pp)->index_next;
     if (*pp) *pp = e->index_next;
-    lru_unlink(m, e);
+    squad_lru_unlink(&m->lru, &e->lru);
     m->bytes -= e->bytes;
     m->n_entries--;
     free(e);
@@ -153,7 +140,7 @@ squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err) {
 
 void squad_memo_free(squad_memo *m) {
     if (!m) return;
-    while (m->lru_old) remove_entry(m, m->lru_old);
+    while (m->lru.oldest) remove_entry(m, entry_of(m->lru.oldest));
     free(m->buckets);
     free(m);
 }
@@ -165,8 +152,8 @@ int squad_memo_get(squad_memo *m, const squad_row *r, squad_result *out) {
         m->stats.misses++;
         return 0;
     }
-    lru_unlink(m, e);
-    lru_push_new(m, e);
+    squad_lru_unlink(&m->lru, &e->lru);
+    squad_lru_push_newest(&m->lru, &e->lru);
     memset(out, 0, sizeof *out);
     out->n_slots = e->n_slots;
     out->route = e->route;
@@ -230,13 +217,13 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
     size_t i = (size_t)(key & (m->n_buckets - 1));
     e->index_next = m->buckets[i];
     m->buckets[i] = e;
-    lru_push_new(m, e);
+    squad_lru_push_newest(&m->lru, &e->lru);
     m->n_entries++;
     m->bytes += bytes;
     m->stats.stored++;
     /* least recently used first; the new entry is the most recent and fits on its own */
-    while (m->bytes > m->budget && m->lru_old != e) {
-        remove_entry(m, m->lru_old);
+    while (m->bytes > m->budget && entry_of(m->lru.oldest) != e) {
+        remove_entry(m, entry_of(m->lru.oldest));
         m->stats.evicted++;
     }
     shrink_index(m);

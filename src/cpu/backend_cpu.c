@@ -16,6 +16,7 @@
  * nothing but the attention's per-call score row. The projections that end a block (out_proj,
  * o_proj, down_proj) accumulate straight into the residual stream h.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +57,17 @@ static cpu_backend *impl_of(squad_backend *be) { return (cpu_backend *)be; }
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
-static void *cpu_alloc(squad_backend *be, size_t bytes, squad_err *err) { return squad_aligned_alloc(bytes, err); }
-static void cpu_release(squad_backend *be, void *p) { squad_aligned_free(p); }
+/* Checkpoint blobs: not zeroed, since a save always overwrites the whole blob (zeroing would only
+ * fault in fresh pages twice). */
+static void *cpu_alloc(squad_backend *be, size_t bytes, squad_err *err) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) {
+        squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes for a checkpoint)", bytes);
+        return NULL;
+    }
+    return p;
+}
+static void cpu_release(squad_backend *be, void *p) { free(p); }
 
 static int kv_dim(const cpu_backend *c) { return c->m->cfg.num_kv_heads * c->m->cfg.head_dim; }
 
