@@ -39,10 +39,12 @@
 #define TOL_REF 0.02    /* against transformers or the CPU backend */
 #define TOL_ARGMAX 0.05 /* top-two gap above which the argmax must agree */
 #define TOL_CHUNKED 0.01
-/* The bf16 path against the fp32 references: a sanity bound only. The random test models move by
- * a few 1e-2 under bf16 activations alone (bench/CUDA_NOTES.md: the same holds for transformers
- * in bf16); the tolerances above are met by the exact path. */
-#define TOL_BF16 0.1
+/* The bf16 path against the fp32 references: a gross-error bound only. A float64 emulation of
+ * these random test models with the bf16 path's roundings moves their answers by up to 0.2
+ * (small-mha; bench/CUDA_NOTES.md), and transformers in bf16 would move them as much; the
+ * tolerances above are met by the exact path, and the bf16 kernels are held to their references
+ * at bf16 precision (about 3e-3 relative) in gpu_test_kernels. */
+#define TOL_BF16 0.25
 static const char *PREC_NAME[2] = {"exact", "bf16"};
 #define MAX_CONTEXT 8192
 

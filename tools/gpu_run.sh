@@ -23,6 +23,8 @@
 #              (tools/ncu_summary.py) -> profile.log
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
+#   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
+#              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -106,10 +108,10 @@ if has profile; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     for c in ${PROFILE_CASES:-cold:2048 hit:128}; do
         f=/tmp/ncu_${c/:/_}.log
-        step "ncu $c" 240 "$OUT/profile.log" $RUNENV "$NCU" --clock-control none \
+        step "ncu $c" 240 "${PROFILE_LOG:-$OUT/profile.log}" $RUNENV "$NCU" --clock-control none \
             --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file "$f" \
             "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
-        python3 tools/ncu_summary.py "$f" "$c" >>"$OUT/profile.log" 2>&1
+        python3 tools/ncu_summary.py "$f" "$c" >>"${PROFILE_LOG:-$OUT/profile.log}" 2>&1
     done
 fi
 if has bench; then
@@ -138,6 +140,9 @@ EOF
 fi
 if has hf && [ -e /tmp/bench_rows.jsonl ]; then
     step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json --bench-json /tmp/bench.json
+fi
+if has layers && [ -e "$CARRY/q08_row.jsonl" ]; then
+    step "hf_layers" 180 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_layers.py --model "$MODEL" --row "$CARRY/q08_row.jsonl" --out "$OUT/hf_layers.json"
 fi
 if has memcheck; then
     step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"

@@ -14,7 +14,7 @@
  *    head j / (nh / nkv). The key range of a split is computed at run time from the chunk's
  *    start, so one captured graph balances every chunk of its bucket. Partial (unnormalised) O,
  *    running max and sum go to scratch.
- * 3. attn_combine (one block per token, only when the keys were split): merges the splits and
+ * 3. attn_combine (one block per token and head, only when the keys were split): merges the splits and
  *    multiplies by sigmoid(gate), bf16 out for o_proj. With one split (long chunks: enough
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
@@ -338,63 +338,51 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
 
 /* ---- 3. merge the splits, * sigmoid(gate): one block per token ---------------------------------- */
 
-#define COMBINE_THREADS 256
-#define COMBINE_PER 8 /* outputs per thread per pass: their partial loads are in flight together */
+#define COMBINE_MAX_THREADS 256
 
-__global__ void __launch_bounds__(COMBINE_THREADS) attn_combine_kernel(
+/* One block per (token, head): enough blocks to keep every SM's loads in flight (a block per token
+ * alone left ~8 warps per SM waiting on serial split loads). The split weights are computed once
+ * per block into shared memory. */
+__global__ void __launch_bounds__(COMBINE_MAX_THREADS) attn_combine_kernel(
     const float *__restrict__ Op, const float *__restrict__ Mp, const float *__restrict__ Lp,
     const bf16 *__restrict__ QKV, int ld, bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
     int nh, int hd, int splits) {
-    extern __shared__ float wts[]; /* [splits][nh] maxima, then weights; [splits][nh] sums */
-    float *lsum = wts + splits * nh;
-    const int t = blockIdx.x, n = nh * hd;
+    extern __shared__ float wts[]; /* [splits] weights, [splits] sums */
+    float *lsum = wts + splits;
+    const int t = blockIdx.x, h = blockIdx.y;
     const bool real = t < prm->len;
-    /* every split's running max and sum of this token, loaded at once */
-    for (int e = threadIdx.x; e < splits * nh; e += COMBINE_THREADS) {
-        const int sp = e / nh, h = e % nh;
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
         const size_t i = ((size_t)sp * rows + t) * nh + h;
-        wts[e] = Mp[i];
-        lsum[e] = Lp[i];
+        wts[sp] = Mp[i];
+        lsum[sp] = Lp[i];
     }
     __syncthreads();
-    if (threadIdx.x < nh) { /* weights exp2(m_s - max) / sum_s exp2(m_s - max) l_s, per head */
-        const int h = threadIdx.x;
+    if (threadIdx.x == 0) {
         float mmax = -INFINITY;
-        for (int sp = 0; sp < splits; sp++) mmax = fmaxf(mmax, wts[sp * nh + h]);
+        for (int sp = 0; sp < splits; sp++) mmax = fmaxf(mmax, wts[sp]);
         float den = 0.f;
         for (int sp = 0; sp < splits; sp++) {
-            const float m = wts[sp * nh + h];
-            const float wgt = m == -INFINITY ? 0.f : exp2f(m - mmax);
-            wts[sp * nh + h] = wgt;
-            den += wgt * lsum[sp * nh + h];
+            const float wgt = wts[sp] == -INFINITY ? 0.f : exp2f(wts[sp] - mmax);
+            wts[sp] = wgt;
+            den += wgt * lsum[sp];
         }
         const float inv = den > 0.f ? 1.f / den : 0.f;
-        for (int sp = 0; sp < splits; sp++) wts[sp * nh + h] *= inv;
+        for (int sp = 0; sp < splits; sp++) wts[sp] *= inv;
     }
     __syncthreads();
-    for (int e0 = threadIdx.x; e0 < n; e0 += COMBINE_THREADS * COMBINE_PER) {
-        float acc[COMBINE_PER];
-#pragma unroll
-        for (int u = 0; u < COMBINE_PER; u++) acc[u] = 0.f;
-        for (int sp = 0; sp < splits && real; sp++) {
-            const float *o = Op + ((size_t)sp * rows + t) * n;
-#pragma unroll
-            for (int u = 0; u < COMBINE_PER; u++) {
-                const int e = e0 + u * COMBINE_THREADS;
-                if (e < n) {
-                    const float wgt = wts[sp * nh + e / hd];
-                    if (wgt != 0.f) acc[u] += wgt * o[e]; /* an empty split's partial is never written */
-                }
+    const bf16 *gate = QKV + (size_t)t * ld + (size_t)h * 2 * hd + hd;
+    bf16 *o = out + ((size_t)t * nh + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.f;
+        if (real) {
+#pragma unroll 4
+            for (int sp = 0; sp < splits; sp++) {
+                const float wgt = wts[sp]; /* an empty split's partial is never written: skip it */
+                if (wgt != 0.f) acc += wgt * Op[(((size_t)sp * rows + t) * nh + h) * hd + d];
             }
+            acc *= cu_sigmoid(__bfloat162float(gate[d]));
         }
-#pragma unroll
-        for (int u = 0; u < COMBINE_PER; u++) {
-            const int e = e0 + u * COMBINE_THREADS;
-            if (e >= n) break;
-            const int h = e / hd, d = e % hd;
-            const float g = real ? cu_sigmoid(__bfloat162float(QKV[(size_t)t * ld + (size_t)h * 2 * hd + hd + d])) : 0.f;
-            out[(size_t)t * n + e] = __float2bfloat16(acc[u] * g);
-        }
+        o[d] = __float2bfloat16(acc);
     }
 }
 
@@ -554,7 +542,8 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     if (!launched) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
     CU_LAUNCH_CHECK("attn_fwd_kernel");
     if (splits > 1) {
-        attn_combine_kernel<<<rows, COMBINE_THREADS, (size_t)2 * splits * d->nh * sizeof(float), st>>>(
+        attn_combine_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), d->hd < COMBINE_MAX_THREADS ? d->hd : COMBINE_MAX_THREADS,
+                              (size_t)2 * splits * sizeof(float), st>>>(
             Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);
         CU_LAUNCH_CHECK("attn_combine_kernel");
     }
