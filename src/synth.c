@@ -58,6 +58,10 @@ static const synth_preset PRESETS[] = {
      "H 96, 5 layers [full lin lin full lin], MHA 3/3 x 32, GDN nk 2 / nv 2 (dk 24, dv 32), I 192, vocab 320, "
      "untied",
      "FLLFL", 96, 192, 3, 3, 32, 2, 2, 24, 32, 4, 0.5, 1e6, 320, 0, 1e-6, 262144, 1.5, 0},
+    {"tiny-hd256",
+     "H 128, 4 layers [lin lin lin full], GQA 4/2 x 256 (the 0.8B attention head dim, rotary 64), GDN 2/2 x 32, "
+     "I 256, vocab 300, tied",
+     "LLLF", 128, 256, 4, 2, 256, 2, 2, 32, 32, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 1.7, 0},
     {"demo", "H 256, 8 layers ([3 lin, 1 full] x 2), GQA 4/2 x 64, GDN 4/4 x 64, I 768, vocab 248320, tied",
      "LLLFLLLF", 256, 768, 4, 2, 64, 4, 4, 64, 64, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144, 1.7, 0},
     {"qwen3.5-0.8b",

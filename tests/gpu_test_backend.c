@@ -14,6 +14,10 @@
  *    tokens against the CPU backend; a row continued from a saved and restored state (save_gdn /
  *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass (0.01); a K / V
  *    blob of more positions restored as a prefix, and the same row twice, bit for bit;
+ *  - the tiny-hd256 preset (attention head_dim 256, the 0.8B's) with the engine's context (32768
+ *    positions: a K / V cache of 128 MB in fp32) against the CPU backend, exact within 1e-4: the
+ *    regression check for weights wiped at load (the zeroing of each new buffer ran on a
+ *    non-blocking stream behind the K / V cache's and could land after the weight upload);
  *  - bad chunks are refused and the backend stays usable.
  * SQUAD_GPU_TEST_QUICK=1 runs the fixtures and the cache scenario only (for compute-sanitizer).
  * Exits 77 (skipped) without a GPU.
@@ -154,6 +158,17 @@ static int parse_expected(const char *line, const squad_row *row, probs_t *out) 
     return ok;
 }
 
+static squad_backend *new_cuda_ctx(const squad_model *m, int precapture, squad_precision prec, int max_context) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precapture = precapture;
+    o.precision = prec;
+    squad_err err = {0};
+    squad_backend *be = squad_cuda_backend_new(m, &o, max_context, &err);
+    CHECKF(be != NULL, "cuda backend: %s", err.msg);
+    return be;
+}
 static squad_backend *new_cuda(const squad_model *m, int precapture, squad_precision prec) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
@@ -467,6 +482,54 @@ done:
 }
 
 /* precapture: every graph of a small model at creation */
+/* ---- head_dim 256 with the engine's context ---- */
+
+#define TOL_EXACT_CPU 1e-4 /* the exact path against the CPU backend (both fp32; ~2e-6 seen) */
+
+static void test_hd256(squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_EXACT_CPU : TOL_BF16;
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/tiny-hd256", test_tmpdir());
+    squad_synth_opts so;
+    memset(&so, 0, sizeof so);
+    so.preset = "tiny-hd256";
+    so.out_dir = dir;
+    so.seed = 5;
+    squad_err err = {0};
+    if (squad_synth_write(&so, &err)) {
+        CHECKF(0, "synth tiny-hd256: %s", err.msg);
+        return;
+    }
+    squad_model *m = squad_model_load(dir, &err);
+    CHECKF(m != NULL, "load tiny-hd256: %s", err.msg);
+    if (!m) return;
+    CHECK(m->cfg.head_dim == 256 && m->cfg.rotary_dim == 64);
+    const int ctx = squad_model_max_tokens(m); /* what squad score gives the backend */
+    squad_backend *gpu = new_cuda_ctx(m, 0, prec, ctx), *cpu = new_cpu(m);
+    rowgen *g = calloc(1, sizeof *g);
+    probs_t *a = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t)), *b = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+    const int lens[] = {64, 100, 300, 1000};
+    for (int i = 0; gpu && cpu && i < 4; i++) {
+        make_row(g, 300 + i, lens[i], m->cfg.vocab_size);
+        int bad = 0;
+        int rc = run_row(gpu, &g->row, gpu->max_chunk, a, &err);
+        CHECKF(rc == 0, "tiny-hd256 row %d cuda: %s", lens[i], err.msg);
+        if (!rc) rc = run_row(cpu, &g->row, cpu->max_chunk, b, &err);
+        CHECKF(rc == 0, "tiny-hd256 row %d cpu: %s", lens[i], err.msg);
+        const double d = rc ? INFINITY : compare(&g->row, a, b, &bad);
+        printf("tiny-hd256 %-5s (context %d) row of %4d tokens: max |cuda - cpu| %.2e, argmax flips %d\n",
+               PREC_NAME[prec == SQUAD_PRECISION_BF16], ctx, lens[i], d, bad);
+        CHECKF(d <= tol && (bad == 0 || prec != SQUAD_PRECISION_EXACT), "tiny-hd256 row %d: cuda vs cpu %.3e (flips %d)",
+               lens[i], d, bad);
+    }
+    free(g);
+    free(a);
+    free(b);
+    if (gpu) gpu->destroy(gpu);
+    if (cpu) cpu->destroy(cpu);
+    squad_model_free(m);
+}
+
 static void test_precapture(void) {
     squad_err err = {0};
     squad_model *m = squad_model_load("tests/fixtures/models/tiny-causal", &err);
@@ -498,6 +561,7 @@ int main(void) {
         test_cache_scenario(precs[p]);
     }
     if (quick && quick[0] == '1') return test_summary("gpu_test_backend (quick)");
+    for (int p = 0; p < 2; p++) test_hd256(precs[p]);
     for (int p = 0; p < 2; p++) test_synth(precs[p]);
     test_precapture();
     return test_summary("gpu_test_backend");

@@ -61,6 +61,8 @@ static void test_presets(void) {
           c.vocab_size == 300);
     CHECK(squad_synth_preset_config("tiny-mha", &c, &e) == 0 && c.num_heads == c.num_kv_heads &&
           c.lin_num_k_heads == c.lin_num_v_heads);
+    CHECK(squad_synth_preset_config("tiny-hd256", &c, &e) == 0 && c.head_dim == 256 && c.rotary_dim == 64 &&
+          c.num_heads == 4 && c.num_kv_heads == 2 && c.hidden_size == 128 && c.vocab_size == 300);
     CHECK(squad_synth_preset_config("qwen3.5-0.8b", &c, &e) == 0 && c.hidden_size == 1024 && c.num_layers == 24 &&
           c.intermediate_size == 3584 && c.num_heads == 8 && c.num_kv_heads == 2 && c.head_dim == 256 &&
           c.lin_num_k_heads == 16 && c.lin_num_v_heads == 16 && c.lin_k_dim == 128 && c.lin_v_dim == 128 &&

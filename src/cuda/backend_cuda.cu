@@ -128,7 +128,12 @@ static int dalloc(cu_be *cb, void **p, size_t bytes, int kind, squad_err *err) {
     if (bytes == 0) bytes = 16;
     CU_TRY(cudaMalloc(p, bytes));
     cb->allocs[cb->n_allocs++] = *p;
+    /* The zeroing must be finished before the caller fills the buffer: uploads are plain cudaMemcpy
+     * calls on the legacy default stream, which does not wait for cb->st (a non-blocking stream),
+     * so a memset still queued behind a large one (the K / V cache) could land after the upload and
+     * wipe the weights it just wrote. */
     CU_TRY(cudaMemsetAsync(*p, 0, bytes, cb->st));
+    CU_TRY(cudaStreamSynchronize(cb->st));
     if (kind == MEM_WEIGHT)
         cb->weight_bytes += bytes;
     else if (kind == MEM_STATE)
@@ -637,7 +642,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     const size_t pbytes = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS * sizeof(float);
     if ((rc = dalloc(cb, (void **)&cb->probs_dev, pbytes, MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->probs_host, pbytes));
-    CU_TRY(cudaStreamSynchronize(cb->st));
+    /* every upload (legacy stream, possibly still in its DMA) done before a kernel on cb->st reads it */
+    CU_TRY(cudaDeviceSynchronize());
 
     if (opts && opts->precapture && cb->use_graphs && (rc = precapture_all(cb, err))) return rc;
     return 0;
