@@ -196,12 +196,14 @@ int main(void) {
     test_delta_rule(2, 2, 32, 24, 64, 64);
     test_delta_rule(1, 3, 8, 8, 65, 16);
     test_delta_rule(4, 4, 16, 16, 3, 64);
+    test_delta_rule(2, 2, 128, 128, 70, 64); /* the 0.8B head sizes */
     test_delta_split();
     test_conv_split();
     test_rope();
     test_attention(4, 2, 16, 7, 5);
     test_attention(4, 1, 32, 150, 40);
     test_attention(2, 2, 64, 0, 130);
+    test_attention(8, 2, 256, 40, 56); /* the 0.8B head sizes */
     test_norms();
     return test_summary("test_ops");
 }
