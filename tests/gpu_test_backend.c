@@ -49,10 +49,10 @@
  * tolerances above are met by the exact path, and the bf16 kernels are held to their references
  * at bf16 precision (about 3e-3 relative) in gpu_test_kernels. */
 #define TOL_BF16 0.25
-static const char *PREC_NAME[2] = {"exact", "bf16"};
 #define MAX_CONTEXT 8192
 
 #ifdef SQUAD_HAVE_CUDA
+static const char *PREC_NAME[2] = {"exact", "bf16"};
 #include "cuda/cuda_backend.h"
 
 typedef float probs_t[SQUAD_MAX_LETTERS];
