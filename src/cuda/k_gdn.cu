@@ -127,7 +127,7 @@ __device__ __forceinline__ void conv_rows(const gdn_prep_args &a, int ch, bool r
 template <int DK, int DV>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
-    constexpr int LDK = SM::LDK, LDL = SM::LDL, LDT = GDN_LDT;
+    constexpr int LDK = SM::LDK, LDL = SM::LDL;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
