@@ -84,7 +84,7 @@ static double compare_expected(const squad_result *r, const squad_row *row, cons
 
 static void check_fixture(const char *name) {
     char dir[512], rows_path[600], exp_path[600];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_ROOT, name);
+    snprintf(dir, sizeof dir, "%s/%.200s", FIXTURE_ROOT, name);
     snprintf(rows_path, sizeof rows_path, "%s/rows.jsonl", dir);
     snprintf(exp_path, sizeof exp_path, "%s/expected.jsonl", dir);
     squad_err err = {0};
@@ -123,7 +123,7 @@ static void check_fixture(const char *name) {
 /* A row run in pieces [0, c1), [c1, c2), ... from the working state equals the one-pass answer. */
 static void check_splits(const char *name) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_ROOT, name);
+    snprintf(dir, sizeof dir, "%s/%.200s", FIXTURE_ROOT, name);
     squad_err err = {0};
     squad_model *m = squad_model_load(dir, &err);
     if (!m) return;
@@ -159,7 +159,7 @@ static void check_splits(const char *name) {
 
 static void check_bad_rows(const char *name) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", FIXTURE_ROOT, name);
+    snprintf(dir, sizeof dir, "%s/%.200s", FIXTURE_ROOT, name);
     squad_err err = {0};
     squad_model *m = squad_model_load(dir, &err);
     if (!m) return;
