@@ -45,35 +45,20 @@
 
 #include "cache_internal.h"
 #include "engine.h"
+#include "hash_index.h"
 #include "lru.h"
 #include "util.h"
-
-/* An index's bucket array: never smaller than this once it exists, doubled when its entries
- * outnumber the buckets, shrunk when they fall under a quarter of them, freed when empty. */
-#define INDEX_MIN_BUCKETS 16
-#define INDEX_SHRINK_FACTOR 4
 
 /* Prefix hashing: a 64-bit chain over the tokens (splitmix64's finaliser as the step). */
 #define KEY_SEED 0x9e3779b97f4a7c15ull
 
 /* ---- structures ------------------------------------------------------------------------------ */
 
-/* The part of an index entry the hash table sees (first member of each entry type). */
-typedef struct index_node {
-    uint64_t key;
-    struct index_node *next; /* the next entry in its bucket */
-} index_node;
-
-typedef struct index_table {
-    index_node **buckets;
-    size_t n_buckets; /* 0 or a power of two */
-    size_t n_nodes;
-} index_table;
 
 typedef struct cache_group cache_group;
 
 typedef struct cache_ckpt {
-    index_node node;     /* key: hash of the group's tokens [0, pos) */
+    squad_hnode node;     /* key: hash of the group's tokens [0, pos) */
     int pos;             /* the state after tokens [0, pos) */
     int route;           /* the route its upper layers ran with (0: the trunk) */
     void *gdn;           /* backend blob of gdn_snapshot_bytes */
@@ -83,7 +68,7 @@ typedef struct cache_ckpt {
 
 /* A block index entry: the group's tokens [0, pos) exist (for the fork search). */
 typedef struct block_entry {
-    index_node node;
+    squad_hnode node;
     int pos;
     cache_group *group;
 } block_entry;
@@ -103,7 +88,7 @@ struct squad_cache {
     squad_cache_opts opts;
     squad_lru lru; /* checkpoints, least recently used first */
     cache_group *groups;
-    index_table ckpt_index, block_index;
+    squad_hindex ckpt_index, block_index;
     size_t n_ckpts, n_groups;
     size_t backend_bytes, host_bytes; /* host_bytes: structures, tokens, block entries (not the buckets) */
     size_t pending_bytes;             /* GDN blobs saved by the running row, not yet committed */
@@ -131,15 +116,6 @@ static uint64_t mix64(uint64_t x) {
     return x;
 }
 
-/* The buckets an index wants for n entries (0 when empty). */
-static size_t buckets_for(size_t n) {
-    if (n == 0) return 0;
-    size_t b = INDEX_MIN_BUCKETS;
-    while (b < n) b *= 2;
-    return b;
-}
-
-static size_t table_bytes(const index_table *t) { return t->n_buckets * sizeof *t->buckets; }
 
 static size_t ckpt_cost(const squad_cache *c) { return sizeof(cache_ckpt) + c->be->gdn_snapshot_bytes; }
 
@@ -149,8 +125,8 @@ static size_t group_cost(const squad_cache *c, int n_pos) {
 }
 
 static size_t bytes_held(const squad_cache *c) {
-    return c->backend_bytes + c->host_bytes + c->pending_bytes + table_bytes(&c->ckpt_index) +
-           table_bytes(&c->block_index);
+    return c->backend_bytes + c->host_bytes + c->pending_bytes + squad_hindex_bytes(&c->ckpt_index) +
+           squad_hindex_bytes(&c->block_index);
 }
 
 size_t squad_cache_ckpt_cost(const squad_cache *c) { return ckpt_cost(c); }
@@ -213,73 +189,12 @@ void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64
     }
 }
 
-static size_t bucket_of(const index_table *t, uint64_t key) { return (size_t)(key & (t->n_buckets - 1)); }
-
-/* Moves every entry into a bucket array of n (a power of two; 0 only when empty). Keeps the old
- * array when the new one cannot be allocated: chains get longer, lookups stay correct. */
-static void table_resize(index_table *t, size_t n) {
-    if (n == t->n_buckets || (n == 0 && t->n_nodes > 0)) return;
-    index_node **nb = NULL;
-    if (n > 0) {
-        nb = calloc(n, sizeof *nb);
-        if (!nb) return;
-    }
-    for (size_t b = 0; b < t->n_buckets; b++) {
-        index_node *x = t->buckets[b];
-        while (x) {
-            index_node *next = x->next;
-            size_t i = (size_t)(x->key & (n - 1));
-            x->next = nb[i];
-            nb[i] = x;
-            x = next;
-        }
-    }
-    free(t->buckets);
-    t->buckets = nb;
-    t->n_buckets = n;
-}
-
-/* Buckets for n_more further entries; -1 when the index has none and none can be allocated. */
-static int table_reserve(index_table *t, size_t n_more) {
-    if (t->n_nodes + n_more > t->n_buckets) table_resize(t, buckets_for(t->n_nodes + n_more));
-    return t->n_buckets ? 0 : -1;
-}
-
-/* Needs a bucket array (table_reserve). */
-static void table_insert(index_table *t, index_node *x) {
-    size_t i = bucket_of(t, x->key);
-    x->next = t->buckets[i];
-    t->buckets[i] = x;
-    t->n_nodes++;
-}
-
-static void table_remove(index_table *t, index_node *x) {
-    index_node **pp = &t->buckets[bucket_of(t, x->key)];
-    while (*pp && *pp != x) pp = &(*pp)->next;
-    if (*pp) {
-        *pp = x->next;
-        t->n_nodes--;
-    }
-    x->next = NULL;
-}
-
-/* A smaller bucket array when it is mostly empty; none when empty. */
-static void table_fit(index_table *t) {
-    if (t->n_nodes == 0) table_resize(t, 0);
-    else if (t->n_nodes * INDEX_SHRINK_FACTOR < t->n_buckets && t->n_buckets > INDEX_MIN_BUCKETS)
-        table_resize(t, buckets_for(t->n_nodes * 2));
-}
-
-static const index_node *table_chain(const index_table *t, uint64_t key) {
-    return t->n_buckets ? t->buckets[bucket_of(t, key)] : NULL;
-}
-
 /* The deepest checkpoint at a position <= n_blocks * align whose tokens equal ids. */
 static cache_ckpt *deepest_ckpt(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks) {
     const int align = c->opts.align;
     for (int k = n_blocks; k >= 1 && c->n_ckpts > 0; k--) {
         const uint64_t key = keys[k - 1] & c->key_mask;
-        for (const index_node *x = table_chain(&c->ckpt_index, key); x; x = x->next) {
+        for (const squad_hnode *x = squad_hindex_chain(&c->ckpt_index, key); x; x = x->next) {
             cache_ckpt *ck = (cache_ckpt *)x;
             if (x->key != key || ck->pos != k * align) continue;
             /* a hash match is only a candidate: the tokens decide */
@@ -295,7 +210,7 @@ static const block_entry *deepest_block(const squad_cache *c, const int32_t *ids
     const int align = c->opts.align;
     for (int k = n_blocks; k > lo_block && c->n_groups > 0; k--) {
         const uint64_t key = keys[k - 1] & c->key_mask;
-        for (const index_node *x = table_chain(&c->block_index, key); x; x = x->next) {
+        for (const squad_hnode *x = squad_hindex_chain(&c->block_index, key); x; x = x->next) {
             const block_entry *b = (const block_entry *)x;
             if (x->key != key || b->pos != k * align) continue;
             if (memcmp(b->group->ids, ids, (size_t)b->pos * sizeof *ids) == 0) return b;
@@ -327,8 +242,8 @@ static void group_free(squad_cache *c, cache_group *g) {
     else c->groups = g->next;
     if (g->next) g->next->prev = g->prev;
     const int n_blocks = g->n_pos / c->opts.align;
-    for (int i = 0; i < n_blocks; i++) table_remove(&c->block_index, &g->blocks[i].node);
-    table_fit(&c->block_index);
+    for (int i = 0; i < n_blocks; i++) squad_hindex_remove(&c->block_index, &g->blocks[i].node);
+    squad_hindex_fit(&c->block_index);
     c->be->release(c->be, g->kv);
     c->backend_bytes -= (size_t)g->n_pos * c->be->kv_bytes_per_pos;
     c->host_bytes -= group_cost(c, g->n_pos) - (size_t)g->n_pos * c->be->kv_bytes_per_pos;
@@ -339,8 +254,8 @@ static void group_free(squad_cache *c, cache_group *g) {
 }
 
 static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
-    table_remove(&c->ckpt_index, &k->node);
-    table_fit(&c->ckpt_index);
+    squad_hindex_remove(&c->ckpt_index, &k->node);
+    squad_hindex_fit(&c->ckpt_index);
     squad_lru_unlink(&c->lru, &k->lru);
     c->be->release(c->be, k->gdn);
     c->backend_bytes -= c->be->gdn_snapshot_bytes;
@@ -392,8 +307,8 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
 void squad_cache_free(squad_cache *c) {
     if (!c) return;
     while (c->lru.oldest) ckpt_evict(c, ckpt_of(c->lru.oldest));
-    free(c->ckpt_index.buckets);
-    free(c->block_index.buckets);
+    squad_hindex_free(&c->ckpt_index);
+    squad_hindex_free(&c->block_index);
     free(c);
 }
 
@@ -439,10 +354,10 @@ static void plan_free(row_plan *pl) {
  * when one is needed and the indexes' buckets for them. */
 static int plan_keep(const squad_cache *c, int n, int p, int new_group) {
     const size_t budget = c->opts.budget_bytes;
-    const size_t blocks = new_group ? buckets_for((size_t)(p / c->opts.align)) * sizeof(index_node *) : 0;
+    const size_t blocks = new_group ? squad_hindex_buckets_for((size_t)(p / c->opts.align)) * sizeof(squad_hnode *) : 0;
     const size_t base = (new_group ? group_cost(c, p) : 0) + blocks;
     int m = n;
-    while (m > 0 && base + (size_t)m * ckpt_cost(c) + buckets_for((size_t)m) * sizeof(index_node *) > budget) m--;
+    while (m > 0 && base + (size_t)m * ckpt_cost(c) + squad_hindex_buckets_for((size_t)m) * sizeof(squad_hnode *) > budget) m--;
     return m;
 }
 
@@ -525,7 +440,7 @@ static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64
     cache_group *g = calloc(1, sizeof *g);
     int32_t *ids = malloc((size_t)p * sizeof *ids);
     block_entry *blocks = calloc((size_t)n_blocks, sizeof *blocks);
-    void *kv = (g && ids && blocks && table_reserve(&c->block_index, (size_t)n_blocks) == 0)
+    void *kv = (g && ids && blocks && squad_hindex_reserve(&c->block_index, (size_t)n_blocks) == 0)
                    ? be->alloc(be, kv_bytes, &alloc_err)
                    : NULL;
     if (kv) *rc = be->save_kv(be, kv, p, err);
@@ -534,7 +449,7 @@ static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64
         free(g);
         free(ids);
         free(blocks);
-        table_fit(&c->block_index);
+        squad_hindex_fit(&c->block_index);
         return NULL;
     }
     memcpy(ids, row->ids, (size_t)p * sizeof *ids);
@@ -547,7 +462,7 @@ static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64
         blocks[i].node.key = keys[i] & c->key_mask;
         blocks[i].pos = (i + 1) * align;
         blocks[i].group = g;
-        table_insert(&c->block_index, &blocks[i].node);
+        squad_hindex_insert(&c->block_index, &blocks[i].node);
     }
     g->next = c->groups;
     if (c->groups) c->groups->prev = g;
@@ -566,7 +481,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         pending_ckpt *pc = &pl->pending[i];
         if (!pc->gdn) continue;
         cache_ckpt *k = calloc(1, sizeof *k);
-        if (!k || table_reserve(&c->ckpt_index, 1)) {
+        if (!k || squad_hindex_reserve(&c->ckpt_index, 1)) {
             free(k);
             pending_drop(c, pc);
             continue;
@@ -578,7 +493,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         k->group = g;
         pc->gdn = NULL;
         c->pending_bytes -= ckpt_cost(c);
-        table_insert(&c->ckpt_index, &k->node);
+        squad_hindex_insert(&c->ckpt_index, &k->node);
         g->n_ckpts++;
         c->n_ckpts++;
         c->backend_bytes += c->be->gdn_snapshot_bytes;
@@ -681,7 +596,7 @@ void squad_cache_get_stats(const squad_cache *c, squad_cache_stats *out) {
 
 void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host_bytes) {
     *backend_bytes = c->backend_bytes;
-    *host_bytes = c->host_bytes + c->pending_bytes + table_bytes(&c->ckpt_index) + table_bytes(&c->block_index);
+    *host_bytes = c->host_bytes + c->pending_bytes + squad_hindex_bytes(&c->ckpt_index) + squad_hindex_bytes(&c->block_index);
 }
 
 #define CHECK_FAIL(...)                                                                                       \
@@ -689,24 +604,6 @@ void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host
         if (why && why_len) snprintf(why, why_len, __VA_ARGS__);                                              \
         return -1;                                                                                            \
     } while (0)
-
-/* 1 when x is in its bucket of t. */
-static int table_holds(const index_table *t, const index_node *x) {
-    for (const index_node *y = table_chain(t, x->key); y; y = y->next)
-        if (y == x) return 1;
-    return 0;
-}
-
-/* Every entry in its right bucket; the count. */
-static int table_check(const index_table *t, size_t *n) {
-    *n = 0;
-    for (size_t b = 0; b < t->n_buckets; b++)
-        for (const index_node *x = t->buckets[b]; x; x = x->next) {
-            if (bucket_of(t, x->key) != b) return -1;
-            (*n)++;
-        }
-    return *n == t->n_nodes && (t->n_nodes > 0 || t->n_buckets == 0) ? 0 : -1;
-}
 
 int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
     const int align = c->opts.align;
@@ -729,7 +626,7 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
         for (int i = 0; i < nb; i++) {
             const block_entry *b = &g->blocks[i];
             if (b->group != g || b->pos != (i + 1) * align || b->node.key != (keys[i] & c->key_mask) ||
-                !table_holds(&c->block_index, &b->node)) {
+                !squad_hindex_holds(&c->block_index, &b->node)) {
                 free(keys);
                 CHECK_FAIL("block entry %d of a group of %d positions is wrong", i, g->n_pos);
             }
@@ -750,7 +647,7 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
             CHECK_FAIL("checkpoint at %d in a group of %d positions", k->pos, k->group->n_pos);
         }
         /* its key is its group's block key at its position */
-        if (k->node.key != k->group->blocks[k->pos / align - 1].node.key || !table_holds(&c->ckpt_index, &k->node)) {
+        if (k->node.key != k->group->blocks[k->pos / align - 1].node.key || !squad_hindex_holds(&c->ckpt_index, &k->node)) {
             free(keys);
             CHECK_FAIL("checkpoint at %d: wrong key or missing from the index", k->pos);
         }
@@ -760,9 +657,9 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
     }
     free(keys);
     if (prev != c->lru.newest) CHECK_FAIL("LRU tail is wrong");
-    if (table_check(&c->ckpt_index, &in_table) || in_table != n_ckpts || n_ckpts != c->n_ckpts)
+    if (squad_hindex_check(&c->ckpt_index, &in_table) || in_table != n_ckpts || n_ckpts != c->n_ckpts)
         CHECK_FAIL("checkpoint index: %zu entries, %zu listed, %zu counted", in_table, n_ckpts, c->n_ckpts);
-    if (table_check(&c->block_index, &in_table) || in_table != n_blocks)
+    if (squad_hindex_check(&c->block_index, &in_table) || in_table != n_blocks)
         CHECK_FAIL("block index: %zu entries, groups have %zu", in_table, n_blocks);
     if (n_groups != c->n_groups) CHECK_FAIL("%zu groups listed, %zu counted", n_groups, c->n_groups);
     if (be_bytes != c->backend_bytes || host != c->host_bytes || c->pending_bytes != 0)

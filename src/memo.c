@@ -11,15 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash_index.h"
 #include "lru.h"
 #include "util.h"
 
-#define MEMO_MIN_BUCKETS 16
 #define MEMO_HASH_SEED 0x243f6a8885a308d3ull
 
 typedef struct memo_entry {
-    uint64_t key;
-    struct memo_entry *index_next;
+    squad_hnode node;   /* key: the hash of the row's content */
     squad_lru_node lru; /* in the memo's LRU list */
     size_t bytes;
     int n_ids, n_slots, n_letters, state_len, route;
@@ -29,10 +28,9 @@ typedef struct memo_entry {
 
 struct squad_memo {
     size_t budget;
-    memo_entry **buckets;
-    size_t n_buckets; /* 0 or a power of two */
+    squad_hindex index;
     size_t n_entries;
-    size_t bytes;
+    size_t entry_bytes; /* the entries' allocations (the index's buckets are counted apart) */
     squad_lru lru; /* entries, least recently used first */
     squad_memo_stats stats;
 };
@@ -78,56 +76,26 @@ static int total_options(const squad_row *r) {
 
 /* ---- index and LRU --------------------------------------------------------------------------- */
 
-static void resize(squad_memo *m, size_t n) {
-    if (n == m->n_buckets) return;
-    memo_entry **nb = NULL;
-    if (n > 0) {
-        nb = calloc(n, sizeof *nb);
-        if (!nb) return; /* longer chains, still correct */
-    }
-    for (size_t b = 0; b < m->n_buckets; b++) {
-        memo_entry *e = m->buckets[b];
-        while (e) {
-            memo_entry *next = e->index_next;
-            size_t i = (size_t)(e->key & (n - 1));
-            e->index_next = nb[i];
-            nb[i] = e;
-            e = next;
-        }
-    }
-    free(m->buckets);
-    m->bytes -= m->n_buckets * sizeof *m->buckets;
-    m->buckets = nb;
-    m->n_buckets = n;
-    m->bytes += n * sizeof *nb;
-}
-
-/* A bucket array for the entries there are, when the present one is four times too large. */
-static void shrink_index(squad_memo *m) {
-    if (m->n_entries == 0 || m->n_entries * 4 >= m->n_buckets || m->n_buckets <= MEMO_MIN_BUCKETS) return;
-    size_t n = MEMO_MIN_BUCKETS;
-    while (n < m->n_entries) n *= 2;
-    resize(m, n);
-}
+/* Every byte held: the entries and the bucket array. */
+static size_t held(const squad_memo *m) { return m->entry_bytes + squad_hindex_bytes(&m->index); }
 
 static memo_entry *entry_of(squad_lru_node *n) { return SQUAD_LRU_ENTRY(n, memo_entry, lru); }
 
 static memo_entry *find(const squad_memo *m, const squad_row *r, uint64_t key) {
-    if (m->n_buckets == 0) return NULL;
-    for (memo_entry *e = m->buckets[key & (m->n_buckets - 1)]; e; e = e->index_next)
-        if (e->key == key && entry_matches(e, r)) return e;
+    for (const squad_hnode *x = squad_hindex_chain(&m->index, key); x; x = x->next) {
+        memo_entry *e = SQUAD_HNODE_ENTRY(x, memo_entry, node);
+        if (x->key == key && entry_matches(e, r)) return e;
+    }
     return NULL;
 }
 
 static void remove_entry(squad_memo *m, memo_entry *e) {
-    memo_entry **pp = &m->buckets[e->key & (m->n_buckets - 1)];
-    while (*pp && *pp != e) pp = &(*pp)->index_next;
-    if (*pp) *pp = e->index_next;
+    squad_hindex_remove(&m->index, &e->node);
     squad_lru_unlink(&m->lru, &e->lru);
-    m->bytes -= e->bytes;
+    m->entry_bytes -= e->bytes;
     m->n_entries--;
     free(e);
-    if (m->n_entries == 0) resize(m, 0);
+    if (m->n_entries == 0) squad_hindex_fit(&m->index);
 }
 
 /* ---- the API --------------------------------------------------------------------------------- */
@@ -141,7 +109,7 @@ squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err) {
 void squad_memo_free(squad_memo *m) {
     if (!m) return;
     while (m->lru.oldest) remove_entry(m, entry_of(m->lru.oldest));
-    free(m->buckets);
+    squad_hindex_free(&m->index);
     free(m);
 }
 
@@ -178,11 +146,11 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
     const size_t n_ints = (size_t)r->n_ids + 2 * (size_t)r->n_slots + (size_t)r->n_letters;
     const size_t n_probs = (size_t)total_options(r);
     const size_t bytes = sizeof(memo_entry) + n_ints * sizeof(int32_t) + n_probs * sizeof(float);
-    if (bytes + MEMO_MIN_BUCKETS * sizeof(memo_entry *) > m->budget) return 0; /* never fits */
+    if (bytes + SQUAD_HINDEX_MIN_BUCKETS * sizeof(squad_hnode *) > m->budget) return 0; /* never fits */
     memo_entry *e = squad_malloc(bytes, err);
     if (!e) return SQUAD_E_NOMEM;
     memset(e, 0, sizeof *e);
-    e->key = key;
+    e->node.key = key;
     e->bytes = bytes;
     e->n_ids = r->n_ids;
     e->n_slots = r->n_slots;
@@ -206,28 +174,22 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
         p += r->nopts[i];
     }
 
-    if (m->n_entries + 1 > m->n_buckets) {
-        size_t n = m->n_buckets ? m->n_buckets * 2 : MEMO_MIN_BUCKETS;
-        resize(m, n);
-        if (m->n_buckets == 0) {
-            free(e);
-            return squad_fail(err, SQUAD_E_NOMEM, "memo: out of memory for its index");
-        }
+    if (squad_hindex_reserve(&m->index, 1)) {
+        free(e);
+        return squad_fail(err, SQUAD_E_NOMEM, "memo: out of memory for its index");
     }
-    size_t i = (size_t)(key & (m->n_buckets - 1));
-    e->index_next = m->buckets[i];
-    m->buckets[i] = e;
+    squad_hindex_insert(&m->index, &e->node);
     squad_lru_push_newest(&m->lru, &e->lru);
     m->n_entries++;
-    m->bytes += bytes;
+    m->entry_bytes += bytes;
     m->stats.stored++;
     /* least recently used first; the new entry is the most recent and fits on its own */
-    while (m->bytes > m->budget && entry_of(m->lru.oldest) != e) {
+    while (held(m) > m->budget && entry_of(m->lru.oldest) != e) {
         remove_entry(m, entry_of(m->lru.oldest));
         m->stats.evicted++;
     }
-    shrink_index(m);
-    if (m->bytes > m->budget) { /* only when the index could not shrink: give the entry up */
+    squad_hindex_fit(&m->index);
+    if (held(m) > m->budget) { /* only when the index could not shrink: give the entry up */
         remove_entry(m, e);
         m->stats.evicted++;
     }
@@ -239,6 +201,6 @@ void squad_memo_get_stats(const squad_memo *m, squad_memo_stats *out) {
     if (!m) return;
     *out = m->stats;
     out->entries = m->n_entries;
-    out->bytes_held = m->bytes;
+    out->bytes_held = held(m);
     out->budget_bytes = m->budget;
 }

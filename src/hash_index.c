@@ -1,0 +1,94 @@
+/*
+ * hash_index.c — the intrusive chained hash table (hash_index.h).
+ */
+#include "hash_index.h"
+
+#include <stdlib.h>
+
+size_t squad_hindex_buckets_for(size_t n) {
+    if (n == 0) return 0;
+    size_t b = SQUAD_HINDEX_MIN_BUCKETS;
+    while (b < n) b *= 2;
+    return b;
+}
+
+size_t squad_hindex_bytes(const squad_hindex *t) { return t->n_buckets * sizeof *t->buckets; }
+
+static size_t bucket_of(const squad_hindex *t, uint64_t key) { return (size_t)(key & (t->n_buckets - 1)); }
+
+void squad_hindex_resize(squad_hindex *t, size_t n) {
+    if (n == t->n_buckets || (n == 0 && t->n_nodes > 0)) return;
+    squad_hnode **nb = NULL;
+    if (n > 0) {
+        nb = calloc(n, sizeof *nb);
+        if (!nb) return;
+    }
+    for (size_t b = 0; b < t->n_buckets; b++) {
+        squad_hnode *x = t->buckets[b];
+        while (x) {
+            squad_hnode *next = x->next;
+            size_t i = (size_t)(x->key & (n - 1));
+            x->next = nb[i];
+            nb[i] = x;
+            x = next;
+        }
+    }
+    free(t->buckets);
+    t->buckets = nb;
+    t->n_buckets = n;
+}
+
+int squad_hindex_reserve(squad_hindex *t, size_t n_more) {
+    if (t->n_nodes + n_more > t->n_buckets) squad_hindex_resize(t, squad_hindex_buckets_for(t->n_nodes + n_more));
+    return t->n_buckets ? 0 : -1;
+}
+
+void squad_hindex_insert(squad_hindex *t, squad_hnode *x) {
+    size_t i = bucket_of(t, x->key);
+    x->next = t->buckets[i];
+    t->buckets[i] = x;
+    t->n_nodes++;
+}
+
+void squad_hindex_remove(squad_hindex *t, squad_hnode *x) {
+    if (t->n_buckets == 0) return;
+    squad_hnode **pp = &t->buckets[bucket_of(t, x->key)];
+    while (*pp && *pp != x) pp = &(*pp)->next;
+    if (*pp) {
+        *pp = x->next;
+        t->n_nodes--;
+    }
+    x->next = NULL;
+}
+
+void squad_hindex_fit(squad_hindex *t) {
+    if (t->n_nodes == 0) squad_hindex_resize(t, 0);
+    else if (t->n_nodes * SQUAD_HINDEX_SHRINK_FACTOR < t->n_buckets && t->n_buckets > SQUAD_HINDEX_MIN_BUCKETS)
+        squad_hindex_resize(t, squad_hindex_buckets_for(t->n_nodes * 2));
+}
+
+const squad_hnode *squad_hindex_chain(const squad_hindex *t, uint64_t key) {
+    return t->n_buckets ? t->buckets[bucket_of(t, key)] : NULL;
+}
+
+int squad_hindex_holds(const squad_hindex *t, const squad_hnode *x) {
+    for (const squad_hnode *y = squad_hindex_chain(t, x->key); y; y = y->next)
+        if (y == x) return 1;
+    return 0;
+}
+
+int squad_hindex_check(const squad_hindex *t, size_t *n) {
+    *n = 0;
+    for (size_t b = 0; b < t->n_buckets; b++)
+        for (const squad_hnode *x = t->buckets[b]; x; x = x->next) {
+            if (bucket_of(t, x->key) != b) return -1;
+            (*n)++;
+        }
+    return *n == t->n_nodes && (t->n_nodes > 0 || t->n_buckets == 0) ? 0 : -1;
+}
+
+void squad_hindex_free(squad_hindex *t) {
+    free(t->buckets);
+    t->buckets = NULL;
+    t->n_buckets = t->n_nodes = 0;
+}
