@@ -118,31 +118,6 @@ static double compare(const squad_row *row, probs_t *a, probs_t *b, int *argmax_
     return worst;
 }
 
-/* ---- files ---- */
-
-static char **read_lines(const char *path, int *n) {
-    FILE *f = fopen(path, "rb");
-    *n = 0;
-    if (!f) return NULL;
-    char **lines = NULL, *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        if (line[0] == '\n' || !line[0]) continue;
-        char **nl = realloc(lines, sizeof(char *) * (size_t)(*n + 2));
-        if (!nl) abort();
-        lines = nl;
-        lines[(*n)++] = strdup(line);
-        lines[*n] = NULL;
-    }
-    free(line);
-    fclose(f);
-    return lines;
-}
-static void free_lines(char **l, int n) {
-    for (int i = 0; i < n; i++) free(l[i]);
-    free(l);
-}
-
 static int parse_expected(const char *line, const squad_row *row, probs_t *out) {
     json_error_t je;
     json_t *root = json_loads(line, 0, &je);
@@ -205,9 +180,9 @@ static void test_fixture(const char *name, squad_precision prec) {
     squad_backend *gpu = new_cuda(m, 0, prec), *cpu = new_cpu(m);
     int nr = 0, ne = 0;
     snprintf(path, sizeof path, "%s/rows.jsonl", dir);
-    char **rows = read_lines(path, &nr);
+    char **rows = test_read_lines(path, &nr);
     snprintf(path, sizeof path, "%s/expected.jsonl", dir);
-    char **exp = read_lines(path, &ne);
+    char **exp = test_read_lines(path, &ne);
     CHECKF(nr > 0 && nr == ne, "fixture %s: %d rows, %d expected", name, nr, ne);
     double w_ref = 0, w_cpu = 0, w_chunk = 0;
     int bad_ref = 0, bad_cpu = 0, ran = 0;
@@ -252,8 +227,8 @@ static void test_fixture(const char *name, squad_precision prec) {
     } else {
         CHECKF(w_chunk <= TOL_BF16, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
     }
-    free_lines(rows, nr);
-    free_lines(exp, ne);
+    test_free_lines(rows, nr);
+    test_free_lines(exp, ne);
     if (gpu) gpu->destroy(gpu);
     if (cpu) cpu->destroy(cpu);
     squad_model_free(m);
@@ -284,12 +259,12 @@ static void test_cache_scenario(squad_precision prec) {
         return;
     }
     int nr = 0, ne = 0;
-    char **rows = read_lines("tests/fixtures/models/tiny-causal/cache_rows.jsonl", &nr);
-    char **exp = read_lines("tests/fixtures/models/tiny-causal/cache_expected.jsonl", &ne);
+    char **rows = test_read_lines("tests/fixtures/models/tiny-causal/cache_rows.jsonl", &nr);
+    char **exp = test_read_lines("tests/fixtures/models/tiny-causal/cache_expected.jsonl", &ne);
     if (!rows || nr != ne) {
         printf("cache scenario: no cache_rows.jsonl / cache_expected.jsonl, skipped\n");
-        free_lines(rows, nr);
-        free_lines(exp, ne);
+        test_free_lines(rows, nr);
+        test_free_lines(exp, ne);
         squad_model_free(m);
         return;
     }
@@ -335,8 +310,8 @@ static void test_cache_scenario(squad_precision prec) {
         squad_engine_free(e);
     }
     if (plain) squad_engine_free(plain);
-    free_lines(rows, nr);
-    free_lines(exp, ne);
+    test_free_lines(rows, nr);
+    test_free_lines(exp, ne);
     squad_model_free(m);
 }
 
@@ -363,24 +338,31 @@ static void make_row(rowgen *g, uint64_t seed, int n, int vocab) {
     g->row = (squad_row){g->ids, n, g->slots, g->nopts, 3, g->letters, 4, -1};
 }
 
-static void test_synth(squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
-    const char *tmp = test_tmpdir();
+/* A synthesized preset written to a fresh temporary folder and loaded; NULL (a failed check) when
+ * either step fails. */
+static squad_model *synth_model(const char *preset, unsigned seed) {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/demo", tmp);
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), preset);
     squad_synth_opts so;
     memset(&so, 0, sizeof so);
-    so.preset = "demo";
+    so.preset = preset;
     so.out_dir = dir;
-    so.seed = 7;
+    so.seed = seed;
     squad_err err = {0};
     if (squad_synth_write(&so, &err)) {
-        CHECKF(0, "synth demo: %s", err.msg);
-        return;
+        CHECKF(0, "synth %s: %s", preset, err.msg);
+        return NULL;
     }
     squad_model *m = squad_model_load(dir, &err);
-    CHECKF(m != NULL, "load demo: %s", err.msg);
+    CHECKF(m != NULL, "load %s: %s", preset, err.msg);
+    return m;
+}
+
+static void test_synth(squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
+    squad_model *m = synth_model("demo", 7);
     if (!m) return;
+    squad_err err = {0};
     squad_backend *gpu = new_cuda(m, 0, prec), *cpu = new_cpu(m);
     if (!gpu || !cpu) goto done;
     const int V = m->cfg.vocab_size < 4096 ? m->cfg.vocab_size : 4096;
@@ -488,21 +470,9 @@ done:
 
 static void test_hd256(squad_precision prec) {
     const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_EXACT_CPU : TOL_BF16;
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/tiny-hd256", test_tmpdir());
-    squad_synth_opts so;
-    memset(&so, 0, sizeof so);
-    so.preset = "tiny-hd256";
-    so.out_dir = dir;
-    so.seed = 5;
-    squad_err err = {0};
-    if (squad_synth_write(&so, &err)) {
-        CHECKF(0, "synth tiny-hd256: %s", err.msg);
-        return;
-    }
-    squad_model *m = squad_model_load(dir, &err);
-    CHECKF(m != NULL, "load tiny-hd256: %s", err.msg);
+    squad_model *m = synth_model("tiny-hd256", 5);
     if (!m) return;
+    squad_err err = {0};
     CHECK(m->cfg.head_dim == 256 && m->cfg.rotary_dim == 64);
     const int ctx = squad_model_max_tokens(m); /* what squad score gives the backend */
     squad_backend *gpu = new_cuda_ctx(m, 0, prec, ctx), *cpu = new_cpu(m);

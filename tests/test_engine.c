@@ -36,30 +36,6 @@ static squad_engine *open_engine(squad_model *m, int cache) {
     return e;
 }
 
-/* Reads the lines of a file into an array (NULL-terminated). */
-static char **read_lines(const char *path, int *n) {
-    FILE *f = fopen(path, "rb");
-    *n = 0;
-    if (!f) return NULL;
-    char **lines = NULL;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        if (line[0] == '\n' || !line[0]) continue;
-        lines = realloc(lines, sizeof(char *) * (*n + 2));
-        lines[(*n)++] = strdup(line);
-        lines[*n] = NULL;
-    }
-    free(line);
-    fclose(f);
-    return lines;
-}
-
-static void free_lines(char **l, int n) {
-    for (int i = 0; i < n; i++) free(l[i]);
-    free(l);
-}
-
 /* Compares a result with an expected line {"probs": [[...], ...]}; returns the worst difference. */
 static double compare_expected(const squad_result *r, const squad_row *row, const char *expected) {
     json_error_t je;
@@ -94,7 +70,7 @@ static void check_fixture(const char *name) {
     squad_engine *e = open_engine(m, 0);
     CHECK(e != NULL);
     int nr = 0, ne = 0;
-    char **rows = read_lines(rows_path, &nr), **exp = read_lines(exp_path, &ne);
+    char **rows = test_read_lines(rows_path, &nr), **exp = test_read_lines(exp_path, &ne);
     CHECKF(nr > 0 && nr == ne, "%s: %d rows, %d expected", name, nr, ne);
     double worst_all = 0;
     squad_result *res = malloc(sizeof *res);
@@ -114,8 +90,8 @@ static void check_fixture(const char *name) {
     }
     printf("fixture %s: %d rows, worst |diff| %.3g\n", name, nr, worst_all);
     free(res);
-    free_lines(rows, nr);
-    free_lines(exp, ne);
+    test_free_lines(rows, nr);
+    test_free_lines(exp, ne);
     squad_engine_free(e);
     squad_model_free(m);
 }

@@ -1,7 +1,9 @@
 /* testutil.c — counters and summary for the test harness (testutil.h). */
 #define _DEFAULT_SOURCE
+#define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,4 +19,28 @@ const char *test_tmpdir(void) {
     strcpy(buf, "/tmp/squad-test-XXXXXX");
     if (!mkdtemp(buf)) return "/tmp";
     return buf;
+}
+
+char **test_read_lines(const char *path, int *n) {
+    *n = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char **lines = NULL, *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        if (line[0] == '\n' || !line[0]) continue;
+        char **nl = realloc(lines, sizeof(char *) * (size_t)(*n + 2));
+        if (!nl) abort(); /* a test harness out of memory: nothing sensible to report */
+        lines = nl;
+        lines[(*n)++] = strdup(line);
+        lines[*n] = NULL;
+    }
+    free(line);
+    fclose(f);
+    return lines;
+}
+
+void test_free_lines(char **lines, int n) {
+    for (int i = 0; i < n; i++) free(lines[i]);
+    free(lines);
 }

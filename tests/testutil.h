@@ -36,6 +36,10 @@ extern int test_passed, test_failed;
 
 /* Prints the summary and returns the process exit code (0 when nothing failed). */
 int test_summary(const char *name);
+/* The non-empty lines of a file (each with its newline), NULL-terminated; *n their count. NULL
+ * with *n = 0 when the file cannot be opened. Free with test_free_lines. */
+char **test_read_lines(const char *path, int *n);
+void test_free_lines(char **lines, int n);
 /* A fresh temporary directory (mkdtemp under /tmp); the caller may leave it. */
 const char *test_tmpdir(void);
 
