@@ -3,10 +3,12 @@
  * inputs (src/cuda/cuda_test_api.h): the GDN mixer (conv with saved inputs, gates, the chunked
  * delta rule from a nonzero initial state, padding, the gated norm) against the per-token
  * recurrence, chained over two chunks; attention over cached K / V (RoPE offsets, GQA, padding,
- * head dims 16..256) — each on the bf16 path (tensor cores) and the exact fp32 path; RMSNorm, SiLU * up and the cuBLASLt projection. Outputs are poisoned (NaN)
+ * head dims 16..256) — each on the bf16 path (tensor cores) and the exact fp32 path; RMSNorm, SiLU * up, the cuBLASLt projection
+ * and the skinny small-M GEMM (every M bucket, tails, the 0.8B shapes). Outputs are poisoned (NaN)
  * on the device before each run, so an element a kernel does not write fails the comparison.
  * Errors are relative: ||out - ref|| / ||ref|| (bf16 operands: about 1e-3 .. 1e-2).
- * Exits 77 (skipped) without a GPU.
+ * Exits 77 (skipped) without a GPU. SQUAD_TEST_ONLY_SKINNY=1 runs only the skinny GEMM's cases;
+ * SQUAD_GEMM_BENCH=1 instead times the skinny GEMM against cuBLASLt on the 0.8B shapes.
  */
 #include <math.h>
 #include <stdint.h>
@@ -226,12 +228,99 @@ static void test_small(rng *r) {
     free(R0);
 }
 
+/* ---- the skinny GEMM (small M) ---- */
+/* Y = X W^T (+ R0 when acc) in double; the inputs are already bf16 values. */
+static void ref_gemm(const float *X, const float *W, const float *R0, float *Y, int M, int N, int K) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = R0 ? R0[(size_t)i * N + j] : 0;
+            const float *x = X + (size_t)i * K, *w = W + (size_t)j * K;
+            for (int k = 0; k < K; k++) s += (double)x[k] * w[k];
+            Y[(size_t)i * N + j] = (float)s;
+        }
+}
+
+static void test_skinny_case(rng *r, int M, int N, int K, int acc) {
+    squad_err err = {0};
+    float *X = randn(r, (size_t)M * K, 1.0, 1), *W = randn(r, (size_t)N * K, 1.0 / sqrt((double)K), 1);
+    float *R0 = acc ? randn(r, (size_t)M * N, 1.0, 0) : NULL;
+    float *Y = malloc(sizeof(float) * M * N), *Yr = malloc(sizeof(float) * M * N);
+    if (!Y || !Yr) abort();
+    ref_gemm(X, W, R0, Yr, M, N, K);
+    if (acc) memcpy(Y, R0, sizeof(float) * M * N);
+    const int rc = squad_cuda_test_gemm_skinny(X, W, Y, M, N, K, acc, &err);
+    CHECKF(rc == 0, "skinny %dx%dx%d acc %d: %s", M, N, K, acc, err.msg);
+    if (rc == 0) {
+        const double e = rel_err(Y, Yr, (size_t)M * N);
+        printf("gemm skinny %dx%dx%d acc %d: rel err %.2e\n", M, N, K, acc, e);
+        CHECKF(e < (acc ? 1e-5 : 5e-3), "skinny %dx%dx%d acc %d: rel err %.3e", M, N, K, acc, e);
+    }
+    free(X);
+    free(W);
+    free(R0);
+    free(Y);
+    free(Yr);
+}
+
+static void test_gemm_skinny(rng *r) {
+    static const int ms[] = {1, 5, 16, 32, 64, 100, 128, 192, 256};
+    const int n_ms = (int)(sizeof ms / sizeof ms[0]);
+    /* small and odd shapes (tails of every tile: N, K multiples of 8 only), every M, both modes */
+    static const int small[][2] = {{24, 40}, {16, 16}, {64, 64}, {136, 200}, {200, 128}, {8, 8}, {72, 1032}};
+    for (size_t s = 0; s < sizeof small / sizeof small[0]; s++)
+        for (int i = 0; i < n_ms; i++)
+            for (int acc = 0; acc < 2; acc++) test_skinny_case(r, ms[i], small[s][0], small[s][1], acc);
+    /* the 0.8B projections in their own mode (the host reference is the cost: a subset of M) */
+    static const int big[][3] = {{8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
+    static const int big_ms[] = {1, 16, 32, 100, 128, 192, 256};
+    for (size_t s = 0; s < sizeof big / sizeof big[0]; s++)
+        for (size_t i = 0; i < sizeof big_ms / sizeof big_ms[0]; i++)
+            test_skinny_case(r, big_ms[i], big[s][0], big[s][1], big[s][2]);
+    /* refused shapes */
+    squad_err err = {0};
+    float one = 1.f, y = 0.f;
+    CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 1, 12, 8, 0, &err) == SQUAD_E_UNSUPPORTED);
+    CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 1, 8, 12, 0, &err) == SQUAD_E_UNSUPPORTED);
+    CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 257, 8, 8, 0, &err) == SQUAD_E_UNSUPPORTED);
+}
+
+/* SQUAD_GEMM_BENCH=1: us per call and GB/s (W + X + Y bytes) of the skinny kernel and tuned
+ * cuBLASLt for the 0.8B projections at the hit path's M. */
+static void bench_gemm_skinny(void) {
+    static const int shapes[][3] = {{8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
+    static const int ms[] = {16, 32, 64, 128, 192, 256};
+    printf("%5s %5s %5s %3s | %9s %8s | %9s %8s | %s\n", "M", "N", "K", "acc", "skinny us", "GB/s", "cublas us", "GB/s",
+           "speedup");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+            const int M = ms[i], N = shapes[s][0], K = shapes[s][1], acc = shapes[s][2];
+            squad_err err = {0};
+            double us_sk = -1, us_lt = -1;
+            const int rc = squad_cuda_bench_gemm(M, N, K, acc, &us_sk, &us_lt, &err);
+            CHECKF(rc == 0, "bench %dx%dx%d: %s", M, N, K, err.msg);
+            if (rc) continue;
+            const double bytes = 2.0 * N * K + 2.0 * M * K + (acc ? 8.0 : 2.0) * M * N;
+            printf("%5d %5d %5d %3d | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", M, N, K, acc, us_sk,
+                   us_sk > 0 ? bytes / us_sk * 1e-3 : 0.0, us_lt, bytes / us_lt * 1e-3, us_sk > 0 ? us_lt / us_sk : 0.0);
+        }
+}
+
 int main(void) {
     if (squad_cuda_device_count() <= 0) {
         printf("gpu_test_kernels: no CUDA device, skipped\n");
         return 77;
     }
     rng r = {0x9e3779b97f4a7c15ull};
+    const char *bench = getenv("SQUAD_GEMM_BENCH");
+    if (bench && bench[0] == '1') {
+        bench_gemm_skinny();
+        return test_summary("gpu_test_kernels (GEMM benchmark)");
+    }
+    const char *only = getenv("SQUAD_TEST_ONLY_SKINNY"); /* the skinny GEMM's cases alone */
+    if (only && only[0] == '1') {
+        test_gemm_skinny(&r);
+        return test_summary("gpu_test_kernels (skinny GEMM)");
+    }
     const gdn_case gc[] = {
         {2, 4, 16, 16, 4, 16, 5, 64, 64},      /* tiny-causal shapes; bucket 16, then a full block */
         {2, 2, 32, 24, 4, 256, 200, 128, 77},  /* dv 24 (padded to 32), padding inside a block */
@@ -254,6 +343,7 @@ int main(void) {
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);
     test_small(&r);
+    test_gemm_skinny(&r);
     return test_summary("gpu_test_kernels");
 }
 #else

@@ -157,11 +157,24 @@ __device__ __forceinline__ float cu_warp_max(float v) {
  * acc = 1: D fp32 and beta 1 with C = D (the residual add fused into the epilogue). Exact path
  * (f32 = 1): W, X and D fp32, fp32 compute (no TF32). A plan (descriptors + the heuristic's
  * algorithm) is made once per shape and kept, so graph captures reuse it. */
+/* The skinny kernel (k_gemm_skinny.cu): for M <= CU_SKINNY_MAX_M on the fast path, a
+ * weight-streaming kernel (each W element read once, K split over a thread-block cluster). Its
+ * launch shape, chosen per (M, N, K) by cu_gemm_skinny_plan. */
+#define CU_SKINNY_MAX_M 256
+typedef struct cu_skinny_cfg {
+    int bn;      /* columns of Y per CTA (64 or 128) */
+    int mt;      /* rows of X per CTA (16, 32, 64, 128) */
+    int m_tiles; /* ceil(M / mt) */
+    int splits;  /* K splits = cluster size (1..8) */
+    int steps;   /* 64-wide K steps per split */
+} cu_skinny_cfg;
 typedef struct cu_gemm_plan {
     int M, N, K, acc, f32;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
+    int skinny;        /* run the skinny kernel with `sk` instead of cuBLASLt */
+    cu_skinny_cfg sk;
 } cu_gemm_plan;
 typedef struct cu_gemm_ctx {
     cublasLtHandle_t lt;
@@ -170,11 +183,21 @@ typedef struct cu_gemm_ctx {
     cu_gemm_plan *plans;
     int n_plans, cap_plans;
     int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
+    int n_sm; /* multiprocessors (the skinny kernel's grid) */
+    int skinny_mode; /* SQUAD_GEMM_SKINNY: -1 unset (chosen when tuning and faster), 0 off, 1 forced where supported */
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
 int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N, int K, int acc, int f32,
             cudaStream_t st, squad_err *err);
+/* Shapes the skinny kernel takes: bf16 (f32 = 0), 1 <= M <= CU_SKINNY_MAX_M, N and K multiples of
+ * 8. (Operands must also be 16-byte aligned; cu_gemm checks the pointers.) */
+int cu_gemm_skinny_supported(int M, int N, int K, int acc, int f32);
+int cu_gemm_skinny_init(squad_err *err); /* kernel attributes (shared memory) */
+int cu_gemm_skinny_plan(int M, int N, int K, int n_sm, cu_skinny_cfg *cfg, squad_err *err);
+/* Y = X W^T (acc = 0, Y bf16) or Y += X W^T (acc = 1, Y fp32); W [N][K], X [M][K] bf16. */
+int cu_gemm_skinny(const cu_skinny_cfg *cfg, const bf16 *W, const bf16 *X, void *Y, int M, int N, int K, int acc,
+                   cudaStream_t st, squad_err *err);
 
 /* ---- kernel launchers (host) ----------------------------------------------------------------- */
 

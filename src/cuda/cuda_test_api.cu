@@ -276,3 +276,154 @@ extern "C" int squad_cuda_test_gemm(const float *X, const float *W, float *Y, in
     tfree(&b);
     return rc;
 }
+
+/* ---- the skinny GEMM ---- */
+#define SKINNY_TEST_GUARD 4096 /* poisoned elements after Y: catches writes past the matrix */
+
+static int test_gemm_skinny(tbufs *b, const float *X, const float *W, float *Y, int M, int N, int K, int acc,
+                            squad_err *err) {
+    if (!cu_gemm_skinny_supported(M, N, K, acc, 0))
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "test: skinny GEMM %d x %d x %d not supported", M, N, K);
+    int rc = cu_gemm_skinny_init(err);
+    if (rc) return rc;
+    int dev = 0, nsm = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    cu_skinny_cfg cfg;
+    if ((rc = cu_gemm_skinny_plan(M, N, K, nsm, &cfg, err))) return rc;
+    bf16 *dX, *dW;
+    void *dY;
+    const size_t n = (size_t)M * N, es = acc ? 4 : 2;
+    if ((rc = up_bf16(b, &dX, X, (size_t)M * K, err))) return rc;
+    if ((rc = up_bf16(b, &dW, W, (size_t)N * K, err))) return rc;
+    if ((rc = talloc_poison(b, &dY, (n + SKINNY_TEST_GUARD) * es, err))) return rc;
+    if (acc) CU_TRY(cudaMemcpy(dY, Y, n * 4, cudaMemcpyHostToDevice));
+    if ((rc = cu_gemm_skinny(&cfg, dW, dX, dY, M, N, K, acc, 0, err))) return rc;
+    CU_TRY(cudaDeviceSynchronize());
+    unsigned char *guard = (unsigned char *)malloc(SKINNY_TEST_GUARD * es);
+    if (!guard) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    const cudaError_t e = cudaMemcpy(guard, (const char *)dY + n * es, SKINNY_TEST_GUARD * es, cudaMemcpyDeviceToHost);
+    size_t bad = 0;
+    for (size_t i = 0; e == cudaSuccess && i < SKINNY_TEST_GUARD * es; i++) bad += guard[i] != 0xff;
+    free(guard);
+    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    if (bad)
+        return cu_err(err, SQUAD_E_BACKEND, "test: skinny GEMM %d x %d x %d (bn %d mt %d splits %d) wrote %zu guard bytes",
+                      M, N, K, cfg.bn, cfg.mt, cfg.splits, bad);
+    if (acc) {
+        CU_TRY(cudaMemcpy(Y, dY, n * 4, cudaMemcpyDeviceToHost));
+        return 0;
+    }
+    return down_bf16(Y, (const bf16 *)dY, n, err);
+}
+
+extern "C" int squad_cuda_test_gemm_skinny(const float *X, const float *W, float *Y, int M, int N, int K,
+                                           int accumulate, squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_gemm_skinny(&b, X, W, Y, M, N, K, accumulate, err);
+    tfree(&b);
+    return rc;
+}
+
+/* uniform values in [-scale, scale) from a hash of the index: no zeros to time on */
+__global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        p[i] = __float2bfloat16(scale * ((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
+    }
+}
+
+#define BENCH_ROTATE_BYTES (256u << 20) /* W copies cycled through: several times the 50 MB L2 */
+#define BENCH_REPS 100                  /* calls per timed graph */
+
+/* Times one graph of BENCH_REPS calls (W rotating) after one warm-up replay; *us per call. */
+static int bench_graph(cudaStream_t st, cu_gemm_ctx *g, const cu_skinny_cfg *sk, const bf16 *Wbase, size_t w_stride,
+                       int n_rot, const bf16 *X, void *Y, int M, int N, int K, int acc, double *us, squad_err *err) {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = 0;
+    CU_TRY(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int r = 0; r < BENCH_REPS && !rc; r++) {
+        const bf16 *W = Wbase + (size_t)(r % n_rot) * w_stride;
+        rc = sk ? cu_gemm_skinny(sk, W, X, Y, M, N, K, acc, st, err) : cu_gemm(g, W, X, Y, M, N, K, acc, 0, st, err);
+    }
+    const cudaError_t ce = cudaStreamEndCapture(st, &graph);
+    if (rc) {
+        if (graph) cudaGraphDestroy(graph);
+        return rc;
+    }
+    if (ce != cudaSuccess) return cu_fail(err, "cudaStreamEndCapture", ce, __FILE__, __LINE__);
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st); /* warm-up */
+    if (e == cudaSuccess) e = cudaEventRecord(e0, st);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st);
+    if (e == cudaSuccess) e = cudaEventRecord(e1, st);
+    if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+    float ms = 0.f;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (exec) cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) return cu_fail(err, "benchmark graph", e, __FILE__, __LINE__);
+    *us = 1e3 * ms / BENCH_REPS;
+    return 0;
+}
+
+static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, int K, int acc, double *us_sk,
+                      double *us_lt, squad_err *err) {
+    *us_sk = *us_lt = -1.0;
+    const size_t w_stride = ((size_t)N * K + 127) / 128 * 128; /* elements between W copies */
+    int n_rot = (int)(BENCH_ROTATE_BYTES / (w_stride * 2));
+    if (n_rot < 2) n_rot = 2;
+    void *dW, *dX, *dY;
+    int rc;
+    if ((rc = talloc(b, &dW, w_stride * 2 * n_rot, err))) return rc;
+    if ((rc = talloc(b, &dX, (size_t)M * K * 2, err))) return rc;
+    if ((rc = talloc(b, &dY, (size_t)M * N * (acc ? 4 : 2), err))) return rc;
+    CU_TRY(cudaDeviceSynchronize()); /* talloc's memsets run on the legacy stream, st does not wait for it */
+    test_fill_bf16<<<1024, 256, 0, st>>>((bf16 *)dW, w_stride * n_rot, 0x1234u, 0.05f);
+    CU_LAUNCH_CHECK("test_fill_bf16");
+    test_fill_bf16<<<256, 256, 0, st>>>((bf16 *)dX, (size_t)M * K, 0x9876u, 1.0f);
+    CU_LAUNCH_CHECK("test_fill_bf16");
+    /* cuBLASLt: plan and tune outside the capture, as the backend does */
+    g->skinny_mode = 0;
+    g->tune = 1;
+    rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, st, err);
+    g->tune = 0;
+    if (rc) return rc;
+    CU_TRY(cudaStreamSynchronize(st));
+    if ((rc = bench_graph(st, g, NULL, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc, us_lt,
+                          err)))
+        return rc;
+    if (!cu_gemm_skinny_supported(M, N, K, acc, 0)) return 0;
+    cu_skinny_cfg sk;
+    if ((rc = cu_gemm_skinny_plan(M, N, K, g->n_sm, &sk, err))) return rc;
+    return bench_graph(st, g, &sk, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc, us_sk, err);
+}
+
+extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,
+                                     squad_err *err) {
+    tbufs b = {{0}, 0};
+    cu_gemm_ctx g;
+    cudaStream_t st = NULL;
+    int rc = cu_gemm_init(&g, err);
+    if (!rc) {
+        const cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaStreamCreateWithFlags", e, __FILE__, __LINE__);
+    }
+    if (!rc) rc = bench_gemm(&b, &g, st, M, N, K, accumulate, us_skinny, us_cublaslt, err);
+    if (st) {
+        cudaStreamSynchronize(st);
+        cudaStreamDestroy(st);
+    }
+    cu_gemm_free(&g);
+    tfree(&b);
+    return rc;
+}

@@ -62,6 +62,16 @@ int squad_cuda_test_silu_mul(const float *gu, float *out, int rows, int I, squad
  * accumulate != 0: Y += (fp32 out), else Y = (bf16 out, returned as fp32). */
 int squad_cuda_test_gemm(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
                          squad_err *err);
+/* The same product through the skinny kernel (k_gemm_skinny.cu) with the launch shape the GEMM
+ * layer would choose. Y is allocated with a guard region after its M x N elements, poisoned; a
+ * write past the end fails with SQUAD_E_BACKEND. Returns SQUAD_E_UNSUPPORTED for shapes it
+ * refuses (M > 256, N or K not multiples of 8). */
+int squad_cuda_test_gemm_skinny(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
+                                squad_err *err);
+/* Microseconds per call of the skinny kernel and of tuned cuBLASLt for one shape (random bf16
+ * operands, W rotated over copies that exceed L2 so each call reads W from HBM). */
+int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,
+                          squad_err *err);
 
 #ifdef __cplusplus
 }

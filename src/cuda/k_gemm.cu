@@ -8,6 +8,11 @@
  * heuristic's algorithms on the real operands and keeps the fastest; otherwise (and always while a
  * stream is being captured) it takes the heuristic's first. Every cuBLASLt status is checked and
  * reported with the call's text.
+ *
+ * Small M (a cache hit's question): the skinny kernel (k_gemm_skinny.cu) streams W once. When
+ * tuning and the shape suits it, it is timed with the cuBLASLt candidates and the plan keeps the
+ * fastest of all; without tuning the plan keeps cuBLASLt's heuristic choice (the safe default).
+ * SQUAD_GEMM_SKINNY=0 in the environment never uses it, =1 uses it wherever it is supported.
  */
 #include "cuda_internal.cuh"
 
@@ -30,7 +35,19 @@ int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
     LT_TRY(cublasLtCreate(&g->lt));
     g->ws_bytes = GEMM_WORKSPACE_BYTES;
     CU_TRY(cudaMalloc(&g->ws, g->ws_bytes));
-    return 0;
+    int dev = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, dev));
+    const char *env = getenv("SQUAD_GEMM_SKINNY");
+    g->skinny_mode = env && env[0] == '0' ? 0 : env && env[0] == '1' ? 1 : -1;
+    return cu_gemm_skinny_init(err);
+}
+
+/* The skinny kernel may run this plan: supported shape, bf16, 16-byte aligned operands. */
+static int skinny_eligible(const cu_gemm_ctx *g, const cu_gemm_plan *p, const void *W, const void *X,
+                           const void *Y) {
+    return g->skinny_mode != 0 && cu_gemm_skinny_supported(p->M, p->N, p->K, p->acc, p->f32) &&
+           (((uintptr_t)W | (uintptr_t)X | (uintptr_t)Y) & 15u) == 0;
 }
 
 static void plan_free(cu_gemm_plan *p) {
@@ -77,8 +94,19 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
     if (n < 1)
         return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
     p->algo = res[0].algo;
-    if (!tune || n == 1) return 0;
-    /* time each candidate (one warm-up, then GEMM_TUNE_REPS) and keep the fastest */
+    /* the skinny kernel: forced, or a candidate of the tuning */
+    int skinny_ok = skinny_eligible(g, p, W, X, Y);
+    if (skinny_ok) {
+        const int rc = cu_gemm_skinny_plan(p->M, p->N, p->K, g->n_sm, &p->sk, err);
+        if (rc) return rc;
+        if (g->skinny_mode == 1) {
+            p->skinny = 1;
+            return 0;
+        }
+    }
+    if (!tune || (n == 1 && !skinny_ok)) return 0;
+    /* time each candidate (one warm-up, then GEMM_TUNE_REPS) and keep the fastest; the skinny
+     * kernel is candidate n */
     cudaEvent_t e0 = NULL, e1 = NULL;
     CU_TRY(cudaEventCreate(&e0));
     if (cudaEventCreate(&e1) != cudaSuccess) {
@@ -88,22 +116,37 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
     const float alpha = 1.f, beta = p->acc ? 1.f : 0.f;
     float best = 1e30f;
     int rc = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        cublasStatus_t ls = CUBLAS_STATUS_SUCCESS;
-        for (int r = 0; r <= GEMM_TUNE_REPS && ls == CUBLAS_STATUS_SUCCESS; r++) {
+    for (int i = 0; i < n + skinny_ok && !rc; i++) {
+        const int is_skinny = i == n;
+        if (!is_skinny && res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        int ok = 1;
+        for (int r = 0; r <= GEMM_TUNE_REPS && ok; r++) {
             if (r == 1 && cudaEventRecord(e0, st) != cudaSuccess) rc = -1;
-            ls = cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &res[i].algo,
-                                g->ws, g->ws_bytes, st);
+            if (is_skinny) {
+                squad_err serr;
+                ok = cu_gemm_skinny(&p->sk, (const bf16 *)W, (const bf16 *)X, Y, p->M, p->N, p->K, p->acc, st,
+                                    &serr) == 0;
+            } else {
+                ok = cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc,
+                                    &res[i].algo, g->ws, g->ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
+            }
         }
-        if (ls != CUBLAS_STATUS_SUCCESS) continue; /* an algorithm that refuses these operands */
+        if (!ok) { /* an algorithm that refuses these operands */
+            (void)cudaGetLastError(); /* a refused skinny launch leaves its error behind */
+            continue;
+        }
         float ms = 0.f;
         if (cudaEventRecord(e1, st) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
             cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
             rc = -1;
         else if (ms < best) {
             best = ms;
-            p->algo = res[i].algo;
+            if (is_skinny)
+                p->skinny = 1;
+            else {
+                p->skinny = 0;
+                p->algo = res[i].algo;
+            }
         }
     }
     cudaEventDestroy(e0);
@@ -147,6 +190,9 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
         }
         g->n_plans++;
     }
+    /* (a plan made with aligned operands that meets unaligned ones falls back to cuBLASLt) */
+    if (p->skinny && skinny_eligible(g, p, W, X, Y))
+        return cu_gemm_skinny(&p->sk, (const bf16 *)W, (const bf16 *)X, Y, M, N, K, acc, st, err);
     const float alpha = 1.f, beta = acc ? 1.f : 0.f;
     LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &p->algo, g->ws,
                           g->ws_bytes, st));
