@@ -7,13 +7,16 @@
  *    positions offset by the chunk start. q goes to a scratch [rows][nh][hd]; k and v of the real
  *    tokens go straight into the K / V cache at [start, start + len).
  * 2. attn_fwd (FlashAttention-2 style, mma.sync bf16 / fp32 accumulate, never materialises the
- *    score matrix): a block takes 64 query rows of one head and one split of the key range
- *    [0, start + len) of the cache, keys 64 at a time through shared memory (K of the next tile
- *    loads while P V of this one runs), online softmax in the exp2 domain. Query row t sees keys
- *    j <= start + t (and j < start + len, so padding rows stay finite). GQA: query head j reads kv
- *    head j / (nh / nkv). The key range of a split is computed at run time from the chunk's
- *    start, so one captured graph balances every chunk of its bucket. Partial (unnormalised) O,
- *    running max and sum go to scratch.
+ *    score matrix): a block of 8 warps takes 128 query rows and one split of the key range
+ *    [0, start + len) of the cache. GQA packing: the rows are the tokens of up to 8 query heads
+ *    that share one kv head (0.8B: 32 tokens x 4 heads; a warp = 16 tokens of one head), so each
+ *    K / V tile in shared memory feeds every head of the group. Keys go 64 at a time through two
+ *    shared-memory stages (cp.async: the next tile's K and V load while this one is computed, one
+ *    barrier per tile); online softmax in the exp2 domain. Query row t sees keys j <= start + t
+ *    (and j < start + len, so padding rows stay finite); a warp skips a tile wholly past its rows.
+ *    Query tiles launch longest key range first (causal balance). The key range of a split is
+ *    computed at run time from the chunk's start, so one captured graph balances every chunk of
+ *    its bucket. Partial (unnormalised) O, running max and sum go to scratch.
  * 3. attn_combine (one block per token and head, only when the keys were split): merges the splits and
  *    multiplies by sigmoid(gate), bf16 out for o_proj. With one split (long chunks: enough
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
@@ -27,7 +30,11 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define ATT_THREADS 128 /* 4 warps x 16 query rows */
+#define ATT_WARPS 8 /* attn_fwd: each warp takes 16 query rows (tokens of one head) */
+#define ATT_THREADS (32 * ATT_WARPS)
+#define ATT_ROWS (16 * ATT_WARPS) /* query rows (token, head) per attn_fwd block */
+#define ATT_STAGES 2              /* K / V tiles in shared memory: the next loads while this one runs */
+#define ATT_BLOCKS_PER_SM 1       /* resident attn_fwd blocks per SM at hd 256 (registers, shared memory) */
 #define ATT_SPLIT_MIN_KEYS 256
 #define ATT_SPLIT_MAX 64
 #define ATT_SPLIT_ROWS_MAX 8192 /* splits x rows of partial results held */
@@ -110,6 +117,7 @@ struct attn_fwd_args {
     size_t kv_stride;
     const cu_chunk_params *prm;
     int rows, nh, nkv, splits;
+    int hpb;          /* query heads per block (they share one kv head); ATT_WARPS / hpb warps of 16 tokens each */
     float scale_log2; /* hd^-1/2 * log2(e) */
     float *Op;        /* [splits][rows][nh][hd] */
     float *Mp, *Lp;   /* [splits][rows][nh] */
@@ -119,11 +127,14 @@ struct attn_fwd_args {
     bf16 *out; /* [rows][nh hd] */
 };
 
+/* Shared memory: Q [ATT_ROWS][LD], then ATT_STAGES x (K [BN][LD], V [BN][LD]); LD pads a row by 16
+ * bytes so the 8 rows of an ldmatrix land in distinct banks. hd 256: 66 KB + 2 x 66 KB = 198 KB. */
 template <int HD>
 struct att_smem {
     static constexpr int LD = HD + 8;
-    static constexpr size_t tile = (size_t)CU_ATT_BM * LD * 2;
-    static constexpr size_t bytes = 3 * tile; /* Q, K, V */
+    static constexpr size_t q_tile = (size_t)ATT_ROWS * LD * 2;
+    static constexpr size_t kv_tile = (size_t)CU_ATT_BN * LD * 2;
+    static constexpr size_t bytes = q_tile + (size_t)ATT_STAGES * 2 * kv_tile;
 };
 
 template <int HD>
@@ -139,68 +150,105 @@ __device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, size_t 
     }
 }
 
+/* Row i of a block's Q tile (warp i / 16, its row i % 16) is token t0 + 16 (warp % tpw) + i % 16 of
+ * head h0 + warp / tpw, tpw = ATT_WARPS / hpb warps per head. */
+__device__ __forceinline__ void att_row(int i, int t0, int h0, int tpw, int *t, int *h) {
+    const int wi = i >> 4;
+    *t = t0 + 16 * (wi % tpw) + (i & 15);
+    *h = h0 + wi / tpw;
+}
+
 template <int HD>
-__global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) {
+__global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args a) {
     typedef att_smem<HD> SM;
+    static_assert(ATT_STAGES == 2, "the tile loop toggles between two K / V stages");
     constexpr int LD = SM::LD;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;
-    bf16 *Ks = (bf16 *)(smem + SM::tile);
-    bf16 *Vs = (bf16 *)(smem + 2 * SM::tile);
-    const int qt = blockIdx.x, h = blockIdx.y, sp = blockIdx.z;
+    /* blockIdx.x: the head group (fastest, so a kv head's groups run side by side); blockIdx.y
+     * counts query tiles from the last: the longest key ranges start first (causal balance). */
+    const int hg = blockIdx.x, qt = gridDim.y - 1 - blockIdx.y, sp = blockIdx.z;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int start = a.prm->start, len = a.prm->len;
-    const int t0 = qt * CU_ATT_BM;
+    const int tpw = ATT_WARPS / a.hpb; /* warps (of 16 tokens) per head */
+    const int bt = 16 * tpw;           /* tokens per block */
+    const int t0 = qt * bt, h0 = hg * a.hpb;
     int k_lo = 0, k_hi = 0;
     if (t0 < len) {
-        const int kend = start + min(t0 + CU_ATT_BM, len);
+        const int kend = start + min(t0 + bt, len);
         const int per = ((kend + a.splits - 1) / a.splits + CU_ATT_BN - 1) / CU_ATT_BN * CU_ATT_BN;
         k_lo = sp * per;
         k_hi = min(kend, k_lo + per);
     }
     if (k_lo >= k_hi) { /* nothing for this split: an empty partial (or zeros, written directly) */
         if (a.splits == 1) {
-            for (int e = tid; e < CU_ATT_BM * HD; e += ATT_THREADS) {
-                const int t = t0 + e / HD;
+            for (int e = tid; e < ATT_ROWS * HD; e += ATT_THREADS) {
+                int t, h;
+                att_row(e / HD, t0, h0, tpw, &t, &h);
                 if (t < a.rows) a.out[((size_t)t * a.nh + h) * HD + e % HD] = __float2bfloat16(0.f);
             }
             return;
         }
-        if (tid < CU_ATT_BM && t0 + tid < a.rows) {
-            const size_t i = ((size_t)sp * a.rows + t0 + tid) * a.nh + h;
-            a.Mp[i] = -INFINITY;
-            a.Lp[i] = 0.f;
+        if (tid < ATT_ROWS) {
+            int t, h;
+            att_row(tid, t0, h0, tpw, &t, &h);
+            if (t < a.rows) {
+                const size_t i = ((size_t)sp * a.rows + t) * a.nh + h;
+                a.Mp[i] = -INFINITY;
+                a.Lp[i] = 0.f;
+            }
         }
         return;
     }
-    const int kvh = h / (a.nh / a.nkv);
+    const int kvh = h0 / (a.nh / a.nkv);
 
-    /* Q tile (rows past the bucket are zero) and the first K / V tiles */
-    for (int e = tid; e < CU_ATT_BM * (HD / 8); e += ATT_THREADS) {
+    /* Q tile (rows past the bucket are zero) and the first K / V tiles: one cp.async group */
+    for (int e = tid; e < ATT_ROWS * (HD / 8); e += ATT_THREADS) {
         const int i = e / (HD / 8), s = e % (HD / 8);
-        const bool ok = t0 + i < a.rows;
-        const bf16 *src = a.Qb + ((size_t)(ok ? t0 + i : 0) * a.nh + h) * HD + 8 * s;
+        int t, h;
+        att_row(i, t0, h0, tpw, &t, &h);
+        const bool ok = t < a.rows;
+        const bf16 *src = a.Qb + ((size_t)(ok ? t : 0) * a.nh + h) * HD + 8 * s;
         cu_cp_async16(Qs + i * LD + 8 * s, src, ok ? 16 : 0);
     }
-    att_load_kv<HD>(Ks, a.Kc, a.kv_stride, k_lo, k_hi, kvh, tid);
-    cu_cp_async_commit();
-    att_load_kv<HD>(Vs, a.Vc, a.kv_stride, k_lo, k_hi, kvh, tid);
+    {
+        bf16 *K0 = (bf16 *)(smem + SM::q_tile);
+        att_load_kv<HD>(K0, a.Kc, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD>(K0 + CU_ATT_BN * LD, a.Vc, a.kv_stride, k_lo, k_hi, kvh, tid);
+    }
     cu_cp_async_commit();
 
     const int r = lane >> 2, c = lane & 3;
-    const int row0 = t0 + 16 * w + r, row1 = row0 + 8;
-    /* exclusive key limits of the two rows this lane holds */
+    const int h = h0 + w / tpw;
+    const int row0 = t0 + 16 * (w % tpw) + r, row1 = row0 + 8;
+    /* exclusive key limits of the two rows this lane holds, and of the warp's last row */
     const int lim0 = min(k_hi, start + min(row0, len - 1) + 1);
     const int lim1 = min(k_hi, start + min(row1, len - 1) + 1);
+    const int wt0 = t0 + 16 * (w % tpw); /* the warp's first token; all past the bucket: no work */
+    const int limw = wt0 >= a.rows ? k_lo : min(k_hi, start + min(wt0 + 15, len - 1) + 1);
+    const int limf = min(k_hi, start + min(wt0, len - 1) + 1); /* keys below it: unmasked for every row */
     float O[HD / 8][4];
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-    for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN) {
-        const bool more = kb + CU_ATT_BN < k_hi;
-        cu_cp_async_wait<1>(); /* Q and this K */
+    int stage = 0;
+    for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN, stage ^= 1) {
+        /* this tile has landed (the only group in flight), and every warp is done with the previous
+         * one, whose stage the next tile's loads overwrite while this one is computed */
+        cu_cp_async_wait<0>();
         __syncthreads();
+        if (kb + CU_ATT_BN < k_hi) {
+            bf16 *Kn = (bf16 *)(smem + SM::q_tile + (size_t)(stage ^ 1) * 2 * SM::kv_tile);
+            att_load_kv<HD>(Kn, a.Kc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD>(Kn + CU_ATT_BN * LD, a.Vc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            cu_cp_async_commit();
+        }
+        /* every key of this tile is past the warp's rows (causal): it would change nothing; the
+         * warp still takes part in the loads and barriers */
+        if (kb >= limw) continue;
+        const bf16 *Ks = (const bf16 *)(smem + SM::q_tile + (size_t)stage * 2 * SM::kv_tile);
+        const bf16 *Vs = Ks + CU_ATT_BN * LD;
         float S[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
@@ -216,19 +264,22 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
                 cu_mma16816(S[2 * np + 1], qa, kb4[2], kb4[3]);
             }
         }
-        __syncthreads(); /* every warp is done with this K tile */
-        if (more) att_load_kv<HD>(Ks, a.Kc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
-        cu_cp_async_commit();
 
-        /* mask, online softmax (exp2 domain) */
+        /* mask (only a tile that reaches past the warp's first row has masked keys), online
+         * softmax in the exp2 domain: m is kept scaled, p = 2^(s scale - m) */
+        if (kb + CU_ATT_BN > limf) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int key = kb + 8 * j + 2 * c;
+                if (key >= lim0) S[j][0] = -INFINITY;
+                if (key + 1 >= lim0) S[j][1] = -INFINITY;
+                if (key >= lim1) S[j][2] = -INFINITY;
+                if (key + 1 >= lim1) S[j][3] = -INFINITY;
+            }
+        }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const int key = kb + 8 * j + 2 * c;
-            S[j][0] = key < lim0 ? S[j][0] * a.scale_log2 : -INFINITY;
-            S[j][1] = key + 1 < lim0 ? S[j][1] * a.scale_log2 : -INFINITY;
-            S[j][2] = key < lim1 ? S[j][2] * a.scale_log2 : -INFINITY;
-            S[j][3] = key + 1 < lim1 ? S[j][3] * a.scale_log2 : -INFINITY;
             mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
             mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
         }
@@ -236,7 +287,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
+        const float nm0 = fmaxf(m0, mx0 * a.scale_log2), nm1 = fmaxf(m1, mx1 * a.scale_log2);
         const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
         const float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
         m0 = nm0;
@@ -244,21 +295,23 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            S[j][0] = exp2f(S[j][0] - u0);
-            S[j][1] = exp2f(S[j][1] - u0);
-            S[j][2] = exp2f(S[j][2] - u1);
-            S[j][3] = exp2f(S[j][3] - u1);
+            S[j][0] = exp2f(fmaf(S[j][0], a.scale_log2, -u0));
+            S[j][1] = exp2f(fmaf(S[j][1], a.scale_log2, -u0));
+            S[j][2] = exp2f(fmaf(S[j][2], a.scale_log2, -u1));
+            S[j][3] = exp2f(fmaf(S[j][3], a.scale_log2, -u1));
             s0 += S[j][0] + S[j][1];
             s1 += S[j][2] + S[j][3];
         }
         l0 = l0 * al0 + s0;
         l1 = l1 * al1 + s1;
+        if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* once the maxima settle: skipped */
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) {
-            O[j][0] *= al0;
-            O[j][1] *= al0;
-            O[j][2] *= al1;
-            O[j][3] *= al1;
+            for (int j = 0; j < HD / 8; j++) {
+                O[j][0] *= al0;
+                O[j][1] *= al0;
+                O[j][2] *= al1;
+                O[j][3] *= al1;
+            }
         }
         uint32_t pa[4][4];
 #pragma unroll
@@ -268,11 +321,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
             pa[ks][2] = cu_pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
             pa[ks][3] = cu_pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
         }
-        if (more)
-            cu_cp_async_wait<1>(); /* this V (the next K may still be in flight) */
-        else
-            cu_cp_async_wait<0>();
-        __syncthreads();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
 #pragma unroll
@@ -282,11 +330,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_fwd_kernel(attn_fwd_args a) 
                 cu_mma16816(O[2 * np], pa[ks], vb[0], vb[1]);
                 cu_mma16816(O[2 * np + 1], pa[ks], vb[2], vb[3]);
             }
-        __syncthreads(); /* every warp is done with this V tile */
-        if (more) att_load_kv<HD>(Vs, a.Vc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
-        cu_cp_async_commit();
     }
-    cu_cp_async_wait<0>();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -482,10 +526,23 @@ int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
     return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)", d->hd);
 }
 
+/* Query heads per attn_fwd block: the largest power of two <= ATT_WARPS that divides the GQA group
+ * (they share one kv head, so each K / V tile in shared memory feeds all of them). */
+static int att_heads_per_block(const cu_attn_dims *d) {
+    const int g = d->nh / d->nkv;
+    int p = ATT_WARPS;
+    while (g % p) p >>= 1;
+    return p;
+}
+
+/* Tokens per attn_fwd block: 16 per warp of one head. */
+static int att_tokens_per_block(const cu_attn_dims *d) { return 16 * (ATT_WARPS / att_heads_per_block(d)); }
+
 int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm) {
-    const int qt = (rows + CU_ATT_BM - 1) / CU_ATT_BM;
-    const int base = qt * d->nh;
-    int s = (2 * n_sm + base - 1) / base; /* about two blocks per SM */
+    const int bt = att_tokens_per_block(d);
+    const int base = (rows + bt - 1) / bt * (d->nh / att_heads_per_block(d));
+    int s = (ATT_BLOCKS_PER_SM * n_sm + base - 1) / base; /* every SM busy; past that the
+                                                               longest-first order balances */
     const int by_keys = span / ATT_SPLIT_MIN_KEYS;
     const int by_mem = ATT_SPLIT_ROWS_MAX / rows;
     if (s > by_keys) s = by_keys;
@@ -528,9 +585,11 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     float *Op = (float *)part;
     float *Mp = Op + n * d->hd;
     float *Lp = Mp + n;
-    attn_fwd_args fa = {Qb, Kc, Vc, d->kv_stride, prm, rows, d->nh, d->nkv, splits,
+    attn_fwd_args fa = {Qb, Kc, Vc, d->kv_stride, prm, rows, d->nh, d->nkv, splits, 1,
                         (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp, QKV, d->ldQKV, out};
-    dim3 grid((unsigned)((rows + CU_ATT_BM - 1) / CU_ATT_BM), (unsigned)d->nh, (unsigned)splits);
+    const int hpb = att_heads_per_block(d), bt = att_tokens_per_block(d);
+    fa.hpb = hpb;
+    dim3 grid((unsigned)(d->nh / hpb), (unsigned)((rows + bt - 1) / bt), (unsigned)splits);
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
     if (d->hd == HD_) {                                                                   \
