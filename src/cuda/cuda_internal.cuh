@@ -184,7 +184,7 @@ typedef struct cu_gemm_ctx {
     int n_plans, cap_plans;
     int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
     int n_sm; /* multiprocessors (the skinny kernel's grid) */
-    int skinny_mode; /* SQUAD_GEMM_SKINNY: -1 unset (chosen when tuning and faster), 0 off, 1 forced where supported */
+    int skinny_mode; /* SQUAD_GEMM_SKINNY: 0 off (unset), 1 forced where supported, -1 (=2) a tuning candidate */
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
@@ -224,6 +224,8 @@ typedef struct cu_gdn_dims {
 } cu_gdn_dims;
 typedef struct cu_gdn_scratch {
     /* the chunked path (head dims padded) */
+    bf16 *Qn, *Kn; /* [rows][nk][dk]: conv + SiLU + L2 norm (q also / sqrt(dk)), written by the conv kernel */
+    float *Vn;     /* [rows][nv][dv]: conv + SiLU */
     bf16 *W;      /* [chunks][nv][64][dk] */
     float *UT;    /* [chunks][nv][dv][64] */
     bf16 *Qg;     /* [chunks][nv][64][dk] */

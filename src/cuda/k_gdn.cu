@@ -13,23 +13,25 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Three kernels (v2; bench/CUDA_NOTES.md has v1's figures):
+ * Four kernels (v7; bench/CUDA_NOTES.md has each version's figures):
+ * A0, gdn_conv (a block per 16 tokens and head segment, a thread per channel): the causal conv over
+ *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
+ *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
  * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
- *   decay; the causal conv over [saved inputs | chunk] + SiLU with one thread per channel sliding a
- *   register window down the block's 64 rows; the L2 norms of q / k (row sums by segmented warp
- *   sums); K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
+ *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
  *   L and P; T = (I + L)^-1 in fp32 by forward substitution down each column (4 threads a column);
- *   W and U by fp32 FMA (bf16 there cost too much accuracy). Writes W, U^T, P, diag(Gamma) Q, K'
- *   and Gamma_last to scratch, all row-major and coalesced.
- * B, gdn_scan (one block per value head and 32 columns of dv, sequential over the blocks): only the
- *   recurrence. Each warp keeps S^T [16][dk] in fp32 mma accumulators for the whole chunk;
+ *   W and U on the tensor cores with hi + lo bf16 splits of the fp32 operands (plain bf16 there
+ *   cost too much accuracy, v2). Writes W, U^T, P, diag(Gamma) Q, K' and Gamma_last to scratch.
+ * B, gdn_scan (one block per value head and 16 columns of dv, sequential over the blocks): only the
+ *   recurrence. Two warps keep S^T [16][dk] in fp32 mma accumulators for the whole chunk, each
+ *   half of dk (their partial deltas summed through shared memory);
  *   per block delta^T = U^T - S^T W^T and S^T = Gamma_last S^T + delta^T K' (K' fragments by
  *   ldmatrix.trans), the accumulator of one product reused as the A operand of the next (the same
  *   fragment layout); block c+1's operands
  *   arrive by cp.async while block c computes. Writes S^T at each block start and delta^T (bf16).
  * C, gdn_out (grid blocks x heads, all independent): O = diag(Gamma) Q S + P delta on the tensor
  *   cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
- *   moved on to the chunk's end (A, which read it, has finished).
+ *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
  * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
@@ -45,89 +47,133 @@
 #define PREP_THREADS 256
 #define PREP_WARPS (PREP_THREADS / 32)
 
+/* ---- kernel A0: the causal conv + SiLU and the q / k L2 norms, one block per token --------------- */
+
+struct gdn_conv_args {
+    const bf16 *P;
+    int ldP;
+    const bf16 *conv_state; /* [K-1][C] */
+    const float *conv_w;    /* [C][K] */
+    const cu_chunk_params *prm;
+    int nk, nv, K, C;
+    int dk, dv, DK, DV; /* real and padded head dims */
+    cu_gdn_scratch scr;
+};
+
+#define CONV_THREADS 128 /* one thread per channel of a head segment (padded head dims <= 128) */
+#define CONV_TT 16       /* tokens per block */
+
+/* Block (x, seg): tokens [CONV_TT x, CONV_TT (x + 1)) of one head segment (q heads, then k heads,
+ * then v heads), a thread per channel. Each thread loads its channel's CONV_TT + K - 1 inputs (the
+ * rows before the block come from the saved conv inputs at the chunk start) and K weights, all before
+ * any is used, then slides the kernel down the block in registers: one round of loads a block (v6
+ * waited on a round per token and ran 250 us a layer on a 2048-token chunk). q and k rows are
+ * L2-normalised (warp sums, then across the block's warps through shared memory; q also scaled by
+ * 1 / sqrt(dk)) and written bf16; v is written fp32 (U = T diag(beta) V needs fp32 operands).
+ * Padding channels get 0; rows past len are not written (the prep kernel zero-fills them). */
+__global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a) {
+    constexpr int MK = CU_MAX_CONV_K, NX = CONV_TT + MK - 1, NW = CONV_THREADS / 32;
+    __shared__ float red[NW][CONV_TT];
+    const int t0 = blockIdx.x * CONV_TT, seg = blockIdx.y;
+    const int len = a.prm->len;
+    if (t0 >= len) return;
+    const int i = threadIdx.x, w = i >> 5, lane = i & 31;
+    const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
+    const int size = isv ? a.dv : a.dk, pad = isv ? a.DV : a.DK;
+    const int base = isv ? 2 * a.nk * a.dk + (seg - 2 * a.nk) * a.dv : seg * a.dk;
+    const bool real = i < size;
+    const int ch = base + i, Km1 = a.K - 1, off = MK - a.K;
+    /* weights aligned to the window's end: wv[j] multiplies x[t + j], the input at row t0 + t - (MK - 1 - j) */
+    float wv[MK], x[NX];
+#pragma unroll
+    for (int j = 0; j < MK; j++) wv[j] = real && j >= off ? a.conv_w[(size_t)ch * a.K + (j - off)] : 0.f;
+#pragma unroll
+    for (int m = 0; m < NX; m++) {
+        const int tau = t0 - (MK - 1) + m;
+        float v = 0.f;
+        if (real && m >= off && tau < len)
+            v = tau >= 0 ? __bfloat162float(a.P[(size_t)tau * a.ldP + ch])
+                         : __bfloat162float(a.conv_state[(size_t)(Km1 + tau) * a.C + ch]);
+        x[m] = v;
+    }
+    float y[CONV_TT];
+#pragma unroll
+    for (int t = 0; t < CONV_TT; t++) {
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < MK; j++) acc += wv[j] * x[t + j];
+        y[t] = real && t0 + t < len ? cu_silu(acc) : 0.f;
+    }
+    if (isv) {
+        if (i < pad) {
+            float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
+#pragma unroll
+            for (int t = 0; t < CONV_TT; t++)
+                if (t0 + t < len) dst[(size_t)(t0 + t) * a.nv * pad] = y[t];
+        }
+        return;
+    }
+#pragma unroll
+    for (int t = 0; t < CONV_TT; t++) {
+        const float s = cu_warp_sum(y[t] * y[t]);
+        if (lane == 0) red[w][t] = s;
+    }
+    __syncthreads();
+    if (i < pad) {
+        const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
+        bf16 *dst = (isq ? a.scr.Qn : a.scr.Kn) + (size_t)(isq ? seg : seg - a.nk) * pad + i;
+#pragma unroll
+        for (int t = 0; t < CONV_TT; t++) {
+            if (t0 + t >= len) break;
+            float ss = 0.f;
+#pragma unroll
+            for (int u = 0; u < NW; u++) ss += red[u][t];
+            dst[(size_t)(t0 + t) * a.nk * pad] = __float2bfloat16(y[t] * rsqrtf(ss + 1e-6f) * qs);
+        }
+    }
+}
+
 /* ---- kernel A: per (block of 64 tokens, value head) ------------------------------------------- */
 
 struct gdn_prep_args {
     const bf16 *P;
     int ldP;
-    const bf16 *conv_state; /* [K-1][C] */
-    const float *conv_w;    /* [C][K] */
     const float *A_log, *dt_bias;
     const cu_chunk_params *prm;
-    int nk, nv, K, C;
+    int nk, nv, C;
     int dk, dv; /* real head dims (<= DK, DV) */
     int rows;   /* the bucket */
     cu_gdn_scratch scr;
 };
 
 #define GDN_LDT (GDN_C + 8) /* bf16 row stride of [x][64] tiles (bank-conflict padding) */
-#define CONV_BATCH 16       /* conv input loads in flight per thread */
 
 template <int DK, int DV>
 struct prep_smem {
     static constexpr int LDK = DK + 8; /* bf16 row stride of [64][DK] tiles */
+    static constexpr int LDV = DV + 4; /* fp32 row stride of V (conflict-free B fragments) */
     static constexpr int LDL = GDN_C + 1;
     static constexpr size_t q_off = 0;                                   /* Qs [64][LDK] bf16 */
     static constexpr size_t k_off = q_off + (size_t)GDN_C * LDK * 2;     /* Ks [64][LDK] bf16 */
-    static constexpr size_t v_off = k_off + (size_t)GDN_C * LDK * 2;     /* V [64][DV] fp32 */
-    static constexpr size_t l_off = v_off + (size_t)GDN_C * DV * 4;      /* L [64][LDL] fp32 */
+    static constexpr size_t v_off = k_off + (size_t)GDN_C * LDK * 2;     /* V [64][LDV] fp32 */
+    static constexpr size_t l_off = v_off + (size_t)GDN_C * LDV * 4;     /* L [64][LDL] fp32 */
     static constexpr size_t t_off = l_off + (size_t)GDN_C * LDL * 4;     /* T [64][LDL] fp32 */
     static constexpr size_t vec_off = t_off + (size_t)GDN_C * LDL * 4;
-    static constexpr size_t bytes = vec_off + (size_t)6 * GDN_C * 4;
+    static constexpr size_t bytes = vec_off + (size_t)4 * GDN_C * 4;
 };
 
-/* y[t] = silu(conv(x)[t0 + t]) for one channel over the 64 rows of a block, 0 past len or for a
- * padding channel. The window of the last CU_MAX_CONV_K inputs stays in registers, aligned to its
- * end (win[7] is the newest), so the runtime kernel size never indexes an array. */
-__device__ __forceinline__ void conv_rows(const gdn_prep_args &a, int ch, bool real, int t0, int len,
-                                          float (&y)[GDN_C]) {
-    constexpr int MK = CU_MAX_CONV_K;
-    const int K = a.K, Km1 = K - 1, off = MK - K;
-    float wv[MK], win[MK];
-    /* weights aligned to the window's end: wv[j] multiplies x(t - (MK - 1 - j)) */
-#pragma unroll
-    for (int j = 0; j < MK; j++) {
-        const int jj = j - off;
-        wv[j] = real && jj >= 0 ? a.conv_w[(size_t)ch * K + jj] : 0.f;
-    }
-    /* before the first shift win[m] = x(t0 - (MK - m)), m >= 1, for the K - 1 positions the conv reads
-     * ([saved inputs | chunk]); the rest stay 0 (their weights are 0) */
-    win[0] = 0.f;
-#pragma unroll
-    for (int m = 1; m < MK; m++) {
-        const int back = MK - m, tau = t0 - back;
-        float x = 0.f;
-        if (real && back <= Km1 && t0 < len)
-            x = tau >= 0 ? __bfloat162float(a.P[(size_t)tau * a.ldP + ch])
-                         : __bfloat162float(a.conv_state[(size_t)(Km1 + tau) * a.C + ch]);
-        win[m] = x;
-    }
-    /* the rows' inputs in batches of CONV_BATCH independent loads (one round trip per batch) */
-#pragma unroll
-    for (int tb = 0; tb < GDN_C; tb += CONV_BATCH) {
-        float xb[CONV_BATCH];
-#pragma unroll
-        for (int u = 0; u < CONV_BATCH; u++) {
-            const int tt = t0 + tb + u;
-            xb[u] = real && tt < len ? __bfloat162float(a.P[(size_t)tt * a.ldP + ch]) : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < CONV_BATCH; u++) {
-#pragma unroll
-            for (int j = 0; j < MK - 1; j++) win[j] = win[j + 1];
-            win[MK - 1] = xb[u];
-            float acc = 0.f;
-#pragma unroll
-            for (int j = 0; j < MK; j++) acc += wv[j] * win[j];
-            y[tb + u] = real && t0 + tb + u < len ? cu_silu(acc) : 0.f;
-        }
-    }
+/* x = hi + lo with hi, lo bf16: products of split operands on the tensor cores keep ~16 bits of
+ * mantissa (fp32-like for these sums; bf16 alone cost the random test models ~0.18, CUDA_NOTES v2) */
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    hi = *reinterpret_cast<const uint32_t *>(&h);
+    lo = cu_pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
 }
 
 template <int DK, int DV>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
-    constexpr int LDK = SM::LDK, LDL = SM::LDL;
+    constexpr int LDK = SM::LDK, LDV = SM::LDV, LDL = SM::LDL;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
@@ -135,17 +181,37 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     float *Ls = (float *)(smem + SM::l_off);
     float *Ts = (float *)(smem + SM::t_off);
     float *gam = (float *)(smem + SM::vec_off);
-    float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C, *ssq = gsc + GDN_C; /* ssq: q then k */
+    float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
     const int c = blockIdx.x, h = blockIdx.y;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, cc = lane & 3;
     const int len = a.prm->len;
     const int t0 = c * GDN_C;
     const size_t blk = (size_t)c * a.nv + h;
-    const int dk = a.dk, dv = a.dv;
+    const int dv = a.dv;
 
-    /* 0. gates; zero the row sums */
+    /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
+    {
+        constexpr int SK = DK / 8, SV = DV / 4;
+        for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
+            const int t = e / SK, s = e % SK;
+            const bool ok = t0 + t < len;
+            const size_t src = ((size_t)(ok ? t0 + t : 0) * a.nk + hk) * DK + 8 * s;
+            cu_cp_async16(Qs + t * LDK + 8 * s, a.scr.Qn + src, ok ? 16 : 0);
+            cu_cp_async16(Ks + t * LDK + 8 * s, a.scr.Kn + src, ok ? 16 : 0);
+        }
+        for (int e = tid; e < GDN_C * SV; e += PREP_THREADS) {
+            const int t = e / SV, s = e % SV;
+            const bool ok = t0 + t < len;
+            cu_cp_async16(Vs + t * LDV + 4 * s, a.scr.Vn + ((size_t)(ok ? t0 + t : 0) * a.nv + h) * DV + 4 * s,
+                          ok ? 16 : 0);
+        }
+        cu_cp_async_commit();
+    }
+
+    /* 0. gates */
     if (tid < GDN_C) {
         const int tt = t0 + tid;
         float g = 0.f, b = 0.f;
@@ -160,11 +226,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         }
         gam[tid] = g;
         bet[tid] = b;
-        ssq[tid] = 0.f;
-        ssq[GDN_C + tid] = 0.f;
     }
     __syncthreads();
-    if (w == 0) { /* cumulative log-decay (warp 0; the others run the conv meanwhile) */
+    if (w == 0) { /* cumulative log-decay */
         const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
         float s = v0 + v1;
 #pragma unroll
@@ -182,58 +246,34 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         gsc[2 * lane + 1] = __expf(glast - g1);
         if (lane == 31) a.scr.glast[blk] = __expf(glast);
     }
-
-    /* 1. the conv, one thread per channel over the block's rows: v first (fp32, for U) */
-    float y[GDN_C];
-    for (int i = tid; i < DV; i += PREP_THREADS) {
-        conv_rows(a, 2 * a.nk * dk + h * dv + i, i < dv, t0, len, y);
-#pragma unroll
-        for (int t = 0; t < GDN_C; t++) Vs[t * DV + i] = y[t];
-    }
-    /* q, k: threads [0, DK) q, [DK, 2 DK) k; per-row sums of squares by segmented warp sums */
-    const bool qk = tid < 2 * DK;
-    const bool isk = tid >= DK;
-    const int i = isk ? tid - DK : tid;
-    if (qk) {
-        const int ch = isk ? a.nk * dk + hk * dk + i : hk * dk + i;
-        conv_rows(a, ch, i < dk, t0, len, y);
-    } else {
-#pragma unroll
-        for (int t = 0; t < GDN_C; t++) y[t] = 0.f;
-    }
-    constexpr int SEG = DK < 32 ? DK : 32;
-#pragma unroll
-    for (int t = 0; t < GDN_C; t++) {
-        float s2 = y[t] * y[t];
-#pragma unroll
-        for (int o = SEG / 2; o > 0; o >>= 1) s2 += __shfl_xor_sync(0xffffffffu, s2, o);
-        if (qk && (lane & (SEG - 1)) == 0) atomicAdd(&ssq[(isk ? GDN_C : 0) + t], s2);
-    }
+    cu_cp_async_wait<0>();
     __syncthreads();
 
-    /* 2. normalise: Qs, Ks (bf16 for the products), and straight to global (coalesced)
-     *    diag(Gamma) Q and K' = diag(exp(gamma_last - gamma)) K */
-    if (qk) {
-        const float sc = isk ? 1.f : rsqrtf((float)dk);
+    /* 2. diag(Gamma) Q and K' = diag(exp(gamma_last - gamma)) K to global, 8 values a thread-step */
+    {
+        constexpr int SK = DK / 8;
         bf16 *Qg = a.scr.Qg + blk * GDN_C * DK;
         bf16 *Kp = a.scr.Kp + blk * GDN_C * DK;
+        for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
+            const int t = e / SK, s = e % SK;
+            const uint4 qv = *(const uint4 *)(Qs + t * LDK + 8 * s), kv = *(const uint4 *)(Ks + t * LDK + 8 * s);
+            const __nv_bfloat162 *q2 = (const __nv_bfloat162 *)&qv, *k2 = (const __nv_bfloat162 *)&kv;
+            uint4 qo, ko;
+            uint32_t *qo2 = (uint32_t *)&qo, *ko2 = (uint32_t *)&ko;
+            const float gq = Gam[t], gk = gsc[t];
 #pragma unroll
-        for (int t = 0; t < GDN_C; t++) {
-            const float v = y[t] * rsqrtf(ssq[(isk ? GDN_C : 0) + t] + 1e-6f) * sc;
-            if (!isk) {
-                Qs[t * LDK + i] = __float2bfloat16(v);
-                Qg[t * DK + i] = __float2bfloat16(Gam[t] * v);
-            } else {
-                Ks[t * LDK + i] = __float2bfloat16(v);
-                Kp[t * DK + i] = __float2bfloat16(gsc[t] * v);
+            for (int u = 0; u < 4; u++) {
+                qo2[u] = cu_pack_bf16(gq * __low2float(q2[u]), gq * __high2float(q2[u]));
+                ko2[u] = cu_pack_bf16(gk * __low2float(k2[u]), gk * __high2float(k2[u]));
             }
+            *(uint4 *)(Qg + t * DK + 8 * s) = qo;
+            *(uint4 *)(Kp + t * DK + 8 * s) = ko;
         }
     }
-    __syncthreads();
 
     /* 3. K K^T -> L and Q K^T -> P (mma), warp w: rows 16 (w/2).., cols 32 (w%2).. */
     {
-        const int mt = w >> 1, r = lane >> 2, cc = lane & 3;
+        const int mt = w >> 1;
         bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C;
 #pragma unroll
         for (int q4 = 0; q4 < 4; q4++) {
@@ -278,7 +318,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     __syncthreads();
 
     /* 4. T = (I + L)^-1 by forward substitution down each column, 4 threads per column (the sum over
-     *    earlier rows split by j mod 4, combined by two shuffles); only L[i][j < i] is read */
+     *    earlier rows split by j mod 4, combined by two shuffles); only L[i][j < i] is read. The
+     *    column stays in registers (thread qq holds rows = qq mod 4) and is stored after the loop,
+     *    so no store orders the loop's shared loads. */
     {
         const int col = tid >> 2, qq = tid & 3;
         float tv[16];
@@ -297,67 +339,98 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             const float v = (row == col ? 1.f : 0.f) - s;
             if ((row & 3) == qq) tv[row >> 2] = v;
-            if (qq == 0) Ts[row * LDL + col] = v;
         }
+#pragma unroll
+        for (int m = 0; m < 16; m++) Ts[(4 * m + qq) * LDL + col] = tv[m];
     }
     __syncthreads();
 
-    /* 5. W = T diag(beta Gamma) K and U = T diag(beta) V in fp32 FMA (U feeds delta = U - W S, where
-     *    bf16 operands cost too much accuracy: bench/CUDA_NOTES.md, v2). T is lower triangular. */
+    /* 5. W = T diag(beta Gamma) K and U = T diag(beta) V on the tensor cores with split operands
+     *    (A = T diag(.) as hi + lo bf16; K is bf16 already, V fp32 split too: U = Ah Vh + Ah Vl + Al Vh).
+     *    Warp w: rows 16 (w / 2).., half (w % 2) of the columns; T is lower triangular, so only the
+     *    k-steps up to the warp's row tile contribute. */
     {
-        constexpr int EQ = (DK + 31) / 32;
-        float acc[8][EQ];
+        const int mt = w >> 1, half = w & 1;
+        const int i0 = 16 * mt + r, i1 = i0 + 8;
+        /* A fragments of T diag(s) for k-step ks, split hi / lo */
+        auto a_frag = [&](int ks, const float *scale, uint32_t (&ah)[4], uint32_t (&al)[4]) {
+            const int k0 = 16 * ks + 2 * cc;
+            const float s0 = scale[k0], s1 = scale[k0 + 1], s8 = scale[k0 + 8], s9 = scale[k0 + 9];
+            split_bf16(Ts[i0 * LDL + k0] * s0, Ts[i0 * LDL + k0 + 1] * s1, ah[0], al[0]);
+            split_bf16(Ts[i1 * LDL + k0] * s0, Ts[i1 * LDL + k0 + 1] * s1, ah[1], al[1]);
+            split_bf16(Ts[i0 * LDL + k0 + 8] * s8, Ts[i0 * LDL + k0 + 9] * s9, ah[2], al[2]);
+            split_bf16(Ts[i1 * LDL + k0 + 8] * s8, Ts[i1 * LDL + k0 + 9] * s9, ah[3], al[3]);
+        };
+        float *sbg = Ls; /* beta Gamma per token (L is dead after step 4) */
+        if (tid < GDN_C) sbg[tid] = bet[tid] * Gam[tid];
+        __syncthreads();
+
+        /* W: columns [half CW, half CW + CW) of DK, CW = DK / 2 (or all 16 when DK = 16) */
+        constexpr int CW = DK / 2 < 16 ? 16 : DK / 2, NPW = CW / 16;
+        if (half * CW < DK) {
+            float acc[2 * NPW][4];
 #pragma unroll
-        for (int ii = 0; ii < 8; ii++)
+            for (int j = 0; j < 2 * NPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 #pragma unroll
-            for (int e = 0; e < EQ; e++) acc[ii][e] = 0.f;
-        const int tmax = 8 * w + 7;
-        for (int tp = 0; tp <= tmax; tp++) {
-            const float sb = bet[tp] * Gam[tp];
-            float kv[EQ];
+            for (int ks = 0; ks < 4; ks++) {
+                if (ks > mt) break;
+                uint32_t ah[4], al[4];
+                a_frag(ks, sbg, ah, al);
 #pragma unroll
-            for (int e = 0; e < EQ; e++) kv[e] = lane + 32 * e < DK ? __bfloat162float(Ks[tp * LDK + lane + 32 * e]) : 0.f;
+                for (int np = 0; np < NPW; np++) {
+                    uint32_t kb[4];
+                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + half * CW + 16 * np + (lane >> 4) * 8);
+                    cu_mma16816(acc[2 * np], ah, kb[0], kb[1]);
+                    cu_mma16816(acc[2 * np], al, kb[0], kb[1]);
+                    cu_mma16816(acc[2 * np + 1], ah, kb[2], kb[3]);
+                    cu_mma16816(acc[2 * np + 1], al, kb[2], kb[3]);
+                }
+            }
+            bf16 *W = a.scr.W + blk * GDN_C * DK;
 #pragma unroll
-            for (int ii = 0; ii < 8; ii++) {
-                const float av = Ts[(8 * w + ii) * LDL + tp] * sb;
-#pragma unroll
-                for (int e = 0; e < EQ; e++) acc[ii][e] += av * kv[e];
+            for (int j = 0; j < 2 * NPW; j++) {
+                const int n = half * CW + 8 * j + 2 * cc;
+                *(uint32_t *)(W + i0 * DK + n) = cu_pack_bf16(acc[j][0], acc[j][1]);
+                *(uint32_t *)(W + i1 * DK + n) = cu_pack_bf16(acc[j][2], acc[j][3]);
             }
         }
-        bf16 *W = a.scr.W + blk * GDN_C * DK;
+        /* U^T: columns [half DV / 2, ...) of DV, B fragments from fp32 V split on the fly */
+        {
+            constexpr int CU = DV / 2, NJU = CU / 8;
+            float acc[NJU][4];
 #pragma unroll
-        for (int ii = 0; ii < 8; ii++)
+            for (int j = 0; j < NJU; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 #pragma unroll
-            for (int e = 0; e < EQ; e++)
-                if (lane + 32 * e < DK) W[(8 * w + ii) * DK + lane + 32 * e] = __float2bfloat16(acc[ii][e]);
-    }
-    {
-        constexpr int UPW = DV / PREP_WARPS; /* U^T columns per warp; lanes: rows lane, lane + 32 */
-        float acc[2][UPW];
+            for (int ks = 0; ks < 4; ks++) {
+                if (ks > mt) break;
+                uint32_t ah[4], al[4];
+                a_frag(ks, bet, ah, al);
+                const int k0 = 16 * ks + 2 * cc;
 #pragma unroll
-        for (int ii = 0; ii < 2; ii++)
-#pragma unroll
-            for (int j = 0; j < UPW; j++) acc[ii][j] = 0.f;
-        for (int tp = 0; tp < GDN_C; tp++) {
-            const float sb = bet[tp];
-            const float a0 = Ts[lane * LDL + tp] * sb, a1 = Ts[(lane + 32) * LDL + tp] * sb;
-#pragma unroll
-            for (int j = 0; j < UPW; j++) {
-                const float vv = Vs[tp * DV + w * UPW + j];
-                acc[0][j] += a0 * vv;
-                acc[1][j] += a1 * vv;
+                for (int j = 0; j < NJU; j++) {
+                    const int n = half * CU + 8 * j + r;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split_bf16(Vs[k0 * LDV + n], Vs[(k0 + 1) * LDV + n], bh0, bl0);
+                    split_bf16(Vs[(k0 + 8) * LDV + n], Vs[(k0 + 9) * LDV + n], bh1, bl1);
+                    cu_mma16816(acc[j], ah, bh0, bh1);
+                    cu_mma16816(acc[j], ah, bl0, bl1);
+                    cu_mma16816(acc[j], al, bh0, bh1);
+                }
             }
-        }
-        float *UT = a.scr.UT + blk * DV * GDN_C;
+            float *UT = a.scr.UT + blk * DV * GDN_C;
 #pragma unroll
-        for (int j = 0; j < UPW; j++) {
-            UT[(w * UPW + j) * GDN_C + lane] = acc[0][j];
-            UT[(w * UPW + j) * GDN_C + lane + 32] = acc[1][j];
+            for (int j = 0; j < NJU; j++) {
+                const int n = half * CU + 8 * j + 2 * cc;
+                UT[n * GDN_C + i0] = acc[j][0];
+                UT[(n + 1) * GDN_C + i0] = acc[j][1];
+                UT[n * GDN_C + i1] = acc[j][2];
+                UT[(n + 1) * GDN_C + i1] = acc[j][3];
+            }
         }
     }
 }
 
-/* ---- kernel B: the recurrence; one block per (value head, 32 columns of dv), sequential over blocks */
+/* ---- kernel B: the recurrence; one block per (value head, 16 columns of dv), sequential over blocks */
 
 struct gdn_scan_args {
     float *S; /* [nv][DV][DK] (padded) */
@@ -366,16 +439,22 @@ struct gdn_scan_args {
     cu_gdn_scratch scr;
 };
 
+/* The block's SCAN_BV rows of S^T are split along dk over SM::KS warps (v6): each warp does half of
+ * delta's k-sum and half of the state update, so the sequential step per block of 64 tokens is half
+ * as many dependent MMAs; the two partial deltas meet in shared memory (one barrier a step). */
+#define SCAN_BV 16 /* dv rows of S^T per block */
+
 template <int DK, int DV>
 struct scan_smem {
-    static constexpr int BV = DV < 32 ? DV : 32; /* dv columns per block */
+    static constexpr int KS = DK >= 64 ? 2 : 1;  /* warps splitting dk */
     static constexpr int LDW = DK + 8;           /* W and K' rows [64][DK] */
     static constexpr int LDU = GDN_C + 8;        /* U^T rows (fp32) */
     static constexpr size_t w_off = 0;
     static constexpr size_t k_off = w_off + (size_t)GDN_C * LDW * 2;
     static constexpr size_t u_off = k_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t stage = u_off + (size_t)BV * LDU * 4;
-    static constexpr size_t bytes = 2 * stage;
+    static constexpr size_t stage = u_off + (size_t)SCAN_BV * LDU * 4;
+    static constexpr size_t x_off = 2 * stage; /* partial deltas [KS][32 values][32 lanes] fp32 */
+    static constexpr size_t bytes = x_off + (KS > 1 ? (size_t)KS * 32 * 32 * 4 : 0);
 };
 
 template <int DK, int DV>
@@ -392,36 +471,38 @@ __device__ __forceinline__ void scan_prefetch(unsigned char *st, const cu_gdn_sc
         cu_cp_async16(Ws + r * SM::LDW + 8 * s, W + r * DK + 8 * s, 16);
         cu_cp_async16(Ks + r * SM::LDW + 8 * s, K + r * DK + 8 * s, 16);
     }
-    for (int e = tid; e < SM::BV * 16; e += nthreads) {
+    for (int e = tid; e < SCAN_BV * 16; e += nthreads) {
         const int r = e >> 4, s = e & 15;
         cu_cp_async16(Us + r * SM::LDU + 4 * s, U + r * GDN_C + 4 * s, 16);
     }
 }
 
 template <int DK, int DV>
-__global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_scan_args a) {
+__global__ void __launch_bounds__(scan_smem<DK, DV>::KS * 32) gdn_scan_kernel(gdn_scan_args a) {
     typedef scan_smem<DK, DV> SM;
-    constexpr int NW = SM::BV / 16, NT = NW * 32;
-    constexpr int NJ = DK / 8;   /* n-tiles of S^T along dk */
-    constexpr int NKS = DK / 16; /* k-steps along dk */
+    constexpr int KS = SM::KS, NT = KS * 32;
+    constexpr int DKH = DK / KS;  /* this warp's dk columns */
+    constexpr int NJ = DKH / 8;   /* n-tiles of S^T along them */
+    constexpr int NKS = DKH / 16; /* k-steps along them */
     extern __shared__ __align__(16) unsigned char smem[];
-    const int h = blockIdx.x, n_base = blockIdx.y * SM::BV;
+    const int h = blockIdx.x, n_base = blockIdx.y * SCAN_BV;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
+    const int kofs = w * DKH;
     const int len = a.prm->len;
     const int nc = (a.rows + GDN_C - 1) / GDN_C;
     int nreal = (len + GDN_C - 1) / GDN_C;
     if (nreal > nc) nreal = nc;
+    float *X = (float *)(smem + SM::x_off);
 
-    /* S^T rows [n0, n0 + 8] of this head in accumulators */
+    /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
     float *Sh = a.S + (size_t)h * DV * DK;
-    const int nl = 16 * w + r; /* row inside the block's slice */
-    const int n0 = n_base + nl;
+    const int n0 = n_base + r;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-        const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + 8 * j + 2 * cc);
-        const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc);
+        const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
+        const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
         Sacc[j][0] = lo.x;
         Sacc[j][1] = lo.y;
         Sacc[j][2] = hi.x;
@@ -439,7 +520,7 @@ __global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_s
         const float gl = a.scr.glast[blk];
 
         /* the state at the block start, for the output kernel */
-        bf16 *Sc = a.scr.Sc + (blk * DV + n0) * DK;
+        bf16 *Sc = a.scr.Sc + (blk * DV + n0) * DK + kofs;
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             *(uint32_t *)(Sc + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][0], Sacc[j][1]);
@@ -462,26 +543,41 @@ __global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_s
             cu_cp_async_commit();
         }
 
-        /* delta^T = U^T - S^T W^T */
+        /* delta^T = U^T - S^T W^T: this warp's part of the sum over dk (warp 0 adds U^T) */
         float D[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const float2 lo = *(const float2 *)(Us + nl * SM::LDU + 8 * j + 2 * cc);
-            const float2 hi = *(const float2 *)(Us + (nl + 8) * SM::LDU + 8 * j + 2 * cc);
-            D[j][0] = lo.x;
-            D[j][1] = lo.y;
-            D[j][2] = hi.x;
-            D[j][3] = hi.y;
+            if (w == 0) {
+                const float2 lo = *(const float2 *)(Us + r * SM::LDU + 8 * j + 2 * cc);
+                const float2 hi = *(const float2 *)(Us + (r + 8) * SM::LDU + 8 * j + 2 * cc);
+                D[j][0] = lo.x;
+                D[j][1] = lo.y;
+                D[j][2] = hi.x;
+                D[j][3] = hi.y;
+            } else {
+                D[j][0] = D[j][1] = D[j][2] = D[j][3] = 0.f;
+            }
         }
 #pragma unroll
         for (int ks = 0; ks < NKS; ks++)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const int k0 = 16 * ks + 2 * cc;
+                const int k0 = kofs + 16 * ks + 2 * cc;
                 const uint32_t w0 = *(const uint32_t *)(Ws + (8 * j + r) * SM::LDW + k0);
                 const uint32_t w1 = *(const uint32_t *)(Ws + (8 * j + r) * SM::LDW + k0 + 8);
                 cu_mma16816(D[j], nS[ks], w0, w1);
             }
+        if (KS > 1) { /* the other warp's part (a + b == b + a: both warps hold the same delta) */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) X[(w * 32 + 4 * j + e) * 32 + lane] = D[j][e];
+            __syncthreads();
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) D[j][e] += X[((1 - w) * 32 + 4 * j + e) * 32 + lane];
+        }
         /* delta^T to global (bf16) and as A fragments (k = tokens) */
         bf16 *dT = a.scr.dT + (blk * DV + n0) * GDN_C;
         uint32_t dF[4][4];
@@ -491,12 +587,14 @@ __global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_s
             dF[ks][1] = cu_pack_bf16(D[2 * ks][2], D[2 * ks][3]);
             dF[ks][2] = cu_pack_bf16(D[2 * ks + 1][0], D[2 * ks + 1][1]);
             dF[ks][3] = cu_pack_bf16(D[2 * ks + 1][2], D[2 * ks + 1][3]);
-            *(uint32_t *)(dT + 16 * ks + 2 * cc) = dF[ks][0];
-            *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 2 * cc) = dF[ks][1];
-            *(uint32_t *)(dT + 16 * ks + 8 + 2 * cc) = dF[ks][2];
-            *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 8 + 2 * cc) = dF[ks][3];
+            if (w == 0) {
+                *(uint32_t *)(dT + 16 * ks + 2 * cc) = dF[ks][0];
+                *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 2 * cc) = dF[ks][1];
+                *(uint32_t *)(dT + 16 * ks + 8 + 2 * cc) = dF[ks][2];
+                *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 8 + 2 * cc) = dF[ks][3];
+            }
         }
-        /* S^T = Gamma_last S^T + delta^T K' */
+        /* S^T = Gamma_last S^T + delta^T K' (this warp's dk columns) */
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             Sacc[j][0] *= gl;
@@ -510,7 +608,7 @@ __global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_s
 #pragma unroll
             for (int np = 0; np < NJ / 2; np++) {
                 uint32_t kb[4];
-                cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * SM::LDW + 16 * np + (lane >> 4) * 8);
+                cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * SM::LDW + kofs + 16 * np + (lane >> 4) * 8);
                 cu_mma16816(Sacc[2 * np], dF[ks], kb[0], kb[1]);
                 cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
             }
@@ -518,8 +616,8 @@ __global__ void __launch_bounds__((DV < 32 ? DV : 32) * 2) gdn_scan_kernel(gdn_s
     cu_cp_async_wait<0>();
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-        *(float2 *)(Sh + (size_t)n0 * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
-        *(float2 *)(Sh + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
+        *(float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
+        *(float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
     }
 }
 
@@ -726,7 +824,8 @@ size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
                2 * align256((size_t)rows * d->nv * 4);
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
     const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
-    return align256(nb * GDN_C * DK * 2) * 2 + align256(nb * DV * GDN_C * 4) + align256(nb * DK * GDN_C * 2) +
+    return align256((size_t)rows * d->nk * DK * 2) * 2 + align256((size_t)rows * d->nv * DV * 4) +
+           align256(nb * GDN_C * DK * 2) * 2 + align256(nb * DV * GDN_C * 4) + align256(nb * DK * GDN_C * 2) +
            align256(nb * GDN_C * GDN_C * 2) + align256(nb * 4) + align256(nb * DV * DK * 2) +
            align256(nb * DV * GDN_C * 2);
 }
@@ -750,6 +849,12 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
         s->beta = (float *)p;
         return;
     }
+    s->Qn = (bf16 *)p;
+    p += align256((size_t)rows * d->nk * DK * 2);
+    s->Kn = (bf16 *)p;
+    p += align256((size_t)rows * d->nk * DK * 2);
+    s->Vn = (float *)p;
+    p += align256((size_t)rows * d->nv * DV * 4);
     s->W = (bf16 *)p;
     p += align256(nb * GDN_C * DK * 2);
     s->Qg = (bf16 *)p;
@@ -797,16 +902,19 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    gdn_prep_args pa = {P, d->ldP, conv_state, conv_w, A_log, dt_bias, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, rows,
-                        *scr};
+    gdn_conv_args ca = {P, d->ldP, conv_state, conv_w, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, prm, d->nk, d->nv, C, d->dk, d->dv, rows, *scr};
     gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
     gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
+    const dim3 conv_grid((rows + CONV_TT - 1) / CONV_TT, 2 * d->nk + d->nv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        constexpr int BV = scan_smem<DK_, DV_>::BV;                                                               \
+        gdn_conv_kernel<<<conv_grid, CONV_THREADS, 0, st>>>(ca);                                                  \
+        CU_LAUNCH_CHECK("gdn_conv_kernel");                                                                        \
         gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
         CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
-        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / BV), BV * 2, scan_smem<DK_, DV_>::bytes, st>>>(sa);          \
+        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / SCAN_BV), scan_smem<DK_, DV_>::KS * 32,                     \
+                                    scan_smem<DK_, DV_>::bytes, st>>>(sa);                                         \
         CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                        \
         gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);             \
         CU_LAUNCH_CHECK("gdn_out_kernel");                                                                         \

@@ -11,8 +11,9 @@
  *
  * Small M (a cache hit's question): the skinny kernel (k_gemm_skinny.cu) streams W once. When
  * tuning and the shape suits it, it is timed with the cuBLASLt candidates and the plan keeps the
- * fastest of all; without tuning the plan keeps cuBLASLt's heuristic choice (the safe default).
- * SQUAD_GEMM_SKINNY=0 in the environment never uses it, =1 uses it wherever it is supported.
+ * fastest of all; without tuning the plan keeps cuBLASLt's heuristic choice. It is off by default
+ * (slower than cuBLASLt when the weights come from memory, CUDA_NOTES.md v7): SQUAD_GEMM_SKINNY=1
+ * in the environment uses it wherever it is supported, =2 makes it a tuning candidate.
  */
 #include "cuda_internal.cuh"
 
@@ -39,7 +40,10 @@ int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, dev));
     const char *env = getenv("SQUAD_GEMM_SKINNY");
-    g->skinny_mode = env && env[0] == '0' ? 0 : env && env[0] == '1' ? 1 : -1;
+    /* off unless asked for: on the H200 it lost to cuBLASLt on every 0.8B shape but M = 16 with the
+     * weights streamed from memory (bench/CUDA_NOTES.md, v7), while the tuning pass, which times
+     * with the weights hot in L2, preferred it */
+    g->skinny_mode = env && env[0] == '1' ? 1 : env && env[0] == '2' ? -1 : 0;
     return cu_gemm_skinny_init(err);
 }
 
