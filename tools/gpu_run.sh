@@ -16,8 +16,9 @@
 # bounded by a timeout):
 #   env        GPU, driver, libraries found                       -> summary.log
 #   tests      gpu_test_kernels, gpu_test_backend                 -> test_kernels.log, test_backend.log
-#   memcheck   compute-sanitizer memcheck on both tests (backend: SQUAD_GPU_TEST_QUICK=1) -> memcheck.log
-#   racecheck  compute-sanitizer racecheck on gpu_test_kernels   -> racecheck.log
+#   memcheck   compute-sanitizer memcheck on both tests (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM
+#              cases, fewer backend rows) -> memcheck.log
+#   racecheck  compute-sanitizer racecheck on gpu_test_kernels (quick) -> racecheck.log
 #   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
 #              4096+128 hit on the 0.8B preset (graph nodes, so tuned GEMMs), summed per kernel
 #              (tools/ncu_summary.py) -> profile.log
@@ -145,11 +146,11 @@ if has layers && [ -e "$CARRY/q08_row.jsonl" ]; then
     step "hf_layers" 180 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_layers.py --model "$MODEL" --row "$CARRY/q08_row.jsonl" --out "$OUT/hf_layers.json"
 fi
 if has memcheck; then
-    step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
+    step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
     step "memcheck gpu_test_backend (quick)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_backend"
 fi
 if has racecheck; then
-    step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
+    step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
 fi
 log "done"
 exit 0

@@ -14,7 +14,7 @@
  * and the state after the block is the state at the last real token.
  *
  * Four kernels (v7; bench/CUDA_NOTES.md has each version's figures):
- * A0, gdn_conv (a block per 16 tokens and head segment, a thread per channel): the causal conv over
+ * A0, gdn_conv (a block per 16 tokens and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
  * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
@@ -23,8 +23,8 @@
  *   W and U on the tensor cores with hi + lo bf16 splits of the fp32 operands (plain bf16 there
  *   cost too much accuracy, v2). Writes W, U^T, P, diag(Gamma) Q, K' and Gamma_last to scratch.
  * B, gdn_scan (one block per value head and 16 columns of dv, sequential over the blocks): only the
- *   recurrence. Two warps keep S^T [16][dk] in fp32 mma accumulators for the whole chunk, each
- *   half of dk (their partial deltas summed through shared memory);
+ *   recurrence. Two warps keep S^T [16][dk] in fp32 mma accumulators for the whole chunk, each half
+ *   of dk (partial deltas summed through shared memory);
  *   per block delta^T = U^T - S^T W^T and S^T = Gamma_last S^T + delta^T K' (K' fragments by
  *   ldmatrix.trans), the accumulator of one product reused as the A operand of the next (the same
  *   fragment layout); block c+1's operands
@@ -60,64 +60,95 @@ struct gdn_conv_args {
     cu_gdn_scratch scr;
 };
 
-#define CONV_THREADS 128 /* one thread per channel of a head segment (padded head dims <= 128) */
-#define CONV_TT 16       /* tokens per block */
+#define CONV_THREADS 64 /* two channels a thread: a head segment of up to 128 (padded) channels */
+#define CONV_TT 16      /* tokens per block */
 
 /* Block (x, seg): tokens [CONV_TT x, CONV_TT (x + 1)) of one head segment (q heads, then k heads,
- * then v heads), a thread per channel. Each thread loads its channel's CONV_TT + K - 1 inputs (the
- * rows before the block come from the saved conv inputs at the chunk start) and K weights, all before
- * any is used, then slides the kernel down the block in registers: one round of loads a block (v6
- * waited on a round per token and ran 250 us a layer on a 2048-token chunk). q and k rows are
- * L2-normalised (warp sums, then across the block's warps through shared memory; q also scaled by
- * 1 / sqrt(dk)) and written bf16; v is written fp32 (U = T diag(beta) V needs fp32 operands).
- * Padding channels get 0; rows past len are not written (the prep kernel zero-fills them). */
+ * then v heads), a thread per pair of channels (bf16x2 loads). Each thread loads its channels'
+ * CONV_TT + KC - 1 inputs (rows before the chunk come from the saved conv inputs) and KC weights, all
+ * before any is used, then slides the kernel down the block in registers: one round of loads a
+ * block (v6 waited on a round per token). KC, the conv kernel size, is a template parameter so no
+ * padded taps are computed (v7 computed CU_MAX_CONV_K and was issue-bound at 75 us a layer on a
+ * 2048-token chunk). q and k rows are L2-normalised (warp sums, then across the block's warps through
+ * shared memory; q also scaled by 1 / sqrt(dk)) and written bf16; v is written fp32 (U = T diag(beta)
+ * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
+ * zero-fills them). */
+template <int KC>
 __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a) {
-    constexpr int MK = CU_MAX_CONV_K, NX = CONV_TT + MK - 1, NW = CONV_THREADS / 32;
+    constexpr int NX = CONV_TT + KC - 1, NW = CONV_THREADS / 32;
     __shared__ float red[NW][CONV_TT];
     const int t0 = blockIdx.x * CONV_TT, seg = blockIdx.y;
     const int len = a.prm->len;
     if (t0 >= len) return;
-    const int i = threadIdx.x, w = i >> 5, lane = i & 31;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int i = 2 * tid; /* this thread's first channel in the segment */
     const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
     const int size = isv ? a.dv : a.dk, pad = isv ? a.DV : a.DK;
     const int base = isv ? 2 * a.nk * a.dk + (seg - 2 * a.nk) * a.dv : seg * a.dk;
-    const bool real = i < size;
-    const int ch = base + i, Km1 = a.K - 1, off = MK - a.K;
-    /* weights aligned to the window's end: wv[j] multiplies x[t + j], the input at row t0 + t - (MK - 1 - j) */
-    float wv[MK], x[NX];
+    /* both channels real, or the first only (odd head dim), or neither */
+    const bool r0 = i < size, r1 = i + 1 < size;
+    const int ch = base + i;
+    float w0[KC], w1[KC];
 #pragma unroll
-    for (int j = 0; j < MK; j++) wv[j] = real && j >= off ? a.conv_w[(size_t)ch * a.K + (j - off)] : 0.f;
+    for (int j = 0; j < KC; j++) {
+        w0[j] = r0 ? a.conv_w[(size_t)ch * KC + j] : 0.f;
+        w1[j] = r1 ? a.conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
+    }
+    float2 x[NX]; /* x[m]: the inputs at row t0 - (KC - 1) + m */
 #pragma unroll
     for (int m = 0; m < NX; m++) {
-        const int tau = t0 - (MK - 1) + m;
-        float v = 0.f;
-        if (real && m >= off && tau < len)
-            v = tau >= 0 ? __bfloat162float(a.P[(size_t)tau * a.ldP + ch])
-                         : __bfloat162float(a.conv_state[(size_t)(Km1 + tau) * a.C + ch]);
+        const int tau = t0 - (KC - 1) + m;
+        float2 v = make_float2(0.f, 0.f);
+        if (r0 && tau < len) {
+            const bf16 *src = tau >= 0 ? a.P + (size_t)tau * a.ldP + ch : a.conv_state + (size_t)(KC - 1 + tau) * a.C + ch;
+            if (r1 && ((ch & 1) == 0)) {
+                v = __bfloat1622float2(*(const __nv_bfloat162 *)src);
+            } else {
+                v.x = __bfloat162float(src[0]);
+                v.y = r1 ? __bfloat162float(src[1]) : 0.f;
+            }
+        }
         x[m] = v;
     }
-    float y[CONV_TT];
+    float2 y[CONV_TT];
 #pragma unroll
     for (int t = 0; t < CONV_TT; t++) {
-        float acc = 0.f;
+        float a0 = 0.f, a1 = 0.f;
 #pragma unroll
-        for (int j = 0; j < MK; j++) acc += wv[j] * x[t + j];
-        y[t] = real && t0 + t < len ? cu_silu(acc) : 0.f;
+        for (int j = 0; j < KC; j++) {
+            a0 += w0[j] * x[t + j].x;
+            a1 += w1[j] * x[t + j].y;
+        }
+        const bool live = t0 + t < len;
+        y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
     }
     if (isv) {
         if (i < pad) {
             float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
 #pragma unroll
             for (int t = 0; t < CONV_TT; t++)
-                if (t0 + t < len) dst[(size_t)(t0 + t) * a.nv * pad] = y[t];
+                if (t0 + t < len) *(float2 *)(dst + (size_t)(t0 + t) * a.nv * pad) = y[t];
         }
         return;
     }
+    /* the 16 rows' sums of squares over the warp by a halving exchange: at each step a lane keeps
+     * half of its rows and sends the other half to its partner, so 16 sums cost 16 shuffles (16 warp
+     * sums would cost 80); lane L ends with the sum of row 8 b4 + 4 b3 + 2 b2 + b1 of its bits */
+    static_assert(CONV_TT == 16, "the exchange below halves 16 rows");
+    float q[16];
 #pragma unroll
-    for (int t = 0; t < CONV_TT; t++) {
-        const float s = cu_warp_sum(y[t] * y[t]);
-        if (lane == 0) red[w][t] = s;
+    for (int t = 0; t < 16; t++) q[t] = y[t].x * y[t].x + y[t].y * y[t].y;
+#pragma unroll
+    for (int half = 8; half >= 1; half >>= 1) {
+        const bool up = (lane & (2 * half)) != 0; /* keeps the upper half of its rows */
+#pragma unroll
+        for (int k = 0; k < half; k++) {
+            const float send = up ? q[k] : q[k + half], keep = up ? q[k + half] : q[k];
+            q[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * half);
+        }
     }
+    q[0] += __shfl_xor_sync(0xffffffffu, q[0], 1);
+    if ((lane & 1) == 0) red[w][8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1) + ((lane >> 1) & 1)] = q[0];
     __syncthreads();
     if (i < pad) {
         const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
@@ -128,9 +159,26 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
             float ss = 0.f;
 #pragma unroll
             for (int u = 0; u < NW; u++) ss += red[u][t];
-            dst[(size_t)(t0 + t) * a.nk * pad] = __float2bfloat16(y[t] * rsqrtf(ss + 1e-6f) * qs);
+            const float sc = rsqrtf(ss + 1e-6f) * qs;
+            *(uint32_t *)(dst + (size_t)(t0 + t) * a.nk * pad) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
         }
     }
+}
+
+/* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K). */
+static int launch_gdn_conv(const gdn_conv_args &ca, dim3 grid, cudaStream_t st, squad_err *err) {
+    switch (ca.K) {
+#define CONV_CASE(KC_)                                                                                             \
+    case KC_:                                                                                                      \
+        gdn_conv_kernel<KC_><<<grid, CONV_THREADS, 0, st>>>(ca);                                                   \
+        break;
+        CONV_CASE(1) CONV_CASE(2) CONV_CASE(3) CONV_CASE(4) CONV_CASE(5) CONV_CASE(6) CONV_CASE(7) CONV_CASE(8)
+#undef CONV_CASE
+    default:
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: conv kernel size %d not supported", ca.K);
+    }
+    CU_LAUNCH_CHECK("gdn_conv_kernel");
+    return 0;
 }
 
 /* ---- kernel A: per (block of 64 tokens, value head) ------------------------------------------- */
@@ -430,7 +478,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     }
 }
 
-/* ---- kernel B: the recurrence; one block per (value head, 16 columns of dv), sequential over blocks */
+/* ---- kernel B: the recurrence; one block per (value head, 16 rows of S^T), sequential over blocks */
 
 struct gdn_scan_args {
     float *S; /* [nv][DV][DK] (padded) */
@@ -439,68 +487,101 @@ struct gdn_scan_args {
     cu_gdn_scratch scr;
 };
 
-/* The block's SCAN_BV rows of S^T are split along dk over SM::KS warps (v6): each warp does half of
- * delta's k-sum and half of the state update, so the sequential step per block of 64 tokens is half
- * as many dependent MMAs; the two partial deltas meet in shared memory (one barrier a step). */
-#define SCAN_BV 16 /* dv rows of S^T per block */
-
+/* Per block of 64 tokens the scan is a chain of dependent MMAs, and ncu showed it issue-bound per
+ * warp (one instruction every ~3 cycles, v6). So the work of one step is spread over many warps:
+ * warp (rg, kq) owns S^T rows [16 rg, 16 rg + 16) of the block's slice and dk columns
+ * [kq DK / KS, (kq + 1) DK / KS): its part of delta's sum over dk goes through shared memory to the
+ * other KS - 1 warps of its row group (every warp adds the KS parts in the same order, so all hold
+ * the same delta), and it updates only its own dk columns. The next block's W, K' and U^T arrive
+ * by cp.async while this one computes (issued by all warps, or by SCAN_LOADERS extra warps). */
+#ifndef SQUAD_SCAN_KS
+#define SQUAD_SCAN_KS 2 /* warps splitting dk (DK >= 64): 2 (v6, v9) beat 4 with 2 row groups (v8) */
+#endif
+#ifndef SQUAD_SCAN_LOADERS
+/* warps that only prefetch the next block's operands. 2 (v9) took the scan from 0.95 to 0.79 ms a
+ * 2048-token chunk (the compute warps are issue-bound and ~200 of their ~600 instructions a step
+ * were cp.async), but compute-sanitizer racecheck reports WAR hazards between the loaders'
+ * cp.async and the compute warps' ldmatrix that we could not explain, so it stays off (0: every
+ * warp prefetches after the step's barrier, as v6, racecheck-clean) until that is understood. */
+#define SQUAD_SCAN_LOADERS 0
+#endif
+#define SCAN_LOADERS SQUAD_SCAN_LOADERS
+#ifndef SQUAD_SCAN_RG
+#define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2 (v8) */
+#endif
 template <int DK, int DV>
 struct scan_smem {
-    static constexpr int KS = DK >= 64 ? 2 : 1;  /* warps splitting dk */
-    static constexpr int LDW = DK + 8;           /* W and K' rows [64][DK] */
-    static constexpr int LDU = GDN_C + 8;        /* U^T rows (fp32) */
+    static constexpr int KS = DK >= 64 ? (SQUAD_SCAN_KS < DK / 32 ? SQUAD_SCAN_KS : DK / 32) : 1;
+    static constexpr int RG = DV >= 32 ? SQUAD_SCAN_RG : 1;
+    static constexpr int BV = 16 * RG;                /* S^T rows (dv) per block */
+    static constexpr int NWARP = RG * KS;
+    static constexpr int LDW = DK + 8;                /* W and K' rows [64][DK] */
+    static constexpr int LDU = GDN_C + 8;             /* U^T rows (fp32) */
     static constexpr size_t w_off = 0;
     static constexpr size_t k_off = w_off + (size_t)GDN_C * LDW * 2;
     static constexpr size_t u_off = k_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t stage = u_off + (size_t)SCAN_BV * LDU * 4;
-    static constexpr size_t x_off = 2 * stage; /* partial deltas [KS][32 values][32 lanes] fp32 */
-    static constexpr size_t bytes = x_off + (KS > 1 ? (size_t)KS * 32 * 32 * 4 : 0);
+    static constexpr size_t stage = u_off + (size_t)BV * LDU * 4;
+    static constexpr size_t x_off = 2 * stage; /* partial deltas [NWARP][8 float4][32 lanes] */
+    static constexpr size_t bytes = x_off + (KS > 1 ? (size_t)NWARP * 8 * 32 * 16 : 0);
 };
 
 template <int DK, int DV>
 __device__ __forceinline__ void scan_prefetch(unsigned char *st, const cu_gdn_scratch &scr, size_t blk, int n_base,
-                                              int tid, int nthreads) {
+                                              int tid) {
     typedef scan_smem<DK, DV> SM;
+    constexpr int NT = (SCAN_LOADERS ? SCAN_LOADERS : SM::NWARP) * 32; /* tid: the prefetching threads' index */
     bf16 *Ws = (bf16 *)(st + SM::w_off), *Ks = (bf16 *)(st + SM::k_off);
     float *Us = (float *)(st + SM::u_off);
     const bf16 *W = scr.W + blk * GDN_C * DK, *K = scr.Kp + blk * GDN_C * DK;
     const float *U = scr.UT + blk * DV * GDN_C + (size_t)n_base * GDN_C;
     constexpr int SW = DK / 8; /* 16-byte segments per W row */
-    for (int e = tid; e < GDN_C * SW; e += nthreads) {
+    for (int e = tid; e < GDN_C * SW; e += NT) {
         const int r = e / SW, s = e % SW;
         cu_cp_async16(Ws + r * SM::LDW + 8 * s, W + r * DK + 8 * s, 16);
         cu_cp_async16(Ks + r * SM::LDW + 8 * s, K + r * DK + 8 * s, 16);
     }
-    for (int e = tid; e < SCAN_BV * 16; e += nthreads) {
+    for (int e = tid; e < SM::BV * 16; e += NT) {
         const int r = e >> 4, s = e & 15;
         cu_cp_async16(Us + r * SM::LDU + 4 * s, U + r * GDN_C + 4 * s, 16);
     }
 }
 
 template <int DK, int DV>
-__global__ void __launch_bounds__(scan_smem<DK, DV>::KS * 32) gdn_scan_kernel(gdn_scan_args a) {
+__global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32) gdn_scan_kernel(gdn_scan_args a) {
     typedef scan_smem<DK, DV> SM;
-    constexpr int KS = SM::KS, NT = KS * 32;
+    constexpr int KS = SM::KS;
     constexpr int DKH = DK / KS;  /* this warp's dk columns */
     constexpr int NJ = DKH / 8;   /* n-tiles of S^T along them */
     constexpr int NKS = DKH / 16; /* k-steps along them */
     extern __shared__ __align__(16) unsigned char smem[];
-    const int h = blockIdx.x, n_base = blockIdx.y * SCAN_BV;
+    const int h = blockIdx.x, n_base = blockIdx.y * SM::BV;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int rg = w / KS, kq = w % KS;
     const int r = lane >> 2, cc = lane & 3;
-    const int kofs = w * DKH;
+    const int kofs = kq * DKH;
     const int len = a.prm->len;
     const int nc = (a.rows + GDN_C - 1) / GDN_C;
     int nreal = (len + GDN_C - 1) / GDN_C;
     if (nreal > nc) nreal = nc;
-    float *X = (float *)(smem + SM::x_off);
+    float4 *X = (float4 *)(smem + SM::x_off);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
     float *Sh = a.S + (size_t)h * DV * DK;
-    const int n0 = n_base + r;
+    const int nl = 16 * rg + r; /* row inside the block's slice */
+    const int n0 = n_base + nl;
+    /* warps [NWARP, NWARP + SCAN_LOADERS) only load: block ci + 1's W, K' and U^T while the others
+     * compute block ci (one barrier a step, the same __syncthreads for both roles) */
+    const bool loader = w >= SM::NWARP;                              /* only loads */
+    const bool fetcher = SCAN_LOADERS ? loader : true;                /* issues the prefetches */
+    const int lt = SCAN_LOADERS ? tid - SM::NWARP * 32 : tid;         /* index among the fetchers */
+    if (fetcher && nreal > 0) {
+        scan_prefetch<DK, DV>(smem, a.scr, (size_t)h, n_base, lt);
+        cu_cp_async_commit();
+    }
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
+        if (loader) break;
         const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
         const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
         Sacc[j][0] = lo.x;
@@ -509,47 +590,44 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::KS * 32) gdn_scan_kernel(gd
         Sacc[j][3] = hi.y;
     }
 
-    scan_prefetch<DK, DV>(smem, a.scr, (size_t)h, n_base, tid, NT);
-    cu_cp_async_commit();
-
     for (int ci = 0; ci < nreal; ci++) {
         const size_t blk = (size_t)ci * a.nv + h;
         const unsigned char *st = smem + (ci & 1) * SM::stage;
         const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Ks = (const bf16 *)(st + SM::k_off);
         const float *Us = (const float *)(st + SM::u_off);
-        const float gl = a.scr.glast[blk];
-
-        /* the state at the block start, for the output kernel */
-        bf16 *Sc = a.scr.Sc + (blk * DV + n0) * DK + kofs;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            *(uint32_t *)(Sc + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][0], Sacc[j][1]);
-            *(uint32_t *)(Sc + 8 * DK + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][2], Sacc[j][3]);
-        }
         uint32_t nS[NKS][4]; /* -S^T as bf16 A fragments */
+        if (!loader) {
+            /* the state at the block start, for the output kernel */
+            bf16 *Sc = a.scr.Sc + (blk * DV + n0) * DK + kofs;
 #pragma unroll
-        for (int ks = 0; ks < NKS; ks++) {
-            nS[ks][0] = cu_pack_bf16(-Sacc[2 * ks][0], -Sacc[2 * ks][1]);
-            nS[ks][1] = cu_pack_bf16(-Sacc[2 * ks][2], -Sacc[2 * ks][3]);
-            nS[ks][2] = cu_pack_bf16(-Sacc[2 * ks + 1][0], -Sacc[2 * ks + 1][1]);
-            nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
+            for (int j = 0; j < NJ; j++) {
+                *(uint32_t *)(Sc + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][0], Sacc[j][1]);
+                *(uint32_t *)(Sc + 8 * DK + 8 * j + 2 * cc) = cu_pack_bf16(Sacc[j][2], Sacc[j][3]);
+            }
+#pragma unroll
+            for (int ks = 0; ks < NKS; ks++) {
+                nS[ks][0] = cu_pack_bf16(-Sacc[2 * ks][0], -Sacc[2 * ks][1]);
+                nS[ks][1] = cu_pack_bf16(-Sacc[2 * ks][2], -Sacc[2 * ks][3]);
+                nS[ks][2] = cu_pack_bf16(-Sacc[2 * ks + 1][0], -Sacc[2 * ks + 1][1]);
+                nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
+            }
         }
-
-        cu_cp_async_wait<0>();
-        __syncthreads();
-        if (ci + 1 < nreal) {
-            scan_prefetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, a.scr, (size_t)(ci + 1) * a.nv + h, n_base, tid,
-                                  NT);
+        if (fetcher) cu_cp_async_wait<0>();
+        __syncthreads(); /* block ci's operands are in shared memory; the other stage is free */
+        if (fetcher && ci + 1 < nreal) {
+            scan_prefetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, a.scr, (size_t)(ci + 1) * a.nv + h, n_base, lt);
             cu_cp_async_commit();
         }
+        if (loader) continue;
+        const float gl = a.scr.glast[blk];
 
-        /* delta^T = U^T - S^T W^T: this warp's part of the sum over dk (warp 0 adds U^T) */
+        /* delta^T = U^T - S^T W^T: this warp's part of the sum over dk (the kq = 0 warp adds U^T) */
         float D[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            if (w == 0) {
-                const float2 lo = *(const float2 *)(Us + r * SM::LDU + 8 * j + 2 * cc);
-                const float2 hi = *(const float2 *)(Us + (r + 8) * SM::LDU + 8 * j + 2 * cc);
+            if (kq == 0) {
+                const float2 lo = *(const float2 *)(Us + nl * SM::LDU + 8 * j + 2 * cc);
+                const float2 hi = *(const float2 *)(Us + (nl + 8) * SM::LDU + 8 * j + 2 * cc);
                 D[j][0] = lo.x;
                 D[j][1] = lo.y;
                 D[j][2] = hi.x;
@@ -567,16 +645,32 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::KS * 32) gdn_scan_kernel(gd
                 const uint32_t w1 = *(const uint32_t *)(Ws + (8 * j + r) * SM::LDW + k0 + 8);
                 cu_mma16816(D[j], nS[ks], w0, w1);
             }
-        if (KS > 1) { /* the other warp's part (a + b == b + a: both warps hold the same delta) */
+        if (KS > 1) { /* sum the row group's KS parts, in rank order in every warp */
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int q = 0; q < 8; q++)
+                X[(w * 8 + q) * 32 + lane] = make_float4(D[q][0], D[q][1], D[q][2], D[q][3]);
+            /* the compute warps only (named barrier 1; the loaders wait at barrier 0) */
+            asm volatile("bar.sync 1, %0;\n" ::"n"(SM::NWARP * 32));
+            float T[8][4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) X[(w * 32 + 4 * j + e) * 32 + lane] = D[j][e];
-            __syncthreads();
+            for (int q = 0; q < 8; q++) T[q][0] = T[q][1] = T[q][2] = T[q][3] = 0.f;
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int u = 0; u < KS; u++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) D[j][e] += X[((1 - w) * 32 + 4 * j + e) * 32 + lane];
+                for (int q = 0; q < 8; q++) {
+                    float4 v;
+                    if (u == kq)
+                        v = make_float4(D[q][0], D[q][1], D[q][2], D[q][3]);
+                    else
+                        v = X[((rg * KS + u) * 8 + q) * 32 + lane];
+                    T[q][0] += v.x;
+                    T[q][1] += v.y;
+                    T[q][2] += v.z;
+                    T[q][3] += v.w;
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < 8; q++) D[q][0] = T[q][0], D[q][1] = T[q][1], D[q][2] = T[q][2], D[q][3] = T[q][3];
         }
         /* delta^T to global (bf16) and as A fragments (k = tokens) */
         bf16 *dT = a.scr.dT + (blk * DV + n0) * GDN_C;
@@ -587,7 +681,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::KS * 32) gdn_scan_kernel(gd
             dF[ks][1] = cu_pack_bf16(D[2 * ks][2], D[2 * ks][3]);
             dF[ks][2] = cu_pack_bf16(D[2 * ks + 1][0], D[2 * ks + 1][1]);
             dF[ks][3] = cu_pack_bf16(D[2 * ks + 1][2], D[2 * ks + 1][3]);
-            if (w == 0) {
+            if (kq == 0) {
                 *(uint32_t *)(dT + 16 * ks + 2 * cc) = dF[ks][0];
                 *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 2 * cc) = dF[ks][1];
                 *(uint32_t *)(dT + 16 * ks + 8 + 2 * cc) = dF[ks][2];
@@ -613,6 +707,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::KS * 32) gdn_scan_kernel(gd
                 cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
             }
     }
+    if (loader) return;
     cu_cp_async_wait<0>();
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -635,7 +730,7 @@ struct gdn_out_args {
     cu_gdn_scratch scr;
 };
 
-#define OUT_THREADS 128 /* 4 warps x 16 token rows */
+#define OUT_THREADS 256 /* 4 row tiles of 16 tokens x 2 halves of dv */
 
 template <int DK, int DV>
 struct out_smem {
@@ -709,12 +804,14 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
         cu_cp_async_wait<0>();
         __syncthreads();
     }
-    /* O = (Gamma Q) S + P delta: warp w rows 16 w .. 16 w + 15, all DV columns */
-    constexpr int NJ = DV / 8;
+    /* O = (Gamma Q) S + P delta: warp w rows 16 (w % 4) .., columns [CH (w / 4), CH (w / 4 + 1)) of DV
+     * (two warps a row tile: v8, twice v7's warps for the same shared memory) */
+    constexpr int CH = DV / 2, NJ = CH / 8;
+    const int mt = w & 3, c0 = (w >> 2) * CH;
     float O[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
-    const int i0 = 16 * w + r, i1 = i0 + 8;
+    const int i0 = 16 * mt + r, i1 = i0 + 8;
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ks++) {
         const int k0 = 16 * ks + 2 * cc;
@@ -725,14 +822,14 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
         aq[3] = *(const uint32_t *)(Qs + i1 * LDK + k0 + 8);
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
-            const uint32_t b0 = *(const uint32_t *)(Ss + (8 * j + r) * LDK + k0);
-            const uint32_t b1 = *(const uint32_t *)(Ss + (8 * j + r) * LDK + k0 + 8);
+            const uint32_t b0 = *(const uint32_t *)(Ss + (c0 + 8 * j + r) * LDK + k0);
+            const uint32_t b1 = *(const uint32_t *)(Ss + (c0 + 8 * j + r) * LDK + k0 + 8);
             cu_mma16816(O[j], aq, b0, b1);
         }
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        if (ks > w) break; /* P is lower triangular */
+        if (ks > mt) break; /* P is lower triangular */
         const int k0 = 16 * ks + 2 * cc;
         uint32_t ap[4];
         ap[0] = *(const uint32_t *)(Ps + i0 * LDT + k0);
@@ -741,12 +838,13 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
         ap[3] = *(const uint32_t *)(Ps + i1 * LDT + k0 + 8);
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
-            const uint32_t b0 = *(const uint32_t *)(Ds + (8 * j + r) * LDT + k0);
-            const uint32_t b1 = *(const uint32_t *)(Ds + (8 * j + r) * LDT + k0 + 8);
+            const uint32_t b0 = *(const uint32_t *)(Ds + (c0 + 8 * j + r) * LDT + k0);
+            const uint32_t b1 = *(const uint32_t *)(Ds + (c0 + 8 * j + r) * LDT + k0 + 8);
             cu_mma16816(O[j], ap, b0, b1);
         }
     }
-    /* gated RMSNorm over the real dv: a row's values sit in the 4 lanes of a quad */
+    /* gated RMSNorm over the real dv: a row's values sit in the 4 lanes of a quad of each of the two
+     * warps of its row tile; the halves meet in shared memory, added in the same order by both */
     float ss0 = 0.f, ss1 = 0.f;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
@@ -757,11 +855,19 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
+    __shared__ float rsq[2][GDN_C];
+    if (cc == 0) {
+        rsq[w >> 2][i0] = ss0;
+        rsq[w >> 2][i1] = ss1;
+    }
+    __syncthreads();
+    ss0 = rsq[0][i0] + rsq[1][i0];
+    ss1 = rsq[0][i1] + rsq[1][i1];
     const float rs0 = rsqrtf(ss0 / (float)dv + a.eps), rs1 = rsqrtf(ss1 / (float)dv + a.eps);
     const int tt0 = t0 + i0, tt1 = t0 + i1;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-        const int d = 8 * j + 2 * cc;
+        const int d = c0 + 8 * j + 2 * cc;
         if (d >= dv) break;
         const float w0 = a.norm_w[d], w1 = a.norm_w[d + 1];
         if (tt0 < tend) {
@@ -909,11 +1015,11 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     const dim3 conv_grid((rows + CONV_TT - 1) / CONV_TT, 2 * d->nk + d->nv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        gdn_conv_kernel<<<conv_grid, CONV_THREADS, 0, st>>>(ca);                                                  \
-        CU_LAUNCH_CHECK("gdn_conv_kernel");                                                                        \
+        if (int rc_ = launch_gdn_conv(ca, conv_grid, st, err)) return rc_;                                         \
         gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
         CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
-        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / SCAN_BV), scan_smem<DK_, DV_>::KS * 32,                     \
+        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV),                                 \
+                                    (scan_smem<DK_, DV_>::NWARP + SCAN_LOADERS) * 32,                             \
                                     scan_smem<DK_, DV_>::bytes, st>>>(sa);                                         \
         CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                        \
         gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);             \
