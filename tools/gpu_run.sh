@@ -5,6 +5,7 @@
 #   tools/gpu_run.sh --prepare     HERE (no GPU needed): builds build-gpu/ (Release, sm_90 + PTX) and
 #                                  fills .carry/ with the binaries and the shared libraries the GPU
 #                                  machine lacks (jansson, PCRE2, utf8proc, libmicrohttpd and theirs).
+#   tools/gpu_run.sh --prepare-fla GITDIR   HERE: .fla/ for the hf_fla step (below).
 #   tools/gpu_run.sh OUTDIR        THERE (the run tool, carry [".carry"]): runs everything below and
 #                                  writes at most 8 logs into OUTDIR.
 #
@@ -24,6 +25,10 @@
 #              (tools/ncu_summary.py) -> profile.log
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
+#   hf_fla     (not by default) the same with flash-linear-attention on the Python path and each cold
+#              forward captured as one CUDA graph: the earlier runtime's setup. Needs .fla/ (a copy of
+#              fla's `fla` package + a dist-info so transformers sees it; git-ignored, never committed)
+#              carried: carry [".carry", ".fla"] -> hf_fla.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
 set -u
@@ -31,6 +36,26 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
 BINS="squad gpu_test_kernels gpu_test_backend bench_gpu"
+
+if [ "${1:-}" = "--prepare-fla" ]; then
+    # HERE: .fla/ from a fetched flash-linear-attention repository (its git directory, e.g. the
+    # workplace's fetch of github:fla-org/flash-linear-attention): the `fla` package and a minimal
+    # dist-info, so transformers' version check finds it on PYTHONPATH. Git-ignored; never committed.
+    set -e
+    GITDIR=${2:?usage: tools/gpu_run.sh --prepare-fla FLA_GIT_DIR}
+    rm -rf "$ROOT/.fla"
+    mkdir -p "$ROOT/.fla"
+    git --git-dir="$GITDIR" archive HEAD fla | tar -x -C "$ROOT/.fla"
+    ver=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$ROOT/.fla/fla/__init__.py")
+    di="$ROOT/.fla/flash_linear_attention-$ver.dist-info"
+    mkdir -p "$di"
+    printf 'Metadata-Version: 2.1\nName: flash-linear-attention\nVersion: %s\n' "$ver" >"$di/METADATA"
+    echo fla >"$di/top_level.txt"
+    : >"$di/RECORD"
+    git --git-dir="$GITDIR" rev-parse HEAD >"$ROOT/.fla/COMMIT"
+    du -sh "$ROOT/.fla"
+    exit 0
+fi
 
 if [ "${1:-}" = "--prepare" ]; then
     set -e
@@ -141,6 +166,11 @@ EOF
 fi
 if has hf && [ -e /tmp/bench_rows.jsonl ]; then
     step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json --bench-json /tmp/bench.json
+fi
+if has hf_fla && [ -e /tmp/bench_rows.jsonl ] && [ -d "$ROOT/.fla/fla" ]; then
+    step "hf_timing (flash-linear-attention, CUDA graphs)" 420 "$OUT/hf_fla.log" env PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/.fla" \
+        python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --graph --no-fp32 \
+        --bench-json /tmp/bench.json
 fi
 if has layers && [ -e "$CARRY/q08_row.jsonl" ]; then
     step "hf_layers" 180 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_layers.py --model "$MODEL" --row "$CARRY/q08_row.jsonl" --out "$OUT/hf_layers.json"

@@ -11,6 +11,9 @@ squad's letter probabilities. For each row this script
   - times the forward with CUDA events, median of --reps after a warm-up: a cold row is one forward
     of all its tokens (logits_to_keep=1); a hit is the question's forward on a copy of the state's
     cache (the state's own forward runs once, untimed), the same work squad's hit does.
+With --graph a cold row's forward is captured once as a CUDA graph and its replays are timed: run
+with flash-linear-attention on the Python path (tools/gpu_run.sh's hf_fla step: a copy of its `fla`
+package in the git-ignored .fla/, never committed) this is the earlier runtime's setup.
 It also measures the two ceilings once (device-to-device copy bandwidth counting read + write,
 and an 8192^3 bf16 matmul on random data) and prints a table; --out writes everything as JSON.
 """
@@ -66,6 +69,28 @@ def timed(torch, prep, fn, reps):
     return statistics.median(out), min(out)
 
 
+def capture(torch, model, ids):
+    """The cold forward of ids as one CUDA graph (warm-up on a side stream first, so Triton's
+    autotuning and lazy initialisation happen outside the capture). Returns (graph, logits) or
+    (None, the error)."""
+    try:
+        static = ids.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(input_ids=static, use_cache=False, logits_to_keep=1)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = model(input_ids=static, use_cache=False, logits_to_keep=1).logits
+        return graph, out
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.synchronize()
+        return None, repr(e)[:200]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -73,6 +98,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out")
     ap.add_argument("--bench-json", help="bench_gpu --json output: squad's p50 per case for the ratios")
+    ap.add_argument("--graph", action="store_true",
+                    help="cold rows: capture the whole forward as one CUDA graph and time its replays (the earlier "
+                         "runtime's setup: transformers + flash-linear-attention + CUDA graphs)")
+    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32 reference pass")
     args = ap.parse_args()
     import torch
     import transformers
@@ -101,7 +130,20 @@ def main():
             slot, nopts, letters = r["slots"][0], r["nopts"][0], r["letters"]
             n = ids.shape[1]
             t_start = time.time()
-            if r["kind"] == "cold":
+            if r["kind"] == "cold" and args.graph:
+                graph, static_out = capture(torch, model, ids)
+                if graph is None:
+                    print(f"{r['case']:>14}: CUDA graph capture failed ({static_out}); timing eagerly", flush=True)
+                    def run(_, ids=ids):
+                        return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+                else:
+                    def run(_, graph=graph, static_out=static_out):
+                        graph.replay()
+                        return static_out
+                logits = run(None)
+                hp50, mn = timed(torch, lambda: None, run, args.reps)
+                del graph
+            elif r["kind"] == "cold":
                 def run(_, ids=ids):
                     return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
                 logits = run(None)
@@ -139,6 +181,8 @@ def main():
     del model
     torch.cuda.empty_cache()
     try:
+        if args.no_fp32:
+            raise RuntimeError("skipped (--no-fp32)")
         m32 = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).cuda().eval()
         with torch.no_grad():
             for r, x in zip(rows, results):
