@@ -34,7 +34,6 @@ typedef __nv_bfloat16 bf16;
 #define CU_MAX_SLOTS SQUAD_MAX_SLOTS_PER_ROW /* slots of one chunk */
 #define CU_MAX_LETTERS SQUAD_MAX_LETTERS
 #define CU_GDN_CHUNK 64    /* tokens per block of the chunked delta rule (WY / UT form) */
-#define CU_ATT_BM 64       /* query rows per attention block */
 #define CU_ATT_BN 64       /* keys per attention inner step */
 #define CU_MAX_CONV_K 8    /* the largest conv kernel supported */
 

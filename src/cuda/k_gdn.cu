@@ -13,7 +13,7 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Four kernels (v7; bench/CUDA_NOTES.md has each version's figures):
+ * Four kernels (v9; bench/CUDA_NOTES.md has each version's figures):
  * A0, gdn_conv (a block per 16 tokens and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
@@ -29,8 +29,8 @@
  *   ldmatrix.trans), the accumulator of one product reused as the A operand of the next (the same
  *   fragment layout); block c+1's operands
  *   arrive by cp.async while block c computes. Writes S^T at each block start and delta^T (bf16).
- * C, gdn_out (grid blocks x heads, all independent): O = diag(Gamma) Q S + P delta on the tensor
- *   cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
+ * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv):
+ *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
@@ -45,7 +45,6 @@
 
 #define GDN_C CU_GDN_CHUNK
 #define PREP_THREADS 256
-#define PREP_WARPS (PREP_THREADS / 32)
 
 /* ---- kernel A0: the causal conv + SiLU and the q / k L2 norms, one block per token --------------- */
 
@@ -190,7 +189,6 @@ struct gdn_prep_args {
     const cu_chunk_params *prm;
     int nk, nv, C;
     int dk, dv; /* real head dims (<= DK, DV) */
-    int rows;   /* the bucket */
     cu_gdn_scratch scr;
 };
 
@@ -1009,7 +1007,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
     gdn_conv_args ca = {P, d->ldP, conv_state, conv_w, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
-    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, prm, d->nk, d->nv, C, d->dk, d->dv, rows, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, prm, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
     gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const dim3 conv_grid((rows + CONV_TT - 1) / CONV_TT, 2 * d->nk + d->nv);
