@@ -102,6 +102,27 @@ __device__ __forceinline__ void cu_st(bf16 *p, float v) { *p = __float2bfloat16(
 __device__ __forceinline__ void cu_st(float *p, float v) { *p = v; }
 __device__ __forceinline__ float cu_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
+/* The GDN conv state [K-1][C] moves on to the chunk's end: new[j] = [old | P][len + j] for the
+ * channels ch = first, first + stride, ...; all loads of a channel before its stores (no round trip
+ * per value). Run after everything that reads the old state (both GDN paths' last kernel). */
+template <typename A>
+__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *P, int ldP, int C, int K, int len,
+                                                    int first, int stride) {
+    const int Km1 = K - 1;
+    for (int ch = first; ch < C; ch += stride) {
+        A v[CU_MAX_CONV_K];
+#pragma unroll
+        for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
+            if (j < Km1) {
+                const int src = len + j;
+                v[j] = src < Km1 ? conv_state[(size_t)src * C + ch] : P[(size_t)(src - Km1) * ldP + ch];
+            }
+#pragma unroll
+        for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
+            if (j < Km1) conv_state[(size_t)j * C + ch] = v[j];
+    }
+}
+
 /* D += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate. Fragment layout (lane = 4 r + c):
  * a0 (row r, k 2c..2c+1), a1 (row r+8), a2 (row r, k 2c+8..), a3 (row r+8, k 2c+8..);
  * b0 (k 2c..2c+1, n r), b1 (k 2c+8.., n r); d0,d1 (row r, n 2c..2c+1), d2,d3 (row r+8). */

@@ -757,22 +757,9 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     const int t0 = c * GDN_C;
     const size_t blk = (size_t)c * a.nv + h;
 
-    { /* the conv state moves on: new[j] = [old | P][len + j] (kernel A has read it); every block
-       * takes some channels; all loads of a channel before its stores (no round trip per value) */
-        const int Km1 = a.K - 1, nthr = gridDim.x * gridDim.y * OUT_THREADS;
-        for (int ch = (blockIdx.x * gridDim.y + h) * OUT_THREADS + tid; ch < a.C; ch += nthr) {
-            bf16 v[CU_MAX_CONV_K];
-#pragma unroll
-            for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
-                if (j < Km1) {
-                    const int src = len + j;
-                    v[j] = src < Km1 ? a.conv_state[(size_t)src * a.C + ch] : a.P[(size_t)(src - Km1) * a.ldP + ch];
-                }
-#pragma unroll
-            for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
-                if (j < Km1) a.conv_state[(size_t)j * a.C + ch] = v[j];
-        }
-    }
+    /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
+    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * OUT_THREADS + tid,
+                        gridDim.x * gridDim.y * OUT_THREADS);
     const int tend = min(a.rows, t0 + GDN_C); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only */
         for (int e = tid; e < (tend - t0) * dv; e += OUT_THREADS)

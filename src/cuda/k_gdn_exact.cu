@@ -152,20 +152,9 @@ __global__ void __launch_bounds__(EX_PREP_THREADS) gdn_exact_norm_kernel(gdn_exa
             y[d] = (float)(o[d] * rs * a.norm_w[d] * (zz / (1.0 + exp(-zz))));
         }
     }
-    /* the conv state moves on: new[j] = [old | P][len + j] */
-    const int Km1 = a.K - 1;
-    for (int ch = blockIdx.x * EX_PREP_THREADS + threadIdx.x; ch < a.C; ch += gridDim.x * EX_PREP_THREADS) {
-        float v[CU_MAX_CONV_K]; /* all loads, then the stores */
-#pragma unroll
-        for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
-            if (j < Km1) {
-                const int src = len + j;
-                v[j] = src < Km1 ? a.conv_state[(size_t)src * a.C + ch] : a.P[(size_t)(src - Km1) * a.ldP + ch];
-            }
-#pragma unroll
-        for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
-            if (j < Km1) a.conv_state[(size_t)j * a.C + ch] = v[j];
-    }
+    /* the conv state moves on */
+    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, blockIdx.x * EX_PREP_THREADS + threadIdx.x,
+                        gridDim.x * EX_PREP_THREADS);
 }
 
 int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, float *conv_state, const float *conv_w,
