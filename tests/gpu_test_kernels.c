@@ -287,24 +287,26 @@ static void test_gemm_skinny(rng *r) {
     CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 257, 8, 8, 0, &err) == SQUAD_E_UNSUPPORTED);
 }
 
-/* SQUAD_GEMM_BENCH=1: us per call and GB/s (W + X + Y bytes) of the skinny kernel and tuned
- * cuBLASLt for the 0.8B projections at the hit path's M. */
-static void bench_gemm_skinny(void) {
+/* SQUAD_GEMM_BENCH=1: us per call and GB/s (W + X + Y bytes) of the skinny kernel, tuned
+ * cuBLASLt and cuBLASLt's untuned first choice for the 0.8B projections at the hit path's M and at
+ * a cold chunk's. */
+static void bench_gemm_shapes(void) {
     static const int shapes[][3] = {{8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
-    static const int ms[] = {16, 32, 64, 128, 192, 256};
-    printf("%5s %5s %5s %3s | %9s %8s | %9s %8s | %s\n", "M", "N", "K", "acc", "skinny us", "GB/s", "cublas us", "GB/s",
-           "speedup");
+    static const int ms[] = {16, 32, 64, 128, 192, 256, 512, 2048};
+    printf("%5s %5s %5s %3s | %9s %8s | %9s %8s | %9s %8s | %s\n", "M", "N", "K", "acc", "skinny us", "GB/s",
+           "tuned us", "GB/s", "first us", "GB/s", "first / tuned");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             const int M = ms[i], N = shapes[s][0], K = shapes[s][1], acc = shapes[s][2];
             squad_err err = {0};
-            double us_sk = -1, us_lt = -1;
-            const int rc = squad_cuda_bench_gemm(M, N, K, acc, &us_sk, &us_lt, &err);
+            double us_sk = -1, us_lt = -1, us_first = -1;
+            const int rc = squad_cuda_bench_gemm(M, N, K, acc, &us_sk, &us_lt, &us_first, &err);
             CHECKF(rc == 0, "bench %dx%dx%d: %s", M, N, K, err.msg);
             if (rc) continue;
             const double bytes = 2.0 * N * K + 2.0 * M * K + (acc ? 8.0 : 2.0) * M * N;
-            printf("%5d %5d %5d %3d | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", M, N, K, acc, us_sk,
-                   us_sk > 0 ? bytes / us_sk * 1e-3 : 0.0, us_lt, bytes / us_lt * 1e-3, us_sk > 0 ? us_lt / us_sk : 0.0);
+            printf("%5d %5d %5d %3d | %9.2f %8.0f | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", M, N, K, acc, us_sk,
+                   us_sk > 0 ? bytes / us_sk * 1e-3 : 0.0, us_lt, bytes / us_lt * 1e-3, us_first,
+                   bytes / us_first * 1e-3, us_first / us_lt);
         }
 }
 
@@ -316,7 +318,7 @@ int main(void) {
     rng r = {0x9e3779b97f4a7c15ull};
     const char *bench = getenv("SQUAD_GEMM_BENCH");
     if (bench && bench[0] == '1') {
-        bench_gemm_skinny();
+        bench_gemm_shapes();
         return test_summary("gpu_test_kernels (GEMM benchmark)");
     }
     const char *only = getenv("SQUAD_TEST_ONLY_SKINNY"); /* the skinny GEMM's cases alone */

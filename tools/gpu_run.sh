@@ -24,6 +24,8 @@
 #              4096+128 hit on the 0.8B preset (graph nodes, so tuned GEMMs), summed per kernel
 #              (tools/ncu_summary.py) -> profile.log
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
+#   gemm       (not by default) the 0.8B projections timed one by one: skinny kernel, tuned and untuned
+#              cuBLASLt, weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
 #   hf_fla     (not by default) the same with flash-linear-attention on the Python path and each cold
 #              forward captured as one CUDA graph: the earlier runtime's setup. Needs .fla/ (a copy of
@@ -163,6 +165,9 @@ EOF
     fi
     rm -f "$OUT/ceil.txt"
     step "bench_gpu" 300 "$OUT/bench.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF" --rows-out /tmp/bench_rows.jsonl --json /tmp/bench.json
+fi
+if has gemm; then
+    step "gemm shapes (SQUAD_GEMM_BENCH=1)" 300 "$OUT/gemm.log" $RUNENV SQUAD_GEMM_BENCH=1 "$BIN/gpu_test_kernels"
 fi
 if has hf && [ -e /tmp/bench_rows.jsonl ]; then
     step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json --bench-json /tmp/bench.json

@@ -34,6 +34,8 @@ typedef __nv_bfloat16 bf16;
 #define CU_MAX_SLOTS SQUAD_MAX_SLOTS_PER_ROW /* slots of one chunk */
 #define CU_MAX_LETTERS SQUAD_MAX_LETTERS
 #define CU_GDN_CHUNK 64    /* tokens per block of the chunked delta rule (WY / UT form) */
+#define CU_GDN_LDW(dk) ((dk) + 8)        /* row stride of W and K' (bf16, padded dk): no bank conflicts */
+#define CU_GDN_LDU (CU_GDN_CHUNK + 8)    /* row stride of U^T (fp32) */
 #define CU_ATT_BN 64       /* keys per attention inner step */
 #define CU_MAX_CONV_K 8    /* the largest conv kernel supported */
 
@@ -158,6 +160,37 @@ __device__ __forceinline__ void cu_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* sm_90 bulk copies (the async proxy) and the shared-memory barriers that count their bytes: one
+ * thread arms a barrier with the bytes to expect and issues the copies; every consumer waits for
+ * the barrier's phase to flip. A barrier's n-th completion has parity n & 1. */
+__device__ __forceinline__ void cu_mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(cu_smem_addr(bar)), "r"(count));
+}
+/* makes initialised barriers visible to the async proxy (before the block's first barrier) */
+__device__ __forceinline__ void cu_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::); }
+__device__ __forceinline__ void cu_mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cu_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+/* bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, counted on bar */
+__device__ __forceinline__ void cu_bulk_g2s(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     cu_smem_addr(smem)),
+                 "l"(gmem), "r"(bytes), "r"(cu_smem_addr(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void cu_mbar_wait(uint64_t *bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n"
+        "}\n" ::"r"(cu_smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -195,11 +228,14 @@ typedef struct cu_gemm_plan {
     cublasLtMatmulAlgo_t algo;
     int skinny;        /* run the skinny kernel with `sk` instead of cuBLASLt */
     cu_skinny_cfg sk;
+    float tuned_first_us, tuned_us; /* tuning: the heuristic's first and the kept candidate, us a call (0: untuned) */
 } cu_gemm_plan;
 typedef struct cu_gemm_ctx {
     cublasLtHandle_t lt;
     void *ws; /* device workspace */
     size_t ws_bytes;
+    void *flush; /* the tuning's L2 flush buffer (made on first use) */
+    size_t flush_bytes;
     cu_gemm_plan *plans;
     int n_plans, cap_plans;
     int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
@@ -246,10 +282,12 @@ typedef struct cu_gdn_scratch {
     /* the chunked path (head dims padded) */
     bf16 *Qn, *Kn; /* [rows][nk][dk]: conv + SiLU + L2 norm (q also / sqrt(dk)), written by the conv kernel */
     float *Vn;     /* [rows][nv][dv]: conv + SiLU */
-    bf16 *W;      /* [chunks][nv][64][dk] */
-    float *UT;    /* [chunks][nv][dv][64] */
+    /* W, K' and U^T, the scan's operands, are stored with the scan's padded shared-memory row
+     * strides (CU_GDN_LDW, CU_GDN_LDU) so it copies each as one contiguous bulk copy */
+    bf16 *W;      /* [chunks][nv][64][CU_GDN_LDW(dk)] */
+    float *UT;    /* [chunks][nv][dv][CU_GDN_LDU] */
     bf16 *Qg;     /* [chunks][nv][64][dk] */
-    bf16 *Kp;     /* [chunks][nv][64][dk]: K' = diag(exp(gamma_last - gamma)) K */
+    bf16 *Kp;     /* [chunks][nv][64][CU_GDN_LDW(dk)]: K' = diag(exp(gamma_last - gamma)) K */
     bf16 *Pm;     /* [chunks][nv][64][64] */
     float *glast; /* [chunks][nv] */
     bf16 *Sc;     /* [chunks][nv][dv][dk]: S^T at each block's start (written by the scan) */

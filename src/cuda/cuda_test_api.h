@@ -68,10 +68,11 @@ int squad_cuda_test_gemm(const float *X, const float *W, float *Y, int M, int N,
  * refuses (M > 256, N or K not multiples of 8). */
 int squad_cuda_test_gemm_skinny(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
                                 squad_err *err);
-/* Microseconds per call of the skinny kernel and of tuned cuBLASLt for one shape (random bf16
- * operands, W rotated over copies that exceed L2 so each call reads W from HBM). */
+/* Microseconds per call of the skinny kernel, of tuned cuBLASLt and of cuBLASLt's untuned
+ * heuristic first for one shape (random bf16 operands, W rotated over copies that exceed L2 so each
+ * call reads W from HBM). */
 int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,
-                          squad_err *err);
+                          double *us_first, squad_err *err);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,7 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Four kernels (v9; bench/CUDA_NOTES.md has each version's figures):
+ * Four kernels (v10; bench/CUDA_NOTES.md has each version's figures):
  * A0, gdn_conv (a block per 16 tokens and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
@@ -28,7 +28,8 @@
  *   per block delta^T = U^T - S^T W^T and S^T = Gamma_last S^T + delta^T K' (K' fragments by
  *   ldmatrix.trans), the accumulator of one product reused as the A operand of the next (the same
  *   fragment layout); block c+1's operands
- *   arrive by cp.async while block c computes. Writes S^T at each block start and delta^T (bf16).
+ *   arrive by bulk copies (one thread, a shared-memory barrier per stage) while block c computes.
+ *   Writes S^T at each block start and delta^T (bf16).
  * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     {
         constexpr int SK = DK / 8;
         bf16 *Qg = a.scr.Qg + blk * GDN_C * DK;
-        bf16 *Kp = a.scr.Kp + blk * GDN_C * DK;
+        bf16 *Kp = a.scr.Kp + blk * GDN_C * CU_GDN_LDW(DK);
         for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
             const int t = e / SK, s = e % SK;
             const uint4 qv = *(const uint4 *)(Qs + t * LDK + 8 * s), kv = *(const uint4 *)(Ks + t * LDK + 8 * s);
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                 ko2[u] = cu_pack_bf16(gk * __low2float(k2[u]), gk * __high2float(k2[u]));
             }
             *(uint4 *)(Qg + t * DK + 8 * s) = qo;
-            *(uint4 *)(Kp + t * DK + 8 * s) = ko;
+            *(uint4 *)(Kp + t * CU_GDN_LDW(DK) + 8 * s) = ko;
         }
     }
 
@@ -432,12 +433,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                     cu_mma16816(acc[2 * np + 1], al, kb[2], kb[3]);
                 }
             }
-            bf16 *W = a.scr.W + blk * GDN_C * DK;
+            bf16 *W = a.scr.W + blk * GDN_C * CU_GDN_LDW(DK);
 #pragma unroll
             for (int j = 0; j < 2 * NPW; j++) {
                 const int n = half * CW + 8 * j + 2 * cc;
-                *(uint32_t *)(W + i0 * DK + n) = cu_pack_bf16(acc[j][0], acc[j][1]);
-                *(uint32_t *)(W + i1 * DK + n) = cu_pack_bf16(acc[j][2], acc[j][3]);
+                *(uint32_t *)(W + i0 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][0], acc[j][1]);
+                *(uint32_t *)(W + i1 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][2], acc[j][3]);
             }
         }
         /* U^T: columns [half DV / 2, ...) of DV, B fragments from fp32 V split on the fly */
@@ -463,14 +464,14 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                     cu_mma16816(acc[j], al, bh0, bh1);
                 }
             }
-            float *UT = a.scr.UT + blk * DV * GDN_C;
+            float *UT = a.scr.UT + blk * DV * CU_GDN_LDU;
 #pragma unroll
             for (int j = 0; j < NJU; j++) {
                 const int n = half * CU + 8 * j + 2 * cc;
-                UT[n * GDN_C + i0] = acc[j][0];
-                UT[(n + 1) * GDN_C + i0] = acc[j][1];
-                UT[n * GDN_C + i1] = acc[j][2];
-                UT[(n + 1) * GDN_C + i1] = acc[j][3];
+                UT[n * CU_GDN_LDU + i0] = acc[j][0];
+                UT[(n + 1) * CU_GDN_LDU + i0] = acc[j][1];
+                UT[n * CU_GDN_LDU + i1] = acc[j][2];
+                UT[(n + 1) * CU_GDN_LDU + i1] = acc[j][3];
             }
         }
     }
@@ -491,19 +492,13 @@ struct gdn_scan_args {
  * [kq DK / KS, (kq + 1) DK / KS): its part of delta's sum over dk goes through shared memory to the
  * other KS - 1 warps of its row group (every warp adds the KS parts in the same order, so all hold
  * the same delta), and it updates only its own dk columns. The next block's W, K' and U^T arrive
- * by cp.async while this one computes (issued by all warps, or by SCAN_LOADERS extra warps). */
+ * while this one computes, as three bulk copies (the prep kernel stores them with the padded row
+ * strides used here) issued by one thread and counted on a shared-memory barrier per stage: v9's
+ * 16-byte cp.async took ~200 of a compute warp's ~600 instructions a step, and its faster variant
+ * with extra loader warps did not pass racecheck. */
 #ifndef SQUAD_SCAN_KS
 #define SQUAD_SCAN_KS 2 /* warps splitting dk (DK >= 64): 2 (v6, v9) beat 4 with 2 row groups (v8) */
 #endif
-#ifndef SQUAD_SCAN_LOADERS
-/* warps that only prefetch the next block's operands. 2 (v9) took the scan from 0.95 to 0.79 ms a
- * 2048-token chunk (the compute warps are issue-bound and ~200 of their ~600 instructions a step
- * were cp.async), but compute-sanitizer racecheck reports WAR hazards between the loaders'
- * cp.async and the compute warps' ldmatrix that we could not explain, so it stays off (0: every
- * warp prefetches after the step's barrier, as v6, racecheck-clean) until that is understood. */
-#define SQUAD_SCAN_LOADERS 0
-#endif
-#define SCAN_LOADERS SQUAD_SCAN_LOADERS
 #ifndef SQUAD_SCAN_RG
 #define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2 (v8) */
 #endif
@@ -513,39 +508,32 @@ struct scan_smem {
     static constexpr int RG = DV >= 32 ? SQUAD_SCAN_RG : 1;
     static constexpr int BV = 16 * RG;                /* S^T rows (dv) per block */
     static constexpr int NWARP = RG * KS;
-    static constexpr int LDW = DK + 8;                /* W and K' rows [64][DK] */
-    static constexpr int LDU = GDN_C + 8;             /* U^T rows (fp32) */
+    static constexpr int LDW = CU_GDN_LDW(DK);        /* W and K' rows [64][DK] */
+    static constexpr int LDU = CU_GDN_LDU;            /* U^T rows (fp32) */
+    static constexpr unsigned w_bytes = GDN_C * LDW * 2, u_bytes = BV * LDU * 4;
     static constexpr size_t w_off = 0;
-    static constexpr size_t k_off = w_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t u_off = k_off + (size_t)GDN_C * LDW * 2;
-    static constexpr size_t stage = u_off + (size_t)BV * LDU * 4;
+    static constexpr size_t k_off = w_off + w_bytes;
+    static constexpr size_t u_off = k_off + w_bytes;
+    static constexpr size_t stage = u_off + u_bytes;
     static constexpr size_t x_off = 2 * stage; /* partial deltas [NWARP][8 float4][32 lanes] */
-    static constexpr size_t bytes = x_off + (KS > 1 ? (size_t)NWARP * 8 * 32 * 16 : 0);
+    static constexpr size_t bar_off = x_off + (KS > 1 ? (size_t)NWARP * 8 * 32 * 16 : 0); /* 2 barriers */
+    static constexpr size_t bytes = bar_off + 2 * sizeof(uint64_t);
+    static_assert(w_bytes % 16 == 0 && u_bytes % 16 == 0 && stage % 16 == 0, "bulk copies move 16-byte units");
 };
 
+/* One thread: block blk's W, K' and this block's U^T rows into a stage, counted on its barrier. */
 template <int DK, int DV>
-__device__ __forceinline__ void scan_prefetch(unsigned char *st, const cu_gdn_scratch &scr, size_t blk, int n_base,
-                                              int tid) {
+__device__ __forceinline__ void scan_fetch(unsigned char *st, uint64_t *bar, const cu_gdn_scratch &scr, size_t blk,
+                                           int n_base) {
     typedef scan_smem<DK, DV> SM;
-    constexpr int NT = (SCAN_LOADERS ? SCAN_LOADERS : SM::NWARP) * 32; /* tid: the prefetching threads' index */
-    bf16 *Ws = (bf16 *)(st + SM::w_off), *Ks = (bf16 *)(st + SM::k_off);
-    float *Us = (float *)(st + SM::u_off);
-    const bf16 *W = scr.W + blk * GDN_C * DK, *K = scr.Kp + blk * GDN_C * DK;
-    const float *U = scr.UT + blk * DV * GDN_C + (size_t)n_base * GDN_C;
-    constexpr int SW = DK / 8; /* 16-byte segments per W row */
-    for (int e = tid; e < GDN_C * SW; e += NT) {
-        const int r = e / SW, s = e % SW;
-        cu_cp_async16(Ws + r * SM::LDW + 8 * s, W + r * DK + 8 * s, 16);
-        cu_cp_async16(Ks + r * SM::LDW + 8 * s, K + r * DK + 8 * s, 16);
-    }
-    for (int e = tid; e < SM::BV * 16; e += NT) {
-        const int r = e >> 4, s = e & 15;
-        cu_cp_async16(Us + r * SM::LDU + 4 * s, U + r * GDN_C + 4 * s, 16);
-    }
+    cu_mbar_expect_tx(bar, 2 * SM::w_bytes + SM::u_bytes);
+    cu_bulk_g2s(st + SM::w_off, scr.W + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
+    cu_bulk_g2s(st + SM::k_off, scr.Kp + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
+    cu_bulk_g2s(st + SM::u_off, scr.UT + (blk * DV + n_base) * SM::LDU, SM::u_bytes, bar);
 }
 
 template <int DK, int DV>
-__global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32) gdn_scan_kernel(gdn_scan_args a) {
+__global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
     typedef scan_smem<DK, DV> SM;
     constexpr int KS = SM::KS;
     constexpr int DKH = DK / KS;  /* this warp's dk columns */
@@ -562,24 +550,22 @@ __global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32
     int nreal = (len + GDN_C - 1) / GDN_C;
     if (nreal > nc) nreal = nc;
     float4 *X = (float4 *)(smem + SM::x_off);
+    uint64_t *bar = (uint64_t *)(smem + SM::bar_off); /* bar[s]: stage s's copies have landed */
+    if (tid == 0) {
+        cu_mbar_init(&bar[0], 1);
+        cu_mbar_init(&bar[1], 1);
+        cu_mbar_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0 && nreal > 0) scan_fetch<DK, DV>(smem, &bar[0], a.scr, (size_t)h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
     float *Sh = a.S + (size_t)h * DV * DK;
     const int nl = 16 * rg + r; /* row inside the block's slice */
     const int n0 = n_base + nl;
-    /* warps [NWARP, NWARP + SCAN_LOADERS) only load: block ci + 1's W, K' and U^T while the others
-     * compute block ci (one barrier a step, the same __syncthreads for both roles) */
-    const bool loader = w >= SM::NWARP;                              /* only loads */
-    const bool fetcher = SCAN_LOADERS ? loader : true;                /* issues the prefetches */
-    const int lt = SCAN_LOADERS ? tid - SM::NWARP * 32 : tid;         /* index among the fetchers */
-    if (fetcher && nreal > 0) {
-        scan_prefetch<DK, DV>(smem, a.scr, (size_t)h, n_base, lt);
-        cu_cp_async_commit();
-    }
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-        if (loader) break;
         const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
         const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
         Sacc[j][0] = lo.x;
@@ -594,7 +580,7 @@ __global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32
         const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Ks = (const bf16 *)(st + SM::k_off);
         const float *Us = (const float *)(st + SM::u_off);
         uint32_t nS[NKS][4]; /* -S^T as bf16 A fragments */
-        if (!loader) {
+        {
             /* the state at the block start, for the output kernel */
             bf16 *Sc = a.scr.Sc + (blk * DV + n0) * DK + kofs;
 #pragma unroll
@@ -610,13 +596,11 @@ __global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32
                 nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
             }
         }
-        if (fetcher) cu_cp_async_wait<0>();
-        __syncthreads(); /* block ci's operands are in shared memory; the other stage is free */
-        if (fetcher && ci + 1 < nreal) {
-            scan_prefetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, a.scr, (size_t)(ci + 1) * a.nv + h, n_base, lt);
-            cu_cp_async_commit();
-        }
-        if (loader) continue;
+        cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
+        __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
+        if (tid == 0 && ci + 1 < nreal)
+            scan_fetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr, (size_t)(ci + 1) * a.nv + h,
+                               n_base);
         const float gl = a.scr.glast[blk];
 
         /* delta^T = U^T - S^T W^T: this warp's part of the sum over dk (the kq = 0 warp adds U^T) */
@@ -647,8 +631,7 @@ __global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32
 #pragma unroll
             for (int q = 0; q < 8; q++)
                 X[(w * 8 + q) * 32 + lane] = make_float4(D[q][0], D[q][1], D[q][2], D[q][3]);
-            /* the compute warps only (named barrier 1; the loaders wait at barrier 0) */
-            asm volatile("bar.sync 1, %0;\n" ::"n"(SM::NWARP * 32));
+            __syncthreads();
             float T[8][4];
 #pragma unroll
             for (int q = 0; q < 8; q++) T[q][0] = T[q][1] = T[q][2] = T[q][3] = 0.f;
@@ -705,8 +688,6 @@ __global__ void __launch_bounds__((scan_smem<DK, DV>::NWARP + SCAN_LOADERS) * 32
                 cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
             }
     }
-    if (loader) return;
-    cu_cp_async_wait<0>();
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
         *(float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
@@ -909,58 +890,45 @@ size_t cu_gdn_state_bytes(const cu_gdn_dims *d) {
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
-    if (d->f32)
-        return 2 * align256((size_t)rows * d->nk * d->dk * 4) + 2 * align256((size_t)rows * d->nv * d->dv * 4) +
-               2 * align256((size_t)rows * d->nv * 4);
+/* The scratch layout: lays the arrays out from `base` (an address; 0 to only count) into s and
+ * returns the bytes used, so the size and the binding cannot disagree. */
+static size_t gdn_scratch_layout(cu_gdn_scratch *s, uintptr_t base, const cu_gdn_dims *d, int rows) {
     const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
     const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
-    return align256((size_t)rows * d->nk * DK * 2) * 2 + align256((size_t)rows * d->nv * DV * 4) +
-           align256(nb * GDN_C * DK * 2) * 2 + align256(nb * DV * GDN_C * 4) + align256(nb * DK * GDN_C * 2) +
-           align256(nb * GDN_C * GDN_C * 2) + align256(nb * 4) + align256(nb * DV * DK * 2) +
-           align256(nb * DV * GDN_C * 2);
+    uintptr_t p = base;
+    memset(s, 0, sizeof *s);
+#define TAKE(field, type, bytes) (s->field = (type *)p, p += align256(bytes))
+    if (d->f32) {
+        TAKE(q, float, (size_t)rows * d->nk * d->dk * 4);
+        TAKE(k, float, (size_t)rows * d->nk * d->dk * 4);
+        TAKE(v, float, (size_t)rows * d->nv * d->dv * 4);
+        TAKE(o, float, (size_t)rows * d->nv * d->dv * 4);
+        TAKE(dec, float, (size_t)rows * d->nv * 4);
+        TAKE(beta, float, (size_t)rows * d->nv * 4);
+    } else {
+        TAKE(Qn, bf16, (size_t)rows * d->nk * DK * 2);
+        TAKE(Kn, bf16, (size_t)rows * d->nk * DK * 2);
+        TAKE(Vn, float, (size_t)rows * d->nv * DV * 4);
+        TAKE(W, bf16, nb * GDN_C * CU_GDN_LDW(DK) * 2);
+        TAKE(Qg, bf16, nb * GDN_C * DK * 2);
+        TAKE(UT, float, nb * DV * CU_GDN_LDU * 4);
+        TAKE(Kp, bf16, nb * GDN_C * CU_GDN_LDW(DK) * 2);
+        TAKE(Pm, bf16, nb * GDN_C * GDN_C * 2);
+        TAKE(glast, float, nb * 4);
+        TAKE(Sc, bf16, nb * DV * DK * 2);
+        TAKE(dT, bf16, nb * DV * GDN_C * 2);
+    }
+#undef TAKE
+    return (size_t)(p - base);
+}
+
+size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
+    cu_gdn_scratch s;
+    return gdn_scratch_layout(&s, 0, d, rows);
 }
 
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows) {
-    const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
-    const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
-    unsigned char *p = (unsigned char *)base;
-    memset(s, 0, sizeof *s);
-    if (d->f32) {
-        s->q = (float *)p;
-        p += align256((size_t)rows * d->nk * d->dk * 4);
-        s->k = (float *)p;
-        p += align256((size_t)rows * d->nk * d->dk * 4);
-        s->v = (float *)p;
-        p += align256((size_t)rows * d->nv * d->dv * 4);
-        s->o = (float *)p;
-        p += align256((size_t)rows * d->nv * d->dv * 4);
-        s->dec = (float *)p;
-        p += align256((size_t)rows * d->nv * 4);
-        s->beta = (float *)p;
-        return;
-    }
-    s->Qn = (bf16 *)p;
-    p += align256((size_t)rows * d->nk * DK * 2);
-    s->Kn = (bf16 *)p;
-    p += align256((size_t)rows * d->nk * DK * 2);
-    s->Vn = (float *)p;
-    p += align256((size_t)rows * d->nv * DV * 4);
-    s->W = (bf16 *)p;
-    p += align256(nb * GDN_C * DK * 2);
-    s->Qg = (bf16 *)p;
-    p += align256(nb * GDN_C * DK * 2);
-    s->UT = (float *)p;
-    p += align256(nb * DV * GDN_C * 4);
-    s->Kp = (bf16 *)p;
-    p += align256(nb * DK * GDN_C * 2);
-    s->Pm = (bf16 *)p;
-    p += align256(nb * GDN_C * GDN_C * 2);
-    s->glast = (float *)p;
-    p += align256(nb * 4);
-    s->Sc = (bf16 *)p;
-    p += align256(nb * DV * DK * 2);
-    s->dT = (bf16 *)p;
+    (void)gdn_scratch_layout(s, (uintptr_t)base, d, rows);
 }
 
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
@@ -1003,8 +971,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
         if (int rc_ = launch_gdn_conv(ca, conv_grid, st, err)) return rc_;                                         \
         gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
         CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
-        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV),                                 \
-                                    (scan_smem<DK_, DV_>::NWARP + SCAN_LOADERS) * 32,                             \
+        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV), scan_smem<DK_, DV_>::NWARP * 32,  \
                                     scan_smem<DK_, DV_>::bytes, st>>>(sa);                                         \
         CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                        \
         gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);             \

@@ -5,9 +5,13 @@
  * per (M, N, K, acc, f32) made on first use and kept for the backend's life, so capturing a chunk
  * graph issues only cublasLtMatmul calls. With g->tune set (the backend's untimed plan pass before
  * each capture, whose outputs are scratch) a new plan times up to GEMM_CANDIDATES of the
- * heuristic's algorithms on the real operands and keeps the fastest; otherwise (and always while a
- * stream is being captured) it takes the heuristic's first. Every cuBLASLt status is checked and
- * reported with the call's text.
+ * heuristic's algorithms, plus split-K variants of its first GEMM_SPLITK_BASES, on the real
+ * operands and keeps the fastest; otherwise (and always while a stream is being captured) it takes
+ * the heuristic's first. Each timed call starts with L2 flushed (a memset of GEMM_FLUSH_L2X times
+ * the L2 size), because in a forward every weight comes from HBM: the model's ~1 GB of weights
+ * pass through a 50 MB L2 once per chunk. Timing with the weights hot in L2 (the second session's
+ * tuning) favoured compute-bound tiles and left a hit's M = 128 GEMMs at ~1.6 TB/s.
+ * Every cuBLASLt status is checked and reported with the call's text.
  *
  * Small M (a cache hit's question): the skinny kernel (k_gemm_skinny.cu) streams W once. When
  * tuning and the shape suits it, it is timed with the cuBLASLt candidates and the plan keeps the
@@ -20,8 +24,12 @@
 #include <stdlib.h>
 
 #define GEMM_WORKSPACE_BYTES (32u << 20)
-#define GEMM_CANDIDATES 24 /* heuristic results timed when tuning (8 left the N = 1024 GEMMs at ~500 TFLOP/s) */
+#define GEMM_CANDIDATES 32 /* heuristic results timed when tuning (8 left the N = 1024 GEMMs at ~500 TFLOP/s) */
+#define GEMM_SPLITK_BASES 4 /* heuristic results also timed with K split (GEMM_SPLITK_WAYS) */
+static const int GEMM_SPLITK_WAYS[] = {2, 3, 4, 8};
+#define GEMM_N_SPLITK_WAYS ((int)(sizeof GEMM_SPLITK_WAYS / sizeof GEMM_SPLITK_WAYS[0]))
 #define GEMM_TUNE_REPS 3
+#define GEMM_FLUSH_L2X 2 /* the flush buffer is this many times the L2 size */
 
 #define LT_TRY(call)                                                                                   \
     do {                                                                                               \
@@ -65,8 +73,96 @@ void cu_gemm_free(cu_gemm_ctx *g) {
     for (int i = 0; i < g->n_plans; i++) plan_free(&g->plans[i]);
     free(g->plans);
     if (g->ws) cudaFree(g->ws);
+    if (g->flush) cudaFree(g->flush);
     if (g->lt) cublasLtDestroy(g->lt);
     memset(g, 0, sizeof *g);
+}
+
+/* A split-K variant of `base` (K in `ways` parts, partial sums reduced in the compute type where
+ * the algorithm can), if the algorithm supports it and cuBLASLt accepts it for this plan within
+ * the workspace. */
+static int splitk_variant(const cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *base, int ways,
+                          cublasLtMatmulAlgo_t *out) {
+    int32_t support = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &support, sizeof support,
+                                          &written) != CUBLAS_STATUS_SUCCESS ||
+        !support)
+        return 0;
+    uint32_t schemes = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &schemes, sizeof schemes,
+                                          &written) != CUBLAS_STATUS_SUCCESS)
+        return 0;
+    const uint32_t scheme = (schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                            : (schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE)    ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+                            : (schemes & CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE) ? CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE
+                                                                                : 0u;
+    if (!scheme) return 0;
+    *out = *base;
+    const int32_t k = ways;
+    if (cublasLtMatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(out, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) !=
+            CUBLAS_STATUS_SUCCESS)
+        return 0;
+    cublasLtMatmulHeuristicResult_t chk;
+    memset(&chk, 0, sizeof chk);
+    return cublasLtMatmulAlgoCheck(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, out, &chk) == CUBLAS_STATUS_SUCCESS &&
+           chk.state == CUBLAS_STATUS_SUCCESS && chk.workspaceSize <= g->ws_bytes;
+}
+
+/* The L2 flush buffer of the tuning, made on first use. */
+static int ensure_flush(cu_gemm_ctx *g, squad_err *err) {
+    if (g->flush) return 0;
+    int dev = 0, l2 = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    const size_t bytes = (size_t)GEMM_FLUSH_L2X * (size_t)(l2 > 0 ? l2 : (64 << 20));
+    CU_TRY(cudaMalloc(&g->flush, bytes));
+    g->flush_bytes = bytes;
+    return 0;
+}
+
+/* One tuning candidate: a cuBLASLt algorithm, or (algo NULL) the skinny kernel. */
+static int run_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const void *W,
+                         const void *X, void *Y, cudaStream_t st) {
+    if (!algo) {
+        squad_err serr;
+        return cu_gemm_skinny(&p->sk, (const bf16 *)W, (const bf16 *)X, Y, p->M, p->N, p->K, p->acc, st, &serr) == 0;
+    }
+    const float alpha = 1.f, beta = p->acc ? 1.f : 0.f;
+    return cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, algo, g->ws,
+                          g->ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
+}
+
+/* Milliseconds of GEMM_TUNE_REPS calls of a candidate after one warm-up, each call starting with
+ * L2 flushed; a negative value when the candidate refuses these operands. */
+static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const void *W,
+                            const void *X, void *Y, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int *ev_fail) {
+    if (!run_candidate(g, p, algo, W, X, Y, st)) {
+        (void)cudaGetLastError(); /* a refused launch leaves its error behind */
+        return -1.f;
+    }
+    float total = 0.f;
+    for (int r = 0; r < GEMM_TUNE_REPS; r++) {
+        float ms = 0.f;
+        if (cudaMemsetAsync(g->flush, r, g->flush_bytes, st) != cudaSuccess || cudaEventRecord(e0, st) != cudaSuccess) {
+            *ev_fail = 1;
+            return -1.f;
+        }
+        const int ok = run_candidate(g, p, algo, W, X, Y, st);
+        if (cudaEventRecord(e1, st) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+            *ev_fail = 1;
+            return -1.f;
+        }
+        if (!ok) {
+            (void)cudaGetLastError();
+            return -1.f;
+        }
+        total += ms;
+    }
+    return total;
 }
 
 static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void *X, void *Y, cudaStream_t st,
@@ -84,7 +180,9 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
     cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                             &g->ws_bytes, sizeof g->ws_bytes);
+    /* the heuristic's results, then room for the split-K variants */
     cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
+    cublasLtMatmulAlgo_t cand[GEMM_CANDIDATES + GEMM_SPLITK_BASES * GEMM_N_SPLITK_WAYS];
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     const int tune = g->tune && cudaStreamIsCapturing(st, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone;
     int n = 0;
@@ -108,57 +206,42 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
             return 0;
         }
     }
-    if (!tune || (n == 1 && !skinny_ok)) return 0;
-    /* time each candidate (one warm-up, then GEMM_TUNE_REPS) and keep the fastest; the skinny
-     * kernel is candidate n */
+    if (!tune) return 0;
+    int nc = 0;
+    for (int i = 0; i < n; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) cand[nc++] = res[i].algo;
+    for (int i = 0; i < n && i < GEMM_SPLITK_BASES; i++)
+        for (int w = 0; w < GEMM_N_SPLITK_WAYS && res[i].state == CUBLAS_STATUS_SUCCESS; w++)
+            if (p->K / GEMM_SPLITK_WAYS[w] >= 256 && splitk_variant(g, p, &res[i].algo, GEMM_SPLITK_WAYS[w], &cand[nc]))
+                nc++;
+    if (nc + skinny_ok <= 1) return 0;
+    const int rf = ensure_flush(g, err);
+    if (rf) return rf;
+    /* time each candidate and keep the fastest; the skinny kernel is candidate nc */
     cudaEvent_t e0 = NULL, e1 = NULL;
     CU_TRY(cudaEventCreate(&e0));
     if (cudaEventCreate(&e1) != cudaSuccess) {
         cudaEventDestroy(e0);
         return cu_err(err, SQUAD_E_BACKEND, "CUDA: cudaEventCreate failed");
     }
-    const float alpha = 1.f, beta = p->acc ? 1.f : 0.f;
     float best = 1e30f;
-    int rc = 0;
-    for (int i = 0; i < n + skinny_ok && !rc; i++) {
-        const int is_skinny = i == n;
-        if (!is_skinny && res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        int ok = 1;
-        for (int r = 0; r <= GEMM_TUNE_REPS && ok; r++) {
-            if (r == 1 && cudaEventRecord(e0, st) != cudaSuccess) rc = -1;
-            if (is_skinny) {
-                squad_err serr;
-                ok = cu_gemm_skinny(&p->sk, (const bf16 *)W, (const bf16 *)X, Y, p->M, p->N, p->K, p->acc, st,
-                                    &serr) == 0;
-            } else {
-                ok = cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc,
-                                    &res[i].algo, g->ws, g->ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
-            }
-        }
-        if (!ok) { /* an algorithm that refuses these operands */
-            (void)cudaGetLastError(); /* a refused skinny launch leaves its error behind */
-            continue;
-        }
-        float ms = 0.f;
-        if (cudaEventRecord(e1, st) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
-            rc = -1;
-        else if (ms < best) {
-            best = ms;
-            if (is_skinny)
-                p->skinny = 1;
-            else {
-                p->skinny = 0;
-                p->algo = res[i].algo;
-            }
-        }
+    int ev_fail = 0;
+    for (int i = 0; i < nc + skinny_ok && !ev_fail; i++) {
+        const int is_skinny = i == nc;
+        const float ms = time_candidate(g, p, is_skinny ? NULL : &cand[i], W, X, Y, st, e0, e1, &ev_fail);
+        if (ms < 0.f || ms >= best) continue;
+        best = ms;
+        p->skinny = is_skinny;
+        if (!is_skinny) p->algo = cand[i];
+        if (i == 0) p->tuned_first_us = 1000.f * ms / GEMM_TUNE_REPS;
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    if (rc) {
+    if (ev_fail) {
         const cudaError_t e = cudaGetLastError();
         return cu_fail(err, "GEMM tuning (events)", e, __FILE__, __LINE__);
     }
+    p->tuned_us = 1000.f * best / GEMM_TUNE_REPS;
     return 0;
 }
 
