@@ -485,9 +485,10 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     CU_TRY(cudaGetDeviceProperties(&prop, 0));
     cb->n_sm = prop.multiProcessorCount;
     snprintf(cb->device_name, sizeof cb->device_name, "%s", prop.name);
-    if (prop.major < 8)
-        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: %s is compute capability %d.%d (8.0+ needed)",
-                          prop.name, prop.major, prop.minor);
+    if (prop.major < 9)
+        return cu_err(err, SQUAD_E_UNSUPPORTED,
+                      "CUDA backend: %s is compute capability %d.%d (9.0+ needed: the kernels are built for sm_90)",
+                      prop.name, prop.major, prop.minor);
     CU_TRY(cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking));
     if ((rc = cu_gemm_init(&cb->gemm, err))) return rc;
 
