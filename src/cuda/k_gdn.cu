@@ -13,12 +13,12 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Three kernels (v11; bench/CUDA_NOTES.md has each version's figures):
- * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the causal conv over [saved
- *   inputs | chunk] + SiLU for the block's q, k, v channels (a thread per 2 channels and 16 tokens,
- *   one round of loads, the taps slid down the tokens in registers), the L2 norms of q / k, straight
- *   into shared memory (v10's separate conv kernel, A0, round-tripped them through global memory);
- *   the gates and the cumulative decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
+ * Four kernels (v10; bench/CUDA_NOTES.md has each version's figures):
+ * A0, gdn_conv (a block per 16 tokens and head segment, a thread per 2 channels): the causal conv over
+ *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
+ *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
+ * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
+ *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
  *   L and P; T = (I + L)^-1 in fp32 by forward substitution down each column (4 threads a column);
  *   W and U on the tensor cores with hi + lo bf16 splits of the fp32 operands (plain bf16 there
  *   cost too much accuracy, v2). Writes W, U^T, P, diag(Gamma) Q, K' and Gamma_last to scratch.
@@ -32,7 +32,7 @@
  *   Writes S^T at each block start and delta^T (bf16).
  * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
- *   moved on to the chunk's end (A, which read it, has finished).
+ *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
  * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
@@ -47,25 +47,151 @@
 #define GDN_C CU_GDN_CHUNK
 #define PREP_THREADS 256
 
+/* ---- kernel A0: the causal conv + SiLU and the q / k L2 norms, one block per token --------------- */
+
+struct gdn_conv_args {
+    const bf16 *P;
+    int ldP;
+    const bf16 *conv_state; /* [K-1][C] */
+    const float *conv_w;    /* [C][K] */
+    const cu_chunk_params *prm;
+    int nk, nv, K, C;
+    int dk, dv, DK, DV; /* real and padded head dims */
+    cu_gdn_scratch scr;
+};
+
+#define CONV_THREADS 64 /* two channels a thread: a head segment of up to 128 (padded) channels */
+#define CONV_TT 16      /* tokens per block */
+
+/* Block (x, seg): tokens [CONV_TT x, CONV_TT (x + 1)) of one head segment (q heads, then k heads,
+ * then v heads), a thread per pair of channels (bf16x2 loads). Each thread loads its channels'
+ * CONV_TT + KC - 1 inputs (rows before the chunk come from the saved conv inputs) and KC weights, all
+ * before any is used, then slides the kernel down the block in registers: one round of loads a
+ * block (v6 waited on a round per token). KC, the conv kernel size, is a template parameter so no
+ * padded taps are computed (v7 computed CU_MAX_CONV_K and was issue-bound at 75 us a layer on a
+ * 2048-token chunk). q and k rows are L2-normalised (warp sums, then across the block's warps through
+ * shared memory; q also scaled by 1 / sqrt(dk)) and written bf16; v is written fp32 (U = T diag(beta)
+ * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
+ * zero-fills them). */
+template <int KC>
+__global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a) {
+    constexpr int NX = CONV_TT + KC - 1, NW = CONV_THREADS / 32;
+    __shared__ float red[NW][CONV_TT];
+    const int t0 = blockIdx.x * CONV_TT, seg = blockIdx.y;
+    const int len = a.prm->len;
+    if (t0 >= len) return;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int i = 2 * tid; /* this thread's first channel in the segment */
+    const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
+    const int size = isv ? a.dv : a.dk, pad = isv ? a.DV : a.DK;
+    const int base = isv ? 2 * a.nk * a.dk + (seg - 2 * a.nk) * a.dv : seg * a.dk;
+    /* both channels real, or the first only (odd head dim), or neither */
+    const bool r0 = i < size, r1 = i + 1 < size;
+    const int ch = base + i;
+    float w0[KC], w1[KC];
+#pragma unroll
+    for (int j = 0; j < KC; j++) {
+        w0[j] = r0 ? a.conv_w[(size_t)ch * KC + j] : 0.f;
+        w1[j] = r1 ? a.conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
+    }
+    float2 x[NX]; /* x[m]: the inputs at row t0 - (KC - 1) + m */
+#pragma unroll
+    for (int m = 0; m < NX; m++) {
+        const int tau = t0 - (KC - 1) + m;
+        float2 v = make_float2(0.f, 0.f);
+        if (r0 && tau < len) {
+            const bf16 *src = tau >= 0 ? a.P + (size_t)tau * a.ldP + ch : a.conv_state + (size_t)(KC - 1 + tau) * a.C + ch;
+            if (r1 && ((ch & 1) == 0)) {
+                v = __bfloat1622float2(*(const __nv_bfloat162 *)src);
+            } else {
+                v.x = __bfloat162float(src[0]);
+                v.y = r1 ? __bfloat162float(src[1]) : 0.f;
+            }
+        }
+        x[m] = v;
+    }
+    float2 y[CONV_TT];
+#pragma unroll
+    for (int t = 0; t < CONV_TT; t++) {
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; j++) {
+            a0 += w0[j] * x[t + j].x;
+            a1 += w1[j] * x[t + j].y;
+        }
+        const bool live = t0 + t < len;
+        y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
+    }
+    if (isv) {
+        if (i < pad) {
+            float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
+#pragma unroll
+            for (int t = 0; t < CONV_TT; t++)
+                if (t0 + t < len) *(float2 *)(dst + (size_t)(t0 + t) * a.nv * pad) = y[t];
+        }
+        return;
+    }
+    /* the 16 rows' sums of squares over the warp by a halving exchange: at each step a lane keeps
+     * half of its rows and sends the other half to its partner, so 16 sums cost 16 shuffles (16 warp
+     * sums would cost 80); lane L ends with the sum of row 8 b4 + 4 b3 + 2 b2 + b1 of its bits */
+    static_assert(CONV_TT == 16, "the exchange below halves 16 rows");
+    float q[16];
+#pragma unroll
+    for (int t = 0; t < 16; t++) q[t] = y[t].x * y[t].x + y[t].y * y[t].y;
+#pragma unroll
+    for (int half = 8; half >= 1; half >>= 1) {
+        const bool up = (lane & (2 * half)) != 0; /* keeps the upper half of its rows */
+#pragma unroll
+        for (int k = 0; k < half; k++) {
+            const float send = up ? q[k] : q[k + half], keep = up ? q[k + half] : q[k];
+            q[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * half);
+        }
+    }
+    q[0] += __shfl_xor_sync(0xffffffffu, q[0], 1);
+    if ((lane & 1) == 0) red[w][8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1) + ((lane >> 1) & 1)] = q[0];
+    __syncthreads();
+    if (i < pad) {
+        const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
+        bf16 *dst = (isq ? a.scr.Qn : a.scr.Kn) + (size_t)(isq ? seg : seg - a.nk) * pad + i;
+#pragma unroll
+        for (int t = 0; t < CONV_TT; t++) {
+            if (t0 + t >= len) break;
+            float ss = 0.f;
+#pragma unroll
+            for (int u = 0; u < NW; u++) ss += red[u][t];
+            const float sc = rsqrtf(ss + 1e-6f) * qs;
+            *(uint32_t *)(dst + (size_t)(t0 + t) * a.nk * pad) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
+        }
+    }
+}
+
+/* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K). */
+static int launch_gdn_conv(const gdn_conv_args &ca, dim3 grid, cudaStream_t st, squad_err *err) {
+    switch (ca.K) {
+#define CONV_CASE(KC_)                                                                                             \
+    case KC_:                                                                                                      \
+        gdn_conv_kernel<KC_><<<grid, CONV_THREADS, 0, st>>>(ca);                                                   \
+        break;
+        CONV_CASE(1) CONV_CASE(2) CONV_CASE(3) CONV_CASE(4) CONV_CASE(5) CONV_CASE(6) CONV_CASE(7) CONV_CASE(8)
+#undef CONV_CASE
+    default:
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: conv kernel size %d not supported", ca.K);
+    }
+    CU_LAUNCH_CHECK("gdn_conv_kernel");
+    return 0;
+}
+
 /* ---- kernel A: per (block of 64 tokens, value head) ------------------------------------------- */
 
 struct gdn_prep_args {
     const bf16 *P;
     int ldP;
-    const bf16 *conv_state; /* [K-1][C]: the conv inputs before the chunk (read only: gdn_out moves it on) */
-    const float *conv_w;    /* [C][K] */
     const float *A_log, *dt_bias;
     const cu_chunk_params *prm;
-    int nk, nv, K, C;
+    int nk, nv, C;
     int dk, dv; /* real head dims (<= DK, DV) */
     cu_gdn_scratch scr;
 };
-
-/* Conv taps computed (KT, a template parameter of gdn_prep): PREP_KT, the models' kernel size, for
- * K <= PREP_KT, else CU_MAX_CONV_K. A smaller K pads its taps in front with zero weights; exact taps
- * for the common K matter (v7 computed CU_MAX_CONV_K and was issue-bound), one more instantiation
- * per shape costs less compile time than one per K. */
-#define PREP_KT 4
 
 #define GDN_LDT (GDN_C + 8) /* bf16 row stride of [x][64] tiles (bank-conflict padding) */
 
@@ -91,84 +217,7 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t &hi, uin
     lo = cu_pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
 }
 
-/* The block's conv taps of one head segment (D padded channels from channel base, real of them
- * real) into shared memory as [KT][D], so a thread reads its pair's tap j as one float2 and only one
- * segment's taps are in registers at a time (with all 6 KT of them in registers next to the inputs,
- * the KT = 8 kernel spilled). The KT - K first taps (K < KT) and padding channels get 0. */
-template <int KT>
-__device__ __forceinline__ void conv_w_stage(float *dst, const gdn_prep_args &a, int D, int base, int real, int tid) {
-    const int K = a.K;
-    for (int e = tid; e < KT * D; e += PREP_THREADS) {
-        const int i = e / KT, j = e % KT, jj = j - (KT - K); /* consecutive e read consecutive taps */
-        dst[j * D + i] = i < real && jj >= 0 ? a.conv_w[(size_t)(base + i) * K + jj] : 0.f;
-    }
-}
-
-/* One thread's conv inputs for channels ch, ch + 1 (r0, r1: real channels) and the 16 tokens from
- * row tb: x[m] holds row tb - (KT - 1) + m as a raw bf16 pair (half the registers of fp32, so the
- * q, k and v inputs are all loaded in one round before any is used; v6 waited on a round per
- * token). Rows before the chunk come from the saved conv inputs; the rows of the KT - K first taps
- * (zero weights) and rows past len (their tokens' outputs are 0) are not read. A pair is loaded as
- * one bf16x2 when aligned (ldP and C are even, so that is ch even), else as two halves (odd head
- * dims); the second channel is not read unless real. */
-template <int KT>
-__device__ __forceinline__ void conv_load(uint32_t (&x)[16 + KT - 1], const gdn_prep_args &a, int ch, bool r0,
-                                          bool r1, int tb, int len) {
-    const int K = a.K;
-#pragma unroll
-    for (int m = 0; m < 16 + KT - 1; m++) {
-        const int tau = tb - (KT - 1) + m; /* >= -(K - 1) where m >= KT - K */
-        uint32_t v = 0u;
-        if (r0 && m >= KT - K && tau < len) {
-            const bf16 *src = tau >= 0 ? a.P + (size_t)tau * a.ldP + ch : a.conv_state + (size_t)(K - 1 + tau) * a.C + ch;
-            if (r1 && (ch & 1) == 0)
-                v = *(const uint32_t *)src;
-            else
-                v = (uint32_t)__bfloat16_as_ushort(src[0]) | (r1 ? (uint32_t)__bfloat16_as_ushort(src[1]) << 16 : 0u);
-        }
-        x[m] = v;
-    }
-}
-
-/* The conv of channels i, i + 1 of a segment (taps ws [KT][D] from conv_w_stage) slid down the 16
- * tokens in registers, then SiLU, in fp32; 0 for rows past len and for padding channels. */
-template <int KT>
-__device__ __forceinline__ void conv_silu(float2 (&y)[16], const uint32_t (&x)[16 + KT - 1], const float *ws, int D,
-                                          int i, bool r0, bool r1, int tb, int len) {
-    float2 w[KT];
-#pragma unroll
-    for (int j = 0; j < KT; j++) w[j] = i < D ? *(const float2 *)(ws + j * D + i) : make_float2(0.f, 0.f);
-#pragma unroll
-    for (int t = 0; t < 16; t++) {
-        float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < KT; j++) {
-            a0 += w[j].x * __uint_as_float(x[t + j] << 16);
-            a1 += w[j].y * __uint_as_float(x[t + j] & 0xffff0000u);
-        }
-        const bool live = tb + t < len;
-        y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
-    }
-}
-
-/* The sums over the warp of 16 rows (s[t] in every lane) by a halving exchange: at each step a lane
- * keeps half of its rows and sends the other half to its partner, so 16 sums cost 16 shuffles (16
- * warp sums would cost 80). Returns, in lane L, the sum of row L / 2 (bits 4..1 of L; s is
- * clobbered). */
-__device__ __forceinline__ float warp_sum16(float (&s)[16], int lane) {
-#pragma unroll
-    for (int half = 8; half >= 1; half >>= 1) {
-        const bool up = (lane & (2 * half)) != 0; /* keeps the upper half of its rows */
-#pragma unroll
-        for (int k = 0; k < half; k++) {
-            const float send = up ? s[k] : s[k + half], keep = up ? s[k + half] : s[k];
-            s[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * half);
-        }
-    }
-    return s[0] + __shfl_xor_sync(0xffffffffu, s[0], 1);
-}
-
-template <int DK, int DV, int KT>
+template <int DK, int DV>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
     constexpr int LDK = SM::LDK, LDV = SM::LDV, LDL = SM::LDL;
@@ -190,30 +239,24 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const size_t blk = (size_t)c * a.nv + h;
     const int dv = a.dv;
 
-    /* The conv over [saved inputs | chunk] + SiLU for this block's q, k rows (k-head hk) and v rows
-     * (head h), straight into shared memory (v10's gdn_conv kernel wrote them to global scratch and
-     * this kernel read them back: ~67 MB a layer at 2048 tokens, and a launch). Thread (pr, tg): the
-     * channel pair 2 pr, 2 pr + 1 of each of q, k, v and tokens [16 tg, 16 tg + 16); a warp is 32
-     * pairs (64 channels, half of DK = 128) of one token group. The inputs are loaded first, the taps
-     * staged in shared memory meanwhile (with the gates, before the first barrier). v goes to Vs
-     * (fp32) at once; q and k stay in registers until the per-token sums of squares are complete
-     * (over the warp, then the two warps of a token group through red and a barrier), as the norm is
-     * taken in fp32 before rounding to bf16. Pairs past the padded DK / DV load and write nothing
-     * there; padding channels are 0, and so are rows past len (all 64 rows are written). GQA: the
-     * nv / nk value heads of a k-head recompute its q, k. */
-    const int pr = tid & 63, tg = tid >> 6, tb = t0 + 16 * tg, i = 2 * pr;
-    const int dk = a.dk;
-    const bool qr0 = i < dk, qr1 = i + 1 < dk, vr0 = i < dv, vr1 = i + 1 < dv;
-    float *red = Ls; /* [q, k][warp half][64 tokens] sums of squares; L is written in step 3 */
-    float *wsq = Ts, *wsk = wsq + KT * DK, *wsv = wsk + KT * DK; /* taps; T is written in step 4 */
-    static_assert(4 * GDN_C <= GDN_C * LDL && KT * (2 * DK + DV) <= GDN_C * LDL, "red and the taps fit L, T");
-    uint32_t xv[16 + KT - 1], xq[16 + KT - 1], xk[16 + KT - 1];
-    conv_load<KT>(xv, a, 2 * a.nk * dk + h * dv + i, vr0, vr1, tb, len);
-    conv_load<KT>(xq, a, hk * dk + i, qr0, qr1, tb, len);
-    conv_load<KT>(xk, a, (a.nk + hk) * dk + i, qr0, qr1, tb, len);
-    conv_w_stage<KT>(wsq, a, DK, hk * dk, dk, tid);
-    conv_w_stage<KT>(wsk, a, DK, (a.nk + hk) * dk, dk, tid);
-    conv_w_stage<KT>(wsv, a, DV, 2 * a.nk * dk + h * dv, dv, tid);
+    /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
+    {
+        constexpr int SK = DK / 8, SV = DV / 4;
+        for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
+            const int t = e / SK, s = e % SK;
+            const bool ok = t0 + t < len;
+            const size_t src = ((size_t)(ok ? t0 + t : 0) * a.nk + hk) * DK + 8 * s;
+            cu_cp_async16(Qs + t * LDK + 8 * s, a.scr.Qn + src, ok ? 16 : 0);
+            cu_cp_async16(Ks + t * LDK + 8 * s, a.scr.Kn + src, ok ? 16 : 0);
+        }
+        for (int e = tid; e < GDN_C * SV; e += PREP_THREADS) {
+            const int t = e / SV, s = e % SV;
+            const bool ok = t0 + t < len;
+            cu_cp_async16(Vs + t * LDV + 4 * s, a.scr.Vn + ((size_t)(ok ? t0 + t : 0) * a.nv + h) * DV + 4 * s,
+                          ok ? 16 : 0);
+        }
+        cu_cp_async_commit();
+    }
 
     /* 0. gates */
     if (tid < GDN_C) {
@@ -232,28 +275,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         bet[tid] = b;
     }
     __syncthreads();
-    float2 yq[16], yk[16];
-    {
-        float2 yv[16];
-        conv_silu<KT>(yv, xv, wsv, DV, i, vr0, vr1, tb, len);
-        if (i < DV) {
-#pragma unroll
-            for (int t = 0; t < 16; t++) *(float2 *)(Vs + (16 * tg + t) * LDV + i) = yv[t];
-        }
-        conv_silu<KT>(yq, xq, wsq, DK, i, qr0, qr1, tb, len);
-        conv_silu<KT>(yk, xk, wsk, DK, i, qr0, qr1, tb, len);
-        float s[16];
-#pragma unroll
-        for (int t = 0; t < 16; t++) s[t] = yq[t].x * yq[t].x + yq[t].y * yq[t].y;
-        const float sq = warp_sum16(s, lane);
-#pragma unroll
-        for (int t = 0; t < 16; t++) s[t] = yk[t].x * yk[t].x + yk[t].y * yk[t].y;
-        const float sk = warp_sum16(s, lane);
-        if ((lane & 1) == 0) {
-            red[(pr >> 5) * GDN_C + 16 * tg + (lane >> 1)] = sq;
-            red[(2 + (pr >> 5)) * GDN_C + 16 * tg + (lane >> 1)] = sk;
-        }
-    }
     if (w == 0) { /* cumulative log-decay */
         const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
         float s = v0 + v1;
@@ -272,20 +293,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         gsc[2 * lane + 1] = __expf(glast - g1);
         if (lane == 31) a.scr.glast[blk] = __expf(glast);
     }
-    __syncthreads();
-
-    /* 1. q, k normalised over the real dk (q also scaled by 1 / sqrt(dk)) and rounded to bf16 once */
-    if (i < DK) {
-        const float qs = rsqrtf((float)dk);
-#pragma unroll
-        for (int t = 0; t < 16; t++) {
-            const int row = 16 * tg + t;
-            const float sq = red[row] + red[GDN_C + row], sk = red[2 * GDN_C + row] + red[3 * GDN_C + row];
-            const float scq = rsqrtf(sq + 1e-6f) * qs, sck = rsqrtf(sk + 1e-6f);
-            *(uint32_t *)(Qs + row * LDK + i) = cu_pack_bf16(yq[t].x * scq, yq[t].y * scq);
-            *(uint32_t *)(Ks + row * LDK + i) = cu_pack_bf16(yk[t].x * sck, yk[t].y * sck);
-        }
-    }
+    cu_cp_async_wait<0>();
     __syncthreads();
 
     /* 2. diag(Gamma) Q and K' = diag(exp(gamma_last - gamma)) K to global, 8 values a thread-step */
@@ -730,7 +738,7 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     const int t0 = c * GDN_C;
     const size_t blk = (size_t)c * a.nv + h;
 
-    /* the conv state moves on (gdn_prep, which read it, has finished); every block takes some channels */
+    /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
     cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * OUT_THREADS + tid,
                         gridDim.x * gridDim.y * OUT_THREADS);
     const int tend = min(a.rows, t0 + GDN_C); /* rows of this block inside the bucket */
@@ -897,7 +905,10 @@ static size_t gdn_scratch_layout(cu_gdn_scratch *s, uintptr_t base, const cu_gdn
         TAKE(o, float, (size_t)rows * d->nv * d->dv * 4);
         TAKE(dec, float, (size_t)rows * d->nv * 4);
         TAKE(beta, float, (size_t)rows * d->nv * 4);
-    } else { /* Qn, Kn, Vn (v10's conv output) stay NULL: gdn_prep computes q, k, v in shared memory */
+    } else {
+        TAKE(Qn, bf16, (size_t)rows * d->nk * DK * 2);
+        TAKE(Kn, bf16, (size_t)rows * d->nk * DK * 2);
+        TAKE(Vn, float, (size_t)rows * d->nv * DV * 4);
         TAKE(W, bf16, nb * GDN_C * CU_GDN_LDW(DK) * 2);
         TAKE(Qg, bf16, nb * GDN_C * DK * 2);
         TAKE(UT, float, nb * DV * CU_GDN_LDU * 4);
@@ -925,10 +936,8 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
 #define GDN_INIT(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                 \
-        CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_, PREP_KT>,                                             \
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem<DK_, DV_>::bytes)); \
-        CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_, CU_MAX_CONV_K>,                                       \
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem<DK_, DV_>::bytes)); \
+        CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
+                                    (int)prep_smem<DK_, DV_>::bytes));                                              \
         CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)scan_smem<DK_, DV_>::bytes));                                              \
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,           \
@@ -952,19 +961,15 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    if (d->K < 1 || d->K > CU_MAX_CONV_K)
-        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: conv kernel size %d not supported", d->K);
-    gdn_prep_args pa = {P, d->ldP, conv_state, conv_w, A_log, dt_bias, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, *scr};
+    gdn_conv_args ca = {P, d->ldP, conv_state, conv_w, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, prm, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
     gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
+    const dim3 conv_grid((rows + CONV_TT - 1) / CONV_TT, 2 * d->nk + d->nv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        if (d->K <= PREP_KT)                                                                                       \
-            gdn_prep_kernel<DK_, DV_, PREP_KT>                                                                     \
-                <<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);                           \
-        else                                                                                                       \
-            gdn_prep_kernel<DK_, DV_, CU_MAX_CONV_K>                                                               \
-                <<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);                           \
+        if (int rc_ = launch_gdn_conv(ca, conv_grid, st, err)) return rc_;                                         \
+        gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
         CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
         gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV), scan_smem<DK_, DV_>::NWARP * 32,  \
                                     scan_smem<DK_, DV_>::bytes, st>>>(sa);                                         \
