@@ -308,6 +308,16 @@ static void bench_gemm_shapes(void) {
                    us_sk > 0 ? bytes / us_sk * 1e-3 : 0.0, us_lt, bytes / us_lt * 1e-3, us_first,
                    bytes / us_first * 1e-3, us_first / us_lt);
         }
+    /* the fixed cost of one kernel in a graph, for comparison with the GEMMs' times above */
+    static const int shapes_l[][2] = {{1, 32}, {132, 256}, {1024, 256}};
+    for (size_t i = 0; i < sizeof shapes_l / sizeof shapes_l[0]; i++) {
+        squad_err err = {0};
+        double us = -1;
+        const int rc = squad_cuda_bench_launch(283, shapes_l[i][0], shapes_l[i][1], &us, &err);
+        CHECKF(rc == 0, "bench launch: %s", err.msg);
+        printf("graph of 283 dependent near-empty kernels, %d blocks x %d threads: %.2f us a kernel\n",
+               shapes_l[i][0], shapes_l[i][1], us);
+    }
 }
 
 int main(void) {
@@ -333,6 +343,10 @@ int main(void) {
         {4, 4, 64, 64, 3, 128, 100, 384, 300}, /* conv kernel 3 */
         {2, 4, 128, 128, 4, 512, 450, 64, 50}, /* the 0.8B head dims (fewer heads), 8 blocks */
         {16, 16, 128, 128, 4, 128, 128, 16, 3},/* the 0.8B layer */
+        {2, 4, 64, 64, 6, 128, 100, 64, 64},   /* conv kernel 6 (prep's 8-tap instance) */
+        {2, 2, 128, 128, 8, 256, 256, 64, 33}, /* conv kernel 8 at the 0.8B head dims */
+        {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
+        {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], exact);

@@ -100,6 +100,7 @@ typedef struct cu_be {
     int splits[N_CHUNK_BUCKETS][MAX_SPANS];
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
     int use_graphs;
+    int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
     int plan_only; /* enqueue_chunk runs only the GEMMs (plan making and tuning before a capture) */
     int n_graphs;
     double capture_s;
@@ -479,6 +480,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->n_attn = squad_config_count_layers(c, SQUAD_LAYER_FULL);
     const char *g = getenv("SQUAD_CUDA_GRAPHS");
     cb->use_graphs = !(g && g[0] == '0');
+    const char *as = getenv("SQUAD_ATT_SPLITS");
+    cb->att_splits = as ? atoi(as) : 0;
 
     CU_TRY(cudaSetDevice(0));
     cudaDeviceProp prop;
@@ -626,7 +629,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         size_t pb = 0;
         for (int bi = 0; bi < N_CHUNK_BUCKETS; bi++)
             for (int si = 0; si < cb->n_spans; si++) {
-                cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm);
+                cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm, cb->att_splits);
                 const size_t b = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
                 if (b > pb) pb = b;
             }

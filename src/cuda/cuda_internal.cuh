@@ -329,7 +329,7 @@ typedef struct cu_attn_dims {
 int cu_attn_supported(const cu_attn_dims *d);
 int cu_attn_init(const cu_attn_dims *d, squad_err *err);
 /* Splits of the key range for a chunk of `rows` query rows and keys up to `span`. */
-int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm);
+int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm, int force); /* force > 0: that many, bounded */
 size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits);
 /* QKV: [rows][ldQKV] bf16; Kc/Vc: this layer's K / V at position 0, kv_stride elements per
  * position, [nkv][hd] bf16 each (positions [start, start+len) written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;

@@ -179,7 +179,7 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     const int span = a->max_context;
-    const int splits = cu_attn_splits(&d, a->rows, span, nsm);
+    const int splits = cu_attn_splits(&d, a->rows, span, nsm, 0);
     if ((rc = up_act(b, &QKV, a->QKV, (size_t)a->rows * a->ld, ex, err))) return rc;
     if ((rc = up_act(b, &K, a->K, kvn, ex, err))) return rc;
     if ((rc = up_act(b, &V, a->V, kvn, ex, err))) return rc;
@@ -416,6 +416,50 @@ static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, i
     cu_skinny_cfg sk;
     if ((rc = cu_gemm_skinny_plan(M, N, K, g->n_sm, &sk, err))) return rc;
     return bench_graph(st, g, &sk, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc, us_sk, err);
+}
+
+/* The fixed cost of a kernel in a graph: n_kernels launches of a kernel that only writes one value
+ * per block, back to back in one captured graph (each depends on the previous, as a chunk's do). */
+__global__ void bench_touch_kernel(float *out) {
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)blockIdx.x;
+}
+
+extern "C" int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, double *us_per_kernel,
+                                       squad_err *err) {
+    *us_per_kernel = -1.0;
+    if (n_kernels < 1 || blocks < 1 || threads < 1 || threads > 1024)
+        return cu_err(err, SQUAD_E_INVALID, "bench_launch: bad shape");
+    float *d = NULL;
+    cudaStream_t st = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = cudaMalloc(&d, sizeof(float) * (size_t)blocks);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        for (int i = 0; i < n_kernels; i++) bench_touch_kernel<<<blocks, threads, 0, st>>>(d);
+        e = cudaStreamEndCapture(st, &graph);
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st); /* warm-up */
+    if (e == cudaSuccess) e = cudaEventRecord(e0, st);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st);
+    if (e == cudaSuccess) e = cudaEventRecord(e1, st);
+    if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+    float ms = 0.f;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (st) cudaStreamDestroy(st);
+    if (d) cudaFree(d);
+    if (e != cudaSuccess) return cu_fail(err, "launch benchmark", e, __FILE__, __LINE__);
+    *us_per_kernel = 1e3 * ms / n_kernels;
+    return 0;
 }
 
 extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,

@@ -74,6 +74,10 @@ int squad_cuda_test_gemm_skinny(const float *X, const float *W, float *Y, int M,
 int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,
                           double *us_first, squad_err *err);
 
+/* Microseconds per kernel of n_kernels dependent launches of a near-empty kernel (blocks x threads)
+ * replayed as one CUDA graph: the fixed cost every kernel of a chunk pays. */
+int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, double *us_per_kernel, squad_err *err);
+
 #ifdef __cplusplus
 }
 #endif
