@@ -339,12 +339,29 @@ __global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed, float scale) {
 #define BENCH_ROTATE_BYTES (256u << 20) /* W copies cycled through: several times the 50 MB L2 */
 #define BENCH_REPS 100                  /* calls per timed graph */
 
+/* Instantiates a captured graph, replays it once to warm up and once timed: *ms of the second. */
+static cudaError_t time_graph(cudaGraph_t graph, cudaStream_t st, float *ms) {
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st);
+    if (e == cudaSuccess) e = cudaEventRecord(e0, st);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st);
+    if (e == cudaSuccess) e = cudaEventRecord(e1, st);
+    if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(ms, e0, e1);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (exec) cudaGraphExecDestroy(exec);
+    return e;
+}
+
 /* Times one graph of BENCH_REPS calls (W rotating) after one warm-up replay; *us per call. */
 static int bench_graph(cudaStream_t st, cu_gemm_ctx *g, const cu_skinny_cfg *sk, const bf16 *Wbase, size_t w_stride,
                        int n_rot, const bf16 *X, void *Y, int M, int N, int K, int acc, double *us, squad_err *err) {
     cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
     int rc = 0;
     CU_TRY(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (int r = 0; r < BENCH_REPS && !rc; r++) {
@@ -357,19 +374,8 @@ static int bench_graph(cudaStream_t st, cu_gemm_ctx *g, const cu_skinny_cfg *sk,
         return rc;
     }
     if (ce != cudaSuccess) return cu_fail(err, "cudaStreamEndCapture", ce, __FILE__, __LINE__);
-    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-    if (e == cudaSuccess) e = cudaEventCreate(&e0);
-    if (e == cudaSuccess) e = cudaEventCreate(&e1);
-    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st); /* warm-up */
-    if (e == cudaSuccess) e = cudaEventRecord(e0, st);
-    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st);
-    if (e == cudaSuccess) e = cudaEventRecord(e1, st);
-    if (e == cudaSuccess) e = cudaEventSynchronize(e1);
     float ms = 0.f;
-    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    if (exec) cudaGraphExecDestroy(exec);
+    const cudaError_t e = time_graph(graph, st, &ms);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) return cu_fail(err, "benchmark graph", e, __FILE__, __LINE__);
     *us = 1e3 * ms / BENCH_REPS;
@@ -432,8 +438,7 @@ extern "C" int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, d
     float *d = NULL;
     cudaStream_t st = NULL;
     cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = 0.f;
     cudaError_t e = cudaMalloc(&d, sizeof(float) * (size_t)blocks);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
@@ -441,19 +446,7 @@ extern "C" int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, d
         for (int i = 0; i < n_kernels; i++) bench_touch_kernel<<<blocks, threads, 0, st>>>(d);
         e = cudaStreamEndCapture(st, &graph);
     }
-    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
-    if (e == cudaSuccess) e = cudaEventCreate(&e0);
-    if (e == cudaSuccess) e = cudaEventCreate(&e1);
-    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st); /* warm-up */
-    if (e == cudaSuccess) e = cudaEventRecord(e0, st);
-    if (e == cudaSuccess) e = cudaGraphLaunch(exec, st);
-    if (e == cudaSuccess) e = cudaEventRecord(e1, st);
-    if (e == cudaSuccess) e = cudaEventSynchronize(e1);
-    float ms = 0.f;
-    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    if (exec) cudaGraphExecDestroy(exec);
+    if (e == cudaSuccess) e = time_graph(graph, st, &ms);
     if (graph) cudaGraphDestroy(graph);
     if (st) cudaStreamDestroy(st);
     if (d) cudaFree(d);
