@@ -28,7 +28,7 @@
 #define GEMM_SPLITK_BASES 4 /* heuristic results also timed with K split (GEMM_SPLITK_WAYS) */
 static const int GEMM_SPLITK_WAYS[] = {2, 3, 4, 8};
 #define GEMM_N_SPLITK_WAYS ((int)(sizeof GEMM_SPLITK_WAYS / sizeof GEMM_SPLITK_WAYS[0]))
-#define GEMM_TUNE_REPS 3
+#define GEMM_TUNE_REPS 5 /* flushed calls per candidate; the median counts (one call is a few us: events are noisy) */
 #define GEMM_FLUSH_L2X 2 /* the flush buffer is this many times the L2 size */
 
 #define LT_TRY(call)                                                                                   \
@@ -135,15 +135,15 @@ static int run_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMa
                           g->ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
 }
 
-/* Milliseconds of GEMM_TUNE_REPS calls of a candidate after one warm-up, each call starting with
- * L2 flushed; a negative value when the candidate refuses these operands. */
+/* The median milliseconds of GEMM_TUNE_REPS calls of a candidate after one warm-up, each call
+ * starting with L2 flushed; a negative value when the candidate refuses these operands. */
 static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const void *W,
                             const void *X, void *Y, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int *ev_fail) {
     if (!run_candidate(g, p, algo, W, X, Y, st)) {
         (void)cudaGetLastError(); /* a refused launch leaves its error behind */
         return -1.f;
     }
-    float total = 0.f;
+    float t[GEMM_TUNE_REPS];
     for (int r = 0; r < GEMM_TUNE_REPS; r++) {
         float ms = 0.f;
         if (cudaMemsetAsync(g->flush, r, g->flush_bytes, st) != cudaSuccess || cudaEventRecord(e0, st) != cudaSuccess) {
@@ -160,9 +160,15 @@ static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasL
             (void)cudaGetLastError();
             return -1.f;
         }
-        total += ms;
+        t[r] = ms;
     }
-    return total;
+    for (int i = 1; i < GEMM_TUNE_REPS; i++) /* insertion sort of a handful */
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    return t[GEMM_TUNE_REPS / 2];
 }
 
 static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void *X, void *Y, cudaStream_t st,
@@ -233,7 +239,7 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         best = ms;
         p->skinny = is_skinny;
         if (!is_skinny) p->algo = cand[i];
-        if (i == 0) p->tuned_first_us = 1000.f * ms / GEMM_TUNE_REPS;
+        if (i == 0) p->tuned_first_us = 1000.f * ms;
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -241,7 +247,7 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         const cudaError_t e = cudaGetLastError();
         return cu_fail(err, "GEMM tuning (events)", e, __FILE__, __LINE__);
     }
-    p->tuned_us = 1000.f * best / GEMM_TUNE_REPS;
+    p->tuned_us = 1000.f * best;
     return 0;
 }
 
