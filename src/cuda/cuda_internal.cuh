@@ -228,7 +228,6 @@ typedef struct cu_gemm_plan {
     cublasLtMatmulAlgo_t algo;
     int skinny;        /* run the skinny kernel with `sk` instead of cuBLASLt */
     cu_skinny_cfg sk;
-    float tuned_first_us, tuned_us; /* tuning: the heuristic's first and the kept candidate, us a call (0: untuned) */
 } cu_gemm_plan;
 typedef struct cu_gemm_ctx {
     cublasLtHandle_t lt;

@@ -239,7 +239,6 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         best = ms;
         p->skinny = is_skinny;
         if (!is_skinny) p->algo = cand[i];
-        if (i == 0) p->tuned_first_us = 1000.f * ms;
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -247,7 +246,6 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         const cudaError_t e = cudaGetLastError();
         return cu_fail(err, "GEMM tuning (events)", e, __FILE__, __LINE__);
     }
-    p->tuned_us = 1000.f * best;
     return 0;
 }
 
