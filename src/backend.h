@@ -73,6 +73,9 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
 
 /* The CUDA backend (src/cuda/), present when built with SQUAD_HAVE_CUDA. */
 int squad_cuda_device_count(void);
+/* 1 when the GPU the backend would use (device 0) can run its kernels (compute capability 9.0+):
+ * what --device auto asks before choosing CUDA. */
+int squad_cuda_device_usable(void);
 squad_backend *squad_cuda_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
                                       squad_err *err);
 

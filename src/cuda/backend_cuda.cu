@@ -450,6 +450,18 @@ extern "C" int squad_cuda_device_count(void) {
     return n;
 }
 
+#define CU_MIN_MAJOR 9 /* compute capability the kernels are built for (sm_90: bulk copies, mbarriers) */
+
+extern "C" int squad_cuda_device_usable(void) {
+    int major = 0;
+    if (squad_cuda_device_count() < 1 ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return major >= CU_MIN_MAJOR;
+}
+
 static int check_config(const squad_config *c, squad_err *err) {
     if (c->num_layers < 1 || c->num_layers > SQUAD_MAX_LAYERS)
         return cu_err(err, SQUAD_E_MODEL, "CUDA backend: %d layers", c->num_layers);
@@ -488,10 +500,10 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     CU_TRY(cudaGetDeviceProperties(&prop, 0));
     cb->n_sm = prop.multiProcessorCount;
     snprintf(cb->device_name, sizeof cb->device_name, "%s", prop.name);
-    if (prop.major < 9)
+    if (prop.major < CU_MIN_MAJOR)
         return cu_err(err, SQUAD_E_UNSUPPORTED,
-                      "CUDA backend: %s is compute capability %d.%d (9.0+ needed: the kernels are built for sm_90)",
-                      prop.name, prop.major, prop.minor);
+                      "CUDA backend: %s is compute capability %d.%d (%d.0+ needed: the kernels are built for sm_90)",
+                      prop.name, prop.major, prop.minor, CU_MIN_MAJOR);
     CU_TRY(cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking));
     if ((rc = cu_gemm_init(&cb->gemm, err))) return rc;
 
