@@ -22,8 +22,13 @@
 #   racecheck  compute-sanitizer racecheck on gpu_test_kernels (quick) -> racecheck.log
 #   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
 #              4096+128 hit on the 0.8B preset (graph nodes, so tuned GEMMs), summed per kernel
-#              (tools/ncu_summary.py) -> profile.log
-#   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log
+#              (tools/ncu_summary.py) -> profile.log. ncu flushes the caches before each kernel
+#              (NCU_CACHE=all, the default, comparable with earlier profiles), which makes short
+#              kernels that read what the previous one wrote look slower than in the graph;
+#              NCU_CACHE=none keeps the caches as they are
+#   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
+#              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
+#              comma-separated assignments in the environment (experiment switches, README) -> bench_ab.log
 #   gemm       (not by default) the 0.8B projections timed one by one: skinny kernel, tuned and untuned
 #              cuBLASLt, weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
@@ -137,6 +142,7 @@ if has profile; then
     for c in ${PROFILE_CASES:-cold:2048 hit:128}; do
         f=/tmp/ncu_${c/:/_}.log
         step "ncu $c" 240 "${PROFILE_LOG:-$OUT/profile.log}" $RUNENV "$NCU" --clock-control none \
+            --cache-control "${NCU_CACHE:-all}" \
             --profile-from-start off --metrics gpu__time_duration.sum --csv --log-file "$f" \
             "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
         python3 tools/ncu_summary.py "$f" "$c" >>"${PROFILE_LOG:-$OUT/profile.log}" 2>&1
@@ -165,6 +171,11 @@ EOF
     fi
     rm -f "$OUT/ceil.txt"
     step "bench_gpu" 300 "$OUT/bench.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF" --rows-out /tmp/bench_rows.jsonl --json /tmp/bench.json
+    for item in ${BENCH_ENVS:-}; do
+        echo "== ${item//,/ }" >>"$OUT/bench_ab.log"
+        step "bench_gpu (${item//,/ })" 300 "$OUT/bench_ab.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" --model "$MODEL" \
+            --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF"
+    done
 fi
 if has gemm; then
     step "gemm shapes (SQUAD_GEMM_BENCH=1)" 300 "$OUT/gemm.log" $RUNENV SQUAD_GEMM_BENCH=1 "$BIN/gpu_test_kernels"
