@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_tokenizer_path.h"
 #include "template.h"
 #include "tokenizer.h"
 
@@ -20,17 +21,7 @@ static squad_template *tpl;
 static void load_once(void) {
     if (tok) return;
     squad_err err = {0};
-    const char *env = getenv("SQUAD_FUZZ_TOKENIZER");
-    tok = squad_tokenizer_load(env ? env : "third_party/qwen3/tokenizer.json", &err);
-    if (!tok && !env) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s", __FILE__);
-        char *cut = strstr(path, "tests/fuzz/fuzz_template.c");
-        if (cut) {
-            snprintf(cut, sizeof path - (size_t)(cut - path), "third_party/qwen3/tokenizer.json");
-            tok = squad_tokenizer_load(path, &err);
-        }
-    }
+    tok = fuzz_load_tokenizer(&err);
     tpl = squad_template_default(&err);
     if (!tok || !tpl) {
         fprintf(stderr, "fuzz_template: %s (set SQUAD_FUZZ_TOKENIZER)\n", err.msg);

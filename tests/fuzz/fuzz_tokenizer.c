@@ -15,27 +15,14 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "fuzz_tokenizer_path.h"
 #include "tokenizer.h"
 
 static squad_tokenizer *load_once(void) {
     static squad_tokenizer *tok; /* the harness's own state: one tokenizer for the whole run */
     if (tok) return tok;
     squad_err err = {0};
-    const char *env = getenv("SQUAD_FUZZ_TOKENIZER");
-    if (env) {
-        tok = squad_tokenizer_load(env, &err);
-    } else {
-        tok = squad_tokenizer_load("third_party/qwen3/tokenizer.json", &err);
-        if (!tok) { /* next to the sources: <repo>/tests/fuzz/fuzz_tokenizer.c */
-            char path[4096];
-            snprintf(path, sizeof path, "%s", __FILE__);
-            char *cut = strstr(path, "tests/fuzz/fuzz_tokenizer.c");
-            if (cut) {
-                snprintf(cut, sizeof path - (size_t)(cut - path), "third_party/qwen3/tokenizer.json");
-                tok = squad_tokenizer_load(path, &err);
-            }
-        }
-    }
+    tok = fuzz_load_tokenizer(&err);
     if (!tok) {
         fprintf(stderr, "fuzz_tokenizer: cannot load a tokenizer: %s (set SQUAD_FUZZ_TOKENIZER)\n", err.msg);
         abort();
