@@ -4,6 +4,7 @@
  *
  *   bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] [--json FILE]
  *   bench_gpu --model DIR --profile cold:N|hit:Q      (one row between cudaProfilerStart / Stop, for ncu)
+ *   bench_gpu --model DIR --ablate [--reps N]          (each kernel group's share of a chunk's graph)
  *
  * Cases: cold rows of 512, 2048, 4096 and 8192 tokens (an engine without a cache: every token
  * computed); hits: a 4096-token state cached once, then rows of that state plus a fresh 32-, 128-
@@ -209,9 +210,142 @@ static void print_capture(squad_engine *e, const char *what) {
 #endif
 }
 
+#ifdef SQUAD_HAVE_CUDA
+static double median_of(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return t[n / 2];
+}
+
+/* A 4096+128 hit through the backend interface, without the engine and the cache: the forward of the
+ * question alone (its parameters up, the graph, the probabilities down), and with the restore of a
+ * saved state first (reset, load_gdn, load_kv), so what a hit costs beside its graph is visible. */
+static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *err) {
+    const int Q = 128;
+    if (STATE_LEN + Q > be->max_context) return 0;
+    void *G = be->alloc(be, be->gdn_snapshot_bytes, err);
+    void *KV = G ? be->alloc(be, (size_t)STATE_LEN * be->kv_bytes_per_pos, err) : NULL;
+    double *ta = calloc((size_t)reps, sizeof *ta), *tb = calloc((size_t)reps, sizeof *tb);
+    double *tc = calloc((size_t)reps, sizeof *tc);
+    int32_t ids[128], letters[N_LETTERS];
+    int rc = (G && KV && ta && tb && tc) ? 0 : SQUAD_E_NOMEM;
+    if (rc && !err->msg[0]) snprintf(err->msg, sizeof err->msg, "out of memory");
+    fill(ids, Q, vocab);
+    for (int i = 0; i < N_LETTERS; i++) letters[i] = 32 + 3 * i;
+    squad_chunk ck;
+    memset(&ck, 0, sizeof ck);
+    ck.ids = ids;
+    ck.start = STATE_LEN;
+    ck.len = Q;
+    ck.n_slots = 1;
+    ck.slots[0] = Q - 1;
+    ck.nopts[0] = N_LETTERS;
+    ck.letters = letters;
+    ck.n_letters = N_LETTERS;
+    float probs[SQUAD_MAX_SLOTS_PER_ROW * SQUAD_MAX_LETTERS];
+    if (!rc) rc = be->save_gdn(be, G, err);
+    if (!rc) rc = be->save_kv(be, KV, STATE_LEN, err);
+    for (int r = -2; r < reps && !rc; r++) {
+        double t0 = squad_now_seconds();
+        rc = be->forward(be, &ck, probs, err);
+        const double t1 = squad_now_seconds();
+        if (!rc) rc = be->reset(be, err);
+        if (!rc) rc = be->load_gdn(be, G, err);
+        if (!rc) rc = be->load_kv(be, KV, STATE_LEN, STATE_LEN, err);
+        if (!rc) rc = be->forward(be, &ck, probs, err);
+        const double t2 = squad_now_seconds();
+        ck.n_slots = 0; /* no answer: no copy back */
+        if (!rc) rc = be->forward(be, &ck, NULL, err);
+        ck.n_slots = 1;
+        const double t3 = squad_now_seconds();
+        if (r >= 0) {
+            ta[r] = (t1 - t0) * 1e3;
+            tb[r] = (t2 - t1) * 1e3;
+            tc[r] = (t3 - t2) * 1e3;
+        }
+    }
+    if (!rc)
+        printf("\nhit 4096+%d through the backend (median of %d): forward (params up, graph, probabilities down) "
+               "%.3f ms; without a slot (nothing copied back) %.3f ms; reset + load_gdn + load_kv + forward %.3f ms\n",
+               Q, reps, median_of(ta, reps), median_of(tc, reps), median_of(tb, reps));
+    free(ta);
+    free(tb);
+    free(tc);
+    be->release(be, G);
+    be->release(be, KV);
+    return rc;
+}
+#endif
+
+/* --ablate: each case's chunk graph replayed with one kernel group left out at a time, so each group's
+ * cost inside the real graph is the full time minus the time without it. */
+static int ablate(squad_model *m, int reps) {
+#ifdef SQUAD_HAVE_CUDA
+    squad_err err = {0};
+    squad_engine *e = open_engine(m, 0, SQUAD_PRECISION_BF16, 0, &err);
+    if (!e) {
+        fprintf(stderr, "bench_gpu: engine: %s\n", err.msg);
+        return 2;
+    }
+    static const struct {
+        const char *name;
+        int start, len;
+    } cases[] = {{"hit 4096+32", STATE_LEN, 32}, {"hit 4096+128", STATE_LEN, 128}, {"hit 4096+512", STATE_LEN, 512},
+                 {"cold 2048", 0, 2048},        {"cold 4096", 0, 4096}};
+    static const struct {
+        const char *name;
+        unsigned parts;
+    } sets[] = {{"all", SQUAD_CUDA_PART_ALL},
+                {"- GEMMs", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GEMM},
+                {"- GDN", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN},
+                {"- gdn conv", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_CONV},
+                {"- gdn prep", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_PREP},
+                {"- gdn scan", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_SCAN},
+                {"- gdn out", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_OUT},
+                {"- attention", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATTN},
+                {"- att prep", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_PREP},
+                {"- att fwd", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_FWD},
+                {"- att combine", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_COMBINE},
+                {"- norms", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_NORM},
+                {"- silu*up", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_SILU},
+                {"GEMMs only", SQUAD_CUDA_PART_GEMM},
+                {"nothing", 0}};
+    const int n_sets = (int)(sizeof sets / sizeof sets[0]);
+    printf("\nablation: one chunk's graph replayed (median of %d), kernel groups left out (ms; max chunk %d)\n",
+           reps, e->be->max_chunk);
+    printf("| chunk |");
+    for (int j = 0; j < n_sets; j++) printf(" %s |", sets[j].name);
+    printf(" all, on the host |\n| --- |");
+    for (int j = 0; j < n_sets; j++) printf(" ---: |");
+    printf(" --- |\n");
+    int rc = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
+        if (cases[i].len > e->be->max_chunk) continue;
+        printf("| %s |", cases[i].name);
+        squad_cuda_timing all = {0, 0, 0};
+        for (int j = 0; j < n_sets && !rc; j++) {
+            squad_cuda_timing tm;
+            rc = squad_cuda_time_parts(e->be, cases[i].start, cases[i].len, sets[j].parts, reps, &tm, &err);
+            if (!rc) printf(" %.3f |", tm.gpu_ms);
+            if (!rc && j == 0) all = tm;
+        }
+        printf(" host: %.3f ms a replay (launch + wait), %.3f in cudaGraphLaunch |\n", all.wall_ms, all.launch_ms);
+        fflush(stdout);
+    }
+    if (!rc) rc = hit_outside_graph(e->be, reps, m->cfg.vocab_size, &err);
+    if (rc) fprintf(stderr, "bench_gpu: ablation: %s\n", err.msg);
+    squad_engine_free(e);
+    return rc ? 1 : 0;
+#else
+    (void)m;
+    (void)reps;
+    fprintf(stderr, "bench_gpu: --ablate needs the CUDA backend\n");
+    return 2;
+#endif
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *rows_path = NULL, *json_path = NULL, *profile = NULL;
-    int reps = 20;
+    int reps = 20, do_ablate = 0;
     double bw = 4300, tflops = 790;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -228,9 +362,11 @@ int main(int argc, char **argv) {
             json_path = argv[++i];
         else if (!strcmp(argv[i], "--profile") && i + 1 < argc)
             profile = argv[++i];
+        else if (!strcmp(argv[i], "--ablate"))
+            do_ablate = 1;
         else {
             fprintf(stderr, "usage: bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] "
-                            "[--json FILE]\n");
+                            "[--json FILE] [--ablate]\n");
             return 2;
         }
     }
@@ -248,6 +384,11 @@ int main(int argc, char **argv) {
     printf("model %s loaded in %.2f s (H %d, %d layers, vocab %d)\n", model_dir, squad_now_seconds() - tl,
            m->cfg.hidden_size, m->cfg.num_layers, m->cfg.vocab_size);
     const int vocab = m->cfg.vocab_size;
+    if (do_ablate) {
+        const int rc = ablate(m, reps);
+        squad_model_free(m);
+        return rc;
+    }
     if (profile) { /* one row of the case between cudaProfilerStart / Stop (run under ncu) */
         int n = 0;
         const int hit = !strncmp(profile, "hit:", 4);
@@ -340,6 +481,10 @@ int main(int argc, char **argv) {
     }
     if (rows_out) fclose(rows_out);
     if (rc) return 1;
+#ifdef SQUAD_HAVE_CUDA
+    /* the hit's time outside the engine: the same backend, restore + forward without the cache */
+    if (hit_outside_graph(hot->be, reps, vocab, &err)) fprintf(stderr, "bench_gpu: %s\n", err.msg);
+#endif
     squad_cache_stats st;
     squad_engine_cache_stats(hot, &st);
     printf("cache: rows %llu, hits %llu, partial %llu, cold %llu, checkpoints %llu, %.1f MB held\n",

@@ -370,8 +370,8 @@ static void test_synth(squad_precision prec) {
     probs_t *a = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t)), *b = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
     probs_t *c = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
     /* CUDA vs CPU on rows of several lengths (one or more chunks, several buckets and spans) */
-    const int lens[] = {70, 700, 2100, 3000};
-    for (int i = 0; i < 4; i++) {
+    const int lens[] = {70, 700, 2100, 3000, 4100};
+    for (int i = 0; i < 5; i++) {
         make_row(g, 100 + i, lens[i], V);
         int bad = 0;
         int rc = run_row(gpu, &g->row, gpu->max_chunk, a, &err);

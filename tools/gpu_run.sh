@@ -29,6 +29,8 @@
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
 #              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
 #              comma-separated assignments in the environment (experiment switches, README) -> bench_ab.log
+#   ablate     (not by default) bench_gpu --ablate: each chunk graph with one kernel group left out at a
+#              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: skinny kernel, tuned and untuned
 #              cuBLASLt, weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
@@ -134,7 +136,7 @@ if has tests; then
 fi
 BW=4300
 TF=790
-if { has profile || has bench; } && [ ! -e "$MODEL/model.safetensors" ]; then
+if { has profile || has bench || has ablate; } && [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
 if has profile; then
@@ -175,6 +177,14 @@ EOF
         echo "== ${item//,/ }" >>"$OUT/bench_ab.log"
         step "bench_gpu (${item//,/ })" 300 "$OUT/bench_ab.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" --model "$MODEL" \
             --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF"
+    done
+fi
+if has ablate; then
+    step "bench_gpu --ablate" 300 "$OUT/ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --ablate --reps "${BENCH_REPS:-20}"
+    for item in ${ABLATE_ENVS:-}; do
+        echo "== ${item//,/ }" >>"$OUT/ablate.log"
+        step "bench_gpu --ablate (${item//,/ })" 300 "$OUT/ablate.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" --model "$MODEL" \
+            --ablate --reps "${BENCH_REPS:-20}"
     done
 fi
 if has gemm; then

@@ -43,8 +43,13 @@ extern "C" {
 #include "model.h"
 }
 
-static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048};
+static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096};
 #define N_CHUNK_BUCKETS ((int)(sizeof CHUNK_BUCKETS / sizeof CHUNK_BUCKETS[0]))
+/* The longest chunk (a bucket): rows longer than this run as several chunks. Each chunk pays a fixed
+ * cost (~280 dependent kernels, each with its own ramp and tail) whatever its length, so longer
+ * chunks are cheaper per token; the price is scratch, which grows linearly with it.
+ * SQUAD_MAX_CHUNK (an experiment) picks a smaller bucket. */
+#define DEFAULT_MAX_CHUNK 4096
 #define SPAN_MIN 1024 /* span buckets: 1024, 2048, ... up to max_context */
 #define MAX_SPANS 24
 
@@ -101,7 +106,8 @@ typedef struct cu_be {
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
-    int plan_only; /* enqueue_chunk runs only the GEMMs (plan making and tuning before a capture) */
+    unsigned parts; /* the CU_PART_* kernel groups enqueue_chunk runs: all, except GEMMs only for plan
+                       making and tuning before a capture, and squad_cuda_time_parts' ablations */
     int n_graphs;
     double capture_s;
     unsigned long long replays;
@@ -193,6 +199,18 @@ static int chunk_bucket(int len) {
     return -1;
 }
 
+/* DEFAULT_MAX_CHUNK, or the bucket SQUAD_MAX_CHUNK asks for (the largest bucket not above it), and
+ * no larger than the context needs (scratch is sized by it). */
+static int choose_max_chunk(int max_context) {
+    int want = DEFAULT_MAX_CHUNK;
+    const char *env = getenv("SQUAD_MAX_CHUNK");
+    if (env && atoi(env) > 0) want = atoi(env);
+    int bi = 0;
+    while (bi + 1 < N_CHUNK_BUCKETS && CHUNK_BUCKETS[bi + 1] <= want) bi++;
+    while (bi > 0 && CHUNK_BUCKETS[bi - 1] >= max_context) bi--;
+    return CHUNK_BUCKETS[bi];
+}
+
 static int span_bucket(const cu_be *cb, int keys) {
     for (int i = 0; i < cb->n_spans; i++)
         if (keys <= cb->spans[i]) return i;
@@ -201,73 +219,71 @@ static int span_bucket(const cu_be *cb, int keys) {
 
 /* ---- the forward of one chunk (enqueued on cb->st; captured into a graph or run eagerly) -------- */
 
+/* The kernel groups of cb->parts, in forward order. With every group this is the forward; with a
+ * subset the groups left out leave their outputs as they were (plan making, ablation timing). */
 static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
     const int rows = CHUNK_BUCKETS[bi];
     const int H = cb->H, I = cb->I;
     const squad_config *cfg = &cb->m->cfg;
-    int rc;
     const int f = cb->f32;
-    if (cb->plan_only) { /* only the GEMMs, on whatever the activation buffers hold */
-        for (int l = 0; l < cb->nl; l++) {
-            const cu_layer *L = &cb->layers[l];
-            const int lin = L->kind == SQUAD_LAYER_LINEAR;
-            const int kin = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
-            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, lin ? cb->NP : cb->ldQKV, H, 0, f, cb->st, err)) ||
-                (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, kin, 1, f, cb->st, err)) ||
-                (rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err)) ||
-                (rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err)))
-                return rc;
-        }
-        return 0;
-    }
-    rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps, f, cb->st,
-                          err);
-    if (rc) return rc;
+    const bool gemm = cb->parts & SQUAD_CUDA_PART_GEMM, norm = cb->parts & SQUAD_CUDA_PART_NORM;
+    const bool gdn = cb->parts & SQUAD_CUDA_PART_GDN, attn = cb->parts & SQUAD_CUDA_PART_ATTN;
+    const bool silu = cb->parts & SQUAD_CUDA_PART_SILU;
+    /* the mixers' own kernels (CU_GDN_*, CU_ATT_* in the bits' order; 0: all) */
+    const unsigned gdn_stages = (cb->parts & SQUAD_CUDA_PART_GDN) / SQUAD_CUDA_PART_GDN_CONV;
+    const unsigned att_stages = (cb->parts & SQUAD_CUDA_PART_ATTN) / SQUAD_CUDA_PART_ATT_PREP;
+    cb->gd.stages = gdn_stages == 15 ? 0 : gdn_stages;
+    cb->ad.stages = att_stages == 7 ? 0 : att_stages;
+    int rc;
+    if (norm && (rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps,
+                                       f, cb->st, err)))
+        return rc;
     for (int l = 0; l < cb->nl; l++) {
         const cu_layer *L = &cb->layers[l];
-        if (l > 0 && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
-        if (L->kind == SQUAD_LAYER_LINEAR) {
-            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->NP, H, 0, f, cb->st, err))) return rc;
-            rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->S,
-                                cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err);
-            if (rc) return rc;
-            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->lin_num_v_heads * cfg->lin_v_dim, 1, f,
-                         cb->st, err);
-            if (rc) return rc;
-        } else {
-            if ((rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, cb->ldQKV, H, 0, f, cb->st, err))) return rc;
+        const int lin = L->kind == SQUAD_LAYER_LINEAR;
+        const int n_in = lin ? cb->NP : cb->ldQKV;
+        const int k_out = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
+        if (l > 0 && norm && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, n_in, H, 0, f, cb->st, err))) return rc;
+        if (lin && gdn &&
+            (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->S,
+                                 cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err)))
+            return rc;
+        if (!lin && attn) {
             const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
             char *Kc = (char *)cb->kv + (size_t)L->attn_index * 2 * kvd * cb->es;
             char *Vc = Kc + kvd * cb->es;
             rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, Kc, Vc, cb->qb, cb->att_part,
                                  cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
             if (rc) return rc;
-            rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, cfg->num_heads * cfg->head_dim, 1, f, cb->st,
-                         err);
-            if (rc) return rc;
         }
-        if ((rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
-        if ((rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err))) return rc;
-        if ((rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err))) return rc;
-        if ((rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err))) return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, k_out, 1, f, cb->st, err))) return rc;
+        if (norm && (rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err))) return rc;
+        if (silu && (rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err))) return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err))) return rc;
     }
+    if (!norm) return 0;
     return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, cb->probs_dev, H, cb->eps, cb->st, err);
 }
 
-/* The graph of (bucket, span), captured now if it does not exist yet. */
-static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
-    if (cb->graphs[bi][si]) return 0;
-    const double t0 = cu_now_seconds();
-    /* the GEMM plans of this bucket, made and tuned outside the capture (scratch outputs only) */
-    cb->plan_only = 1;
+/* The chunk forward of bucket bi and span bucket si, only the kernel groups in parts, captured into
+ * an executable graph. The GEMM plans of the bucket are made and tuned first, outside the capture
+ * (on scratch outputs only). */
+static int capture_chunk(cu_be *cb, int bi, int si, unsigned parts, cudaGraphExec_t *out, squad_err *err) {
+    *out = NULL;
+    cb->parts = SQUAD_CUDA_PART_GEMM;
     cb->gemm.tune = 1;
-    int rp = enqueue_chunk(cb, bi, si, err);
-    cb->plan_only = 0;
+    int rc = enqueue_chunk(cb, bi, si, err);
+    cb->parts = SQUAD_CUDA_PART_ALL;
     cb->gemm.tune = 0;
-    if (rp) return rp;
+    if (rc) return rc;
     CU_TRY(cudaStreamSynchronize(cb->st));
     CU_TRY(cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal));
-    const int rc = enqueue_chunk(cb, bi, si, err);
+    cb->parts = parts;
+    rc = enqueue_chunk(cb, bi, si, err);
+    cb->parts = SQUAD_CUDA_PART_ALL;
+    cb->gd.stages = cb->ad.stages = 0;
     cudaGraph_t g = NULL;
     const cudaError_t ec = cudaStreamEndCapture(cb->st, &g);
     if (rc) {
@@ -283,8 +299,21 @@ static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
     const cudaError_t ei = cudaGraphInstantiate(&ex, g, 0);
     cudaGraphDestroy(g);
     if (ei != cudaSuccess) return cu_fail(err, "cudaGraphInstantiate", ei, __FILE__, __LINE__);
-    CU_TRY(cudaGraphUpload(ex, cb->st));
-    cb->graphs[bi][si] = ex;
+    const cudaError_t eu = cudaGraphUpload(ex, cb->st);
+    if (eu != cudaSuccess) {
+        cudaGraphExecDestroy(ex);
+        return cu_fail(err, "cudaGraphUpload", eu, __FILE__, __LINE__);
+    }
+    *out = ex;
+    return 0;
+}
+
+/* The graph of (bucket, span), captured now if it does not exist yet. */
+static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
+    if (cb->graphs[bi][si]) return 0;
+    const double t0 = cu_now_seconds();
+    const int rc = capture_chunk(cb, bi, si, SQUAD_CUDA_PART_ALL, &cb->graphs[bi][si], err);
+    if (rc) return rc;
     cb->n_graphs++;
     cb->capture_s += cu_now_seconds() - t0;
     return 0;
@@ -485,7 +514,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->nl = c->num_layers;
     cb->eps = c->rms_eps;
     cb->max_context = max_context;
-    cb->max_chunk = CHUNK_BUCKETS[N_CHUNK_BUCKETS - 1];
+    cb->max_chunk = choose_max_chunk(max_context);
     cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
     cb->es = cb->f32 ? 4 : 2;
     cb->n_gdn = squad_config_count_layers(c, SQUAD_LAYER_LINEAR);
@@ -728,4 +757,69 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     info->n_spans = cb->n_spans;
     for (int i = 0; i < cb->n_spans; i++) info->spans[i] = cb->spans[i];
     return 0;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float median_float(float *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_float);
+    return t[n / 2];
+}
+
+extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps,
+                                     squad_cuda_timing *out, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: not a CUDA backend");
+    cu_be *cb = impl_of(be);
+    if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
+        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: chunk [%d, %d) outside the backend's limits", start,
+                      start + len);
+    if (reps < 1 || reps > 10000 || (parts & ~(unsigned)SQUAD_CUDA_PART_ALL))
+        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: %d repetitions, parts 0x%x", reps, parts);
+    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
+    cu_chunk_params *p = cb->prm_host;
+    p->start = start;
+    p->len = len;
+    p->n_slots = 0;
+    p->n_letters = 0;
+    for (int t = 0; t < rows; t++) p->ids[t] = 0;
+    CU_TRY(cudaMemcpyAsync(cb->prm_dev, p, CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int),
+                           cudaMemcpyHostToDevice, cb->st));
+    cudaGraphExec_t ex = NULL;
+    int rc = capture_chunk(cb, bi, si, parts, &ex, err);
+    if (rc) return rc;
+    float *t = (float *)malloc(sizeof(float) * 3 * (size_t)reps), *tw = t + reps, *tl = tw + reps;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = t ? cudaEventCreate(&e0) : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaGraphLaunch(ex, cb->st); /* warm-up */
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
+    for (int i = 0; i < reps && e == cudaSuccess; i++) {
+        const double h0 = cu_now_seconds();
+        e = cudaEventRecord(e0, cb->st);
+        const double h1 = cu_now_seconds();
+        if (e == cudaSuccess) e = cudaGraphLaunch(ex, cb->st);
+        const double h2 = cu_now_seconds();
+        if (e == cudaSuccess) e = cudaEventRecord(e1, cb->st);
+        if (e == cudaSuccess) e = cudaEventSynchronize(e1);
+        const double h3 = cu_now_seconds();
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&t[i], e0, e1);
+        tw[i] = (float)((h3 - h0) * 1e3);
+        tl[i] = (float)((h2 - h1) * 1e3);
+    }
+    if (e == cudaSuccess) {
+        out->gpu_ms = median_float(t, reps);
+        out->wall_ms = median_float(tw, reps);
+        out->launch_ms = median_float(tl, reps);
+    } else {
+        rc = cu_fail(err, "squad_cuda_time_parts", e, __FILE__, __LINE__);
+    }
+    free(t);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ex);
+    return rc;
 }

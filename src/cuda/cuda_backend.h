@@ -24,13 +24,44 @@ typedef struct squad_cuda_info {
     size_t state_bytes;    /* working state: GDN states + K / V */
     size_t scratch_bytes;  /* activations, kernel scratch, cuBLASLt's workspace and the GEMM tuning's L2 flush buffer */
     int n_buckets;         /* chunk-length buckets */
-    int buckets[16];
+    int buckets[24];
     int n_spans;           /* attention-span buckets */
     int spans[24];
 } squad_cuda_info;
 
 /* Fills info for a backend made by squad_cuda_backend_new; 0, or SQUAD_E_INVALID for another. */
 int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info *info);
+
+/* The kernel groups of a chunk's forward, for squad_cuda_time_parts. */
+enum {
+    SQUAD_CUDA_PART_GEMM = 1,          /* the projections (cuBLASLt) */
+    SQUAD_CUDA_PART_NORM = 2,          /* the embedding, the RMSNorms and the letter probabilities */
+    SQUAD_CUDA_PART_SILU = 4,          /* SiLU(gate) * up */
+    SQUAD_CUDA_PART_GDN_CONV = 8,      /* the Gated DeltaNet mixer's four kernels (k_gdn.cu) */
+    SQUAD_CUDA_PART_GDN_PREP = 16,
+    SQUAD_CUDA_PART_GDN_SCAN = 32,
+    SQUAD_CUDA_PART_GDN_OUT = 64,
+    SQUAD_CUDA_PART_ATT_PREP = 128,    /* attention's three kernels (k_attn.cu) */
+    SQUAD_CUDA_PART_ATT_FWD = 256,
+    SQUAD_CUDA_PART_ATT_COMBINE = 512,
+    SQUAD_CUDA_PART_GDN = 8 | 16 | 32 | 64,
+    SQUAD_CUDA_PART_ATTN = 128 | 256 | 512,
+    SQUAD_CUDA_PART_ALL = 1023
+};
+
+/* A diagnostic for the benchmark: captures the forward of a chunk of len tokens from position start
+ * with only the kernel groups in parts (token ids 0, no slots), replays it reps times and gives the
+ * medians of one replay's times. What each group costs inside the real graph is the time with
+ * it minus the time without it (per-kernel profiles serialize and flush, which small chunks feel
+ * most). It computes on whatever the buffers hold: the working state (GDN states, the K / V of
+ * [start, start + len)) is garbage afterwards, so reset before the next forward. */
+typedef struct squad_cuda_timing {
+    double gpu_ms;    /* between events recorded before and after the replay */
+    double wall_ms;   /* on the host, from before the first event to the replay's end */
+    double launch_ms; /* on the host, inside cudaGraphLaunch */
+} squad_cuda_timing;
+int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps, squad_cuda_timing *out,
+                          squad_err *err);
 
 #ifdef __cplusplus
 }

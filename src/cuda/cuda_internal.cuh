@@ -276,7 +276,10 @@ typedef struct cu_gdn_dims {
     int ldP;               /* row stride of the in_proj output P: [q | k | v | z | b | a | pad] */
     float eps;             /* the gated RMSNorm's eps */
     int f32;               /* the exact path (k_gdn_exact.cu): fp32 P, conv state, Y; S [nv][dk][dv] */
+    unsigned stages;       /* the bf16 path's kernels that run (CU_GDN_*); 0: all. Only the ablation
+                              timing (squad_cuda_time_parts) leaves some out */
 } cu_gdn_dims;
+enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
 typedef struct cu_gdn_scratch {
     /* the chunked path (head dims padded) */
     bf16 *Qn, *Kn; /* [rows][nk][dk]: conv + SiLU + L2 norm (q also / sqrt(dk)), written by the conv kernel */
@@ -324,7 +327,9 @@ typedef struct cu_attn_dims {
     int max_context;
     size_t kv_stride; /* elements between positions in the K / V cache (position-major cache) */
     int f32;          /* the exact path: fp32 QKV, K / V cache, q scratch and out; fp32 attention */
+    unsigned stages;  /* the bf16 path's kernels that run (CU_ATT_*); 0: all (see cu_gdn_dims.stages) */
 } cu_attn_dims;
+enum { CU_ATT_PREP = 1, CU_ATT_FWD = 2, CU_ATT_COMBINE = 4 };
 int cu_attn_supported(const cu_attn_dims *d);
 int cu_attn_init(const cu_attn_dims *d, squad_err *err);
 /* Splits of the key range for a chunk of `rows` query rows and keys up to `span`. */

@@ -628,10 +628,13 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     }
     const bf16 *QKV = (const bf16 *)QKVv;
     bf16 *Kc = (bf16 *)Kcv, *Vc = (bf16 *)Vcv, *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
+    const unsigned run = d->stages ? d->stages : CU_ATT_PREP | CU_ATT_FWD | CU_ATT_COMBINE;
     attn_prep_args<bf16> pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, Kc, Vc, d->kv_stride, Qb, prm,
                                d->nh, d->nkv, d->hd, d->rd, d->eps};
-    attn_prep_kernel<bf16><<<rows, 32 * nwarp, psm, st>>>(pa);
-    CU_LAUNCH_CHECK("attn_prep_kernel");
+    if (run & CU_ATT_PREP) {
+        attn_prep_kernel<bf16><<<rows, 32 * nwarp, psm, st>>>(pa);
+        CU_LAUNCH_CHECK("attn_prep_kernel");
+    }
 
     const size_t n = (size_t)splits * rows * d->nh;
     float *Op = (float *)part;
@@ -645,14 +648,14 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
     if (d->hd == HD_) {                                                                   \
-        attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa);        \
+        if (run & CU_ATT_FWD) attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa); \
         launched = 1;                                                                     \
     }
     ATT_SHAPES(ATT_RUN)
 #undef ATT_RUN
     if (!launched) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
     CU_LAUNCH_CHECK("attn_fwd_kernel");
-    if (splits > 1) {
+    if (splits > 1 && (run & CU_ATT_COMBINE)) {
         const unsigned pairs = (unsigned)rows * (unsigned)d->nh;
         attn_combine_kernel<<<(pairs + COMBINE_WARPS - 1) / COMBINE_WARPS, COMBINE_WARPS * 32, 0, st>>>(
             Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);

@@ -966,16 +966,24 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
     gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const dim3 conv_grid((rows + CONV_TT - 1) / CONV_TT, 2 * d->nk + d->nv);
+    const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        if (int rc_ = launch_gdn_conv(ca, conv_grid, st, err)) return rc_;                                         \
-        gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);          \
-        CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                        \
-        gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV), scan_smem<DK_, DV_>::NWARP * 32,  \
-                                    scan_smem<DK_, DV_>::bytes, st>>>(sa);                                         \
-        CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                        \
-        gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);             \
-        CU_LAUNCH_CHECK("gdn_out_kernel");                                                                         \
+        if (run & CU_GDN_CONV)                                                                                     \
+            if (int rc_ = launch_gdn_conv(ca, conv_grid, st, err)) return rc_;                                     \
+        if (run & CU_GDN_PREP) {                                                                                   \
+            gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);      \
+            CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
+        }                                                                                                          \
+        if (run & CU_GDN_SCAN) {                                                                                   \
+            gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV), scan_smem<DK_, DV_>::NWARP * 32, \
+                                        scan_smem<DK_, DV_>::bytes, st>>>(sa);                                     \
+            CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
+        }                                                                                                          \
+        if (run & CU_GDN_OUT) {                                                                                    \
+            gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);         \
+            CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
+        }                                                                                                          \
         return 0;                                                                                                  \
     }
     GDN_SHAPES(GDN_RUN)
