@@ -364,33 +364,63 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     }
     __syncthreads();
 
-    /* 4. T = (I + L)^-1 by forward substitution down each column, 4 threads per column (the sum over
-     *    earlier rows split by j mod 4, combined by two shuffles); only L[i][j < i] is read. The
-     *    column stays in registers (thread qq holds rows = qq mod 4) and is stored after the loop,
-     *    so no store orders the loop's shared loads. */
+    /* 4. T = (I + L)^-1 by blocks of 16 (v12): L is strictly lower triangular, so T is unit lower
+     *    triangular, and with 16 x 16 blocks T_ii = (I + L_ii)^-1 on the diagonal and, below it,
+     *    T_ij = -T_ii X_ij with X_ij = sum_{j <= k < i} L_ik T_kj. v2..v11 substituted down all 64 rows of
+     *    every column: ~2.5k of a prep warp's ~3.9k instructions on the hit (ncu, run 3), a chain of 64
+     *    dependent steps; this is a chain of 16 plus three levels of small products. */
     {
-        const int col = tid >> 2, qq = tid & 3;
-        float tv[16];
+        /* 4a. the diagonal blocks by forward substitution, 4 threads a column (the sum over earlier rows
+         *     split by k mod 4, combined by two shuffles); the column stays in registers, stored after */
+        const int col = tid >> 2, qq = tid & 3, base = col & ~15;
+        float tv[4] = {0.f, 0.f, 0.f, 0.f}; /* rows base + 4 m + qq */
 #pragma unroll
-        for (int m = 0; m < 16; m++) tv[m] = 0.f;
+        for (int rr = 0; rr < 16; rr++) {
+            const int row = base + rr;
+            float s = 0.f;
 #pragma unroll
-        for (int row = 0; row < GDN_C; row++) {
-            float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-            for (int m = 0; m < 16; m += 2) {
-                if (4 * m + qq < row) s0 += Ls[row * LDL + 4 * m + qq] * tv[m];
-                if (4 * (m + 1) + qq < row) s1 += Ls[row * LDL + 4 * (m + 1) + qq] * tv[m + 1];
-            }
-            float s = s0 + s1;
+            for (int m = 0; m < 4; m++)
+                if (4 * m + qq < rr) s += Ls[row * LDL + base + 4 * m + qq] * tv[m];
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
             const float v = (row == col ? 1.f : 0.f) - s;
-            if ((row & 3) == qq) tv[row >> 2] = v;
+            if ((rr & 3) == qq) tv[rr >> 2] = v;
         }
 #pragma unroll
-        for (int m = 0; m < 16; m++) Ts[(4 * m + qq) * LDL + col] = tv[m];
+        for (int m = 0; m < 4; m++) Ts[(base + 4 * m + qq) * LDL + col] = tv[m];
+        __syncthreads();
+        /* 4b. below the diagonal, one block diagonal d at a time (each needs the ones before); X through
+         *     shared memory in Q's tile (dead since step 3: 3 x 256 floats fit its 64 x (DK + 8) bf16) */
+        float *X = reinterpret_cast<float *>(Qs);
+        static_assert(GDN_C == 64 && PREP_THREADS == 256, "the blocked inverse maps 256 threads to 16 x 16 blocks");
+#pragma unroll
+        for (int d = 1; d < 4; d++) {
+#pragma unroll
+            for (int q = 0; q < 4 - d; q++) { /* block (j + d, j), j = q: element (r, c) */
+                const int r = tid >> 4, c = tid & 15, i0 = 16 * (q + d), j0 = 16 * q;
+                float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+                for (int k = 0; k < 16 * d; k += 2) {
+                    s0 += Ls[(i0 + r) * LDL + j0 + k] * Ts[(j0 + k) * LDL + j0 + c];
+                    s1 += Ls[(i0 + r) * LDL + j0 + k + 1] * Ts[(j0 + k + 1) * LDL + j0 + c];
+                }
+                X[q * 256 + tid] = s0 + s1;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int q = 0; q < 4 - d; q++) {
+                const int r = tid >> 4, c = tid & 15, i0 = 16 * (q + d), j0 = 16 * q;
+                float s0 = 0.f, s1 = 0.f; /* T_ii's row r: 0 past the diagonal (4a stored them) */
+#pragma unroll
+                for (int m = 0; m < 16; m += 2) {
+                    s0 += Ts[(i0 + r) * LDL + i0 + m] * X[q * 256 + m * 16 + c];
+                    s1 += Ts[(i0 + r) * LDL + i0 + m + 1] * X[q * 256 + (m + 1) * 16 + c];
+                }
+                Ts[(i0 + r) * LDL + j0 + c] = -(s0 + s1);
+            }
+            __syncthreads();
+        }
     }
-    __syncthreads();
 
     /* 5. W = T diag(beta Gamma) K and U = T diag(beta) V on the tensor cores with split operands
      *    (A = T diag(.) as hi + lo bf16; K is bf16 already, V fp32 split too: U = Ah Vh + Ah Vl + Al Vh).
