@@ -750,7 +750,7 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     info->replays = cb->replays;
     info->weight_bytes = cb->weight_bytes;
     info->state_bytes = cb->state_bytes;
-    info->scratch_bytes = cb->scratch_bytes + cb->gemm.ws_bytes + cb->gemm.flush_bytes;
+    info->scratch_bytes = cb->scratch_bytes + cb->gemm.ws_bytes + cb->gemm.rot_bytes;
     snprintf(info->precision, sizeof info->precision, "%s", cb->f32 ? "exact" : "bf16");
     info->n_buckets = N_CHUNK_BUCKETS;
     for (int i = 0; i < N_CHUNK_BUCKETS; i++) info->buckets[i] = CHUNK_BUCKETS[i];

@@ -22,7 +22,7 @@ typedef struct squad_cuda_info {
     unsigned long long replays;
     size_t weight_bytes;   /* device bytes of weights */
     size_t state_bytes;    /* working state: GDN states + K / V */
-    size_t scratch_bytes;  /* activations, kernel scratch, cuBLASLt's workspace and the GEMM tuning's L2 flush buffer */
+    size_t scratch_bytes;  /* activations, kernel scratch, cuBLASLt's workspace and the GEMM tuning's weight copies */
     int n_buckets;         /* chunk-length buckets */
     int buckets[24];
     int n_spans;           /* attention-span buckets */

@@ -233,8 +233,8 @@ typedef struct cu_gemm_ctx {
     cublasLtHandle_t lt;
     void *ws; /* device workspace */
     size_t ws_bytes;
-    void *flush; /* the tuning's L2 flush buffer (made on first use) */
-    size_t flush_bytes;
+    void *rot; /* the tuning's copies of the weights (made on first use) */
+    size_t rot_bytes;
     cu_gemm_plan *plans;
     int n_plans, cap_plans;
     int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
