@@ -13,13 +13,13 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Four kernels (v10; bench/CUDA_NOTES.md has each version's figures):
+ * Four kernels (v12; bench/CUDA_NOTES.md has each version's figures):
  * A0, gdn_conv (a block per 16 tokens and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
  * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
  *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
- *   L and P; T = (I + L)^-1 in fp32 by forward substitution down each column (4 threads a column);
+ *   L and P; T = (I + L)^-1 in fp32 by 16 x 16 blocks (substitution on the diagonal, products below);
  *   W and U on the tensor cores with hi + lo bf16 splits of the fp32 operands (plain bf16 there
  *   cost too much accuracy, v2). Writes W, U^T, P, diag(Gamma) Q, K' and Gamma_last to scratch.
  * B, gdn_scan (one block per value head and 16 columns of dv, sequential over the blocks): only the
@@ -318,36 +318,42 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         }
     }
 
-    /* 3. K K^T -> L and Q K^T -> P (mma), warp w: rows 16 (w/2).., cols 32 (w%2).. */
+    /* 3. K K^T -> L and Q K^T -> P (mma), warp w: rows 16 (w/2).., cols 32 (w%2).. (4 n-tiles). The
+     *    k-steps outermost, so the A fragments of K and Q (ldmatrix) are loaded once for the 4 n-tiles
+     *    (v12; v11 loaded them per n-tile by 8 scalar loads: ~300 of a thread's loads). */
     {
-        const int mt = w >> 1;
+        const int mt = w >> 1, i0 = 16 * mt + r, i1 = i0 + 8;
         bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C;
+        float kk[4][4], qk4[4][4];
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) kk[q4][e] = qk4[q4][e] = 0.f;
+        /* n-tiles above the diagonal (P and L are 0 there) are skipped: warp-uniform */
+        const int nt0 = (w & 1) * 4;
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) {
+            const int k0 = 16 * ks + 2 * cc;
+            uint32_t ak[4], aq[4];
+            cu_ldmatrix_x4(ak, Ks + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
+            cu_ldmatrix_x4(aq, Qs + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
+#pragma unroll
+            for (int q4 = 0; q4 < 4; q4++) {
+                const int nt = nt0 + q4;
+                if (8 * nt > 16 * mt + 15) continue;
+                const uint32_t b0 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0);
+                const uint32_t b1 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0 + 8);
+                cu_mma16816(kk[q4], ak, b0, b1);
+                cu_mma16816(qk4[q4], aq, b0, b1);
+            }
+        }
 #pragma unroll
         for (int q4 = 0; q4 < 4; q4++) {
-            const int nt = (w & 1) * 4 + q4;
-            const int i0 = 16 * mt + r, i1 = i0 + 8, j0 = 8 * nt + 2 * cc;
+            const int nt = nt0 + q4, j0 = 8 * nt + 2 * cc;
             if (8 * nt > 16 * mt + 15) { /* above the diagonal: P is 0 there */
                 *(uint32_t *)(Pm + i0 * GDN_C + j0) = 0u;
                 *(uint32_t *)(Pm + i1 * GDN_C + j0) = 0u;
                 continue;
-            }
-            float kk[4] = {0.f, 0.f, 0.f, 0.f}, qk4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                const int k0 = 16 * ks + 2 * cc;
-                uint32_t ak[4], aq[4];
-                ak[0] = *(const uint32_t *)(Ks + i0 * LDK + k0);
-                ak[1] = *(const uint32_t *)(Ks + i1 * LDK + k0);
-                ak[2] = *(const uint32_t *)(Ks + i0 * LDK + k0 + 8);
-                ak[3] = *(const uint32_t *)(Ks + i1 * LDK + k0 + 8);
-                aq[0] = *(const uint32_t *)(Qs + i0 * LDK + k0);
-                aq[1] = *(const uint32_t *)(Qs + i1 * LDK + k0);
-                aq[2] = *(const uint32_t *)(Qs + i0 * LDK + k0 + 8);
-                aq[3] = *(const uint32_t *)(Qs + i1 * LDK + k0 + 8);
-                const uint32_t b0 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0);
-                const uint32_t b1 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0 + 8);
-                cu_mma16816(kk, ak, b0, b1);
-                cu_mma16816(qk4, aq, b0, b1);
             }
             const int ii[4] = {i0, i0, i1, i1}, jj[4] = {j0, j0 + 1, j0, j0 + 1};
             float pv[4];
@@ -355,8 +361,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
             for (int e = 0; e < 4; e++) {
                 const int ri = ii[e], cj = jj[e];
                 const float dec = cj <= ri ? __expf(gam[ri] - gam[cj]) : 0.f;
-                if (cj < ri) Ls[ri * LDL + cj] = bet[ri] * dec * kk[e];
-                pv[e] = dec * qk4[e];
+                if (cj < ri) Ls[ri * LDL + cj] = bet[ri] * dec * kk[q4][e];
+                pv[e] = dec * qk4[q4][e];
             }
             *(uint32_t *)(Pm + i0 * GDN_C + j0) = cu_pack_bf16(pv[0], pv[1]);
             *(uint32_t *)(Pm + i1 * GDN_C + j0) = cu_pack_bf16(pv[2], pv[3]);
