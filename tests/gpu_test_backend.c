@@ -317,12 +317,17 @@ static void test_cache_scenario(squad_precision prec) {
 
 /* ---- a synthesized model: long rows, save / restore ---- */
 
+#define ROWGEN_MAX_IDS MAX_CONTEXT
 typedef struct rowgen {
-    int32_t ids[4096], slots[4], nopts[4], letters[4];
+    int32_t ids[ROWGEN_MAX_IDS], slots[4], nopts[4], letters[4];
     squad_row row;
 } rowgen;
 
 static void make_row(rowgen *g, uint64_t seed, int n, int vocab) {
+    if (n > ROWGEN_MAX_IDS) { /* a test's own mistake: fail it, never write past ids */
+        CHECKF(0, "make_row: %d ids (at most %d)", n, ROWGEN_MAX_IDS);
+        n = ROWGEN_MAX_IDS;
+    }
     uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int i = 0; i < n; i++) {
         s ^= s << 13;
@@ -500,6 +505,40 @@ static void test_hd256(squad_precision prec) {
     squad_model_free(m);
 }
 
+/* SQUAD_CUDA_GRAPHS=0 (chunks enqueued eagerly, for debuggers and sanitizers) runs the same kernels
+ * as the graphs; only the GEMM algorithms may differ (an eager backend does not tune), so the exact
+ * path agrees to fp32 rounding. */
+static void test_eager(squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_EXACT_CPU : TOL_BF16;
+    squad_model *m = synth_model("demo", 7);
+    if (!m) return;
+    squad_err err = {0};
+    setenv("SQUAD_CUDA_GRAPHS", "0", 1);
+    squad_backend *eager = new_cuda(m, 0, prec);
+    unsetenv("SQUAD_CUDA_GRAPHS");
+    squad_backend *graphs = new_cuda(m, 0, prec);
+    rowgen *g = calloc(1, sizeof *g);
+    probs_t *a = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t)), *b = calloc(SQUAD_MAX_SLOTS_PER_ROW, sizeof(probs_t));
+    CHECK(g && a && b);
+    const int lens[] = {70, 700};
+    for (int i = 0; i < 2 && eager && graphs && g && a && b; i++) {
+        make_row(g, 200 + i, lens[i], m->cfg.vocab_size < 4096 ? m->cfg.vocab_size : 4096);
+        int rc = run_row(eager, &g->row, eager->max_chunk, a, &err);
+        if (!rc) rc = run_row(graphs, &g->row, graphs->max_chunk, b, &err);
+        CHECKF(rc == 0, "eager row %d: %s", lens[i], err.msg);
+        const double d = rc ? INFINITY : compare(&g->row, a, b, NULL);
+        printf("demo %-5s row of %4d tokens: max |eager - graphs| %.2e\n", PREC_NAME[prec == SQUAD_PRECISION_BF16],
+               lens[i], d);
+        CHECKF(d <= tol, "eager vs graphs %.3e", d);
+    }
+    free(g);
+    free(a);
+    free(b);
+    if (eager) eager->destroy(eager);
+    if (graphs) graphs->destroy(graphs);
+    squad_model_free(m);
+}
+
 static void test_precapture(void) {
     squad_err err = {0};
     squad_model *m = squad_model_load("tests/fixtures/models/tiny-causal", &err);
@@ -533,6 +572,7 @@ int main(void) {
     if (quick && quick[0] == '1') return test_summary("gpu_test_backend (quick)");
     for (int p = 0; p < 2; p++) test_hd256(precs[p]);
     for (int p = 0; p < 2; p++) test_synth(precs[p]);
+    for (int p = 0; p < 2; p++) test_eager(precs[p]);
     test_precapture();
     return test_summary("gpu_test_backend");
 }

@@ -106,8 +106,9 @@ typedef struct cu_be {
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
-    unsigned parts; /* the CU_PART_* kernel groups enqueue_chunk runs: all, except GEMMs only for plan
-                       making and tuning before a capture, and squad_cuda_time_parts' ablations */
+    unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_chunk runs: all (set in build), except
+                       GEMMs only for plan making and tuning before a capture, and squad_cuda_time_parts'
+                       ablations */
     int n_graphs;
     double capture_s;
     unsigned long long replays;
@@ -519,6 +520,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->es = cb->f32 ? 4 : 2;
     cb->n_gdn = squad_config_count_layers(c, SQUAD_LAYER_LINEAR);
     cb->n_attn = squad_config_count_layers(c, SQUAD_LAYER_FULL);
+    cb->parts = SQUAD_CUDA_PART_ALL;
     const char *g = getenv("SQUAD_CUDA_GRAPHS");
     cb->use_graphs = !(g && g[0] == '0');
     const char *as = getenv("SQUAD_ATT_SPLITS");
