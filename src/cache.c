@@ -389,12 +389,13 @@ static int plan_row(squad_cache *c, const squad_row *row, row_plan *pl, squad_er
     return 0;
 }
 
-/* The backend's working state to the restored checkpoint (or a row start). */
+/* The backend's working state to the restored checkpoint (or a row start). load_gdn overwrites all
+ * that reset would clear, so a restore skips the reset (on the GPU a 19 MB memset per hit, on the
+ * CPU a 20 MB one for the 0.8B shapes). */
 static int restore(squad_cache *c, const cache_ckpt *best, squad_err *err) {
     squad_backend *be = c->be;
-    int rc = be->reset(be, err);
-    if (rc || !best) return rc;
-    rc = be->load_gdn(be, best->gdn, err);
+    if (!best) return be->reset(be, err);
+    int rc = be->load_gdn(be, best->gdn, err);
     if (rc) return rc;
     return be->load_kv(be, best->group->kv, best->group->n_pos, best->pos, err);
 }
