@@ -49,7 +49,8 @@
 #include "lru.h"
 #include "util.h"
 
-/* Prefix hashing: a 64-bit chain over the tokens (splitmix64's finaliser as the step). */
+/* Prefix hashing: a 64-bit chain over the blocks, each block hashed from the chain so far
+ * (squad_hash_ints). */
 #define KEY_SEED 0x9e3779b97f4a7c15ull
 
 /* ---- structures ------------------------------------------------------------------------------ */
@@ -107,14 +108,6 @@ typedef struct pending_ckpt {
 
 static int align_down(int x, int align) { return x <= 0 ? 0 : x - x % align; }
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
 
 
 static size_t ckpt_cost(const squad_cache *c) { return sizeof(cache_ckpt) + c->be->gdn_snapshot_bytes; }
@@ -183,9 +176,9 @@ void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64
     uint64_t h = KEY_SEED;
     for (int k = 0; k < n_blocks; k++) {
         const int32_t *block = ids + (size_t)k * align;
-        for (int i = 0; i < align; i++) h = mix64(h ^ (uint32_t)block[i]);
+        h = squad_hash_ints(h, block, (size_t)align);
         /* the position joins the key so a prefix and its extension never share one */
-        keys[k] = mix64(h + (uint64_t)(k + 1) * align * KEY_SEED);
+        keys[k] = squad_hash_mix(h + (uint64_t)(k + 1) * align * KEY_SEED);
     }
 }
 

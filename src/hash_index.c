@@ -5,6 +5,35 @@
 
 #include <stdlib.h>
 
+uint64_t squad_hash_mix(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t pair(const int32_t *v) { return (uint64_t)(uint32_t)v[0] | (uint64_t)(uint32_t)v[1] << 32; }
+
+uint64_t squad_hash_ints(uint64_t h, const int32_t *v, size_t n) {
+    /* distinct starting points, so equal values in different chains hash differently */
+    uint64_t c0 = h, c1 = h ^ 0x9e3779b97f4a7c15ull, c2 = h ^ 0xc2b2ae3d27d4eb4full, c3 = h ^ 0x165667b19e3779f9ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) { /* two values a step: one 64-bit word, half the multiplies */
+        c0 = squad_hash_mix(c0 ^ pair(v + i));
+        c1 = squad_hash_mix(c1 ^ pair(v + i + 2));
+        c2 = squad_hash_mix(c2 ^ pair(v + i + 4));
+        c3 = squad_hash_mix(c3 ^ pair(v + i + 6));
+    }
+    for (; i < n; i++) c0 = squad_hash_mix(c0 ^ (uint32_t)v[i]); /* the last n mod 8 */
+    /* the length joins the fold: [1 2][3] and [1][2 3] hash differently */
+    uint64_t x = squad_hash_mix(c0 ^ (uint64_t)n);
+    x = squad_hash_mix(x ^ c1);
+    x = squad_hash_mix(x ^ c2);
+    return squad_hash_mix(x ^ c3);
+}
+
 size_t squad_hindex_buckets_for(size_t n) {
     if (n == 0) return 0;
     size_t b = SQUAD_HINDEX_MIN_BUCKETS;

@@ -32,6 +32,15 @@ typedef struct squad_hindex {
 /* The entry of type `type` whose member `member` is the node n. */
 #define SQUAD_HNODE_ENTRY(n, type, member) ((type *)(void *)((char *)(n) - offsetof(type, member)))
 
+/* The hashes the indexes are keyed by (the state cache's prefix keys, the memo's row keys).
+ * squad_hash_mix is splitmix64's finaliser. squad_hash_ints hashes v[0, n) from h in four
+ * independent chains, each taking two values (one 64-bit word) a step, folded together with n at
+ * the end. A chain step is a ~12-cycle dependent multiply chain: one chain a value over a
+ * 4224-token row took ~33 us on the development machine, three times per cache hit (memo lookup,
+ * prefix keys, memo store), the host's largest part of a hit; this takes a few us. */
+uint64_t squad_hash_mix(uint64_t x);
+uint64_t squad_hash_ints(uint64_t h, const int32_t *v, size_t n);
+
 /* The buckets an index wants for n entries (0 when empty). */
 size_t squad_hindex_buckets_for(size_t n);
 /* Bytes of the bucket array. */

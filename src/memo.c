@@ -35,28 +35,13 @@ struct squad_memo {
     squad_memo_stats stats;
 };
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
-
-static uint64_t hash_ints(uint64_t h, const int32_t *v, int n) {
-    h = mix64(h ^ (uint64_t)(uint32_t)n); /* the length first: [1 2][3] differs from [1][2 3] */
-    for (int i = 0; i < n; i++) h = mix64(h ^ (uint32_t)v[i]);
-    return h;
-}
-
 static uint64_t row_key(const squad_row *r) {
     uint64_t h = MEMO_HASH_SEED;
-    h = hash_ints(h, r->ids, r->n_ids);
-    h = hash_ints(h, r->slots, r->n_slots);
-    h = hash_ints(h, r->nopts, r->n_slots);
-    h = hash_ints(h, r->letters, r->n_letters);
-    return mix64(h ^ (uint64_t)(uint32_t)r->state_len);
+    h = squad_hash_ints(h, r->ids, (size_t)r->n_ids);
+    h = squad_hash_ints(h, r->slots, (size_t)r->n_slots);
+    h = squad_hash_ints(h, r->nopts, (size_t)r->n_slots);
+    h = squad_hash_ints(h, r->letters, (size_t)r->n_letters);
+    return squad_hash_mix(h ^ (uint64_t)(uint32_t)r->state_len);
 }
 
 static int same_ints(const int32_t *a, const int32_t *b, int n) { return n == 0 || !memcmp(a, b, (size_t)n * sizeof *a); }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cache_internal.h"
+#include "hash_index.h"
 #include "memo.h"
 #include "testutil.h"
 #include "util.h"
@@ -316,6 +317,36 @@ static void test_keys(void) {
     squad_cache_prefix_keys(b, 64, 4, kb);
     CHECK(ka[0] == kb[0] && ka[1] == kb[1] && ka[2] != kb[2] && ka[3] != kb[3]);
     CHECK(ka[0] != ka[1]);
+}
+
+/* squad_hash_ints (four chains, two values a step): every value, its position, the length and the
+ * seed reach the hash, whatever lane or tail a value falls in. */
+static void test_hash_ints(void) {
+    int32_t a[40], b[40];
+    random_tokens(a, 40);
+    const uint64_t seed = 0x1234;
+    for (size_t n = 0; n <= 40; n++) {
+        const uint64_t h = squad_hash_ints(seed, a, n);
+        CHECK(h == squad_hash_ints(seed, a, n));
+        CHECK(h != squad_hash_ints(seed + 1, a, n));
+        if (n < 40) CHECK(h != squad_hash_ints(seed, a, n + 1)); /* a prefix differs from its extension */
+        for (size_t i = 0; i < n; i++) { /* one value changed */
+            memcpy(b, a, sizeof a);
+            b[i] ^= 1 << (i % 31);
+            CHECK(h != squad_hash_ints(seed, b, n));
+        }
+        for (size_t i = 0; i + 1 < n; i++) { /* two neighbours swapped (made unequal first) */
+            memcpy(b, a, sizeof a);
+            b[i + 1] = b[i] + 1;
+            const uint64_t hb = squad_hash_ints(seed, b, n);
+            const int32_t t = b[i];
+            b[i] = b[i + 1];
+            b[i + 1] = t;
+            CHECK(hb != squad_hash_ints(seed, b, n));
+        }
+    }
+    /* the same values split differently between two chained calls: [0, 3) [3, 10) vs [0, 4) [4, 10) */
+    CHECK(squad_hash_ints(squad_hash_ints(seed, a, 3), a + 3, 7) != squad_hash_ints(squad_hash_ints(seed, a, 4), a + 4, 6));
 }
 
 /* ---- scenarios --------------------------------------------------------------------------------- */
@@ -743,6 +774,7 @@ static void test_memo(void) {
 int main(void) {
     test_bounds();
     test_keys();
+    test_hash_ints();
     test_scenarios();
     test_fork();
     test_collisions();
