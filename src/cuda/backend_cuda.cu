@@ -52,6 +52,9 @@ static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 10
 #define DEFAULT_MAX_CHUNK 4096
 #define SPAN_MIN 1024 /* span buckets: 1024, 2048, ... up to max_context */
 #define MAX_SPANS 24
+static_assert(N_CHUNK_BUCKETS <= (int)(sizeof(((squad_cuda_info *)0)->buckets) / sizeof(int)) &&
+                  MAX_SPANS <= (int)(sizeof(((squad_cuda_info *)0)->spans) / sizeof(int)),
+              "squad_cuda_info must hold every bucket and span");
 
 typedef struct cu_layer {
     int kind;
