@@ -145,15 +145,7 @@ static squad_backend *new_cuda_ctx(const squad_model *m, int precapture, squad_p
     return be;
 }
 static squad_backend *new_cuda(const squad_model *m, int precapture, squad_precision prec) {
-    squad_engine_opts o;
-    squad_engine_opts_default(&o);
-    o.device = SQUAD_DEVICE_CUDA;
-    o.precapture = precapture;
-    o.precision = prec;
-    squad_err err = {0};
-    squad_backend *be = squad_cuda_backend_new(m, &o, MAX_CONTEXT, &err);
-    CHECKF(be != NULL, "cuda backend: %s", err.msg);
-    return be;
+    return new_cuda_ctx(m, precapture, prec, MAX_CONTEXT);
 }
 static squad_backend *new_cpu(const squad_model *m) {
     squad_engine_opts o;
