@@ -339,6 +339,14 @@ static int precapture_all(cu_be *cb, squad_err *err) {
     return 0;
 }
 
+/* The chunk's parameters (prm_host: the header and rows ids) to the device, ahead of the replay on
+ * the same stream. */
+static int upload_params(cu_be *cb, int rows, squad_err *err) {
+    CU_TRY(cudaMemcpyAsync(cb->prm_dev, cb->prm_host, CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int),
+                           cudaMemcpyHostToDevice, cb->st));
+    return 0;
+}
+
 static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (!ch || !ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
@@ -379,9 +387,8 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
         p->ids[t] = ch->ids[t];
     }
     for (int t = ch->len; t < rows; t++) p->ids[t] = 0;
-    CU_TRY(cudaMemcpyAsync(cb->prm_dev, p, CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int),
-                           cudaMemcpyHostToDevice, cb->st));
-    int rc;
+    int rc = upload_params(cb, rows, err);
+    if (rc) return rc;
     if (cb->use_graphs) {
         if ((rc = get_graph(cb, bi, si, err))) return rc;
         CU_TRY(cudaGraphLaunch(cb->graphs[bi][si], cb->st));
@@ -791,10 +798,10 @@ extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsi
     p->n_slots = 0;
     p->n_letters = 0;
     for (int t = 0; t < rows; t++) p->ids[t] = 0;
-    CU_TRY(cudaMemcpyAsync(cb->prm_dev, p, CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int),
-                           cudaMemcpyHostToDevice, cb->st));
+    int rc = upload_params(cb, rows, err);
+    if (rc) return rc;
     cudaGraphExec_t ex = NULL;
-    int rc = capture_chunk(cb, bi, si, parts, &ex, err);
+    rc = capture_chunk(cb, bi, si, parts, &ex, err);
     if (rc) return rc;
     float *t = (float *)malloc(sizeof(float) * 3 * (size_t)reps), *tw = t + reps, *tl = tw + reps;
     cudaEvent_t e0 = NULL, e1 = NULL;
