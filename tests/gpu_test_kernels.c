@@ -127,6 +127,7 @@ static void test_gdn(rng *r, const gdn_case *c, int exact) {
 typedef struct attn_case {
     int nh, nkv, hd, rd;
     int rows, start, len;
+    int kv_split; /* keys [0, kv_split) read in place from a separate blob (a cache hit), 0: none */
 } attn_case;
 
 static void test_attn(rng *r, const attn_case *c, int exact) {
@@ -146,7 +147,7 @@ static void test_attn(rng *r, const attn_case *c, int exact) {
     const size_t no = (size_t)c->rows * c->nh * c->hd;
     float *out = malloc(no * 4), *outr = calloc(no, 4);
     cu_ref_attn_args a = {c->nh, c->nkv, c->hd, c->rd, ld, c->rows, c->start, c->len, maxc, 1e-6f, QKV, qn, kn, inv,
-                          K, V, out, exact};
+                          K, V, out, exact, c->kv_split};
     squad_err err = {0};
     const int rc = squad_cuda_test_attn(&a, &err);
     CHECKF(rc == 0, "squad_cuda_test_attn: %s", err.msg);
@@ -161,8 +162,8 @@ static void test_attn(rng *r, const attn_case *c, int exact) {
     int pad_ok = 1;
     for (size_t i = (size_t)c->len * c->nh * c->hd; i < no; i++)
         if (out[i] != 0.f) pad_ok = 0;
-    printf("attn %-5s nh %d nkv %d hd %d rd %d rows %d start %d len %d: rel err out %.2e K %.2e V %.2e\n",
-           exact ? "exact" : "bf16", c->nh, c->nkv, c->hd, c->rd, c->rows, c->start, c->len, eo, ek, ev);
+    printf("attn %-5s nh %d nkv %d hd %d rd %d rows %d start %d len %d split %d: rel err out %.2e K %.2e V %.2e\n",
+           exact ? "exact" : "bf16", c->nh, c->nkv, c->hd, c->rd, c->rows, c->start, c->len, c->kv_split, eo, ek, ev);
     CHECKF(eo < (exact ? 1e-4 : 2e-2), "attention output rel err %.3e", eo);
     CHECKF(ek < (exact ? 1e-5 : 1e-2) && ev < (exact ? 1e-5 : 1e-2), "K / V written to the cache: rel err %.3e %.3e",
            ek, ev);
@@ -351,13 +352,18 @@ int main(void) {
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], exact);
     const attn_case ac[] = {
-        {4, 2, 32, 8, 64, 0, 64},       /* tiny: one full chunk from position 0 */
-        {4, 2, 32, 8, 128, 300, 100},   /* cached keys, padding */
-        {2, 1, 64, 32, 16, 1000, 16},   /* a short chunk on a long cache (splits) */
-        {4, 4, 16, 4, 256, 64, 200},    /* hd 16, no GQA */
-        {8, 2, 128, 32, 192, 70, 150},  /* hd 128 */
-        {8, 2, 256, 64, 128, 1500, 128},/* the 0.8B shape: a hit's question on a cached state */
-        {8, 2, 256, 64, 512, 0, 500},   /* the 0.8B shape: a cold chunk */
+        {4, 2, 32, 8, 64, 0, 64, 0},    /* tiny: one full chunk from position 0 */
+        {4, 2, 32, 8, 128, 300, 100, 0},   /* cached keys, padding */
+        {2, 1, 64, 32, 16, 1000, 16, 0},   /* a short chunk on a long cache (splits) */
+        {4, 4, 16, 4, 256, 64, 200, 0},    /* hd 16, no GQA */
+        {8, 2, 128, 32, 192, 70, 150, 0},  /* hd 128 */
+        {8, 2, 256, 64, 128, 1500, 128, 0},/* the 0.8B shape: a hit's question on a cached state */
+        {8, 2, 256, 64, 512, 0, 500, 0},   /* the 0.8B shape: a cold chunk */
+        /* a hit's restored prefix read in place from the cache blob (the working buffer's copy is
+         * NaN): the whole prefix, a prefix ending inside a key tile, and the 0.8B hit */
+        {4, 2, 32, 8, 128, 300, 100, 300},
+        {2, 1, 64, 32, 16, 1000, 16, 957},
+        {8, 2, 256, 64, 128, 1500, 128, 1500},
     };
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);

@@ -95,6 +95,10 @@ typedef struct cu_be {
     size_t gdn_bytes;
     void *kv; /* [max_context][n_attn][2][nkv][hd] activations */
     size_t kv_pos_elems;
+    /* load_kv reads a cache blob in place: positions [0, kv_split) are kv_src's, not kv's (the
+     * blob stays valid until the next reset or load_kv, backend.h) */
+    const void *kv_src;
+    int kv_split;
 
     float *h;
     void *x, *proj, *mix, *qb, *mlp; /* activations (bf16 or fp32) */
@@ -257,8 +261,9 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
             const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
             char *Kc = (char *)cb->kv + (size_t)L->attn_index * 2 * kvd * cb->es;
             char *Vc = Kc + kvd * cb->es;
-            rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, Kc, Vc, cb->qb, cb->att_part,
-                                 cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
+            const ptrdiff_t bko = (ptrdiff_t)((size_t)L->attn_index * 2 * kvd), bvo = bko + (ptrdiff_t)kvd;
+            rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, Kc, Vc, bko, bvo, cb->qb,
+                                 cb->att_part, cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
             if (rc) return rc;
         }
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, k_out, 1, f, cb->st, err))) return rc;
@@ -347,6 +352,16 @@ static int upload_params(cu_be *cb, int rows, squad_err *err) {
     return 0;
 }
 
+/* The read-in-place prefix copied into the working buffer (a chunk is about to overwrite part of it;
+ * the engine never does this after a restore, but the backend contract allows it). */
+static int materialize_kv(cu_be *cb, squad_err *err) {
+    const size_t bytes = (size_t)cb->kv_split * cb->kv_pos_elems * cb->es;
+    if (bytes) CU_TRY(cudaMemcpyAsync(cb->kv, cb->kv_src, bytes, cudaMemcpyDeviceToDevice, cb->st));
+    cb->kv_split = 0;
+    cb->kv_src = NULL;
+    return 0;
+}
+
 static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (!ch || !ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
@@ -365,7 +380,13 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
     const int bi = chunk_bucket(ch->len);
     const int si = span_bucket(cb, ch->start + ch->len);
     const int rows = CHUNK_BUCKETS[bi];
+    if (ch->start < cb->kv_split) { /* a chunk that rewrites read-in-place positions: copy the blob first */
+        const int rc = materialize_kv(cb, err);
+        if (rc) return rc;
+    }
     cu_chunk_params *p = cb->prm_host;
+    p->kv_src = cb->kv_split > 0 ? cb->kv_src : NULL;
+    p->kv_split = cb->kv_split;
     p->start = ch->start;
     p->len = ch->len;
     p->n_slots = ch->n_slots;
@@ -426,6 +447,8 @@ static void be_release(squad_backend *be, void *p) {
 
 static int be_reset(squad_backend *be, squad_err *err) {
     cu_be *cb = impl_of(be);
+    cb->kv_split = 0; /* the blob read in place is no longer ours to read */
+    cb->kv_src = NULL;
     if (cb->gdn_bytes) CU_TRY(cudaMemsetAsync(cb->gdn_state, 0, cb->gdn_bytes, cb->st));
     return 0;
 }
@@ -445,8 +468,13 @@ static int be_load_gdn(squad_backend *be, const void *src, squad_err *err) {
 static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (n < 0 || n > cb->max_context) return cu_err(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions", n);
-    const size_t bytes = (size_t)n * be->kv_bytes_per_pos;
-    if (bytes) CU_TRY(cudaMemcpyAsync(dst, cb->kv, bytes, cudaMemcpyDeviceToDevice, cb->st));
+    /* positions below kv_split from the blob read in place, the rest from the working buffer */
+    const int from_blob = n < cb->kv_split ? n : cb->kv_split;
+    const size_t blob_bytes = (size_t)from_blob * be->kv_bytes_per_pos, bytes = (size_t)n * be->kv_bytes_per_pos;
+    if (blob_bytes) CU_TRY(cudaMemcpyAsync(dst, cb->kv_src, blob_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    if (bytes > blob_bytes)
+        CU_TRY(cudaMemcpyAsync((char *)dst + blob_bytes, (const char *)cb->kv + blob_bytes, bytes - blob_bytes,
+                               cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
@@ -454,8 +482,10 @@ static int be_load_kv(squad_backend *be, const void *src, int blob_positions, in
     cu_be *cb = impl_of(be);
     if (n < 0 || n > blob_positions || n > cb->max_context)
         return cu_err(err, SQUAD_E_INVALID, "CUDA load_kv: %d positions of a %d-position blob", n, blob_positions);
-    const size_t bytes = (size_t)n * be->kv_bytes_per_pos; /* position-major: the prefix of the blob */
-    if (bytes) CU_TRY(cudaMemcpyAsync(cb->kv, src, bytes, cudaMemcpyDeviceToDevice, cb->st));
+    /* read in place (position-major: the blob's prefix has the working buffer's layout); nothing is
+     * copied, so a hit costs no K / V traffic beyond what attention reads */
+    cb->kv_src = n > 0 ? src : NULL;
+    cb->kv_split = n;
     return 0;
 }
 

@@ -42,6 +42,11 @@ typedef __nv_bfloat16 bf16;
 /* The per-chunk values a graph reads at replay time (device memory; written by the host before
  * each replay). ids[] holds the padded chunk (padding ids are 0, a valid token). */
 typedef struct cu_chunk_params {
+    /* A cache hit's K / V read in place: positions [0, kv_split) of every attention layer come from
+     * the blob kv_src (the cache group's, same layout as the working buffer), not from the working
+     * buffer, which then holds only positions from kv_split on. kv_split 0: the working buffer only. */
+    const void *kv_src;
+    int kv_split;
     int start;     /* absolute position of token 0 */
     int len;       /* real tokens; positions [len, bucket) are padding */
     int n_slots;   /* answer slots in this chunk */
@@ -49,11 +54,12 @@ typedef struct cu_chunk_params {
     int slots[CU_MAX_SLOTS]; /* relative to start */
     int nopts[CU_MAX_SLOTS];
     int letters[CU_MAX_LETTERS];
-    int pad_[2];
+    int pad_[3]; /* the header a multiple of 16 bytes */
     int ids[1]; /* [bucket] (the struct is allocated larger) */
 } cu_chunk_params;
 
 #define CU_PARAMS_HEADER_BYTES offsetof(cu_chunk_params, ids)
+static_assert(CU_PARAMS_HEADER_BYTES % 16 == 0, "the ids start 16-byte aligned");
 
 /* ---- error checks ---------------------------------------------------------------------------- */
 /* squad_fail's twin, so libsquadcuda needs nothing from libsquad (it links after it). */
@@ -338,8 +344,11 @@ size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits);
 /* QKV: [rows][ldQKV] bf16; Kc/Vc: this layer's K / V at position 0, kv_stride elements per
  * position, [nkv][hd] bf16 each (positions [start, start+len) written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;
  * out: [rows][nh hd] bf16 = attention * sigmoid(gate). */
+/* blob_k_off, blob_v_off: elements from prm->kv_src to this layer's K and V at position 0, for the
+ * keys below prm->kv_split (cu_chunk_params). */
 int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm, const float *k_norm,
-                    const float *inv_freq, void *Kc, void *Vc, void *Qb, void *part, int splits, void *out,
-                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);
+                    const float *inv_freq, void *Kc, void *Vc, ptrdiff_t blob_k_off, ptrdiff_t blob_v_off, void *Qb,
+                    void *part, int splits, void *out, const cu_chunk_params *prm, int rows, cudaStream_t st,
+                    squad_err *err);
 
 #endif

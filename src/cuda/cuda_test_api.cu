@@ -190,7 +190,29 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     if ((rc = talloc_poison(b, &out, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
     if ((rc = talloc(b, &part, ex ? 16 : cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
     if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
-    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, K, V, Qb, part, splits, out, prm, a->rows, 0, err))) return rc;
+    /* the read-in-place blob: K of [0, kv_split) at element 0, V at kvn, like a cache group's blob
+     * whose layer offsets are given as bko, bvo; the working buffer's copy becomes NaN */
+    ptrdiff_t bko = 0, bvo = 0;
+    if (a->kv_split > 0) {
+        if (a->kv_split > a->start)
+            return cu_err(err, SQUAD_E_INVALID, "test: kv_split %d past the chunk start %d", a->kv_split, a->start);
+        void *blob;
+        const size_t pre = (size_t)a->kv_split * a->nkv * a->hd * es;
+        if ((rc = talloc(b, &blob, 2 * kvn * es, err))) return rc;
+        CU_TRY(cudaMemcpy(blob, K, pre, cudaMemcpyDeviceToDevice));
+        CU_TRY(cudaMemcpy((char *)blob + kvn * es, V, pre, cudaMemcpyDeviceToDevice));
+        CU_TRY(cudaMemset(K, 0xff, pre)); /* all-ones bits: NaN in bf16 and fp32 */
+        CU_TRY(cudaMemset(V, 0xff, pre));
+        bko = 0;
+        bvo = (ptrdiff_t)kvn;
+        cu_chunk_params hp;
+        memset(&hp, 0, sizeof hp);
+        hp.kv_src = blob;
+        hp.kv_split = a->kv_split;
+        CU_TRY(cudaMemcpy(prm, &hp, offsetof(cu_chunk_params, start), cudaMemcpyHostToDevice));
+    }
+    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, K, V, bko, bvo, Qb, part, splits, out, prm, a->rows, 0, err)))
+        return rc;
     CU_TRY(cudaDeviceSynchronize());
     if ((rc = down_act(a->out, out, (size_t)a->rows * a->nh * a->hd, ex, err))) return rc;
     const size_t off = (size_t)a->start * a->nkv * a->hd, n = (size_t)a->len * a->nkv * a->hd;

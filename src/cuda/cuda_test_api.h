@@ -48,6 +48,8 @@ typedef struct cu_ref_attn_args {
     float *K, *V;                     /* [max_context][nkv][hd]: [0, start) given, [start, start+len) written */
     float *out;                       /* [rows][nh hd] */
     int exact;                        /* device: the fp32 path instead of bf16 flash attention */
+    int kv_split; /* device: K / V of [0, kv_split) read in place from a separate blob (a cache hit's
+                     restore); the working buffer's copy of them is poisoned with NaN */
 } cu_ref_attn_args;
 void cu_ref_attn(const cu_ref_attn_args *a);
 int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);

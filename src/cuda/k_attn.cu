@@ -14,6 +14,8 @@
  *    shared-memory stages (cp.async: the next tile's K and V load while this one is computed, one
  *    barrier per tile); online softmax in the exp2 domain. Query row t sees keys j <= start + t
  *    (and j < start + len, so padding rows stay finite); a warp skips a tile wholly past its rows.
+ *    Keys below the chunk parameters' kv_split come from a cache blob read in place (a hit's restored
+ *    prefix, never copied into the working buffer), the rest from the working buffer.
  *    Query tiles launch longest key range first (causal balance). The key range of a split is
  *    computed at run time from the chunk's start, so one captured graph balances every chunk of
  *    its bucket. Partial (unnormalised) O, running max and sum go to scratch.
@@ -115,6 +117,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
 struct attn_fwd_args {
     const bf16 *Qb;
     const bf16 *Kc, *Vc;
+    ptrdiff_t bko, bvo; /* this layer's K and V in the blob prm->kv_src (keys below prm->kv_split) */
     size_t kv_stride;
     const cu_chunk_params *prm;
     int rows, nh, nkv, splits;
@@ -139,14 +142,14 @@ struct att_smem {
 };
 
 template <int HD>
-__device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, size_t stride, int kb, int k_hi, int kvh,
-                                            int tid) {
+__device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, const bf16 *blob, int split, size_t stride,
+                                            int kb, int k_hi, int kvh, int tid) {
     constexpr int LD = HD + 8, SEG = HD / 8;
     for (int e = tid; e < CU_ATT_BN * SEG; e += ATT_THREADS) {
         const int i = e / SEG, s = e % SEG;
         const int j = kb + i;
         const bool ok = j < k_hi;
-        const bf16 *src = base + (size_t)(ok ? j : 0) * stride + (size_t)kvh * HD + 8 * s;
+        const bf16 *src = (j < split ? blob : base) + (size_t)(ok ? j : 0) * stride + (size_t)kvh * HD + 8 * s;
         cu_cp_async16(dst + i * LD + 8 * s, src, ok ? 16 : 0);
     }
 }
@@ -202,6 +205,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         return;
     }
     const int kvh = h0 / (a.nh / a.nkv);
+    /* keys below split: the cache blob read in place (never dereferenced when split is 0) */
+    const int split = a.prm->kv_split;
+    const bf16 *Kb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : a.Kc;
+    const bf16 *Vb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : a.Vc;
 
     /* Q tile (rows past the bucket are zero) and the first K / V tiles: one cp.async group */
     for (int e = tid; e < ATT_ROWS * (HD / 8); e += ATT_THREADS) {
@@ -214,8 +221,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     }
     {
         bf16 *K0 = (bf16 *)(smem + SM::q_tile);
-        att_load_kv<HD>(K0, a.Kc, a.kv_stride, k_lo, k_hi, kvh, tid);
-        att_load_kv<HD>(K0 + CU_ATT_BN * LD, a.Vc, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD>(K0, a.Kc, Kb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD>(K0 + CU_ATT_BN * LD, a.Vc, Vb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
     }
     cu_cp_async_commit();
 
@@ -241,8 +248,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         __syncthreads();
         if (kb + CU_ATT_BN < k_hi) {
             bf16 *Kn = (bf16 *)(smem + SM::q_tile + (size_t)(stage ^ 1) * 2 * SM::kv_tile);
-            att_load_kv<HD>(Kn, a.Kc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
-            att_load_kv<HD>(Kn + CU_ATT_BN * LD, a.Vc, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD>(Kn, a.Kc, Kb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD>(Kn + CU_ATT_BN * LD, a.Vc, Vb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
             cu_cp_async_commit();
         }
         /* every key of this tile is past the warp's rows (causal): it would change nothing; the
@@ -481,6 +488,7 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) attn_combine_kernel(
 
 struct attn_exact_args {
     const float *Qb, *Kc, *Vc, *QKV;
+    ptrdiff_t bko, bvo; /* as attn_fwd_args */
     size_t kv_stride;
     int ld;
     float *out;
@@ -502,6 +510,9 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
     for (int d = lane; d < hd; d += 32) sq[d] = q[d];
     __syncwarp();
     const int kvh = h / (a.nh / a.nkv), nkeys = start + t + 1;
+    const int split = a.prm->kv_split;
+    const float *Kb = split > 0 ? (const float *)a.prm->kv_src + a.bko : a.Kc;
+    const float *Vb = split > 0 ? (const float *)a.prm->kv_src + a.bvo : a.Vc;
     float O[ATT_EX_MAX_HD / 32];
 #pragma unroll
     for (int e = 0; e < ATT_EX_MAX_HD / 32; e++) O[e] = 0.f;
@@ -510,7 +521,7 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         const int j = kb + lane;
         double sc = -INFINITY;
         if (j < nkeys) {
-            const float *k = a.Kc + (size_t)j * a.kv_stride + (size_t)kvh * hd;
+            const float *k = (j < split ? Kb : a.Kc) + (size_t)j * a.kv_stride + (size_t)kvh * hd;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             for (int d = 0; d < hd; d++) acc[d & 3] += sq[d] * k[d];
             sc = (double)((acc[0] + acc[1]) + (acc[2] + acc[3])) * a.scale;
@@ -530,7 +541,7 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         const int nj = nkeys - kb < 32 ? nkeys - kb : 32;
         for (int jj = 0; jj < nj; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
-            const float *v = a.Vc + (size_t)(kb + jj) * a.kv_stride + (size_t)kvh * hd;
+            const float *v = (kb + jj < split ? Vb : a.Vc) + (size_t)(kb + jj) * a.kv_stride + (size_t)kvh * hd;
 #pragma unroll
             for (int e = 0; e < ATT_EX_MAX_HD / 32; e++)
                 if (lane + 32 * e < hd) O[e] += pj * v[lane + 32 * e];
@@ -609,8 +620,8 @@ size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits) {
 }
 
 int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm, const float *k_norm,
-                    const float *inv_freq, void *Kcv, void *Vcv, void *Qbv, void *part, int splits, void *outv,
-                    const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
+                    const float *inv_freq, void *Kcv, void *Vcv, ptrdiff_t bko, ptrdiff_t bvo, void *Qbv, void *part,
+                    int splits, void *outv, const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
     const int nwarp = d->nh + d->nkv;
     const size_t psm = ((size_t)nwarp * d->hd + d->rd) * sizeof(float);
     if (d->f32) {
@@ -619,7 +630,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
                                     d->eps};
         attn_prep_kernel<float><<<rows, 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");
-        attn_exact_args ea = {(const float *)Qbv, (const float *)Kcv, (const float *)Vcv, (const float *)QKVv,
+        attn_exact_args ea = {(const float *)Qbv, (const float *)Kcv, (const float *)Vcv, (const float *)QKVv, bko, bvo,
                               d->kv_stride, d->ldQKV, (float *)outv, prm, d->nh, d->nkv, d->hd,
                               (float)(1.0 / sqrt((double)d->hd))};
         attn_exact_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), 32, (size_t)d->hd * sizeof(float), st>>>(ea);
@@ -640,7 +651,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     float *Op = (float *)part;
     float *Mp = Op + n * d->hd;
     float *Lp = Mp + n;
-    attn_fwd_args fa = {Qb, Kc, Vc, d->kv_stride, prm, rows, d->nh, d->nkv, splits, 1,
+    attn_fwd_args fa = {Qb, Kc, Vc, bko, bvo, d->kv_stride, prm, rows, d->nh, d->nkv, splits, 1,
                         (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp, QKV, d->ldQKV, out};
     const int hpb = att_heads_per_block(d), bt = att_tokens_per_block(d);
     fa.hpb = hpb;
