@@ -321,14 +321,16 @@ static int ablate(squad_model *m, int reps) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
         if (cases[i].len > e->be->max_chunk) continue;
         printf("| %s |", cases[i].name);
-        squad_cuda_timing all = {0, 0, 0};
+        squad_cuda_timing all = {0, 0, 0, 0, 0, 0};
         for (int j = 0; j < n_sets && !rc; j++) {
             squad_cuda_timing tm;
             rc = squad_cuda_time_parts(e->be, cases[i].start, cases[i].len, sets[j].parts, reps, &tm, &err);
             if (!rc) printf(" %.3f |", tm.gpu_ms);
             if (!rc && j == 0) all = tm;
         }
-        printf(" host: %.3f ms a replay (launch + wait), %.3f in cudaGraphLaunch |\n", all.wall_ms, all.launch_ms);
+        printf(" host: %.3f ms a replay (launch + wait), %.3f in cudaGraphLaunch; the engine's graph %.3f (host %.3f, "
+               "with the parameters' upload %.3f) |\n",
+               all.wall_ms, all.launch_ms, all.engine_gpu_ms, all.engine_wall_ms, all.params_wall_ms);
         fflush(stdout);
     }
     if (!rc) rc = hit_outside_graph(e->be, reps, m->cfg.vocab_size, &err);

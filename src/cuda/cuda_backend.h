@@ -59,6 +59,10 @@ typedef struct squad_cuda_timing {
     double gpu_ms;    /* between events recorded before and after the replay */
     double wall_ms;   /* on the host, from before the first event to the replay's end */
     double launch_ms; /* on the host, inside cudaGraphLaunch */
+    /* with parts == SQUAD_CUDA_PART_ALL only (else 0): the engine's own graph of the chunk's bucket
+     * (the one forward replays) timed the same way, and on the host with the chunk's parameters
+     * uploaded before each replay and a stream synchronize after it (forward's steps, no slots) */
+    double engine_gpu_ms, engine_wall_ms, params_wall_ms;
 } squad_cuda_timing;
 int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps, squad_cuda_timing *out,
                           squad_err *err);
