@@ -10,6 +10,7 @@
  * Exits 77 (skipped) without a GPU. SQUAD_TEST_ONLY_SKINNY=1 runs only the skinny GEMM's cases;
  * SQUAD_GEMM_BENCH=1 instead times the skinny GEMM against cuBLASLt on the 0.8B shapes.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -349,8 +350,16 @@ int main(void) {
         {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
         {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
-    for (int exact = 0; exact < 2; exact++)
-        for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], exact);
+    /* the bf16 path twice: every chunk with the long-chunk conv and output kernels, then every chunk
+     * with the short-chunk ones (SQUAD_GDN_SHORT_ROWS, read by the library) */
+    static const char *const short_rows[] = {"0", "1000000"};
+    for (int v = 0; v < 2; v++) {
+        setenv("SQUAD_GDN_SHORT_ROWS", short_rows[v], 1);
+        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s)\n", v ? "short" : "long", short_rows[v]);
+        for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 0);
+    }
+    unsetenv("SQUAD_GDN_SHORT_ROWS");
+    for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1);
     const attn_case ac[] = {
         {4, 2, 32, 8, 64, 0, 64, 0},    /* tiny: one full chunk from position 0 */
         {4, 2, 32, 8, 128, 300, 100, 0},   /* cached keys, padding */

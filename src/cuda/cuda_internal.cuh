@@ -284,7 +284,10 @@ typedef struct cu_gdn_dims {
     int f32;               /* the exact path (k_gdn_exact.cu): fp32 P, conv state, Y; S [nv][dk][dv] */
     unsigned stages;       /* the bf16 path's kernels that run (CU_GDN_*); 0: all. Only the ablation
                               timing (squad_cuda_time_parts) leaves some out */
+    int short_rows;        /* chunks of at most this many rows take the conv and out kernels spread
+                              for short chunks (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS overrides) */
 } cu_gdn_dims;
+#define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
 typedef struct cu_gdn_scratch {
     /* the chunked path (head dims padded) */

@@ -91,7 +91,8 @@ static int down_act(float *h, const void *d, size_t n, int f32, squad_err *err) 
 
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     const int ex = a->exact != 0;
-    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex};
+    const char *sr = getenv("SQUAD_GDN_SHORT_ROWS"); /* as the backend reads it */
+    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS};
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     int rc = cu_gdn_init(&d, err);
     if (rc) return rc;

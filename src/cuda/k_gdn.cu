@@ -14,7 +14,7 @@
  * and the state after the block is the state at the last real token.
  *
  * Four kernels (v12; bench/CUDA_NOTES.md has each version's figures):
- * A0, gdn_conv (a block per 16 tokens and head segment, a thread per 2 channels): the causal conv over
+ * A0, gdn_conv (a block per 16 tokens, 4 on short chunks, and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
  * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
@@ -30,7 +30,8 @@
  *   fragment layout); block c+1's operands
  *   arrive by bulk copies (one thread, a shared-memory barrier per stage) while block c computes.
  *   Writes S^T at each block start and delta^T (bf16).
- * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv):
+ * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv; four
+ *   tiles a block, or one on short chunks):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
@@ -61,23 +62,25 @@ struct gdn_conv_args {
 };
 
 #define CONV_THREADS 64 /* two channels a thread: a head segment of up to 128 (padded) channels */
-#define CONV_TT 16      /* tokens per block */
+#define CONV_TT_LONG 16 /* tokens per block */
+#define CONV_TT_SHORT 4 /* on short chunks (cu_gdn_dims.short_rows): 4x the blocks, a quarter of the chain */
 
-/* Block (x, seg): tokens [CONV_TT x, CONV_TT (x + 1)) of one head segment (q heads, then k heads,
- * then v heads), a thread per pair of channels (bf16x2 loads). Each thread loads its channels'
- * CONV_TT + KC - 1 inputs (rows before the chunk come from the saved conv inputs) and KC weights, all
+/* Block (x, seg): tokens [TT x, TT (x + 1)) of one head segment (q heads, then k heads, then v
+ * heads), a thread per pair of channels (bf16x2 loads). Each thread loads its channels'
+ * TT + KC - 1 inputs (rows before the chunk come from the saved conv inputs) and KC weights, all
  * before any is used, then slides the kernel down the block in registers: one round of loads a
  * block (v6 waited on a round per token). KC, the conv kernel size, is a template parameter so no
  * padded taps are computed (v7 computed CU_MAX_CONV_K and was issue-bound at 75 us a layer on a
  * 2048-token chunk). q and k rows are L2-normalised (warp sums, then across the block's warps through
  * shared memory; q also scaled by 1 / sqrt(dk)) and written bf16; v is written fp32 (U = T diag(beta)
  * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
- * zero-fills them). */
-template <int KC>
+ * zero-fills them). TT, the tokens of a block, is 16, or 4 on short chunks (a hit's 128 tokens gave
+ * 384 blocks of 2 warps doing 16 tokens each: ~10 us a layer, latency-bound; v13). */
+template <int KC, int TT>
 __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a) {
-    constexpr int NX = CONV_TT + KC - 1, NW = CONV_THREADS / 32;
-    __shared__ float red[NW][CONV_TT];
-    const int t0 = blockIdx.x * CONV_TT, seg = blockIdx.y;
+    constexpr int NX = TT + KC - 1, NW = CONV_THREADS / 32;
+    __shared__ float red[NW][TT];
+    const int t0 = blockIdx.x * TT, seg = blockIdx.y;
     const int len = a.prm->len;
     if (t0 >= len) return;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -110,9 +113,9 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
         }
         x[m] = v;
     }
-    float2 y[CONV_TT];
+    float2 y[TT];
 #pragma unroll
-    for (int t = 0; t < CONV_TT; t++) {
+    for (int t = 0; t < TT; t++) {
         float a0 = 0.f, a1 = 0.f;
 #pragma unroll
         for (int j = 0; j < KC; j++) {
@@ -126,20 +129,22 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
         if (i < pad) {
             float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
 #pragma unroll
-            for (int t = 0; t < CONV_TT; t++)
+            for (int t = 0; t < TT; t++)
                 if (t0 + t < len) *(float2 *)(dst + (size_t)(t0 + t) * a.nv * pad) = y[t];
         }
         return;
     }
-    /* the 16 rows' sums of squares over the warp by a halving exchange: at each step a lane keeps
-     * half of its rows and sends the other half to its partner, so 16 sums cost 16 shuffles (16 warp
-     * sums would cost 80); lane L ends with the sum of row 8 b4 + 4 b3 + 2 b2 + b1 of its bits */
-    static_assert(CONV_TT == 16, "the exchange below halves 16 rows");
-    float q[16];
+    /* the TT rows' sums of squares over the warp by a halving exchange: at each step a lane keeps
+     * half of its rows and sends the other half to its partner (lane bits log2 TT .. 1), so 16 sums
+     * cost 16 shuffles (16 warp sums would cost 80); the lane bits left (0, and those above
+     * log2 TT + 1 when TT < 16) are summed by plain shuffles. Lane L ends with the sum of row
+     * (L >> 1) & (TT - 1). */
+    static_assert(TT >= 1 && TT <= 16 && (TT & (TT - 1)) == 0, "the exchange halves a power of two rows");
+    float q[TT];
 #pragma unroll
-    for (int t = 0; t < 16; t++) q[t] = y[t].x * y[t].x + y[t].y * y[t].y;
+    for (int t = 0; t < TT; t++) q[t] = y[t].x * y[t].x + y[t].y * y[t].y;
 #pragma unroll
-    for (int half = 8; half >= 1; half >>= 1) {
+    for (int half = TT / 2; half >= 1; half >>= 1) {
         const bool up = (lane & (2 * half)) != 0; /* keeps the upper half of its rows */
 #pragma unroll
         for (int k = 0; k < half; k++) {
@@ -148,13 +153,15 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
         }
     }
     q[0] += __shfl_xor_sync(0xffffffffu, q[0], 1);
-    if ((lane & 1) == 0) red[w][8 * ((lane >> 4) & 1) + 4 * ((lane >> 3) & 1) + 2 * ((lane >> 2) & 1) + ((lane >> 1) & 1)] = q[0];
+#pragma unroll
+    for (int m = 2 * TT; m < 32; m <<= 1) q[0] += __shfl_xor_sync(0xffffffffu, q[0], m);
+    if ((lane & 1) == 0 && (lane & ~(2 * TT - 1)) == 0) red[w][(lane >> 1) & (TT - 1)] = q[0];
     __syncthreads();
     if (i < pad) {
         const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
         bf16 *dst = (isq ? a.scr.Qn : a.scr.Kn) + (size_t)(isq ? seg : seg - a.nk) * pad + i;
 #pragma unroll
-        for (int t = 0; t < CONV_TT; t++) {
+        for (int t = 0; t < TT; t++) {
             if (t0 + t >= len) break;
             float ss = 0.f;
 #pragma unroll
@@ -165,12 +172,19 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
     }
 }
 
-/* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K). */
-static int launch_gdn_conv(const gdn_conv_args &ca, dim3 grid, cudaStream_t st, squad_err *err) {
+/* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K), with 4 tokens a block on short
+ * chunks. */
+static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, cudaStream_t st,
+                           squad_err *err) {
+    const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
+    const dim3 grid((rows + tt - 1) / tt, n_seg);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
-        gdn_conv_kernel<KC_><<<grid, CONV_THREADS, 0, st>>>(ca);                                                   \
+        if (short_rows)                                                                                            \
+            gdn_conv_kernel<KC_, CONV_TT_SHORT><<<grid, CONV_THREADS, 0, st>>>(ca);                                \
+        else                                                                                                       \
+            gdn_conv_kernel<KC_, CONV_TT_LONG><<<grid, CONV_THREADS, 0, st>>>(ca);                                 \
         break;
         CONV_CASE(1) CONV_CASE(2) CONV_CASE(3) CONV_CASE(4) CONV_CASE(5) CONV_CASE(6) CONV_CASE(7) CONV_CASE(8)
 #undef CONV_CASE
@@ -731,7 +745,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
     }
 }
 
-/* ---- kernel C: outputs; one block per (block of 64 tokens, value head), all independent -------- */
+/* ---- kernel C: outputs; blocks per (block of 64 tokens, value head), all independent ----------- */
 
 struct gdn_out_args {
     const bf16 *P;
@@ -745,58 +759,64 @@ struct gdn_out_args {
     cu_gdn_scratch scr;
 };
 
-#define OUT_THREADS 256 /* 4 row tiles of 16 tokens x 2 halves of dv */
+/* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
+ * of 64 tokens, head); on short chunks RT = 1 (v13: a hit's 128 tokens had 32 blocks of 8 warps,
+ * ~8.6 us a layer; four times the blocks, each re-reading S^T and delta^T from L2). */
+#define OUT_RT_LONG 4
+#define OUT_RT_SHORT 1
 
-template <int DK, int DV>
+template <int DK, int DV, int RT>
 struct out_smem {
     static constexpr int LDK = DK + 8;
     static constexpr int LDZ = DV + 8;
-    static constexpr size_t q_off = 0;                                  /* Gamma Q [64][LDK] */
-    static constexpr size_t s_off = q_off + (size_t)GDN_C * LDK * 2;    /* S^T [DV][LDK] */
-    static constexpr size_t p_off = s_off + (size_t)DV * LDK * 2;       /* P [64][LDT] */
-    static constexpr size_t d_off = p_off + (size_t)GDN_C * GDN_LDT * 2; /* delta^T [DV][LDT] */
-    static constexpr size_t z_off = d_off + (size_t)DV * GDN_LDT * 2;   /* z [64][LDZ] */
-    static constexpr size_t bytes = z_off + (size_t)GDN_C * LDZ * 2;
+    static constexpr int R = 16 * RT;                                   /* token rows */
+    static constexpr size_t q_off = 0;                                  /* Gamma Q [R][LDK] */
+    static constexpr size_t s_off = q_off + (size_t)R * LDK * 2;        /* S^T [DV][LDK] */
+    static constexpr size_t p_off = s_off + (size_t)DV * LDK * 2;       /* P [R][LDT] */
+    static constexpr size_t d_off = p_off + (size_t)R * GDN_LDT * 2;    /* delta^T [DV][LDT] */
+    static constexpr size_t z_off = d_off + (size_t)DV * GDN_LDT * 2;   /* z [R][LDZ] */
+    static constexpr size_t bytes = z_off + (size_t)R * LDZ * 2;
 };
 
-template <int DK, int DV>
-__global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
-    typedef out_smem<DK, DV> SM;
-    constexpr int LDK = SM::LDK, LDT = GDN_LDT;
+template <int DK, int DV, int RT>
+__global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
+    typedef out_smem<DK, DV, RT> SM;
+    constexpr int LDK = SM::LDK, LDT = GDN_LDT, NT = 64 * RT, R = SM::R;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off), *Ss = (bf16 *)(smem + SM::s_off);
     bf16 *Ps = (bf16 *)(smem + SM::p_off), *Ds = (bf16 *)(smem + SM::d_off);
     bf16 *Zs = (bf16 *)(smem + SM::z_off);
-    const int c = blockIdx.x, h = blockIdx.y;
+    /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
+    const int c = blockIdx.x / (4 / RT), tile0 = (blockIdx.x % (4 / RT)) * RT, h = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
     const int len = a.prm->len, dv = a.dv;
-    const int t0 = c * GDN_C;
+    const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
     const size_t blk = (size_t)c * a.nv + h;
 
     /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
-    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * OUT_THREADS + tid,
-                        gridDim.x * gridDim.y * OUT_THREADS);
-    const int tend = min(a.rows, t0 + GDN_C); /* rows of this block inside the bucket */
-    if (t0 >= len) { /* padding only */
-        for (int e = tid; e < (tend - t0) * dv; e += OUT_THREADS)
+    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * NT + tid,
+                        gridDim.x * gridDim.y * NT);
+    const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
+    if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
+        for (int e = tid; e < (tend - t0) * dv; e += NT)
             a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
     }
     {
-        const bf16 *Q = a.scr.Qg + blk * GDN_C * DK, *S = a.scr.Sc + blk * DV * DK;
-        const bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
+        const bf16 *Q = a.scr.Qg + (blk * GDN_C + 16 * tile0) * DK, *S = a.scr.Sc + blk * DV * DK;
+        const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
         constexpr int SK = DK / 8;
-        for (int e = tid; e < GDN_C * SK; e += OUT_THREADS)
+        for (int e = tid; e < R * SK; e += NT)
             cu_cp_async16(Qs + (e / SK) * LDK + 8 * (e % SK), Q + (e / SK) * DK + 8 * (e % SK), 16);
-        for (int e = tid; e < DV * SK; e += OUT_THREADS)
+        for (int e = tid; e < DV * SK; e += NT)
             cu_cp_async16(Ss + (e / SK) * LDK + 8 * (e % SK), S + (e / SK) * DK + 8 * (e % SK), 16);
-        for (int e = tid; e < GDN_C * 8; e += OUT_THREADS)
+        for (int e = tid; e < R * 8; e += NT)
             cu_cp_async16(Ps + (e >> 3) * LDT + 8 * (e & 7), Pm + (e >> 3) * GDN_C + 8 * (e & 7), 16);
-        for (int e = tid; e < DV * 8; e += OUT_THREADS)
+        for (int e = tid; e < DV * 8; e += NT)
             cu_cp_async16(Ds + (e >> 3) * LDT + 8 * (e & 7), dT + (e >> 3) * GDN_C + 8 * (e & 7), 16);
         const int SZ = dv / 8;
-        for (int e = tid; e < GDN_C * SZ; e += OUT_THREADS) {
+        for (int e = tid; e < R * SZ; e += NT) {
             const int t = e / SZ, s = e % SZ;
             const bool ok = t0 + t < len;
             const bf16 *src = a.P + (size_t)(ok ? t0 + t : 0) * a.ldP + a.C + (size_t)h * dv + 8 * s;
@@ -806,10 +826,10 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
         cu_cp_async_wait<0>();
         __syncthreads();
     }
-    /* O = (Gamma Q) S + P delta: warp w rows 16 (w % 4) .., columns [CH (w / 4), CH (w / 4 + 1)) of DV
-     * (two warps a row tile: v8, twice v7's warps for the same shared memory) */
+    /* O = (Gamma Q) S + P delta: warp w rows 16 (w % RT) .., columns [CH (w / RT), CH (w / RT + 1)) of
+     * DV (two warps a row tile: v8, twice v7's warps for the same shared memory) */
     constexpr int CH = DV / 2, NJ = CH / 8;
-    const int mt = w & 3, c0 = (w >> 2) * CH;
+    const int mt = w % RT, c0 = (w / RT) * CH;
     float O[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
@@ -831,7 +851,7 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        if (ks > mt) break; /* P is lower triangular */
+        if (ks > tile0 + mt) break; /* P is lower triangular */
         const int k0 = 16 * ks + 2 * cc;
         uint32_t ap[4];
         ap[0] = *(const uint32_t *)(Ps + i0 * LDT + k0);
@@ -857,10 +877,10 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-    __shared__ float rsq[2][GDN_C];
+    __shared__ float rsq[2][R];
     if (cc == 0) {
-        rsq[w >> 2][i0] = ss0;
-        rsq[w >> 2][i1] = ss1;
+        rsq[w / RT][i0] = ss0;
+        rsq[w / RT][i1] = ss1;
     }
     __syncthreads();
     ss0 = rsq[0][i0] + rsq[1][i0];
@@ -976,8 +996,12 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
                                     (int)prep_smem<DK_, DV_>::bytes));                                              \
         CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)scan_smem<DK_, DV_>::bytes));                                              \
-        CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,           \
-                                    (int)out_smem<DK_, DV_>::bytes));                                               \
+        CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_LONG>,                                            \
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
+                                    (int)out_smem<DK_, DV_, OUT_RT_LONG>::bytes));                                  \
+        CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_SHORT>,                                           \
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
+                                    (int)out_smem<DK_, DV_, OUT_RT_SHORT>::bytes));                                 \
         return 0;                                                                                                   \
     }
     GDN_SHAPES(GDN_INIT)
@@ -1001,12 +1025,12 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, prm, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
     gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
-    const dim3 conv_grid((rows + CONV_TT - 1) / CONV_TT, 2 * d->nk + d->nv);
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
+    const bool short_rows = rows <= d->short_rows;
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if (run & CU_GDN_CONV)                                                                                     \
-            if (int rc_ = launch_gdn_conv(ca, conv_grid, st, err)) return rc_;                                     \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_rows, 2 * d->nk + d->nv, st, err)) return rc_;           \
         if (run & CU_GDN_PREP) {                                                                                   \
             gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);      \
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
@@ -1016,8 +1040,13 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
                                         scan_smem<DK_, DV_>::bytes, st>>>(sa);                                     \
             CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
         }                                                                                                          \
-        if (run & CU_GDN_OUT) {                                                                                    \
-            gdn_out_kernel<DK_, DV_><<<dim3(nc, d->nv), OUT_THREADS, out_smem<DK_, DV_>::bytes, st>>>(oa);         \
+        if ((run & CU_GDN_OUT) && short_rows) {                                                                    \
+            gdn_out_kernel<DK_, DV_, OUT_RT_SHORT><<<dim3(nc * (4 / OUT_RT_SHORT), d->nv), 64 * OUT_RT_SHORT,      \
+                                                     out_smem<DK_, DV_, OUT_RT_SHORT>::bytes, st>>>(oa);           \
+            CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
+        } else if (run & CU_GDN_OUT) {                                                                             \
+            gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (4 / OUT_RT_LONG), d->nv), 64 * OUT_RT_LONG,         \
+                                                    out_smem<DK_, DV_, OUT_RT_LONG>::bytes, st>>>(oa);             \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
         }                                                                                                          \
         return 0;                                                                                                  \
