@@ -869,9 +869,9 @@ extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsi
     p->len = len;
     p->n_slots = 0;
     p->n_letters = 0;
-    /* distinct pseudo-random tokens, as a real question has: with every id 0 (before the fifth
-     * session) the 4096+128 hit's graph with the parameters' upload took 1.680 ms where forward of
-     * a real question took 1.727 (run 4 of that session); data-dependent clocks are one suspect */
+    /* distinct pseudo-random tokens, as a real question has (before the fifth session every id was
+     * 0; the graph's time barely moved with the change: 1.680 -> 1.689 ms on the 4096+128 hit, runs 4
+     * and 5 of that session) */
     uint32_t x = 12345u;
     for (int t = 0; t < rows; t++) {
         x = x * 1664525u + 1013904223u;

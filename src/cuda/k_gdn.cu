@@ -762,7 +762,8 @@ struct gdn_out_args {
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
  * of 64 tokens, head); on short chunks RT = 1 (v13: a hit's 128 tokens had 32 blocks of 8 warps,
  * ~8.6 us a layer; four times the blocks, each re-reading S^T and delta^T from L2). */
-#define OUT_RT_LONG 4
+#define OUT_TILES (GDN_C / 16) /* row tiles in a block of 64 tokens */
+#define OUT_RT_LONG OUT_TILES
 #define OUT_RT_SHORT 1
 
 template <int DK, int DV, int RT>
@@ -787,7 +788,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     bf16 *Ps = (bf16 *)(smem + SM::p_off), *Ds = (bf16 *)(smem + SM::d_off);
     bf16 *Zs = (bf16 *)(smem + SM::z_off);
     /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
-    const int c = blockIdx.x / (4 / RT), tile0 = (blockIdx.x % (4 / RT)) * RT, h = blockIdx.y;
+    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT, h = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
     const int len = a.prm->len, dv = a.dv;
@@ -1041,11 +1042,11 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
             CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
         }                                                                                                          \
         if ((run & CU_GDN_OUT) && short_rows) {                                                                    \
-            gdn_out_kernel<DK_, DV_, OUT_RT_SHORT><<<dim3(nc * (4 / OUT_RT_SHORT), d->nv), 64 * OUT_RT_SHORT,      \
+            gdn_out_kernel<DK_, DV_, OUT_RT_SHORT><<<dim3(nc * (OUT_TILES / OUT_RT_SHORT), d->nv), 64 * OUT_RT_SHORT,\
                                                      out_smem<DK_, DV_, OUT_RT_SHORT>::bytes, st>>>(oa);           \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
         } else if (run & CU_GDN_OUT) {                                                                             \
-            gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (4 / OUT_RT_LONG), d->nv), 64 * OUT_RT_LONG,         \
+            gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (OUT_TILES / OUT_RT_LONG), d->nv), 64 * OUT_RT_LONG,  \
                                                     out_smem<DK_, DV_, OUT_RT_LONG>::bytes, st>>>(oa);             \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
         }                                                                                                          \
