@@ -31,7 +31,8 @@ enum {
     SQUAD_E_NOMEM = -3,   /* an allocation failed */
     SQUAD_E_IO = -4,      /* a file could not be read or written */
     SQUAD_E_BACKEND = -5, /* the compute backend failed (e.g. a CUDA error) */
-    SQUAD_E_UNSUPPORTED = -6
+    SQUAD_E_UNSUPPORTED = -6,
+    SQUAD_E_CANCELLED = -7 /* the caller's cancel callback asked the row to stop */
 };
 
 typedef struct squad_err {
@@ -63,16 +64,48 @@ typedef struct squad_row {
 typedef struct squad_result {
     int n_slots;
     float probs[SQUAD_MAX_SLOTS_PER_ROW][SQUAD_MAX_LETTERS];
-    int reused;   /* tokens restored from the state cache */
-    int computed; /* tokens run through the model for this row */
-    int route;    /* specialist route index (0: the trunk) */
+    int reused;        /* tokens restored from the state cache (a memo answer: the whole row) */
+    int computed;      /* tokens run through the model for this row */
+    int route;         /* specialist route index (0: the trunk) */
+    int memo;          /* 1 when the row memo answered (nothing restored, nothing computed) */
+    int cache_written; /* state positions this row newly made restorable: its deepest new
+                        * checkpoint minus `reused` (0 when it made none) */
+    /* Full-vocabulary figures at each slot, filled when squad_score_opts.want_vocab asked
+     * (has_vocab = 1). With z the slot's logits over the whole vocabulary:
+     *   vocab_lse   = log sum_v exp(z_v)
+     *   letters_lse = log sum over the slot's first nopts letters of exp(z_letter)
+     *   top_logit   = max_v z_v, top_token its id (the lowest id on a tie)
+     *   label_mass  = exp(letters_lse - vocab_lse): the letters' share of the full softmax. */
+    int has_vocab;
+    float vocab_lse[SQUAD_MAX_SLOTS_PER_ROW];
+    float letters_lse[SQUAD_MAX_SLOTS_PER_ROW];
+    float top_logit[SQUAD_MAX_SLOTS_PER_ROW];
+    int32_t top_token[SQUAD_MAX_SLOTS_PER_ROW];
+    float label_mass[SQUAD_MAX_SLOTS_PER_ROW];
 } squad_result;
+
+/* Per-call options of squad_engine_score_ex. Zero-initialised means the squad_engine_score
+ * behaviour. */
+typedef struct squad_score_opts {
+    int want_vocab; /* fill the result's full-vocabulary figures (one extra pass over the output
+                     * embedding for the row's slots; rows that do not ask do not pay it) */
+    int end_checkpoint_only; /* a new state is checkpointed at its end (p) only, without the tail
+                              * and stride checkpoints: what a new state gives up under load */
+    /* Polled before every chunk; a nonzero return stops the row with SQUAD_E_CANCELLED (the
+     * engine stays usable, the state cache consistent, nothing of the row is kept). */
+    int (*cancelled)(void *ctx);
+    void *cancel_ctx;
+} squad_score_opts;
 
 typedef enum { SQUAD_DEVICE_AUTO = 0, SQUAD_DEVICE_CPU = 1, SQUAD_DEVICE_CUDA = 2 } squad_device;
 
+/* budget_bytes value that asks the engine to size the cache from the device memory left after the
+ * weights and the backend's scratch (CUDA), or the default budget on the CPU. */
+#define SQUAD_CACHE_BUDGET_AUTO ((size_t)-1)
+
 /* State-cache policy (DESIGN.md section 3). Zero-initialise and call squad_engine_opts_default. */
 typedef struct squad_cache_opts {
-    size_t budget_bytes; /* 0 disables the cache */
+    size_t budget_bytes; /* 0 disables the cache; SQUAD_CACHE_BUDGET_AUTO sizes it */
     int align;           /* checkpoints and chunk starts at multiples of this (64) */
     int tail;            /* a checkpoint at p - tail (16) */
     int stride;          /* a checkpoint at every multiple of stride (2048) */
@@ -80,10 +113,12 @@ typedef struct squad_cache_opts {
     int max_slots;       /* rows with more slots take the plain path (4) */
 } squad_cache_opts;
 
-/* Arithmetic of the CPU projections. EXACT: fp32 activations times bf16 weights, equal to an fp32
- * forward up to summation order (the reference's precision). BF16: activations rounded to bf16 for
- * the bf16 dot-product instructions (the llama.cpp-style path; about 1e-3 relative error). */
+/* Arithmetic of the projections. BF16 (the default; the earlier runtime's numerics and the fast
+ * path on both backends): activations rounded to bf16 for the bf16 dot-product / tensor-core
+ * GEMMs. EXACT: fp32 activations times bf16 weights, equal to an fp32 forward up to summation
+ * order: the reference path that verification uses. */
 typedef enum { SQUAD_PRECISION_EXACT = 0, SQUAD_PRECISION_BF16 = 1 } squad_precision;
+#define SQUAD_PRECISION_DEFAULT SQUAD_PRECISION_BF16
 
 typedef struct squad_engine_opts {
     squad_device device;
@@ -95,7 +130,10 @@ typedef struct squad_engine_opts {
 
 typedef struct squad_cache_stats {
     uint64_t rows, hits, partial, cold, plain;
+    uint64_t memo_hits;   /* rows the row memo answered (not counted in rows / hits / plain) */
+    uint64_t tokens_memo; /* their tokens (neither restored nor computed) */
     uint64_t tokens_reused, tokens_computed;
+    uint64_t uncacheable; /* eligible rows whose state did not fit the budget (run uncached) */
     uint64_t checkpoints_made, evicted;
     uint64_t checkpoints, groups;
     size_t bytes_held, budget_bytes;
@@ -120,8 +158,13 @@ int squad_row_check(const squad_model *model, const squad_row *row, squad_err *e
 
 /* Answers one row. On a bad row returns SQUAD_E_INVALID and the engine stays usable. */
 int squad_engine_score(squad_engine *engine, const squad_row *row, squad_result *out, squad_err *err);
+/* The same with per-call options (opts may be NULL). */
+int squad_engine_score_ex(squad_engine *engine, const squad_row *row, const squad_score_opts *opts,
+                          squad_result *out, squad_err *err);
 
 void squad_engine_cache_stats(const squad_engine *engine, squad_cache_stats *out);
+/* Drops every checkpoint of the state cache and every memo entry. */
+void squad_engine_cache_clear(squad_engine *engine);
 
 #ifdef __cplusplus
 }

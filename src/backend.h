@@ -27,6 +27,12 @@
 #include "model.h"
 #include "squad.h"
 
+/* Full-vocabulary figures of one slot (squad_result's fields of the same names). */
+typedef struct squad_slot_vocab {
+    float vocab_lse, letters_lse, top_logit;
+    int32_t top_token;
+} squad_slot_vocab;
+
 typedef struct squad_chunk {
     const int32_t *ids; /* host memory, [len] */
     int start;          /* absolute position of ids[0] in the row */
@@ -36,6 +42,7 @@ typedef struct squad_chunk {
     int nopts[SQUAD_MAX_SLOTS_PER_ROW];
     const int32_t *letters; /* option letter token ids, [n_letters] */
     int n_letters;
+    squad_slot_vocab *vocab; /* NULL, or [n_slots] host memory forward() fills for the slots */
 } squad_chunk;
 
 typedef struct squad_backend squad_backend;

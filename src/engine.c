@@ -29,7 +29,7 @@ void squad_engine_opts_default(squad_engine_opts *o) {
     memset(o, 0, sizeof *o);
     o->device = SQUAD_DEVICE_AUTO;
     o->threads = 0;
-    o->precision = SQUAD_PRECISION_EXACT;
+    o->precision = SQUAD_PRECISION_DEFAULT;
     o->cache.budget_bytes = (size_t)DEFAULT_CACHE_MB << 20;
     o->cache.align = DEFAULT_ALIGN;
     o->cache.tail = DEFAULT_TAIL;

@@ -11,9 +11,9 @@
 const char CLI_ENGINE_OPTIONS_HELP[] =
     "  --device cpu|cuda|auto   compute device (default auto: CUDA when a GPU is present)\n"
     "  --threads N              CPU threads (default: all cores)\n"
-    "  --precision exact|bf16   exact (default): fp32 arithmetic, equal to an fp32 forward of the model;\n"
-    "                           bf16: bf16 activations (CPU: vdpbf16ps GEMMs, ~1.7x faster; CUDA: tensor\n"
-    "                           cores, the fast path, ~40x faster than exact there), ~1e-3 relative error\n"
+    "  --precision bf16|exact   bf16 (default): bf16 activations, the fast path (CPU: bf16 dot-product\n"
+    "                           GEMMs; CUDA: tensor cores), ~1e-3 relative error; exact: fp32 arithmetic,\n"
+    "                           equal to an fp32 forward of the model (the reference path for checks)\n"
     "  --cache-mb N             state-cache budget in MB (default 1024; 0 turns the cache and memo off)\n"
     "  --stride N               a checkpoint at every multiple of N tokens (default 2048)\n"
     "  --tail N                 a checkpoint N tokens before the state's end (default 16)\n"
