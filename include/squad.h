@@ -162,6 +162,20 @@ int squad_engine_score(squad_engine *engine, const squad_row *row, squad_result 
 int squad_engine_score_ex(squad_engine *engine, const squad_row *row, const squad_score_opts *opts,
                           squad_result *out, squad_err *err);
 
+/* Specialists (DESIGN.md section 4): a router and LoRA adapters over the model's upper layers,
+ * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor
+ * against the model; anything squad cannot apply exactly is refused with a message naming the
+ * adapter and the tensor or field. Routes are numbered by the router's labels, 0 the trunk. */
+typedef struct squad_specialists squad_specialists;
+squad_specialists *squad_specialists_load(const squad_model *model, const char *dir, squad_err *err);
+void squad_specialists_free(squad_specialists *specialists);
+/* The number of routes (labels), the trunk included. */
+int squad_specialists_count(const squad_specialists *specialists);
+/* The label of a route, NULL when out of range. */
+const char *squad_specialists_label(const squad_specialists *specialists, int route);
+/* The route of a label, -1 when none has it. */
+int squad_specialists_find(const squad_specialists *specialists, const char *label);
+
 void squad_engine_cache_stats(const squad_engine *engine, squad_cache_stats *out);
 /* Drops every checkpoint of the state cache and every memo entry. */
 void squad_engine_cache_clear(squad_engine *engine);
