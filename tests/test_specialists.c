@@ -310,6 +310,36 @@ static void check_public_api(void) {
     free(mdir);
 }
 
+/* An adapter_config.json with every field a recent peft writes (at the values peft's LoRA defaults
+ * give) loads; a regex target_modules is accepted and the tensors decide. */
+static void check_peft_config(void) {
+    static const char *peft_json =
+        "{\"alora_invocation_tokens\": null, \"alpha_pattern\": {}, \"arrow_config\": null, \"auto_mapping\": null,"
+        " \"base_model_name_or_path\": \"base\", \"bias\": \"none\", \"corda_config\": null,"
+        " \"ensure_weight_tying\": false, \"eva_config\": null, \"exclude_modules\": null, \"fan_in_fan_out\": false,"
+        " \"inference_mode\": true, \"init_lora_weights\": true, \"layer_replication\": null, \"layers_pattern\": null,"
+        " \"layers_to_transform\": [2, 3], \"loftq_config\": {}, \"lora_alpha\": 8, \"lora_bias\": false,"
+        " \"lora_dropout\": 0.0, \"megatron_config\": null, \"megatron_core\": \"megatron.core\","
+        " \"modules_to_save\": null, \"peft_type\": \"LORA\", \"peft_version\": \"0.18.0\", \"qalora_group_size\": 16,"
+        " \"r\": 4, \"rank_pattern\": {}, \"revision\": null, \"target_modules\": [\"up_proj\", \"in_proj_b\","
+        " \"v_proj\", \"gate_proj\", \"k_proj\", \"in_proj_qkv\", \"o_proj\", \"out_proj\", \"down_proj\","
+        " \"in_proj_a\", \"q_proj\", \"in_proj_z\"], \"target_parameters\": null, \"task_type\": \"CAUSAL_LM\","
+        " \"trainable_token_indices\": null, \"use_dora\": false, \"use_qalora\": false, \"use_rslora\": false}";
+    char *dir = fresh_dir(SQUAD_SYNTH_CAUSAL, ST_BF16, 0);
+    char *path = join(dir, "e2e/adapter_config.json");
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(peft_json, f) >= 0 && fclose(f) == 0);
+    json_edit(dir, "nav/adapter_config.json", "target_modules", json_string(".*\\.(mlp|self_attn|linear_attn)\\..*"));
+    squad_err e = {0};
+    squad_specialists *sp = squad_specialists_load_config(&g_cfg, dir, &e);
+    CHECKF(sp != NULL, "%s", e.msg);
+    CHECK(sp && sp->adapters[1].n_pairs == 15 && sp->adapters[2].n_pairs == 15);
+    CHECK(sp && sp->adapters[1].scale == 2.0f);
+    squad_specialists_free(sp);
+    free(path);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The router and the reference LoRA
  */
@@ -621,6 +651,52 @@ static void check_refusals(void) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The reference fixture of tools/make_specialist_fixtures.py (peft's own files), when present
+ */
+
+#define FIXTURE "tests/fixtures/specialists"
+
+static void check_fixture(void) {
+    if (access(FIXTURE "/manifest.json", R_OK) != 0) {
+        fprintf(stderr, "note: %s absent (made by tools/make_specialist_fixtures.py); its checks not run\n", FIXTURE);
+        return;
+    }
+    squad_err e = {0};
+    squad_model *m = squad_model_load(FIXTURE "/base", &e);
+    CHECKF(m != NULL, "%s", e.msg);
+    squad_specialists *sp = m ? squad_specialists_load(m, FIXTURE "/specialists", &e) : NULL;
+    CHECKF(sp != NULL, "peft's adapters: %s", e.msg);
+    if (sp) {
+        CHECK(squad_specialists_count(sp) == 3 && squad_specialists_find(sp, "e2e") == 1 &&
+              squad_specialists_find(sp, "nav") == 2);
+        CHECK(sp->split == 3 && sp->router.layer == 2);
+        CHECK_NEAR(sp->adapters[1].scale, 8.0 / 4.0, 1e-6);
+        CHECK_NEAR(sp->adapters[2].scale, 6.0 / sqrt(8.0), 1e-6);
+        /* layers 3 (attention: 4 + 3), 4 (GDN: 5 + 3), 5 (attention: 4 + 3) */
+        CHECK(sp->adapters[1].n_pairs == 22 && sp->adapters[2].n_pairs == 22);
+        CHECK(sp->adapters[2].r == 8 && sp->adapters[2].proj[4][SQUAD_PROJ_IN_QKV].r == 8);
+    }
+    int nr = 0, ne = 0;
+    char **rows = test_read_lines(FIXTURE "/rows.jsonl", &nr), **exp = test_read_lines(FIXTURE "/expected.jsonl", &ne);
+    CHECK(nr > 0 && nr == ne);
+    int seen[3] = {0};
+    for (int i = 0; i < ne && sp; i++) {
+        json_error_t je;
+        json_t *j = json_loads(exp[i], 0, &je);
+        const char *route = json_string_value(json_object_get(j, "route"));
+        int k = route ? squad_specialists_find(sp, route) : -1;
+        CHECKF(k >= 0 && k == json_integer_value(json_object_get(j, "route_index")), "expected line %d", i + 1);
+        if (k >= 0) seen[k]++;
+        json_decref(j);
+    }
+    CHECK(!sp || (seen[0] > 0 && seen[1] > 0 && seen[2] > 0));
+    test_free_lines(rows, nr);
+    test_free_lines(exp, ne);
+    squad_specialists_free(sp);
+    squad_model_free(m);
+}
+
 int main(void) {
     squad_err e = {0};
     if (squad_synth_preset_config("tiny", &g_cfg, &e) != 0) {
@@ -634,7 +710,9 @@ int main(void) {
     check_valid(SQUAD_SYNTH_CAUSAL, ST_F32, 1);
     check_valid(SQUAD_SYNTH_CONDITIONAL, ST_F32, 0);
     check_public_api();
+    check_peft_config();
     check_loaded_router();
     check_refusals();
+    check_fixture();
     return test_summary("test_specialists");
 }
