@@ -24,6 +24,9 @@
 #include "testutil.h"
 #include "util.h"
 
+/* the causal key prefix of a decoder layer's adapter tensors */
+#define A_PRE "base_model.model.model.layers."
+
 static squad_config g_cfg; /* the "tiny" preset: layers L L L F, H 64, I 128 */
 
 static char *join(const char *dir, const char *name) {
@@ -340,6 +343,38 @@ static void check_peft_config(void) {
     free(dir);
 }
 
+/* An F16 tensor among BF16 ones (each tensor is converted by its own dtype). */
+static void check_f16(void) {
+    char *dir = fresh_dir(SQUAD_SYNTH_CAUSAL, ST_BF16, 0);
+    char *path = join(dir, "e2e/adapter_model.safetensors");
+    tensors *ts = calloc(1, sizeof *ts);
+    tensors_load(ts, path);
+    const char *name = A_PRE "2.mlp.down_proj.lora_A.weight";
+    tensors_drop(ts, name);
+    st_write_tensor *w = &ts->t[ts->n++];
+    memset(w, 0, sizeof *w);
+    w->name = strdup(name);
+    w->dtype = ST_F16;
+    w->ndim = 2;
+    w->shape[0] = 4;
+    w->shape[1] = 128;
+    uint16_t *v = malloc(4 * 128 * sizeof *v);
+    for (int i = 0; i < 4 * 128; i++) v[i] = i == 5 ? 0xC100 /* -2.5 */ : 0x3C00 /* 1.0 */;
+    w->data = v;
+    tensors_save(ts, path);
+    free(ts);
+    squad_err e = {0};
+    squad_specialists *sp = squad_specialists_load_config(&g_cfg, dir, &e);
+    CHECKF(sp != NULL, "%s", e.msg);
+    if (sp) {
+        const float *A = sp->adapters[1].proj[2][SQUAD_PROJ_DOWN].A;
+        CHECK(A[0] == 1.0f && A[5] == -2.5f && A[511] == 1.0f);
+    }
+    squad_specialists_free(sp);
+    free(path);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The router and the reference LoRA
  */
@@ -468,8 +503,6 @@ static void check_loaded_router(void) {
 /* ---------------------------------------------------------------------------------------------
  * Refusals: one per invalid case; each message must contain both needles
  */
-
-#define A_PRE "base_model.model.model.layers."
 
 typedef struct refusal {
     const char *what;
@@ -711,6 +744,7 @@ int main(void) {
     check_valid(SQUAD_SYNTH_CONDITIONAL, ST_F32, 0);
     check_public_api();
     check_peft_config();
+    check_f16();
     check_loaded_router();
     check_refusals();
     check_fixture();
