@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "model.h"
 #include "safetensors.h"
@@ -425,6 +426,10 @@ static void adapter_free(squad_adapter *a) {
 /* Loads the adapter of `label` from adapter_dir (a->label and a->dir set by the caller). */
 static int load_adapter(squad_adapter *a, const squad_config *cfg, int split, squad_err *err) {
     a->n_layers = cfg->num_layers;
+    struct stat st;
+    if (stat(a->dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return adapter_fail(err, SQUAD_E_MODEL, a, "the adapter directory (specialists.%s in %s) does not exist", a->label,
+                            SQUAD_SPECIALISTS_FILE);
     if (!(a->proj = squad_calloc((size_t)cfg->num_layers, sizeof *a->proj, err))) return SQUAD_E_NOMEM;
     char *path = squad_path_join(a->dir, SQUAD_ADAPTER_CONFIG_FILE, err);
     if (!path) return SQUAD_E_NOMEM;
@@ -434,7 +439,7 @@ static int load_adapter(squad_adapter *a, const squad_config *cfg, int split, sq
     if (!text) return squad_fail(err, SQUAD_E_MODEL, "specialist '%s' (%s): %s is missing or unreadable", a->label,
                                  a->dir, SQUAD_ADAPTER_CONFIG_FILE);
     json_error_t jerr;
-    json_t *root = json_loadb(text, len, 0, &jerr);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
     if (!root)
         return adapter_fail(err, SQUAD_E_MODEL, a, "%s: invalid JSON at line %d: %s", SQUAD_ADAPTER_CONFIG_FILE, jerr.line,
@@ -633,7 +638,7 @@ squad_specialists *squad_specialists_load_config(const squad_config *cfg, const 
         goto done;
     }
     json_error_t jerr;
-    if (!(root = json_loadb(text, len, 0, &jerr))) {
+    if (!(root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr))) {
         rc = spec_fail(err, sp, "invalid JSON at line %d: %s", jerr.line, jerr.text);
         goto done;
     }

@@ -580,6 +580,15 @@ static void e_dup_label(const char *d) {
 static void e_missing_adapter_dir(const char *d) {
     json_edit(d, "squad-specialists.json", "specialists.nav", json_string("nowhere"));
 }
+static void e_duplicate_key(const char *d) {
+    char *p = join(d, "squad-specialists.json");
+    FILE *f = fopen(p, "w");
+    CHECK(f && fputs("{\"router\": {\"file\": \"router.safetensors\", \"layer\": 2, \"features\": \"rmsnorm\","
+                     " \"eps\": 1e-6, \"labels\": [\"trunk\", \"e2e\", \"nav\"]}, \"split\": 2,"
+                     " \"specialists\": {\"e2e\": \"e2e\", \"nav\": \"nav\", \"nav\": \"e2e\"}}",
+                     f) >= 0 && fclose(f) == 0);
+    free(p);
+}
 static void e_below_split(const char *d) {
     json_edit(d, "squad-specialists.json", "split", json_integer(3));
     json_edit(d, "squad-specialists.json", "router.layer", json_integer(3));
@@ -644,6 +653,7 @@ static const refusal REFUSALS[] = {
     {"missing adapter_config.json", e_no_config, "'e2e'", "adapter_config.json"},
     {"missing adapter_model.safetensors", e_no_weights, "'nav'", "adapter_model.safetensors"},
     {"missing adapter directory", e_missing_adapter_dir, "'nav'", "nowhere"},
+    {"a key given twice in the JSON", e_duplicate_key, "squad-specialists.json", "nav"},
     {"missing router file", e_no_router, "router file", "router.safetensors"},
     {"missing squad-specialists.json", e_no_spec, "specialists", "squad-specialists.json"},
     {"label without adapter", e_label_no_adapter, "'nav'", "specialists"},
