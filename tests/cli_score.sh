@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cli_score.sh SQUAD — `squad score` as a user drives it (DESIGN.md section 8): one output line per
+# cli_score.sh SQUAD — `squad score` as a user drives it (docs/design.md section 9): one output line per
 # row in order, {"error": ...} for a bad row while the rest go on, exit 0 / 1 / 2, and clear
 # messages for a missing or broken model directory.
 set -u

@@ -22,8 +22,8 @@
  *    activations on the tensor cores, the chunked delta rule and flash attention (k_gdn.cu,
  *    k_attn.cu); EXACT, the reference path — fp32 matrices and activations, fp32 GEMMs, the
  *    token-by-token delta rule (k_gdn_exact.cu) and fp32 attention. The random test models are so
- *    sensitive that bf16 activations alone move their answers by a few 1e-2 (see
- *    bench/CUDA_NOTES.md); EXACT meets the fixtures, BF16 is what the benchmark times.
+ *    sensitive that bf16 activations alone move their answers by a few 1e-2 (docs/design.md
+ *    section 10); EXACT meets the fixtures, BF16 is what the benchmark times.
  *  - The residual stream h is fp32; out_proj / o_proj / down_proj add into h in the cuBLASLt
  *    epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
  *    gate|up GEMM, silu*mul, down GEMM(+residual).
@@ -869,9 +869,8 @@ extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsi
     p->len = len;
     p->n_slots = 0;
     p->n_letters = 0;
-    /* distinct pseudo-random tokens, as a real question has (before the fifth session every id was
-     * 0; the graph's time barely moved with the change: 1.680 -> 1.689 ms on the 4096+128 hit, runs 4
-     * and 5 of that session) */
+    /* distinct pseudo-random tokens, as a real question has (all-zero ids time the same within
+     * ~1 %, but need not on every shape) */
     uint32_t x = 12345u;
     for (int t = 0; t < rows; t++) {
         x = x * 1664525u + 1013904223u;

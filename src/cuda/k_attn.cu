@@ -399,8 +399,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
 /* One warp per (token, head), COMBINE_WARPS to a block: the lanes read the splits' maxima and sums
  * (splits <= ATT_SPLIT_MAX = 2 x 32, two per lane), the weights come from warp reductions, and each
  * lane then sums 4 head-dim values at a time over the splits (float4 loads), so there is no shared
- * memory and no barrier. (v8's block per pair, 256 threads, two barriers and a serial weight loop,
- * took ~45 us a launch on a 2048-token chunk, 4x its bytes over the memory bandwidth.) */
+ * memory and no barrier. (A 256-thread block per pair, with two barriers and a serial weight loop,
+ * takes ~4x its bytes' time at memory bandwidth.) */
 /* acc += sum over the splits of weight * partial, B splits' loads in flight at once (a hit has ~17
  * splits: one at a time they were a chain of dependent round trips; a cold chunk has 2, where a batch
  * doubled the kernel's time). An empty split's partial is never written: weight 0, not read. */

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float 
     __syncthreads();
     /* warp wp takes letters wp, wp + NW, ...: all of its rows' loads are issued before any sum, 16
      * bytes a lane (H a multiple of 256), so a slot costs about one round trip to the embedding
-     * rows, not one per letter and 32-element step (8.9 us in the fifth session's profile) */
+     * rows, not one per letter and 32-element step */
     constexpr int NW = NORM_THREADS / 32, LPW = (CU_MAX_LETTERS + NW - 1) / NW;
     const int wp = threadIdx.x >> 5, l = threadIdx.x & 31;
     float d[LPW];
