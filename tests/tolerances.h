@@ -26,8 +26,8 @@
 #define TOL_CPU_EXACT_REF 1e-4     /* against transformers (fp32 forward, float64 softmax) */
 #define TOL_CPU_EXACT_CHUNKED 1e-5 /* any split of a row into chunks against one pass */
 #define TOL_CPU_EXACT_CACHED 1e-4  /* cached against uncached, and cached against the references */
-#define TOL_CPU_BF16_REF 0.25      /* gross-error bound only (see above) */
-#define TOL_CPU_BF16_EXACT 0.25    /* bf16 against exact on the same rows (gross-error bound) */
+#define TOL_CPU_BF16_REF 0.1       /* measured up to 3.6e-2 on the fixtures (AVX2); a gross-error bound */
+#define TOL_CPU_BF16_EXACT 0.1     /* bf16 against exact on the same rows (the same measurement) */
 
 /* ---- the CUDA backend, the whole forward ---- */
 #define TOL_CUDA_EXACT_REF 0.02      /* against transformers, and against the CPU backend */
@@ -58,11 +58,15 @@
 
 /* ---- CUDA kernels (tests/gpu_test_kernels.c), relative L2 against CPU fp32 references ---- */
 #define TOL_KERNEL_EXACT 1e-4          /* GDN output and state, attention output */
-#define TOL_KERNEL_EXACT_KV 1e-5       /* K / V written to the cache; the exact GEMM */
+#define TOL_KERNEL_EXACT_KV 1e-5       /* K / V written to the cache */
 #define TOL_KERNEL_BF16_GDN_OUT 2.5e-2 /* GDN output on the bf16 path */
 #define TOL_KERNEL_BF16_GDN_STATE 2e-2 /* GDN state on the bf16 path */
 #define TOL_KERNEL_BF16_ATTN 2e-2      /* attention output on the bf16 path */
 #define TOL_KERNEL_BF16_KV 1e-2        /* K / V in bf16 */
-#define TOL_KERNEL_BF16 5e-3           /* rmsnorm, silu_mul, the bf16 GEMM */
+#define TOL_KERNEL_BF16 5e-3           /* rmsnorm, silu_mul, the bf16 GEMM with a bf16 output */
+#define TOL_KERNEL_GEMM_ACC 1e-5       /* the bf16 GEMM added into an fp32 residual (the residual dominates) */
+
+/* ---- loading (tests/test_model.c): F16 checkpoint matrices converted to bf16, against BF16 ---- */
+#define TOL_MODEL_F16_LOAD 1e-7
 
 #endif
