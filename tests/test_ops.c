@@ -1,5 +1,5 @@
 /*
- * test_ops.c — the CPU ops against direct transcriptions of DESIGN.md section 1: the chunked delta
+ * test_ops.c — the CPU ops against direct transcriptions of docs/design.md section 4: the chunked delta
  * rule against the per-token recurrence (from a nonzero state, several chunk sizes), the conv with
  * saved inputs across any split, RoPE, attention against a double-precision softmax, the norms.
  */

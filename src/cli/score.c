@@ -1,6 +1,6 @@
 /*
  * score.c — `squad score`: rows as JSON lines in (a file or stdin), one JSON line out per row, in
- * order (DESIGN.md section 8). A bad row gets {"error": "..."} on its line and the rest go on.
+ * order (docs/design.md section 9). A bad row gets {"error": "..."} on its line and the rest go on.
  * Exit 0 when every row succeeded, 1 when some failed, 2 for usage or model errors.
  */
 #define _POSIX_C_SOURCE 200809L

@@ -10,10 +10,10 @@
  * the heuristic's first. A candidate is timed as it runs in a forward: GEMM_TUNE_CALLS calls back to
  * back in one graph, each on another copy of the weights in a buffer of GEMM_ROT_L2X times the L2
  * size, so every call reads its weights from HBM (the model's ~1 GB of weights pass through a 50 MB
- * L2 once per chunk) while the activations stay in L2. Timing with the weights hot in L2 (the second
- * session) favoured compute-bound tiles; timing single calls after an L2 flush (the third) ranked
- * some shapes differently from back-to-back calls (the 2048 x 1024 x 3584 down-projection lost 11 %
- * to the heuristic's first choice) and left the choice noisy from one engine to the next.
+ * L2 once per chunk) while the activations stay in L2. Timing with the weights hot in L2 favoured
+ * compute-bound tiles that lose in a forward; timing single calls after an L2 flush ranked some shapes
+ * differently from back-to-back calls (the 2048 x 1024 x 3584 down-projection lost 11 % to the
+ * heuristic's first choice) and left the choice noisy from one engine to the next.
  * Every cuBLASLt status is checked and reported with the call's text.
  *
  * Reproducibility: the timing makes the choice noisy, so a tuned plan's algorithm is written to the
