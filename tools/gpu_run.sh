@@ -29,7 +29,7 @@
 #              NCU_CACHE=none keeps the caches as they are
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
 #              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
-#              comma-separated assignments in the environment (experiment switches, README) -> bench_ab.log
+#              comma-separated assignments in the environment (experiment switches, docs/cuda.md) -> bench_ab.log
 #   ablate     (not by default) bench_gpu --ablate: each chunk graph with one kernel group left out at a
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
