@@ -1,7 +1,7 @@
 /*
  * cuda_test_api.h — entry points of the CUDA backend for tests/gpu_test_kernels.c: each runs one
  * kernel group on host data (uploads, launches, downloads; every call checked) so a test can
- * compare it with the plain host reference beside the kernel (cu_ref_*, same header).
+ * compare it with the plain host reference (cu_ref_*, same header; cuda_test_ref.cu).
  *
  * Host arrays are fp32; on the bf16 path the values the device holds in bf16 (projection outputs,
  * the conv state, K / V) are rounded to bf16 on upload, so a test should round its inputs first

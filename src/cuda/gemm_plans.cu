@@ -150,11 +150,20 @@ static void make_parent_dirs(const char *path) {
 }
 
 static void write_file(const cu_plan_store *s) {
-    char tmp[sizeof s->path + 32];
-    if (snprintf(tmp, sizeof tmp, "%s.%ld.tmp", s->path, (long)getpid()) >= (int)sizeof tmp) return;
+    /* a unique temporary name (mkstemp): two writers, even two backends of one process, never
+     * share one */
+    char tmp[sizeof s->path + 16];
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", s->path) >= (int)sizeof tmp) return;
     make_parent_dirs(s->path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
+    const int fd = mkstemp(tmp);
+    if (fd < 0) return;
+    (void)fchmod(fd, 0644); /* mkstemp's 0600 would hide the file from other users of a shared path */
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        unlink(tmp);
+        return;
+    }
     int ok = fprintf(f, "%s\n", s->header) > 0;
     for (int i = 0; ok && i < s->n; i++) {
         const cu_plan_rec *r = &s->recs[i];

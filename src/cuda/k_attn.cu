@@ -24,10 +24,9 @@
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
  * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
- * The host reference cu_ref_attn (below) is the plain loop the tests compare with.
+ * The host reference the tests compare with, cu_ref_attn, is in cuda_test_ref.cu (tests only).
  */
 #include "cuda_internal.cuh"
-#include "cuda_test_api.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -673,66 +672,4 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
         CU_LAUNCH_CHECK("attn_combine_kernel");
     }
     return 0;
-}
-
-/* ---- host reference ---------------------------------------------------------------------------- */
-
-extern "C" void cu_ref_attn(const cu_ref_attn_args *a) {
-    const int nh = a->nh, nkv = a->nkv, hd = a->hd, rd = a->rd, half = rd / 2;
-    const size_t kvd = (size_t)nkv * hd;
-    float *q = (float *)malloc(sizeof(float) * (size_t)a->len * nh * hd);
-    double *x = (double *)malloc(sizeof(double) * hd), *sc = (double *)malloc(sizeof(double) * (a->start + a->len));
-    /* norm + rope of q, k; k, v into the cache */
-    for (int t = 0; t < a->len; t++) {
-        const int pos = a->start + t;
-        const float *row = a->QKV + (size_t)t * a->ld;
-        for (int hh = 0; hh < nh + nkv; hh++) {
-            const int isq = hh < nh, j = isq ? hh : hh - nh;
-            const float *src = isq ? row + (size_t)j * 2 * hd : row + (size_t)nh * 2 * hd + (size_t)j * hd;
-            const float *nw = isq ? a->q_norm : a->k_norm;
-            double ss = 0;
-            for (int d = 0; d < hd; d++) ss += (double)src[d] * src[d];
-            const double rr = 1.0 / sqrt(ss / hd + a->eps);
-            for (int d = 0; d < hd; d++) x[d] = src[d] * rr * (1.0 + nw[d]);
-            float *dst = isq ? q + ((size_t)t * nh + j) * hd : a->K + (size_t)pos * kvd + (size_t)j * hd;
-            for (int d = 0; d < hd; d++) {
-                double o = x[d];
-                if (d < rd) {
-                    const int i = d < half ? d : d - half;
-                    const float ang = (float)pos * a->inv_freq[i];
-                    const double cth = cos((double)ang), sth = sin((double)ang);
-                    o = d < half ? x[d] * cth - x[d + half] * sth : x[d] * cth + x[d - half] * sth;
-                }
-                dst[d] = (float)o;
-            }
-            if (!isq)
-                for (int d = 0; d < hd; d++)
-                    a->V[(size_t)pos * kvd + (size_t)j * hd + d] = row[(size_t)nh * 2 * hd + kvd + (size_t)j * hd + d];
-        }
-    }
-    const double scale = 1.0 / sqrt((double)hd);
-    for (int t = 0; t < a->len; t++)
-        for (int h = 0; h < nh; h++) {
-            const int kvh = h / (nh / nkv), nkeys = a->start + t + 1;
-            const float *qq = q + ((size_t)t * nh + h) * hd;
-            double m = -1e300;
-            for (int j = 0; j < nkeys; j++) {
-                double s = 0;
-                const float *k = a->K + (size_t)j * kvd + (size_t)kvh * hd;
-                for (int d = 0; d < hd; d++) s += (double)qq[d] * k[d];
-                sc[j] = s * scale;
-                if (sc[j] > m) m = sc[j];
-            }
-            double z = 0;
-            for (int j = 0; j < nkeys; j++) z += (sc[j] = exp(sc[j] - m));
-            const float *gate = a->QKV + (size_t)t * a->ld + (size_t)h * 2 * hd + hd;
-            for (int d = 0; d < hd; d++) {
-                double o = 0;
-                for (int j = 0; j < nkeys; j++) o += sc[j] * a->V[(size_t)j * kvd + (size_t)kvh * hd + d];
-                a->out[((size_t)t * nh + h) * hd + d] = (float)(o / z / (1.0 + exp(-(double)gate[d])));
-            }
-        }
-    free(q);
-    free(x);
-    free(sc);
 }

@@ -40,7 +40,6 @@
  * and the gated norm reads only the real dv.
  */
 #include "cuda_internal.cuh"
-#include "cuda_test_api.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -1057,84 +1056,4 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
 #undef GDN_RUN
     return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
                       d->dv);
-}
-
-/* ---- host reference: the per-token recurrence (the test oracle) -------------------------------- */
-
-extern "C" void cu_ref_gdn(const cu_ref_gdn_args *a) {
-    const int nk = a->nk, nv = a->nv, dk = a->dk, dv = a->dv, K = a->K;
-    const int C = 2 * nk * dk + nv * dv, Km1 = K - 1;
-    const int zoff = C, boff = C + nv * dv, aoff = boff + nv;
-    float *y = (float *)calloc((size_t)C, sizeof(float));
-    float *qn = (float *)calloc((size_t)nk * dk, sizeof(float)), *kn = (float *)calloc((size_t)nk * dk, sizeof(float));
-    double *o = (double *)calloc((size_t)dv, sizeof(double)), *sk = (double *)calloc((size_t)dv, sizeof(double));
-    for (int t = 0; t < a->len; t++) {
-        for (int ch = 0; ch < C; ch++) {
-            double s = 0;
-            for (int j = 0; j < K; j++) {
-                const int tau = t - Km1 + j;
-                const float x = tau >= 0 ? a->P[(size_t)tau * a->ldP + ch] : a->conv_state[(size_t)(Km1 + tau) * C + ch];
-                s += (double)a->conv_w[(size_t)ch * K + j] * x;
-            }
-            y[ch] = (float)(s / (1.0 + exp(-s)));
-        }
-        for (int hk = 0; hk < nk; hk++) {
-            double sq = 0, sk2 = 0;
-            for (int i = 0; i < dk; i++) {
-                sq += (double)y[hk * dk + i] * y[hk * dk + i];
-                sk2 += (double)y[nk * dk + hk * dk + i] * y[nk * dk + hk * dk + i];
-            }
-            const double rq = 1.0 / sqrt(sq + 1e-6) / sqrt((double)dk), rk = 1.0 / sqrt(sk2 + 1e-6);
-            for (int i = 0; i < dk; i++) {
-                qn[hk * dk + i] = (float)(y[hk * dk + i] * rq);
-                kn[hk * dk + i] = (float)(y[nk * dk + hk * dk + i] * rk);
-            }
-        }
-        const float *row = a->P + (size_t)t * a->ldP;
-        for (int h = 0; h < nv; h++) {
-            const int hk = h / (nv / nk);
-            const double x = (double)row[aoff + h] + a->dt_bias[h];
-            const double sp = x > 20 ? x : log1p(exp(x));
-            const double g = -exp((double)a->A_log[h]) * sp, beta = 1.0 / (1.0 + exp(-(double)row[boff + h]));
-            const double dec = exp(g);
-            float *S = a->S + (size_t)h * dk * dv; /* [dk][dv] */
-            const float *k = kn + hk * dk, *q = qn + hk * dk, *v = y + 2 * nk * dk + h * dv;
-            for (int j = 0; j < dv; j++) {
-                double s = 0;
-                for (int i = 0; i < dk; i++) {
-                    S[(size_t)i * dv + j] = (float)(S[(size_t)i * dv + j] * dec);
-                    s += (double)S[(size_t)i * dv + j] * k[i];
-                }
-                sk[j] = beta * (v[j] - s);
-            }
-            for (int i = 0; i < dk; i++)
-                for (int j = 0; j < dv; j++) S[(size_t)i * dv + j] = (float)(S[(size_t)i * dv + j] + k[i] * sk[j]);
-            double ss = 0;
-            for (int j = 0; j < dv; j++) {
-                double s = 0;
-                for (int i = 0; i < dk; i++) s += (double)S[(size_t)i * dv + j] * q[i];
-                o[j] = s;
-                ss += s * s;
-            }
-            const double rs = 1.0 / sqrt(ss / dv + a->eps);
-            for (int j = 0; j < dv; j++) {
-                const double z = row[zoff + h * dv + j];
-                a->Y[(size_t)t * nv * dv + h * dv + j] = (float)(o[j] * rs * a->norm_w[j] * (z / (1.0 + exp(-z))));
-            }
-        }
-    }
-    /* the conv state moves on: the last K-1 inputs of [old | chunk] */
-    float *old = (float *)malloc(sizeof(float) * (size_t)(Km1 > 0 ? Km1 : 1) * C);
-    if (Km1 > 0) memcpy(old, a->conv_state, sizeof(float) * (size_t)Km1 * C);
-    for (int j = 0; j < Km1; j++)
-        for (int ch = 0; ch < C; ch++) {
-            const int src = a->len + j;
-            a->conv_state[(size_t)j * C + ch] = src < Km1 ? old[(size_t)src * C + ch] : a->P[(size_t)(src - Km1) * a->ldP + ch];
-        }
-    free(old);
-    free(y);
-    free(qn);
-    free(kn);
-    free(o);
-    free(sk);
 }

@@ -8,10 +8,9 @@
  * happen in the cuBLASLt epilogue (beta = 1 into h), so a norm kernel is the only pass between two
  * GEMMs. One block per token row; sums in fp32. The letter kernel runs one block per slot and
  * never touches the full vocabulary: only the rows of E named by the chunk's letters.
- * Each kernel has a plain host reference (cu_ref_*) used by tests/gpu_test_kernels.c.
+ * The plain host references (cu_ref_rmsnorm, cu_ref_silu_mul) are in cuda_test_ref.cu (tests only).
  */
 #include "cuda_internal.cuh"
-#include "cuda_test_api.h"
 
 #include <math.h>
 
@@ -246,23 +245,4 @@ int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chun
     letter_probs_kernel<<<CU_MAX_SLOTS, NORM_THREADS, (size_t)H * sizeof(float), st>>>(h, w, E, prm, probs, H, eps);
     CU_LAUNCH_CHECK("letter_probs_kernel");
     return 0;
-}
-
-/* ---- host references ---------------------------------------------------------------------------- */
-
-extern "C" void cu_ref_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps) {
-    for (int t = 0; t < rows; t++) {
-        double ss = 0;
-        for (int i = 0; i < H; i++) ss += (double)h[(size_t)t * H + i] * h[(size_t)t * H + i];
-        const double r = 1.0 / sqrt(ss / H + eps);
-        for (int i = 0; i < H; i++) out[(size_t)t * H + i] = (float)(h[(size_t)t * H + i] * r * (1.0 + w[i]));
-    }
-}
-
-extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
-    for (int t = 0; t < rows; t++)
-        for (int i = 0; i < I; i++) {
-            const double g = gu[(size_t)t * 2 * I + i], u = gu[(size_t)t * 2 * I + I + i];
-            out[(size_t)t * I + i] = (float)(g / (1.0 + exp(-g)) * u);
-        }
 }
