@@ -13,11 +13,12 @@
 # build needs (pkg-config, jansson, PCRE2, utf8proc, libmicrohttpd), and builds there cost device
 # time. cuBLASLt comes from the machine's CUDA (or its pip nvidia-cublas) at run time.
 #
-# Steps there, in this order (STEPS="env tests profile bench hf memcheck racecheck" by default; each
+# Steps there, in this order (STEPS="env tests repro profile bench hf memcheck racecheck" by default; each
 # bounded by a timeout):
 #   env        GPU, driver, libraries found                       -> summary.log
-#   tests      gpu_test_kernels, gpu_test_backend, gpu_test_repro (the same rows bit for bit in two
-#              processes through the GEMM plan file)   -> test_kernels.log, test_backend.log, test_repro.log
+#   tests      gpu_test_kernels, gpu_test_backend                 -> test_kernels.log, test_backend.log
+#   repro      gpu_test_repro: the same rows bit for bit in two processes through the GEMM plan file
+#              (it sets its own SQUAD_GEMM_PLANS)                  -> test_repro.log
 #   memcheck   compute-sanitizer memcheck on both tests (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM
 #              cases, fewer backend rows) -> memcheck.log
 #   racecheck  compute-sanitizer racecheck on gpu_test_kernels (quick) -> racecheck.log
@@ -95,7 +96,7 @@ fi
 OUT=${1:?usage: tools/gpu_run.sh OUTDIR | --prepare}
 mkdir -p "$OUT"
 cd "$ROOT"
-STEPS=${STEPS:-"env tests profile bench hf memcheck racecheck"}
+STEPS=${STEPS:-"env tests repro profile bench hf memcheck racecheck"}
 SUM=$OUT/summary.log
 BIN=$CARRY/bin
 MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-qwen3.5-0.8b}
@@ -137,6 +138,8 @@ fi
 if has tests; then
     step "gpu_test_kernels" 240 "$OUT/test_kernels.log" $RUNENV "$BIN/gpu_test_kernels"
     step "gpu_test_backend" 420 "$OUT/test_backend.log" $RUNENV "$BIN/gpu_test_backend"
+fi
+if has repro; then
     step "gpu_test_repro" 300 "$OUT/test_repro.log" $RUNENV "$BIN/gpu_test_repro"
 fi
 BW=4300
