@@ -48,7 +48,7 @@ typedef struct squad_engine squad_engine;
 /* The largest number of options (letters) a slot may have. */
 #define SQUAD_MAX_LETTERS 26
 
-/* A row (DESIGN.md section 2). Arrays are borrowed from the caller for the duration of a call. */
+/* A row (docs/design.md section 5). Arrays are borrowed from the caller for the duration of a call. */
 typedef struct squad_row {
     const int32_t *ids;
     int n_ids;
@@ -103,7 +103,7 @@ typedef enum { SQUAD_DEVICE_AUTO = 0, SQUAD_DEVICE_CPU = 1, SQUAD_DEVICE_CUDA = 
  * weights and the backend's scratch (CUDA), or the default budget on the CPU. */
 #define SQUAD_CACHE_BUDGET_AUTO ((size_t)-1)
 
-/* State-cache policy (DESIGN.md section 3). Zero-initialise and call squad_engine_opts_default. */
+/* State-cache policy (docs/design.md section 7). Zero-initialise and call squad_engine_opts_default. */
 typedef struct squad_cache_opts {
     size_t budget_bytes; /* 0 disables the cache; SQUAD_CACHE_BUDGET_AUTO sizes it */
     int align;           /* checkpoints and chunk starts at multiples of this (64) */

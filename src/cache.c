@@ -1,5 +1,5 @@
 /*
- * cache.c — the cross-request state cache (DESIGN.md section 3; interface in cache.h).
+ * cache.c — the cross-request state cache (docs/design.md section 7; interface in cache.h).
  *
  * A row is [state prefix | question suffix]. While the prefix runs, the model state is saved at a
  * few positions (checkpoints); a later row sharing those tokens restores the deepest one and
@@ -482,7 +482,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         }
         k->node.key = pl->keys[pc->pos / align - 1] & c->key_mask;
         k->pos = pc->pos;
-        k->route = 0; /* the trunk: specialists (DESIGN section 4) will set it */
+        k->route = 0; /* the trunk (docs/design.md section 7) */
         k->gdn = pc->gdn;
         k->group = g;
         pc->gdn = NULL;

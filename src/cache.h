@@ -1,5 +1,5 @@
 /*
- * cache.h — the cross-request state cache (DESIGN.md section 3).
+ * cache.h — the cross-request state cache (docs/design.md section 7).
  *
  * A row is [state prefix | question suffix]. Checkpoints of the model state at chosen positions
  * of the prefix (p, p - tail, multiples of stride; aligned) are kept in backend memory, LRU within

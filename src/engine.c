@@ -17,7 +17,7 @@
 #include "model.h"
 #include "util.h"
 
-/* Defaults of DESIGN.md section 3. */
+/* Defaults of docs/design.md section 7. */
 #define DEFAULT_CACHE_MB 1024
 #define DEFAULT_ALIGN 64
 #define DEFAULT_TAIL 16

@@ -45,7 +45,7 @@
 #define TOL_CHUNKED 0.01
 /* The bf16 path against the fp32 references: a gross-error bound only. A float64 emulation of
  * these random test models with the bf16 path's roundings moves their answers by up to 0.2
- * (small-mha; bench/CUDA_NOTES.md), and transformers in bf16 would move them as much; the
+ * (small-mha; docs/design.md section 10), and transformers in bf16 would move them as much; the
  * tolerances above are met by the exact path, and the bf16 kernels are held to their references
  * at bf16 precision (about 3e-3 relative) in gpu_test_kernels. */
 #define TOL_BF16 0.25

@@ -22,8 +22,8 @@
  *    activations on the tensor cores, the chunked delta rule and flash attention (k_gdn.cu,
  *    k_attn.cu); EXACT, the reference path — fp32 matrices and activations, fp32 GEMMs, the
  *    token-by-token delta rule (k_gdn_exact.cu) and fp32 attention. The random test models are so
- *    sensitive that bf16 activations alone move their answers by a few 1e-2 (see
- *    bench/CUDA_NOTES.md); EXACT meets the fixtures, BF16 is what the benchmark times.
+ *    sensitive that bf16 activations alone move their answers by a few 1e-2 (docs/design.md
+ *    section 10); EXACT meets the fixtures, BF16 is what the benchmark times.
  *  - The residual stream h is fp32; out_proj / o_proj / down_proj add into h in the cuBLASLt
  *    epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
  *    gate|up GEMM, silu*mul, down GEMM(+residual).
@@ -114,8 +114,8 @@ typedef struct cu_be {
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
     unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_chunk runs: all (set in build), except
-                       GEMMs only for plan making and tuning before a capture, and squad_cuda_time_parts'
-                       ablations */
+                       GEMMs only for plan making and tuning before a capture, and the ablation
+                       timing's graphs (cu_ablation_prepare) */
     int n_graphs;
     double capture_s;
     unsigned long long replays;
@@ -803,64 +803,17 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     return 0;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
+/* ---- for the ablation timing (src/cuda/ablate.cu, in the internal library: not part of libsquad) ---- */
 
-static float median_float(float *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_float);
-    return t[n / 2];
-}
-
-/* Median times of `reps` replays of ex (after 2 warm-ups): gpu between events around the replay,
- * wall on the host from before the first event to the end, launch inside cudaGraphLaunch. With
- * `params`, each replay is preceded by the parameters' upload and waited for by a stream
- * synchronize, as forward does (wall only). */
-static cudaError_t time_replays(cu_be *cb, cudaGraphExec_t ex, int rows, int params, int reps, float *buf,
-                                squad_cuda_timing *out) {
-    float *t = buf, *tw = buf + reps, *tl = tw + reps;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    squad_err err = {0};
-    cudaError_t e = cudaEventCreate(&e0);
-    if (e == cudaSuccess) e = cudaEventCreate(&e1);
-    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaGraphLaunch(ex, cb->st); /* warm-up */
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
-    for (int i = 0; i < reps && e == cudaSuccess; i++) {
-        const double h0 = cu_now_seconds();
-        if (params && upload_params(cb, rows, &err)) e = cudaErrorUnknown;
-        if (e == cudaSuccess) e = cudaEventRecord(e0, cb->st);
-        const double h1 = cu_now_seconds();
-        if (e == cudaSuccess) e = cudaGraphLaunch(ex, cb->st);
-        const double h2 = cu_now_seconds();
-        if (e == cudaSuccess) e = cudaEventRecord(e1, cb->st);
-        if (e == cudaSuccess) e = params ? cudaStreamSynchronize(cb->st) : cudaEventSynchronize(e1);
-        const double h3 = cu_now_seconds();
-        if (e == cudaSuccess) e = cudaEventElapsedTime(&t[i], e0, e1);
-        tw[i] = (float)((h3 - h0) * 1e3);
-        tl[i] = (float)((h2 - h1) * 1e3);
-    }
-    if (e == cudaSuccess) {
-        out->gpu_ms = median_float(t, reps);
-        out->wall_ms = median_float(tw, reps);
-        out->launch_ms = median_float(tl, reps);
-    }
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    return e;
-}
-
-extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps,
-                                     squad_cuda_timing *out, squad_err *err) {
+int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine,
+                        cu_ablation *a, squad_err *err) {
+    memset(a, 0, sizeof *a);
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: not a CUDA backend");
+        return cu_err(err, SQUAD_E_INVALID, "ablation: not a CUDA backend");
     cu_be *cb = impl_of(be);
     if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: chunk [%d, %d) outside the backend's limits", start,
-                      start + len);
-    if (reps < 1 || reps > 10000 || (parts & ~(unsigned)SQUAD_CUDA_PART_ALL))
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: %d repetitions, parts 0x%x", reps, parts);
-    memset(out, 0, sizeof *out);
+        return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
+    if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
     const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
     cu_chunk_params *p = cb->prm_host;
     p->kv_src = NULL;
@@ -869,32 +822,27 @@ extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsi
     p->len = len;
     p->n_slots = 0;
     p->n_letters = 0;
-    /* distinct pseudo-random tokens, as a real question has (before the fifth session every id was
-     * 0; the graph's time barely moved with the change: 1.680 -> 1.689 ms on the 4096+128 hit, runs 4
-     * and 5 of that session) */
+    /* distinct pseudo-random tokens, as a real question has (the graph's time barely depends on
+     * them: 1.680 against 1.689 ms on the 4096+128 hit with every id 0) */
     uint32_t x = 12345u;
     for (int t = 0; t < rows; t++) {
         x = x * 1664525u + 1013904223u;
         p->ids[t] = t < len ? (int)((x >> 8) % (uint32_t)cb->V) : 0;
     }
     int rc = upload_params(cb, rows, err);
-    if (rc) return rc;
-    cudaGraphExec_t ex = NULL;
-    rc = capture_chunk(cb, bi, si, parts, &ex, err);
-    if (rc) return rc;
-    float *buf = (float *)malloc(sizeof(float) * 3 * (size_t)reps);
-    cudaError_t e = buf ? time_replays(cb, ex, rows, 0, reps, buf, out) : cudaErrorMemoryAllocation;
-    cudaGraphExecDestroy(ex);
-    if (e == cudaSuccess && parts == SQUAD_CUDA_PART_ALL) {
-        squad_cuda_timing eng = {0, 0, 0, 0, 0, 0}, prm = eng;
-        rc = get_graph(cb, bi, si, err);
-        if (!rc) e = time_replays(cb, cb->graphs[bi][si], rows, 0, reps, buf, &eng);
-        if (!rc && e == cudaSuccess) e = time_replays(cb, cb->graphs[bi][si], rows, 1, reps, buf, &prm);
-        out->engine_gpu_ms = eng.gpu_ms;
-        out->engine_wall_ms = eng.wall_ms;
-        out->params_wall_ms = prm.wall_ms;
+    if (!rc) rc = capture_chunk(cb, bi, si, parts, &a->graph, err);
+    if (!rc && want_engine) rc = get_graph(cb, bi, si, err);
+    if (rc) {
+        if (a->graph) cudaGraphExecDestroy(a->graph);
+        a->graph = NULL;
+        return rc;
     }
-    free(buf);
-    if (!rc && e != cudaSuccess) rc = cu_fail(err, "squad_cuda_time_parts", e, __FILE__, __LINE__);
-    return rc;
+    a->st = cb->st;
+    a->rows = rows;
+    a->engine = want_engine ? cb->graphs[bi][si] : NULL;
+    return 0;
+}
+
+int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err) {
+    return upload_params(impl_of(be), rows, err);
 }
