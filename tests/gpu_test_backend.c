@@ -22,7 +22,8 @@
  *  - the full-vocabulary figures (want_vocab) on the plain path (12 slots: two passes) and the
  *    cached path, against a double projection of the CPU exact backend's hidden rows, on the demo
  *    preset (248k vocabulary) and the untied fixture; the automatic cache budget.
- * SQUAD_GPU_TEST_QUICK=1 runs the fixtures and the cache scenario only (for compute-sanitizer).
+ * SQUAD_GPU_TEST_QUICK=1 runs the fixtures, the cache scenario and the vocabulary figures on the
+ * untied fixture only (for compute-sanitizer).
  * Exits 77 (skipped) without a GPU.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -709,8 +710,9 @@ out:
     squad_engine_free(cached);
 }
 
-static void test_vocab(squad_precision prec) {
-    squad_model *demo = synth_model("demo", 7);
+/* quick: the untied fixture only (under compute-sanitizer) */
+static void test_vocab(squad_precision prec, int quick) {
+    squad_model *demo = quick ? NULL : synth_model("demo", 7);
     if (demo) test_vocab_model(demo, "demo", prec);
     squad_model_free(demo);
     squad_err err = {0};
@@ -752,13 +754,13 @@ int main(void) {
     for (int p = 0; p < 2; p++) {
         for (int i = 0; i < 3; i++) test_fixture(fixtures[i], precs[p]);
         test_cache_scenario(precs[p]);
+        test_vocab(precs[p], quick && quick[0] == '1');
     }
     if (quick && quick[0] == '1') return test_summary("gpu_test_backend (quick)");
     for (int p = 0; p < 2; p++) test_hd256(precs[p]);
     for (int p = 0; p < 2; p++) test_synth(precs[p]);
     for (int p = 0; p < 2; p++) test_eager(precs[p]);
     test_precapture();
-    for (int p = 0; p < 2; p++) test_vocab(precs[p]);
     test_auto_budget();
     return test_summary("gpu_test_backend");
 }

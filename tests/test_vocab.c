@@ -239,6 +239,16 @@ static void test_plain(squad_model *m, const char *name) {
     CHECK(squad_engine_score(e, &t->row, b, &err) == 0 && b->has_vocab == 0);
     CHECKF(worst_probs(&t->row, a, b) == 0, "%s: probs moved with want_vocab", name);
 
+    /* what asking costs here (printed, not checked: the machine is shared) */
+    const int reps = 3;
+    double t0 = squad_now_seconds();
+    for (int k = 0; k < reps; k++) squad_engine_score(e, &t->row, b, &err);
+    double t1 = squad_now_seconds();
+    for (int k = 0; k < reps; k++) squad_engine_score_ex(e, &t->row, &vo, b, &err);
+    double t2 = squad_now_seconds();
+    printf("%s: a 300-token row with 4 slots %.1f ms, with the figures %.1f ms (vocabulary %d)\n", name,
+           (t1 - t0) * 1e3 / reps, (t2 - t1) * 1e3 / reps, m->cfg.vocab_size);
+
     const int many[5] = {5, 511, 512, 1100, 1299};
     make_row(t, m, 2, 1300, many, 5, -1);
     CHECKF(squad_engine_score_ex(e, &t->row, &vo, a, &err) == 0, "%s", err.msg);
