@@ -99,5 +99,7 @@ int squad_cuda_device_count(void);
 int squad_cuda_device_usable(void);
 squad_backend *squad_cuda_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
                                       squad_err *err);
+/* Test hook: squad_cpu_backend_hidden's twin (the fp32 residual stream at token t of the last chunk). */
+int squad_cuda_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err);
 
 #endif /* SQUAD_BACKEND_H */

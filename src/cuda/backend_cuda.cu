@@ -115,6 +115,7 @@ typedef struct cu_be {
     void *vocab_parts;
     int vocab_blocks;
     squad_slot_vocab *vocab_dev, *vocab_host;
+    int last_len; /* real tokens of the last chunk run (h holds their residual stream) */
 
     int n_spans, spans[MAX_SPANS];
     int splits[N_CHUNK_BUCKETS][MAX_SPANS];
@@ -425,6 +426,7 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
         return rc;
     }
     cb->replays++;
+    cb->last_len = ch->len;
     const int want_vocab = ch->vocab && ch->n_slots > 0;
     if (want_vocab) {
         if ((rc = cu_vocab(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, ch->n_slots, cb->V, cb->H, cb->eps,
@@ -512,6 +514,16 @@ static int be_memory_free(squad_backend *be, size_t *free_bytes, squad_err *err)
     *free_bytes = 0;
     CU_TRY(cudaSetDevice(0)); /* the device the backend was built on, whichever thread asks */
     CU_TRY(cudaMemGetInfo(free_bytes, &total));
+    return 0;
+}
+
+extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "not a CUDA backend");
+    const cu_be *cb = (const cu_be *)be->impl;
+    if (t < 0 || t >= cb->last_len) return cu_err(err, SQUAD_E_INVALID, "token %d is outside the last chunk", t);
+    CU_TRY(cudaStreamSynchronize(cb->st));
+    CU_TRY(cudaMemcpy(out, cb->h + (size_t)t * cb->H, (size_t)cb->H * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
