@@ -92,7 +92,8 @@ typedef struct squad_score_opts {
     int end_checkpoint_only; /* a new state is checkpointed at its end (p) only, without the tail
                               * and stride checkpoints: what a new state gives up under load */
     /* Polled before every chunk; a nonzero return stops the row with SQUAD_E_CANCELLED (the
-     * engine stays usable, the state cache consistent, nothing of the row is kept). */
+     * engine stays usable, the state cache consistent; no answer, memo entry or row count is kept;
+     * checkpoints the row had completed before the stop stay, as valid states a retry restores). */
     int (*cancelled)(void *ctx);
     void *cancel_ctx;
 } squad_score_opts;

@@ -27,6 +27,9 @@
  *  - The residual stream h is fp32; out_proj / o_proj / down_proj add into h in the cuBLASLt
  *    epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
  *    gate|up GEMM, silu*mul, down GEMM(+residual).
+ *  - Full-vocabulary figures (a chunk with vocab): k_vocab.cu's three kernels, enqueued after the
+ *    replay on the same stream and only for such a chunk; the graphs do not contain them, so a
+ *    chunk that does not ask runs what it ran before.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
  */
@@ -107,6 +110,12 @@ typedef struct cu_be {
     cu_chunk_params *prm_dev, *prm_host;
     size_t prm_bytes;
     float *probs_dev, *probs_host;
+    /* the full-vocabulary pass: normed slot rows [CU_MAX_SLOTS][H], the blocks' partials, the figures */
+    float *vocab_xn;
+    void *vocab_parts;
+    int vocab_blocks;
+    squad_slot_vocab *vocab_dev, *vocab_host;
+    int last_len; /* real tokens of the last chunk run (h holds their residual stream) */
 
     int n_spans, spans[MAX_SPANS];
     int splits[N_CHUNK_BUCKETS][MAX_SPANS];
@@ -417,11 +426,21 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
         return rc;
     }
     cb->replays++;
+    cb->last_len = ch->len;
+    const int want_vocab = ch->vocab && ch->n_slots > 0;
+    if (want_vocab) {
+        if ((rc = cu_vocab(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, ch->n_slots, cb->V, cb->H, cb->eps,
+                           cb->vocab_xn, cb->vocab_parts, cb->vocab_blocks, cb->vocab_dev, cb->st, err)))
+            return rc;
+        CU_TRY(cudaMemcpyAsync(cb->vocab_host, cb->vocab_dev, (size_t)ch->n_slots * sizeof(squad_slot_vocab),
+                               cudaMemcpyDeviceToHost, cb->st));
+    }
     if (ch->n_slots > 0)
         CU_TRY(cudaMemcpyAsync(cb->probs_host, cb->probs_dev, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float),
                                cudaMemcpyDeviceToHost, cb->st));
     CU_TRY(cudaStreamSynchronize(cb->st));
     if (ch->n_slots > 0) memcpy(probs, cb->probs_host, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float));
+    if (want_vocab) memcpy(ch->vocab, cb->vocab_host, (size_t)ch->n_slots * sizeof(squad_slot_vocab));
     return 0;
 }
 
@@ -489,6 +508,25 @@ static int be_load_kv(squad_backend *be, const void *src, int blob_positions, in
     return 0;
 }
 
+/* The device's free memory now (cudaMemGetInfo): what an automatic cache budget is sized from. */
+static int be_memory_free(squad_backend *be, size_t *free_bytes, squad_err *err) {
+    size_t total = 0;
+    *free_bytes = 0;
+    CU_TRY(cudaSetDevice(0)); /* the device the backend was built on, whichever thread asks */
+    CU_TRY(cudaMemGetInfo(free_bytes, &total));
+    return 0;
+}
+
+extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "not a CUDA backend");
+    const cu_be *cb = (const cu_be *)be->impl;
+    if (t < 0 || t >= cb->last_len) return cu_err(err, SQUAD_E_INVALID, "token %d is outside the last chunk", t);
+    CU_TRY(cudaStreamSynchronize(cb->st));
+    CU_TRY(cudaMemcpy(out, cb->h + (size_t)t * cb->H, (size_t)cb->H * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 static void be_destroy(squad_backend *be) {
     if (!be) return;
     cu_be *cb = impl_of(be);
@@ -502,6 +540,7 @@ static void be_destroy(squad_backend *be) {
         free(cb->allocs);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
+        if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);
@@ -731,6 +770,14 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     const size_t pbytes = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS * sizeof(float);
     if ((rc = dalloc(cb, (void **)&cb->probs_dev, pbytes, MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->probs_host, pbytes));
+    if ((rc = cu_vocab_init(cb->H, err))) return rc;
+    cb->vocab_blocks = cu_vocab_blocks(cb->V, cb->n_sm);
+    if ((rc = dalloc(cb, (void **)&cb->vocab_xn, (size_t)CU_MAX_SLOTS * cb->H * sizeof(float), MEM_SCRATCH, err)))
+        return rc;
+    if ((rc = dalloc(cb, &cb->vocab_parts, cu_vocab_parts_bytes(cb->vocab_blocks), MEM_SCRATCH, err))) return rc;
+    const size_t vbytes = (size_t)CU_MAX_SLOTS * sizeof(squad_slot_vocab);
+    if ((rc = dalloc(cb, (void **)&cb->vocab_dev, vbytes, MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->vocab_host, vbytes));
     /* every upload (legacy stream, possibly still in its DMA) done before a kernel on cb->st reads it */
     CU_TRY(cudaDeviceSynchronize());
 
@@ -771,6 +818,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->save_kv = be_save_kv;
     be->load_kv = be_load_kv;
     be->forward = be_forward;
+    be->memory_free = be_memory_free;
     be->destroy = be_destroy;
     if (build(cb, model, opts, max_context, err)) {
         be_destroy(be);

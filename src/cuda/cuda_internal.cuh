@@ -279,6 +279,19 @@ int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_
  * RMSNorm(h[slot_i]) * (1 + w) . E[letters[j]]; zero past nopts. probs is [CU_MAX_SLOTS][CU_MAX_LETTERS]. */
 int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
                     float eps, cudaStream_t st, squad_err *err);
+
+/* k_vocab.cu: the full-vocabulary figures of a chunk's n_slots answer slots (backend.h) into out
+ * (device memory, [n_slots]), from h (the chunk's fp32 residual stream), the final norm and the
+ * output embedding E [V][H]. xn: [n_slots][H] floats of scratch; parts: cu_vocab_parts_bytes. */
+#define CU_VOCAB_GROUP 8 /* slots one pass over E serves */
+int cu_vocab_group(int H); /* the slots a pass serves for this hidden size (<= CU_VOCAB_GROUP) */
+int cu_vocab_init(int H, squad_err *err); /* kernel attributes (shared memory) */
+int cu_vocab_blocks(int V, int n_sm);     /* blocks of the pass over the vocabulary */
+size_t cu_vocab_parts_bytes(int n_blocks);
+int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_chunk_params *prm, int n_slots, int V,
+             int H, float eps, float *xn, void *parts, int n_blocks, squad_slot_vocab *out, cudaStream_t st,
+             squad_err *err);
+
 /* k_gdn.cu: the Gated DeltaNet mixer after in_proj. */
 typedef struct cu_gdn_dims {
     int nk, nv, dk, dv, K; /* heads, head dims, conv kernel */
