@@ -19,12 +19,19 @@ check "good rows exit 0" $?
 check "two output lines" $([ "$(wc -l < "$tmp/out")" -eq 2 ]; echo $?)
 check "probs present" $(grep -c '"probs"' "$tmp/out" | grep -qx 2; echo $?)
 check "second identical row answered by the memo" $(sed -n 2p "$tmp/out" | grep -q '"computed": 0'; echo $?)
-"$SQUAD" score --model "$MODEL" --rows "$tmp/good.jsonl" --device cpu --stats > "$tmp/out" 2> "$tmp/err"
+# --stats: the same 4-token row three times; the memo answers the second and third.
+printf '%s\n' "$good" "$good" "$good" > "$tmp/three.jsonl"
+"$SQUAD" score --model "$MODEL" --rows "$tmp/three.jsonl" --device cpu --stats > "$tmp/out" 2> "$tmp/err"
 check "--stats: exit 0" $?
 for k in rows hits partial cold plain memo_hits tokens_memo uncacheable tokens_reused tokens_computed \
          checkpoints_made evicted checkpoints groups bytes_held budget_bytes; do
   check "--stats: counter $k" $(grep -q "\"$k\": [0-9]" "$tmp/err"; echo $?)
 done
+stat() { sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" "$tmp/err"; }
+check "--stats: memo_hits counts the two repeats (got $(stat memo_hits))" $([ "$(stat memo_hits)" = 2 ]; echo $?)
+check "--stats: tokens_memo counts their 8 tokens (got $(stat tokens_memo))" $([ "$(stat tokens_memo)" = 8 ]; echo $?)
+check "--stats: the first row counted once, outside the memo (rows $(stat rows), plain $(stat plain))" \
+    $([ $(($(stat rows) + $(stat plain))) -eq 1 ]; echo $?)
 
 printf '%s\n' "$good" '{"ids": [1, 2], "slots": [5], "nopts": [2], "letters": [1, 2]}' 'not json' \
     '{"ids": [1, 2, 99999], "slots": [0], "nopts": [1], "letters": [1]}' '' "$good" > "$tmp/mixed.jsonl"

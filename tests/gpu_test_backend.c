@@ -1,21 +1,22 @@
 /*
  * gpu_test_backend.c — the CUDA backend against the CPU backend and the transformers fixtures.
  *
- * Each part runs on both precisions: EXACT (fp32; held to the tolerances below) and BF16 (the fast
- * path; held to the chunking / cache tolerances, and to a loose bound against the fp32 references).
+ * Each part runs on both precisions: EXACT (fp32) and BF16 (the fast path; held to the cache
+ * tolerance, and to a loose bound against the fp32 references). The bounds are named in
+ * tests/tolerances.h (TOL_CUDA_*, TOL_VOCAB_*, TOL_ARGMAX_GAP); those below are the exact path's.
  *  - fixtures (tests/fixtures/models/<name>): every row on the CUDA backend against expected.jsonl
- *    (transformers, fp32) and against the CPU backend: each probability within 0.02 absolute, the
- *    same argmax wherever the reference's top two differ by more than 0.05; the same row in short
- *    chunks (continuation through the working state, several graph buckets) within 0.01;
+ *    (transformers, fp32) and against the CPU backend: each probability within TOL_CUDA_EXACT_REF absolute,
+ *    the same argmax wherever the reference's top two differ by more than TOL_ARGMAX_GAP; the same row in short
+ *    chunks (continuation through the working state, several graph buckets) within TOL_CUDA_EXACT_CHUNKED;
  *  - the cache scenario (tiny-causal cache_rows.jsonl) through the engine on CUDA with the state
- *    cache (ample and tight budgets) against the same engine without a cache (0.01) and the
- *    uncached reference (0.02);
+ *    cache (ample and tight budgets) against the same engine without a cache (TOL_CUDA_EXACT_CACHED)
+ *    and the uncached reference (TOL_CUDA_EXACT_REF);
  *  - a synthesized model (the demo preset: hd 64, GDN 64) with multi-chunk rows of up to 3000
  *    tokens against the CPU backend; a row continued from a saved and restored state (save_gdn /
- *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass (0.01); a K / V
+ *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass (TOL_CUDA_EXACT_CACHED); a K / V
  *    blob of more positions restored as a prefix, and the same row twice, bit for bit;
  *  - the tiny-hd256 preset (attention head_dim 256, the 0.8B's) with the engine's context (32768
- *    positions: a K / V cache of 128 MB in fp32) against the CPU backend, exact within 1e-4: the
+ *    positions: a K / V cache of 128 MB in fp32) against the CPU backend, exact within TOL_CUDA_EXACT_CPU: the
  *    regression check for weights wiped at load (the zeroing of each new buffer ran on a
  *    non-blocking stream behind the K / V cache's and could land after the weight upload);
  *  - bad chunks are refused and the backend stays usable;
@@ -42,17 +43,14 @@
 #include "squad.h"
 #include "synth.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 
-#define TOL_REF 0.02    /* against transformers or the CPU backend */
-#define TOL_ARGMAX 0.05 /* top-two gap above which the argmax must agree */
-#define TOL_CHUNKED 0.01
-/* The bf16 path against the fp32 references: a gross-error bound only. A float64 emulation of
- * these random test models with the bf16 path's roundings moves their answers by up to 0.2
- * (small-mha; docs/design.md section 10), and transformers in bf16 would move them as much; the
- * tolerances above are met by the exact path, and the bf16 kernels are held to their references
- * at bf16 precision (about 3e-3 relative) in gpu_test_kernels. */
-#define TOL_BF16 0.25
+/* The bf16 path against the fp32 references is held to a gross-error bound only
+ * (TOL_CUDA_BF16_REF): a float64 emulation of these random test models with the bf16 path's
+ * roundings moves their answers by up to 0.2 (small-mha; docs/design.md section 10), and
+ * transformers in bf16 would move them as much; the bf16 kernels are held to their references at
+ * bf16 precision in gpu_test_kernels. */
 #define MAX_CONTEXT 8192
 
 #ifdef SQUAD_HAVE_CUDA
@@ -117,7 +115,7 @@ static double compare(const squad_row *row, probs_t *a, probs_t *b, int *argmax_
                 b2 = b[s][l];
             }
         }
-        if (argmax_bad && row->nopts[s] > 1 && b1 - b2 > TOL_ARGMAX && ia != ib) (*argmax_bad)++;
+        if (argmax_bad && row->nopts[s] > 1 && b1 - b2 > TOL_ARGMAX_GAP && ia != ib) (*argmax_bad)++;
     }
     return worst;
 }
@@ -164,21 +162,22 @@ static squad_backend *new_cpu(const squad_model *m) {
 /* ---- fixtures ---- */
 
 static void test_fixture(const char *name, squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
+    const int exact = prec == SQUAD_PRECISION_EXACT;
+    const double tol = exact ? TOL_CUDA_EXACT_REF : TOL_CUDA_BF16_REF;
     char dir[512], path[600];
     snprintf(dir, sizeof dir, "tests/fixtures/models/%s", name);
     squad_err err = {0};
     squad_model *m = squad_model_load(dir, &err);
-    if (!m) {
-        printf("fixture %s: not loadable (%s), skipped\n", name, err.msg);
-        return;
-    }
+    CHECKF(m != NULL, "fixture %s: cannot load %s (tools/make_fixtures.py makes it): %s", name, dir, err.msg);
+    if (!m) return;
     squad_backend *gpu = new_cuda(m, 0, prec), *cpu = new_cpu(m);
     int nr = 0, ne = 0;
     snprintf(path, sizeof path, "%s/rows.jsonl", dir);
     char **rows = test_read_lines(path, &nr);
+    CHECKF(rows != NULL, "fixture %s: missing or unreadable %s", name, path);
     snprintf(path, sizeof path, "%s/expected.jsonl", dir);
     char **exp = test_read_lines(path, &ne);
+    CHECKF(exp != NULL, "fixture %s: missing or unreadable %s", name, path);
     CHECKF(nr > 0 && nr == ne, "fixture %s: %d rows, %d expected", name, nr, ne);
     double w_ref = 0, w_cpu = 0, w_chunk = 0;
     int bad_ref = 0, bad_cpu = 0, ran = 0;
@@ -217,11 +216,11 @@ static void test_fixture(const char *name, squad_precision prec) {
     CHECKF(ran == nr, "fixture %s: %d of %d rows compared", name, ran, nr);
     CHECKF(w_ref <= tol, "fixture %s: cuda vs transformers %.3e", name, w_ref);
     CHECKF(w_cpu <= tol, "fixture %s: cuda vs cpu %.3e", name, w_cpu);
-    if (prec == SQUAD_PRECISION_EXACT) {
-        CHECKF(w_chunk <= TOL_CHUNKED, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
+    if (exact) {
+        CHECKF(w_chunk <= TOL_CUDA_EXACT_CHUNKED, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
         CHECKF(bad_ref == 0 && bad_cpu == 0, "fixture %s: argmax differs (%d, %d)", name, bad_ref, bad_cpu);
     } else {
-        CHECKF(w_chunk <= TOL_BF16, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
+        CHECKF(w_chunk <= TOL_CUDA_BF16_CHUNKED, "fixture %s: chunked vs one pass %.3e", name, w_chunk);
     }
     test_free_lines(rows, nr);
     test_free_lines(exp, ne);
@@ -246,19 +245,23 @@ static squad_engine *engine_cuda(squad_model *m, size_t budget, squad_precision 
 }
 
 static void test_cache_scenario(squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
+    const int exact = prec == SQUAD_PRECISION_EXACT;
+    const double tol = exact ? TOL_CUDA_EXACT_REF : TOL_CUDA_BF16_REF;
+    const double tol_cached = exact ? TOL_CUDA_EXACT_CACHED : TOL_CUDA_BF16_CACHED;
     const char *dir = "tests/fixtures/models/tiny-causal";
+    const char *rows_path = "tests/fixtures/models/tiny-causal/cache_rows.jsonl";
+    const char *exp_path = "tests/fixtures/models/tiny-causal/cache_expected.jsonl";
     squad_err err = {0};
     squad_model *m = squad_model_load(dir, &err);
-    if (!m) {
-        printf("cache scenario: %s, skipped\n", err.msg);
-        return;
-    }
+    CHECKF(m != NULL, "cache scenario: cannot load %s: %s", dir, err.msg);
+    if (!m) return;
     int nr = 0, ne = 0;
-    char **rows = test_read_lines("tests/fixtures/models/tiny-causal/cache_rows.jsonl", &nr);
-    char **exp = test_read_lines("tests/fixtures/models/tiny-causal/cache_expected.jsonl", &ne);
-    if (!rows || nr != ne) {
-        printf("cache scenario: no cache_rows.jsonl / cache_expected.jsonl, skipped\n");
+    char **rows = test_read_lines(rows_path, &nr);
+    char **exp = test_read_lines(exp_path, &ne);
+    CHECKF(rows != NULL, "cache scenario: missing or unreadable %s", rows_path);
+    CHECKF(exp != NULL, "cache scenario: missing or unreadable %s", exp_path);
+    CHECKF(nr == ne, "cache scenario: %d rows in %s, %d in %s", nr, rows_path, ne, exp_path);
+    if (!rows || !exp || nr != ne) {
         test_free_lines(rows, nr);
         test_free_lines(exp, ne);
         squad_model_free(m);
@@ -299,7 +302,7 @@ static void test_cache_scenario(squad_precision prec) {
                PREC_NAME[prec == SQUAD_PRECISION_BF16], budgets[bi] >> 20, n, (unsigned long long)st.hits, (unsigned long long)st.partial,
                (unsigned long long)st.cold, (unsigned long long)st.plain, (unsigned long long)st.evicted, w_plain, w_ref);
         CHECKF(n == nr, "cache scenario: %d of %d rows", n, nr);
-        CHECKF(w_plain <= TOL_CHUNKED, "cached vs uncached on CUDA: %.3e", w_plain);
+        CHECKF(w_plain <= tol_cached, "cached vs uncached on CUDA: %.3e", w_plain);
         CHECKF(w_ref <= tol && (bad == 0 || prec != SQUAD_PRECISION_EXACT), "cached vs transformers: %.3e, argmax flips %d",
                w_ref, bad);
         if (bi == 0) CHECKF(st.hits + st.partial > 0, "the cache scenario must hit");
@@ -360,7 +363,9 @@ static squad_model *synth_model(const char *preset, unsigned seed) {
 }
 
 static void test_synth(squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_REF : TOL_BF16;
+    const int exact = prec == SQUAD_PRECISION_EXACT;
+    const double tol = exact ? TOL_CUDA_EXACT_REF : TOL_CUDA_BF16_REF;
+    const double tol_restored = exact ? TOL_CUDA_EXACT_CACHED : TOL_CUDA_BF16_CACHED;
     squad_model *m = synth_model("demo", 7);
     if (!m) return;
     squad_err err = {0};
@@ -421,7 +426,7 @@ static void test_synth(squad_precision prec) {
             const int same = !rc && memcmp(b, c, sizeof(probs_t) * 3) == 0;
             printf("save / restore at %d of %d: max |restored - one pass| %.2e; prefix of a %d-position blob %s\n", A,
                    N, d, B, same ? "bit-identical" : "DIFFERS");
-            CHECKF(d <= TOL_CHUNKED, "restored vs one pass %.3e", d);
+            CHECKF(d <= tol_restored, "restored vs one pass %.3e", d);
             CHECKF(same, "a K / V blob's prefix must restore the same state");
         }
         gpu->release(gpu, G);
@@ -467,10 +472,8 @@ done:
 /* precapture: every graph of a small model at creation */
 /* ---- head_dim 256 with the engine's context ---- */
 
-#define TOL_EXACT_CPU 1e-4 /* the exact path against the CPU backend (both fp32; ~2e-6 seen) */
-
 static void test_hd256(squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_EXACT_CPU : TOL_BF16;
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_CUDA_EXACT_CPU : TOL_CUDA_BF16_REF;
     squad_model *m = synth_model("tiny-hd256", 5);
     if (!m) return;
     squad_err err = {0};
@@ -505,7 +508,7 @@ static void test_hd256(squad_precision prec) {
  * as the graphs; only the GEMM algorithms may differ (an eager backend does not tune), so the exact
  * path agrees to fp32 rounding. */
 static void test_eager(squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_EXACT_CPU : TOL_BF16;
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_CUDA_EXACT_EAGER : TOL_CUDA_BF16_EAGER;
     squad_model *m = synth_model("demo", 7);
     if (!m) return;
     squad_err err = {0};
@@ -538,6 +541,7 @@ static void test_eager(squad_precision prec) {
 static void test_precapture(void) {
     squad_err err = {0};
     squad_model *m = squad_model_load("tests/fixtures/models/tiny-causal", &err);
+    CHECKF(m != NULL, "precapture: cannot load tests/fixtures/models/tiny-causal: %s", err.msg);
     if (!m) return;
     const double t0 = squad_now_seconds();
     squad_backend *be = new_cuda(m, 1, SQUAD_PRECISION_BF16);
@@ -558,10 +562,7 @@ static void test_precapture(void) {
  * projection of CUDA's own hidden rows: fp32 in both precisions (DECISIONS-API.md section D).
  * End to end, against the CPU exact backend's rows: the exact path's rows differ from the CPU's by
  * summation order (~2e-6 in the probabilities); bf16 activations move these random models' logits
- * far more (see TOL_BF16): a gross-error bound. */
-#define TOL_VOCAB_OWN 1e-6
-#define TOL_VOCAB_EXACT 1e-4
-#define TOL_VOCAB_BF16 5e-2
+ * far more (see TOL_CUDA_BF16_REF): a gross-error bound. The names: tests/tolerances.h. */
 
 typedef struct vocab_ref {
     double lse, letters_lse, top, second;
@@ -644,7 +645,7 @@ static void check_vocab(const char *what, const squad_result *res, const squad_r
             CHECKF(res->top_token[i] == r->top_token, "%s slot %d: top token %d, reference %d", what, i,
                    res->top_token[i], r->top_token);
         const double mass = fmin(1.0, exp((double)res->letters_lse[i] - res->vocab_lse[i]));
-        CHECKF(fabs(res->label_mass[i] - mass) <= 1e-6, "%s slot %d: label_mass %.7g vs %.7g", what, i,
+        CHECKF(fabs(res->label_mass[i] - mass) <= TOL_VOCAB_LABEL_MASS, "%s slot %d: label_mass %.7g vs %.7g", what, i,
                res->label_mass[i], mass);
     }
     printf("vocab %-34s %d slots, worst %.2e of the logits' scale (tol %.0e)\n", what, row->n_slots, worst, tol);
@@ -666,7 +667,7 @@ static squad_engine *engine_cpu_exact(squad_model *m) {
  * against the CPU exact backend's rows projected in double; a row that does not ask gets the same
  * probabilities; the time a row pays for asking. */
 static void test_vocab_model(squad_model *m, const char *name, squad_precision prec) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_VOCAB_EXACT : TOL_VOCAB_BF16;
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_VOCAB_CUDA_EXACT_CPU : TOL_VOCAB_CUDA_BF16_CPU;
     squad_engine *cpu = engine_cpu_exact(m);
     squad_engine *plain = engine_cuda(m, 0, prec);
     squad_engine *cached = engine_cuda(m, (size_t)256 << 20, prec);
@@ -691,7 +692,7 @@ static void test_vocab_model(squad_model *m, const char *name, squad_precision p
         vocab_ref own[12];
         snprintf(what, sizeof what, "%s %s plain, own rows", name, PREC_NAME[prec == SQUAD_PRECISION_BF16]);
         const int last = (g->row.n_ids - 1) / plain->be->max_chunk * plain->be->max_chunk;
-        if (vocab_own_refs(plain, &g->row, last, own) == 0) check_vocab(what, a, &g->row, own, TOL_VOCAB_OWN);
+        if (vocab_own_refs(plain, &g->row, last, own) == 0) check_vocab(what, a, &g->row, own, TOL_VOCAB_EXACT_LSE);
         CHECK(squad_engine_score(plain, &g->row, b, &err) == 0 && b->has_vocab == 0);
         int same = 1;
         for (int i = 0; i < 12; i++) same &= memcmp(a->probs[i], b->probs[i], sizeof a->probs[i]) == 0;
@@ -724,7 +725,7 @@ static void test_vocab_model(squad_model *m, const char *name, squad_precision p
         vocab_ref own[2];
         snprintf(what, sizeof what, "%s %s cached %s, own rows", name, PREC_NAME[prec == SQUAD_PRECISION_BF16],
                  pass ? "hit" : "cold");
-        if (vocab_own_refs(cached, &g->row, 640, own) == 0) check_vocab(what, a, &g->row, own, TOL_VOCAB_OWN);
+        if (vocab_own_refs(cached, &g->row, 640, own) == 0) check_vocab(what, a, &g->row, own, TOL_VOCAB_EXACT_LSE);
     }
 out:
     free(g);
@@ -770,7 +771,7 @@ static void test_auto_budget(void) {
 int main(void) {
     if (squad_cuda_device_count() <= 0) {
         printf("gpu_test_backend: no CUDA device, skipped\n");
-        return 77;
+        return TEST_SKIPPED;
     }
     /* SQUAD_GPU_TEST_QUICK=1 (under compute-sanitizer): the small fixtures and the cache scenario */
     const char *quick = getenv("SQUAD_GPU_TEST_QUICK");
@@ -792,6 +793,6 @@ int main(void) {
 #else
 int main(void) {
     printf("gpu_test_backend: built without CUDA, skipped\n");
-    return 77;
+    return TEST_SKIPPED;
 }
 #endif

@@ -7,7 +7,7 @@
  *    questions, an action appended, a middle changed, exact repeats, a state longer than stride, a
  *    row sharing part of a long state, interleaved unrelated states, ineligible rows) under several
  *    policies and budgets: every answer equals the uncached engine's and the fixture's
- *    cache_expected.jsonl within 1e-4;
+ *    cache_expected.jsonl within TOL_CPU_EXACT_CACHED;
  *  - reuse: each row's `reused` is exactly the position of the checkpoint the index held for it
  *    (looked up before the row), and at least what the earlier runtime's policy gives, simulated
  *    here from its rules (the deepest of p, state_len - tail and stride positions, plus chunk-cap
@@ -35,13 +35,13 @@
 #include "rows.h"
 #include "squad.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 #if __has_include("synth.h")
 #include "synth.h"
 #define HAVE_SYNTH 1
 #endif
 
-#define TOL 1e-4
 #define FIXTURE_DIR "tests/fixtures/models/tiny-causal"
 #define MAX_ROWS 256
 /* the random workload */
@@ -346,11 +346,11 @@ static void run_sequence(const fixture *fx, const squad_result *plain, const seq
         CHECKF(rc == 0, "%s row %d: %s", sc->name, i, err.msg);
         if (rc) continue;
         double d = answer_diff(row, r, &plain[i]);
-        CHECKF(d <= TOL, "%s row %d: |cached - uncached| %.3g", sc->name, i, d);
+        CHECKF(d <= TOL_CPU_EXACT_CACHED, "%s row %d: |cached - uncached| %.3g", sc->name, i, d);
         if (d > worst_plain) worst_plain = d;
         if (fx->expected[i]) {
             d = expected_diff(row, r, fx->expected[i]);
-            CHECKF(d <= TOL, "%s row %d: |cached - reference| %.3g", sc->name, i, d);
+            CHECKF(d <= TOL_CPU_EXACT_CACHED, "%s row %d: |cached - reference| %.3g", sc->name, i, d);
             if (d > worst_exp) worst_exp = d;
         }
         const int memo_hit = r->computed == 0 && r->reused == row->n_ids;
@@ -558,7 +558,7 @@ static void test_many_rows(squad_model *m) {
             if (squad_engine_score(plain, &row, ref, &err) == 0) {
                 double d = answer_diff(&row, r, ref);
                 if (d > worst) worst = d;
-                if (d > TOL) {
+                if (d > TOL_CPU_EXACT_CACHED) {
                     CHECKF(0, "row %d: |cached - uncached| %.3g", i, d);
                     failures++;
                 }
@@ -660,7 +660,7 @@ static void test_memo_counts(squad_model *m, squad_engine *plain) {
     r->row.state_len = -1;
     CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
     CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->memo == 1);
-    CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0 && answer_diff(&r->row, b, ref) <= TOL);
+    CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0 && answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
     squad_engine_cache_stats(e, &st);
     CHECK(st.memo_hits == 2 && st.tokens_memo == 2 * (uint64_t)r->row.n_ids && st.plain == 1 && st.rows == 1);
     free(r), free(a), free(b), free(ref);
@@ -710,7 +710,7 @@ static void test_cancel(squad_model *m, squad_engine *plain) {
             CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
             CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
             const double d = answer_diff(&r->row, a, ref);
-            CHECKF(d <= TOL, "after a cancel at poll %d: answer off by %.3g", k, d);
+            CHECKF(d <= TOL_CPU_EXACT_CACHED, "after a cancel at poll %d: answer off by %.3g", k, d);
             cache_consistent(e, "after the row that followed a cancel");
         }
     }
@@ -737,7 +737,7 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score(full, &r->row, a, &err) == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL && answer_diff(&r->row, b, ref) <= TOL);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
         CHECKF(a->cache_written == p && b->cache_written == p, "cache_written %d and %d, p %d", a->cache_written,
                b->cache_written, p);
         squad_cache_stats sf, se;
@@ -754,7 +754,7 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score(full, &r->row, a, &err) == 0 && a->reused == p && a->cache_written == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0 && b->reused == p && b->cache_written == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL && answer_diff(&r->row, b, ref) <= TOL);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
         /* the state grows by 200 tokens: the new end minus the restored position */
         opt_row_make(r, state, state_len + 200, 20, 3, V);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
@@ -784,7 +784,7 @@ static void test_uncacheable(squad_model *m, squad_engine *plain) {
     if (e) {
         opt_row_make(r, state, 600, 20, 1, V);
         CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && squad_engine_score(plain, &r->row, ref, &err) == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL && a->cache_written == 0 && a->reused == 0);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && a->cache_written == 0 && a->reused == 0);
         squad_cache_stats st;
         squad_engine_cache_stats(e, &st);
         CHECK(st.uncacheable == 1 && st.checkpoints == 0 && st.rows == 1);
@@ -833,7 +833,7 @@ static void test_clear(squad_model *m) {
         cache_consistent(e, "after a clear");
         /* the repeat is neither a memo answer nor a hit */
         CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->memo == 0 && b->reused == 0);
-        CHECK(answer_diff(&r->row, a, b) <= TOL);
+        CHECK(answer_diff(&r->row, a, b) <= TOL_CPU_EXACT_CACHED);
         cache_consistent(e, "a row after a clear");
     }
     squad_engine_free(e);

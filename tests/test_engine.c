@@ -1,8 +1,8 @@
 /*
  * test_engine.c — the CPU engine against the transformers reference fixtures
  * (tests/fixtures/models/<name>/rows.jsonl + expected.jsonl, made by tools/make_fixtures.py):
- * every probability within 1e-4 absolute. Also continuation: any split of a row into chunks
- * (1, 7, 64, 100, ... tokens) gives the one-pass answer within 1e-5, and bad rows give errors.
+ * every probability within TOL_CPU_EXACT_REF absolute. Also continuation: any split of a row into chunks
+ * (1, 7, 64, 100, ... tokens) gives the one-pass answer within TOL_CPU_EXACT_CHUNKED, and bad rows give errors.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -15,12 +15,9 @@
 #include "rows.h"
 #include "squad.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 
-/* The agreement the engine issue asks for with the fixtures. */
-#define FIXTURE_TOLERANCE 1e-4
-/* Any chunk split against one pass. */
-#define SPLIT_TOLERANCE 1e-5
 
 static const char *FIXTURE_ROOT = "tests/fixtures/models";
 
@@ -84,7 +81,7 @@ static void check_fixture(const char *name) {
         CHECKF(rc == 0, "%s row %d: %s", name, i, err.msg);
         if (!rc) {
             double w = compare_expected(res, &rb.row, exp[i]);
-            CHECKF(w <= FIXTURE_TOLERANCE, "%s row %d (%d tokens): worst |diff| %g", name, i, rb.row.n_ids, w);
+            CHECKF(w <= TOL_CPU_EXACT_REF, "%s row %d (%d tokens): worst |diff| %g", name, i, rb.row.n_ids, w);
             if (w > worst_all) worst_all = w;
         }
         squad_row_buf_free(&rb);
@@ -127,7 +124,7 @@ static void check_splits(const char *name) {
         double worst = 0;
         for (int i = 0; i < 3; i++)
             for (int l = 0; l < nopts[i]; l++) worst = fmax(worst, fabs(one->probs[i][l] - split->probs[i][l]));
-        CHECKF(worst <= SPLIT_TOLERANCE, "%s split %zu: worst %g", name, p, worst);
+        CHECKF(worst <= TOL_CPU_EXACT_CHUNKED, "%s split %zu: worst %g", name, p, worst);
     }
     free(one), free(split), free(ids);
     squad_engine_free(e);
@@ -174,7 +171,7 @@ static void check_bad_rows(const char *name) {
     int32_t ids[3] = {1, 2, 3}, slots[1] = {2}, nopts[1] = {2}, letters[2] = {1, 2};
     squad_row good = {ids, 3, slots, nopts, 1, letters, 2, -1};
     CHECK(squad_engine_score(e, &good, res, &err) == 0);
-    CHECK_NEAR(res->probs[0][0] + res->probs[0][1], 1.0, 1e-5);
+    CHECK_NEAR(res->probs[0][0] + res->probs[0][1], 1.0, TOL_PROB_SUM);
     free(res);
     squad_engine_free(e);
     squad_model_free(m);

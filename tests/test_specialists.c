@@ -702,7 +702,12 @@ static void check_refusals(void) {
 
 static void check_fixture(void) {
     if (access(FIXTURE "/manifest.json", R_OK) != 0) {
-        fprintf(stderr, "note: %s absent (made by tools/make_specialist_fixtures.py); its checks not run\n", FIXTURE);
+        /* The fixture is made on the GPU machine (peft, transformers); everything above ran. */
+        fprintf(stderr,
+                "NOT RUN: %s/manifest.json is absent (tools/make_specialist_fixtures.py makes it), so these "
+                "checks did not run: loading peft's own adapter files (adapter count, scales, pair counts, "
+                "ranks, router layer) and the routes against its expected.jsonl\n",
+                FIXTURE);
         return;
     }
     squad_err e = {0};

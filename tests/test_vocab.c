@@ -4,15 +4,15 @@
  *
  * For a slot whose hidden row is still in the backend (the last chunk of the row), the test reads
  * that row (squad_cpu_backend_hidden), applies the final norm and multiplies it by every row of
- * the output embedding in double, and compares: vocab_lse and letters_lse within 1e-6 relative,
- * top_logit likewise, top_token equal wherever the two largest logits are further apart than the
+ * the output embedding in double, and compares: vocab_lse and letters_lse within TOL_VOCAB_EXACT_LSE
+ * relative, top_logit likewise, top_token equal wherever the two largest logits are further apart than the
  * tolerance, label_mass = exp(letters_lse - vocab_lse). A slot in an earlier chunk is compared
  * with a reference backend run up to it (its hidden row differs from the engine's by the GEMMs'
  * round-off across chunk lengths: a looser bound). Models: the tiny preset with the Qwen tokenizer's
  * vocabulary (151k rows: many steps of the backend's vocabulary pass), the tiny preset itself
  * (300 rows, less than one step) and the untied fixture (lm_head apart from embed_tokens).
  * Paths: plain (several slots, one chunk and several), cached (cold, hit, memo), chunk splits, and
- * bf16 against the exact reference (within 1e-2).
+ * bf16 against the exact reference (within TOL_VOCAB_BF16_LSE). Bounds: tests/tolerances.h.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -27,13 +27,13 @@
 #include "squad.h"
 #include "synth.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 
-#define TOL_EXACT 1e-6       /* relative, the same hidden row: DECISIONS-API.md section D */
-/* relative, a slot's hidden row from a run of other chunk lengths: the GEMMs' round-off differs
- * with the chunk's shape, and the random test models amplify it */
-#define TOL_OTHER_CHUNKS 1e-4
-#define TOL_BF16 1e-2 /* relative, the bf16 engine against the exact reference */
+/* Bounds (tests/tolerances.h), relative: TOL_VOCAB_EXACT_LSE for the same hidden row
+ * (DECISIONS-API.md section D); TOL_VOCAB_EXACT_CHUNKED for a slot's hidden row from a run of other
+ * chunk lengths (the GEMMs' round-off differs with the chunk's shape, and the random test models
+ * amplify it); TOL_VOCAB_BF16_LSE for the bf16 engine against the exact one. */
 #define QWEN_TOKENIZER "third_party/qwen3/tokenizer.json"
 #define UNTIED_FIXTURE "tests/fixtures/models/tiny-cond-untied"
 
@@ -93,7 +93,7 @@ static void check_slot(const char *what, const squad_result *res, int i, const r
         CHECKF(res->top_token[i] == r->top_token, "%s slot %d: top_token %d vs %d", what, i, res->top_token[i],
                r->top_token);
     const double mass = exp((double)res->letters_lse[i] - res->vocab_lse[i]);
-    CHECKF(fabs(res->label_mass[i] - fmin(mass, 1.0)) <= 1e-6 && res->label_mass[i] > 0 && res->label_mass[i] <= 1,
+    CHECKF(fabs(res->label_mass[i] - fmin(mass, 1.0)) <= TOL_VOCAB_LABEL_MASS && res->label_mass[i] > 0 && res->label_mass[i] <= 1,
            "%s slot %d: label_mass %.9g, exp(letters - vocab) %.9g", what, i, res->label_mass[i], mass);
 }
 
@@ -199,11 +199,11 @@ static void check_result(const char *what, squad_engine *e, squad_backend *ref_b
         if (q >= last_start) {
             CHECKF(squad_cpu_backend_hidden(e->be, q - last_start, h, &err) == 0, "%s: %s", what, err.msg);
             reference(m, h, row->letters, row->nopts[i], &r);
-            check_slot(what, res, i, &r, TOL_EXACT);
+            check_slot(what, res, i, &r, TOL_VOCAB_EXACT_LSE);
         } else {
             CHECKF(hidden_by_run(ref_be, row, q, h, &err) == 0, "%s: %s", what, err.msg);
             reference(m, h, row->letters, row->nopts[i], &r);
-            check_slot(what, res, i, &r, TOL_OTHER_CHUNKS);
+            check_slot(what, res, i, &r, TOL_VOCAB_EXACT_CHUNKED);
         }
     }
     free(h);
@@ -295,7 +295,7 @@ static void test_splits(squad_model *m) {
             worst = fmax(worst, fabs(split->vocab_lse[i] - one->vocab_lse[i]) / fmax(1.0, fabs(one->vocab_lse[i])));
             worst = fmax(worst, fabs(split->letters_lse[i] - one->letters_lse[i]) / fmax(1.0, fabs(one->letters_lse[i])));
         }
-        CHECKF(worst <= TOL_OTHER_CHUNKS, "split %zu: figures differ by %.3g relative", p, worst);
+        CHECKF(worst <= TOL_VOCAB_EXACT_CHUNKED, "split %zu: figures differ by %.3g relative", p, worst);
         /* the last piece is one chunk: its slots against the projection of its rows */
         float *h = malloc(sizeof(float) * (size_t)m->cfg.hidden_size);
         for (int i = 0; i < 4; i++) {
@@ -305,7 +305,7 @@ static void test_splits(squad_model *m) {
             reference(m, h, t->letters, t->nopts[i], &r);
             split->has_vocab = 1;
             split->label_mass[i] = (float)fmin(1.0, exp((double)split->letters_lse[i] - split->vocab_lse[i]));
-            check_slot("split last piece", split, i, &r, TOL_EXACT);
+            check_slot("split last piece", split, i, &r, TOL_VOCAB_EXACT_LSE);
         }
         free(h);
     }
@@ -364,7 +364,7 @@ out:
     if (ref_be) ref_be->destroy(ref_be);
 }
 
-/* bf16: its own rows projected exactly (the pass is fp32), and within 1e-2 of the exact engine. */
+/* bf16: its own rows projected exactly (the pass is fp32), and within TOL_VOCAB_BF16_LSE of the exact engine. */
 static void test_bf16(squad_model *m) {
     squad_engine *e = engine_for(m, SQUAD_PRECISION_BF16, 0);
     squad_engine *x = engine_for(m, SQUAD_PRECISION_EXACT, 0);
@@ -380,15 +380,15 @@ static void test_bf16(squad_model *m) {
     CHECKF(squad_engine_score_ex(e, &t->row, &vo, a, &err) == 0, "%s", err.msg);
     check_result("bf16 own rows", e, ref_be, &t->row, a, 0);
     CHECKF(squad_engine_score_ex(x, &t->row, &vo, b, &err) == 0, "%s", err.msg);
-    /* logits move with bf16 activations by about TOL_BF16 of their scale (the vocabulary's
+    /* logits move with bf16 activations by about TOL_VOCAB_BF16_LSE of their scale (the vocabulary's
      * log-sum-exp), so letters_lse is held to that, and label_mass to the two bounds together */
     for (int i = 0; i < 3; i++) {
         const double scale = fmax(1.0, fabs(b->vocab_lse[i]));
-        CHECKF(rel_close(a->vocab_lse[i], b->vocab_lse[i], TOL_BF16), "bf16 slot %d: vocab_lse %.6g vs exact %.6g", i,
+        CHECKF(rel_close(a->vocab_lse[i], b->vocab_lse[i], TOL_VOCAB_BF16_LSE), "bf16 slot %d: vocab_lse %.6g vs exact %.6g", i,
                a->vocab_lse[i], b->vocab_lse[i]);
-        CHECKF(fabs(a->letters_lse[i] - b->letters_lse[i]) <= TOL_BF16 * scale,
+        CHECKF(fabs(a->letters_lse[i] - b->letters_lse[i]) <= TOL_VOCAB_BF16_LSE * scale,
                "bf16 slot %d: letters_lse %.6g vs %.6g", i, a->letters_lse[i], b->letters_lse[i]);
-        CHECKF(fabs(log(a->label_mass[i]) - log(b->label_mass[i])) <= 2 * TOL_BF16 * scale,
+        CHECKF(fabs(log(a->label_mass[i]) - log(b->label_mass[i])) <= 2 * TOL_VOCAB_BF16_LSE * scale,
                "bf16 slot %d: label_mass %.6g vs %.6g", i, a->label_mass[i], b->label_mass[i]);
     }
     free(t);
