@@ -28,8 +28,10 @@ for k in rows hits partial cold plain memo_hits tokens_memo uncacheable tokens_r
   check "--stats: counter $k" $(grep -q "\"$k\": [0-9]" "$tmp/err"; echo $?)
 done
 stat() { sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" "$tmp/err"; }
-check "--stats: memo_hits counts the two repeats (got $(stat memo_hits))" $([ "$(stat memo_hits)" = 2 ]; echo $?)
-check "--stats: tokens_memo counts their 8 tokens (got $(stat tokens_memo))" $([ "$(stat tokens_memo)" = 8 ]; echo $?)
+check "--stats: memo_hits counts the two repeats (got $(stat memo_hits))" \
+    $([ "$(stat memo_hits)" = 2 ]; echo $?)
+check "--stats: tokens_memo counts their 8 tokens (got $(stat tokens_memo))" \
+    $([ "$(stat tokens_memo)" = 8 ]; echo $?)
 check "--stats: the first row counted once, outside the memo (rows $(stat rows), plain $(stat plain))" \
     $([ $(($(stat rows) + $(stat plain))) -eq 1 ]; echo $?)
 

@@ -5,20 +5,24 @@
  * tolerance, and to a loose bound against the fp32 references). The bounds are named in
  * tests/tolerances.h (TOL_CUDA_*, TOL_VOCAB_*, TOL_ARGMAX_GAP); those below are the exact path's.
  *  - fixtures (tests/fixtures/models/<name>): every row on the CUDA backend against expected.jsonl
- *    (transformers, fp32) and against the CPU backend: each probability within TOL_CUDA_EXACT_REF absolute,
- *    the same argmax wherever the reference's top two differ by more than TOL_ARGMAX_GAP; the same row in short
- *    chunks (continuation through the working state, several graph buckets) within TOL_CUDA_EXACT_CHUNKED;
+ *    (transformers, fp32) and against the CPU backend: each probability within TOL_CUDA_EXACT_REF
+ *    absolute, the same argmax wherever the reference's top two differ by more than TOL_ARGMAX_GAP;
+ *    the same row in short chunks (continuation through the working state, several graph buckets)
+ *    within TOL_CUDA_EXACT_CHUNKED; a missing model directory or row file is a failed check;
  *  - the cache scenario (tiny-causal cache_rows.jsonl) through the engine on CUDA with the state
- *    cache (ample and tight budgets) against the same engine without a cache (TOL_CUDA_EXACT_CACHED)
- *    and the uncached reference (TOL_CUDA_EXACT_REF);
+ *    cache (ample and tight budgets) against the same engine without a cache
+ *    (TOL_CUDA_EXACT_CACHED) and the uncached reference (TOL_CUDA_EXACT_REF);
  *  - a synthesized model (the demo preset: hd 64, GDN 64) with multi-chunk rows of up to 3000
  *    tokens against the CPU backend; a row continued from a saved and restored state (save_gdn /
- *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass (TOL_CUDA_EXACT_CACHED); a K / V
- *    blob of more positions restored as a prefix, and the same row twice, bit for bit;
+ *    load_gdn, save_kv / load_kv, with a clobbering row between) against one pass
+ *    (TOL_CUDA_EXACT_CACHED); a K / V blob of more positions restored as a prefix, and the same row
+ *    twice, bit for bit;
+ *  - eager launches against the graphs (TOL_CUDA_EXACT_EAGER);
  *  - the tiny-hd256 preset (attention head_dim 256, the 0.8B's) with the engine's context (32768
- *    positions: a K / V cache of 128 MB in fp32) against the CPU backend, exact within TOL_CUDA_EXACT_CPU: the
- *    regression check for weights wiped at load (the zeroing of each new buffer ran on a
- *    non-blocking stream behind the K / V cache's and could land after the weight upload);
+ *    positions: a K / V cache of 128 MB in fp32) against the CPU backend, exact within
+ *    TOL_CUDA_EXACT_CPU: the regression check for weights wiped at load (the zeroing of each new
+ *    buffer ran on a non-blocking stream behind the K / V cache's and could land after the weight
+ *    upload);
  *  - bad chunks are refused and the backend stays usable;
  *  - the full-vocabulary figures (want_vocab) on the plain path (12 slots: two passes) and the
  *    cached path, against a double projection of the CPU exact backend's hidden rows, on the demo

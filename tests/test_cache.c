@@ -737,7 +737,8 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score(full, &r->row, a, &err) == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED &&
+              answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
         CHECKF(a->cache_written == p && b->cache_written == p, "cache_written %d and %d, p %d", a->cache_written,
                b->cache_written, p);
         squad_cache_stats sf, se;
@@ -754,7 +755,8 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score(full, &r->row, a, &err) == 0 && a->reused == p && a->cache_written == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0 && b->reused == p && b->cache_written == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED &&
+              answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
         /* the state grows by 200 tokens: the new end minus the restored position */
         opt_row_make(r, state, state_len + 200, 20, 3, V);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);

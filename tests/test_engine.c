@@ -1,8 +1,9 @@
 /*
  * test_engine.c — the CPU engine against the transformers reference fixtures
  * (tests/fixtures/models/<name>/rows.jsonl + expected.jsonl, made by tools/make_fixtures.py):
- * every probability within TOL_CPU_EXACT_REF absolute. Also continuation: any split of a row into chunks
- * (1, 7, 64, 100, ... tokens) gives the one-pass answer within TOL_CPU_EXACT_CHUNKED, and bad rows give errors.
+ * every probability within TOL_CPU_EXACT_REF absolute (tests/tolerances.h). Also continuation: any
+ * split of a row into chunks (1, 7, 64, 100, ... tokens) gives the one-pass answer within
+ * TOL_CPU_EXACT_CHUNKED, and bad rows give errors.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
@@ -17,7 +18,6 @@
 #include "testutil.h"
 #include "tolerances.h"
 #include "util.h"
-
 
 static const char *FIXTURE_ROOT = "tests/fixtures/models";
 

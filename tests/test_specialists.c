@@ -706,7 +706,7 @@ static void check_fixture(void) {
         fprintf(stderr,
                 "NOT RUN: %s/manifest.json is absent (tools/make_specialist_fixtures.py makes it), so these "
                 "checks did not run: loading peft's own adapter files (adapter count, scales, pair counts, "
-                "ranks, router layer) and the routes against its expected.jsonl\n",
+                "ranks, router layer) and its expected.jsonl's routes against the loaded adapters\n",
                 FIXTURE);
         return;
     }

@@ -4,11 +4,12 @@
  *
  * For a slot whose hidden row is still in the backend (the last chunk of the row), the test reads
  * that row (squad_cpu_backend_hidden), applies the final norm and multiplies it by every row of
- * the output embedding in double, and compares: vocab_lse and letters_lse within TOL_VOCAB_EXACT_LSE
- * relative, top_logit likewise, top_token equal wherever the two largest logits are further apart than the
- * tolerance, label_mass = exp(letters_lse - vocab_lse). A slot in an earlier chunk is compared
- * with a reference backend run up to it (its hidden row differs from the engine's by the GEMMs'
- * round-off across chunk lengths: a looser bound). Models: the tiny preset with the Qwen tokenizer's
+ * the output embedding in double, and compares: vocab_lse and letters_lse within
+ * TOL_VOCAB_EXACT_LSE relative, top_logit likewise, top_token equal wherever the two largest logits
+ * are further apart than the tolerance, label_mass = exp(letters_lse - vocab_lse) (within
+ * TOL_VOCAB_LABEL_MASS). A slot in an earlier chunk is compared with a reference backend run up to
+ * it (its hidden row differs from the engine's by the GEMMs' round-off across chunk lengths: the
+ * looser TOL_VOCAB_EXACT_CHUNKED). Models: the tiny preset with the Qwen tokenizer's
  * vocabulary (151k rows: many steps of the backend's vocabulary pass), the tiny preset itself
  * (300 rows, less than one step) and the untied fixture (lm_head apart from embed_tokens).
  * Paths: plain (several slots, one chunk and several), cached (cold, hit, memo), chunk splits, and
@@ -93,7 +94,8 @@ static void check_slot(const char *what, const squad_result *res, int i, const r
         CHECKF(res->top_token[i] == r->top_token, "%s slot %d: top_token %d vs %d", what, i, res->top_token[i],
                r->top_token);
     const double mass = exp((double)res->letters_lse[i] - res->vocab_lse[i]);
-    CHECKF(fabs(res->label_mass[i] - fmin(mass, 1.0)) <= TOL_VOCAB_LABEL_MASS && res->label_mass[i] > 0 && res->label_mass[i] <= 1,
+    CHECKF(fabs(res->label_mass[i] - fmin(mass, 1.0)) <= TOL_VOCAB_LABEL_MASS && res->label_mass[i] > 0 &&
+               res->label_mass[i] <= 1,
            "%s slot %d: label_mass %.9g, exp(letters - vocab) %.9g", what, i, res->label_mass[i], mass);
 }
 
@@ -364,7 +366,8 @@ out:
     if (ref_be) ref_be->destroy(ref_be);
 }
 
-/* bf16: its own rows projected exactly (the pass is fp32), and within TOL_VOCAB_BF16_LSE of the exact engine. */
+/* bf16: its own rows projected exactly (the pass is fp32), and within TOL_VOCAB_BF16_LSE of the
+ * exact engine. */
 static void test_bf16(squad_model *m) {
     squad_engine *e = engine_for(m, SQUAD_PRECISION_BF16, 0);
     squad_engine *x = engine_for(m, SQUAD_PRECISION_EXACT, 0);
@@ -384,8 +387,8 @@ static void test_bf16(squad_model *m) {
      * log-sum-exp), so letters_lse is held to that, and label_mass to the two bounds together */
     for (int i = 0; i < 3; i++) {
         const double scale = fmax(1.0, fabs(b->vocab_lse[i]));
-        CHECKF(rel_close(a->vocab_lse[i], b->vocab_lse[i], TOL_VOCAB_BF16_LSE), "bf16 slot %d: vocab_lse %.6g vs exact %.6g", i,
-               a->vocab_lse[i], b->vocab_lse[i]);
+        CHECKF(rel_close(a->vocab_lse[i], b->vocab_lse[i], TOL_VOCAB_BF16_LSE),
+               "bf16 slot %d: vocab_lse %.6g vs exact %.6g", i, a->vocab_lse[i], b->vocab_lse[i]);
         CHECKF(fabs(a->letters_lse[i] - b->letters_lse[i]) <= TOL_VOCAB_BF16_LSE * scale,
                "bf16 slot %d: letters_lse %.6g vs %.6g", i, a->letters_lse[i], b->letters_lse[i]);
         CHECKF(fabs(log(a->label_mass[i]) - log(b->label_mass[i])) <= 2 * TOL_VOCAB_BF16_LSE * scale,

@@ -37,8 +37,8 @@
 #define TOL_CUDA_EXACT_CPU 1e-4      /* against the CPU backend on synthesized presets (~2e-6 seen) */
 #define TOL_CUDA_EXACT_CHUNKED 0.01  /* chunked continuation against one pass */
 #define TOL_CUDA_EXACT_CACHED 0.01   /* cached against uncached; a saved and restored state against one pass */
-#define TOL_CUDA_BF16_REF 0.25       /* against the fp32 references (transformers, the CPU exact
-                                        backend): gross-error bound only */
+/* Against the fp32 references (transformers, the CPU exact backend): a gross-error bound only. */
+#define TOL_CUDA_BF16_REF 0.25
 #define TOL_CUDA_BF16_CHUNKED 0.25   /* chunked against one pass on the bf16 path */
 #define TOL_CUDA_BF16_CACHED 0.01    /* cached against uncached: the same kernels, so as tight as exact */
 /* Eager launches against the graphs: the same kernels, only the GEMM algorithms may differ (an
@@ -49,10 +49,10 @@
 #define TOL_ARGMAX_GAP 0.05
 
 /* ---- the full-vocabulary figures (log-sum-exp over the vocabulary), relative ---- */
-#define TOL_VOCAB_EXACT_LSE 1e-6     /* the pass against a double projection of the same hidden rows */
-#define TOL_VOCAB_EXACT_CHUNKED 1e-4 /* a hidden row from a run of other chunk lengths: the GEMMs'
-                                        round-off differs with the chunk's shape */
-#define TOL_VOCAB_BF16_LSE 1e-2      /* the CPU bf16 engine against the CPU exact engine */
+#define TOL_VOCAB_EXACT_LSE 1e-6 /* the pass against a double projection of the same hidden rows */
+/* A hidden row from a run of other chunk lengths: the GEMMs' round-off differs with the chunk's shape. */
+#define TOL_VOCAB_EXACT_CHUNKED 1e-4
+#define TOL_VOCAB_BF16_LSE 1e-2       /* the CPU bf16 engine against the CPU exact engine */
 #define TOL_VOCAB_CUDA_EXACT_CPU 1e-4 /* CUDA exact end to end against the CPU exact backend's rows */
 #define TOL_VOCAB_CUDA_BF16_CPU 5e-2  /* CUDA bf16 end to end against the same: gross-error bound */
 /* label_mass against exp(letters_lse - vocab_lse) of the same result, absolute (float rounding). */
