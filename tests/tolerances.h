@@ -33,8 +33,8 @@
 #define TOL_PROB_SUM 1e-5
 
 /* ---- the CUDA backend, the whole forward ---- */
-#define TOL_CUDA_EXACT_REF 0.02      /* against transformers, and against the CPU backend */
-#define TOL_CUDA_EXACT_CPU 1e-4      /* against the CPU backend on synthesized presets (~2e-6 seen) */
+#define TOL_CUDA_EXACT_REF 0.02      /* against transformers; against the CPU on the fixtures and demo preset */
+#define TOL_CUDA_EXACT_CPU 1e-4      /* against the CPU backend on the tiny-hd256 preset (~2e-6 seen) */
 #define TOL_CUDA_EXACT_CHUNKED 0.01  /* chunked continuation against one pass */
 #define TOL_CUDA_EXACT_CACHED 0.01   /* cached against uncached; a saved and restored state against one pass */
 /* Against the fp32 references (transformers, the CPU exact backend): a gross-error bound only. */
