@@ -153,10 +153,12 @@ static squad_backend *new_cuda_ctx(const squad_model *m, int precapture, squad_p
 static squad_backend *new_cuda(const squad_model *m, int precapture, squad_precision prec) {
     return new_cuda_ctx(m, precapture, prec, MAX_CONTEXT);
 }
+/* The CPU reference: always the exact (fp32) path, whatever the default precision is. */
 static squad_backend *new_cpu(const squad_model *m) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CPU;
+    o.precision = SQUAD_PRECISION_EXACT;
     squad_err err = {0};
     squad_backend *be = squad_cpu_backend_new(m, &o, MAX_CONTEXT, &err);
     CHECKF(be != NULL, "cpu backend: %s", err.msg);

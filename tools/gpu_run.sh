@@ -43,13 +43,16 @@
 #              forward captured as one CUDA graph: the earlier runtime's setup. Needs .fla/ (a copy of
 #              fla's `fla` package + a dist-info so transformers sees it; git-ignored, never committed)
 #              carried: carry [".carry", ".fla"] -> hf_fla.log
+#   specfix    (not by default) tools/make_specialist_fixtures.py -> specfix.tgz, specfix.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
-BINS="squad gpu_test_kernels gpu_test_backend gpu_test_repro bench_gpu"
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_repro bench_gpu"}
+# the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
+GPU_BUILD=${GPU_BUILD:-build-gpu}
 
 if [ "${1:-}" = "--prepare-fla" ]; then
     # HERE: .fla/ from a fetched flash-linear-attention repository (its git directory, e.g. the
@@ -74,13 +77,13 @@ fi
 if [ "${1:-}" = "--prepare" ]; then
     set -e
     cd "$ROOT"
-    cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual" >/dev/null
-    cmake --build build-gpu -j2 --target $BINS
+    cmake -S . -B "$GPU_BUILD" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual" >/dev/null
+    cmake --build "$GPU_BUILD" -j2 --target $BINS
     rm -rf "$CARRY"
     mkdir -p "$CARRY/bin" "$CARRY/lib"
-    for b in $BINS; do cp build-gpu/$b "$CARRY/bin/"; done
+    for b in $BINS; do cp "$GPU_BUILD/$b" "$CARRY/bin/"; done
     # every shared library the binaries need except glibc, libstdc++ / libgcc and CUDA's own
-    for b in $BINS; do ldd build-gpu/$b; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+    for b in $BINS; do ldd "$GPU_BUILD/$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
         grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|libcublas|libcudart' |
         while read -r lib; do cp -L "$lib" "$CARRY/lib/"; done
     # libmicrohttpd's own dependencies (gnutls and friends) for the squad binary
@@ -208,6 +211,13 @@ if has hf_fla && [ -e /tmp/bench_rows.jsonl ] && [ -d "$ROOT/.fla/fla" ]; then
 fi
 if has layers && [ -e "$CARRY/q08_row.jsonl" ]; then
     step "hf_layers" 180 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_layers.py --model "$MODEL" --row "$CARRY/q08_row.jsonl" --out "$OUT/hf_layers.json"
+fi
+if has specfix; then
+    # the specialists' reference fixtures (transformers + peft live on this machine, not on the
+    # development machine); copy the archive's contents into tests/fixtures/specialists/
+    rm -rf /tmp/specfix
+    step "make_specialist_fixtures" 480 "$OUT/specfix.log" env PYTHONUNBUFFERED=1 python3 tools/make_specialist_fixtures.py --out /tmp/specfix &&
+        tar czf "$OUT/specfix.tgz" -C /tmp/specfix .
 fi
 if has memcheck; then
     step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
