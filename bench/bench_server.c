@@ -1,7 +1,9 @@
 /*
  * bench_server.c — a load generator for `squad serve`: sends a workload of HTTP/1.1 requests over
  * keep-alive connections at a fixed concurrency and reports requests/s, latency percentiles, the
- * server's memo and state-cache hit rates over the run (from GET /v1/stats before and after) and
+ * server's request-memo and state-cache hit rates over the run (GET /v1/stats before and after:
+ * requests the memo answered, engine rows that restored a cached state fully or partly, tokens
+ * restored out of all the rows' tokens) and
  * the server's peak resident memory (VmHWM in /proc/PID/status).
  *
  *   bench_server --port P [--host 127.0.0.1] [--pid PID] (--trace FILE | --bodies FILE)
@@ -399,12 +401,17 @@ static double percentile(const double *sorted, long n, double p) {
     return sorted[i];
 }
 
-/* The number after "key": in a JSON text (the first occurrence), or -1. */
-static double json_number(const char *json, const char *key) {
+/* The number after "key": inside the object "section": {...} of a JSON text (the first
+   occurrence of each; the stats object's sections hold no nested objects), or -1. */
+static double json_number(const char *json, const char *section, const char *key) {
     char pat[128];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
+    snprintf(pat, sizeof pat, "\"%s\": {", section);
     const char *p = json ? strstr(json, pat) : NULL;
     if (!p) return -1;
+    const char *end = strchr(p + strlen(pat), '}');
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    p = strstr(p, pat);
+    if (!p || (end && p > end)) return -1;
     p += strlen(pat);
     while (*p == ' ') p++;
     return strtod(p, NULL);
@@ -437,16 +444,12 @@ static double peak_rss_mb(int pid) {
     return kb < 0 ? -1 : kb / 1024.0;
 }
 
-/* Counter names in /v1/stats (the server's documented JSON, see NOTES-server.md). */
-#define STAT_REQUESTS "requests"
-#define STAT_MEMO_HITS "request_memo_hits"
-#define STAT_ROWS "rows"
-#define STAT_CACHE_HITS "cache_hits"
-#define STAT_CACHE_PARTIAL "cache_partial"
-#define STAT_ROW_MEMO_HITS "row_memo_hits"
+/* The counters of GET /v1/stats that the report uses: section, key. */
+#define STAT_MEMO "request_memo"
+#define STAT_CACHE "cache"
 
-static double delta(const char *before, const char *after, const char *key) {
-    double a = json_number(before, key), b = json_number(after, key);
+static double delta(const char *before, const char *after, const char *section, const char *key) {
+    double a = json_number(before, section, key), b = json_number(after, section, key);
     return a < 0 || b < 0 ? -1 : b - a;
 }
 
@@ -486,11 +489,15 @@ static int run_level(const options *o, const workload *w, int concurrency) {
     printf("| %s | %d | %ld | %ld | %.0f | %.2f | %.2f", o->label ? o->label : (o->memo ? "memo" : "trace"),
            concurrency, done, errors, done / (wall / 1e3), percentile(r.latency_ms, answered, 0.50),
            percentile(r.latency_ms, answered, 0.99));
-    double reqs = delta(before, after, STAT_REQUESTS);
-    print_rate(delta(before, after, STAT_MEMO_HITS), reqs);
-    double rows = delta(before, after, STAT_ROWS);
-    double hits = delta(before, after, STAT_CACHE_HITS), partial = delta(before, after, STAT_CACHE_PARTIAL);
+    double memo_hits = delta(before, after, STAT_MEMO, "hits");
+    double memo_misses = delta(before, after, STAT_MEMO, "misses");
+    print_rate(memo_hits, memo_hits < 0 || memo_misses < 0 ? -1 : memo_hits + memo_misses);
+    double rows = delta(before, after, STAT_CACHE, "rows");
+    double hits = delta(before, after, STAT_CACHE, "hits"), partial = delta(before, after, STAT_CACHE, "partial");
     print_rate(hits < 0 || partial < 0 ? -1 : hits + partial, rows);
+    double reused = delta(before, after, STAT_CACHE, "tokens_reused");
+    double computed = delta(before, after, STAT_CACHE, "tokens_computed");
+    print_rate(reused, reused < 0 || computed < 0 ? -1 : reused + computed);
     double rss = peak_rss_mb(o->pid);
     if (rss < 0) printf(" | n/a |\n");
     else printf(" | %.0f |\n", rss);
@@ -552,9 +559,9 @@ int main(int argc, char **argv) {
         }
         free(body);
     }
-    printf("| workload | concurrency | answered | errors | requests/s | p50 ms | p99 ms | memo hits | cache hits "
-           "(rows) | server peak RSS MB |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| workload | concurrency | answered | errors | requests/s | p50 ms | p99 ms | request memo | cache hits "
+           "(rows) | tokens reused | server peak RSS MB |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     int status = 0;
     for (int l = 0; l < o.n_levels; l++) status |= run_level(&o, &w, o.levels[l]);
     for (size_t i = 0; i < w.n; i++) free(w.req[i]);
