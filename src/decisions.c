@@ -750,7 +750,7 @@ static int systemone_model(parse_state *ps, json_t *model, int *spec) {
     if (!model) return 0;
     if (!json_is_string(model)) return bad(ps->e, "model", "model must be a string");
     const char *m = json_string_value(model);
-    if (!strncmp(m, "jev-", 4) || find_model(ps->ctx, m, spec)) return 0;
+    if (find_model(ps->ctx, m, spec) || !strncmp(m, "jev-", 4)) return 0; /* a specialist's name first */
     return not_found(ps, m);
 }
 
