@@ -15,6 +15,8 @@
 #define _GNU_SOURCE /* memmem, usleep */
 #include "server/internal.h"
 
+#include "json_text.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -591,10 +593,42 @@ static int alloc_work(srv_req *r, int n) {
 /* Parses the body once with duplicate keys refused (section F: 400 on the decision endpoints and
  * squad's own): NULL after answering. */
 static json_t *parse_strict(srv_req *r) {
+    size_t bad = squad_utf8_invalid_offset(r->body ? r->body : "", r->len);
+    if (bad < r->len) {
+        fail_req(r, 400, NULL, "the body is not valid UTF-8 (byte offset %zu)", bad);
+        return NULL;
+    }
     json_error_t je;
     json_t *root = json_loadb(r->body ? r->body : "", r->len, JSON_REJECT_DUPLICATES, &je);
     if (!root) fail_req(r, 400, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, je.text);
     return root;
+}
+
+/* The first field an ask request must not have (its path in where), or NULL. The template reads
+ * only the fields it knows; the server refuses the rest (section F: 422), so a misspelt field is
+ * not silently ignored. */
+static const char *ask_unknown_field(json_t *root, char *where, size_t cap) {
+    if (!json_is_object(root)) return NULL; /* the template says what is wrong */
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        if (strcmp(k, "state") && strcmp(k, "questions") && strcmp(k, "system")) {
+            snprintf(where, cap, "%.60s", k);
+            return where;
+        }
+    }
+    json_t *qs = json_object_get(root, "questions");
+    for (size_t i = 0; json_is_array(qs) && i < json_array_size(qs); i++) {
+        json_t *q = json_array_get(qs, i);
+        if (!json_is_object(q)) continue;
+        json_object_foreach(q, k, v) {
+            if (strcmp(k, "text") && strcmp(k, "options")) {
+                snprintf(where, cap, "questions[%zu].%.40s", i, k);
+                return where;
+            }
+        }
+    }
+    return NULL;
 }
 
 static int prepare_ask(srv_req *r) {
@@ -603,7 +637,14 @@ static int prepare_ask(srv_req *r) {
     if (!root) return 1;
     json_t *qs = json_is_object(root) ? json_object_get(root, "questions") : NULL;
     size_t nq = json_is_array(qs) ? json_array_size(qs) : 0;
+    char where[96];
+    const char *unknown = ask_unknown_field(root, where, sizeof where);
     json_decref(root);
+    if (unknown) {
+        fail_req(r, 422, where, "unknown field %s (a request has \"state\", \"questions\" and \"system\"; a question "
+                 "\"text\" and \"options\")", where);
+        return 1;
+    }
     if (nq > (size_t)srv->opts.max_questions) {
         fail_req(r, 422, "questions", "\"questions\" has %zu entries; --max-questions is %d", nq, srv->opts.max_questions);
         return 1;
@@ -857,9 +898,8 @@ static char *dapi_text(srv_req *r, int from_memo, size_t *len) {
             json_object_set_new(resp, "created", json_string(ph));
         }
     }
-    char *text = json_dumps(resp, JSON_REAL_PRECISION(9));
+    char *text = squad_json_text(resp, len, &err); /* reals in their shortest form */
     json_decref(resp);
-    if (text) *len = strlen(text);
     return text;
 }
 
