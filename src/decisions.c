@@ -126,12 +126,26 @@ static const char *status_type(int status) {
     }
 }
 
+/* Replaces each byte that does not start valid UTF-8 with '?': a message may quote request text
+ * cut at any byte (by jansson or by the buffer), and an error body must be valid JSON. */
+static void utf8_repair(char *s) {
+    size_t n = strlen(s), i = 0;
+    while (i < n) {
+        size_t bad_at = i + squad_utf8_invalid_offset(s + i, n - i);
+        if (bad_at >= n) break;
+        s[bad_at] = '?';
+        i = bad_at + 1;
+    }
+}
+
 static void error_vset(squad_dapi_error *e, int status, const char *param, const char *fmt, va_list ap) {
     if (!e) return;
     e->status = status;
     snprintf(e->type, sizeof e->type, "%s", status_type(status));
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     vsnprintf(e->message, sizeof e->message, fmt, ap);
+    utf8_repair(e->param);
+    utf8_repair(e->message);
 }
 
 void squad_dapi_error_set(squad_dapi_error *e, int status, const char *param, const char *fmt, ...) {

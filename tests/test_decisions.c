@@ -589,6 +589,15 @@ static void test_error_body(void) {
     CHECK(v && !strcmp(json_string_value(path(v, "error.type")), "invalid_request_error"));
     json_decref(v);
     free(s);
+    /* jansson quotes the text near a syntax error cut at a byte, here inside "é": the body must
+     * still be valid JSON (found by the fuzzer) */
+    squad_dapi_req *req;
+    CHECK(parse(ctx, S, "{\"state\": \"Login\\\xc3\xa9l\"}", &req, &e) < 0 && e.status == 400);
+    s = squad_dapi_error_body(&e);
+    v = s ? json_loads(s, 0, NULL) : NULL;
+    CHECKF(v != NULL, "error body [%s] of message [%s]", s ? s : "(null)", e.message);
+    json_decref(v);
+    free(s);
 }
 
 /* ---------------------------------------------------------------------------------------------
