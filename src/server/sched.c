@@ -121,8 +121,13 @@ static void publish_engine_stats(srv_sched *s) {
     squad_cache_stats st;
     squad_engine_cache_stats(s->engine, &st);
     pthread_mutex_lock(&s->lock);
+    uint64_t before = s->stats.cache.uncacheable;
     s->stats.cache = st;
     pthread_mutex_unlock(&s->lock);
+    if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
+        sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
+                  "are counted in squad_cache_uncacheable_total (raise --cache-mb to cache them)",
+                  (double)st.budget_bytes / (1 << 20));
 }
 
 /* The engine call: row i of job, with the options the moment asks for. */
