@@ -11,14 +11,15 @@
  *      per question (section C), all rows sharing the same state prefix of state_len tokens;
  *   3. the scheduler scores the rows with want_vocab = 1 (confidence and the diagnostics need the
  *      full-vocabulary figures) and hands the results back to squad_dapi_respond, which builds the
- *      response body (sections A, B, D).
+ *      response body (sections A, B, D); squad_json_text (json_text.h) writes it with short reals.
  *
  * Request text is always tokenised as plain text: a "<|im_end|>" in a state stays text.
  *
- * Threads: a ctx is immutable after squad_dapi_ctx_new, but squad_dapi_parse encodes text with the
- * ctx's tokenizer, and a squad_tokenizer keeps mutable scratch (see tokenizer.h): the caller must
- * not let two threads encode with one tokenizer at the same time (a lock, or one tokenizer per
- * thread; NOTES-decisions.md). squad_dapi_respond and squad_dapi_error_body touch no shared state.
+ * Threads: a ctx is immutable once set up (squad_dapi_ctx_new, then squad_dapi_set_prefix_cache
+ * when the server has a prefix cache), but squad_dapi_parse encodes text with the ctx's tokenizer,
+ * and a squad_tokenizer keeps mutable scratch (see tokenizer.h): the caller must not let two
+ * threads encode with one tokenizer at the same time (a lock, or one tokenizer per thread;
+ * NOTES-decisions.md). squad_dapi_respond and squad_dapi_error_body touch no shared state.
  */
 #ifndef SQUAD_DECISIONS_H
 #define SQUAD_DECISIONS_H
