@@ -173,7 +173,7 @@ def main():
             print("  " + describe(a))
         u = out["usage"]
         cached = u["input_tokens_details"]["cached_tokens"]
-        print(f"  {ms:.1f} ms; input tokens {u['input_tokens']} ({len(questions)} rows), "
+        print(f"  {ms:.1f} ms; input tokens {u['input_tokens']} ({len(questions)} row{'s' if len(questions) > 1 else ''}), "
               f"from the state cache {cached}, computed {u['input_tokens'] - cached}, "
               f"newly cached {u['input_tokens_details']['cache_write_tokens']}")
     return 1 if failed else 0

@@ -406,7 +406,14 @@ async function phaseDecisions(A, M, model) {
   return out;
 }
 
+async function memoHits(S) {
+  const m = await request(S.base, 'GET', '/metrics');
+  const f = parsePrometheus(m.text).squad_request_memo_hits_total;
+  return f ? f.samples[0].value : NaN;
+}
+
 async function phaseMemo(A, done) {
+  const hits0 = await memoHits(A);
   for (const { endpoint, body, json } of done) {
     const r = await send(A, 'POST', endpoint, body);
     const what = `memo ${endpoint}`;
@@ -430,6 +437,7 @@ async function phaseMemo(A, done) {
   const s1 = await send(A, 'POST', '/v1/score', sc), s2 = await send(A, 'POST', '/v1/score', sc);
   C.ok(s2.json && !deepClose(normal('/v1/score', s1.json), normal('/v1/score', s2.json), 0) && s2.json.memo === true,
     'memo /v1/score: the same results, "memo": true', s2.text);
+  C.eq(await memoHits(A) - hits0, done.length + 2, '/metrics: squad_request_memo_hits_total counts the repeats sent');
 }
 
 // Each bad input: [endpoint, body (string: sent as is), status, text the message must contain]
@@ -618,6 +626,34 @@ async function phaseSigterm(S, M, auth) {
   C.eq(again, 'refused', 'after SIGTERM nothing listens');
 }
 
+// A full queue and --timeout: 503 with Retry-After and a message naming the limit; every request
+// still gets an answer, and the server goes on answering.
+async function phaseOverload(S, M, model) {
+  let seed = 777;
+  const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  const longRows = Array.from({ length: 40 }, () => {
+    const ids = Array.from({ length: 700 }, () => rnd(150000));
+    return { ids, slots: [699], nopts: [3], letters: [32, 33, 34], state_len: 680 };
+  });
+  const t = await send(S, 'POST', '/v1/score', { rows: longRows });
+  C.eq(t.status, 503, '--timeout passed while running: 503');
+  C.ok(t.headers['retry-after'] !== undefined, '--timeout: Retry-After', t.headers);
+  C.ok(t.json && t.json.error && /timeout/.test(t.json.error.message), '--timeout: the message names it', t.text);
+  const reqs = Array.from({ length: 16 }, (_, i) => ({ model, input: `Page ${i}: ` + 'a long list of items, '.repeat(60 + i),
+    questions: [{ type: 'predicate', instructions: 'Is the list long?' }, { type: 'predicate', instructions: `Item ${i}?` }] }));
+  const results = await Promise.all(reqs.map((b) => send(S, 'POST', '/v1/decisions', b).catch((e) => ({ status: 0, text: String(e) }))));
+  const full = results.filter((r) => r.status === 503);
+  C.ok(results.every((r) => r.status === 200 || r.status === 503), 'a full queue: every request answered 200 or 503',
+    results.map((r) => r.status));
+  C.ok(full.length > 0, 'a full queue (--queue 1, 16 at once): some requests get 503', results.map((r) => r.status));
+  C.ok(full.every((r) => r.headers['retry-after'] !== undefined && r.json && r.json.error && r.json.error.code === 503 &&
+    /queue|timeout/.test(r.json.error.message)), 'a full queue: 503 bodies with Retry-After, code and the limit named',
+  full.map((r) => r.text));
+  C.ok(full.some((r) => /queue/.test(r.json.error.message)), 'a full queue: a message names the queue', full.map((r) => r.text));
+  const ok = await send(S, 'POST', '/v1/decisions', reqs[0]);
+  C.eq(ok.status, 200, 'after the overload a request is answered');
+}
+
 async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'squad-serve-'));
   const servers = [];
@@ -666,6 +702,12 @@ async function main() {
     const open = await request(B.base, 'GET', '/v1/stats');
     C.eq(open.status, 401, 'server B: /v1/stats needs the key');
     await phaseSigterm(B, M, { authorization: `Bearer ${API_KEY}` });
+
+    const O = await L.startServer(SQUAD, M, ['--queue', '1', '--timeout', String(0.3 * L.SLOW), '--memo-mb', '0', '--threads', '1']);
+    servers.push(O);
+    await phaseOverload(O, M, model);
+    await phaseMetrics(O, 'server C (overload)');
+    C.eq(await L.stopServer(O), { code: 0, signal: null }, 'server C: exit 0');
   } catch (e) {
     C.ok(false, 'the test ran to its end', e.stack || String(e));
     for (const s of servers) if (!s.exit) console.error(`--- server log (${s.args.join(' ')}):\n${s.log().slice(-4000)}`);
