@@ -10,7 +10,8 @@
 #
 # Usage: bash tools/bench_server.sh BUILD_DIR
 # Environment (optional): PRESET (tiny), LEVELS (1,8,32,128), SESSIONS (24), LIVE (8), STEPS (6),
-# SEED (1), THREADS (engine CPU threads, 1), MEMO_REQUESTS (200000), MEMO_LEVELS (1,8,32,128).
+# SEED (1), THREADS (engine CPU threads, 1), MEMO_REQUESTS (200000), MEMO_LEVELS (1,8,32,128),
+# SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the GPU machine).
 set -euo pipefail
 BUILD=${1:?usage: bash tools/bench_server.sh BUILD_DIR}
 PRESET=${PRESET:-tiny}
@@ -45,7 +46,8 @@ stop_server() {
 trap 'stop_server; rm -f "$LOG"' EXIT
 # Starts a server on a free port; sets SERVER (pid) and PORT.
 start_server() {
-  "$SQUAD" serve --model "$MODEL" --port 0 --threads "$THREADS" "$@" 2> "$LOG" &
+  # shellcheck disable=SC2086
+  "$SQUAD" serve --model "$MODEL" --port 0 --threads "$THREADS" ${SERVE_ARGS:-} 2> "$LOG" &
   SERVER=$!
   PORT=""
   for _ in $(seq 1 600); do
