@@ -862,8 +862,6 @@ static int systemone_parse(parse_state *ps, json_t *root, int *spec) {
     static const char *const KEYS[] = {"state", "model", "instructions", "questions", NULL};
     if (only_keys(ps, root, "", KEYS) < 0) return -1;
     if (systemone_model(ps, get(root, "model"), spec) < 0) return -1;
-    json_t *state = get(root, "state");
-    if (state && put_text(ps, &ps->state, state) < 0) return -1;
     json_t *instr = get(root, "instructions");
     if (instr && !json_is_string(instr) && !json_is_object(instr) && !json_is_array(instr))
         return bad(ps->e, "instructions", "instructions must be a string, an object, an array or null");
@@ -886,7 +884,10 @@ static int systemone_parse(parse_state *ps, json_t *root, int *spec) {
         if (systemone_question(ps, id, q, i) < 0) return -1;
         i++;
     }
-    return 0;
+    /* The state may be any JSON value but null (section B): absent and null are a 400. */
+    json_t *state = get(root, "state");
+    if (!state) return bad(ps->e, "state", "state is missing (a string, object, array, number or boolean)");
+    return put_text(ps, &ps->state, state);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -416,6 +416,8 @@ static const error_case ERRORS[] = {
            "[{\"label\": \"a\"}, {\"label\": \"b\"}], \"choices\": []}]}", 400, "questions[0].choices",
      "questions[0].choices"},
     /* System One */
+    {S, "{" SQ "}", 400, "state", "state"},
+    {S, "{\"state\": null, " SQ "}", 400, "state", "state"},
     {S, "{\"model\": \"gpt-4o\", " SQ "}", 404, "gpt-4o", "model"},
     {S, "{\"model\": 1, " SQ "}", 400, "model", "model"},
     {S, "{\"temperature\": 1, " SQ "}", 400, "temperature", "temperature"},
@@ -491,6 +493,7 @@ static char *many(squad_dapi api, const char *what, int n) {
             json_object_set_new(qs, "q", json_pack("{s:s, s:o}", "type", "score", "criteria", crit));
         }
         json_object_set_new(root, "questions", qs);
+        json_object_set_new(root, "state", json_string("x"));
     }
     char *s = json_dumps(root, 0);
     json_decref(root);
