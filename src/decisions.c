@@ -85,7 +85,6 @@ struct squad_dapi_ctx {
     int32_t digits[SQUAD_DAPI_MAX_LEVELS];   /* 0..9 */
     int32_t noul[N_NOUL];                    /* yes no Yes No */
     char *disabled[SQUAD_DAPI_COUNT];
-    squad_dapi_prefix_cache cache; /* lookup NULL: none */
 };
 
 /* One question as parsed: what the response needs besides the probabilities. */
@@ -398,11 +397,6 @@ squad_dapi_ctx *squad_dapi_ctx_new(squad_tokenizer *tok, const char *served_name
 fail:
     squad_dapi_ctx_free(c);
     return NULL;
-}
-
-void squad_dapi_set_prefix_cache(squad_dapi_ctx *c, const squad_dapi_prefix_cache *cache) {
-    if (cache && cache->lookup && cache->store) c->cache = *cache;
-    else memset(&c->cache, 0, sizeof c->cache);
 }
 
 const char *squad_dapi_disabled(const squad_dapi_ctx *c, squad_dapi api) {
@@ -948,7 +942,7 @@ static int breakpoints(parse_state *ps, squad_dapi_req *r, const squad_idvec *pr
 }
 
 /* The prefix text: SYSTEM_OPEN sys SYSTEM_CLOSE (when sys is not empty) USER_OPEN state STATE_END. */
-static char *prefix_text(const parse_state *ps, size_t *len) {
+static char *prefix_text(const parse_state *ps) {
     str_buf t = {0};
     if (ps->sys.n) {
         sb_str(&t, SYSTEM_OPEN);
@@ -962,7 +956,6 @@ static char *prefix_text(const parse_state *ps, size_t *len) {
         free(t.s);
         return NULL;
     }
-    *len = t.n;
     return t.s;
 }
 
@@ -974,18 +967,12 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
     int rc = -1;
     const char *state_field = r->api == SQUAD_DAPI_DECISIONS ? "input" : "state";
     if (sb_done(&ps->sys) < 0 || sb_done(&ps->state) < 0) return oom(ps->e);
-    size_t text_n = 0; /* the request's text may hold NULs: the key is the whole text */
-    s->prefix_text = prefix_text(ps, &text_n);
+    s->prefix_text = prefix_text(ps);
     r->prefix_text = s->prefix_text;
     if (!s->prefix_text) return oom(ps->e);
-    int hit = c->cache.lookup ? c->cache.lookup(c->cache.user, s->prefix_text, text_n, &b.ids) : 0;
-    if (hit != 1) {
-        b.ids.n = 0; /* a failed lookup may have left ids */
-        if (render_prefix(&b, ps->sys.s, ps->sys.n, ps->state.s, ps->state.n, SIZE_MAX, &err) < 0) {
-            rc = from_err(ps->e, &err);
-            goto done;
-        }
-        if (c->cache.store) c->cache.store(c->cache.user, s->prefix_text, text_n, b.ids.v, b.ids.n);
+    if (render_prefix(&b, ps->sys.s, ps->sys.n, ps->state.s, ps->state.n, SIZE_MAX, &err) < 0) {
+        rc = from_err(ps->e, &err);
+        goto done;
     }
     size_t state_len = b.ids.n;
     if (c->max_tokens && state_len >= (size_t)c->max_tokens) {

@@ -15,11 +15,10 @@
  *
  * Request text is always tokenised as plain text: a "<|im_end|>" in a state stays text.
  *
- * Threads: a ctx is immutable once set up (squad_dapi_ctx_new, then squad_dapi_set_prefix_cache
- * when the server has a prefix cache), but squad_dapi_parse encodes text with the ctx's tokenizer,
- * and a squad_tokenizer keeps mutable scratch (see tokenizer.h): the caller must not let two
- * threads encode with one tokenizer at the same time (a lock, or one tokenizer per thread;
- * NOTES-decisions.md). squad_dapi_respond and squad_dapi_error_body touch no shared state.
+ * Threads: a ctx is immutable after squad_dapi_ctx_new, and the tokenizer locks its own encoder
+ * (tokenizer.h), so several connection threads may parse at once. The prefix is encoded in one call
+ * per run of text between special tokens, so a tokenizer text cache recognises a state seen before.
+ * squad_dapi_respond and squad_dapi_error_body touch no shared state.
  */
 #ifndef SQUAD_DECISIONS_H
 #define SQUAD_DECISIONS_H
@@ -78,21 +77,6 @@ squad_dapi_ctx *squad_dapi_ctx_new(squad_tokenizer *tok, const char *served_name
                                    const char *const *specialist_names, int n_specialists, int max_tokens,
                                    squad_err *err);
 void squad_dapi_ctx_free(squad_dapi_ctx *ctx);
-
-/* Optional: the server's cache from prefix text to its token ids, so a state asked about again is
- * not encoded again. The key is the prefix's whole rendered text (system message and chat markup
- * included), which determines its ids. lookup appends the ids to *ids and returns 1 on a hit, 0
- * on a miss (or a negative value on failure: the prefix is then encoded); store is called with the
- * ids of each prefix squad_dapi_parse encoded. Both are called from the parsing thread and must be
- * safe to call from several at once. */
-typedef struct squad_dapi_prefix_cache {
-    int (*lookup)(void *user, const char *text, size_t len, squad_idvec *ids);
-    void (*store)(void *user, const char *text, size_t len, const int32_t *ids, size_t n);
-    void *user;
-} squad_dapi_prefix_cache;
-
-/* Installs the prefix cache (NULL removes it). Call before requests are parsed (not thread-safe). */
-void squad_dapi_set_prefix_cache(squad_dapi_ctx *ctx, const squad_dapi_prefix_cache *cache);
 
 /* NULL when the API can be served, else why not (answer 501 with this text). */
 const char *squad_dapi_disabled(const squad_dapi_ctx *ctx, squad_dapi api);

@@ -701,83 +701,6 @@ static void test_disabled(void) {
     CHECK(squad_dapi_ctx_new(NULL, SERVED, NULL, 0, 0, &err) == NULL && err.code == SQUAD_E_INVALID);
 }
 
-/* ---------------------------------------------------------------------------------------------
- * The prefix cache hook
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct one_entry_cache {
-    char *text;
-    size_t len;
-    int32_t *ids;
-    size_t n;
-    int lookups, hits, stores, fail;
-} one_entry_cache;
-
-static int cache_lookup(void *user, const char *text, size_t len, squad_idvec *ids) {
-    one_entry_cache *c = user;
-    c->lookups++;
-    if (c->fail) {
-        squad_idvec_push(ids, 1, NULL); /* a failed lookup may leave ids behind */
-        return -1;
-    }
-    if (!c->text || c->len != len || memcmp(c->text, text, len)) return 0;
-    c->hits++;
-    return squad_idvec_append(ids, c->ids, c->n, NULL) == 0 ? 1 : -1;
-}
-
-static void cache_store(void *user, const char *text, size_t len, const int32_t *ids, size_t n) {
-    one_entry_cache *c = user;
-    c->stores++;
-    free(c->text);
-    free(c->ids);
-    c->text = malloc(len);
-    c->ids = malloc(n * sizeof *ids);
-    memcpy(c->text, text, len);
-    memcpy(c->ids, ids, n * sizeof *ids);
-    c->len = len;
-    c->n = n;
-}
-
-static void test_prefix_cache(void) {
-    squad_err err = {0};
-    squad_dapi_ctx *c = squad_dapi_ctx_new(tok, SERVED, NULL, 0, 0, &err);
-    one_entry_cache cache = {0};
-    squad_dapi_prefix_cache hook = {cache_lookup, cache_store, &cache};
-    squad_dapi_set_prefix_cache(c, &hook);
-    const char *a = "{\"state\": \"Page: Login with a NUL \\u0000 inside\", \"questions\": {\"q\": {\"type\": \"noul\"}}}";
-    const char *b = "{\"state\": \"Page: Login with a NUL \\u0000 inside\", \"questions\": {\"r\": {\"type\": \"score\", "
-                    "\"criteria\": [\"x\", \"y\"]}}}";
-    squad_dapi_req *r1 = NULL, *r2 = NULL, *plain = NULL;
-    squad_dapi_error e;
-    CHECKF(parse(c, S, a, &r1, &e) == 0, "%s", e.message);
-    CHECK(cache.lookups == 1 && cache.hits == 0 && cache.stores == 1);
-    CHECKF(parse(c, S, b, &r2, &e) == 0, "%s", e.message);
-    CHECK(cache.lookups == 2 && cache.hits == 1 && cache.stores == 1);
-    CHECKF(parse(ctx, S, b, &plain, &e) == 0, "%s", e.message);
-    if (r1 && r2 && plain) {
-        CHECK(r2->state_len == plain->state_len && r2->rows[0].n_ids == plain->rows[0].n_ids &&
-              !memcmp(r2->rows[0].ids, plain->rows[0].ids, (size_t)plain->rows[0].n_ids * sizeof(int32_t)));
-        CHECK(r1->state_len == r2->state_len);
-    }
-    squad_dapi_req_free(r2);
-    r2 = NULL;
-    cache.fail = 1; /* a failing lookup: the prefix is encoded */
-    CHECKF(parse(c, S, b, &r2, &e) == 0, "%s", e.message);
-    if (r2 && plain)
-        CHECK(r2->rows[0].n_ids == plain->rows[0].n_ids &&
-              !memcmp(r2->rows[0].ids, plain->rows[0].ids, (size_t)plain->rows[0].n_ids * sizeof(int32_t)));
-    squad_dapi_req_free(r1);
-    squad_dapi_req_free(r2);
-    squad_dapi_req_free(plain);
-    squad_dapi_set_prefix_cache(c, NULL);
-    int before = cache.lookups;
-    CHECK(parse(c, S, a, &r1, &e) == 0 && cache.lookups == before);
-    squad_dapi_req_free(r1);
-    free(cache.text);
-    free(cache.ids);
-    squad_dapi_ctx_free(c);
-}
-
 int main(void) {
     squad_err err = {0};
     tok = squad_tokenizer_load(QWEN_PATH, &err);
@@ -794,7 +717,6 @@ int main(void) {
         test_errors();
         test_error_body();
         test_disabled();
-        test_prefix_cache();
         squad_dapi_ctx_free(ctx);
     }
     squad_tokenizer_free(tok);

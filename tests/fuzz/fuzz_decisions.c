@@ -4,8 +4,8 @@
  *
  * The first byte picks the schema (bit 0: /v1/decisions or /v1/systemone; $FUZZ_DECISIONS_API=0 or
  * 1 pins it, so each schema can be given its own count of runs) and whether a model limit applies
- * (bit 1; that context also has a one-entry prefix cache); the rest is the body. A refused body
- * must come back with a status of section F, a message and an error body. An accepted one must give rows the engine can take (one slot, the last
+ * (bit 1); the rest is the body. A refused body must come back with a status of section F, a
+ * message and an error body. An accepted one must give rows the engine can take (one slot, the last
  * token; labels inside the vocabulary; the same prefix in every row; breakpoints inside the
  * prefix), and a response, built from results fabricated from the input's bytes, that serialises
  * and parses back as JSON. Uses the Qwen3 tokenizer ($SQUAD_FUZZ_TOKENIZER, else
@@ -28,34 +28,6 @@ static squad_tokenizer *tok; /* the harness's own state, loaded once */
 static squad_dapi_ctx *ctx[2];
 static int pinned_api = -1;
 
-/* A one-entry prefix cache on the limited context, so the hook's path is fuzzed too. */
-static struct {
-    char *text;
-    size_t len;
-    int32_t *ids;
-    size_t n;
-} last_prefix;
-
-static int cache_lookup(void *user, const char *text, size_t len, squad_idvec *ids) {
-    if (!last_prefix.text || last_prefix.len != len || memcmp(last_prefix.text, text, len)) return 0;
-    return squad_idvec_append(ids, last_prefix.ids, last_prefix.n, NULL) == 0 ? 1 : -1;
-}
-
-static void cache_store(void *user, const char *text, size_t len, const int32_t *ids, size_t n) {
-    char *t = malloc(len ? len : 1);
-    int32_t *v = malloc(n ? n * sizeof *ids : 1);
-    if (!t || !v) {
-        free(t);
-        free(v);
-        return;
-    }
-    memcpy(t, text, len);
-    memcpy(v, ids, n * sizeof *ids);
-    free(last_prefix.text);
-    free(last_prefix.ids);
-    last_prefix.text = t, last_prefix.len = len, last_prefix.ids = v, last_prefix.n = n;
-}
-
 static void load_once(void) {
     if (tok) return;
     squad_err err = {0};
@@ -67,8 +39,6 @@ static void load_once(void) {
         fprintf(stderr, "fuzz_decisions: %s (set SQUAD_FUZZ_TOKENIZER)\n", err.msg);
         abort();
     }
-    squad_dapi_prefix_cache hook = {cache_lookup, cache_store, NULL};
-    squad_dapi_set_prefix_cache(ctx[1], &hook);
     const char *pin = getenv("FUZZ_DECISIONS_API");
     if (pin) pinned_api = atoi(pin) ? 1 : 0;
 }
