@@ -10,8 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
+
+/* How often the sweeper answers waiting jobs whose deadline passed or whose client left. */
+#define SRV_SWEEP_MS 50
 
 /* 1 when the engine has squad_engine_score_ex and squad_engine_cache_clear (per-call options,
  * cancellation between chunks); 0 falls back to squad_engine_score (cancellation between rows). */
@@ -24,6 +28,9 @@ struct srv_sched {
     pthread_cond_t wake; /* a job arrived, or stop */
     pthread_t thread;
     int thread_started;
+    pthread_t sweeper; /* answers late waiting jobs while the engine is inside a chunk */
+    pthread_cond_t sweeper_wake;
+    int sweeper_started, sweeper_stop;
 
     squad_model *model;
     squad_engine_opts opts;
@@ -64,8 +71,7 @@ static void complete(srv_sched *s, srv_job *job, srv_job_status status) {
     job->done(job);
 }
 
-/* Answers the waiting jobs whose deadline has passed or whose client left, so none waits silently
- * behind a long row. */
+/* Answers the waiting jobs whose deadline has passed or whose client left (the sweeper's work). */
 static void expire_waiting(srv_sched *s, double now) {
     srv_job *expired = NULL, **tail = &expired;
     pthread_mutex_lock(&s->lock);
@@ -100,7 +106,6 @@ static void expire_waiting(srv_sched *s, double now) {
  * job->cancel_seen). */
 static int job_should_stop(srv_sched *s, srv_job *job) {
     double now = squad_now_seconds();
-    expire_waiting(s, now);
     if (job->deadline > 0 && now > job->deadline) job->cancel_seen = SRV_JOB_TIMEOUT;
     else if (job->client_gone && job->client_gone(job->client_ctx)) job->cancel_seen = SRV_JOB_CANCELLED;
     else if (s->stopping && now > s->stop_deadline) job->cancel_seen = SRV_JOB_SHUTDOWN;
@@ -244,6 +249,29 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
+/* The sweeper: the scheduler thread cannot look at the queue while the engine runs a chunk (a long
+ * chunk on a CPU takes seconds), so this thread does, every SRV_SWEEP_MS. */
+static void *sweeper_main(void *arg) {
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->lock);
+    while (!s->sweeper_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += SRV_SWEEP_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->sweeper_wake, &s->lock, &ts);
+        if (s->sweeper_stop) break;
+        pthread_mutex_unlock(&s->lock);
+        expire_waiting(s, squad_now_seconds());
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
 srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, int capacity,
                            void (*log)(void *ctx, const char *line), void *log_ctx, squad_err *err) {
     srv_sched *s = squad_calloc(1, sizeof *s, err);
@@ -265,14 +293,25 @@ srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, in
         squad_fail(err, SQUAD_E_NOMEM, "cannot create the scheduler's condition variable");
         return NULL;
     }
-    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+    if (pthread_cond_init(&s->sweeper_wake, NULL) != 0) {
         pthread_cond_destroy(&s->wake);
         pthread_mutex_destroy(&s->lock);
         free(s);
+        squad_fail(err, SQUAD_E_NOMEM, "cannot create the scheduler's condition variable");
+        return NULL;
+    }
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        srv_sched_stop(s, 0);
         squad_fail(err, SQUAD_E_NOMEM, "cannot start the scheduler thread");
         return NULL;
     }
     s->thread_started = 1;
+    if (pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
+        srv_sched_stop(s, 0);
+        squad_fail(err, SQUAD_E_NOMEM, "cannot start the scheduler's sweeper thread");
+        return NULL;
+    }
+    s->sweeper_started = 1;
     return s;
 }
 
@@ -318,7 +357,13 @@ void srv_sched_stop(srv_sched *s, double grace_s) {
     pthread_cond_broadcast(&s->wake);
     pthread_mutex_unlock(&s->lock);
     if (s->thread_started) pthread_join(s->thread, NULL);
+    pthread_mutex_lock(&s->lock);
+    s->sweeper_stop = 1;
+    pthread_cond_signal(&s->sweeper_wake);
+    pthread_mutex_unlock(&s->lock);
+    if (s->sweeper_started) pthread_join(s->sweeper, NULL);
     squad_engine_free(s->engine);
+    pthread_cond_destroy(&s->sweeper_wake);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
     free(s);

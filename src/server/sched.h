@@ -13,8 +13,9 @@
  *
  * Cancellation: the engine polls a job's cancel check between chunks. It says stop when the job's
  * deadline (--timeout, covering the wait and the run) has passed or its client has gone (the job's
- * client_gone callback: the server peeks at the suspended connection's socket). The same poll
- * answers waiting jobs whose deadline passed, so nothing waits silently behind a long row.
+ * client_gone callback: the server peeks at the suspended connection's socket). A sweeper thread
+ * answers waiting jobs whose deadline passed or whose client left every few tens of milliseconds,
+ * so nothing waits silently behind a long chunk.
  *
  * The shape is ready for batching: the thread pulls work through sched_next_work and the engine is
  * called in exactly one place (run_row), so a batching scheduler can take the next chunks of several
