@@ -29,6 +29,8 @@
 static void wake_resume(srv_req *r) { MHD_resume_connection(r->conn); }
 
 static enum MHD_Result send_answer(struct MHD_Connection *c, srv_req *r) {
+    if (r->sent) return MHD_YES; /* queued already (an early answer while the body still arrives) */
+    r->sent = 1;
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(r->resp_len, r->resp ? r->resp : (void *)"", r->resp ? MHD_RESPMEM_MUST_FREE
                                                                                                : MHD_RESPMEM_PERSISTENT);

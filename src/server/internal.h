@@ -76,6 +76,7 @@ struct srv_req {
     int retry_after; /* seconds; 0: no header */
     const char *allow; /* for 405 */
     int memo_hit;
+    int sent; /* the answer was handed to the transport */
     /* the work */
     srv_job job;
     _Atomic int job_done;
