@@ -355,6 +355,16 @@ const CASES = [
   { name: 'System One array and boolean-like state, empty instructions', api: 'systemone', request: {
     state: ['line one', 'línea dos', 7, -0.5], instructions: '', questions: {
       q: { type: 'score', instructions: '', criteria: Array.from({ length: 10 }, (_, i) => `s${i}`) } } } },
+  // States whose last characters could join what follows: the cut after "{state}\n\n" must not
+  // change a token (punctuation takes newlines with it, spaces before newlines, NFC, digits).
+  { name: 'decisions state ending in punctuation, spaces and a newline', api: 'decisions', request: {
+    model: M, input: 'Total: 12.50 EUR!?  \n', questions: [
+      { type: 'score', instructions: '', levels: [{ label: 'low' }, { label: 'high' }] }] } },
+  { name: 'System One state ending in a combining mark, CJK and digits', api: 'systemone', request: {
+    state: '价格：１２３。 cafe\u0301', questions: { z: { type: 'score', criteria: ['零', '一'] },
+      y: { type: 'noul', criteria: { false: 'nein' } } } } },
+  { name: 'decisions state of only newlines and tabs', api: 'decisions', request: {
+    model: M, input: '\n\t\n', questions: [{ type: 'predicate', instructions: '\tIndented?' }] } },
 ];
 
 async function main() {
