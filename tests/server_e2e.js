@@ -377,6 +377,10 @@ async function phaseDecisions(A, M, model) {
     C.eq(u.output_tokens_details, { reasoning_tokens: 0 }, `${what}: reasoning_tokens 0`);
     const c = u.input_tokens_details || {};
     C.ok(c.cached_tokens >= 0 && c.cached_tokens <= inTok && c.cache_write_tokens >= 0, `${what}: cache figures`, c);
+    if (i === 1) {  // a state of more than 256 tokens seen for the first time, four questions
+      C.ok(c.cached_tokens > 0, `${what}: the later questions restore the state the first one computed`, c);
+      C.ok(c.cache_write_tokens > 0, `${what}: the state's new checkpoints are counted in cache_write_tokens`, c);
+    }
     out.push({ endpoint: '/v1/decisions', body: req, json: r.json });
   }
   for (const [i, req] of sreq.entries()) {
