@@ -104,7 +104,6 @@ typedef struct run {
 typedef struct worker {
     run *r;
     int n_conns;
-    int failed;
 } worker;
 
 static double now_ms(void) {
@@ -333,7 +332,6 @@ static void *worker_main(void *arg) {
         c->fd = connect_to(r->opt);
         if (c->fd < 0) {
             record_error(r, "connect failed");
-            wk->failed = 1;
             continue;
         }
         fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
