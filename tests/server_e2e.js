@@ -596,6 +596,18 @@ async function phaseMetrics(S, what) {
   if (fams) { C.ok(true, `${what}: /metrics parses`); checkMetrics(S, what, fams); }
   const st = await request(S.base, 'GET', '/v1/stats', null, S.key ? { authorization: `Bearer ${S.key}` } : {});
   C.ok(st.status === 200 && st.json && typeof st.json === 'object', `${what}: /v1/stats is JSON`, st.text);
+  // /v1/stats says the same as /metrics: the API endpoints' requests by status
+  if (fams && st.json && st.json.requests && fams.squad_http_requests_total) {
+    let same = true;
+    const diffs = [];
+    for (const smp of fams.squad_http_requests_total.samples) {
+      const ep = smp.labels.endpoint;
+      if (!/^\/v1\/(ask|score|decisions|systemone)$/.test(ep)) continue;
+      const j = ((st.json.requests[ep] || {}).by_status || {})[smp.labels.code];
+      if (j !== smp.value) { same = false; diffs.push([ep, smp.labels.code, smp.value, j]); }
+    }
+    C.ok(same, `${what}: /v1/stats counts the requests /metrics counts`, diffs);
+  }
   return { fams, stats: st.json };
 }
 
