@@ -99,7 +99,11 @@ echo "# also: curl -s $URL/v1/models   $URL/health   $URL/ready   $URL/metrics  
 
 echo
 echo "================================ an agent session ================================"
-python3 examples/agent.py --url "$URL" --model "$NAME"
+if command -v python3 >/dev/null 2>&1; then
+  python3 examples/agent.py --url "$URL" --model "$NAME"
+else
+  echo "demo: python3 is needed for examples/agent.py (apt-get install python3); no agent session"
+fi
 
 if [ "${DEMO_ONESHOT:-0}" = 1 ]; then
   echo
