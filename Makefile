@@ -11,6 +11,8 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 JOBS ?= 2
 FUZZ_SECONDS ?= 60
+# Warnings are errors in these builds (C and CUDA): CI keeps them clean. WERROR=OFF to look past one.
+WERROR ?= ON
 DEBIAN_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
                   libmicrohttpd-dev clang libclang-rt-14-dev libopenblas-dev curl
 
@@ -30,7 +32,7 @@ deps:
 	@bash tools/fetch_test_data.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSQUAD_WERROR=$(WERROR) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
 test: build test-asan
@@ -38,7 +40,7 @@ test: build test-asan
 
 # The same tests (CPU) under AddressSanitizer + UndefinedBehaviorSanitizer, CUDA off.
 test-asan: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSQUAD_SANITIZE=ON -DSQUAD_CUDA=OFF >/dev/null
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSQUAD_SANITIZE=ON -DSQUAD_CUDA=OFF -DSQUAD_WERROR=$(WERROR) >/dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	cd $(ASAN_BUILD) && SQUAD_SANITIZED=1 ctest --output-on-failure -j$(JOBS) -LE gpu
 

@@ -2,7 +2,7 @@
 """agent_trace.py — a deterministic, seeded trace of the rows an agent sends squad (state-cache workload).
 
 An agent works on a goal step by step and asks several multiple-choice questions about each state
-before it acts. Its state, as it sends it (DESIGN.md section 2), is laid out as
+before it acts. Its state, as it sends it (docs/design.md section 5), is laid out as
 
     [system header | goal | step 1 | ... | step k | page | footer]
 

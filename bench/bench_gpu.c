@@ -17,8 +17,10 @@
  * read and write once in bf16, a hit's cached K / V read and its GDN state read and written)
  * over --bw; the larger is the floor. Defaults: 790 TFLOP/s and 4300 GB/s, the H200 figures
  * measured on this workplace's machines (tools/hf_timing.py measures them again).
- * The engines run the fast path (precision BF16, the path the targets are about); each case's first
- * row also runs once through an EXACT (fp32) engine, whose time and probabilities are reported too.
+ * The engines run the default precision (SQUAD_PRECISION_DEFAULT: bf16, the fast path the targets are
+ * about); each case's first row also runs once through an EXACT (fp32) engine, whose time and
+ * probabilities are reported too. --ablate uses the ablation timing of the internal library
+ * (src/cuda/ablate.h), which libsquad does not carry.
  * --rows-out writes one row per case with squad's probabilities (both precisions), for
  * tools/hf_timing.py to run through transformers on the same weights.
  */
@@ -38,6 +40,7 @@
 #ifdef SQUAD_HAVE_CUDA
 #include <cuda_profiler_api.h>
 
+#include "cuda/ablate.h"
 #include "cuda/cuda_backend.h"
 #endif
 
@@ -281,7 +284,7 @@ static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *
 static int ablate(squad_model *m, int reps) {
 #ifdef SQUAD_HAVE_CUDA
     squad_err err = {0};
-    squad_engine *e = open_engine(m, 0, SQUAD_PRECISION_BF16, 0, &err);
+    squad_engine *e = open_engine(m, 0, SQUAD_PRECISION_DEFAULT, 0, &err);
     if (!e) {
         fprintf(stderr, "bench_gpu: engine: %s\n", err.msg);
         return 2;
@@ -395,7 +398,7 @@ int main(int argc, char **argv) {
         int n = 0;
         const int hit = !strncmp(profile, "hit:", 4);
         n = atoi(profile + (hit ? 4 : 5));
-        squad_engine *e = open_engine(m, hit ? (size_t)1 << 30 : 0, SQUAD_PRECISION_BF16, 0, &err);
+        squad_engine *e = open_engine(m, hit ? (size_t)1 << 30 : 0, SQUAD_PRECISION_DEFAULT, 0, &err);
         bench_row *b = calloc(1, sizeof *b);
         squad_result *res = calloc(1, sizeof *res);
         if (!e || !b || !res || n < 1 || n > MAX_ROW - STATE_LEN) {
@@ -432,7 +435,7 @@ int main(int argc, char **argv) {
         return rc ? 1 : 0;
     }
     double t0 = squad_now_seconds();
-    squad_engine *cold = open_engine(m, 0, SQUAD_PRECISION_BF16, 1, &err);
+    squad_engine *cold = open_engine(m, 0, SQUAD_PRECISION_DEFAULT, 1, &err);
     if (!cold) {
         fprintf(stderr, "bench_gpu: engine: %s\n", err.msg);
         return 2;
@@ -440,7 +443,7 @@ int main(int argc, char **argv) {
     printf("cold engine ready in %.2f s (device %s)\n", squad_now_seconds() - t0, squad_engine_device(cold));
     print_capture(cold, "cold engine");
     t0 = squad_now_seconds();
-    squad_engine *hot = open_engine(m, (size_t)4 << 30, SQUAD_PRECISION_BF16, 1, &err);
+    squad_engine *hot = open_engine(m, (size_t)4 << 30, SQUAD_PRECISION_DEFAULT, 1, &err);
     if (!hot) {
         fprintf(stderr, "bench_gpu: engine: %s\n", err.msg);
         return 2;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cache_bench.sh — the state-cache workload benchmark (issue 4): an agent trace (bench/agent_trace.py)
+# cache_bench.sh — the state-cache workload benchmark: an agent trace (bench/agent_trace.py)
 # through bench_cache on the CPU, with and without the cache, on a synthesized model.
 #
 # Usage: bash bench/cache_bench.sh BUILD_DIR

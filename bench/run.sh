@@ -15,7 +15,7 @@ if [ ! -f "$MODEL/model.safetensors" ]; then
 fi
 
 echo "== engine: cold rows and a 128-token question on a cached 2048-token state (qwen3.5-0.8b, $THREADS threads)"
-for prec in bf16 exact; do
+for prec in bf16 exact; do # bf16: the default; exact: the fp32 reference path, for comparison
   echo "-- precision $prec"
   "$SQUAD" bench --model "$MODEL" --device cpu --threads "$THREADS" --precision "$prec" \
     --lengths 128,512,2048 --reps 3 --state 2048 --suffix 128

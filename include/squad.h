@@ -48,7 +48,7 @@ typedef struct squad_engine squad_engine;
 /* The largest number of options (letters) a slot may have. */
 #define SQUAD_MAX_LETTERS 26
 
-/* A row (DESIGN.md section 2). Arrays are borrowed from the caller for the duration of a call. */
+/* A row (docs/design.md section 5). Arrays are borrowed from the caller for the duration of a call. */
 typedef struct squad_row {
     const int32_t *ids;
     int n_ids;
@@ -92,7 +92,8 @@ typedef struct squad_score_opts {
     int end_checkpoint_only; /* a new state is checkpointed at its end (p) only, without the tail
                               * and stride checkpoints: what a new state gives up under load */
     /* Polled before every chunk; a nonzero return stops the row with SQUAD_E_CANCELLED (the
-     * engine stays usable, the state cache consistent, nothing of the row is kept). */
+     * engine stays usable, the state cache consistent; no answer, memo entry or row count is kept;
+     * checkpoints the row had completed before the stop stay, as valid states a retry restores). */
     int (*cancelled)(void *ctx);
     void *cancel_ctx;
 } squad_score_opts;
@@ -103,7 +104,7 @@ typedef enum { SQUAD_DEVICE_AUTO = 0, SQUAD_DEVICE_CPU = 1, SQUAD_DEVICE_CUDA = 
  * weights and the backend's scratch (CUDA), or the default budget on the CPU. */
 #define SQUAD_CACHE_BUDGET_AUTO ((size_t)-1)
 
-/* State-cache policy (DESIGN.md section 3). Zero-initialise and call squad_engine_opts_default. */
+/* State-cache policy (docs/design.md section 7). Zero-initialise and call squad_engine_opts_default. */
 typedef struct squad_cache_opts {
     size_t budget_bytes; /* 0 disables the cache; SQUAD_CACHE_BUDGET_AUTO sizes it */
     int align;           /* checkpoints and chunk starts at multiples of this (64) */
@@ -161,6 +162,20 @@ int squad_engine_score(squad_engine *engine, const squad_row *row, squad_result 
 /* The same with per-call options (opts may be NULL). */
 int squad_engine_score_ex(squad_engine *engine, const squad_row *row, const squad_score_opts *opts,
                           squad_result *out, squad_err *err);
+
+/* Specialists (DESIGN.md section 4): a router and LoRA adapters over the model's upper layers,
+ * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor
+ * against the model; anything squad cannot apply exactly is refused with a message naming the
+ * adapter and the tensor or field. Routes are numbered by the router's labels, 0 the trunk. */
+typedef struct squad_specialists squad_specialists;
+squad_specialists *squad_specialists_load(const squad_model *model, const char *dir, squad_err *err);
+void squad_specialists_free(squad_specialists *specialists);
+/* The number of routes (labels), the trunk included. */
+int squad_specialists_count(const squad_specialists *specialists);
+/* The label of a route, NULL when out of range. */
+const char *squad_specialists_label(const squad_specialists *specialists, int route);
+/* The route of a label, -1 when none has it. */
+int squad_specialists_find(const squad_specialists *specialists, const char *label);
 
 void squad_engine_cache_stats(const squad_engine *engine, squad_cache_stats *out);
 /* Drops every checkpoint of the state cache and every memo entry. */

@@ -10,6 +10,13 @@
  * chunk has answer slots) the letter logits at those slots, masked to nopts, softmax. It updates
  * the working state as it goes: after it, the state is that of position start + len.
  *
+ * Full-vocabulary figures: when chunk->vocab is not NULL, forward() also fills, for each slot,
+ * the log-sum-exp of the logits over the whole vocabulary, the largest logit and its token id
+ * (the lowest id on a tie), and the log-sum-exp of the logits of the slot's first nopts letters,
+ * all from the same final-normed hidden row and the same fp32 arithmetic as the letter logits the
+ * probabilities come from. One pass over the output embedding serves all the chunk's slots and no
+ * vocabulary-sized row is kept; a chunk without vocab pays nothing for it.
+ *
  * Checkpoints (the state cache) are blobs in backend memory (alloc/release):
  *  - save_gdn / load_gdn: every GDN layer's S and conv inputs, gdn_snapshot_bytes in all;
  *  - save_kv / load_kv: K / V of positions [0, n) of every attention layer, n * kv_bytes_per_pos.
@@ -70,6 +77,10 @@ struct squad_backend {
      * may be NULL when the chunk has no slots. */
     int (*forward)(squad_backend *be, const squad_chunk *chunk, float *probs, squad_err *err);
 
+    /* Device memory free now, in bytes (what an automatic cache budget is sized from); NULL for a
+     * backend whose checkpoints live in host memory (the CPU). */
+    int (*memory_free)(squad_backend *be, size_t *free_bytes, squad_err *err);
+
     void (*destroy)(squad_backend *be);
     void *impl; /* the backend's own state */
 };
@@ -77,6 +88,9 @@ struct squad_backend {
 /* The CPU backend (src/cpu/): opts->threads (0: all cores) and opts->precision. */
 squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
                                      squad_err *err);
+/* Test hook: the residual stream (before the final norm) at token t of the last chunk the CPU
+ * backend ran, H floats into out; SQUAD_E_INVALID for another backend or t outside that chunk. */
+int squad_cpu_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err);
 
 /* The CUDA backend (src/cuda/), present when built with SQUAD_HAVE_CUDA. */
 int squad_cuda_device_count(void);
@@ -85,5 +99,7 @@ int squad_cuda_device_count(void);
 int squad_cuda_device_usable(void);
 squad_backend *squad_cuda_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
                                       squad_err *err);
+/* Test hook: squad_cpu_backend_hidden's twin (the fp32 residual stream at token t of the last chunk). */
+int squad_cuda_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err);
 
 #endif /* SQUAD_BACKEND_H */

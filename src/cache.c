@@ -1,5 +1,5 @@
 /*
- * cache.c — the cross-request state cache (DESIGN.md section 3; interface in cache.h).
+ * cache.c — the cross-request state cache (docs/design.md section 7; interface in cache.h).
  *
  * A row is [state prefix | question suffix]. While the prefix runs, the model state is saved at a
  * few positions (checkpoints); a later row sharing those tokens restores the deepest one and
@@ -333,6 +333,8 @@ typedef struct row_plan {
     int *bounds;
     int n_bounds;
     int n_keep;
+    int end_only;    /* only the checkpoint at p is kept (the other bounds only end chunks) */
+    int deepest_new; /* the deepest checkpoint this row committed (0: none) */
     uint64_t *keys; /* prefix keys of [0, k * align), k = 1..p / align */
     pending_ckpt *pending;
 } row_plan;
@@ -354,8 +356,9 @@ static int plan_keep(const squad_cache *c, int n, int p, int new_group) {
     return m;
 }
 
-static int plan_row(squad_cache *c, const squad_row *row, row_plan *pl, squad_err *err) {
+static int plan_row(squad_cache *c, const squad_row *row, int end_only, row_plan *pl, squad_err *err) {
     memset(pl, 0, sizeof *pl);
+    pl->end_only = end_only;
     const int align = c->opts.align;
     pl->p = align_down(row->state_len, align);
     const int n_blocks = pl->p / align;
@@ -372,13 +375,19 @@ static int plan_row(squad_cache *c, const squad_row *row, row_plan *pl, squad_er
     if (shared && shared->pos == pl->p) pl->share = shared->group;
     else if (shared) pl->fork = shared->pos;
 
+    /* end-only: no tail, stride or fork positions; the chunk-cap ends still bound chunks (p is the
+     * last bound either way, and only it is kept) */
+    squad_cache_opts bo = c->opts;
+    if (end_only) bo.tail = bo.stride = 0;
+    const int fork = end_only ? 0 : pl->fork;
     const int max_chunk = c->be->max_chunk;
-    const int nb = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, pl->fork, NULL, 0);
+    const int nb = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, NULL, 0);
     pl->bounds = squad_malloc((size_t)nb * sizeof *pl->bounds, err);
     pl->pending = squad_calloc((size_t)nb, sizeof *pl->pending, err);
     if (!pl->bounds || !pl->pending) return SQUAD_E_NOMEM;
-    pl->n_bounds = squad_cache_bounds(&c->opts, max_chunk, pl->c0, row->state_len, pl->fork, pl->bounds, nb);
-    pl->n_keep = plan_keep(c, pl->n_bounds, pl->p, pl->share == NULL);
+    pl->n_bounds = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, pl->bounds, nb);
+    const int wanted = end_only && pl->n_bounds > 0 ? 1 : pl->n_bounds;
+    pl->n_keep = plan_keep(c, wanted, pl->p, pl->share == NULL);
     return 0;
 }
 
@@ -482,7 +491,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         }
         k->node.key = pl->keys[pc->pos / align - 1] & c->key_mask;
         k->pos = pc->pos;
-        k->route = 0; /* the trunk: specialists (DESIGN section 4) will set it */
+        k->route = 0; /* the trunk (docs/design.md section 7) */
         k->gdn = pc->gdn;
         k->group = g;
         pc->gdn = NULL;
@@ -494,6 +503,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         c->host_bytes += sizeof *k;
         squad_lru_push_newest(&c->lru, &k->lru);
         c->stats.checkpoints_made++;
+        if (k->pos > pl->deepest_new) pl->deepest_new = k->pos;
     }
     if (g->n_ckpts == 0) group_free(c, g);
 }
@@ -532,9 +542,14 @@ static int run_prefix(squad_cache *c, squad_span_fn run, void *ctx, const squad_
 
 int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, squad_result *out,
                            squad_err *err) {
+    return squad_cache_score_ex(c, run, ctx, row, 0, out, err);
+}
+
+int squad_cache_score_ex(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
+                         squad_result *out, squad_err *err) {
     if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
     row_plan pl;
-    int rc = plan_row(c, row, &pl, err);
+    int rc = plan_row(c, row, end_only, &pl, err);
     if (rc) {
         plan_free(&pl);
         return rc;
@@ -558,6 +573,11 @@ int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const s
     plan_free(&pl);
     if (rc) return rc;
 
+    /* what the row made restorable, if its deepest new checkpoint survived the eviction above (it
+     * is the most recent, so only a budget below one checkpoint could take it) */
+    if (pl.deepest_new > pl.c0 && squad_cache_lookup(c, row->ids, pl.deepest_new) == pl.deepest_new)
+        out->cache_written = pl.deepest_new - pl.c0;
+    if (pl.n_bounds > 0 && pl.n_keep == 0) c->stats.uncacheable++;
     c->stats.rows++;
     if (pl.c0 == pl.p) c->stats.hits++;
     else if (pl.c0 > 0) c->stats.partial++;
@@ -571,9 +591,17 @@ static int engine_span(void *ctx, const squad_row *row, int start, int end, squa
     return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
 }
 
-int squad_cache_score(squad_cache *c, struct squad_engine *e, const squad_row *row, squad_result *out,
+int squad_cache_score(squad_cache *c, struct squad_engine *e, const squad_row *row, int end_only, squad_result *out,
                       squad_err *err) {
-    return squad_cache_score_with(c, engine_span, e, row, out, err);
+    return squad_cache_score_ex(c, engine_span, e, row, end_only, out, err);
+}
+
+void squad_cache_clear(squad_cache *c) {
+    if (!c) return;
+    while (c->lru.oldest) {
+        ckpt_evict(c, ckpt_of(c->lru.oldest));
+        c->stats.evicted--; /* a clear is not an eviction */
+    }
 }
 
 /* ---- statistics and checks ------------------------------------------------------------------- */

@@ -25,6 +25,11 @@ typedef int (*squad_span_fn)(void *ctx, const squad_row *row, int start, int end
 int squad_cache_score_with(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row,
                            squad_result *out, squad_err *err);
 
+/* squad_cache_score_with for one call's options: end_only keeps only the checkpoint at p (the
+ * state's end), without the tail, stride and fork checkpoints. */
+int squad_cache_score_ex(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
+                         squad_result *out, squad_err *err);
+
 /* The placement policy: the chunk ends of a state of state_len tokens computed from position c0,
  * ascending, each a checkpoint position: the multiples of stride, state_len - tail and state_len
  * (each rounded down to align), and `fork` (the deepest position the row shares with a cached

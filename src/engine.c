@@ -6,9 +6,17 @@
  * be->max_chunk tokens; because every chunk continues from the state the previous one left, any
  * split gives the same answer (up to round-off). The cached path (cache.c) restores a checkpoint
  * instead of resetting and calls squad_engine_run_span for the rest.
+ *
+ * Per-call options (squad_score_opts) live on the engine while the call runs (e->call), so the
+ * span runner the cache calls back sees them: the cancel callback is polled before every chunk
+ * of either path, and a row that wants the full-vocabulary figures passes a vocab array with
+ * each chunk that has slots (chunks without slots, and rows that do not ask, pay nothing).
+ * A cancelled row leaves the backend's working state half-run, which is harmless: every row
+ * starts with a reset or a restore.
  */
 #include "engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +25,7 @@
 #include "model.h"
 #include "util.h"
 
-/* Defaults of DESIGN.md section 3. */
+/* Defaults of docs/design.md section 7. */
 #define DEFAULT_CACHE_MB 1024
 #define DEFAULT_ALIGN 64
 #define DEFAULT_TAIL 16
@@ -59,6 +67,21 @@ static squad_backend *make_backend(squad_model *model, const squad_engine_opts *
     return squad_cpu_backend_new(model, opts, max_context, err);
 }
 
+/* SQUAD_CACHE_BUDGET_AUTO: on a device, its free memory now (the backend built: weights, state,
+ * scratch) less a safety margin, 0 (no cache) when that leaves nothing; checkpoints of a host
+ * backend use host memory, which the default budget bounds. */
+static int auto_budget(squad_backend *be, size_t *budget, squad_err *err) {
+    if (!be->memory_free) {
+        *budget = (size_t)DEFAULT_CACHE_MB << 20;
+        return 0;
+    }
+    size_t free_bytes = 0;
+    int rc = be->memory_free(be, &free_bytes, err);
+    if (rc) return rc;
+    *budget = free_bytes > SQUAD_AUTO_BUDGET_MARGIN_BYTES ? free_bytes - SQUAD_AUTO_BUDGET_MARGIN_BYTES : 0;
+    return 0;
+}
+
 squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts_in, squad_err *err) {
     squad_engine_opts defaults;
     if (!opts_in) {
@@ -73,6 +96,8 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
     e->be = make_backend(model, &e->opts, e->max_tokens, err);
     if (!e->be) goto fail;
     if (e->be->max_context < e->max_tokens) e->max_tokens = e->be->max_context;
+    if (e->opts.cache.budget_bytes == SQUAD_CACHE_BUDGET_AUTO && auto_budget(e->be, &e->opts.cache.budget_bytes, err))
+        goto fail;
     if (e->opts.cache.budget_bytes > 0) {
         e->cache = squad_cache_new(e->be, &e->opts.cache, err);
         if (!e->cache) goto fail;
@@ -135,10 +160,15 @@ int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err) {
     squad_backend *be = e->be;
+    const squad_score_opts *call = e->call;
+    const int want_vocab = call && call->want_vocab;
     float probs[SQUAD_MAX_SLOTS_PER_ROW][SQUAD_MAX_LETTERS];
+    squad_slot_vocab vocab[SQUAD_MAX_SLOTS_PER_ROW];
     int slot = 0; /* the row's first slot not yet answered */
     while (slot < row->n_slots && row->slots[slot] < start) slot++;
     for (int s = start; s < end;) {
+        if (call && call->cancelled && call->cancelled(call->cancel_ctx))
+            return squad_fail(err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", s, row->n_ids);
         int len = end - s < be->max_chunk ? end - s : be->max_chunk;
         squad_chunk ck;
         memset(&ck, 0, sizeof ck);
@@ -154,9 +184,16 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
             ck.n_slots++;
             slot++;
         }
+        if (want_vocab && ck.n_slots) ck.vocab = vocab;
         int rc = be->forward(be, &ck, ck.n_slots ? &probs[0][0] : NULL, err);
         if (rc) return rc;
         for (int i = 0; i < ck.n_slots; i++) memcpy(out->probs[first + i], probs[i], sizeof probs[i]);
+        for (int i = 0; ck.vocab && i < ck.n_slots; i++) {
+            out->vocab_lse[first + i] = vocab[i].vocab_lse;
+            out->letters_lse[first + i] = vocab[i].letters_lse;
+            out->top_logit[first + i] = vocab[i].top_logit;
+            out->top_token[first + i] = vocab[i].top_token;
+        }
         out->computed += len;
         s += len;
     }
@@ -165,12 +202,48 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
 
 static int score_plain(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
     int rc = e->be->reset(e->be, err);
-    if (rc) return rc;
-    e->plain_rows++;
-    return squad_engine_run_span(e, row, 0, row->n_ids, out, err);
+    if (!rc) rc = squad_engine_run_span(e, row, 0, row->n_ids, out, err);
+    if (!rc) e->plain_rows++; /* a failed or cancelled row is not counted */
+    return rc;
 }
 
-int squad_engine_score(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
+/* label_mass from the two log-sum-exps. A share cannot exceed 1; the round-off between the two
+ * sums (or a letter listed twice) could put it a hair past, so it is clamped. */
+static void fill_label_mass(squad_result *out) {
+    for (int i = 0; i < out->n_slots; i++) {
+        const double m = exp((double)out->letters_lse[i] - (double)out->vocab_lse[i]);
+        out->label_mass[i] = (float)(m < 1.0 ? m : 1.0);
+    }
+}
+
+static int score_row(squad_engine *e, const squad_row *row, const squad_score_opts *o, squad_result *out,
+                     squad_err *err) {
+    if (e->memo && squad_memo_lookup(e->memo, row, o->want_vocab, out)) {
+        out->reused = row->n_ids;
+        out->computed = 0;
+        out->memo = 1;
+        e->memo_hits++;
+        e->tokens_memo += (uint64_t)row->n_ids;
+        return 0;
+    }
+    int rc;
+    if (e->cache && squad_cache_eligible(e->cache, row))
+        rc = squad_cache_score(e->cache, e, row, o->end_checkpoint_only, out, err);
+    else
+        rc = score_plain(e, row, out, err);
+    if (rc) return rc;
+    out->n_slots = row->n_slots;
+    if (o->want_vocab) {
+        out->has_vocab = 1;
+        fill_label_mass(out);
+    }
+    if (e->memo) squad_memo_put(e->memo, row, out, NULL); /* a memo that cannot grow just misses later */
+    return 0;
+}
+
+int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
+                          squad_err *err) {
+    static const squad_score_opts no_opts; /* all zero: squad_engine_score's behaviour */
     memset(out, 0, sizeof *out);
     int rc = squad_row_check(e->model, row, err);
     if (rc) return rc;
@@ -178,22 +251,32 @@ int squad_engine_score(squad_engine *e, const squad_row *row, squad_result *out,
         return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; this engine holds at most %d", row->n_ids,
                           e->max_tokens);
     out->n_slots = row->n_slots;
-    if (e->memo && squad_memo_get(e->memo, row, out)) {
-        out->reused = row->n_ids;
-        out->computed = 0;
-        return 0;
+    e->call = opts ? opts : &no_opts;
+    rc = score_row(e, row, e->call, out, err);
+    e->call = NULL;
+    if (rc) {
+        const int n_slots = out->n_slots;
+        memset(out, 0, sizeof *out); /* nothing of a failed row is an answer */
+        out->n_slots = n_slots;
     }
-    if (e->cache && squad_cache_eligible(e->cache, row))
-        rc = squad_cache_score(e->cache, e, row, out, err);
-    else
-        rc = score_plain(e, row, out, err);
-    if (rc) return rc;
-    if (e->memo) squad_memo_put(e->memo, row, out, NULL); /* a memo that cannot grow just misses later */
-    return 0;
+    return rc;
+}
+
+int squad_engine_score(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
+    return squad_engine_score_ex(e, row, NULL, out, err);
 }
 
 void squad_engine_cache_stats(const squad_engine *e, squad_cache_stats *out) {
     memset(out, 0, sizeof *out);
     if (e->cache) squad_cache_get_stats(e->cache, out);
+    else out->budget_bytes = e->opts.cache.budget_bytes;
     out->plain = e->plain_rows;
+    out->memo_hits = e->memo_hits;
+    out->tokens_memo = e->tokens_memo;
+}
+
+void squad_engine_cache_clear(squad_engine *e) {
+    if (!e) return;
+    squad_cache_clear(e->cache);
+    squad_memo_clear(e->memo);
 }

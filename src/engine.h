@@ -1,10 +1,11 @@
 /*
  * engine.h — the engine object (internal view): a model, a backend, the state cache, the memo.
  *
- * squad_engine_score (squad.h) validates a row, answers an exact repeat from the memo, sends an
+ * squad_engine_score_ex (squad.h) validates a row, answers an exact repeat from the memo, sends an
  * eligible row through the state cache and any other row down the plain path (reset, then the
  * whole row in chunks). The cache drives the backend itself and runs spans through
- * squad_engine_run_span.
+ * squad_engine_run_span, which reads the running call's options (cancellation, vocabulary
+ * figures) from the engine: one call runs at a time on an engine.
  */
 #ifndef SQUAD_ENGINE_H
 #define SQUAD_ENGINE_H
@@ -14,6 +15,11 @@
 
 typedef struct squad_cache squad_cache;
 typedef struct squad_memo squad_memo;
+
+/* An automatic cache budget on a device: its free memory after the backend is built, less this
+ * much for what comes later (graphs captured on first use, cuBLASLt's and the driver's own
+ * allocations, the checkpoint allocations' rounding). */
+#define SQUAD_AUTO_BUDGET_MARGIN_BYTES ((size_t)2 << 30)
 
 /* Row limits. */
 #define SQUAD_DEFAULT_MAX_TOKENS 32768 /* longest row by default (bounded by the model's positions) */
@@ -26,11 +32,15 @@ struct squad_engine {
     squad_engine_opts opts;
     int max_tokens;
     uint64_t plain_rows;
+    uint64_t memo_hits, tokens_memo;
+    const squad_score_opts *call; /* the running call's options (never NULL while a row runs) */
 };
 
 /* Runs row->ids[start, end) from the backend's working state (which must hold [0, start)), in
  * chunks of at most be->max_chunk tokens; the row's slots inside [start, end) are answered into out
- * (out->probs indexed by the row's slot index). out->computed grows by end - start. */
+ * (out->probs indexed by the row's slot index, and the full-vocabulary figures when the running
+ * call asks for them). out->computed grows by end - start. Before every chunk the running call's
+ * cancel callback is polled: SQUAD_E_CANCELLED when it says stop. */
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err);
 

@@ -2,7 +2,8 @@
  * memo.c — the exact-request memo (memo.h).
  *
  * One allocation per entry: the structure, then the row's ids, slots, nopts and letters (the
- * copy every hit is verified against), then the answer's probabilities for each slot's options.
+ * copy every hit is verified against), then the answer's probabilities for each slot's options,
+ * then, when the answer has them, the full-vocabulary figures of each slot.
  * A chained hash table over the 64-bit row hash finds candidates; an LRU list orders eviction.
  * The bytes held are the entries' allocations plus the bucket array, kept within the budget.
  */
@@ -17,6 +18,12 @@
 
 #define MEMO_HASH_SEED 0x243f6a8885a308d3ull
 
+/* A slot's full-vocabulary figures (squad_result's fields of the same names). */
+typedef struct memo_vocab {
+    float vocab_lse, letters_lse, top_logit, label_mass;
+    int32_t top_token;
+} memo_vocab;
+
 typedef struct memo_entry {
     squad_hnode node;   /* key: the hash of the row's content */
     squad_lru_node lru; /* in the memo's LRU list */
@@ -24,6 +31,7 @@ typedef struct memo_entry {
     int n_ids, n_slots, n_letters, state_len, route;
     int32_t *ids, *slots, *nopts, *letters; /* inside this allocation */
     float *probs;                           /* the options of each slot, one slot after another */
+    memo_vocab *vocab;                      /* [n_slots], or NULL when the answer had none */
 } memo_entry;
 
 struct squad_memo {
@@ -93,15 +101,17 @@ squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err) {
 
 void squad_memo_free(squad_memo *m) {
     if (!m) return;
-    while (m->lru.oldest) remove_entry(m, entry_of(m->lru.oldest));
+    squad_memo_clear(m);
     squad_hindex_free(&m->index);
     free(m);
 }
 
-int squad_memo_get(squad_memo *m, const squad_row *r, squad_result *out) {
+int squad_memo_get(squad_memo *m, const squad_row *r, squad_result *out) { return squad_memo_lookup(m, r, 0, out); }
+
+int squad_memo_lookup(squad_memo *m, const squad_row *r, int need_vocab, squad_result *out) {
     if (!m || !r) return 0;
     memo_entry *e = find(m, r, row_key(r));
-    if (!e) {
+    if (!e || (need_vocab && !e->vocab)) {
         m->stats.misses++;
         return 0;
     }
@@ -114,6 +124,16 @@ int squad_memo_get(squad_memo *m, const squad_row *r, squad_result *out) {
     for (int i = 0; i < e->n_slots; i++) {
         memcpy(out->probs[i], p, (size_t)e->nopts[i] * sizeof *p);
         p += e->nopts[i];
+    }
+    if (need_vocab) {
+        out->has_vocab = 1;
+        for (int i = 0; i < e->n_slots; i++) {
+            out->vocab_lse[i] = e->vocab[i].vocab_lse;
+            out->letters_lse[i] = e->vocab[i].letters_lse;
+            out->top_logit[i] = e->vocab[i].top_logit;
+            out->top_token[i] = e->vocab[i].top_token;
+            out->label_mass[i] = e->vocab[i].label_mass;
+        }
     }
     m->stats.hits++;
     return 1;
@@ -130,7 +150,11 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
 
     const size_t n_ints = (size_t)r->n_ids + 2 * (size_t)r->n_slots + (size_t)r->n_letters;
     const size_t n_probs = (size_t)total_options(r);
-    const size_t bytes = sizeof(memo_entry) + n_ints * sizeof(int32_t) + n_probs * sizeof(float);
+    const size_t n_vocab = res->has_vocab ? (size_t)r->n_slots : 0;
+    /* the figures after the probabilities, aligned for their struct */
+    const size_t vocab_off = (sizeof(memo_entry) + n_ints * sizeof(int32_t) + n_probs * sizeof(float) +
+                              _Alignof(memo_vocab) - 1) / _Alignof(memo_vocab) * _Alignof(memo_vocab);
+    const size_t bytes = vocab_off + n_vocab * sizeof(memo_vocab);
     if (bytes + SQUAD_HINDEX_MIN_BUCKETS * sizeof(squad_hnode *) > m->budget) return 0; /* never fits */
     memo_entry *e = squad_malloc(bytes, err);
     if (!e) return SQUAD_E_NOMEM;
@@ -158,6 +182,14 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
         memcpy(p, res->probs[i], (size_t)r->nopts[i] * sizeof *p);
         p += r->nopts[i];
     }
+    e->vocab = n_vocab ? (memo_vocab *)((char *)e + vocab_off) : NULL;
+    for (size_t i = 0; i < n_vocab; i++) {
+        e->vocab[i].vocab_lse = res->vocab_lse[i];
+        e->vocab[i].letters_lse = res->letters_lse[i];
+        e->vocab[i].top_logit = res->top_logit[i];
+        e->vocab[i].top_token = res->top_token[i];
+        e->vocab[i].label_mass = res->label_mass[i];
+    }
 
     if (squad_hindex_reserve(&m->index, 1)) {
         free(e);
@@ -179,6 +211,11 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
         m->stats.evicted++;
     }
     return 0;
+}
+
+void squad_memo_clear(squad_memo *m) {
+    if (!m) return;
+    while (m->lru.oldest) remove_entry(m, entry_of(m->lru.oldest));
 }
 
 void squad_memo_get_stats(const squad_memo *m, squad_memo_stats *out) {

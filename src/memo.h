@@ -1,9 +1,11 @@
 /*
  * memo.h — the exact-request memo: a whole repeated row (same ids, slots, nopts, letters and
- * state_len) is answered from memory before it reaches the state cache (DESIGN.md section 3).
+ * state_len) is answered from memory before it reaches the state cache (docs/design.md section 7).
  *
  * Entries are keyed by a 64-bit hash of the row's whole content and verified by comparing the
- * stored copy of the row, so two different rows are never confused. Bounded LRU: every byte an
+ * stored copy of the row, so two different rows are never confused. An entry also keeps the
+ * answer's full-vocabulary figures when the call that made it asked for them; a later call that
+ * asks for them is answered only by an entry that has them. Bounded LRU: every byte an
  * entry holds (the structure, its row copy, its probabilities) and the bucket array count against
  * the budget; the least recently used entries go first.
  */
@@ -34,9 +36,17 @@ void squad_memo_free(squad_memo *memo);
  * A hit makes the entry the most recently used. */
 int squad_memo_get(squad_memo *memo, const squad_row *row, squad_result *out);
 
-/* Stores the answer to a row (replacing an older one for the same row). An entry larger than the
- * whole budget is not stored. 0, or SQUAD_E_NOMEM when memory is short (the memo stays valid). */
+/* squad_memo_get for a call that needs the full-vocabulary figures (need_vocab = 1): only an entry
+ * that holds them answers, and they come back in out (has_vocab = 1). With need_vocab = 0 the
+ * figures are left out even when the entry has them (the answer is what such a call computes). */
+int squad_memo_lookup(squad_memo *memo, const squad_row *row, int need_vocab, squad_result *out);
+
+/* Stores the answer to a row (replacing an older one for the same row), with its full-vocabulary
+ * figures when result->has_vocab. An entry larger than the whole budget is not stored. 0, or SQUAD_E_NOMEM when memory is short (the memo stays valid). */
 int squad_memo_put(squad_memo *memo, const squad_row *row, const squad_result *result, squad_err *err);
+
+/* Drops every entry (the counters stay). */
+void squad_memo_clear(squad_memo *memo);
 
 void squad_memo_get_stats(const squad_memo *memo, squad_memo_stats *out);
 

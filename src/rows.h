@@ -1,5 +1,5 @@
 /*
- * rows.h — rows from JSON (DESIGN.md section 2): {"ids": [...], "slots": [...], "nopts": [...],
+ * rows.h — rows from JSON (docs/design.md section 5): {"ids": [...], "slots": [...], "nopts": [...],
  * "letters": [...], "state_len": n}. Parsing checks JSON types and gives messages that name the
  * field; the model-dependent checks (vocabulary, lengths) are squad_row_check's.
  */

@@ -1,5 +1,5 @@
 /*
- * template.h — the prompt template: a text request becomes rows (DESIGN.md sections 2 and 6).
+ * template.h — the prompt template: a text request becomes rows (docs/design.md sections 5 and 6).
  *
  * A request is {"state": str, "questions": [{"text": str, "options": [str, ...]}, ...], "system": str?}.
  * Every row starts with the same prefix (the optional system part and the state), tokenised on its

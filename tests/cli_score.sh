@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cli_score.sh SQUAD — `squad score` as a user drives it (DESIGN.md section 8): one output line per
+# cli_score.sh SQUAD — `squad score` as a user drives it (docs/design.md section 9): one output line per
 # row in order, {"error": ...} for a bad row while the rest go on, exit 0 / 1 / 2, and clear
 # messages for a missing or broken model directory.
 set -u
@@ -19,6 +19,12 @@ check "good rows exit 0" $?
 check "two output lines" $([ "$(wc -l < "$tmp/out")" -eq 2 ]; echo $?)
 check "probs present" $(grep -c '"probs"' "$tmp/out" | grep -qx 2; echo $?)
 check "second identical row answered by the memo" $(sed -n 2p "$tmp/out" | grep -q '"computed": 0'; echo $?)
+"$SQUAD" score --model "$MODEL" --rows "$tmp/good.jsonl" --device cpu --stats > "$tmp/out" 2> "$tmp/err"
+check "--stats: exit 0" $?
+for k in rows hits partial cold plain memo_hits tokens_memo uncacheable tokens_reused tokens_computed \
+         checkpoints_made evicted checkpoints groups bytes_held budget_bytes; do
+  check "--stats: counter $k" $(grep -q "\"$k\": [0-9]" "$tmp/err"; echo $?)
+done
 
 printf '%s\n' "$good" '{"ids": [1, 2], "slots": [5], "nopts": [2], "letters": [1, 2]}' 'not json' \
     '{"ids": [1, 2, 99999], "slots": [0], "nopts": [1], "letters": [1]}' '' "$good" > "$tmp/mixed.jsonl"

@@ -18,8 +18,12 @@
  *    positions: a K / V cache of 128 MB in fp32) against the CPU backend, exact within 1e-4: the
  *    regression check for weights wiped at load (the zeroing of each new buffer ran on a
  *    non-blocking stream behind the K / V cache's and could land after the weight upload);
- *  - bad chunks are refused and the backend stays usable.
- * SQUAD_GPU_TEST_QUICK=1 runs the fixtures and the cache scenario only (for compute-sanitizer).
+ *  - bad chunks are refused and the backend stays usable;
+ *  - the full-vocabulary figures (want_vocab) on the plain path (12 slots: two passes) and the
+ *    cached path, against a double projection of the CPU exact backend's hidden rows, on the demo
+ *    preset (248k vocabulary) and the untied fixture; the automatic cache budget.
+ * SQUAD_GPU_TEST_QUICK=1 runs the fixtures, the cache scenario and the vocabulary figures on the
+ * untied fixture only (for compute-sanitizer).
  * Exits 77 (skipped) without a GPU.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -45,7 +49,7 @@
 #define TOL_CHUNKED 0.01
 /* The bf16 path against the fp32 references: a gross-error bound only. A float64 emulation of
  * these random test models with the bf16 path's roundings moves their answers by up to 0.2
- * (small-mha; bench/CUDA_NOTES.md), and transformers in bf16 would move them as much; the
+ * (small-mha; docs/design.md section 10), and transformers in bf16 would move them as much; the
  * tolerances above are met by the exact path, and the bf16 kernels are held to their references
  * at bf16 precision (about 3e-3 relative) in gpu_test_kernels. */
 #define TOL_BF16 0.25
@@ -548,6 +552,221 @@ static void test_precapture(void) {
     squad_model_free(m);
 }
 
+/* ---- full-vocabulary figures ---- */
+
+/* Relative to the logits' scale (the vocabulary's log-sum-exp). The pass itself, against a double
+ * projection of CUDA's own hidden rows: fp32 in both precisions (DECISIONS-API.md section D).
+ * End to end, against the CPU exact backend's rows: the exact path's rows differ from the CPU's by
+ * summation order (~2e-6 in the probabilities); bf16 activations move these random models' logits
+ * far more (see TOL_BF16): a gross-error bound. */
+#define TOL_VOCAB_OWN 1e-6
+#define TOL_VOCAB_EXACT 1e-4
+#define TOL_VOCAB_BF16 5e-2
+
+typedef struct vocab_ref {
+    double lse, letters_lse, top, second;
+    int top_token;
+} vocab_ref;
+
+static void vocab_reference(const squad_model *m, const float *h, const int32_t *letters, int nopts, vocab_ref *r) {
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    double *xn = malloc(sizeof(double) * (size_t)H), *z = malloc(sizeof(double) * (size_t)V), ss = 0;
+    for (int i = 0; i < H; i++) ss += (double)h[i] * h[i];
+    const double inv = 1.0 / sqrt(ss / H + m->cfg.rms_eps);
+    for (int i = 0; i < H; i++) xn[i] = h[i] * inv * (1.0 + m->final_norm[i]);
+    r->top = r->second = -INFINITY;
+    r->top_token = -1;
+    for (int v = 0; v < V; v++) {
+        const uint16_t *e = m->lm_head.w + (size_t)v * H;
+        double d = 0;
+        for (int i = 0; i < H; i++) d += xn[i] * squad_bf16_to_f32(e[i]);
+        z[v] = d;
+        if (d > r->top) r->second = r->top, r->top = d, r->top_token = v;
+        else if (d > r->second) r->second = d;
+    }
+    double sum = 0, lm = -INFINITY, ls = 0;
+    for (int v = 0; v < V; v++) sum += exp(z[v] - r->top);
+    r->lse = r->top + log(sum);
+    for (int l = 0; l < nopts; l++) lm = fmax(lm, z[letters[l]]);
+    for (int l = 0; l < nopts; l++) ls += exp(z[letters[l]] - lm);
+    r->letters_lse = lm + log(ls);
+    free(xn);
+    free(z);
+}
+
+/* The references of a row's slots from the hidden rows of the last chunk `e` ran (starting at
+ * `last`), projected in double. */
+static int vocab_own_refs(squad_engine *e, const squad_row *row, int last, vocab_ref *refs) {
+    float *h = malloc(sizeof(float) * (size_t)e->model->cfg.hidden_size);
+    squad_err err = {0};
+    int rc = 0;
+    for (int i = 0; !rc && i < row->n_slots; i++) {
+        rc = row->slots[i] < last ? -1 : squad_cuda_backend_hidden(e->be, row->slots[i] - last, h, &err);
+        if (!rc) vocab_reference(e->model, h, row->letters, row->nopts[i], &refs[i]);
+    }
+    CHECKF(rc == 0, "CUDA hidden rows: %s", err.msg);
+    free(h);
+    return rc;
+}
+
+/* The references of a row's slots: the CPU exact engine runs the row (the slots in its last chunk)
+ * and its hidden rows are projected in double. */
+static int vocab_refs(squad_engine *cpu, const squad_row *row, vocab_ref *refs) {
+    squad_result *r = malloc(sizeof *r);
+    float *h = malloc(sizeof(float) * (size_t)cpu->model->cfg.hidden_size);
+    squad_err err = {0};
+    int rc = squad_engine_score(cpu, row, r, &err);
+    const int last = (row->n_ids - 1) / cpu->be->max_chunk * cpu->be->max_chunk;
+    for (int i = 0; !rc && i < row->n_slots; i++) {
+        if (row->slots[i] < last) rc = -1; /* the test's own mistake: the row's slots must be in one chunk */
+        if (!rc) rc = squad_cpu_backend_hidden(cpu->be, row->slots[i] - last, h, &err);
+        if (!rc) vocab_reference(cpu->model, h, row->letters, row->nopts[i], &refs[i]);
+    }
+    CHECKF(rc == 0, "vocab reference: %s", err.msg);
+    free(r);
+    free(h);
+    return rc;
+}
+
+static void check_vocab(const char *what, const squad_result *res, const squad_row *row, const vocab_ref *refs,
+                        double tol) {
+    CHECKF(res->has_vocab == 1, "%s: no figures", what);
+    double worst = 0;
+    for (int i = 0; i < row->n_slots; i++) {
+        const vocab_ref *r = &refs[i];
+        const double scale = fmax(1.0, fabs(r->lse));
+        const double d = fmax(fmax(fabs(res->vocab_lse[i] - r->lse), fabs(res->letters_lse[i] - r->letters_lse)),
+                              fabs(res->top_logit[i] - r->top)) / scale;
+        worst = fmax(worst, d);
+        CHECKF(d <= tol, "%s slot %d: lse %.7g / %.7g, letters %.7g / %.7g, top %.7g / %.7g", what, i, res->vocab_lse[i],
+               r->lse, res->letters_lse[i], r->letters_lse, res->top_logit[i], r->top);
+        if (r->top - r->second > 2 * tol * scale)
+            CHECKF(res->top_token[i] == r->top_token, "%s slot %d: top token %d, reference %d", what, i,
+                   res->top_token[i], r->top_token);
+        const double mass = fmin(1.0, exp((double)res->letters_lse[i] - res->vocab_lse[i]));
+        CHECKF(fabs(res->label_mass[i] - mass) <= 1e-6, "%s slot %d: label_mass %.7g vs %.7g", what, i,
+               res->label_mass[i], mass);
+    }
+    printf("vocab %-34s %d slots, worst %.2e of the logits' scale (tol %.0e)\n", what, row->n_slots, worst, tol);
+}
+
+static squad_engine *engine_cpu_exact(squad_model *m) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CPU;
+    o.precision = SQUAD_PRECISION_EXACT;
+    o.cache.budget_bytes = 0;
+    squad_err err = {0};
+    squad_engine *e = squad_engine_new(m, &o, &err);
+    CHECKF(e != NULL, "CPU engine: %s", err.msg);
+    return e;
+}
+
+/* CUDA's figures (plain path with more slots than one pass serves, cached path cold and hit)
+ * against the CPU exact backend's rows projected in double; a row that does not ask gets the same
+ * probabilities; the time a row pays for asking. */
+static void test_vocab_model(squad_model *m, const char *name, squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_VOCAB_EXACT : TOL_VOCAB_BF16;
+    squad_engine *cpu = engine_cpu_exact(m);
+    squad_engine *plain = engine_cuda(m, 0, prec);
+    squad_engine *cached = engine_cuda(m, (size_t)256 << 20, prec);
+    rowgen *g = malloc(sizeof *g);
+    int32_t slots[12], nopts[12];
+    squad_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    vocab_ref refs[12];
+    squad_err err = {0};
+    char what[128];
+    const squad_score_opts vo = {.want_vocab = 1};
+    if (!cpu || !plain || !cached) goto out;
+    /* twelve slots at the end of a 700-token row: two groups of the pass */
+    make_row(g, 91, 700, m->cfg.vocab_size);
+    for (int i = 0; i < 12; i++) slots[i] = 700 - 12 + i, nopts[i] = 2 + i % 3;
+    g->row.slots = slots;
+    g->row.nopts = nopts;
+    g->row.n_slots = 12;
+    if (vocab_refs(cpu, &g->row, refs) == 0) {
+        CHECKF(squad_engine_score_ex(plain, &g->row, &vo, a, &err) == 0, "%s", err.msg);
+        snprintf(what, sizeof what, "%s %s plain", name, PREC_NAME[prec == SQUAD_PRECISION_BF16]);
+        check_vocab(what, a, &g->row, refs, tol);
+        vocab_ref own[12];
+        snprintf(what, sizeof what, "%s %s plain, own rows", name, PREC_NAME[prec == SQUAD_PRECISION_BF16]);
+        const int last = (g->row.n_ids - 1) / plain->be->max_chunk * plain->be->max_chunk;
+        if (vocab_own_refs(plain, &g->row, last, own) == 0) check_vocab(what, a, &g->row, own, TOL_VOCAB_OWN);
+        CHECK(squad_engine_score(plain, &g->row, b, &err) == 0 && b->has_vocab == 0);
+        int same = 1;
+        for (int i = 0; i < 12; i++) same &= memcmp(a->probs[i], b->probs[i], sizeof a->probs[i]) == 0;
+        CHECKF(same, "%s: the probabilities moved with want_vocab", what);
+        /* the time of asking */
+        const int reps = 10;
+        double t0 = squad_now_seconds();
+        for (int k = 0; k < reps; k++) squad_engine_score(plain, &g->row, b, &err);
+        double t1 = squad_now_seconds();
+        for (int k = 0; k < reps; k++) squad_engine_score_ex(plain, &g->row, &vo, b, &err);
+        double t2 = squad_now_seconds();
+        printf("vocab %s %s: a 700-token row with 12 slots %.3f ms, with the figures %.3f ms (vocabulary %d)\n", name,
+               PREC_NAME[prec == SQUAD_PRECISION_BF16], (t1 - t0) * 1e3 / reps, (t2 - t1) * 1e3 / reps,
+               m->cfg.vocab_size);
+    }
+    /* the cached path: a state of 640 tokens, two slots in the question */
+    make_row(g, 92, 700, m->cfg.vocab_size);
+    g->row.state_len = 640;
+    g->row.n_slots = 2;
+    g->row.slots = g->slots + 1;
+    g->row.nopts = g->nopts + 1;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) g->ids[690] = (g->ids[690] + 1) % m->cfg.vocab_size; /* another question: a hit */
+        if (vocab_refs(cpu, &g->row, refs)) break;
+        CHECKF(squad_engine_score_ex(cached, &g->row, &vo, a, &err) == 0, "%s", err.msg);
+        CHECK(a->reused == (pass ? 640 : 0));
+        snprintf(what, sizeof what, "%s %s cached %s", name, PREC_NAME[prec == SQUAD_PRECISION_BF16],
+                 pass ? "hit" : "cold");
+        check_vocab(what, a, &g->row, refs, tol);
+        vocab_ref own[2];
+        snprintf(what, sizeof what, "%s %s cached %s, own rows", name, PREC_NAME[prec == SQUAD_PRECISION_BF16],
+                 pass ? "hit" : "cold");
+        if (vocab_own_refs(cached, &g->row, 640, own) == 0) check_vocab(what, a, &g->row, own, TOL_VOCAB_OWN);
+    }
+out:
+    free(g);
+    free(a);
+    free(b);
+    squad_engine_free(cpu);
+    squad_engine_free(plain);
+    squad_engine_free(cached);
+}
+
+/* quick: the untied fixture only (under compute-sanitizer) */
+static void test_vocab(squad_precision prec, int quick) {
+    squad_model *demo = quick ? NULL : synth_model("demo", 7);
+    if (demo) test_vocab_model(demo, "demo", prec);
+    squad_model_free(demo);
+    squad_err err = {0};
+    squad_model *untied = squad_model_load("tests/fixtures/models/tiny-cond-untied", &err);
+    CHECKF(untied != NULL, "tiny-cond-untied: %s", err.msg);
+    if (untied) test_vocab_model(untied, "tiny-cond-untied", prec);
+    squad_model_free(untied);
+}
+
+/* SQUAD_CACHE_BUDGET_AUTO on CUDA: the free memory after the backend less the margin. */
+static void test_auto_budget(void) {
+    squad_model *m = synth_model("demo", 7);
+    if (!m) return;
+    squad_engine *e = engine_cuda(m, SQUAD_CACHE_BUDGET_AUTO, SQUAD_PRECISION_BF16);
+    if (e) {
+        squad_cache_stats st;
+        squad_engine_cache_stats(e, &st);
+        size_t free_now = 0;
+        squad_err err = {0};
+        CHECK(e->be->memory_free && e->be->memory_free(e->be, &free_now, &err) == 0);
+        printf("auto budget: %.1f GiB (free now %.1f GiB, margin %.1f GiB)\n", st.budget_bytes / 1073741824.0,
+               free_now / 1073741824.0, SQUAD_AUTO_BUDGET_MARGIN_BYTES / 1073741824.0);
+        CHECK(st.budget_bytes > 0 && st.budget_bytes != SQUAD_CACHE_BUDGET_AUTO && e->cache != NULL);
+        CHECK(st.budget_bytes + SQUAD_AUTO_BUDGET_MARGIN_BYTES <= free_now + ((size_t)64 << 20));
+    }
+    squad_engine_free(e);
+    squad_model_free(m);
+}
+
 int main(void) {
     if (squad_cuda_device_count() <= 0) {
         printf("gpu_test_backend: no CUDA device, skipped\n");
@@ -560,12 +779,14 @@ int main(void) {
     for (int p = 0; p < 2; p++) {
         for (int i = 0; i < 3; i++) test_fixture(fixtures[i], precs[p]);
         test_cache_scenario(precs[p]);
+        test_vocab(precs[p], quick && quick[0] == '1');
     }
     if (quick && quick[0] == '1') return test_summary("gpu_test_backend (quick)");
     for (int p = 0; p < 2; p++) test_hd256(precs[p]);
     for (int p = 0; p < 2; p++) test_synth(precs[p]);
     for (int p = 0; p < 2; p++) test_eager(precs[p]);
     test_precapture();
+    test_auto_budget();
     return test_summary("gpu_test_backend");
 }
 #else

@@ -3,12 +3,12 @@
  * inputs (src/cuda/cuda_test_api.h): the GDN mixer (conv with saved inputs, gates, the chunked
  * delta rule from a nonzero initial state, padding, the gated norm) against the per-token
  * recurrence, chained over two chunks; attention over cached K / V (RoPE offsets, GQA, padding,
- * head dims 16..256) — each on the bf16 path (tensor cores) and the exact fp32 path; RMSNorm, SiLU * up, the cuBLASLt projection
- * and the skinny small-M GEMM (every M bucket, tails, the 0.8B shapes). Outputs are poisoned (NaN)
+ * head dims 16..256) — each on the bf16 path (tensor cores) and the exact fp32 path; RMSNorm, SiLU * up, and the cuBLASLt
+ * projection at small and large M (tails, the 0.8B shapes). Outputs are poisoned (NaN)
  * on the device before each run, so an element a kernel does not write fails the comparison.
  * Errors are relative: ||out - ref|| / ||ref|| (bf16 operands: about 1e-3 .. 1e-2).
- * Exits 77 (skipped) without a GPU. SQUAD_TEST_ONLY_SKINNY=1 runs only the skinny GEMM's cases;
- * SQUAD_GEMM_BENCH=1 instead times the skinny GEMM against cuBLASLt on the 0.8B shapes.
+ * Exits 77 (skipped) without a GPU. SQUAD_GEMM_BENCH=1 instead times tuned against untuned cuBLASLt
+ * on the 0.8B shapes.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 
 #ifdef SQUAD_HAVE_CUDA
@@ -110,8 +111,8 @@ static void test_gdn(rng *r, const gdn_case *c, int exact) {
     printf("gdn %-5s nk %d nv %d dk %d dv %d K %d chunks (%d/%d, %d/%d): rel err Y %.2e S %.2e\n",
            exact ? "exact" : "bf16", c->nk, c->nv, c->dk, c->dv, c->K, c->len1, c->rows1, c->len2, c->rows2, worst_y,
            worst_s);
-    CHECKF(worst_y < (exact ? 1e-4 : 2.5e-2), "gdn output rel err %.3e", worst_y);
-    CHECKF(worst_s < (exact ? 1e-4 : 2e-2), "gdn state rel err %.3e", worst_s);
+    CHECKF(worst_y < (exact ? TOL_KERNEL_EXACT : TOL_KERNEL_BF16_GDN_OUT), "gdn output rel err %.3e", worst_y);
+    CHECKF(worst_s < (exact ? TOL_KERNEL_EXACT : TOL_KERNEL_BF16_GDN_STATE), "gdn state rel err %.3e", worst_s);
     CHECKF(pad_ok, "gdn padding rows must be written as 0");
     CHECKF(conv_ok, "gdn conv state after the chunk");
     free(conv_w);
@@ -165,8 +166,8 @@ static void test_attn(rng *r, const attn_case *c, int exact) {
         if (out[i] != 0.f) pad_ok = 0;
     printf("attn %-5s nh %d nkv %d hd %d rd %d rows %d start %d len %d split %d: rel err out %.2e K %.2e V %.2e\n",
            exact ? "exact" : "bf16", c->nh, c->nkv, c->hd, c->rd, c->rows, c->start, c->len, c->kv_split, eo, ek, ev);
-    CHECKF(eo < (exact ? 1e-4 : 2e-2), "attention output rel err %.3e", eo);
-    CHECKF(ek < (exact ? 1e-5 : 1e-2) && ev < (exact ? 1e-5 : 1e-2), "K / V written to the cache: rel err %.3e %.3e",
+    CHECKF(eo < (exact ? TOL_KERNEL_EXACT : TOL_KERNEL_BF16_ATTN), "attention output rel err %.3e", eo);
+    CHECKF(ek < (exact ? TOL_KERNEL_EXACT_KV : TOL_KERNEL_BF16_KV) && ev < (exact ? TOL_KERNEL_EXACT_KV : TOL_KERNEL_BF16_KV), "K / V written to the cache: rel err %.3e %.3e",
            ek, ev);
     CHECKF(pad_ok, "attention padding rows must be written as 0");
     free(QKV);
@@ -191,14 +192,14 @@ static void test_small(rng *r) {
     cu_ref_rmsnorm(h, orf, w, rows, H, 1e-6f);
     double e = rel_err(o, orf, (size_t)rows * H);
     printf("rmsnorm: rel err %.2e\n", e);
-    CHECKF(e < 5e-3, "rmsnorm rel err %.3e", e);
+    CHECKF(e < TOL_KERNEL_BF16, "rmsnorm rel err %.3e", e);
     float *gu = randn(r, (size_t)rows * 2 * I, 2.0, 1), *m = malloc(sizeof(float) * rows * I),
           *mr = malloc(sizeof(float) * rows * I);
     CHECKF(squad_cuda_test_silu_mul(gu, m, rows, I, &err) == 0, "%s", err.msg);
     cu_ref_silu_mul(gu, mr, rows, I);
     e = rel_err(m, mr, (size_t)rows * I);
     printf("silu_mul: rel err %.2e\n", e);
-    CHECKF(e < 5e-3, "silu_mul rel err %.3e", e);
+    CHECKF(e < TOL_KERNEL_BF16, "silu_mul rel err %.3e", e);
     /* projections: bf16 out, and fp32 accumulate into a residual */
     const int M = 77, N = 200, K = 128;
     float *X = randn(r, (size_t)M * K, 1.0, 1), *W = randn(r, (size_t)N * K, 0.1, 1);
@@ -214,7 +215,7 @@ static void test_small(rng *r) {
         CHECKF(squad_cuda_test_gemm(X, W, Y, M, N, K, acc, &err) == 0, "%s", err.msg);
         e = rel_err(Y, Yr, (size_t)M * N);
         printf("gemm %dx%dx%d acc %d: rel err %.2e\n", M, N, K, acc, e);
-        CHECKF(e < (acc ? 1e-5 : 5e-3), "gemm rel err %.3e", e);
+        CHECKF(e < (acc ? TOL_KERNEL_GEMM_ACC : TOL_KERNEL_BF16), "gemm rel err %.3e", e);
     }
     free(h);
     free(w);
@@ -230,7 +231,7 @@ static void test_small(rng *r) {
     free(R0);
 }
 
-/* ---- the skinny GEMM (small M) ---- */
+/* ---- the projections at every M a chunk bucket has (a hit's question is small M) ---- */
 /* Y = X W^T (+ R0 when acc) in double; the inputs are already bf16 values. */
 static void ref_gemm(const float *X, const float *W, const float *R0, float *Y, int M, int N, int K) {
     for (int i = 0; i < M; i++)
@@ -242,7 +243,7 @@ static void ref_gemm(const float *X, const float *W, const float *R0, float *Y, 
         }
 }
 
-static void test_skinny_case(rng *r, int M, int N, int K, int acc) {
+static void test_gemm_case(rng *r, int M, int N, int K, int acc) {
     squad_err err = {0};
     float *X = randn(r, (size_t)M * K, 1.0, 1), *W = randn(r, (size_t)N * K, 1.0 / sqrt((double)K), 1);
     float *R0 = acc ? randn(r, (size_t)M * N, 1.0, 0) : NULL;
@@ -250,12 +251,12 @@ static void test_skinny_case(rng *r, int M, int N, int K, int acc) {
     if (!Y || !Yr) abort();
     ref_gemm(X, W, R0, Yr, M, N, K);
     if (acc) memcpy(Y, R0, sizeof(float) * M * N);
-    const int rc = squad_cuda_test_gemm_skinny(X, W, Y, M, N, K, acc, &err);
-    CHECKF(rc == 0, "skinny %dx%dx%d acc %d: %s", M, N, K, acc, err.msg);
+    const int rc = squad_cuda_test_gemm(X, W, Y, M, N, K, acc, &err);
+    CHECKF(rc == 0, "gemm %dx%dx%d acc %d: %s", M, N, K, acc, err.msg);
     if (rc == 0) {
         const double e = rel_err(Y, Yr, (size_t)M * N);
-        printf("gemm skinny %dx%dx%d acc %d: rel err %.2e\n", M, N, K, acc, e);
-        CHECKF(e < (acc ? 1e-5 : 5e-3), "skinny %dx%dx%d acc %d: rel err %.3e", M, N, K, acc, e);
+        printf("gemm %dx%dx%d acc %d: rel err %.2e\n", M, N, K, acc, e);
+        CHECKF(e < (acc ? TOL_KERNEL_GEMM_ACC : TOL_KERNEL_BF16), "gemm %dx%dx%d acc %d: rel err %.3e", M, N, K, acc, e);
     }
     free(X);
     free(W);
@@ -264,14 +265,14 @@ static void test_skinny_case(rng *r, int M, int N, int K, int acc) {
     free(Yr);
 }
 
-static void test_gemm_skinny(rng *r) {
+static void test_gemm_shapes(rng *r) {
     static const int ms[] = {1, 5, 16, 32, 64, 100, 128, 192, 256};
     const int n_ms = (int)(sizeof ms / sizeof ms[0]);
     /* small and odd shapes (tails of every tile: N, K multiples of 8 only), every M, both modes */
     static const int small[][2] = {{24, 40}, {16, 16}, {64, 64}, {136, 200}, {200, 128}, {8, 8}, {72, 1032}};
     for (size_t s = 0; s < sizeof small / sizeof small[0]; s++)
         for (int i = 0; i < n_ms; i++)
-            for (int acc = 0; acc < 2; acc++) test_skinny_case(r, ms[i], small[s][0], small[s][1], acc);
+            for (int acc = 0; acc < 2; acc++) test_gemm_case(r, ms[i], small[s][0], small[s][1], acc);
     /* the 0.8B projections in their own mode (the host reference is the cost: a subset of M);
      * SQUAD_GPU_TEST_QUICK=1 (the sanitizer runs) leaves them out */
     const char *quick = getenv("SQUAD_GPU_TEST_QUICK");
@@ -280,35 +281,28 @@ static void test_gemm_skinny(rng *r) {
     static const int big_ms[] = {1, 16, 32, 100, 128, 192, 256};
     for (size_t s = 0; s < sizeof big / sizeof big[0]; s++)
         for (size_t i = 0; i < sizeof big_ms / sizeof big_ms[0]; i++)
-            test_skinny_case(r, big_ms[i], big[s][0], big[s][1], big[s][2]);
-    /* refused shapes */
-    squad_err err = {0};
-    float one = 1.f, y = 0.f;
-    CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 1, 12, 8, 0, &err) == SQUAD_E_UNSUPPORTED);
-    CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 1, 8, 12, 0, &err) == SQUAD_E_UNSUPPORTED);
-    CHECK(squad_cuda_test_gemm_skinny(&one, &one, &y, 257, 8, 8, 0, &err) == SQUAD_E_UNSUPPORTED);
+            test_gemm_case(r, big_ms[i], big[s][0], big[s][1], big[s][2]);
 }
 
-/* SQUAD_GEMM_BENCH=1: us per call and GB/s (W + X + Y bytes) of the skinny kernel, tuned
- * cuBLASLt and cuBLASLt's untuned first choice for the 0.8B projections at the hit path's M and at
+/* SQUAD_GEMM_BENCH=1: us per call and GB/s (W + X + Y bytes) of tuned cuBLASLt and cuBLASLt's
+ * untuned first choice for the 0.8B projections at the hit path's M and at
  * a cold chunk's. */
 static void bench_gemm_shapes(void) {
     static const int shapes[][3] = {{8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
     static const int ms[] = {16, 32, 64, 128, 192, 256, 512, 2048};
-    printf("%5s %5s %5s %3s | %9s %8s | %9s %8s | %9s %8s | %s\n", "M", "N", "K", "acc", "skinny us", "GB/s",
-           "tuned us", "GB/s", "first us", "GB/s", "first / tuned");
+    printf("%5s %5s %5s %3s | %9s %8s | %9s %8s | %s\n", "M", "N", "K", "acc", "tuned us", "GB/s", "first us",
+           "GB/s", "first / tuned");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
             const int M = ms[i], N = shapes[s][0], K = shapes[s][1], acc = shapes[s][2];
             squad_err err = {0};
-            double us_sk = -1, us_lt = -1, us_first = -1;
-            const int rc = squad_cuda_bench_gemm(M, N, K, acc, &us_sk, &us_lt, &us_first, &err);
+            double us_lt = -1, us_first = -1;
+            const int rc = squad_cuda_bench_gemm(M, N, K, acc, &us_lt, &us_first, &err);
             CHECKF(rc == 0, "bench %dx%dx%d: %s", M, N, K, err.msg);
             if (rc) continue;
             const double bytes = 2.0 * N * K + 2.0 * M * K + (acc ? 8.0 : 2.0) * M * N;
-            printf("%5d %5d %5d %3d | %9.2f %8.0f | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", M, N, K, acc, us_sk,
-                   us_sk > 0 ? bytes / us_sk * 1e-3 : 0.0, us_lt, bytes / us_lt * 1e-3, us_first,
-                   bytes / us_first * 1e-3, us_first / us_lt);
+            printf("%5d %5d %5d %3d | %9.2f %8.0f | %9.2f %8.0f | %.2fx\n", M, N, K, acc, us_lt,
+                   bytes / us_lt * 1e-3, us_first, bytes / us_first * 1e-3, us_first / us_lt);
         }
     /* the fixed cost of one kernel in a graph, for comparison with the GEMMs' times above */
     static const int shapes_l[][2] = {{1, 32}, {132, 256}, {1024, 256}};
@@ -325,18 +319,13 @@ static void bench_gemm_shapes(void) {
 int main(void) {
     if (squad_cuda_device_count() <= 0) {
         printf("gpu_test_kernels: no CUDA device, skipped\n");
-        return 77;
+        return TEST_SKIPPED;
     }
     rng r = {0x9e3779b97f4a7c15ull};
     const char *bench = getenv("SQUAD_GEMM_BENCH");
     if (bench && bench[0] == '1') {
         bench_gemm_shapes();
         return test_summary("gpu_test_kernels (GEMM benchmark)");
-    }
-    const char *only = getenv("SQUAD_TEST_ONLY_SKINNY"); /* the skinny GEMM's cases alone */
-    if (only && only[0] == '1') {
-        test_gemm_skinny(&r);
-        return test_summary("gpu_test_kernels (skinny GEMM)");
     }
     const gdn_case gc[] = {
         {2, 4, 16, 16, 4, 16, 5, 64, 64},      /* tiny-causal shapes; bucket 16, then a full block */
@@ -377,12 +366,12 @@ int main(void) {
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);
     test_small(&r);
-    test_gemm_skinny(&r);
+    test_gemm_shapes(&r);
     return test_summary("gpu_test_kernels");
 }
 #else
 int main(void) {
     printf("gpu_test_kernels: built without CUDA, skipped\n");
-    return 77;
+    return TEST_SKIPPED;
 }
 #endif

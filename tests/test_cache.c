@@ -14,6 +14,10 @@
  *    ends, of earlier rows' states within the tokens shared);
  *  - budgets: zero caches nothing, one too small for a checkpoint caches nothing, a tiny one evicts
  *    and stays within itself after every row;
+ *  - per-call options and counters: memo answers counted apart (memo_hits, tokens_memo);
+ *    cancellation after k polls on both paths (SQUAD_E_CANCELLED, the cache consistent, the
+ *    engine then right); end_checkpoint_only (one checkpoint at p, the same answers);
+ *    cache_written; uncacheable; squad_engine_cache_clear; the automatic budget on the CPU;
  *  - thousands of short agent-like rows through a small budget, the backend's alloc / release
  *    wrapped to count the live bytes: after every row the cache's accounting equals the real
  *    allocations and its structures agree (squad_cache_check); a sample of rows is compared with
@@ -280,6 +284,7 @@ static squad_engine *engine_with(squad_model *m, const squad_cache_opts *co) {
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CPU;
     o.threads = 1; /* ctest runs tests side by side on CI's 2 cores */
+    o.precision = SQUAD_PRECISION_EXACT; /* compared with the fp32 fixtures */
     o.cache = *co;
     squad_err err = {0};
     squad_engine *e = squad_engine_new(m, &o, &err);
@@ -580,6 +585,287 @@ static void test_many_rows(squad_model *m) {
     squad_engine_free(plain);
 }
 
+/* ---- per-call options, counters, clear ------------------------------------------------------------ */
+
+/* A row of its own arrays: ids [0, state_len) from the state, then question tokens, slots at the end. */
+typedef struct opt_row {
+    int32_t ids[1600], slots[4], nopts[4], letters[4];
+    squad_row row;
+} opt_row;
+
+static void opt_row_make(opt_row *r, const int32_t *state, int state_len, int q, uint64_t seed, int vocab) {
+    memcpy(r->ids, state, sizeof(int32_t) * (size_t)state_len);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 7;
+    for (int i = state_len; i < state_len + q; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        r->ids[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+    const int n = state_len + q;
+    r->slots[0] = n - 2;
+    r->slots[1] = n - 1;
+    r->nopts[0] = 2;
+    r->nopts[1] = 4;
+    for (int l = 0; l < 4; l++) r->letters[l] = l + 1;
+    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, state_len};
+}
+
+static void random_state(int32_t *s, int n, uint64_t seed, int vocab) {
+    uint64_t x = seed * 0xd1b54a32d192ed03ull + 3;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        s[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+static int cache_consistent(squad_engine *e, const char *what) {
+    char why[256] = "";
+    const int ok = !e->cache || squad_cache_check(e->cache, why, sizeof why) == 0;
+    CHECKF(ok, "%s: cache inconsistent: %s", what, why);
+    return ok;
+}
+
+/* A cancel callback that says stop at its `at`-th poll (1-based); it counts every poll. */
+typedef struct cancel_ctx {
+    int polls, at;
+} cancel_ctx;
+static int cancel_at(void *ctx) {
+    cancel_ctx *c = ctx;
+    return ++c->polls >= c->at;
+}
+
+/* The memo's hits are counted apart from the cache's rows; a memo answer says so. */
+static void test_memo_counts(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    squad_cache_opts co = cache_opts((size_t)64 << 20, 64, 512);
+    squad_engine *e = engine_with(m, &co);
+    CHECK(e != NULL);
+    if (!e) return;
+    static int32_t state[600];
+    random_state(state, 600, 21, V);
+    opt_row *r = malloc(sizeof *r);
+    squad_result *a = malloc(sizeof *a), *b = malloc(sizeof *b), *ref = malloc(sizeof *ref);
+    squad_err err = {0};
+    squad_cache_stats st;
+    opt_row_make(r, state, 600, 20, 1, V);
+    CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
+    CHECK(squad_engine_score(e, &r->row, b, &err) == 0);
+    CHECK(b->memo == 1 && b->reused == r->row.n_ids && b->computed == 0 && b->cache_written == 0);
+    CHECK(answer_diff(&r->row, a, b) == 0);
+    squad_engine_cache_stats(e, &st);
+    CHECKF(st.memo_hits == 1 && st.tokens_memo == (uint64_t)r->row.n_ids && st.rows == 1 && st.hits == 0 &&
+               st.plain == 0 && st.tokens_reused == 0,
+           "memo %llu / %llu tokens, rows %llu, hits %llu", (unsigned long long)st.memo_hits,
+           (unsigned long long)st.tokens_memo, (unsigned long long)st.rows, (unsigned long long)st.hits);
+    /* a row on the plain path: the memo answers its repeat too, and plain counts it once */
+    r->row.state_len = -1;
+    CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
+    CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->memo == 1);
+    CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0 && answer_diff(&r->row, b, ref) <= TOL);
+    squad_engine_cache_stats(e, &st);
+    CHECK(st.memo_hits == 2 && st.tokens_memo == 2 * (uint64_t)r->row.n_ids && st.plain == 1 && st.rows == 1);
+    free(r), free(a), free(b), free(ref);
+    squad_engine_free(e);
+}
+
+/* Cancelled after k polls, on the cached and the plain path: SQUAD_E_CANCELLED with a message, the
+ * cache consistent, no row counted, and the same engine then answers the row as the uncached one. */
+static void test_cancel(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    squad_cache_opts co = cache_opts((size_t)64 << 20, 64, 512);
+    squad_engine *e = engine_with(m, &co);
+    CHECK(e != NULL);
+    if (!e) return;
+    opt_row *r = malloc(sizeof *r);
+    squad_result *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
+    squad_err err = {0};
+    static int32_t state[1400];
+    for (int pathway = 0; pathway < 2; pathway++) {
+        /* how many polls a whole row of this path makes: one per chunk */
+        random_state(state, 1400, 50, V);
+        opt_row_make(r, state, 1400, 30, 50, V);
+        if (pathway) r->row.state_len = -1;
+        cancel_ctx count = {0, 1 << 30};
+        squad_score_opts counting = {.cancelled = cancel_at, .cancel_ctx = &count};
+        CHECK(squad_engine_score_ex(e, &r->row, &counting, a, &err) == 0);
+        const int chunks = count.polls;
+        CHECKF(chunks >= 3, "a row of %d tokens polled %d times", r->row.n_ids, chunks);
+        squad_engine_cache_clear(e);
+        for (int k = 1; k <= chunks; k++) {
+            random_state(state, 1400, 100 + (uint64_t)k + 50 * (uint64_t)pathway, V);
+            opt_row_make(r, state, 1400, 30, (uint64_t)k, V);
+            if (pathway) r->row.state_len = -1;
+            squad_cache_stats before, after;
+            squad_engine_cache_stats(e, &before);
+            cancel_ctx cc = {0, k};
+            squad_score_opts so = {.cancelled = cancel_at, .cancel_ctx = &cc};
+            err.msg[0] = 0;
+            const int rc = squad_engine_score_ex(e, &r->row, &so, a, &err);
+            CHECKF(rc == SQUAD_E_CANCELLED && err.code == SQUAD_E_CANCELLED && err.msg[0] && cc.polls == k,
+                   "%s path, cancel at poll %d: rc %d, %d polls, \"%s\"", pathway ? "plain" : "cached", k, rc, cc.polls,
+                   err.msg);
+            cache_consistent(e, "after a cancel");
+            squad_engine_cache_stats(e, &after);
+            CHECK(after.rows == before.rows && after.plain == before.plain && after.memo_hits == before.memo_hits);
+            /* the same engine, the same row, no cancel: the uncached answer, and no memo of the cancelled one */
+            CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
+            CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
+            const double d = answer_diff(&r->row, a, ref);
+            CHECKF(d <= TOL, "after a cancel at poll %d: answer off by %.3g", k, d);
+            cache_consistent(e, "after the row that followed a cancel");
+        }
+    }
+    free(r), free(a), free(ref);
+    squad_engine_free(e);
+}
+
+/* end_checkpoint_only: one checkpoint, at p; the same answers; the next row restores p. Also
+ * cache_written (cold: p; hit: 0; a grown state: the growth) and its counterpart without the option. */
+static void test_end_only(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    static int32_t state[1500];
+    random_state(state, 1500, 77, V);
+    opt_row *r = malloc(sizeof *r);
+    squad_result *a = malloc(sizeof *a), *b = malloc(sizeof *b), *ref = malloc(sizeof *ref);
+    squad_err err = {0};
+    const int state_len = 1100, p = 1088; /* 1100 rounded down to the alignment (64) */
+    squad_cache_opts co = cache_opts((size_t)64 << 20, 64, 512);
+    squad_engine *full = engine_with(m, &co), *end = engine_with(m, &co);
+    CHECK(full && end);
+    if (full && end) {
+        const squad_score_opts eo = {.end_checkpoint_only = 1};
+        opt_row_make(r, state, state_len, 20, 1, V);
+        CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
+        CHECK(squad_engine_score(full, &r->row, a, &err) == 0);
+        CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL && answer_diff(&r->row, b, ref) <= TOL);
+        CHECKF(a->cache_written == p && b->cache_written == p, "cache_written %d and %d, p %d", a->cache_written,
+               b->cache_written, p);
+        squad_cache_stats sf, se;
+        squad_engine_cache_stats(full, &sf);
+        squad_engine_cache_stats(end, &se);
+        CHECKF(se.checkpoints == 1 && se.checkpoints_made == 1 && sf.checkpoints > 1,
+               "end-only %llu checkpoints, full %llu", (unsigned long long)se.checkpoints,
+               (unsigned long long)sf.checkpoints);
+        CHECK(squad_cache_lookup(end->cache, r->ids, p) == p && squad_cache_lookup(end->cache, r->ids, p - 1) == 0);
+        CHECK(se.bytes_held < sf.bytes_held);
+        cache_consistent(end, "end-only");
+        /* another question about the state: both restore p and write nothing */
+        opt_row_make(r, state, state_len, 24, 2, V);
+        CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
+        CHECK(squad_engine_score(full, &r->row, a, &err) == 0 && a->reused == p && a->cache_written == 0);
+        CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0 && b->reused == p && b->cache_written == 0);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL && answer_diff(&r->row, b, ref) <= TOL);
+        /* the state grows by 200 tokens: the new end minus the restored position */
+        opt_row_make(r, state, state_len + 200, 20, 3, V);
+        CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
+        CHECKF(b->reused == p && b->cache_written == 1280 - p, "grown state: reused %d, cache_written %d", b->reused,
+               b->cache_written);
+        squad_engine_cache_stats(end, &se);
+        CHECK(se.checkpoints == 2 && se.uncacheable == 0);
+        cache_consistent(end, "end-only, grown");
+    }
+    squad_engine_free(full);
+    squad_engine_free(end);
+    free(r), free(a), free(b), free(ref);
+}
+
+/* uncacheable: an eligible row whose new checkpoints do not fit the budget is answered uncached and
+ * counted; a hit (nothing new to checkpoint) is not. */
+static void test_uncacheable(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    static int32_t state[700];
+    random_state(state, 700, 91, V);
+    opt_row *r = malloc(sizeof *r);
+    squad_result *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
+    squad_err err = {0};
+    squad_cache_opts tiny = cache_opts(1000, 64, 512); /* less than one checkpoint */
+    squad_engine *e = engine_with(m, &tiny);
+    CHECK(e != NULL);
+    if (e) {
+        opt_row_make(r, state, 600, 20, 1, V);
+        CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && squad_engine_score(plain, &r->row, ref, &err) == 0);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL && a->cache_written == 0 && a->reused == 0);
+        squad_cache_stats st;
+        squad_engine_cache_stats(e, &st);
+        CHECK(st.uncacheable == 1 && st.checkpoints == 0 && st.rows == 1);
+    }
+    squad_engine_free(e);
+    squad_cache_opts big = cache_opts((size_t)64 << 20, 64, 512);
+    e = engine_with(m, &big);
+    CHECK(e != NULL);
+    if (e) {
+        opt_row_make(r, state, 600, 20, 1, V);
+        CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->cache_written == 576);
+        opt_row_make(r, state, 600, 22, 2, V);
+        CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->reused == 576);
+        squad_cache_stats st;
+        squad_engine_cache_stats(e, &st);
+        CHECK(st.uncacheable == 0 && st.hits == 1);
+    }
+    squad_engine_free(e);
+    free(r), free(a), free(ref);
+}
+
+/* squad_engine_cache_clear drops every checkpoint and memo entry; the counters stay. */
+static void test_clear(squad_model *m) {
+    const int V = squad_model_vocab_size(m);
+    static int32_t state[700];
+    random_state(state, 700, 5, V);
+    opt_row *r = malloc(sizeof *r);
+    squad_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    squad_err err = {0};
+    squad_cache_opts co = cache_opts((size_t)64 << 20, 64, 512);
+    squad_engine *e = engine_with(m, &co);
+    CHECK(e != NULL);
+    if (e) {
+        opt_row_make(r, state, 640, 20, 1, V);
+        CHECK(squad_engine_score(e, &r->row, a, &err) == 0);
+        squad_cache_stats st, st2;
+        squad_engine_cache_stats(e, &st);
+        CHECK(st.checkpoints > 0 && st.groups == 1);
+        squad_engine_cache_clear(e);
+        squad_engine_cache_stats(e, &st2);
+        CHECK(st2.checkpoints == 0 && st2.groups == 0 && st2.evicted == st.evicted && st2.rows == st.rows &&
+              st2.checkpoints_made == st.checkpoints_made);
+        size_t be_bytes = 1, host_bytes = 1;
+        squad_cache_bytes(e->cache, &be_bytes, &host_bytes);
+        CHECK(be_bytes == 0 && st2.bytes_held == host_bytes);
+        cache_consistent(e, "after a clear");
+        /* the repeat is neither a memo answer nor a hit */
+        CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->memo == 0 && b->reused == 0);
+        CHECK(answer_diff(&r->row, a, b) <= TOL);
+        cache_consistent(e, "a row after a clear");
+    }
+    squad_engine_free(e);
+    /* SQUAD_CACHE_BUDGET_AUTO on the CPU: the default budget */
+    squad_cache_opts ao = cache_opts(SQUAD_CACHE_BUDGET_AUTO, 64, 512);
+    e = engine_with(m, &ao);
+    CHECK(e != NULL);
+    if (e) {
+        squad_cache_stats st;
+        squad_engine_cache_stats(e, &st);
+        squad_engine_opts d;
+        squad_engine_opts_default(&d);
+        CHECKF(st.budget_bytes == d.cache.budget_bytes, "auto budget on the CPU: %zu", st.budget_bytes);
+        CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->reused == 0);
+    }
+    squad_engine_free(e);
+    free(r), free(a), free(b);
+}
+
+static void test_call_options(squad_model *m) {
+    squad_cache_opts off = cache_opts(0, 64, 512);
+    squad_engine *plain = engine_with(m, &off);
+    CHECK(plain != NULL);
+    if (!plain) return;
+    test_memo_counts(m, plain);
+    test_cancel(m, plain);
+    test_end_only(m, plain);
+    test_uncacheable(m, plain);
+    test_clear(m);
+    squad_engine_free(plain);
+}
+
 int main(void) {
     static fixture fx;
     int from_fixture = 0;
@@ -593,6 +879,7 @@ int main(void) {
     printf("model: %s, %d rows in the sequence\n", from_fixture ? FIXTURE_DIR : "synthesized tiny", fx.n);
     test_sequence(&fx);
     test_many_rows(fx.model);
+    test_call_options(fx.model);
     fixture_free(&fx);
     squad_model_free(fx.model);
     return test_summary("test_cache");

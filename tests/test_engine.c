@@ -29,6 +29,7 @@ static squad_engine *open_engine(squad_model *m, int cache) {
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CPU;
     o.threads = 2;
+    o.precision = SQUAD_PRECISION_EXACT; /* the fixtures are fp32 references */
     if (!cache) o.cache.budget_bytes = 0;
     squad_err err = {0};
     squad_engine *e = squad_engine_new(m, &o, &err);

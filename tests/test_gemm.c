@@ -21,6 +21,7 @@
 #include "cpu/gemm.h"
 #include "cpu/pool.h"
 #include "testutil.h"
+#include "tolerances.h"
 
 /* ---------------------------------------------------------------- pool */
 
@@ -158,13 +159,13 @@ static void test_gemm_case(cpu_pool *pool, const gemm_case *gc) {
                 double e = rel_err(y, ref, ny) * scale;
                 const char *what = prec ? "fast" : "exact";
                 if (prec == CPU_GEMM_EXACT) {
-                    CHECKF(e <= 1e-6 + slack, "%s %s %s T=%d N=%d K=%d acc=%d off=%zu: rel err %.3g",
+                    CHECKF(e <= TOL_GEMM_EXACT_REF + slack, "%s %s %s T=%d N=%d K=%d acc=%d off=%zu: rel err %.3g",
                            cpu_isa_name(cpu_pool_isa(pool)), algo_name(algos[ai]), what, T, N, K, acc,
                            gc->w_offset, e);
                 } else {
                     double ef = rel_err(y, ref_fast, ny) * scale;
                     /* FAST: bf16 x (error ~2^-9 relative per element) but otherwise an fp32 sum. */
-                    CHECKF(e <= 1e-2 && e > 1e-6 && ef <= 1e-5 + slack,
+                    CHECKF(e <= TOL_GEMM_BF16_REF && e > TOL_GEMM_BF16_MIN_DIFF && ef <= TOL_GEMM_BF16_BF16REF + slack,
                            "%s %s %s T=%d N=%d K=%d acc=%d off=%zu: rel err %.3g vs exact, %.3g vs bf16-x",
                            cpu_isa_name(cpu_pool_isa(pool)), algo_name(algos[ai]), what, T, N, K, acc,
                            gc->w_offset, e, ef);

@@ -15,6 +15,7 @@
 #include "model.h"
 #include "synth.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 
 static char g_root[256];
@@ -178,7 +179,7 @@ static void test_dtypes_and_layouts(void) {
         /* F32 and F16 matrices were converted into owned bf16 buffers. */
         CHECK(!in_map(b, b->embed.w) && !in_map(c, c->layers[0].q_proj.w) && b->n_owned > a->n_owned);
         compare_models(a, b, 0.0, "F32 vs BF16");
-        compare_models(a, c, 1e-7, "F16 vs BF16");
+        compare_models(a, c, TOL_MODEL_F16_LOAD, "F16 vs BF16");
         compare_models(a, d, 0.0, "conditional vs causal layout");
     }
     squad_model_free(a);

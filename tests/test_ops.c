@@ -1,5 +1,5 @@
 /*
- * test_ops.c — the CPU ops against direct transcriptions of DESIGN.md section 1: the chunked delta
+ * test_ops.c — the CPU ops against direct transcriptions of docs/design.md section 4: the chunked delta
  * rule against the per-token recurrence (from a nonzero state, several chunk sizes), the conv with
  * saved inputs across any split, RoPE, attention against a double-precision softmax, the norms.
  */
@@ -9,6 +9,7 @@
 
 #include "cpu/ops.h"
 #include "testutil.h"
+#include "tolerances.h"
 
 static unsigned long long rng_state = 12345;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -44,7 +45,7 @@ static void test_delta_rule(int nk, int nv, int dk, int dv, int T, int chunk) {
     op_delta_rule(o1, S1, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv);
     op_delta_rule_chunked(o2, S2, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv, chunk);
     double eo = max_abs_diff(o1, o2, (long)T * nv * dv), es = max_abs_diff(S1, S2, (long)nv * dk * dv);
-    CHECKF(eo < 2e-5 && es < 2e-5, "delta rule nk=%d nv=%d T=%d chunk=%d: out %g state %g", nk, nv, T, chunk, eo, es);
+    CHECKF(eo < TOL_OPS_DELTA_RULE && es < TOL_OPS_DELTA_RULE, "delta rule nk=%d nv=%d T=%d chunk=%d: out %g state %g", nk, nv, T, chunk, eo, es);
     /* splitting the tokens in two calls continues from the state */
     free(qkv), free(g), free(beta), free(S1), free(S2), free(o1), free(o2);
 }
@@ -64,8 +65,8 @@ static void test_delta_split(void) {
         op_delta_rule_chunked(o2 + (long)a * nv * dv, S2, qkv + (long)a * C, g + (long)a * nv, beta + (long)a * nv,
                               b - a, C, nk, nv, dk, dv, 0, nv, 64);
     }
-    CHECK(max_abs_diff(o1, o2, (long)T * nv * dv) < 2e-5);
-    CHECK(max_abs_diff(S1, S2, (long)nv * dk * dv) < 2e-5);
+    CHECK(max_abs_diff(o1, o2, (long)T * nv * dv) < TOL_OPS_DELTA_RULE);
+    CHECK(max_abs_diff(S1, S2, (long)nv * dk * dv) < TOL_OPS_DELTA_RULE);
     free(qkv), free(g), free(beta), free(S1), free(S2), free(o1), free(o2);
 }
 
@@ -91,7 +92,7 @@ static void test_conv_split(void) {
             double ref = s / (1 + exp(-s));
             worst = fmax(worst, fabs(ref - y1[t * C + c]));
         }
-    CHECKF(worst < 1e-5, "conv vs formula %g", worst);
+    CHECKF(worst < TOL_OPS_EXACT, "conv vs formula %g", worst);
     int cuts[] = {0, 1, 2, 3, 10, 37};
     for (int c = 0; c + 1 < 6; c++)
         op_conv_silu(y2 + cuts[c] * C, x + cuts[c] * C, st2, wkc, cuts[c + 1] - cuts[c], C, K);
@@ -118,7 +119,7 @@ static void test_rope(void) {
                 double ang = (double)(pos0 + t) * pow(1e7, -2.0 * j / rd);
                 want = i < rd / 2 ? r[i] * cos(ang) - r[i + rd / 2] * sin(ang) : r[i] * cos(ang) + r[i - rd / 2] * sin(ang);
             }
-            CHECK_NEAR(x[t * hd + i], want, 2e-3); /* fp32 angles at position ~1000, as the reference computes them */
+            CHECK_NEAR(x[t * hd + i], want, TOL_OPS_ROPE); /* fp32 angles at position ~1000, as the reference computes them */
         }
 }
 
@@ -148,7 +149,7 @@ static void test_attention(int nh, int nkv, int hd, int pos0, int T) {
             }
             free(sc);
         }
-    CHECKF(worst < 1e-5, "attention vs double %g", worst);
+    CHECKF(worst < TOL_OPS_EXACT, "attention vs double %g", worst);
     /* the flash-style group form, over token blocks, equals the plain one */
     float *out2 = malloc(sizeof(float) * T * nh * hd);
     float *scratch = malloc(sizeof(float) * op_attention_scratch_floats(nh, nkv, hd, T));
@@ -157,7 +158,7 @@ static void test_attention(int nh, int nkv, int hd, int pos0, int T) {
         op_attention_group(out2, q, qs, 2 * hd, K, V, pos0, nh, nkv, hd, kvh, 0, cut, scratch);
         op_attention_group(out2, q, qs, 2 * hd, K, V, pos0, nh, nkv, hd, kvh, cut, T, scratch);
     }
-    CHECKF(max_abs_diff(out, out2, (long)T * nh * hd) < 1e-5, "attention group vs plain %g", max_abs_diff(out, out2, (long)T * nh * hd));
+    CHECKF(max_abs_diff(out, out2, (long)T * nh * hd) < TOL_OPS_EXACT, "attention group vs plain %g", max_abs_diff(out, out2, (long)T * nh * hd));
     free(out2), free(scratch);
     free(q), free(K), free(V), free(out);
 }
@@ -169,7 +170,7 @@ static void test_norms(void) {
     for (int t = 0; t < 2; t++) {
         double ss = 0;
         for (int i = 0; i < 8; i++) ss += (double)x[t * 8 + i] * x[t * 8 + i];
-        for (int i = 0; i < 8; i++) CHECK_NEAR(y[t * 8 + i], x[t * 8 + i] / sqrt(ss / 8 + 1e-6) * (1 + w[i]), 1e-5);
+        for (int i = 0; i < 8; i++) CHECK_NEAR(y[t * 8 + i], x[t * 8 + i] / sqrt(ss / 8 + 1e-6) * (1 + w[i]), TOL_OPS_EXACT);
     }
     float o[8], z[8], o0[8];
     fill(o, 8, 2.0f), fill(z, 8, 2.0f), fill(w, 8, 1.0f);
@@ -180,14 +181,14 @@ static void test_norms(void) {
         for (int i = 0; i < 4; i++) ss += (double)o0[h * 4 + i] * o0[h * 4 + i];
         for (int i = 0; i < 4; i++) {
             double zz = z[h * 4 + i];
-            CHECK_NEAR(o[h * 4 + i], o0[h * 4 + i] / sqrt(ss / 4 + 1e-6) * w[h * 4 % 4 + i] * (zz / (1 + exp(-zz))), 1e-5);
+            CHECK_NEAR(o[h * 4 + i], o0[h * 4 + i] / sqrt(ss / 4 + 1e-6) * w[h * 4 % 4 + i] * (zz / (1 + exp(-zz))), TOL_OPS_EXACT);
         }
     }
     float a[3] = {1.0f, -2.0f, 0.5f}, b = 0, gg, bb;
     float Alog = 0.3f, dtb = 0.1f;
     op_gdn_gates(&gg, &bb, &a[0], &a[1], &Alog, &dtb, 1, 1);
-    CHECK_NEAR(gg, -exp(0.3) * log1p(exp(1.1)), 1e-6);
-    CHECK_NEAR(bb, 1 / (1 + exp(2.0)), 1e-6);
+    CHECK_NEAR(gg, -exp(0.3) * log1p(exp(1.1)), TOL_OPS_GATES);
+    CHECK_NEAR(bb, 1 / (1 + exp(2.0)), TOL_OPS_GATES);
     (void)b;
 }
 

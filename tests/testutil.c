@@ -11,6 +11,12 @@ int test_passed, test_failed;
 
 int test_summary(const char *name) {
     printf("%s: %d passed, %d failed\n", name, test_passed, test_failed);
+    if (test_passed + test_failed == 0) {
+        /* a program that checked nothing proves nothing: a lost fixture or an early return must
+         * not read as a pass */
+        printf("%s: FAILED: no check ran\n", name);
+        return 1;
+    }
     return test_failed ? 1 : 0;
 }
 

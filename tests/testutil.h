@@ -1,6 +1,7 @@
 /*
  * testutil.h — the tiny test harness every tests/test_*.c uses: CHECK macros that count
- * failures, and a summary line "N passed, N failed" that CTest logs show.
+ * failures, and a summary line "N passed, N failed" that CTest logs show. Zero checks is a failure.
+ * Tests that need a GPU and find none return TEST_SKIPPED (CTest's SKIP_RETURN_CODE) instead.
  */
 #ifndef SQUAD_TESTUTIL_H
 #define SQUAD_TESTUTIL_H
@@ -9,6 +10,10 @@
 #include <stdio.h>
 
 extern int test_passed, test_failed;
+
+/* The exit code CTest reports as "skipped" (SKIP_RETURN_CODE in CMakeLists.txt): only for a test
+ * that cannot run here at all (no GPU), never for missing fixtures. */
+#define TEST_SKIPPED 77
 
 #define CHECK(cond)                                                                   \
     do {                                                                              \
@@ -34,7 +39,8 @@ extern int test_passed, test_failed;
 
 #define CHECK_NEAR(a, b, tol) CHECKF(fabs((double)(a) - (double)(b)) <= (tol), "%.9g vs %.9g (tol %g)", (double)(a), (double)(b), (double)(tol))
 
-/* Prints the summary and returns the process exit code (0 when nothing failed). */
+/* Prints the summary and returns the process exit code: 0 when at least one check ran and none
+ * failed, 1 otherwise (a program that ran no check fails). */
 int test_summary(const char *name);
 /* The non-empty lines of a file (each with its newline), NULL-terminated; *n their count. NULL
  * with *n = 0 when the file cannot be opened. Free with test_free_lines. */

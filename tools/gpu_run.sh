@@ -13,10 +13,12 @@
 # build needs (pkg-config, jansson, PCRE2, utf8proc, libmicrohttpd), and builds there cost device
 # time. cuBLASLt comes from the machine's CUDA (or its pip nvidia-cublas) at run time.
 #
-# Steps there, in this order (STEPS="env tests profile bench hf memcheck racecheck" by default; each
+# Steps there, in this order (STEPS="env tests repro profile bench hf memcheck racecheck" by default; each
 # bounded by a timeout):
 #   env        GPU, driver, libraries found                       -> summary.log
 #   tests      gpu_test_kernels, gpu_test_backend                 -> test_kernels.log, test_backend.log
+#   repro      gpu_test_repro: the same rows bit for bit in two processes through the GEMM plan file
+#              (it sets its own SQUAD_GEMM_PLANS)                  -> test_repro.log
 #   memcheck   compute-sanitizer memcheck on both tests (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM
 #              cases, fewer backend rows) -> memcheck.log
 #   racecheck  compute-sanitizer racecheck on gpu_test_kernels (quick) -> racecheck.log
@@ -28,11 +30,14 @@
 #              NCU_CACHE=none keeps the caches as they are
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
 #              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
-#              comma-separated assignments in the environment (experiment switches, README) -> bench_ab.log
+#              comma-separated assignments in the environment (experiment switches, docs/cuda.md) -> bench_ab.log
 #   ablate     (not by default) bench_gpu --ablate: each chunk graph with one kernel group left out at a
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
-#   gemm       (not by default) the 0.8B projections timed one by one: skinny kernel, tuned and untuned
-#              cuBLASLt, weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
+#   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
+#              weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
+# Everything runs at the default precision (bf16) unless it says otherwise (bench_gpu also times one
+# row of each case in exact). The GEMM plans the tuning chooses go to $OUT/gemm-plans.txt
+# (SQUAD_GEMM_PLANS), so a run starts untuned and its choices come back with the logs.
 #   hf         tools/hf_timing.py: transformers on the same weights and rows -> hf.log
 #   hf_fla     (not by default) the same with flash-linear-attention on the Python path and each cold
 #              forward captured as one CUDA graph: the earlier runtime's setup. Needs .fla/ (a copy of
@@ -44,7 +49,7 @@ set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
-BINS="squad gpu_test_kernels gpu_test_backend bench_gpu"
+BINS="squad gpu_test_kernels gpu_test_backend gpu_test_repro bench_gpu"
 
 if [ "${1:-}" = "--prepare-fla" ]; then
     # HERE: .fla/ from a fetched flash-linear-attention repository (its git directory, e.g. the
@@ -91,7 +96,7 @@ fi
 OUT=${1:?usage: tools/gpu_run.sh OUTDIR | --prepare}
 mkdir -p "$OUT"
 cd "$ROOT"
-STEPS=${STEPS:-"env tests profile bench hf memcheck racecheck"}
+STEPS=${STEPS:-"env tests repro profile bench hf memcheck racecheck"}
 SUM=$OUT/summary.log
 BIN=$CARRY/bin
 MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-qwen3.5-0.8b}
@@ -107,7 +112,7 @@ if [ -z "$CUBLAS_DIR" ]; then
     CUBLAS_DIR=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null || true)
 fi
 # only our binaries get the carried libraries (python keeps its own)
-RUNENV="env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+RUNENV="env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} SQUAD_GEMM_PLANS=$OUT/gemm-plans.txt"
 
 step() { # step NAME TIMEOUT LOGFILE CMD...
     local name=$1 to=$2 lf=$3
@@ -133,6 +138,9 @@ fi
 if has tests; then
     step "gpu_test_kernels" 240 "$OUT/test_kernels.log" $RUNENV "$BIN/gpu_test_kernels"
     step "gpu_test_backend" 420 "$OUT/test_backend.log" $RUNENV "$BIN/gpu_test_backend"
+fi
+if has repro; then
+    step "gpu_test_repro" 300 "$OUT/test_repro.log" $RUNENV "$BIN/gpu_test_repro"
 fi
 BW=4300
 TF=790

@@ -5,7 +5,7 @@
 
 transformers runs the Gated DeltaNet with flash-linear-attention's kernels when installed, else
 with torch_chunk_gated_delta_rule (blocks of 64 tokens); torch_recurrent_gated_delta_rule is the
-token-by-token form, DESIGN.md's oracle. This prints, per row, the letter probabilities (fp32
+token-by-token form, the oracle of docs/design.md section 4. This prints, per row, the letter probabilities (fp32
 forward, TF32 off) with each form, so a disagreement between squad and transformers can be
 placed: if squad matches the recurrent form and not the chunked one, the chunked form is what
 departs from the math on that model.

@@ -193,7 +193,7 @@ def main():
                 for key, other in (("fp32_vs_squad_bf16", r["probs"][0]), ("fp32_vs_squad_exact", r.get("probs_exact", [[]])[0]),
                                    ("fp32_vs_hf_bf16", x["hf_probs"])):
                     x[key] = max((abs(a - b) for a, b in zip(p32, other)), default=float("nan"))
-                # the argmax rule: the same argmax wherever the reference's top two differ by > 0.05
+                # the argmax rule (docs/design.md section 10): the same argmax wherever the reference's top two differ by > 0.05
                 top = sorted(p32, reverse=True)
                 x["fp32_margin"] = top[0] - top[1] if len(top) > 1 else 1.0
                 best = max(range(len(p32)), key=lambda i: p32[i])

@@ -4,7 +4,7 @@
 What it writes (under --out DIR):
   models/<name>/            one folder per config (tiny-causal, tiny-cond-untied, small-mha):
       config.json, *.safetensors (bf16, from save_pretrained; tiny-cond-untied sharded with
-      model.safetensors.index.json), rows.jsonl (DESIGN.md section 2 rows), expected.jsonl
+      model.safetensors.index.json), rows.jsonl (docs/design.md section 5 rows), expected.jsonl
       ({"probs": [[...], ...]} per row: logits = model(ids).logits[0, slot, letters] in fp32,
       masked to the first nopts, softmax in float64).
   models/tiny-causal/cache_rows.jsonl, cache_expected.jsonl, cache_labels.txt
@@ -28,7 +28,7 @@ weight 1 + N(0, 0.2); A_log = log of a log-uniform value in [0.02, 8]; dt_bias N
 N(0, 0.5)); the output-embedding scale is calibrated so the answers are neither saturated nor
 uniform; then model.to(bfloat16), save_pretrained, and the SAVED files are reloaded as float32 with
 attn_implementation="eager" (CPU, pure-torch Gated DeltaNet path) for the reference forward. An
-independent float64 re-implementation of DESIGN.md section 1 (per-token delta-rule recurrence) is run
+independent float64 re-implementation of docs/design.md section 4 (per-token delta-rule recurrence) is run
 on every row as a cross-check and its largest probability difference is reported.
 
 Run (needs torch, transformers >= 5 with Qwen3_5ForCausalLM, safetensors, numpy; no GPU needed):
@@ -342,7 +342,7 @@ def prob_stats(all_probs):
 
 
 # --------------------------------------------------------------------------------------------
-# Independent oracle: DESIGN.md section 1 in float64, per-token delta-rule recurrence
+# Independent oracle: docs/design.md section 4 in float64, per-token delta-rule recurrence
 # --------------------------------------------------------------------------------------------
 def rms0(x, w, eps):  # zero-centred
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * (1.0 + w)

@@ -66,7 +66,7 @@ static void fill_ids(int32_t *ids, int n, int vocab, unsigned seed);
 /* Times one row reps times and prints the case line. With question != NULL, the question_len ids
  * there are refilled before each repetition, so every repetition is a new question (no memo hit). */
 static int time_row(squad_engine *e, const char *kind, const squad_row *row, int computed_tokens, int reps,
-                    int32_t *question, int question_len, int vocab, int threads) {
+                    int32_t *question, int question_len, int vocab, int threads, const char *precision) {
     double *ms = calloc((size_t)reps, sizeof(double));
     double *cpu = calloc((size_t)reps, sizeof(double));
     squad_result *res = malloc(sizeof *res);
@@ -97,9 +97,9 @@ static int time_row(squad_engine *e, const char *kind, const squad_row *row, int
     double med = ms[reps / 2];
     /* process CPU time over the threads: on a shared machine wall time measures the neighbours too */
     printf("{\"case\": \"%s\", \"tokens\": %d, \"computed\": %d, \"reused\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, "
-           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"peak_rss_mb\": %ld}\n",
+           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", \"peak_rss_mb\": %ld}\n",
            kind, row->n_ids, computed, reused, med, ms[0], computed_tokens / (med / 1e3), cpu[reps / 2] / threads,
-           squad_engine_device(e), peak_rss_mb());
+           squad_engine_device(e), precision, peak_rss_mb());
     fflush(stdout);
     free(ms), free(res), free(cpu);
     return 0;
@@ -158,6 +158,8 @@ int cmd_bench(int argc, char **argv) {
     int32_t letters[BENCH_LETTERS];
     for (int i = 0; i < BENCH_LETTERS; i++) letters[i] = (int32_t)(i + 1 < vocab ? i + 1 : 0);
     int rc = 0;
+    /* the line says which precision ran: bf16 (the default) unless --precision exact was given */
+    const char *precision = opts.precision == SQUAD_PRECISION_EXACT ? "exact" : "bf16";
     int threads = opts.threads > 0 ? opts.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1) threads = 1;
     /* cold rows: the cache off, so every repetition computes the whole row */
@@ -176,7 +178,7 @@ int cmd_bench(int argc, char **argv) {
         fill_ids(ids, n, vocab, (unsigned)n);
         int32_t slot = n - 1, nopt = BENCH_LETTERS;
         squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1};
-        rc = time_row(e, "cold", &row, n, (int)reps, NULL, 0, vocab, threads);
+        rc = time_row(e, "cold", &row, n, (int)reps, NULL, 0, vocab, threads, precision);
         free(ids);
     }
     squad_engine_free(e);
@@ -206,7 +208,8 @@ int cmd_bench(int argc, char **argv) {
             free(res);
             char kind[64];
             snprintf(kind, sizeof kind, "hit state %ld + question %d", state, suffixes[k]);
-            if (!rc) rc = time_row(e, kind, &row, suffixes[k], (int)reps, ids + state, suffixes[k], vocab, threads);
+            if (!rc) rc = time_row(e, kind, &row, suffixes[k], (int)reps, ids + state, suffixes[k], vocab, threads,
+                                    precision);
             free(ids);
         }
         squad_engine_free(e);

@@ -1,6 +1,6 @@
 /*
  * score.c — `squad score`: rows as JSON lines in (a file or stdin), one JSON line out per row, in
- * order (DESIGN.md section 8). A bad row gets {"error": "..."} on its line and the rest go on.
+ * order (docs/design.md section 9). A bad row gets {"error": "..."} on its line and the rest go on.
  * Exit 0 when every row succeeded, 1 when some failed, 2 for usage or model errors.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -53,13 +53,15 @@ static void print_stats(const squad_engine *e) {
     squad_engine_cache_stats(e, &st);
     fprintf(stderr,
             "{\"rows\": %llu, \"hits\": %llu, \"partial\": %llu, \"cold\": %llu, \"plain\": %llu, "
+            "\"memo_hits\": %llu, \"tokens_memo\": %llu, \"uncacheable\": %llu, "
             "\"tokens_reused\": %llu, \"tokens_computed\": %llu, \"checkpoints_made\": %llu, \"evicted\": %llu, "
             "\"checkpoints\": %llu, \"groups\": %llu, \"bytes_held\": %zu, \"budget_bytes\": %zu}\n",
             (unsigned long long)st.rows, (unsigned long long)st.hits, (unsigned long long)st.partial,
-            (unsigned long long)st.cold, (unsigned long long)st.plain, (unsigned long long)st.tokens_reused,
-            (unsigned long long)st.tokens_computed, (unsigned long long)st.checkpoints_made,
-            (unsigned long long)st.evicted, (unsigned long long)st.checkpoints, (unsigned long long)st.groups,
-            st.bytes_held, st.budget_bytes);
+            (unsigned long long)st.cold, (unsigned long long)st.plain, (unsigned long long)st.memo_hits,
+            (unsigned long long)st.tokens_memo, (unsigned long long)st.uncacheable,
+            (unsigned long long)st.tokens_reused, (unsigned long long)st.tokens_computed,
+            (unsigned long long)st.checkpoints_made, (unsigned long long)st.evicted,
+            (unsigned long long)st.checkpoints, (unsigned long long)st.groups, st.bytes_held, st.budget_bytes);
 }
 
 static int is_blank(const char *s) {

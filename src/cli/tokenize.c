@@ -1,6 +1,6 @@
 /*
  * tokenize.c — `squad tokenize` (text -> token ids) and `squad detokenize` (ids -> text) with a
- * Hugging Face tokenizer.json (DESIGN.md section 8).
+ * Hugging Face tokenizer.json (docs/design.md section 9).
  *
  * tokenize --jsonl reads one JSON string per line and writes one JSON array of ids per line, in order;
  * a line that is not a JSON string (or not valid UTF-8 text) gets {"error": "..."} and the rest go on.

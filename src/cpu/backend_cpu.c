@@ -15,6 +15,13 @@
  * Scratch activations are sized for CPU_MAX_CHUNK tokens once, at creation, so a forward allocates
  * nothing but the attention's per-call score row. The projections that end a block (out_proj,
  * o_proj, down_proj) accumulate straight into the residual stream h.
+ *
+ * Full-vocabulary figures (a chunk with vocab): the slots' final-normed rows times the output
+ * embedding, one step of CPU_VOCAB_BLOCK vocabulary rows at a time for all the slots together (one
+ * GEMM, so each embedding row is read once), each step's logits reduced at once into a running
+ * (max, sum of exp, argmax) per slot; only one step's logits exist at any time. The logits are
+ * fp32 products (the exact GEMM) in both precisions: the letter logits the probabilities come from
+ * are fp32 too, and the two must agree (label_mass is their ratio).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -33,6 +40,17 @@
 #define CPU_ATTN_QUERY_BLOCK 16
 /* The first K / V allocation, in positions; it doubles as rows grow. */
 #define CPU_KV_INITIAL_POSITIONS 1024
+/* Vocabulary rows per step of the full-vocabulary pass (logits kept: slots x this many floats). */
+#define CPU_VOCAB_BLOCK 4096
+/* Reduction tasks per slot and step (each one's part of the step's logits). */
+#define CPU_VOCAB_PIECES 8
+
+/* A running reduction of logits: their maximum, the sum of exp(z - max), the maximum's lowest id. */
+typedef struct vocab_acc {
+    float max;
+    double sum;
+    int32_t arg;
+} vocab_acc;
 
 typedef struct cpu_backend {
     squad_backend base; /* first: a squad_backend * is a cpu_backend * */
@@ -51,6 +69,11 @@ typedef struct cpu_backend {
     long attn_scratch_floats;
     /* scratch, [CPU_MAX_CHUNK] rows each */
     float *h, *x, *qkv, *conv_out, *z, *gate_a, *gate_b, *g, *beta, *o, *qg, *kk, *vv, *att, *mlp_gate, *mlp_up;
+    int last_len; /* tokens of the last chunk run (h holds their residual stream) */
+    /* the full-vocabulary pass: normed slot rows [SQUAD_MAX_SLOTS_PER_ROW][H], one step's logits
+     * [SQUAD_MAX_SLOTS_PER_ROW][CPU_VOCAB_BLOCK], the reduction tasks' results */
+    float *vocab_xn, *vocab_z;
+    vocab_acc vocab_parts[SQUAD_MAX_SLOTS_PER_ROW * CPU_VOCAB_PIECES];
 } cpu_backend;
 
 static cpu_backend *impl_of(squad_backend *be) { return (cpu_backend *)be; }
@@ -232,6 +255,101 @@ static void mlp_block(cpu_backend *c, const squad_layer_weights *L, int T) {
     gemm(c, c->h, c->mlp_gate, &L->mlp_down, T, 1);
 }
 
+/* ---- the full-vocabulary figures ------------------------------------------------------------- */
+
+static const vocab_acc VOCAB_EMPTY = {-INFINITY, 0.0, -1};
+
+/* a and b reduced over the union of their logits (the lowest id wins a tie). */
+static vocab_acc vocab_merge(vocab_acc a, vocab_acc b) {
+    if (b.arg < 0) return a;
+    if (a.arg < 0) return b;
+    vocab_acc r;
+    r.max = a.max > b.max ? a.max : b.max;
+    r.arg = a.max > b.max || (a.max == b.max && a.arg < b.arg) ? a.arg : b.arg;
+    r.sum = a.sum * exp((double)a.max - r.max) + b.sum * exp((double)b.max - r.max);
+    return r;
+}
+
+typedef struct vocab_task {
+    cpu_backend *c;
+    int n_slots, v0, nb; /* the step: vocabulary rows [v0, v0 + nb) */
+} vocab_task;
+
+/* One task: one slot's piece of the step's logits. */
+static void vocab_task_run(void *ctx, int task, int n_tasks) {
+    const vocab_task *t = ctx;
+    const int s = task / CPU_VOCAB_PIECES, piece = task % CPU_VOCAB_PIECES;
+    const int i0 = (int)((long)t->nb * piece / CPU_VOCAB_PIECES), i1 = (int)((long)t->nb * (piece + 1) / CPU_VOCAB_PIECES);
+    const float *z = t->c->vocab_z + (size_t)s * t->nb;
+    vocab_acc a = VOCAB_EMPTY;
+    for (int i = i0; i < i1; i++)
+        if (z[i] > a.max || a.arg < 0) a.max = z[i], a.arg = t->v0 + i;
+    if (a.arg >= 0) {
+        a.sum = 0.0;
+        for (int i = i0; i < i1; i++) a.sum += (double)expf(z[i] - a.max);
+    }
+    t->c->vocab_parts[task] = a;
+}
+
+/* The final-normed row of h at token t, as op_letter_probs computes it (the same floats). */
+static void final_norm_row(float *xn, const float *h, const float *w, int H, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < H; i++) ss += (double)h[i] * h[i];
+    const float inv = 1.0f / sqrtf((float)(ss / H) + eps);
+    for (int i = 0; i < H; i++) xn[i] = h[i] * inv * (1.0f + w[i]);
+}
+
+/* log-sum-exp of the letter logits of a slot, in op_letter_probs' arithmetic (double sums). */
+static float letters_lse(const float *xn, const uint16_t *E, int H, const int32_t *letters, int n) {
+    double logit[SQUAD_MAX_LETTERS], mx = -INFINITY;
+    for (int l = 0; l < n; l++) {
+        const uint16_t *e = E + (long)letters[l] * H;
+        double d = 0.0;
+        for (int i = 0; i < H; i++) d += (double)xn[i] * squad_bf16_to_f32(e[i]);
+        logit[l] = d;
+        if (d > mx) mx = d;
+    }
+    double sum = 0.0;
+    for (int l = 0; l < n; l++) sum += exp(logit[l] - mx);
+    return (float)(mx + log(sum));
+}
+
+/* Fills ck->vocab for the chunk's slots from h (the chunk's residual stream). */
+static void vocab_figures(cpu_backend *c, const squad_chunk *ck) {
+    const squad_model *m = c->m;
+    const int H = m->cfg.hidden_size, V = m->cfg.vocab_size, n = ck->n_slots;
+    for (int s = 0; s < n; s++) {
+        float *xn = c->vocab_xn + (size_t)s * H;
+        final_norm_row(xn, c->h + (long)ck->slots[s] * H, m->final_norm, H, m->cfg.rms_eps);
+        const int nl = ck->nopts[s] < ck->n_letters ? ck->nopts[s] : ck->n_letters;
+        ck->vocab[s].letters_lse = letters_lse(xn, m->lm_head.w, H, ck->letters, nl);
+    }
+    vocab_acc acc[SQUAD_MAX_SLOTS_PER_ROW];
+    for (int s = 0; s < n; s++) acc[s] = VOCAB_EMPTY;
+    for (int v0 = 0; v0 < V; v0 += CPU_VOCAB_BLOCK) {
+        vocab_task t = {c, n, v0, V - v0 < CPU_VOCAB_BLOCK ? V - v0 : CPU_VOCAB_BLOCK};
+        cpu_gemm_bf16(c->pool, c->vocab_z, c->vocab_xn, m->lm_head.w + (size_t)v0 * H, n, t.nb, H, 0, CPU_GEMM_EXACT);
+        cpu_pool_run(c->pool, vocab_task_run, &t, n * CPU_VOCAB_PIECES);
+        for (int s = 0; s < n; s++)
+            for (int p = 0; p < CPU_VOCAB_PIECES; p++) acc[s] = vocab_merge(acc[s], c->vocab_parts[s * CPU_VOCAB_PIECES + p]);
+    }
+    for (int s = 0; s < n; s++) {
+        ck->vocab[s].vocab_lse = (float)((double)acc[s].max + log(acc[s].sum));
+        ck->vocab[s].top_logit = acc[s].max;
+        ck->vocab[s].top_token = acc[s].arg;
+    }
+}
+
+int squad_cpu_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cpu") != 0)
+        return squad_fail(err, SQUAD_E_INVALID, "not a CPU backend");
+    const cpu_backend *c = (const cpu_backend *)be;
+    if (t < 0 || t >= c->last_len) return squad_fail(err, SQUAD_E_INVALID, "token %d is outside the last chunk", t);
+    const int H = c->m->cfg.hidden_size;
+    memcpy(out, c->h + (long)t * H, sizeof(float) * (size_t)H);
+    return 0;
+}
+
 static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, squad_err *err) {
     cpu_backend *c = impl_of(be);
     const squad_model *m = c->m;
@@ -270,6 +388,8 @@ static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, s
         op_letter_probs(probs + (long)s * SQUAD_MAX_LETTERS, c->h + (long)t * H, m->final_norm, cfg->rms_eps,
                         m->lm_head.w, H, ck->letters, ck->n_letters, ck->nopts[s]);
     }
+    c->last_len = T;
+    if (ck->vocab && ck->n_slots > 0) vocab_figures(c, ck);
     return 0;
 }
 
@@ -290,6 +410,8 @@ static void cpu_destroy(squad_backend *be) {
     free(c->conv_kc);
     free(c->inv_freq);
     squad_aligned_free(c->attn_scratch);
+    squad_aligned_free(c->vocab_xn);
+    squad_aligned_free(c->vocab_z);
     float **scratch[] = {&c->h, &c->x, &c->qkv, &c->conv_out, &c->z, &c->gate_a, &c->gate_b, &c->g, &c->beta,
                          &c->o, &c->qg, &c->kk, &c->vv, &c->att, &c->mlp_gate, &c->mlp_up};
     for (size_t i = 0; i < sizeof scratch / sizeof scratch[0]; i++) squad_aligned_free(*scratch[i]);
@@ -373,6 +495,9 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
                 {&c->vv, kvd},       {&c->att, nh * hd}, {&c->mlp_gate, I},     {&c->mlp_up, I}};
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         if (!(*plan[i].p = scratch_rows(plan[i].width, err))) goto fail;
+    c->vocab_xn = squad_aligned_alloc(sizeof(float) * SQUAD_MAX_SLOTS_PER_ROW * (size_t)H, err);
+    c->vocab_z = squad_aligned_alloc(sizeof(float) * SQUAD_MAX_SLOTS_PER_ROW * (size_t)CPU_VOCAB_BLOCK, err);
+    if (!c->vocab_xn || !c->vocab_z) goto fail;
     return be;
 fail:
     cpu_destroy(be);

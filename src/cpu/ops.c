@@ -1,6 +1,6 @@
 /*
  * ops.c — the CPU backend's operations (see ops.h): fp32 arithmetic, written close to the math of
- * DESIGN.md section 1 so each can be checked by reading. Inner loops run over a contiguous
+ * docs/design.md section 4 so each can be checked by reading. Inner loops run over a contiguous
  * dimension (features, dv) so -O2 vectorises them; the costly ones (the delta rule, attention)
  * take a head range so the backend can split heads across threads.
  */

@@ -1,6 +1,6 @@
 /*
- * ops.h — the CPU backend's operations on fp32 activations, one function per step of DESIGN.md
- * section 1. Each is written as the plain loop a reader can check against the math; the ones that
+ * ops.h — the CPU backend's operations on fp32 activations, one function per step of
+ * docs/design.md section 4. Each is written as the plain loop a reader can check against the math; the ones that
  * cost (the delta rule, attention) are organised so the compiler vectorises the inner loop over a
  * contiguous dimension. tests/test_ops.c checks each against a direct transcription of the formula
  * (and the chunked delta rule against the per-token recurrence).

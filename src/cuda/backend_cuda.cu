@@ -22,11 +22,14 @@
  *    activations on the tensor cores, the chunked delta rule and flash attention (k_gdn.cu,
  *    k_attn.cu); EXACT, the reference path — fp32 matrices and activations, fp32 GEMMs, the
  *    token-by-token delta rule (k_gdn_exact.cu) and fp32 attention. The random test models are so
- *    sensitive that bf16 activations alone move their answers by a few 1e-2 (see
- *    bench/CUDA_NOTES.md); EXACT meets the fixtures, BF16 is what the benchmark times.
+ *    sensitive that bf16 activations alone move their answers by a few 1e-2 (docs/design.md
+ *    section 10); EXACT meets the fixtures, BF16 is what the benchmark times.
  *  - The residual stream h is fp32; out_proj / o_proj / down_proj add into h in the cuBLASLt
  *    epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
  *    gate|up GEMM, silu*mul, down GEMM(+residual).
+ *  - Full-vocabulary figures (a chunk with vocab): k_vocab.cu's three kernels, enqueued after the
+ *    replay on the same stream and only for such a chunk; the graphs do not contain them, so a
+ *    chunk that does not ask runs what it ran before.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
  */
@@ -107,6 +110,12 @@ typedef struct cu_be {
     cu_chunk_params *prm_dev, *prm_host;
     size_t prm_bytes;
     float *probs_dev, *probs_host;
+    /* the full-vocabulary pass: normed slot rows [CU_MAX_SLOTS][H], the blocks' partials, the figures */
+    float *vocab_xn;
+    void *vocab_parts;
+    int vocab_blocks;
+    squad_slot_vocab *vocab_dev, *vocab_host;
+    int last_len; /* real tokens of the last chunk run (h holds their residual stream) */
 
     int n_spans, spans[MAX_SPANS];
     int splits[N_CHUNK_BUCKETS][MAX_SPANS];
@@ -114,8 +123,8 @@ typedef struct cu_be {
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
     unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_chunk runs: all (set in build), except
-                       GEMMs only for plan making and tuning before a capture, and squad_cuda_time_parts'
-                       ablations */
+                       GEMMs only for plan making and tuning before a capture, and the ablation
+                       timing's graphs (cu_ablation_prepare) */
     int n_graphs;
     double capture_s;
     unsigned long long replays;
@@ -417,11 +426,21 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
         return rc;
     }
     cb->replays++;
+    cb->last_len = ch->len;
+    const int want_vocab = ch->vocab && ch->n_slots > 0;
+    if (want_vocab) {
+        if ((rc = cu_vocab(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, ch->n_slots, cb->V, cb->H, cb->eps,
+                           cb->vocab_xn, cb->vocab_parts, cb->vocab_blocks, cb->vocab_dev, cb->st, err)))
+            return rc;
+        CU_TRY(cudaMemcpyAsync(cb->vocab_host, cb->vocab_dev, (size_t)ch->n_slots * sizeof(squad_slot_vocab),
+                               cudaMemcpyDeviceToHost, cb->st));
+    }
     if (ch->n_slots > 0)
         CU_TRY(cudaMemcpyAsync(cb->probs_host, cb->probs_dev, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float),
                                cudaMemcpyDeviceToHost, cb->st));
     CU_TRY(cudaStreamSynchronize(cb->st));
     if (ch->n_slots > 0) memcpy(probs, cb->probs_host, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float));
+    if (want_vocab) memcpy(ch->vocab, cb->vocab_host, (size_t)ch->n_slots * sizeof(squad_slot_vocab));
     return 0;
 }
 
@@ -489,6 +508,25 @@ static int be_load_kv(squad_backend *be, const void *src, int blob_positions, in
     return 0;
 }
 
+/* The device's free memory now (cudaMemGetInfo): what an automatic cache budget is sized from. */
+static int be_memory_free(squad_backend *be, size_t *free_bytes, squad_err *err) {
+    size_t total = 0;
+    *free_bytes = 0;
+    CU_TRY(cudaSetDevice(0)); /* the device the backend was built on, whichever thread asks */
+    CU_TRY(cudaMemGetInfo(free_bytes, &total));
+    return 0;
+}
+
+extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "not a CUDA backend");
+    const cu_be *cb = (const cu_be *)be->impl;
+    if (t < 0 || t >= cb->last_len) return cu_err(err, SQUAD_E_INVALID, "token %d is outside the last chunk", t);
+    CU_TRY(cudaStreamSynchronize(cb->st));
+    CU_TRY(cudaMemcpy(out, cb->h + (size_t)t * cb->H, (size_t)cb->H * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
 static void be_destroy(squad_backend *be) {
     if (!be) return;
     cu_be *cb = impl_of(be);
@@ -502,6 +540,7 @@ static void be_destroy(squad_backend *be) {
         free(cb->allocs);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
+        if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);
@@ -731,6 +770,14 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     const size_t pbytes = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS * sizeof(float);
     if ((rc = dalloc(cb, (void **)&cb->probs_dev, pbytes, MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->probs_host, pbytes));
+    if ((rc = cu_vocab_init(cb->H, err))) return rc;
+    cb->vocab_blocks = cu_vocab_blocks(cb->V, cb->n_sm);
+    if ((rc = dalloc(cb, (void **)&cb->vocab_xn, (size_t)CU_MAX_SLOTS * cb->H * sizeof(float), MEM_SCRATCH, err)))
+        return rc;
+    if ((rc = dalloc(cb, &cb->vocab_parts, cu_vocab_parts_bytes(cb->vocab_blocks), MEM_SCRATCH, err))) return rc;
+    const size_t vbytes = (size_t)CU_MAX_SLOTS * sizeof(squad_slot_vocab);
+    if ((rc = dalloc(cb, (void **)&cb->vocab_dev, vbytes, MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->vocab_host, vbytes));
     /* every upload (legacy stream, possibly still in its DMA) done before a kernel on cb->st reads it */
     CU_TRY(cudaDeviceSynchronize());
 
@@ -771,6 +818,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->save_kv = be_save_kv;
     be->load_kv = be_load_kv;
     be->forward = be_forward;
+    be->memory_free = be_memory_free;
     be->destroy = be_destroy;
     if (build(cb, model, opts, max_context, err)) {
         be_destroy(be);
@@ -803,64 +851,17 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     return 0;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    const float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
+/* ---- for the ablation timing (src/cuda/ablate.cu, in the internal library: not part of libsquad) ---- */
 
-static float median_float(float *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_float);
-    return t[n / 2];
-}
-
-/* Median times of `reps` replays of ex (after 2 warm-ups): gpu between events around the replay,
- * wall on the host from before the first event to the end, launch inside cudaGraphLaunch. With
- * `params`, each replay is preceded by the parameters' upload and waited for by a stream
- * synchronize, as forward does (wall only). */
-static cudaError_t time_replays(cu_be *cb, cudaGraphExec_t ex, int rows, int params, int reps, float *buf,
-                                squad_cuda_timing *out) {
-    float *t = buf, *tw = buf + reps, *tl = tw + reps;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    squad_err err = {0};
-    cudaError_t e = cudaEventCreate(&e0);
-    if (e == cudaSuccess) e = cudaEventCreate(&e1);
-    for (int i = 0; i < 2 && e == cudaSuccess; i++) e = cudaGraphLaunch(ex, cb->st); /* warm-up */
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
-    for (int i = 0; i < reps && e == cudaSuccess; i++) {
-        const double h0 = cu_now_seconds();
-        if (params && upload_params(cb, rows, &err)) e = cudaErrorUnknown;
-        if (e == cudaSuccess) e = cudaEventRecord(e0, cb->st);
-        const double h1 = cu_now_seconds();
-        if (e == cudaSuccess) e = cudaGraphLaunch(ex, cb->st);
-        const double h2 = cu_now_seconds();
-        if (e == cudaSuccess) e = cudaEventRecord(e1, cb->st);
-        if (e == cudaSuccess) e = params ? cudaStreamSynchronize(cb->st) : cudaEventSynchronize(e1);
-        const double h3 = cu_now_seconds();
-        if (e == cudaSuccess) e = cudaEventElapsedTime(&t[i], e0, e1);
-        tw[i] = (float)((h3 - h0) * 1e3);
-        tl[i] = (float)((h2 - h1) * 1e3);
-    }
-    if (e == cudaSuccess) {
-        out->gpu_ms = median_float(t, reps);
-        out->wall_ms = median_float(tw, reps);
-        out->launch_ms = median_float(tl, reps);
-    }
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    return e;
-}
-
-extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps,
-                                     squad_cuda_timing *out, squad_err *err) {
+int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine,
+                        cu_ablation *a, squad_err *err) {
+    memset(a, 0, sizeof *a);
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: not a CUDA backend");
+        return cu_err(err, SQUAD_E_INVALID, "ablation: not a CUDA backend");
     cu_be *cb = impl_of(be);
     if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: chunk [%d, %d) outside the backend's limits", start,
-                      start + len);
-    if (reps < 1 || reps > 10000 || (parts & ~(unsigned)SQUAD_CUDA_PART_ALL))
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: %d repetitions, parts 0x%x", reps, parts);
-    memset(out, 0, sizeof *out);
+        return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
+    if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
     const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
     cu_chunk_params *p = cb->prm_host;
     p->kv_src = NULL;
@@ -869,32 +870,27 @@ extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsi
     p->len = len;
     p->n_slots = 0;
     p->n_letters = 0;
-    /* distinct pseudo-random tokens, as a real question has (before the fifth session every id was
-     * 0; the graph's time barely moved with the change: 1.680 -> 1.689 ms on the 4096+128 hit, runs 4
-     * and 5 of that session) */
+    /* distinct pseudo-random tokens, as a real question has (the graph's time barely depends on
+     * them: 1.680 against 1.689 ms on the 4096+128 hit with every id 0) */
     uint32_t x = 12345u;
     for (int t = 0; t < rows; t++) {
         x = x * 1664525u + 1013904223u;
         p->ids[t] = t < len ? (int)((x >> 8) % (uint32_t)cb->V) : 0;
     }
     int rc = upload_params(cb, rows, err);
-    if (rc) return rc;
-    cudaGraphExec_t ex = NULL;
-    rc = capture_chunk(cb, bi, si, parts, &ex, err);
-    if (rc) return rc;
-    float *buf = (float *)malloc(sizeof(float) * 3 * (size_t)reps);
-    cudaError_t e = buf ? time_replays(cb, ex, rows, 0, reps, buf, out) : cudaErrorMemoryAllocation;
-    cudaGraphExecDestroy(ex);
-    if (e == cudaSuccess && parts == SQUAD_CUDA_PART_ALL) {
-        squad_cuda_timing eng = {0, 0, 0, 0, 0, 0}, prm = eng;
-        rc = get_graph(cb, bi, si, err);
-        if (!rc) e = time_replays(cb, cb->graphs[bi][si], rows, 0, reps, buf, &eng);
-        if (!rc && e == cudaSuccess) e = time_replays(cb, cb->graphs[bi][si], rows, 1, reps, buf, &prm);
-        out->engine_gpu_ms = eng.gpu_ms;
-        out->engine_wall_ms = eng.wall_ms;
-        out->params_wall_ms = prm.wall_ms;
+    if (!rc) rc = capture_chunk(cb, bi, si, parts, &a->graph, err);
+    if (!rc && want_engine) rc = get_graph(cb, bi, si, err);
+    if (rc) {
+        if (a->graph) cudaGraphExecDestroy(a->graph);
+        a->graph = NULL;
+        return rc;
     }
-    free(buf);
-    if (!rc && e != cudaSuccess) rc = cu_fail(err, "squad_cuda_time_parts", e, __FILE__, __LINE__);
-    return rc;
+    a->st = cb->st;
+    a->rows = rows;
+    a->engine = want_engine ? cb->graphs[bi][si] : NULL;
+    return 0;
+}
+
+int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err) {
+    return upload_params(impl_of(be), rows, err);
 }

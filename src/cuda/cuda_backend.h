@@ -32,7 +32,8 @@ typedef struct squad_cuda_info {
 /* Fills info for a backend made by squad_cuda_backend_new; 0, or SQUAD_E_INVALID for another. */
 int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info *info);
 
-/* The kernel groups of a chunk's forward, for squad_cuda_time_parts. */
+/* The kernel groups of a chunk's forward: plan making runs the GEMMs alone, and the ablation timing
+ * (src/cuda/ablate.h, outside libsquad) leaves groups out. */
 enum {
     SQUAD_CUDA_PART_GEMM = 1,          /* the projections (cuBLASLt) */
     SQUAD_CUDA_PART_NORM = 2,          /* the embedding, the RMSNorms and the letter probabilities */
@@ -48,24 +49,6 @@ enum {
     SQUAD_CUDA_PART_ATTN = 128 | 256 | 512,
     SQUAD_CUDA_PART_ALL = 1023
 };
-
-/* A diagnostic for the benchmark: captures the forward of a chunk of len tokens from position start
- * with only the kernel groups in parts (token ids 0, no slots), replays it reps times and gives the
- * medians of one replay's times. What each group costs inside the real graph is the time with
- * it minus the time without it (per-kernel profiles serialize and flush, which small chunks feel
- * most). It computes on whatever the buffers hold: the working state (GDN states, the K / V of
- * [start, start + len)) is garbage afterwards, so reset before the next forward. */
-typedef struct squad_cuda_timing {
-    double gpu_ms;    /* between events recorded before and after the replay */
-    double wall_ms;   /* on the host, from before the first event to the replay's end */
-    double launch_ms; /* on the host, inside cudaGraphLaunch */
-    /* with parts == SQUAD_CUDA_PART_ALL only (else 0): the engine's own graph of the chunk's bucket
-     * (the one forward replays) timed the same way, and on the host with the chunk's parameters
-     * uploaded before each replay and a stream synchronize after it (forward's steps, no slots) */
-    double engine_gpu_ms, engine_wall_ms, params_wall_ms;
-} squad_cuda_timing;
-int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps, squad_cuda_timing *out,
-                          squad_err *err);
 
 #ifdef __cplusplus
 }

@@ -216,25 +216,37 @@ __device__ __forceinline__ float cu_warp_max(float v) {
  * acc = 1: D fp32 and beta 1 with C = D (the residual add fused into the epilogue). Exact path
  * (f32 = 1): W, X and D fp32, fp32 compute (no TF32). A plan (descriptors + the heuristic's
  * algorithm) is made once per shape and kept, so graph captures reuse it. */
-/* The skinny kernel (k_gemm_skinny.cu): for M <= CU_SKINNY_MAX_M on the fast path, a
- * weight-streaming kernel (each W element read once, K split over a thread-block cluster). Its
- * launch shape, chosen per (M, N, K) by cu_gemm_skinny_plan. */
-#define CU_SKINNY_MAX_M 256
-typedef struct cu_skinny_cfg {
-    int bn;      /* columns of Y per CTA (64 or 128) */
-    int mt;      /* rows of X per CTA (16, 32, 64, 128) */
-    int m_tiles; /* ceil(M / mt) */
-    int splits;  /* K splits = cluster size (1..8) */
-    int steps;   /* 64-wide K steps per split */
-} cu_skinny_cfg;
 typedef struct cu_gemm_plan {
     int M, N, K, acc, f32;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
-    int skinny;        /* run the skinny kernel with `sk` instead of cuBLASLt */
-    cu_skinny_cfg sk;
 } cu_gemm_plan;
+/* The algorithms the tuning chose, kept in a text file across processes (gemm_plans.cu), so that a
+ * later process runs the same algorithm for each shape (the same bits) and skips the tuning. */
+typedef struct cu_plan_rec {
+    int M, N, K, acc, f32;
+    cublasLtMatmulAlgo_t algo;
+} cu_plan_rec;
+typedef struct cu_plan_store {
+    int enabled;     /* a path is known and SQUAD_GEMM_PLANS is not "off" */
+    int loaded;      /* the file was read (or found missing / unusable) */
+    char path[1024];
+    char header[512]; /* the file's first line: format, GPU model, cuBLASLt and CUDA versions */
+    cu_plan_rec *recs;
+    int n, cap;
+} cu_plan_store;
+/* Sets the file's path (SQUAD_GEMM_PLANS, else $XDG_CACHE_HOME/squad, else ~/.cache/squad) and the
+ * header of device dev; reads nothing yet. */
+void cu_plan_store_init(cu_plan_store *s, int dev);
+/* The stored algorithm of a shape, or NULL; reads the file on the first call. A file that is
+ * missing, malformed or of another GPU / library version holds nothing. */
+const cu_plan_rec *cu_plan_store_find(cu_plan_store *s, int M, int N, int K, int acc, int f32);
+/* Remembers a newly tuned plan and rewrites the file (a temporary file renamed over it, so a
+ * reader never sees half a file). A failed write leaves the store working in memory. */
+void cu_plan_store_add(cu_plan_store *s, const cu_plan_rec *r);
+void cu_plan_store_free(cu_plan_store *s);
+
 typedef struct cu_gemm_ctx {
     cublasLtHandle_t lt;
     void *ws; /* device workspace */
@@ -244,21 +256,12 @@ typedef struct cu_gemm_ctx {
     cu_gemm_plan *plans;
     int n_plans, cap_plans;
     int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
-    int n_sm; /* multiprocessors (the skinny kernel's grid) */
-    int skinny_mode; /* SQUAD_GEMM_SKINNY: 0 off (unset), 1 forced where supported, -1 (=2) a tuning candidate */
+    cu_plan_store store; /* tuned plans across processes (on after cu_gemm_init; store.enabled = 0 turns it off) */
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
 int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N, int K, int acc, int f32,
             cudaStream_t st, squad_err *err);
-/* Shapes the skinny kernel takes: bf16 (f32 = 0), 1 <= M <= CU_SKINNY_MAX_M, N and K multiples of
- * 8. (Operands must also be 16-byte aligned; cu_gemm checks the pointers.) */
-int cu_gemm_skinny_supported(int M, int N, int K, int acc, int f32);
-int cu_gemm_skinny_init(squad_err *err); /* kernel attributes (shared memory) */
-int cu_gemm_skinny_plan(int M, int N, int K, int n_sm, cu_skinny_cfg *cfg, squad_err *err);
-/* Y = X W^T (acc = 0, Y bf16) or Y += X W^T (acc = 1, Y fp32); W [N][K], X [M][K] bf16. */
-int cu_gemm_skinny(const cu_skinny_cfg *cfg, const bf16 *W, const bf16 *X, void *Y, int M, int N, int K, int acc,
-                   cudaStream_t st, squad_err *err);
 
 /* ---- kernel launchers (host) ----------------------------------------------------------------- */
 
@@ -276,6 +279,19 @@ int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_
  * RMSNorm(h[slot_i]) * (1 + w) . E[letters[j]]; zero past nopts. probs is [CU_MAX_SLOTS][CU_MAX_LETTERS]. */
 int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
                     float eps, cudaStream_t st, squad_err *err);
+
+/* k_vocab.cu: the full-vocabulary figures of a chunk's n_slots answer slots (backend.h) into out
+ * (device memory, [n_slots]), from h (the chunk's fp32 residual stream), the final norm and the
+ * output embedding E [V][H]. xn: [n_slots][H] floats of scratch; parts: cu_vocab_parts_bytes. */
+#define CU_VOCAB_GROUP 8 /* slots one pass over E serves */
+int cu_vocab_group(int H); /* the slots a pass serves for this hidden size (<= CU_VOCAB_GROUP) */
+int cu_vocab_init(int H, squad_err *err); /* kernel attributes (shared memory) */
+int cu_vocab_blocks(int V, int n_sm);     /* blocks of the pass over the vocabulary */
+size_t cu_vocab_parts_bytes(int n_blocks);
+int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_chunk_params *prm, int n_slots, int V,
+             int H, float eps, float *xn, void *parts, int n_blocks, squad_slot_vocab *out, cudaStream_t st,
+             squad_err *err);
+
 /* k_gdn.cu: the Gated DeltaNet mixer after in_proj. */
 typedef struct cu_gdn_dims {
     int nk, nv, dk, dv, K; /* heads, head dims, conv kernel */
@@ -283,7 +299,7 @@ typedef struct cu_gdn_dims {
     float eps;             /* the gated RMSNorm's eps */
     int f32;               /* the exact path (k_gdn_exact.cu): fp32 P, conv state, Y; S [nv][dk][dv] */
     unsigned stages;       /* the bf16 path's kernels that run (CU_GDN_*); 0: all. Only the ablation
-                              timing (squad_cuda_time_parts) leaves some out */
+                              timing (ablate.cu) leaves some out */
     int short_rows;        /* chunks of at most this many rows take the conv and out kernels spread
                               for short chunks (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS overrides) */
 } cu_gdn_dims;
@@ -353,5 +369,21 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm,
                     const float *inv_freq, void *Kc, void *Vc, ptrdiff_t blob_k_off, ptrdiff_t blob_v_off, void *Qb,
                     void *part, int splits, void *out, const cu_chunk_params *prm, int rows, cudaStream_t st,
                     squad_err *err);
+
+/* ---- the ablation timing's view of a backend (backend_cuda.cu; used by ablate.cu) ----------- */
+typedef struct cu_ablation {
+    cudaStream_t st;        /* the backend's stream */
+    int rows;               /* the chunk's bucket */
+    cudaGraphExec_t graph;  /* the chunk's forward with only the chosen parts (the caller destroys it) */
+    cudaGraphExec_t engine; /* with want_engine: the backend's own graph of that bucket and span (the
+                               backend's; not to be destroyed) */
+} cu_ablation;
+/* Writes the parameters of a chunk [start, start + len) (pseudo-random ids, no slots), captures its
+ * forward with only `parts` (SQUAD_CUDA_PART_*), and with want_engine captures (or finds) the
+ * engine's graph of the same shape. */
+int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine, cu_ablation *a,
+                        squad_err *err);
+/* The parameters' host-to-device copy forward makes before each replay (timed with it). */
+int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err);
 
 #endif

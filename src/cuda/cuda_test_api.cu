@@ -294,56 +294,9 @@ extern "C" int squad_cuda_test_gemm(const float *X, const float *W, float *Y, in
     tbufs b = {{0}, 0};
     cu_gemm_ctx g;
     int rc = cu_gemm_init(&g, err);
+    g.store.enabled = 0; /* a test's plans stay out of the user's plan file */
     if (!rc) rc = test_gemm(&b, &g, X, W, Y, M, N, K, accumulate, err);
     cu_gemm_free(&g);
-    tfree(&b);
-    return rc;
-}
-
-/* ---- the skinny GEMM ---- */
-#define SKINNY_TEST_GUARD 4096 /* poisoned elements after Y: catches writes past the matrix */
-
-static int test_gemm_skinny(tbufs *b, const float *X, const float *W, float *Y, int M, int N, int K, int acc,
-                            squad_err *err) {
-    if (!cu_gemm_skinny_supported(M, N, K, acc, 0))
-        return cu_err(err, SQUAD_E_UNSUPPORTED, "test: skinny GEMM %d x %d x %d not supported", M, N, K);
-    int rc = cu_gemm_skinny_init(err);
-    if (rc) return rc;
-    int dev = 0, nsm = 0;
-    CU_TRY(cudaGetDevice(&dev));
-    CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-    cu_skinny_cfg cfg;
-    if ((rc = cu_gemm_skinny_plan(M, N, K, nsm, &cfg, err))) return rc;
-    bf16 *dX, *dW;
-    void *dY;
-    const size_t n = (size_t)M * N, es = acc ? 4 : 2;
-    if ((rc = up_bf16(b, &dX, X, (size_t)M * K, err))) return rc;
-    if ((rc = up_bf16(b, &dW, W, (size_t)N * K, err))) return rc;
-    if ((rc = talloc_poison(b, &dY, (n + SKINNY_TEST_GUARD) * es, err))) return rc;
-    if (acc) CU_TRY(cudaMemcpy(dY, Y, n * 4, cudaMemcpyHostToDevice));
-    if ((rc = cu_gemm_skinny(&cfg, dW, dX, dY, M, N, K, acc, 0, err))) return rc;
-    CU_TRY(cudaDeviceSynchronize());
-    unsigned char *guard = (unsigned char *)malloc(SKINNY_TEST_GUARD * es);
-    if (!guard) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
-    const cudaError_t e = cudaMemcpy(guard, (const char *)dY + n * es, SKINNY_TEST_GUARD * es, cudaMemcpyDeviceToHost);
-    size_t bad = 0;
-    for (size_t i = 0; e == cudaSuccess && i < SKINNY_TEST_GUARD * es; i++) bad += guard[i] != 0xff;
-    free(guard);
-    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
-    if (bad)
-        return cu_err(err, SQUAD_E_BACKEND, "test: skinny GEMM %d x %d x %d (bn %d mt %d splits %d) wrote %zu guard bytes",
-                      M, N, K, cfg.bn, cfg.mt, cfg.splits, bad);
-    if (acc) {
-        CU_TRY(cudaMemcpy(Y, dY, n * 4, cudaMemcpyDeviceToHost));
-        return 0;
-    }
-    return down_bf16(Y, (const bf16 *)dY, n, err);
-}
-
-extern "C" int squad_cuda_test_gemm_skinny(const float *X, const float *W, float *Y, int M, int N, int K,
-                                           int accumulate, squad_err *err) {
-    tbufs b = {{0}, 0};
-    const int rc = test_gemm_skinny(&b, X, W, Y, M, N, K, accumulate, err);
     tfree(&b);
     return rc;
 }
@@ -382,14 +335,14 @@ static cudaError_t time_graph(cudaGraph_t graph, cudaStream_t st, float *ms) {
 }
 
 /* Times one graph of BENCH_REPS calls (W rotating) after one warm-up replay; *us per call. */
-static int bench_graph(cudaStream_t st, cu_gemm_ctx *g, const cu_skinny_cfg *sk, const bf16 *Wbase, size_t w_stride,
+static int bench_graph(cudaStream_t st, cu_gemm_ctx *g, const bf16 *Wbase, size_t w_stride,
                        int n_rot, const bf16 *X, void *Y, int M, int N, int K, int acc, double *us, squad_err *err) {
     cudaGraph_t graph = NULL;
     int rc = 0;
     CU_TRY(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (int r = 0; r < BENCH_REPS && !rc; r++) {
         const bf16 *W = Wbase + (size_t)(r % n_rot) * w_stride;
-        rc = sk ? cu_gemm_skinny(sk, W, X, Y, M, N, K, acc, st, err) : cu_gemm(g, W, X, Y, M, N, K, acc, 0, st, err);
+        rc = cu_gemm(g, W, X, Y, M, N, K, acc, 0, st, err);
     }
     const cudaError_t ce = cudaStreamEndCapture(st, &graph);
     if (rc) {
@@ -405,9 +358,9 @@ static int bench_graph(cudaStream_t st, cu_gemm_ctx *g, const cu_skinny_cfg *sk,
     return 0;
 }
 
-static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, int K, int acc, double *us_sk,
-                      double *us_lt, double *us_first, squad_err *err) {
-    *us_sk = *us_lt = *us_first = -1.0;
+static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, int K, int acc, double *us_lt,
+                      double *us_first, squad_err *err) {
+    *us_lt = *us_first = -1.0;
     const size_t w_stride = ((size_t)N * K + 127) / 128 * 128; /* elements between W copies */
     int n_rot = (int)(BENCH_ROTATE_BYTES / (w_stride * 2));
     if (n_rot < 2) n_rot = 2;
@@ -422,29 +375,24 @@ static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, i
     test_fill_bf16<<<256, 256, 0, st>>>((bf16 *)dX, (size_t)M * K, 0x9876u, 1.0f);
     CU_LAUNCH_CHECK("test_fill_bf16");
     /* cuBLASLt: plan and tune outside the capture, as the backend does */
-    g->skinny_mode = 0;
     g->tune = 1;
     rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, st, err);
     g->tune = 0;
     if (rc) return rc;
     CU_TRY(cudaStreamSynchronize(st));
-    if ((rc = bench_graph(st, g, NULL, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc, us_lt,
+    if ((rc = bench_graph(st, g, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc, us_lt,
                           err)))
         return rc;
     /* cuBLASLt's heuristic first, untuned, from a fresh plan set */
     cu_gemm_ctx g1;
     if ((rc = cu_gemm_init(&g1, err))) return rc;
-    g1.skinny_mode = 0;
+    g1.store.enabled = 0;
     rc = cu_gemm(&g1, dW, dX, dY, M, N, K, acc, 0, st, err);
-    if (!rc) rc = bench_graph(st, &g1, NULL, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc,
+    if (!rc) rc = bench_graph(st, &g1, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc,
                               us_first, err);
     cudaStreamSynchronize(st);
     cu_gemm_free(&g1);
-    if (rc) return rc;
-    if (!cu_gemm_skinny_supported(M, N, K, acc, 0)) return 0;
-    cu_skinny_cfg sk;
-    if ((rc = cu_gemm_skinny_plan(M, N, K, g->n_sm, &sk, err))) return rc;
-    return bench_graph(st, g, &sk, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc, us_sk, err);
+    return rc;
 }
 
 /* The fixed cost of a kernel in a graph: n_kernels launches of a kernel that only writes one value
@@ -478,17 +426,18 @@ extern "C" int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, d
     return 0;
 }
 
-extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,
-                                     double *us_first, squad_err *err) {
+extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_cublaslt, double *us_first,
+                                     squad_err *err) {
     tbufs b = {{0}, 0};
     cu_gemm_ctx g;
     cudaStream_t st = NULL;
     int rc = cu_gemm_init(&g, err);
+    g.store.enabled = 0; /* time the tuning itself, not a stored choice */
     if (!rc) {
         const cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
         if (e != cudaSuccess) rc = cu_fail(err, "cudaStreamCreateWithFlags", e, __FILE__, __LINE__);
     }
-    if (!rc) rc = bench_gemm(&b, &g, st, M, N, K, accumulate, us_skinny, us_cublaslt, us_first, err);
+    if (!rc) rc = bench_gemm(&b, &g, st, M, N, K, accumulate, us_cublaslt, us_first, err);
     if (st) {
         cudaStreamSynchronize(st);
         cudaStreamDestroy(st);

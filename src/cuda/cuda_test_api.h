@@ -1,12 +1,14 @@
 /*
  * cuda_test_api.h — entry points of the CUDA backend for tests/gpu_test_kernels.c: each runs one
  * kernel group on host data (uploads, launches, downloads; every call checked) so a test can
- * compare it with the plain host reference beside the kernel (cu_ref_*, same header).
+ * compare it with the plain host reference (cu_ref_*, same header; cuda_test_ref.cu).
  *
  * Host arrays are fp32; on the bf16 path the values the device holds in bf16 (projection outputs,
  * the conv state, K / V) are rounded to bf16 on upload, so a test should round its inputs first
  * (squad_f32_to_bf16) and give the references the same values. With exact set, everything stays
- * fp32 (the EXACT precision's kernels). Compiled only with SQUAD_HAVE_CUDA.
+ * fp32 (the EXACT precision's kernels). Compiled only with SQUAD_HAVE_CUDA, into the internal
+ * library squadinternal (tests and benchmarks link it; libsquad does not carry it). GEMM contexts
+ * made here never read or write the GEMM plan file (gemm_plans.cu).
  */
 #ifndef SQUAD_CUDA_TEST_API_H
 #define SQUAD_CUDA_TEST_API_H
@@ -64,17 +66,10 @@ int squad_cuda_test_silu_mul(const float *gu, float *out, int rows, int I, squad
  * accumulate != 0: Y += (fp32 out), else Y = (bf16 out, returned as fp32). */
 int squad_cuda_test_gemm(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
                          squad_err *err);
-/* The same product through the skinny kernel (k_gemm_skinny.cu) with the launch shape the GEMM
- * layer would choose. Y is allocated with a guard region after its M x N elements, poisoned; a
- * write past the end fails with SQUAD_E_BACKEND. Returns SQUAD_E_UNSUPPORTED for shapes it
- * refuses (M > 256, N or K not multiples of 8). */
-int squad_cuda_test_gemm_skinny(const float *X, const float *W, float *Y, int M, int N, int K, int accumulate,
-                                squad_err *err);
-/* Microseconds per call of the skinny kernel, of tuned cuBLASLt and of cuBLASLt's untuned
- * heuristic first for one shape (random bf16 operands, W rotated over copies that exceed L2 so each
- * call reads W from HBM). */
-int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_skinny, double *us_cublaslt,
-                          double *us_first, squad_err *err);
+/* Microseconds per call of tuned cuBLASLt and of cuBLASLt's untuned heuristic first for one shape
+ * (random bf16 operands, W rotated over copies that exceed L2 so each call reads W from HBM). */
+int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_cublaslt, double *us_first,
+                          squad_err *err);
 
 /* Microseconds per kernel of n_kernels dependent launches of a near-empty kernel (blocks x threads)
  * replayed as one CUDA graph: the fixed cost every kernel of a chunk pays. */

@@ -24,10 +24,9 @@
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
  * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
- * The host reference cu_ref_attn (below) is the plain loop the tests compare with.
+ * The host reference the tests compare with, cu_ref_attn, is in cuda_test_ref.cu (tests only).
  */
 #include "cuda_internal.cuh"
-#include "cuda_test_api.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -399,8 +398,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
 /* One warp per (token, head), COMBINE_WARPS to a block: the lanes read the splits' maxima and sums
  * (splits <= ATT_SPLIT_MAX = 2 x 32, two per lane), the weights come from warp reductions, and each
  * lane then sums 4 head-dim values at a time over the splits (float4 loads), so there is no shared
- * memory and no barrier. (v8's block per pair, 256 threads, two barriers and a serial weight loop,
- * took ~45 us a launch on a 2048-token chunk, 4x its bytes over the memory bandwidth.) */
+ * memory and no barrier. (A 256-thread block per pair, with two barriers and a serial weight loop,
+ * takes ~4x its bytes' time at memory bandwidth.) */
 /* acc += sum over the splits of weight * partial, B splits' loads in flight at once (a hit has ~17
  * splits: one at a time they were a chain of dependent round trips; a cold chunk has 2, where a batch
  * doubled the kernel's time). An empty split's partial is never written: weight 0, not read. */
@@ -673,66 +672,4 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
         CU_LAUNCH_CHECK("attn_combine_kernel");
     }
     return 0;
-}
-
-/* ---- host reference ---------------------------------------------------------------------------- */
-
-extern "C" void cu_ref_attn(const cu_ref_attn_args *a) {
-    const int nh = a->nh, nkv = a->nkv, hd = a->hd, rd = a->rd, half = rd / 2;
-    const size_t kvd = (size_t)nkv * hd;
-    float *q = (float *)malloc(sizeof(float) * (size_t)a->len * nh * hd);
-    double *x = (double *)malloc(sizeof(double) * hd), *sc = (double *)malloc(sizeof(double) * (a->start + a->len));
-    /* norm + rope of q, k; k, v into the cache */
-    for (int t = 0; t < a->len; t++) {
-        const int pos = a->start + t;
-        const float *row = a->QKV + (size_t)t * a->ld;
-        for (int hh = 0; hh < nh + nkv; hh++) {
-            const int isq = hh < nh, j = isq ? hh : hh - nh;
-            const float *src = isq ? row + (size_t)j * 2 * hd : row + (size_t)nh * 2 * hd + (size_t)j * hd;
-            const float *nw = isq ? a->q_norm : a->k_norm;
-            double ss = 0;
-            for (int d = 0; d < hd; d++) ss += (double)src[d] * src[d];
-            const double rr = 1.0 / sqrt(ss / hd + a->eps);
-            for (int d = 0; d < hd; d++) x[d] = src[d] * rr * (1.0 + nw[d]);
-            float *dst = isq ? q + ((size_t)t * nh + j) * hd : a->K + (size_t)pos * kvd + (size_t)j * hd;
-            for (int d = 0; d < hd; d++) {
-                double o = x[d];
-                if (d < rd) {
-                    const int i = d < half ? d : d - half;
-                    const float ang = (float)pos * a->inv_freq[i];
-                    const double cth = cos((double)ang), sth = sin((double)ang);
-                    o = d < half ? x[d] * cth - x[d + half] * sth : x[d] * cth + x[d - half] * sth;
-                }
-                dst[d] = (float)o;
-            }
-            if (!isq)
-                for (int d = 0; d < hd; d++)
-                    a->V[(size_t)pos * kvd + (size_t)j * hd + d] = row[(size_t)nh * 2 * hd + kvd + (size_t)j * hd + d];
-        }
-    }
-    const double scale = 1.0 / sqrt((double)hd);
-    for (int t = 0; t < a->len; t++)
-        for (int h = 0; h < nh; h++) {
-            const int kvh = h / (nh / nkv), nkeys = a->start + t + 1;
-            const float *qq = q + ((size_t)t * nh + h) * hd;
-            double m = -1e300;
-            for (int j = 0; j < nkeys; j++) {
-                double s = 0;
-                const float *k = a->K + (size_t)j * kvd + (size_t)kvh * hd;
-                for (int d = 0; d < hd; d++) s += (double)qq[d] * k[d];
-                sc[j] = s * scale;
-                if (sc[j] > m) m = sc[j];
-            }
-            double z = 0;
-            for (int j = 0; j < nkeys; j++) z += (sc[j] = exp(sc[j] - m));
-            const float *gate = a->QKV + (size_t)t * a->ld + (size_t)h * 2 * hd + hd;
-            for (int d = 0; d < hd; d++) {
-                double o = 0;
-                for (int j = 0; j < nkeys; j++) o += sc[j] * a->V[(size_t)j * kvd + (size_t)kvh * hd + d];
-                a->out[((size_t)t * nh + h) * hd + d] = (float)(o / z / (1.0 + exp(-(double)gate[d])));
-            }
-        }
-    free(q);
-    free(x);
-    free(sc);
 }

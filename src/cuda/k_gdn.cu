@@ -1,7 +1,7 @@
 /*
  * k_gdn.cu — the Gated DeltaNet mixer between in_proj and out_proj on the tensor cores (the bf16 path).
  *
- * The math (DESIGN.md section 1), per value head with state S [dk][dv]:
+ * The math (docs/design.md section 4), per value head with state S [dk][dv]:
  *   S_t = exp(g_t) S_{t-1} + k_t delta_t^T,  delta_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t),  o_t = S_t^T q_t.
  * Chunked (WY / UT) form over blocks of C = 64 tokens, gamma_t = sum_{s<=t} g_s inside the block,
  * Gamma_t = exp(gamma_t), S0 the state at the block start:
@@ -13,7 +13,7 @@
  * tokens (position >= len) get g = 0, beta = 0 and q = k = v = 0: their delta rows are exactly 0
  * and the state after the block is the state at the last real token.
  *
- * Four kernels (v12; bench/CUDA_NOTES.md has each version's figures):
+ * Four kernels (docs/cuda.md describes them and what they cost):
  * A0, gdn_conv (a block per 16 tokens, 4 on short chunks, and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
@@ -21,7 +21,7 @@
  *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
  *   L and P; T = (I + L)^-1 in fp32 by 16 x 16 blocks (substitution on the diagonal, products below);
  *   W and U on the tensor cores with hi + lo bf16 splits of the fp32 operands (plain bf16 there
- *   cost too much accuracy, v2). Writes W, U^T, P, diag(Gamma) Q, K' and Gamma_last to scratch.
+ *   moves the random test models' answers by ~0.18). Writes W, U^T, P, diag(Gamma) Q, K' and Gamma_last to scratch.
  * B, gdn_scan (one block per value head and 16 columns of dv, sequential over the blocks): only the
  *   recurrence. Two warps keep S^T [16][dk] in fp32 mma accumulators for the whole chunk, each half
  *   of dk (partial deltas summed through shared memory);
@@ -40,7 +40,6 @@
  * and the gated norm reads only the real dv.
  */
 #include "cuda_internal.cuh"
-#include "cuda_test_api.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -69,13 +68,13 @@ struct gdn_conv_args {
  * heads), a thread per pair of channels (bf16x2 loads). Each thread loads its channels'
  * TT + KC - 1 inputs (rows before the chunk come from the saved conv inputs) and KC weights, all
  * before any is used, then slides the kernel down the block in registers: one round of loads a
- * block (v6 waited on a round per token). KC, the conv kernel size, is a template parameter so no
- * padded taps are computed (v7 computed CU_MAX_CONV_K and was issue-bound at 75 us a layer on a
- * 2048-token chunk). q and k rows are L2-normalised (warp sums, then across the block's warps through
+ * block (a round of loads per token makes each block one long latency chain). KC, the conv kernel
+ * size, is a template parameter so no padded taps are computed (computing CU_MAX_CONV_K taps made
+ * the kernel issue-bound). q and k rows are L2-normalised (warp sums, then across the block's warps through
  * shared memory; q also scaled by 1 / sqrt(dk)) and written bf16; v is written fp32 (U = T diag(beta)
  * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
- * zero-fills them). TT, the tokens of a block, is 16, or 4 on short chunks (a hit's 128 tokens gave
- * 384 blocks of 2 warps doing 16 tokens each: ~10 us a layer, latency-bound; v13). */
+ * zero-fills them). TT, the tokens of a block, is 16, or 4 on short chunks (with 16, a hit's 128
+ * tokens make 384 blocks of 2 warps each running a 16-token chain: latency-bound). */
 template <int KC, int TT>
 __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a) {
     constexpr int NX = TT + KC - 1, NW = CONV_THREADS / 32;
@@ -224,7 +223,7 @@ struct prep_smem {
 };
 
 /* x = hi + lo with hi, lo bf16: products of split operands on the tensor cores keep ~16 bits of
- * mantissa (fp32-like for these sums; bf16 alone cost the random test models ~0.18, CUDA_NOTES v2) */
+ * mantissa (fp32-like for these sums; plain bf16 moves the random test models' answers by ~0.18) */
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
     hi = *reinterpret_cast<const uint32_t *>(&h);
@@ -334,7 +333,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
 
     /* 3. K K^T -> L and Q K^T -> P (mma), warp w: rows 16 (w/2).., cols 32 (w%2).. (4 n-tiles). The
      *    k-steps outermost, so the A fragments of K and Q (ldmatrix) are loaded once for the 4 n-tiles
-     *    (v12; v11 loaded them per n-tile by 8 scalar loads: ~300 of a thread's loads). */
+     *    (not once per n-tile by scalar loads). */
     {
         const int mt = w >> 1, i0 = 16 * mt + r, i1 = i0 + 8;
         bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C;
@@ -384,11 +383,12 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     }
     __syncthreads();
 
-    /* 4. T = (I + L)^-1 by blocks of 16 (v12): L is strictly lower triangular, so T is unit lower
+    /* 4. T = (I + L)^-1 by blocks of 16: L is strictly lower triangular, so T is unit lower
      *    triangular, and with 16 x 16 blocks T_ii = (I + L_ii)^-1 on the diagonal and, below it,
-     *    T_ij = -T_ii X_ij with X_ij = sum_{j <= k < i} L_ik T_kj. v2..v11 substituted down all 64 rows of
-     *    every column: ~2.5k of a prep warp's ~3.9k instructions on the hit (ncu, run 3), a chain of 64
-     *    dependent steps; this is a chain of 16 plus three levels of small products. */
+     *    T_ij = -T_ii X_ij with X_ij = sum_{j <= k < i} L_ik T_kj. Substituting down all 64 rows of
+     *    every column is a chain of 64 dependent steps, half of them on zeros above the diagonal (most
+     *    of a prep warp's instructions on a short chunk); this is a chain of 16 plus three levels of
+     *    small products. */
     {
         /* 4a. the diagonal blocks by forward substitution, 4 threads a column (the sum over earlier rows
          *     split by k mod 4, combined by two shuffles); the column stays in registers, stored after */
@@ -537,20 +537,20 @@ struct gdn_scan_args {
 };
 
 /* Per block of 64 tokens the scan is a chain of dependent MMAs, and ncu showed it issue-bound per
- * warp (one instruction every ~3 cycles, v6). So the work of one step is spread over many warps:
+ * warp (one instruction every ~3 cycles). So the work of one step is spread over many warps:
  * warp (rg, kq) owns S^T rows [16 rg, 16 rg + 16) of the block's slice and dk columns
  * [kq DK / KS, (kq + 1) DK / KS): its part of delta's sum over dk goes through shared memory to the
  * other KS - 1 warps of its row group (every warp adds the KS parts in the same order, so all hold
  * the same delta), and it updates only its own dk columns. The next block's W, K' and U^T arrive
  * while this one computes, as three bulk copies (the prep kernel stores them with the padded row
- * strides used here) issued by one thread and counted on a shared-memory barrier per stage: v9's
- * 16-byte cp.async took ~200 of a compute warp's ~600 instructions a step, and its faster variant
- * with extra loader warps did not pass racecheck. */
+ * strides used here) issued by one thread and counted on a shared-memory barrier per stage: 16-byte
+ * cp.async by the compute warps costs them ~200 of ~600 instructions a step, and dedicated loader
+ * warps do not pass compute-sanitizer racecheck. */
 #ifndef SQUAD_SCAN_KS
-#define SQUAD_SCAN_KS 2 /* warps splitting dk (DK >= 64): 2 (v6, v9) beat 4 with 2 row groups (v8) */
+#define SQUAD_SCAN_KS 2 /* warps splitting dk (DK >= 64): 2 measured faster than 4 with 2 row groups */
 #endif
 #ifndef SQUAD_SCAN_RG
-#define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2 (v8) */
+#define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2, and measured faster */
 #endif
 template <int DK, int DV>
 struct scan_smem {
@@ -760,8 +760,8 @@ struct gdn_out_args {
 };
 
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
- * of 64 tokens, head); on short chunks RT = 1 (v13: a hit's 128 tokens had 32 blocks of 8 warps,
- * ~8.6 us a layer; four times the blocks, each re-reading S^T and delta^T from L2). */
+ * of 64 tokens, head); on short chunks RT = 1 (with RT = 4 a hit's 128 tokens make only 32 blocks
+ * of 8 warps; RT = 1 gives four times the blocks, each re-reading S^T and delta^T from L2). */
 #define OUT_TILES (GDN_C / 16) /* row tiles in a block of 64 tokens */
 #define OUT_RT_LONG OUT_TILES
 #define OUT_RT_SHORT 1
@@ -828,7 +828,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
         __syncthreads();
     }
     /* O = (Gamma Q) S + P delta: warp w rows 16 (w % RT) .., columns [CH (w / RT), CH (w / RT + 1)) of
-     * DV (two warps a row tile: v8, twice v7's warps for the same shared memory) */
+     * DV (two warps a row tile: twice the warps of one a tile, for the same shared memory) */
     constexpr int CH = DV / 2, NJ = CH / 8;
     const int mt = w % RT, c0 = (w / RT) * CH;
     float O[NJ][4];
@@ -1056,84 +1056,4 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, con
 #undef GDN_RUN
     return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
                       d->dv);
-}
-
-/* ---- host reference: the per-token recurrence (the test oracle) -------------------------------- */
-
-extern "C" void cu_ref_gdn(const cu_ref_gdn_args *a) {
-    const int nk = a->nk, nv = a->nv, dk = a->dk, dv = a->dv, K = a->K;
-    const int C = 2 * nk * dk + nv * dv, Km1 = K - 1;
-    const int zoff = C, boff = C + nv * dv, aoff = boff + nv;
-    float *y = (float *)calloc((size_t)C, sizeof(float));
-    float *qn = (float *)calloc((size_t)nk * dk, sizeof(float)), *kn = (float *)calloc((size_t)nk * dk, sizeof(float));
-    double *o = (double *)calloc((size_t)dv, sizeof(double)), *sk = (double *)calloc((size_t)dv, sizeof(double));
-    for (int t = 0; t < a->len; t++) {
-        for (int ch = 0; ch < C; ch++) {
-            double s = 0;
-            for (int j = 0; j < K; j++) {
-                const int tau = t - Km1 + j;
-                const float x = tau >= 0 ? a->P[(size_t)tau * a->ldP + ch] : a->conv_state[(size_t)(Km1 + tau) * C + ch];
-                s += (double)a->conv_w[(size_t)ch * K + j] * x;
-            }
-            y[ch] = (float)(s / (1.0 + exp(-s)));
-        }
-        for (int hk = 0; hk < nk; hk++) {
-            double sq = 0, sk2 = 0;
-            for (int i = 0; i < dk; i++) {
-                sq += (double)y[hk * dk + i] * y[hk * dk + i];
-                sk2 += (double)y[nk * dk + hk * dk + i] * y[nk * dk + hk * dk + i];
-            }
-            const double rq = 1.0 / sqrt(sq + 1e-6) / sqrt((double)dk), rk = 1.0 / sqrt(sk2 + 1e-6);
-            for (int i = 0; i < dk; i++) {
-                qn[hk * dk + i] = (float)(y[hk * dk + i] * rq);
-                kn[hk * dk + i] = (float)(y[nk * dk + hk * dk + i] * rk);
-            }
-        }
-        const float *row = a->P + (size_t)t * a->ldP;
-        for (int h = 0; h < nv; h++) {
-            const int hk = h / (nv / nk);
-            const double x = (double)row[aoff + h] + a->dt_bias[h];
-            const double sp = x > 20 ? x : log1p(exp(x));
-            const double g = -exp((double)a->A_log[h]) * sp, beta = 1.0 / (1.0 + exp(-(double)row[boff + h]));
-            const double dec = exp(g);
-            float *S = a->S + (size_t)h * dk * dv; /* [dk][dv] */
-            const float *k = kn + hk * dk, *q = qn + hk * dk, *v = y + 2 * nk * dk + h * dv;
-            for (int j = 0; j < dv; j++) {
-                double s = 0;
-                for (int i = 0; i < dk; i++) {
-                    S[(size_t)i * dv + j] = (float)(S[(size_t)i * dv + j] * dec);
-                    s += (double)S[(size_t)i * dv + j] * k[i];
-                }
-                sk[j] = beta * (v[j] - s);
-            }
-            for (int i = 0; i < dk; i++)
-                for (int j = 0; j < dv; j++) S[(size_t)i * dv + j] = (float)(S[(size_t)i * dv + j] + k[i] * sk[j]);
-            double ss = 0;
-            for (int j = 0; j < dv; j++) {
-                double s = 0;
-                for (int i = 0; i < dk; i++) s += (double)S[(size_t)i * dv + j] * q[i];
-                o[j] = s;
-                ss += s * s;
-            }
-            const double rs = 1.0 / sqrt(ss / dv + a->eps);
-            for (int j = 0; j < dv; j++) {
-                const double z = row[zoff + h * dv + j];
-                a->Y[(size_t)t * nv * dv + h * dv + j] = (float)(o[j] * rs * a->norm_w[j] * (z / (1.0 + exp(-z))));
-            }
-        }
-    }
-    /* the conv state moves on: the last K-1 inputs of [old | chunk] */
-    float *old = (float *)malloc(sizeof(float) * (size_t)(Km1 > 0 ? Km1 : 1) * C);
-    if (Km1 > 0) memcpy(old, a->conv_state, sizeof(float) * (size_t)Km1 * C);
-    for (int j = 0; j < Km1; j++)
-        for (int ch = 0; ch < C; ch++) {
-            const int src = a->len + j;
-            a->conv_state[(size_t)j * C + ch] = src < Km1 ? old[(size_t)src * C + ch] : a->P[(size_t)(src - Km1) * a->ldP + ch];
-        }
-    free(old);
-    free(y);
-    free(qn);
-    free(kn);
-    free(o);
-    free(sk);
 }

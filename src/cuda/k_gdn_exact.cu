@@ -7,7 +7,7 @@
  *    of q / k per head (q * dk^-1/2), and the gates exp(g) = exp(-exp(A_log) softplus(a + dt_bias)),
  *    beta = sigmoid(b) in double precision; padding rows get zeros;
  *  - scan (one warp per value head and 32 columns of dv): each lane keeps its column of S [dk] in
- *    registers and runs the recurrence of DESIGN.md section 1 over the real tokens only
+ *    registers and runs the recurrence of docs/design.md section 4 over the real tokens only
  *    (S = exp(g) S; delta = beta (v - S^T k); S += k delta^T; o = S^T q), so padding never
  *    touches the state;
  *  - norm (one block per token): the gated RMSNorm o / rms(o) * w * silu(z), and the conv state

@@ -10,17 +10,17 @@
  * the heuristic's first. A candidate is timed as it runs in a forward: GEMM_TUNE_CALLS calls back to
  * back in one graph, each on another copy of the weights in a buffer of GEMM_ROT_L2X times the L2
  * size, so every call reads its weights from HBM (the model's ~1 GB of weights pass through a 50 MB
- * L2 once per chunk) while the activations stay in L2. Timing with the weights hot in L2 (the second
- * session) favoured compute-bound tiles; timing single calls after an L2 flush (the third) ranked
- * some shapes differently from back-to-back calls (the 2048 x 1024 x 3584 down-projection lost 11 %
- * to the heuristic's first choice) and left the choice noisy from one engine to the next.
+ * L2 once per chunk) while the activations stay in L2. Timing with the weights hot in L2 favoured
+ * compute-bound tiles that lose in a forward; timing single calls after an L2 flush ranked some shapes
+ * differently from back-to-back calls (the 2048 x 1024 x 3584 down-projection lost 11 % to the
+ * heuristic's first choice) and left the choice noisy from one engine to the next.
  * Every cuBLASLt status is checked and reported with the call's text.
  *
- * Small M (a cache hit's question): the skinny kernel (k_gemm_skinny.cu) streams W once. When
- * tuning and the shape suits it, it is timed with the cuBLASLt candidates and the plan keeps the
- * fastest of all; without tuning the plan keeps cuBLASLt's heuristic choice. It is off by default
- * (slower than cuBLASLt when the weights come from memory, CUDA_NOTES.md v7): SQUAD_GEMM_SKINNY=1
- * in the environment uses it wherever it is supported, =2 makes it a tuning candidate.
+ * Reproducibility: the timing makes the choice noisy, so a tuned plan's algorithm is written to the
+ * plan store (gemm_plans.cu), and a new plan whose shape the store holds takes the stored algorithm
+ * (checked by cublasLtMatmulAlgoCheck) instead of tuning: every process on the same GPU model and
+ * library versions runs the same algorithms, hence gives the same bits, and only the first tunes.
+ * Plans made without tuning take the heuristic's first choice, which is deterministic.
  */
 #include "cuda_internal.cuh"
 
@@ -50,20 +50,8 @@ int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
     CU_TRY(cudaMalloc(&g->ws, g->ws_bytes));
     int dev = 0;
     CU_TRY(cudaGetDevice(&dev));
-    CU_TRY(cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, dev));
-    const char *env = getenv("SQUAD_GEMM_SKINNY");
-    /* off unless asked for: on the H200 it lost to cuBLASLt on every 0.8B shape but M = 16 with the
-     * weights streamed from memory (bench/CUDA_NOTES.md, v7), while the tuning pass, which times
-     * with the weights hot in L2, preferred it */
-    g->skinny_mode = env && env[0] == '1' ? 1 : env && env[0] == '2' ? -1 : 0;
-    return cu_gemm_skinny_init(err);
-}
-
-/* The skinny kernel may run this plan: supported shape, bf16, 16-byte aligned operands. */
-static int skinny_eligible(const cu_gemm_ctx *g, const cu_gemm_plan *p, const void *W, const void *X,
-                           const void *Y) {
-    return g->skinny_mode != 0 && cu_gemm_skinny_supported(p->M, p->N, p->K, p->acc, p->f32) &&
-           (((uintptr_t)W | (uintptr_t)X | (uintptr_t)Y) & 15u) == 0;
+    cu_plan_store_init(&g->store, dev);
+    return 0;
 }
 
 static void plan_free(cu_gemm_plan *p) {
@@ -79,6 +67,7 @@ void cu_gemm_free(cu_gemm_ctx *g) {
     if (g->ws) cudaFree(g->ws);
     if (g->rot) cudaFree(g->rot);
     if (g->lt) cublasLtDestroy(g->lt);
+    cu_plan_store_free(&g->store);
     memset(g, 0, sizeof *g);
 }
 
@@ -128,13 +117,9 @@ static int ensure_rotation(cu_gemm_ctx *g, cudaStream_t st, squad_err *err) {
     return 0;
 }
 
-/* One tuning candidate: a cuBLASLt algorithm, or (algo NULL) the skinny kernel. */
+/* One tuning candidate: a cuBLASLt algorithm. */
 static int run_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const void *W,
                          const void *X, void *Y, cudaStream_t st) {
-    if (!algo) {
-        squad_err serr;
-        return cu_gemm_skinny(&p->sk, (const bf16 *)W, (const bf16 *)X, Y, p->M, p->N, p->K, p->acc, st, &serr) == 0;
-    }
     const float alpha = 1.f, beta = p->acc ? 1.f : 0.f;
     return cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, algo, g->ws,
                           g->ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
@@ -185,6 +170,23 @@ static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasL
     return *ev_fail || best < 0.f ? -1.f : best / GEMM_TUNE_CALLS;
 }
 
+/* A stored algorithm still fits this plan's descriptors within the workspace. */
+static int algo_usable(const cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo) {
+    cublasLtMatmulHeuristicResult_t chk;
+    memset(&chk, 0, sizeof chk);
+    return cublasLtMatmulAlgoCheck(g->lt, p->desc, p->la, p->lb, p->lc, p->lc, algo, &chk) == CUBLAS_STATUS_SUCCESS &&
+           chk.state == CUBLAS_STATUS_SUCCESS && chk.workspaceSize <= g->ws_bytes;
+}
+
+/* A tuned plan's choice, for later processes. */
+static void remember(cu_gemm_ctx *g, const cu_gemm_plan *p) {
+    cu_plan_rec r;
+    memset(&r, 0, sizeof r);
+    r.M = p->M, r.N = p->N, r.K = p->K, r.acc = p->acc, r.f32 = p->f32;
+    r.algo = p->algo;
+    cu_plan_store_add(&g->store, &r);
+}
+
 static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void *X, void *Y, cudaStream_t st,
                      squad_err *err) {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -216,15 +218,11 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
     if (n < 1)
         return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
     p->algo = res[0].algo;
-    /* the skinny kernel: forced, or a candidate of the tuning */
-    int skinny_ok = skinny_eligible(g, p, W, X, Y);
-    if (skinny_ok) {
-        const int rc = cu_gemm_skinny_plan(p->M, p->N, p->K, g->n_sm, &p->sk, err);
-        if (rc) return rc;
-        if (g->skinny_mode == 1) {
-            p->skinny = 1;
-            return 0;
-        }
+    /* a shape tuned before (by this process or an earlier one): its algorithm again */
+    const cu_plan_rec *stored = cu_plan_store_find(&g->store, p->M, p->N, p->K, p->acc, p->f32);
+    if (stored && algo_usable(g, p, &stored->algo)) {
+        p->algo = stored->algo;
+        return 0;
     }
     if (!tune) return 0;
     int nc = 0;
@@ -234,10 +232,13 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         for (int w = 0; w < GEMM_N_SPLITK_WAYS && res[i].state == CUBLAS_STATUS_SUCCESS; w++)
             if (p->K / GEMM_SPLITK_WAYS[w] >= 256 && splitk_variant(g, p, &res[i].algo, GEMM_SPLITK_WAYS[w], &cand[nc]))
                 nc++;
-    if (nc + skinny_ok <= 1) return 0;
+    if (nc <= 1) {
+        remember(g, p);
+        return 0;
+    }
     const int rf = ensure_rotation(g, st, err);
     if (rf) return rf;
-    /* time each candidate and keep the fastest; the skinny kernel is candidate nc */
+    /* time each candidate and keep the fastest */
     cudaEvent_t e0 = NULL, e1 = NULL;
     CU_TRY(cudaEventCreate(&e0));
     if (cudaEventCreate(&e1) != cudaSuccess) {
@@ -246,13 +247,11 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
     }
     float best = 1e30f;
     int ev_fail = 0;
-    for (int i = 0; i < nc + skinny_ok && !ev_fail; i++) {
-        const int is_skinny = i == nc;
-        const float ms = time_candidate(g, p, is_skinny ? NULL : &cand[i], W, X, Y, st, e0, e1, &ev_fail);
+    for (int i = 0; i < nc && !ev_fail; i++) {
+        const float ms = time_candidate(g, p, &cand[i], W, X, Y, st, e0, e1, &ev_fail);
         if (ms < 0.f || ms >= best) continue;
         best = ms;
-        p->skinny = is_skinny;
-        if (!is_skinny) p->algo = cand[i];
+        p->algo = cand[i];
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -260,6 +259,7 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         const cudaError_t e = cudaGetLastError();
         return cu_fail(err, "GEMM tuning (events)", e, __FILE__, __LINE__);
     }
+    remember(g, p);
     return 0;
 }
 
@@ -295,9 +295,6 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
         }
         g->n_plans++;
     }
-    /* (a plan made with aligned operands that meets unaligned ones falls back to cuBLASLt) */
-    if (p->skinny && skinny_eligible(g, p, W, X, Y))
-        return cu_gemm_skinny(&p->sk, (const bf16 *)W, (const bf16 *)X, Y, M, N, K, acc, st, err);
     const float alpha = 1.f, beta = acc ? 1.f : 0.f;
     LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &p->algo, g->ws,
                           g->ws_bytes, st));

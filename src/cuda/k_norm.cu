@@ -8,10 +8,9 @@
  * happen in the cuBLASLt epilogue (beta = 1 into h), so a norm kernel is the only pass between two
  * GEMMs. One block per token row; sums in fp32. The letter kernel runs one block per slot and
  * never touches the full vocabulary: only the rows of E named by the chunk's letters.
- * Each kernel has a plain host reference (cu_ref_*) used by tests/gpu_test_kernels.c.
+ * The plain host references (cu_ref_rmsnorm, cu_ref_silu_mul) are in cuda_test_ref.cu (tests only).
  */
 #include "cuda_internal.cuh"
-#include "cuda_test_api.h"
 
 #include <math.h>
 
@@ -151,7 +150,7 @@ __global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float 
     __syncthreads();
     /* warp wp takes letters wp, wp + NW, ...: all of its rows' loads are issued before any sum, 16
      * bytes a lane (H a multiple of 256), so a slot costs about one round trip to the embedding
-     * rows, not one per letter and 32-element step (8.9 us in the fifth session's profile) */
+     * rows, not one per letter and 32-element step */
     constexpr int NW = NORM_THREADS / 32, LPW = (CU_MAX_LETTERS + NW - 1) / NW;
     const int wp = threadIdx.x >> 5, l = threadIdx.x & 31;
     float d[LPW];
@@ -246,23 +245,4 @@ int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chun
     letter_probs_kernel<<<CU_MAX_SLOTS, NORM_THREADS, (size_t)H * sizeof(float), st>>>(h, w, E, prm, probs, H, eps);
     CU_LAUNCH_CHECK("letter_probs_kernel");
     return 0;
-}
-
-/* ---- host references ---------------------------------------------------------------------------- */
-
-extern "C" void cu_ref_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps) {
-    for (int t = 0; t < rows; t++) {
-        double ss = 0;
-        for (int i = 0; i < H; i++) ss += (double)h[(size_t)t * H + i] * h[(size_t)t * H + i];
-        const double r = 1.0 / sqrt(ss / H + eps);
-        for (int i = 0; i < H; i++) out[(size_t)t * H + i] = (float)(h[(size_t)t * H + i] * r * (1.0 + w[i]));
-    }
-}
-
-extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
-    for (int t = 0; t < rows; t++)
-        for (int i = 0; i < I; i++) {
-            const double g = gu[(size_t)t * 2 * I + i], u = gu[(size_t)t * 2 * I + I + i];
-            out[(size_t)t * I + i] = (float)(g / (1.0 + exp(-g)) * u);
-        }
 }
