@@ -12,9 +12,9 @@
  *   the rest    the body
  * so the fuzzer mutates bodies of known endpoints most of the time and everything else some of it.
  *
- * One server is made at the first input: a tiny synthesized model carrying the real Qwen3 tokenizer
- * (the decision APIs need its label tokens) in a temporary directory, with an API key, a small body
- * limit, few questions and a short timeout so that an input costs little. Every response must have
+ * Two servers are made at the first input (see FAST_MAX_TOKENS): a tiny synthesized model carrying
+ * the real Qwen3 tokenizer (the decision APIs need its label tokens) in a temporary directory, with
+ * an API key, a small body limit, few questions and a short timeout so that an input costs little. Every response must have
  * a status in 200..599, a content type and a NUL-terminated body of the length reported; every
  * response of an /v1/ path must be a JSON object, and every error (status >= 400) an object with
  * "error".
@@ -38,10 +38,15 @@
 #define FUZZ_MAX_QUESTIONS 6
 #define FUZZ_TIMEOUT_S 5.0
 #define READY_WAIT_US 10000
-/* The model's context is cut to this many tokens: longer requests are refused before the engine
-   (the limit's own paths get fuzzed), and the ones that run cost little, so the fuzzer spends its
-   time on parsing, validation and rendering rather than on arithmetic. */
-#define FUZZ_MAX_TOKENS 160
+/* Two servers on two copies of the model, their contexts cut short: most inputs go to the one
+   whose context (FAST_MAX_TOKENS) is shorter than the chat markup of a decision or ask request, so
+   those are refused as too long after parsing, validation and rendering, before the engine, and
+   the fuzzer spends its time there rather than on arithmetic; one input in ENGINE_SHARE goes to the
+   other (ENGINE_MAX_TOKENS), whose short requests run through the scheduler and the engine and get
+   their answers rendered. */
+#define FAST_MAX_TOKENS 40
+#define ENGINE_MAX_TOKENS 160
+#define ENGINE_SHARE 8
 
 static const char *const PATHS[] = {
     "/v1/ask", "/v1/score", "/v1/decisions", "/v1/systemone", "/v1/models", "/health", "/ready",
@@ -66,7 +71,7 @@ static int set_max_position(const char *dir, int n) {
     return rc;
 }
 
-static squad_server *make_server(void) {
+static squad_server *make_server(int max_tokens) {
     squad_err err = {0};
     char dir[] = "/tmp/squad-fuzz-http-XXXXXX";
     if (!mkdtemp(dir)) abort();
@@ -92,7 +97,7 @@ static squad_server *make_server(void) {
         fprintf(stderr, "fuzz_http: synth: %s\n", err.msg);
         abort();
     }
-    if (set_max_position(dir, FUZZ_MAX_TOKENS) != 0) abort();
+    if (set_max_position(dir, max_tokens) != 0) abort();
     static const char *const keys[] = {FUZZ_KEY};
     squad_server_opts o;
     squad_server_opts_default(&o);
@@ -152,9 +157,14 @@ static void check_response(const char *method, const char *path, int status, con
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static squad_server *srv; /* the harness's own state: one server for the whole run */
-    if (!srv) srv = make_server();
+    static squad_server *fast, *engine; /* the harness's own state: two servers for the whole run */
+    if (!fast) {
+        fast = make_server(FAST_MAX_TOKENS);
+        engine = make_server(ENGINE_MAX_TOKENS);
+    }
     if (size < 2) return 0;
+    /* bits 4-6 of byte 1 pick the server (bits 0-2 and 7 pick the method) */
+    squad_server *srv = ((data[1] >> 4) & 7) == ENGINE_SHARE - 1 ? engine : fast;
     const uint8_t *p = data + 2, *end = data + size;
     char path[MAX_LINE];
     /* most inputs go to the endpoints that read bodies */
