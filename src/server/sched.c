@@ -17,12 +17,6 @@
 /* How often the sweeper answers waiting jobs whose deadline passed or whose client left. */
 #define SRV_SWEEP_MS 50
 
-/* 1 when the engine has squad_engine_score_ex and squad_engine_cache_clear (per-call options,
- * cancellation between chunks); 0 falls back to squad_engine_score (cancellation between rows). */
-#ifndef SRV_ENGINE_EX
-#define SRV_ENGINE_EX 0
-#endif
-
 struct srv_sched {
     pthread_mutex_t lock;
     pthread_cond_t wake; /* a job arrived, or stop */
@@ -146,12 +140,7 @@ static int run_row(srv_sched *s, srv_job *job, int i, int others_wait) {
     o.end_checkpoint_only = others_wait;
     o.cancelled = engine_cancelled;
     o.cancel_ctx = &cc;
-#if SRV_ENGINE_EX
     return squad_engine_score_ex(s->engine, job->rows[i], &o, &job->results[i], &job->errs[i]);
-#else
-    (void)o;
-    return squad_engine_score(s->engine, job->rows[i], &job->results[i], &job->errs[i]);
-#endif
 }
 
 static void run_rows(srv_sched *s, srv_job *job) {
@@ -194,14 +183,9 @@ static void run_job(srv_sched *s, srv_job *job) {
     }
     if (job->kind == SRV_JOB_CLEAR) {
         job->t_start = squad_now_seconds();
-#if SRV_ENGINE_EX
         squad_engine_cache_clear(s->engine);
         publish_engine_stats(s);
         complete(s, job, SRV_JOB_OK);
-#else
-        if (job->errs) squad_fail(&job->errs[0], SQUAD_E_UNSUPPORTED, "this engine cannot clear its cache");
-        complete(s, job, SRV_JOB_FAILED);
-#endif
         return;
     }
     run_rows(s, job);
