@@ -27,10 +27,12 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "fuzz_tokenizer_path.h"
 #include "server/server.h"
 #include "synth.h"
 
+/* the tokenizer the other fuzz targets use (fuzz_tokenizer_path.h finds it the same way):
+   $SQUAD_FUZZ_TOKENIZER, else this path from the working directory, then from this file's repository */
+#define FUZZ_TOKENIZER_REL "third_party/qwen3/tokenizer.json"
 #define MAX_HEADERS 8
 #define MAX_LINE 512
 #define FUZZ_KEY "fuzz-key"
@@ -45,8 +47,9 @@
    other (ENGINE_MAX_TOKENS), whose short requests run through the scheduler and the engine and get
    their answers rendered. */
 #define FAST_MAX_TOKENS 40
-#define ENGINE_MAX_TOKENS 160
-#define ENGINE_SHARE 8
+#define ENGINE_MAX_TOKENS 72
+#define ENGINE_SHARE 16
+#define ENGINE_BITS 0x78 /* byte 1's bits 3-6 all set: one input in ENGINE_SHARE */
 
 static const char *const PATHS[] = {
     "/v1/ask", "/v1/score", "/v1/decisions", "/v1/systemone", "/v1/models", "/health", "/ready",
@@ -76,13 +79,6 @@ static squad_server *make_server(int max_tokens) {
     char dir[] = "/tmp/squad-fuzz-http-XXXXXX";
     if (!mkdtemp(dir)) abort();
     char tok_path[4096];
-    /* the tokenizer the other fuzz targets use, found the same way */
-    squad_tokenizer *tok = fuzz_load_tokenizer(&err);
-    if (!tok) {
-        fprintf(stderr, "fuzz_http: no tokenizer: %s (set SQUAD_FUZZ_TOKENIZER)\n", err.msg);
-        abort();
-    }
-    squad_tokenizer_free(tok);
     const char *env = getenv("SQUAD_FUZZ_TOKENIZER");
     if (env) snprintf(tok_path, sizeof tok_path, "%s", env);
     else if (access(FUZZ_TOKENIZER_REL, R_OK) == 0) snprintf(tok_path, sizeof tok_path, "%s", FUZZ_TOKENIZER_REL);
@@ -121,6 +117,14 @@ static squad_server *make_server(int max_tokens) {
         fprintf(stderr, "fuzz_http: the engine did not start\n");
         abort();
     }
+    /* loaded (the weights stay mapped): the directory can go, so no run leaves it behind */
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s/%s", dir, files[i]);
+        unlink(f);
+    }
+    rmdir(dir);
     return srv;
 }
 
@@ -164,7 +168,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (size < 2) return 0;
     /* bits 4-6 of byte 1 pick the server (bits 0-2 and 7 pick the method) */
-    squad_server *srv = ((data[1] >> 4) & 7) == ENGINE_SHARE - 1 ? engine : fast;
+    /* byte 1: bits 0-2 and 7 pick the method, bits 3-6 the server */
+    squad_server *srv = (data[1] & ENGINE_BITS) == ENGINE_BITS ? engine : fast;
     const uint8_t *p = data + 2, *end = data + size;
     char path[MAX_LINE];
     /* most inputs go to the endpoints that read bodies */
