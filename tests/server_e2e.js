@@ -111,7 +111,7 @@ function systemOneRequests(model) {
 }
 
 // The expected answers of decision requests: their rows rendered here, scored by `squad score`.
-function expectDecisions(model, reqs) {
+function expectDecisions(reqs) {
   const specs = [];
   const plan = reqs.map((r) => {
     const { system, state } = L.decisionsInput(r.input);
@@ -314,7 +314,7 @@ function checkMetrics(server, what, fams) {
 async function phaseScoreAsk(A, M) {
   // /v1/score against `squad score`: decision rows (long state: cached), plain short rows, a bad row
   const dreq = decisionsRequests('m');
-  const { specs } = expectDecisions('m', dreq);
+  const { specs } = expectDecisions(dreq);
   const rows = L.renderRows(SQUAD, M, specs);
   const mixed = rows.concat([{ ids: [5, 9, 12, 40], slots: [3], nopts: [3], letters: [1, 2, 3] },
     { ids: [1, 2], slots: [5], nopts: [2], letters: [1, 2] }, rows[1]]);
@@ -352,7 +352,7 @@ async function phaseScoreAsk(A, M) {
 async function phaseDecisions(A, M, model) {
   const dreq = decisionsRequests(model);
   const sreq = systemOneRequests(model);
-  const de = expectDecisions(model, dreq), se = expectSystemOne(sreq);
+  const de = expectDecisions(dreq), se = expectSystemOne(sreq);
   const rows = L.renderRows(SQUAD, M, de.specs.concat(se.specs));
   const scored = L.scoreRows(SQUAD, M, rows);
   const probsOf = scored.map((s) => s.probs[0]);
