@@ -652,21 +652,25 @@ async function phaseSigterm(S, M, auth) {
 async function phaseOverload(S, M, model) {
   let seed = 777;
   const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
-  const longRows = Array.from({ length: 40 }, () => {
-    const ids = Array.from({ length: 700 }, () => rnd(150000));
-    return { ids, slots: [699], nopts: [3], letters: [32, 33, 34], state_len: 680 };
+  // 400 rows of 1000 tokens: far more than any CPU runs within --timeout (the timeout, not the
+  // work, bounds what this costs: the engine stops at its next chunk)
+  const longRows = Array.from({ length: 400 }, () => {
+    const ids = Array.from({ length: 1000 }, () => rnd(150000));
+    return { ids, slots: [999], nopts: [3], letters: [32, 33, 34], state_len: 980 };
   });
   const t = await send(S, 'POST', '/v1/score', { rows: longRows });
   C.eq(t.status, 503, '--timeout passed while running: 503');
   C.ok(t.headers['retry-after'] !== undefined, '--timeout: Retry-After', t.headers);
   C.ok(t.json && t.json.error && /timeout/.test(t.json.error.message), '--timeout: the message names it', t.text);
-  const reqs = Array.from({ length: 16 }, (_, i) => ({ model, input: `Page ${i}: ` + 'a long list of items, '.repeat(60 + i),
+  // 32 requests at once, each a new state of 700-900 tokens: with one running and one waiting, the
+  // others find the queue full
+  const reqs = Array.from({ length: 32 }, (_, i) => ({ model, input: `Page ${i}: ` + 'a long list of items, '.repeat(110 + i),
     questions: [{ type: 'predicate', instructions: 'Is the list long?' }, { type: 'predicate', instructions: `Item ${i}?` }] }));
   const results = await Promise.all(reqs.map((b) => send(S, 'POST', '/v1/decisions', b).catch((e) => ({ status: 0, text: String(e) }))));
   const full = results.filter((r) => r.status === 503);
   C.ok(results.every((r) => r.status === 200 || r.status === 503), 'a full queue: every request answered 200 or 503',
     results.map((r) => r.status));
-  C.ok(full.length > 0, 'a full queue (--queue 1, 16 at once): some requests get 503', results.map((r) => r.status));
+  C.ok(full.length > 0, 'a full queue (--queue 1, 32 at once): some requests get 503', results.map((r) => r.status));
   C.ok(full.every((r) => r.headers['retry-after'] !== undefined && r.json && r.json.error && r.json.error.code === 503 &&
     /queue|timeout/.test(r.json.error.message)), 'a full queue: 503 bodies with Retry-After, code and the limit named',
   full.map((r) => r.text));
