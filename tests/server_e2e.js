@@ -17,8 +17,7 @@
 //   6. /metrics is Prometheus text (a strict parser below) and its request counters equal what this
 //      test sent; /v1/stats says the same;
 //   7. SIGTERM with requests in flight: each gets its answer, exit status 0.
-// What these tests and tests/fuzz/fuzz_http.c find in the server is listed in NOTES-servertest.md
-// (open: a use-after-free / hang in squad_server_handle's wake, found by fuzz_http).
+// What these tests and tests/fuzz/fuzz_http.c find in the server is listed in NOTES-servertest.md.
 'use strict';
 const fs = require('fs');
 const os = require('os');
