@@ -205,8 +205,10 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
     char line[512];
-    snprintf(line, sizeof line, "listening on http://%s:%d (model %s; %d API key%s; loaded in %.2f s; the engine "
-             "starts now, GET /ready says when it is ready)", a.o.host ? a.o.host : "127.0.0.1", squad_server_port(srv),
+    const char *host = a.o.host ? a.o.host : "127.0.0.1";
+    int v6 = strchr(host, ':') != NULL; /* an IPv6 address goes in brackets in a URL */
+    snprintf(line, sizeof line, "listening on http://%s%s%s:%d (model %s; %d API key%s; loaded in %.2f s; the engine "
+             "starts now, GET /ready says when it is ready)", v6 ? "[" : "", host, v6 ? "]" : "", squad_server_port(srv),
              a.o.model_dir, a.n_keys, a.n_keys == 1 ? "" : "s", squad_now_seconds() - t0);
     log_line(NULL, line);
     int sig = 0;

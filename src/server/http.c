@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,24 +101,28 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 
 int srv_http_start(squad_server *srv, squad_err *err) {
     const char *host = srv->listen_host ? srv->listen_host : "127.0.0.1";
-    struct sockaddr_in a4;
-    struct sockaddr_in6 a6;
-    struct sockaddr *addr;
+    struct sockaddr_storage ss;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    memset(&a4, 0, sizeof a4);
-    memset(&a6, 0, sizeof a6);
-    if (inet_pton(AF_INET, host, &a4.sin_addr) == 1) {
-        a4.sin_family = AF_INET;
-        a4.sin_port = htons((uint16_t)srv->opts.port);
-        addr = (struct sockaddr *)&a4;
-    } else if (inet_pton(AF_INET6, host, &a6.sin6_addr) == 1) {
-        a6.sin6_family = AF_INET6;
-        a6.sin6_port = htons((uint16_t)srv->opts.port);
-        addr = (struct sockaddr *)&a6;
+    /* An address, or a name such as localhost: its first address. */
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0 || !ai || ai->ai_addrlen > sizeof ss) {
+        if (ai) freeaddrinfo(ai);
+        return squad_fail(err, SQUAD_E_INVALID, "--host %s is not an address this machine can listen on", host);
+    }
+    memset(&ss, 0, sizeof ss);
+    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+    if (ss.ss_family == AF_INET6) {
+        ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)srv->opts.port);
         flags |= MHD_USE_IPv6;
     } else {
-        return squad_fail(err, SQUAD_E_INVALID, "--host %s is not an IPv4 or IPv6 address", host);
+        ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)srv->opts.port);
     }
+    struct sockaddr *addr = (struct sockaddr *)&ss;
     unsigned threads = srv->opts.http_threads > 0 ? (unsigned)srv->opts.http_threads : 0;
     if (!threads) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
