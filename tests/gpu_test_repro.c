@@ -217,7 +217,7 @@ int main(int argc, char **argv) {
         const char *lines = strchr(before, '\n');
         char *other = malloc(strlen(before) + 64);
         if (other && lines) {
-            sprintf(other, "%sgpu=Some_Other_GPU cc=1.0 sms=1 cublaslt=1 cudart=1%s", PLANS_HEADER, lines);
+            sprintf(other, "%sgpu=Some_Other_GPU cc=1.0 sms=1 cublaslt=1 cudart=1 ws=1%s", PLANS_HEADER, lines);
             CHECK(write_text(plans, other) == 0);
             CHECKF(run_child(model, out_c) == 0, "process with another GPU's plan file");
             char h2[512] = "";

@@ -232,13 +232,14 @@ typedef struct cu_plan_store {
     int enabled;     /* a path is known and SQUAD_GEMM_PLANS is not "off" */
     int loaded;      /* the file was read (or found missing / unusable) */
     char path[1024];
-    char header[512]; /* the file's first line: format, GPU model, cuBLASLt and CUDA versions */
+    char header[512]; /* the file's first line: format, GPU model, cuBLASLt and CUDA versions, workspace */
     cu_plan_rec *recs;
     int n, cap;
 } cu_plan_store;
 /* Sets the file's path (SQUAD_GEMM_PLANS, else $XDG_CACHE_HOME/squad, else ~/.cache/squad) and the
- * header of device dev; reads nothing yet. */
-void cu_plan_store_init(cu_plan_store *s, int dev);
+ * header of device dev with a GEMM workspace of ws_bytes (an algorithm may need up to it); reads
+ * nothing yet. */
+void cu_plan_store_init(cu_plan_store *s, int dev, size_t ws_bytes);
 /* The stored algorithm of a shape, or NULL; reads the file on the first call. A file that is
  * missing, malformed or of another GPU / library version holds nothing. */
 const cu_plan_rec *cu_plan_store_find(cu_plan_store *s, int M, int N, int K, int acc, int f32);

@@ -35,7 +35,7 @@
 static_assert(sizeof(cublasLtMatmulAlgo_t) % sizeof(uint64_t) == 0, "the algorithm is stored as 64-bit words");
 
 /* The header of device dev: every field that decides whether a stored algorithm means the same. */
-static void make_header(cu_plan_store *s, int dev) {
+static void make_header(cu_plan_store *s, int dev, size_t ws_bytes) {
     cudaDeviceProp prop;
     int rt = 0;
     if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess || cudaRuntimeGetVersion(&rt) != cudaSuccess) {
@@ -46,11 +46,11 @@ static void make_header(cu_plan_store *s, int dev) {
     snprintf(name, sizeof name, "%s", prop.name);
     for (char *c = name; *c; c++)
         if (*c == ' ' || *c == '\t' || *c == '\n') *c = '_';
-    snprintf(s->header, sizeof s->header, "%s gpu=%s cc=%d.%d sms=%d cublaslt=%zu cudart=%d", PLANS_FORMAT, name,
-             prop.major, prop.minor, prop.multiProcessorCount, (size_t)cublasLtGetVersion(), rt);
+    snprintf(s->header, sizeof s->header, "%s gpu=%s cc=%d.%d sms=%d cublaslt=%zu cudart=%d ws=%zu", PLANS_FORMAT,
+             name, prop.major, prop.minor, prop.multiProcessorCount, (size_t)cublasLtGetVersion(), rt, ws_bytes);
 }
 
-void cu_plan_store_init(cu_plan_store *s, int dev) {
+void cu_plan_store_init(cu_plan_store *s, int dev, size_t ws_bytes) {
     memset(s, 0, sizeof *s);
     const char *env = getenv(PLANS_ENV);
     int n = -1;
@@ -62,7 +62,7 @@ void cu_plan_store_init(cu_plan_store *s, int dev) {
         else if (home && home[0] == '/') n = snprintf(s->path, sizeof s->path, "%s/.cache/" PLANS_FILE, home);
     }
     s->enabled = n > 0 && n < (int)sizeof s->path;
-    if (s->enabled) make_header(s, dev);
+    if (s->enabled) make_header(s, dev, ws_bytes);
 }
 
 void cu_plan_store_free(cu_plan_store *s) {

@@ -50,7 +50,7 @@ int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
     CU_TRY(cudaMalloc(&g->ws, g->ws_bytes));
     int dev = 0;
     CU_TRY(cudaGetDevice(&dev));
-    cu_plan_store_init(&g->store, dev);
+    cu_plan_store_init(&g->store, dev, g->ws_bytes);
     return 0;
 }
 
