@@ -53,6 +53,14 @@ int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return squad_fail(err, SQUAD_E_INVALID, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
+    int rc = squad_row_parse_value(out, root, default_letters, n_default_letters, err);
+    json_decref(root);
+    return rc;
+}
+
+int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *default_letters, int n_default_letters,
+                          squad_err *err) {
+    memset(out, 0, sizeof *out);
     int rc = 0;
     if (!json_is_object(root)) {
         rc = squad_fail(err, SQUAD_E_INVALID, "a row must be a JSON object");
@@ -94,7 +102,6 @@ int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const
     out->row.nopts = out->nopts;
     out->row.letters = out->letters;
 done:
-    json_decref(root);
     if (rc) squad_row_buf_free(out);
     return rc;
 }

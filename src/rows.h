@@ -6,6 +6,7 @@
 #ifndef SQUAD_ROWS_H
 #define SQUAD_ROWS_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,9 @@ typedef struct squad_row_buf {
 /* Parses one JSON line. "letters" may be absent when default_letters is given (the template's). */
 int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const int32_t *default_letters,
                          int n_default_letters, squad_err *err);
+/* The same from a parsed JSON value (the server's {"rows": [...]} elements); root is borrowed. */
+int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *default_letters, int n_default_letters,
+                          squad_err *err);
 void squad_row_buf_free(squad_row_buf *b);
 
 #endif

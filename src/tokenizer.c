@@ -18,13 +18,17 @@
  * - Loading: model.vocab and model.merges (nearly all of an 11 MB file) are read straight from the
  *   text and jansson parses the rest; on anything unusual the whole file goes through jansson, so the
  *   result never depends on the path (the fuzz target checks both agree).
- * - All mutable scratch (match data, JIT stack, BPE arrays, the cache) lives in the tokenizer object.
+ * - All mutable scratch (match data, JIT stack, BPE arrays, the cache) lives in the tokenizer object,
+ *   and a mutex in the object serialises encoding, so several threads may encode with one tokenizer
+ *   (the server's connection threads). An optional text cache (squad_tokenizer_set_text_cache) is
+ *   consulted outside that lock, so a text seen before costs neither the lock nor the encoding.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "tokenizer.h"
 
 #include <jansson.h>
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +169,11 @@ struct squad_tokenizer {
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jstack;
+    /* concurrency: encoding holds the lock (the scratch above is shared); the text cache is the
+     * caller's and has its own */
+    pthread_mutex_t lock;
+    int lock_ready;
+    squad_tok_text_cache text_cache;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -1010,8 +1019,8 @@ static int raw_piece(squad_tokenizer *t, const char *s, size_t n, squad_idvec *o
     return rc;
 }
 
-int squad_tokenize_append(squad_tokenizer *tok, const char *text, size_t len, unsigned flags, squad_idvec *out,
-                          squad_err *err) {
+static int encode(squad_tokenizer *tok, const char *text, size_t len, unsigned flags, squad_idvec *out,
+                  squad_err *err) {
     if (!tok || (!text && len)) return squad_fail(err, SQUAD_E_INVALID, "tokenize: no tokenizer or no text");
     size_t bad = squad_utf8_invalid_offset(text, len);
     if (bad < len)
@@ -1034,6 +1043,28 @@ int squad_tokenize_append(squad_tokenizer *tok, const char *text, size_t len, un
     }
     if (rc < 0) out->n = n0;
     return rc < 0 ? rc : 0;
+}
+
+int squad_tokenize_append(squad_tokenizer *tok, const char *text, size_t len, unsigned flags, squad_idvec *out,
+                          squad_err *err) {
+    if (!tok) return squad_fail(err, SQUAD_E_INVALID, "tokenize: no tokenizer or no text");
+    const squad_tok_text_cache *tc = &tok->text_cache;
+    int cached = tc->get && text && len >= tc->min_bytes;
+    if (cached) {
+        int hit = tc->get(tc->ctx, flags, text, len, out, err);
+        if (hit) return hit < 0 ? hit : 0;
+    }
+    size_t n0 = out->n;
+    pthread_mutex_lock(&tok->lock);
+    int rc = encode(tok, text, len, flags, out, err);
+    pthread_mutex_unlock(&tok->lock);
+    if (rc >= 0 && cached && tc->put) tc->put(tc->ctx, flags, text, len, out->v + n0, out->n - n0);
+    return rc;
+}
+
+void squad_tokenizer_set_text_cache(squad_tokenizer *tok, const squad_tok_text_cache *cache) {
+    if (cache) tok->text_cache = *cache;
+    else memset(&tok->text_cache, 0, sizeof tok->text_cache);
 }
 
 int squad_tokenize(squad_tokenizer *tok, const char *text, size_t len, int32_t **ids, int *n, squad_err *err) {
@@ -1967,6 +1998,8 @@ static int build_tries(squad_tokenizer *t, squad_err *err) {
 }
 
 static int make_scratch(squad_tokenizer *t, squad_err *err) {
+    if (pthread_mutex_init(&t->lock, NULL) != 0) return squad_fail(err, SQUAD_E_NOMEM, "cannot create the tokenizer's lock");
+    t->lock_ready = 1;
     t->cache = squad_calloc(WC_SETS * WC_WAYS, sizeof(wc_entry), err);
     if (!t->cache) return SQUAD_E_NOMEM;
     t->md = pcre2_match_data_create(1, NULL);
@@ -2113,5 +2146,6 @@ void squad_tokenizer_free(squad_tokenizer *t) {
     free(t->sym_next);
     free(t->heap);
     free(t->word_buf);
+    if (t->lock_ready) pthread_mutex_destroy(&t->lock);
     free(t);
 }

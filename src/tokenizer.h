@@ -15,8 +15,10 @@
  * naming it; the post-processor, truncation and padding do not affect encode without special tokens
  * and are ignored.
  *
- * A tokenizer object is immutable after loading except for its word cache and regex scratch, so
- * one object serves one thread at a time (give each thread its own, or lock). Nothing is global.
+ * A tokenizer object is immutable after loading except for its word cache and regex scratch, which
+ * a lock inside the object guards: several threads may encode with one tokenizer (they take turns
+ * in the encoder; an attached text cache answers repeated texts without the lock). Nothing is
+ * global.
  */
 #ifndef SQUAD_TOKENIZER_H
 #define SQUAD_TOKENIZER_H
@@ -59,6 +61,21 @@ enum {
  * failure out is left as it was. */
 int squad_tokenize_append(squad_tokenizer *tok, const char *text, size_t len, unsigned flags, squad_idvec *out,
                           squad_err *err);
+
+/* An optional cache of whole texts' ids that squad_tokenize_append consults for texts of at least
+ * min_bytes (a page asked about again is not encoded again). get appends the ids of (flags, text)
+ * to out and returns 1 on a hit, 0 on a miss, < 0 on an error (err filled); put offers the ids of
+ * a text just encoded. Both are called from any thread that encodes, outside the tokenizer's lock:
+ * the cache does its own locking. */
+typedef struct squad_tok_text_cache {
+    size_t min_bytes;
+    int (*get)(void *ctx, unsigned flags, const char *text, size_t len, squad_idvec *out, squad_err *err);
+    void (*put)(void *ctx, unsigned flags, const char *text, size_t len, const int32_t *ids, size_t n);
+    void *ctx;
+} squad_tok_text_cache;
+
+/* Attaches a text cache (copied; NULL detaches). Call before other threads encode. */
+void squad_tokenizer_set_text_cache(squad_tokenizer *tok, const squad_tok_text_cache *cache);
 
 /* The same, into a new array (*ids, free()); *n its length. */
 int squad_tokenize(squad_tokenizer *tok, const char *text, size_t len, int32_t **ids, int *n, squad_err *err);

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "answer_json.h"
 #include "commands.h"
 #include "options.h"
 #include "squad.h"
@@ -157,30 +158,20 @@ static int ask_load(const ask_args *a, ask_state *s, size_t *req_len) {
     return 0;
 }
 
-static void print_answers(const ask_state *s, double ms) {
-    const squad_text_rows *r = &s->rows;
+static int print_answers(const ask_state *s, double ms) {
     long computed = 0, reused = 0;
-    for (int i = 0; i < r->n_rows; i++) {
+    for (int i = 0; i < s->rows.n_rows; i++) {
         computed += s->results[i].computed;
         reused += s->results[i].reused;
     }
-    fputs("{\"answers\": [", stdout);
-    for (int q = 0; q < r->n_questions; q++) {
-        int row = r->q_row[q], slot = r->q_slot[q], nopts = r->rows[row].nopts[slot], best = 0;
-        const float *p = s->results[row].probs[slot];
-        fputs(q ? ", {\"probs\": [" : "{\"probs\": [", stdout);
-        for (int k = 0; k < nopts; k++) {
-            printf(k ? ", %.6g" : "%.6g", p[k]);
-            if (p[k] > p[best]) best = k;
-        }
-        json_t *label = json_string(r->labels[best]);
-        char *lj = label ? json_dumps(label, JSON_ENCODE_ANY) : NULL;
-        printf("], \"choice\": %s, \"index\": %d}", lj ? lj : "null", best);
-        free(lj);
-        json_decref(label);
-    }
-    printf("], \"tokens\": {\"state\": %d, \"computed\": %ld, \"reused\": %ld}, \"ms\": %.1f}\n", r->state_len, computed,
-           reused, ms);
+    squad_buf b = {0};
+    squad_ask_json_head(&b, &s->rows, s->results, computed, reused);
+    squad_buf_printf(&b, ", \"ms\": %.1f}\n", ms);
+    char *text = squad_buf_take(&b, NULL);
+    if (!text) return fail_json(2, "out of memory");
+    fputs(text, stdout);
+    free(text);
+    return 0;
 }
 
 int cmd_ask(int argc, char **argv) {
@@ -219,7 +210,7 @@ int cmd_ask(int argc, char **argv) {
         }
     }
     double ms = 1000.0 * (build_s + (squad_now_seconds() - t_engine));
-    print_answers(&s, ms);
+    rc = print_answers(&s, ms);
     ask_free(&s);
-    return 0;
+    return rc;
 }

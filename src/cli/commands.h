@@ -12,5 +12,6 @@ int cmd_tokenize(int argc, char **argv);   /* cli/tokenize.c */
 int cmd_detokenize(int argc, char **argv); /* cli/tokenize.c */
 int cmd_ask(int argc, char **argv);        /* cli/ask.c */
 int cmd_bench(int argc, char **argv);      /* cli/bench.c */
+int cmd_serve(int argc, char **argv);      /* cli/serve.c */
 
 #endif

@@ -16,6 +16,7 @@ typedef struct command {
 static const command COMMANDS[] = {
     {"score", cmd_score, "answer rows (JSON lines of token ids) with a model"},
     {"ask", cmd_ask, "answer a text request (state + questions) end to end"},
+    {"serve", cmd_serve, "the HTTP service: squad's API and the decision APIs (docs/server.md)"},
     {"tokenize", cmd_tokenize, "text -> token ids with a tokenizer.json"},
     {"detokenize", cmd_detokenize, "token ids -> text"},
     {"synth", cmd_synth, "write a deterministic random checkpoint (Hugging Face layout)"},

@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "answer_json.h"
 #include "commands.h"
 #include "options.h"
 #include "rows.h"
@@ -36,22 +37,15 @@ static void score_help(FILE *f) {
             CLI_ENGINE_OPTIONS_HELP);
 }
 
-static void print_error_line(const char *msg) {
-    json_t *o = json_pack("{s:s}", "error", msg);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    printf("%s\n", s ? s : "{\"error\": \"out of memory\"}");
-    free(s);
-    json_decref(o);
-}
-
-static void print_result(const squad_row *row, const squad_result *r) {
-    fputs("{\"probs\": [", stdout);
-    for (int s = 0; s < r->n_slots; s++) {
-        fputs(s ? ", [" : "[", stdout);
-        for (int l = 0; l < row->nopts[s]; l++) printf(l ? ", %.9g" : "%.9g", r->probs[s][l]);
-        fputc(']', stdout);
-    }
-    printf("], \"reused\": %d, \"computed\": %d}\n", r->reused, r->computed);
+/* One output line: the row's answer or its error (answer_json.h: the server writes the same). */
+static void print_line(const squad_row *row, const squad_result *r, const char *error) {
+    squad_buf b = {0};
+    if (error) squad_score_error_json(&b, error);
+    else squad_score_result_json(&b, row, r);
+    squad_buf_puts(&b, "\n");
+    char *text = squad_buf_take(&b, NULL);
+    fputs(text ? text : "{\"error\": \"out of memory\"}\n", stdout);
+    free(text);
 }
 
 static void print_stats(const squad_engine *e) {
@@ -145,11 +139,11 @@ int cmd_score(int argc, char **argv) {
         int rc = squad_row_parse_json(&rb, line, (size_t)n, NULL, 0, &err);
         if (!rc) {
             rc = squad_engine_score(engine, &rb.row, res, &err);
-            if (!rc) print_result(&rb.row, res);
+            if (!rc) print_line(&rb.row, res, NULL);
             squad_row_buf_free(&rb);
         }
         if (rc) {
-            print_error_line(err.msg);
+            print_line(NULL, NULL, err.msg);
             failed = 1;
         }
         fflush(stdout);

@@ -1,0 +1,50 @@
+/*
+ * answer_json.h — the JSON text of squad's own answers, shared by the CLI (`squad ask`, `squad
+ * score`) and the server (`POST /v1/ask`, `POST /v1/score`), so the two print the same bytes for the
+ * same answer.
+ *
+ * Text goes into a squad_buf, a growable string whose allocation failure is sticky (checked once at
+ * the end), so the formatting code reads as a sequence of appends.
+ */
+#ifndef SQUAD_ANSWER_JSON_H
+#define SQUAD_ANSWER_JSON_H
+
+#include <stddef.h>
+
+#include "squad.h"
+#include "template.h"
+
+/* A growable NUL-terminated string. Zero-initialise; oom is set (and stays set) when an append
+ * could not allocate; free with squad_buf_free. */
+typedef struct squad_buf {
+    char *s;
+    size_t n, cap;
+    int oom;
+} squad_buf;
+
+void squad_buf_put(squad_buf *b, const void *p, size_t n);
+void squad_buf_puts(squad_buf *b, const char *s);
+void squad_buf_printf(squad_buf *b, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* s as a JSON string literal, escaped as jansson writes it. */
+void squad_buf_json_string(squad_buf *b, const char *s);
+/* Hands the text over (the caller frees it) and empties b; NULL when an append failed. */
+char *squad_buf_take(squad_buf *b, size_t *len);
+void squad_buf_free(squad_buf *b);
+
+/* squad ask's answer up to its timing: {"answers": [...], "tokens": {"state": n, "computed": m,
+ * "reused": r} — without the "ms" field and the closing brace, which the caller adds (the server
+ * adds its own fields there). computed / reused are the totals to report. */
+void squad_ask_json_head(squad_buf *b, const squad_text_rows *rows, const squad_result *results, long computed,
+                         long reused);
+
+/* squad score's line for one answered row (without the newline):
+ * {"probs": [[...], ...], "reused": R, "computed": C} */
+void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r);
+/* squad score's line for a row that failed: {"error":"..."} (jansson's compact form). */
+void squad_score_error_json(squad_buf *b, const char *msg);
+
+#endif /* SQUAD_ANSWER_JSON_H */

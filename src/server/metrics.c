@@ -1,0 +1,159 @@
+/*
+ * metrics.c — the counters of metrics.h and their Prometheus / JSON text. Metric names are listed
+ * in docs/server.md; every name is prefixed squad_.
+ */
+#include "server/metrics.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+const char *const SRV_EP_PATH[SRV_EP_COUNT] = {"/v1/ask",  "/v1/score", "/v1/decisions", "/v1/systemone",
+                                               "/v1/models", "/health", "/ready",       "/metrics",
+                                               "/v1/stats", "/v1/cache/clear", "other"};
+
+/* Latency bucket upper bounds in seconds: from a memo hit (tens of us) to a cold long page. */
+static const double SRV_LAT_BOUNDS[SRV_LAT_BUCKETS] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,     10};
+
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define ADD(x, v) atomic_fetch_add_explicit(&(x), (v), memory_order_relaxed)
+
+void srv_metrics_request(srv_metrics *m, srv_endpoint ep, int status, double seconds) {
+    if (status >= SRV_STATUS_MIN && status < SRV_STATUS_MIN + SRV_STATUS_SLOTS)
+        ADD(m->requests[ep][status - SRV_STATUS_MIN], 1);
+    int b = 0;
+    while (b < SRV_LAT_BUCKETS && seconds > SRV_LAT_BOUNDS[b]) b++;
+    ADD(m->lat_bucket[ep][b], 1);
+    ADD(m->lat_sum_ns[ep], (uint64_t)(seconds > 0 ? seconds * 1e9 : 0));
+}
+
+static void counter(squad_buf *b, const char *name, const char *help, uint64_t v) {
+    squad_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, v);
+}
+
+static void gauge(squad_buf *b, const char *name, const char *help, double v) {
+    squad_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
+    const srv_metrics *m = v->m;
+    const squad_cache_stats *c = &v->sched.cache;
+    squad_buf_puts(b, "# HELP squad_http_requests_total HTTP requests answered, by endpoint and status.\n"
+                      "# TYPE squad_http_requests_total counter\n");
+    for (int e = 0; e < SRV_EP_COUNT; e++)
+        for (int s = 0; s < SRV_STATUS_SLOTS; s++) {
+            uint64_t n = LOAD(m->requests[e][s]);
+            if (n)
+                squad_buf_printf(b, "squad_http_requests_total{endpoint=\"%s\",code=\"%d\"} %" PRIu64 "\n",
+                                 SRV_EP_PATH[e], s + SRV_STATUS_MIN, n);
+        }
+    squad_buf_puts(b, "# HELP squad_http_request_duration_seconds Time from a request's arrival to its answer.\n"
+                      "# TYPE squad_http_request_duration_seconds histogram\n");
+    for (int e = 0; e < SRV_EP_COUNT; e++) {
+        uint64_t cum = 0;
+        for (int k = 0; k <= SRV_LAT_BUCKETS; k++) cum += LOAD(m->lat_bucket[e][k]);
+        if (!cum) continue;
+        cum = 0;
+        for (int k = 0; k <= SRV_LAT_BUCKETS; k++) {
+            cum += LOAD(m->lat_bucket[e][k]);
+            if (k < SRV_LAT_BUCKETS)
+                squad_buf_printf(b, "squad_http_request_duration_seconds_bucket{endpoint=\"%s\",le=\"%g\"} %" PRIu64 "\n",
+                                 SRV_EP_PATH[e], SRV_LAT_BOUNDS[k], cum);
+            else
+                squad_buf_printf(b, "squad_http_request_duration_seconds_bucket{endpoint=\"%s\",le=\"+Inf\"} %" PRIu64 "\n",
+                                 SRV_EP_PATH[e], cum);
+        }
+        squad_buf_printf(b, "squad_http_request_duration_seconds_sum{endpoint=\"%s\"} %.9f\n", SRV_EP_PATH[e],
+                         (double)LOAD(m->lat_sum_ns[e]) * 1e-9);
+        squad_buf_printf(b, "squad_http_request_duration_seconds_count{endpoint=\"%s\"} %" PRIu64 "\n", SRV_EP_PATH[e],
+                         cum);
+    }
+    gauge(b, "squad_ready", "1 when the engine is loaded and ready.", v->sched.ready);
+    gauge(b, "squad_uptime_seconds", "Seconds since the server started.", v->uptime_s);
+    gauge(b, "squad_requests_in_flight", "Requests being handled (parsing, waiting or running).",
+          (double)LOAD(m->in_flight));
+    gauge(b, "squad_queue_depth", "Jobs waiting for the scheduler.", v->sched.queue_depth);
+    gauge(b, "squad_queue_capacity", "Jobs that may wait (--queue).", v->sched.queue_capacity);
+    gauge(b, "squad_rows_running", "Rows in the engine now.", v->sched.rows_running);
+    counter(b, "squad_rows_submitted_total", "Rows handed to the scheduler.", LOAD(m->rows_submitted));
+    counter(b, "squad_jobs_timeout_total", "Requests whose --timeout passed while waiting or running.",
+            v->sched.jobs_timeout);
+    counter(b, "squad_jobs_cancelled_total", "Requests cancelled because their client disconnected.",
+            v->sched.jobs_cancelled);
+    counter(b, "squad_request_memo_hits_total", "Requests answered by the request memo (exact repeats).",
+            LOAD(m->memo_hits));
+    counter(b, "squad_request_memo_misses_total", "Requests the request memo did not hold.", LOAD(m->memo_misses));
+    gauge(b, "squad_request_memo_bytes", "Bytes the request memo holds.", (double)v->memo.bytes_held);
+    gauge(b, "squad_request_memo_budget_bytes", "The request memo's budget (--memo-mb).", (double)v->memo.budget_bytes);
+    gauge(b, "squad_request_memo_entries", "Responses the request memo holds.", (double)v->memo.entries);
+    counter(b, "squad_request_memo_evictions_total", "Request memo entries dropped for room.", v->memo.evicted);
+    counter(b, "squad_engine_memo_hits_total", "Rows the engine's row memo answered.", c->memo_hits);
+    squad_buf_puts(b, "# HELP squad_cache_rows_total Rows by how the state cache served them.\n"
+                      "# TYPE squad_cache_rows_total counter\n");
+    squad_buf_printf(b, "squad_cache_rows_total{kind=\"hit\"} %" PRIu64 "\n", c->hits);
+    squad_buf_printf(b, "squad_cache_rows_total{kind=\"partial\"} %" PRIu64 "\n", c->partial);
+    squad_buf_printf(b, "squad_cache_rows_total{kind=\"cold\"} %" PRIu64 "\n", c->cold);
+    squad_buf_printf(b, "squad_cache_rows_total{kind=\"plain\"} %" PRIu64 "\n", c->plain);
+    counter(b, "squad_cache_tokens_reused_total", "Tokens restored from the state cache.", c->tokens_reused);
+    counter(b, "squad_cache_tokens_computed_total", "Tokens run through the model.", c->tokens_computed);
+    counter(b, "squad_cache_uncacheable_total", "Rows whose state did not fit the cache budget.", c->uncacheable);
+    counter(b, "squad_cache_checkpoints_made_total", "Checkpoints saved.", c->checkpoints_made);
+    counter(b, "squad_cache_evictions_total", "Checkpoints evicted for room.", c->evicted);
+    gauge(b, "squad_cache_checkpoints", "Checkpoints held.", (double)c->checkpoints);
+    gauge(b, "squad_cache_bytes", "Bytes the state cache holds.", (double)c->bytes_held);
+    gauge(b, "squad_cache_budget_bytes", "The state cache's budget.", (double)c->budget_bytes);
+    counter(b, "squad_token_cache_hits_total", "Texts whose token ids the token cache held.", v->tokens.hits);
+    counter(b, "squad_token_cache_misses_total", "Texts the token cache did not hold.", v->tokens.misses);
+    gauge(b, "squad_token_cache_bytes", "Bytes the token cache holds.", (double)v->tokens.bytes_held);
+    gauge(b, "squad_token_cache_entries", "Texts the token cache holds.", (double)v->tokens.entries);
+    counter(b, "squad_token_cache_evictions_total", "Token cache entries dropped for room.", v->tokens.evicted);
+}
+
+void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
+    const srv_metrics *m = v->m;
+    const squad_cache_stats *c = &v->sched.cache;
+    squad_buf_puts(b, "{\"requests\": {");
+    int first_ep = 1;
+    for (int e = 0; e < SRV_EP_COUNT; e++) {
+        int first = 1;
+        uint64_t lat_n = 0;
+        for (int k = 0; k <= SRV_LAT_BUCKETS; k++) lat_n += LOAD(m->lat_bucket[e][k]);
+        if (!lat_n) continue;
+        squad_buf_printf(b, "%s\"%s\": {\"by_status\": {", first_ep ? "" : ", ", SRV_EP_PATH[e]);
+        first_ep = 0;
+        for (int s = 0; s < SRV_STATUS_SLOTS; s++) {
+            uint64_t n = LOAD(m->requests[e][s]);
+            if (!n) continue;
+            squad_buf_printf(b, "%s\"%d\": %" PRIu64, first ? "" : ", ", s + SRV_STATUS_MIN, n);
+            first = 0;
+        }
+        squad_buf_printf(b, "}, \"count\": %" PRIu64 ", \"seconds_sum\": %.9f}", lat_n,
+                         (double)LOAD(m->lat_sum_ns[e]) * 1e-9);
+    }
+    squad_buf_printf(b,
+                     "}, \"ready\": %s, \"device\": \"%s\", \"uptime_s\": %.3f, \"in_flight\": %" PRIu64
+                     ", \"queue\": {\"depth\": %d, \"capacity\": %d}, \"rows_running\": %d, \"rows_submitted\": %" PRIu64
+                     ", \"jobs\": {\"done\": %" PRIu64 ", \"timeout\": %" PRIu64 ", \"cancelled\": %" PRIu64 "}",
+                     v->sched.ready ? "true" : "false", v->sched.device, v->uptime_s, LOAD(m->in_flight),
+                     v->sched.queue_depth, v->sched.queue_capacity, v->sched.rows_running, LOAD(m->rows_submitted),
+                     v->sched.jobs_done, v->sched.jobs_timeout, v->sched.jobs_cancelled);
+    squad_buf_printf(b,
+                     ", \"request_memo\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
+                     ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}",
+                     LOAD(m->memo_hits), LOAD(m->memo_misses), v->memo.entries, v->memo.bytes_held, v->memo.budget_bytes,
+                     v->memo.evicted);
+    squad_buf_printf(b,
+                     ", \"cache\": {\"rows\": %" PRIu64 ", \"hits\": %" PRIu64 ", \"partial\": %" PRIu64 ", \"cold\": %" PRIu64
+                     ", \"plain\": %" PRIu64 ", \"memo_hits\": %" PRIu64 ", \"tokens_memo\": %" PRIu64
+                     ", \"tokens_reused\": %" PRIu64 ", \"tokens_computed\": %" PRIu64 ", \"uncacheable\": %" PRIu64
+                     ", \"checkpoints_made\": %" PRIu64 ", \"evicted\": %" PRIu64 ", \"checkpoints\": %" PRIu64
+                     ", \"groups\": %" PRIu64 ", \"bytes_held\": %zu, \"budget_bytes\": %zu}",
+                     c->rows, c->hits, c->partial, c->cold, c->plain, c->memo_hits, c->tokens_memo, c->tokens_reused,
+                     c->tokens_computed, c->uncacheable, c->checkpoints_made, c->evicted, c->checkpoints, c->groups,
+                     c->bytes_held, c->budget_bytes);
+    squad_buf_printf(b,
+                     ", \"token_cache\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
+                     ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}}",
+                     v->tokens.hits, v->tokens.misses, v->tokens.entries, v->tokens.bytes_held, v->tokens.budget_bytes,
+                     v->tokens.evicted);
+}
