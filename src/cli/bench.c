@@ -177,7 +177,7 @@ int cmd_bench(int argc, char **argv) {
         if (!ids) return 2;
         fill_ids(ids, n, vocab, (unsigned)n);
         int32_t slot = n - 1, nopt = BENCH_LETTERS;
-        squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1};
+        squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1, 0};
         rc = time_row(e, "cold", &row, n, (int)reps, NULL, 0, vocab, threads, precision);
         free(ids);
     }
@@ -197,7 +197,7 @@ int cmd_bench(int argc, char **argv) {
             if (!ids) return 2;
             fill_ids(ids, (int)state, vocab, 4242);
             int32_t slot = n - 1, nopt = BENCH_LETTERS;
-            squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, (int)state};
+            squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, (int)state, 0};
             squad_result *res = malloc(sizeof *res);
             /* warm the cache with a different question, then time fresh questions (no memo hits) */
             fill_ids(ids + state, suffixes[k], vocab, 99);
