@@ -17,16 +17,24 @@
  * probabilities and answers within 1e-4 for rows whose guess is right, rows whose guess is wrong
  * (the two-pass path, on purpose), rows forced to a specialist and repeats the memo answers,
  * with the misprediction counter counting exactly the wrong guesses.
+ *
+ * When tests/fixtures/specialists/ exists (tools/make_specialist_fixtures.py: transformers + peft,
+ * a float64 reference from the saved files), its rows run in file order through an engine with the
+ * state cache and one without, auto-routed and forced to every label: the same route, the router's
+ * probabilities and the answers within 1e-4.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "cache_internal.h"
 #include "engine.h"
 #include "model.h"
+#include "rows.h"
 #include "specialists.h"
 #include "specialists_synth.h"
 #include "synth.h"
@@ -37,6 +45,7 @@
 #define EXACT_TOLERANCE 1e-4
 /* The bf16-merged model against the unmerged adapters. */
 #define MERGE_TOLERANCE 2e-2
+#define FIXTURE "tests/fixtures/specialists"
 #define PREFIX 160
 #define SUFFIX 96
 #define N_ROWS 3
@@ -389,6 +398,91 @@ static void check_bad_input(void) {
     free(res);
 }
 
+/* The worst difference between an answer and a JSON [[...], ...] per slot (INFINITY on a shape
+ * mismatch). */
+static double json_probs_diff(const squad_result *r, const squad_row *row, json_t *probs) {
+    if (!json_is_array(probs) || (int)json_array_size(probs) != row->n_slots) return INFINITY;
+    double w = 0;
+    for (int s = 0; s < row->n_slots; s++) {
+        json_t *ps = json_array_get(probs, s);
+        if ((int)json_array_size(ps) != row->nopts[s]) return INFINITY;
+        for (int l = 0; l < row->nopts[s]; l++) {
+            double d = fabs(json_number_value(json_array_get(ps, l)) - r->probs[s][l]);
+            if (!(d <= w)) w = d;
+        }
+    }
+    return w;
+}
+
+static void check_fixture(void) {
+    if (access(FIXTURE "/manifest.json", R_OK) != 0) {
+        printf("no %s: the transformers + peft comparison did not run\n", FIXTURE);
+        return;
+    }
+    squad_err err = {0};
+    squad_model *m = squad_model_load(FIXTURE "/base", &err);
+    CHECKF(m != NULL, "fixture model: %s", err.msg);
+    squad_specialists *sp = m ? squad_specialists_load(m, FIXTURE "/specialists", &err) : NULL;
+    CHECKF(sp != NULL, "fixture specialists: %s", err.msg);
+    int nr = 0, ne = 0;
+    char **rows = test_read_lines(FIXTURE "/rows.jsonl", &nr), **exp = test_read_lines(FIXTURE "/expected.jsonl", &ne);
+    CHECKF(nr > 0 && nr == ne, "fixture: %d rows, %d expected", nr, ne);
+    squad_result *res = malloc(sizeof *res);
+    for (int cache = 0; sp && res && cache < 2; cache++) {
+        squad_engine_opts o;
+        squad_engine_opts_default(&o);
+        o.device = SQUAD_DEVICE_CPU;
+        o.threads = 2;
+        o.precision = SQUAD_PRECISION_EXACT;
+        o.specialists = sp;
+        o.cache.align = 16;
+        o.cache.min_prefix = 32;
+        if (!cache) o.cache.budget_bytes = 0;
+        squad_engine *e = squad_engine_new(m, &o, &err);
+        CHECKF(e != NULL, "fixture engine: %s", err.msg);
+        double worst = 0;
+        for (int i = 0; e && i < nr && i < ne; i++) {
+            squad_row_buf rb;
+            json_error_t je;
+            json_t *x = json_loads(exp[i], 0, &je);
+            int rc = squad_row_parse_json(&rb, rows[i], strlen(rows[i]), NULL, 0, &err);
+            CHECKF(rc == 0 && x, "fixture row %d: %s", i + 1, err.msg);
+            if (rc || !x) {
+                json_decref(x);
+                continue;
+            }
+            const int want = squad_specialists_find(sp, json_string_value(json_object_get(x, "route")));
+            for (int forced = -1; forced < sp->router.n_labels; forced++) {
+                rb.row.specialist = forced + 1;
+                rc = squad_engine_score(e, &rb.row, res, &err);
+                CHECKF(rc == 0, "fixture row %d: %s", i + 1, err.msg);
+                if (rc) continue;
+                const int route = forced >= 0 ? forced : want;
+                CHECKF(res->route == route, "fixture row %d (forced %d): route %d, expected %d", i + 1, forced,
+                       res->route, route);
+                json_t *rp = json_object_get(x, "router_probs");
+                for (int k = 0; k < sp->router.n_labels; k++)
+                    CHECK_NEAR(res->route_probs[k], json_number_value(json_array_get(rp, (size_t)k)), EXACT_TOLERANCE);
+                json_t *probs = forced < 0 ? json_object_get(x, "probs")
+                                           : json_object_get(json_object_get(x, "probs_by_route"), sp->labels[forced]);
+                const double w = json_probs_diff(res, &rb.row, probs);
+                CHECKF(w <= EXACT_TOLERANCE, "fixture row %d (forced %d, cache %d): answer %g from the reference",
+                       i + 1, forced, cache, w);
+                if (!(w <= worst)) worst = w;
+            }
+            json_decref(x);
+            squad_row_buf_free(&rb);
+        }
+        printf("fixture (cache %d): %d rows x %d routes, worst |diff| %.3g\n", cache, nr, sp->router.n_labels + 1, worst);
+        squad_engine_free(e);
+    }
+    free(res);
+    test_free_lines(rows, nr);
+    test_free_lines(exp, ne);
+    squad_specialists_free(sp);
+    squad_model_free(m);
+}
+
 int main(void) {
     squad_err err = {0};
     char *mdir = strdup(test_tmpdir()), *sdir = strdup(test_tmpdir());
@@ -416,6 +510,7 @@ int main(void) {
         check_cached();
         check_bad_input();
     }
+    check_fixture();
     squad_specialists_free(g_sp);
     squad_model_free(g_m);
     free(mdir);
