@@ -183,6 +183,8 @@ int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err
             return squad_fail(err, SQUAD_E_INVALID, "nopts[%d] = %d must be in 1..%d (the number of letters)", i,
                               r->nopts[i], r->n_letters);
     }
+    if (r->specialist < 0)
+        return squad_fail(err, SQUAD_E_INVALID, "specialist %d: 0 (the router decides) or a route + 1", r->specialist);
     if (r->state_len < -1 || r->state_len > r->n_ids)
         return squad_fail(err, SQUAD_E_INVALID, "state_len %d must be in 0..%d (the row's length)", r->state_len,
                           r->n_ids);
