@@ -42,6 +42,7 @@ typedef struct squad_err {
 
 typedef struct squad_model squad_model;
 typedef struct squad_engine squad_engine;
+typedef struct squad_specialists squad_specialists;
 
 /* The largest number of answer slots one row may have. */
 #define SQUAD_MAX_SLOTS_PER_ROW 64
@@ -58,7 +59,13 @@ typedef struct squad_row {
     const int32_t *letters; /* option letter token ids */
     int n_letters;
     int state_len; /* length of the shareable state prefix, or -1 when not given */
+    /* With specialists: 0 lets the router decide (the default, so a zero-initialised row routes
+     * automatically); r + 1 forces route r (0: the trunk). Without specialists only 0 is valid. */
+    int specialist;
 } squad_row;
+
+/* The most routes (router labels, the trunk included) a specialists directory may declare. */
+#define SQUAD_MAX_ROUTES 64
 
 /* The answer to a row. probs is [n_slots][SQUAD_MAX_LETTERS]; entries past nopts[i] are 0. */
 typedef struct squad_result {
@@ -67,6 +74,8 @@ typedef struct squad_result {
     int reused;        /* tokens restored from the state cache (a memo answer: the whole row) */
     int computed;      /* tokens run through the model for this row */
     int route;         /* specialist route index (0: the trunk) */
+    int n_routes;      /* with specialists: the number of routes, and the router's probabilities */
+    float route_probs[SQUAD_MAX_ROUTES]; /* over them (softmax of its logits); 0 without */
     int memo;          /* 1 when the row memo answered (nothing restored, nothing computed) */
     int cache_written; /* state positions this row newly made restorable: its deepest new
                         * checkpoint minus `reused` (0 when it made none) */
@@ -127,6 +136,11 @@ typedef struct squad_engine_opts {
     squad_precision precision;
     squad_cache_opts cache;
     int precapture; /* CUDA: capture every chunk graph at start */
+    /* Specialists (squad_specialists_load; borrowed: it must outlive the engine). NULL: the model
+     * alone, every row the trunk. */
+    const struct squad_specialists *specialists;
+    int max_adapters; /* adapters resident at once (the rest loaded on demand, least recently
+                       * used out first); 0: all of them */
 } squad_engine_opts;
 
 typedef struct squad_cache_stats {
@@ -136,6 +150,7 @@ typedef struct squad_cache_stats {
     uint64_t tokens_reused, tokens_computed;
     uint64_t uncacheable; /* eligible rows whose state did not fit the budget (run uncached) */
     uint64_t checkpoints_made, evicted;
+    uint64_t mispredictions; /* rows whose guessed route the router overturned (a second pass) */
     uint64_t checkpoints, groups;
     size_t bytes_held, budget_bytes;
 } squad_cache_stats;
@@ -167,7 +182,6 @@ int squad_engine_score_ex(squad_engine *engine, const squad_row *row, const squa
  * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor
  * against the model; anything squad cannot apply exactly is refused with a message naming the
  * adapter and the tensor or field. Routes are numbered by the router's labels, 0 the trunk. */
-typedef struct squad_specialists squad_specialists;
 squad_specialists *squad_specialists_load(const squad_model *model, const char *dir, squad_err *err);
 void squad_specialists_free(squad_specialists *specialists);
 /* The number of routes (labels), the trunk included. */
@@ -176,6 +190,9 @@ int squad_specialists_count(const squad_specialists *specialists);
 const char *squad_specialists_label(const squad_specialists *specialists, int route);
 /* The route of a label, -1 when none has it. */
 int squad_specialists_find(const squad_specialists *specialists, const char *label);
+
+/* Rows the engine answered with route `route` (memo answers included); 0 out of range. */
+uint64_t squad_engine_route_rows(const squad_engine *engine, int route);
 
 void squad_engine_cache_stats(const squad_engine *engine, squad_cache_stats *out);
 /* Drops every checkpoint of the state cache and every memo entry. */

@@ -87,8 +87,8 @@ void squad_buf_free(squad_buf *b) {
     memset(b, 0, sizeof *b);
 }
 
-void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_result *results, long computed,
-                         long reused) {
+void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_result *results,
+                         const squad_specialists *sp, long computed, long reused) {
     squad_buf_puts(b, "{\"answers\": [");
     for (int q = 0; q < r->n_questions; q++) {
         int row = r->q_row[q], slot = r->q_slot[q], nopts = r->rows[row].nopts[slot], best = 0;
@@ -100,20 +100,47 @@ void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_res
         }
         squad_buf_puts(b, "], \"choice\": ");
         squad_buf_json_string(b, r->labels[best]);
-        squad_buf_printf(b, ", \"index\": %d}", best);
+        squad_buf_printf(b, ", \"index\": %d", best);
+        if (sp) {
+            squad_buf_puts(b, ", \"route\": ");
+            squad_buf_json_string(b, squad_specialists_label(sp, results[row].route));
+        }
+        squad_buf_puts(b, "}");
     }
-    squad_buf_printf(b, "], \"tokens\": {\"state\": %d, \"computed\": %ld, \"reused\": %ld}", r->state_len, computed,
+    squad_buf_puts(b, "]");
+    if (sp && r->n_rows > 0) {
+        const squad_result *first = &results[0];
+        squad_buf_puts(b, ", \"route\": ");
+        squad_buf_json_string(b, squad_specialists_label(sp, first->route));
+        squad_buf_puts(b, ", \"router\": {");
+        for (int k = 0; k < first->n_routes; k++) {
+            if (k) squad_buf_puts(b, ", ");
+            squad_buf_json_string(b, squad_specialists_label(sp, k));
+            squad_buf_printf(b, ": %.6g", first->route_probs[k]);
+        }
+        squad_buf_puts(b, "}");
+    }
+    squad_buf_printf(b, ", \"tokens\": {\"state\": %d, \"computed\": %ld, \"reused\": %ld}", r->state_len, computed,
                      reused);
 }
 
-void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r) {
+void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r,
+                             const squad_specialists *sp) {
     squad_buf_puts(b, "{\"probs\": [");
     for (int s = 0; s < r->n_slots; s++) {
         squad_buf_puts(b, s ? ", [" : "[");
         for (int l = 0; l < row->nopts[s]; l++) squad_buf_printf(b, l ? ", %.9g" : "%.9g", r->probs[s][l]);
         squad_buf_puts(b, "]");
     }
-    squad_buf_printf(b, "], \"reused\": %d, \"computed\": %d}", r->reused, r->computed);
+    squad_buf_printf(b, "], \"reused\": %d, \"computed\": %d", r->reused, r->computed);
+    if (sp) {
+        squad_buf_puts(b, ", \"route\": ");
+        squad_buf_json_string(b, squad_specialists_label(sp, r->route));
+        squad_buf_puts(b, ", \"router\": [");
+        for (int k = 0; k < r->n_routes; k++) squad_buf_printf(b, k ? ", %.6g" : "%.6g", r->route_probs[k]);
+        squad_buf_puts(b, "]");
+    }
+    squad_buf_puts(b, "}");
 }
 
 void squad_score_error_json(squad_buf *b, const char *msg) {

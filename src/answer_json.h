@@ -37,13 +37,17 @@ void squad_buf_free(squad_buf *b);
 
 /* squad ask's answer up to its timing: {"answers": [...], "tokens": {"state": n, "computed": m,
  * "reused": r} — without the "ms" field and the closing brace, which the caller adds (the server
- * adds its own fields there). computed / reused are the totals to report. */
-void squad_ask_json_head(squad_buf *b, const squad_text_rows *rows, const squad_result *results, long computed,
-                         long reused);
+ * adds its own fields there). computed / reused are the totals to report. With specialists (sp not
+ * NULL) each answer adds "route", and the answer adds the first row's "route" and "router"
+ * ({label: probability}). */
+void squad_ask_json_head(squad_buf *b, const squad_text_rows *rows, const squad_result *results,
+                         const squad_specialists *sp, long computed, long reused);
 
 /* squad score's line for one answered row (without the newline):
- * {"probs": [[...], ...], "reused": R, "computed": C} */
-void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r);
+ * {"probs": [[...], ...], "reused": R, "computed": C}, plus "route": "label" and "router": [p, ...]
+ * with specialists (sp not NULL). */
+void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r,
+                             const squad_specialists *sp);
 /* squad score's line for a row that failed: {"error":"..."} (jansson's compact form). */
 void squad_score_error_json(squad_buf *b, const char *msg);
 

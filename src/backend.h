@@ -17,6 +17,15 @@
  * probabilities come from. One pass over the output embedding serves all the chunk's slots and no
  * vocabulary-sized row is kept; a chunk without vocab pays nothing for it.
  *
+ * Specialists (DESIGN.md section 4; a backend built with squad_engine_opts.specialists): the chunk
+ * names the route its layers from `split` on run with (0: the trunk). Those layers' projections
+ * compute W x + s B (A x) with the route's adapter, never merged into W, so every route shares the
+ * weights and one forward serves any route. When chunk->router_sum is not NULL, forward() also
+ * fills it with the sum over the chunk's tokens of the weightless RMS-normalised hidden state
+ * entering router.layer (squad_router_norm_add's arithmetic): the engine accumulates it chunk by
+ * chunk into the row's router features. Layers below `split` (and so the router's features) never
+ * depend on the route.
+ *
  * Checkpoints (the state cache) are blobs in backend memory (alloc/release):
  *  - save_gdn / load_gdn: every GDN layer's S and conv inputs, gdn_snapshot_bytes in all;
  *  - save_kv / load_kv: K / V of positions [0, n) of every attention layer, n * kv_bytes_per_pos.
@@ -50,6 +59,8 @@ typedef struct squad_chunk {
     const int32_t *letters; /* option letter token ids, [n_letters] */
     int n_letters;
     squad_slot_vocab *vocab; /* NULL, or [n_slots] host memory forward() fills for the slots */
+    int route;               /* specialists: the route of the layers >= split (0: the trunk) */
+    double *router_sum;      /* specialists: NULL, or [hidden] host memory forward() fills */
 } squad_chunk;
 
 typedef struct squad_backend squad_backend;
@@ -60,6 +71,7 @@ struct squad_backend {
     int max_chunk;             /* the longest chunk forward() accepts */
     size_t gdn_snapshot_bytes; /* one save_gdn blob */
     size_t kv_bytes_per_pos;   /* K and V of every attention layer at one position */
+    int specialists;           /* 1 when forward() applies opts->specialists (routes, router_sum) */
 
     void *(*alloc)(squad_backend *be, size_t bytes, squad_err *err);
     void (*release)(squad_backend *be, void *p);

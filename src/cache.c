@@ -6,8 +6,9 @@
  * computes only the rest. The pieces:
  *
  *  - A checkpoint at position c: a backend blob with every GDN layer's recurrent state and conv
- *    inputs at c (save_gdn), the route its upper layers ran with (always the trunk, 0, until
- *    specialists exist; a router feature sum joins it then), and a pointer to its group.
+ *    inputs at c (save_gdn), the route its upper layers ran with (0, the trunk, without
+ *    specialists), the router's feature accumulator over [0, c) (with specialists), and a pointer
+ *    to its group.
  *  - A group: the checkpoints made by one row share one blob of the attention layers' K / V of
  *    [0, n) (save_kv) and a copy of the tokens [0, n). The tokens are what every lookup is
  *    verified against: a checkpoint is only used when its group's tokens equal the row's.
@@ -34,6 +35,15 @@
  *    budget. A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
  *    keeps only as many of its new checkpoints (the deepest first) as fit the budget on their own,
  *    so a budget too small for one checkpoint caches nothing and still answers the row.
+ *
+ *  - Routes (specialists): the upper layers' state (GDN states and attention K / V from `split`
+ *    on) depends on the route, so a group (its K / V) and its checkpoints belong to one route and
+ *    a lookup for a route only finds that route's. A row whose route the router has not decided
+ *    yet guesses the route of the deepest checkpoint it can restore (any route) and defers its
+ *    commit until the router, after the row's last chunk, confirms the guess; a wrong guess drops
+ *    the pending checkpoints and runs the row again under the right route from that route's deepest
+ *    checkpoint (or the row start). This is the simplest correct form: the lower layers are
+ *    recomputed on the second pass although their state does not depend on the route.
  *
  * The cache drives the backend itself (reset, load, save) and runs spans through a span runner
  * (squad_engine_run_span in production; tests pass their own through cache_internal.h).
@@ -63,6 +73,8 @@ typedef struct cache_ckpt {
     int pos;             /* the state after tokens [0, pos) */
     int route;           /* the route its upper layers ran with (0: the trunk) */
     void *gdn;           /* backend blob of gdn_snapshot_bytes */
+    double *feat;        /* [feat_dim] router feature sum over [0, pos) (NULL without specialists) */
+    int64_t feat_count;
     cache_group *group;
     squad_lru_node lru; /* in the cache's LRU list */
 } cache_ckpt;
@@ -79,6 +91,7 @@ struct cache_group {
     void *kv;            /* backend blob: K / V of positions [0, n_pos) */
     block_entry *blocks; /* n_pos / align entries, one per aligned position */
     int n_pos;
+    int route;           /* the route its upper layers' K / V were computed with */
     int n_ckpts;         /* freed with its last checkpoint */
     uint64_t pin_row;    /* serial of the row using it: make_room leaves its checkpoints alone */
     struct cache_group *prev, *next; /* every group, for checks and teardown */
@@ -95,6 +108,7 @@ struct squad_cache {
     size_t pending_bytes;             /* GDN blobs saved by the running row, not yet committed */
     uint64_t row_serial;
     uint64_t key_mask; /* all ones; tests narrow it to force hash collisions */
+    int feat_dim;      /* router features per checkpoint (0: no specialists) */
     squad_cache_stats stats; /* the counters (the sizes are filled in on request) */
 };
 
@@ -102,6 +116,8 @@ struct squad_cache {
 typedef struct pending_ckpt {
     int pos;
     void *gdn; /* NULL when it is not kept (budget) or its allocation failed */
+    double *feat;
+    int64_t feat_count;
 } pending_ckpt;
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -110,7 +126,10 @@ static int align_down(int x, int align) { return x <= 0 ? 0 : x - x % align; }
 
 
 
-static size_t ckpt_cost(const squad_cache *c) { return sizeof(cache_ckpt) + c->be->gdn_snapshot_bytes; }
+/* A checkpoint's host bytes: its structure and its router features. */
+static size_t ckpt_host(const squad_cache *c) { return sizeof(cache_ckpt) + (size_t)c->feat_dim * sizeof(double); }
+
+static size_t ckpt_cost(const squad_cache *c) { return ckpt_host(c) + c->be->gdn_snapshot_bytes; }
 
 static size_t group_cost(const squad_cache *c, int n_pos) {
     return sizeof(cache_group) + (size_t)n_pos * (sizeof(int32_t) + c->be->kv_bytes_per_pos) +
@@ -182,46 +201,56 @@ void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64
     }
 }
 
-/* The deepest checkpoint at a position <= n_blocks * align whose tokens equal ids. */
-static cache_ckpt *deepest_ckpt(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks) {
+/* The deepest checkpoint at a position <= n_blocks * align whose tokens equal ids, of `route`;
+ * route < 0: of any route, one of `prefer` when the deepest position has one. */
+static cache_ckpt *deepest_ckpt(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks,
+                                int route, int prefer) {
     const int align = c->opts.align;
     for (int k = n_blocks; k >= 1 && c->n_ckpts > 0; k--) {
         const uint64_t key = keys[k - 1] & c->key_mask;
+        cache_ckpt *found = NULL;
         for (const squad_hnode *x = squad_hindex_chain(&c->ckpt_index, key); x; x = x->next) {
             cache_ckpt *ck = (cache_ckpt *)x;
-            if (x->key != key || ck->pos != k * align) continue;
+            if (x->key != key || ck->pos != k * align || (route >= 0 && ck->route != route)) continue;
+            if (found && (found->route == prefer || ck->route != prefer)) continue;
             /* a hash match is only a candidate: the tokens decide */
-            if (memcmp(ck->group->ids, ids, (size_t)ck->pos * sizeof *ids) == 0) return ck;
+            if (memcmp(ck->group->ids, ids, (size_t)ck->pos * sizeof *ids) == 0) found = ck;
+            if (found && (route >= 0 || found->route == prefer)) return found;
         }
+        if (found) return found;
     }
     return NULL;
 }
 
-/* The deepest block (lo_block < block <= n_blocks) of a cached group whose tokens equal ids. */
+/* The deepest block (lo_block < block <= n_blocks) of a cached group of `route` whose tokens equal
+ * ids. */
 static const block_entry *deepest_block(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int lo_block,
-                                        int n_blocks) {
+                                        int n_blocks, int route) {
     const int align = c->opts.align;
     for (int k = n_blocks; k > lo_block && c->n_groups > 0; k--) {
         const uint64_t key = keys[k - 1] & c->key_mask;
         for (const squad_hnode *x = squad_hindex_chain(&c->block_index, key); x; x = x->next) {
             const block_entry *b = (const block_entry *)x;
-            if (x->key != key || b->pos != k * align) continue;
+            if (x->key != key || b->pos != k * align || b->group->route != route) continue;
             if (memcmp(b->group->ids, ids, (size_t)b->pos * sizeof *ids) == 0) return b;
         }
     }
     return NULL;
 }
 
-int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) {
+/* squad_cache_lookup for one route (route < 0: any). */
+static int lookup_route(const squad_cache *c, const int32_t *ids, int n, int route) {
     const int n_blocks = n / c->opts.align;
     if (n_blocks <= 0 || c->n_ckpts == 0) return 0;
     uint64_t *keys = malloc((size_t)n_blocks * sizeof *keys);
     if (!keys) return 0;
     squad_cache_prefix_keys(ids, c->opts.align, n_blocks, keys);
-    const cache_ckpt *x = deepest_ckpt(c, ids, keys, n_blocks);
+    const cache_ckpt *x = deepest_ckpt(c, ids, keys, n_blocks, route, 0);
     free(keys);
     return x ? x->pos : 0;
 }
+
+int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) { return lookup_route(c, ids, n, -1); }
 
 /* ---- LRU and eviction ------------------------------------------------------------------------ */
 
@@ -252,7 +281,8 @@ static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
     squad_lru_unlink(&c->lru, &k->lru);
     c->be->release(c->be, k->gdn);
     c->backend_bytes -= c->be->gdn_snapshot_bytes;
-    c->host_bytes -= sizeof *k;
+    c->host_bytes -= ckpt_host(c);
+    free(k->feat);
     c->n_ckpts--;
     cache_group *g = k->group;
     free(k);
@@ -305,6 +335,12 @@ void squad_cache_free(squad_cache *c) {
     free(c);
 }
 
+int squad_cache_set_feat_dim(squad_cache *c, int dim, squad_err *err) {
+    if (c->n_ckpts > 0 || dim < 0) return squad_fail(err, SQUAD_E_INVALID, "state cache: router features set late");
+    c->feat_dim = dim;
+    return 0;
+}
+
 void squad_cache_debug_key_bits(squad_cache *c, int bits) {
     if (c->n_ckpts == 0) c->key_mask = bits >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
 }
@@ -327,6 +363,7 @@ int squad_cache_eligible(const squad_cache *c, const squad_row *row) {
  * [0, p) and their K / V) or into a new group of [0, p). */
 typedef struct row_plan {
     int p, c0;
+    int route; /* the route this pass runs with */
     cache_ckpt *best;
     cache_group *share;
     int fork;
@@ -356,7 +393,10 @@ static int plan_keep(const squad_cache *c, int n, int p, int new_group) {
     return m;
 }
 
-static int plan_row(squad_cache *c, const squad_row *row, int end_only, row_plan *pl, squad_err *err) {
+/* route < 0: the route of the deepest checkpoint the row can restore (prefer's at equal depth), else
+ * prefer. */
+static int plan_row(squad_cache *c, const squad_row *row, int end_only, int route, int prefer, row_plan *pl,
+                    squad_err *err) {
     memset(pl, 0, sizeof *pl);
     pl->end_only = end_only;
     const int align = c->opts.align;
@@ -365,13 +405,14 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, row_plan
     pl->keys = squad_malloc((size_t)n_blocks * sizeof *pl->keys, err);
     if (!pl->keys) return SQUAD_E_NOMEM;
     squad_cache_prefix_keys(row->ids, align, n_blocks, pl->keys);
-    pl->best = deepest_ckpt(c, row->ids, pl->keys, n_blocks);
+    pl->best = deepest_ckpt(c, row->ids, pl->keys, n_blocks, route, prefer);
+    pl->route = route >= 0 ? route : pl->best ? pl->best->route : prefer;
     pl->c0 = pl->best ? pl->best->pos : 0;
     if (pl->c0 >= pl->p) return 0; /* the same state again: nothing of the prefix to compute */
 
     /* how far the row shares tokens with any cached state (at least c0): a group holding all of
      * [0, p) takes the new checkpoints; else the fork becomes a checkpoint */
-    const block_entry *shared = deepest_block(c, row->ids, pl->keys, pl->c0 / align, n_blocks);
+    const block_entry *shared = deepest_block(c, row->ids, pl->keys, pl->c0 / align, n_blocks, pl->route);
     if (shared && shared->pos == pl->p) pl->share = shared->group;
     else if (shared) pl->fork = shared->pos;
 
@@ -394,8 +435,14 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, row_plan
 /* The backend's working state to the restored checkpoint (or a row start). load_gdn overwrites all
  * that reset would clear, so a restore skips the reset (on the GPU a 19 MB memset per hit, on the
  * CPU a 20 MB one for the 0.8B shapes). */
-static int restore(squad_cache *c, const cache_ckpt *best, squad_err *err) {
+static int restore(squad_cache *c, const cache_ckpt *best, squad_cache_routing *rt, squad_err *err) {
     squad_backend *be = c->be;
+    if (rt && best) {
+        memcpy(rt->feat->sum, best->feat, (size_t)c->feat_dim * sizeof(double));
+        rt->feat->count = best->feat_count;
+    } else if (rt) {
+        squad_router_feat_reset(rt->feat);
+    }
     if (!best) return be->reset(be, err);
     int rc = be->load_gdn(be, best->gdn, err);
     if (rc) return rc;
@@ -405,6 +452,8 @@ static int restore(squad_cache *c, const cache_ckpt *best, squad_err *err) {
 /* A pending checkpoint's blob back to the backend. */
 static void pending_drop(squad_cache *c, pending_ckpt *pc) {
     if (!pc->gdn) return;
+    free(pc->feat);
+    pc->feat = NULL;
     c->be->release(c->be, pc->gdn);
     c->pending_bytes -= ckpt_cost(c);
     pc->gdn = NULL;
@@ -412,13 +461,24 @@ static void pending_drop(squad_cache *c, pending_ckpt *pc) {
 
 /* Saves the working state's GDN part as the pending checkpoint at `pos`. An allocation failure
  * only means this checkpoint is not kept; a backend failure fails the row. */
-static int snapshot(squad_cache *c, pending_ckpt *pc, int pos, uint64_t serial, squad_err *err) {
+static int snapshot(squad_cache *c, pending_ckpt *pc, int pos, uint64_t serial, const squad_router_feat *feat,
+                    squad_err *err) {
     squad_backend *be = c->be;
     squad_err alloc_err = {0};
     pc->pos = pos;
     make_room(c, ckpt_cost(c), serial);
+    if (c->feat_dim > 0) {
+        pc->feat = calloc((size_t)c->feat_dim, sizeof(double));
+        if (!pc->feat) return 0;
+        if (feat) memcpy(pc->feat, feat->sum, (size_t)c->feat_dim * sizeof(double));
+        pc->feat_count = feat ? feat->count : 0;
+    }
     pc->gdn = be->alloc(be, be->gdn_snapshot_bytes, &alloc_err);
-    if (!pc->gdn) return 0;
+    if (!pc->gdn) {
+        free(pc->feat);
+        pc->feat = NULL;
+        return 0;
+    }
     c->pending_bytes += ckpt_cost(c);
     int rc = be->save_gdn(be, pc->gdn, err);
     if (rc) pending_drop(c, pc);
@@ -432,8 +492,8 @@ static void pending_release(squad_cache *c, row_plan *pl) {
 /* A new group holding the working state's K / V of [0, p), the row's tokens and their block
  * entries; NULL when memory is short (the row's checkpoints are then dropped), or on a backend
  * failure (rc set). */
-static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64_t *keys, int p, uint64_t serial,
-                              int *rc, squad_err *err) {
+static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64_t *keys, int p, int route,
+                              uint64_t serial, int *rc, squad_err *err) {
     squad_backend *be = c->be;
     squad_err alloc_err = {0};
     const int align = c->opts.align, n_blocks = p / align;
@@ -460,6 +520,7 @@ static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64
     g->kv = kv;
     g->blocks = blocks;
     g->n_pos = p;
+    g->route = route;
     g->pin_row = serial;
     for (int i = 0; i < n_blocks; i++) {
         blocks[i].node.key = keys[i] & c->key_mask;
@@ -491,8 +552,11 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         }
         k->node.key = pl->keys[pc->pos / align - 1] & c->key_mask;
         k->pos = pc->pos;
-        k->route = 0; /* the trunk (docs/design.md section 7) */
+        k->route = pl->route;
         k->gdn = pc->gdn;
+        k->feat = pc->feat;
+        k->feat_count = pc->feat_count;
+        pc->feat = NULL;
         k->group = g;
         pc->gdn = NULL;
         c->pending_bytes -= ckpt_cost(c);
@@ -500,7 +564,7 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         g->n_ckpts++;
         c->n_ckpts++;
         c->backend_bytes += c->be->gdn_snapshot_bytes;
-        c->host_bytes += sizeof *k;
+        c->host_bytes += ckpt_host(c);
         squad_lru_push_newest(&c->lru, &k->lru);
         c->stats.checkpoints_made++;
         if (k->pos > pl->deepest_new) pl->deepest_new = k->pos;
@@ -508,29 +572,35 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
     if (g->n_ckpts == 0) group_free(c, g);
 }
 
-/* Runs the prefix [c0, p) bound by bound, snapshotting the kept bounds, then makes their group
- * (unless one is shared) and commits them. */
+/* Runs the prefix [c0, p) bound by bound, snapshotting the kept bounds (pending). */
 static int run_prefix(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, row_plan *pl,
-                      squad_result *out, uint64_t serial, squad_err *err) {
+                      squad_result *out, uint64_t serial, const squad_router_feat *feat, squad_err *err) {
     const int first_kept = pl->n_bounds - pl->n_keep;
     int s = pl->c0;
     for (int i = 0; i < pl->n_bounds; i++) {
         const int b = pl->bounds[i];
         int rc = run(ctx, row, s, b, out, err);
-        if (!rc && i >= first_kept) rc = snapshot(c, &pl->pending[i], b, serial, err);
+        if (!rc && i >= first_kept) rc = snapshot(c, &pl->pending[i], b, serial, feat, err);
         if (rc) {
             pending_release(c, pl);
             return rc;
         }
         s = b;
     }
+    return 0;
+}
+
+/* The row's pending checkpoints join the cache, in a new group of the working state's K / V of
+ * [0, p) unless a cached group of the route already holds them. The working state must still hold
+ * [0, p) (a suffix run since only wrote positions from p on). */
+static int commit_row(squad_cache *c, const squad_row *row, row_plan *pl, uint64_t serial, squad_err *err) {
     int kept = 0;
     for (int i = 0; i < pl->n_bounds; i++) kept += pl->pending[i].gdn != NULL;
     if (kept == 0) return 0;
     cache_group *g = pl->share;
     if (!g) {
         int rc = 0;
-        g = group_new(c, row, pl->keys, pl->p, serial, &rc, err);
+        g = group_new(c, row, pl->keys, pl->p, pl->route, serial, &rc, err);
         if (!g) {
             pending_release(c, pl);
             return rc;
@@ -545,55 +615,88 @@ int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const s
     return squad_cache_score_ex(c, run, ctx, row, 0, out, err);
 }
 
-int squad_cache_score_ex(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
-                         squad_result *out, squad_err *err) {
+/* A row through the cache, routed by rt (NULL: every row the trunk). */
+static int score_routed(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
+                        squad_cache_routing *rt, squad_result *out, squad_err *err) {
     if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
-    row_plan pl;
-    int rc = plan_row(c, row, end_only, &pl, err);
-    if (rc) {
-        plan_free(&pl);
-        return rc;
-    }
-    const uint64_t serial = ++c->row_serial;
-    if (pl.best) { /* in use by this row: the most recent, and its group pinned against make_room */
-        pl.best->group->pin_row = serial;
-        squad_lru_unlink(&c->lru, &pl.best->lru);
-        squad_lru_push_newest(&c->lru, &pl.best->lru);
-    }
-    if (pl.share) pl.share->pin_row = serial;
+    if (rt && (!rt->feat || rt->feat->dim != c->feat_dim || !rt->run_route || !rt->decide))
+        return squad_fail(err, SQUAD_E_INVALID, "state cache: routing without its router features");
     memset(out, 0, sizeof *out);
     out->n_slots = row->n_slots;
-    out->reused = pl.c0;
-    out->route = pl.best ? pl.best->route : 0;
+    int route = rt ? rt->forced : 0; /* < 0: guess */
+    const int prefer = rt ? rt->last_route : 0;
+    uint64_t computed = 0;
+    if (rt) rt->mispredicted = 0;
+    for (;;) {
+        row_plan pl;
+        int rc = plan_row(c, row, end_only, route, prefer, &pl, err);
+        if (rc) {
+            plan_free(&pl);
+            return rc;
+        }
+        const uint64_t serial = ++c->row_serial;
+        if (pl.best) { /* in use by this row: the most recent, and its group pinned against make_room */
+            pl.best->group->pin_row = serial;
+            squad_lru_unlink(&c->lru, &pl.best->lru);
+            squad_lru_push_newest(&c->lru, &pl.best->lru);
+        }
+        if (pl.share) pl.share->pin_row = serial;
+        out->reused = pl.c0;
+        out->route = pl.route;
+        if (rt) *rt->run_route = pl.route;
+        /* a guessed route keeps its checkpoints pending until the router confirms it */
+        const int guessed = route < 0;
+        rc = restore(c, pl.best, rt, err);
+        if (!rc) rc = run_prefix(c, run, ctx, row, &pl, out, serial, rt ? rt->feat : NULL, err);
+        if (!rc && !guessed) rc = commit_row(c, row, &pl, serial, err);
+        if (!rc) rc = run(ctx, row, pl.p, row->n_ids, out, err);
+        int decided = pl.route;
+        if (!rc && guessed) {
+            decided = rt->decide(rt->ctx, err);
+            if (decided < 0) rc = decided;
+            else if (decided == pl.route) rc = commit_row(c, row, &pl, serial, err);
+        }
+        computed += (uint64_t)(row->n_ids - pl.c0);
+        if (!rc && decided != pl.route) { /* a misprediction: again under the router's route */
+            pending_release(c, &pl);
+            plan_free(&pl);
+            rt->mispredicted = 1;
+            c->stats.mispredictions++;
+            route = decided;
+            continue;
+        }
+        pending_release(c, &pl); /* nothing, unless the row failed */
+        evict_to_budget(c);
+        plan_free(&pl);
+        if (rc) return rc;
 
-    rc = restore(c, pl.best, err);
-    if (!rc) rc = run_prefix(c, run, ctx, row, &pl, out, serial, err);
-    if (!rc) rc = run(ctx, row, pl.p, row->n_ids, out, err);
-    evict_to_budget(c);
-    plan_free(&pl);
-    if (rc) return rc;
+        /* what the row made restorable, if its deepest new checkpoint survived the eviction above (it
+         * is the most recent, so only a budget below one checkpoint could take it) */
+        if (pl.deepest_new > pl.c0 && lookup_route(c, row->ids, pl.deepest_new, pl.route) == pl.deepest_new)
+            out->cache_written = pl.deepest_new - pl.c0;
+        if (pl.n_bounds > 0 && pl.n_keep == 0) c->stats.uncacheable++;
+        c->stats.rows++;
+        if (pl.c0 == pl.p) c->stats.hits++;
+        else if (pl.c0 > 0) c->stats.partial++;
+        else c->stats.cold++;
+        c->stats.tokens_reused += (uint64_t)pl.c0;
+        c->stats.tokens_computed += computed;
+        return 0;
+    }
+}
 
-    /* what the row made restorable, if its deepest new checkpoint survived the eviction above (it
-     * is the most recent, so only a budget below one checkpoint could take it) */
-    if (pl.deepest_new > pl.c0 && squad_cache_lookup(c, row->ids, pl.deepest_new) == pl.deepest_new)
-        out->cache_written = pl.deepest_new - pl.c0;
-    if (pl.n_bounds > 0 && pl.n_keep == 0) c->stats.uncacheable++;
-    c->stats.rows++;
-    if (pl.c0 == pl.p) c->stats.hits++;
-    else if (pl.c0 > 0) c->stats.partial++;
-    else c->stats.cold++;
-    c->stats.tokens_reused += (uint64_t)pl.c0;
-    c->stats.tokens_computed += (uint64_t)(row->n_ids - pl.c0);
-    return 0;
+int squad_cache_score_ex(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
+                         squad_result *out, squad_err *err) {
+    return score_routed(c, run, ctx, row, end_only, NULL, out, err);
 }
 
 static int engine_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
     return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
 }
 
-int squad_cache_score(squad_cache *c, struct squad_engine *e, const squad_row *row, int end_only, squad_result *out,
-                      squad_err *err) {
-    return squad_cache_score_ex(c, engine_span, e, row, end_only, out, err);
+int squad_cache_score(squad_cache *c, struct squad_engine *e, const squad_row *row, int end_only,
+                      squad_cache_routing *rt, squad_result *out, squad_err *err) {
+    return score_routed(c, engine_span, e, row, end_only, rt, out, err);
 }
 
 void squad_cache_clear(squad_cache *c) {
@@ -673,8 +776,12 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
             free(keys);
             CHECK_FAIL("checkpoint at %d: wrong key or missing from the index", k->pos);
         }
+        if (k->route != k->group->route) {
+            free(keys);
+            CHECK_FAIL("checkpoint at %d of route %d in a group of route %d", k->pos, k->route, k->group->route);
+        }
         be_bytes += c->be->gdn_snapshot_bytes;
-        host += sizeof *k;
+        host += ckpt_host(c);
         n_ckpts++;
     }
     free(keys);

@@ -13,6 +13,14 @@
  * each chunk that has slots (chunks without slots, and rows that do not ask, pay nothing).
  * A cancelled row leaves the backend's working state half-run, which is harmless: every row
  * starts with a reset or a restore.
+ *
+ * Specialists (DESIGN.md section 4): every chunk runs with a route (e->run_route) and returns its
+ * router features, which the engine adds to the row's accumulator (e->feat). A row runs with a
+ * guessed route: the forced one (squad_row.specialist), else, on the cached path, the route of
+ * the checkpoint it restores, else the last row's route. After the last chunk the router decides;
+ * a wrong guess (a misprediction) runs the row again with the right route (on the cached path from
+ * that route's deepest checkpoint, cache.c; off it from the start). The router runs on forced rows
+ * too, so every answer carries the router's probabilities.
  */
 #include "engine.h"
 
@@ -23,6 +31,7 @@
 #include "cache.h"
 #include "memo.h"
 #include "model.h"
+#include "specialists.h"
 #include "util.h"
 
 /* Defaults of docs/design.md section 7. */
@@ -50,7 +59,8 @@ static squad_backend *make_backend(squad_model *model, const squad_engine_opts *
                                    squad_err *err) {
     int want_cuda = opts->device == SQUAD_DEVICE_CUDA;
 #ifdef SQUAD_HAVE_CUDA
-    if (opts->device == SQUAD_DEVICE_AUTO && squad_cuda_device_usable()) want_cuda = 1;
+    /* auto leaves specialists to the CPU while the CUDA backend does not run them */
+    if (opts->device == SQUAD_DEVICE_AUTO && !opts->specialists && squad_cuda_device_usable()) want_cuda = 1;
     if (want_cuda) {
         if (squad_cuda_device_count() <= 0) {
             squad_fail(err, SQUAD_E_BACKEND, "--device cuda: no CUDA GPU is available");
@@ -82,6 +92,25 @@ static int auto_budget(squad_backend *be, size_t *budget, squad_err *err) {
     return 0;
 }
 
+/* Wires the specialists in: the backend applies them, the cache keeps router features. The CPU
+ * backend reads the adapters' fp32 host weights in place, so every adapter is resident there and
+ * max_adapters bounds nothing on it. */
+static int engine_specialists(squad_engine *e, squad_err *err) {
+    const squad_specialists *sp = e->opts.specialists;
+    if (!e->be->specialists)
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "--specialists: the %s backend does not run specialists yet",
+                          e->be->name);
+    if (e->opts.max_adapters < 0)
+        return squad_fail(err, SQUAD_E_INVALID, "--max-adapters %d: must be 0 (all) or more", e->opts.max_adapters);
+    if (sp->hidden != e->model->cfg.hidden_size)
+        return squad_fail(err, SQUAD_E_INVALID, "specialists %s were loaded for another model", sp->dir);
+    e->sp = sp;
+    if (squad_router_feat_init(&e->feat, sp->hidden, err)) return SQUAD_E_NOMEM;
+    if (!(e->chunk_sum = squad_calloc((size_t)sp->hidden, sizeof *e->chunk_sum, err))) return SQUAD_E_NOMEM;
+    if (e->cache && squad_cache_set_feat_dim(e->cache, sp->hidden, err)) return SQUAD_E_INVALID;
+    return 0;
+}
+
 squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts_in, squad_err *err) {
     squad_engine_opts defaults;
     if (!opts_in) {
@@ -104,6 +133,7 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
         e->memo = squad_memo_new(SQUAD_MEMO_DEFAULT_BYTES, err);
         if (!e->memo) goto fail;
     }
+    if (e->opts.specialists && engine_specialists(e, err)) goto fail;
     return e;
 fail:
     squad_engine_free(e);
@@ -115,6 +145,8 @@ void squad_engine_free(squad_engine *e) {
     squad_memo_free(e->memo);
     squad_cache_free(e->cache);
     if (e->be) e->be->destroy(e->be);
+    squad_router_feat_free(&e->feat);
+    free(e->chunk_sum);
     free(e);
 }
 
@@ -151,6 +183,8 @@ int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err
             return squad_fail(err, SQUAD_E_INVALID, "nopts[%d] = %d must be in 1..%d (the number of letters)", i,
                               r->nopts[i], r->n_letters);
     }
+    if (r->specialist < 0)
+        return squad_fail(err, SQUAD_E_INVALID, "specialist %d: 0 (the router decides) or a route + 1", r->specialist);
     if (r->state_len < -1 || r->state_len > r->n_ids)
         return squad_fail(err, SQUAD_E_INVALID, "state_len %d must be in 0..%d (the row's length)", r->state_len,
                           r->n_ids);
@@ -185,8 +219,13 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
             slot++;
         }
         if (want_vocab && ck.n_slots) ck.vocab = vocab;
+        if (e->sp) {
+            ck.route = e->run_route;
+            ck.router_sum = e->chunk_sum;
+        }
         int rc = be->forward(be, &ck, ck.n_slots ? &probs[0][0] : NULL, err);
         if (rc) return rc;
+        if (e->sp) squad_router_feat_add_dsum(&e->feat, e->chunk_sum, len);
         for (int i = 0; i < ck.n_slots; i++) memcpy(out->probs[first + i], probs[i], sizeof probs[i]);
         for (int i = 0; ck.vocab && i < ck.n_slots; i++) {
             out->vocab_lse[first + i] = vocab[i].vocab_lse;
@@ -200,9 +239,34 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
     return 0;
 }
 
-static int score_plain(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
+/* The router's route on the running row's features. */
+static int decide_route(void *ctx, squad_err *err) {
+    squad_engine *e = ctx;
+    return squad_router_route(&e->sp->router, &e->feat, NULL, NULL, err);
+}
+
+/* The whole row from a reset, with the route e->run_route. */
+static int run_from_start(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
+    if (e->sp) squad_router_feat_reset(&e->feat);
     int rc = e->be->reset(e->be, err);
     if (!rc) rc = squad_engine_run_span(e, row, 0, row->n_ids, out, err);
+    return rc;
+}
+
+/* forced: the route the row must run with, -1 to let the router decide. */
+static int score_plain(squad_engine *e, const squad_row *row, int forced, squad_result *out, squad_err *err) {
+    e->run_route = forced >= 0 ? forced : e->last_route;
+    int rc = run_from_start(e, row, out, err);
+    if (!rc && e->sp && forced < 0) {
+        const int route = decide_route(e, err);
+        if (route < 0) return route;
+        if (route != e->run_route) { /* a misprediction: the row again with the router's route */
+            e->mispredictions_plain++;
+            e->run_route = route;
+            rc = run_from_start(e, row, out, err);
+        }
+    }
+    out->route = e->run_route;
     if (!rc) e->plain_rows++; /* a failed or cancelled row is not counted */
     return rc;
 }
@@ -224,14 +288,26 @@ static int score_row(squad_engine *e, const squad_row *row, const squad_score_op
         out->memo = 1;
         e->memo_hits++;
         e->tokens_memo += (uint64_t)row->n_ids;
+        e->route_rows[out->route]++;
         return 0;
     }
+    const int forced = e->sp ? row->specialist - 1 : 0;
     int rc;
-    if (e->cache && squad_cache_eligible(e->cache, row))
-        rc = squad_cache_score(e->cache, e, row, o->end_checkpoint_only, out, err);
-    else
-        rc = score_plain(e, row, out, err);
+    if (e->cache && squad_cache_eligible(e->cache, row)) {
+        squad_cache_routing rt = {forced, e->last_route, &e->run_route, &e->feat, decide_route, e, 0};
+        rc = squad_cache_score(e->cache, e, row, o->end_checkpoint_only, e->sp ? &rt : NULL, out, err);
+    } else {
+        rc = score_plain(e, row, forced, out, err);
+    }
     if (rc) return rc;
+    if (e->sp) {
+        /* the router's view of the row (a forced row's too), from the features of its final pass */
+        int r = squad_router_route(&e->sp->router, &e->feat, NULL, out->route_probs, err);
+        if (r < 0) return r;
+        out->n_routes = e->sp->router.n_labels;
+        e->last_route = out->route;
+    }
+    e->route_rows[out->route]++;
     out->n_slots = row->n_slots;
     if (o->want_vocab) {
         out->has_vocab = 1;
@@ -250,6 +326,11 @@ int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_sco
     if (row->n_ids > e->max_tokens)
         return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; this engine holds at most %d", row->n_ids,
                           e->max_tokens);
+    const int n_routes = e->sp ? e->sp->router.n_labels : 1;
+    if (row->specialist < 0 || row->specialist > (e->sp ? n_routes : 0))
+        return e->sp ? squad_fail(err, SQUAD_E_INVALID, "specialist %d: 0 (the router decides) or 1..%d (a route + 1)",
+                                  row->specialist, n_routes)
+                     : squad_fail(err, SQUAD_E_INVALID, "the row forces a specialist but the engine has none");
     out->n_slots = row->n_slots;
     e->call = opts ? opts : &no_opts;
     rc = score_row(e, row, e->call, out, err);
@@ -271,8 +352,15 @@ void squad_engine_cache_stats(const squad_engine *e, squad_cache_stats *out) {
     if (e->cache) squad_cache_get_stats(e->cache, out);
     else out->budget_bytes = e->opts.cache.budget_bytes;
     out->plain = e->plain_rows;
+    out->mispredictions += e->mispredictions_plain;
     out->memo_hits = e->memo_hits;
     out->tokens_memo = e->tokens_memo;
+}
+
+uint64_t squad_engine_route_rows(const squad_engine *e, int route) {
+    const int n = e->sp ? e->sp->router.n_labels : 1;
+    if (route < 0 || route >= n) return 0;
+    return e->route_rows[route];
 }
 
 void squad_engine_cache_clear(squad_engine *e) {

@@ -11,6 +11,7 @@
 #define SQUAD_ENGINE_H
 
 #include "backend.h"
+#include "specialists.h"
 #include "squad.h"
 
 typedef struct squad_cache squad_cache;
@@ -34,12 +35,21 @@ struct squad_engine {
     uint64_t plain_rows;
     uint64_t memo_hits, tokens_memo;
     const squad_score_opts *call; /* the running call's options (never NULL while a row runs) */
+    /* specialists (NULL: none; every row the trunk) */
+    const squad_specialists *sp;
+    int last_route;         /* the route of the last row: the guess when no checkpoint gives one */
+    int run_route;          /* the route the running row's chunks run with */
+    squad_router_feat feat; /* the running row's router features, grown chunk by chunk */
+    double *chunk_sum;      /* [hidden]: one chunk's router features from the backend */
+    uint64_t mispredictions_plain; /* second passes of rows off the cache */
+    uint64_t route_rows[SQUAD_MAX_ROUTES];
 };
 
 /* Runs row->ids[start, end) from the backend's working state (which must hold [0, start)), in
  * chunks of at most be->max_chunk tokens; the row's slots inside [start, end) are answered into out
  * (out->probs indexed by the row's slot index, and the full-vocabulary figures when the running
- * call asks for them). out->computed grows by end - start. Before every chunk the running call's
+ * call asks for them). out->computed grows by end - start. With specialists the chunks run with
+ * e->run_route and add their router features to e->feat. Before every chunk the running call's
  * cancel callback is polled: SQUAD_E_CANCELLED when it says stop. */
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err);

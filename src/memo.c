@@ -3,7 +3,9 @@
  *
  * One allocation per entry: the structure, then the row's ids, slots, nopts and letters (the
  * copy every hit is verified against), then the answer's probabilities for each slot's options,
- * then, when the answer has them, the full-vocabulary figures of each slot.
+ * then the router's probabilities (with specialists), then, when the answer has them, the
+ * full-vocabulary figures of each slot. A forced specialist is part of the key: the same tokens
+ * forced to another route (or left to the router) are another request.
  * A chained hash table over the 64-bit row hash finds candidates; an LRU list orders eviction.
  * The bytes held are the entries' allocations plus the bucket array, kept within the budget.
  */
@@ -28,9 +30,10 @@ typedef struct memo_entry {
     squad_hnode node;   /* key: the hash of the row's content */
     squad_lru_node lru; /* in the memo's LRU list */
     size_t bytes;
-    int n_ids, n_slots, n_letters, state_len, route;
+    int n_ids, n_slots, n_letters, state_len, specialist, route, n_routes;
     int32_t *ids, *slots, *nopts, *letters; /* inside this allocation */
     float *probs;                           /* the options of each slot, one slot after another */
+    float *route_probs;                     /* [n_routes] */
     memo_vocab *vocab;                      /* [n_slots], or NULL when the answer had none */
 } memo_entry;
 
@@ -49,6 +52,7 @@ static uint64_t row_key(const squad_row *r) {
     h = squad_hash_ints(h, r->slots, (size_t)r->n_slots);
     h = squad_hash_ints(h, r->nopts, (size_t)r->n_slots);
     h = squad_hash_ints(h, r->letters, (size_t)r->n_letters);
+    h = squad_hash_mix(h ^ (uint64_t)(uint32_t)r->specialist);
     return squad_hash_mix(h ^ (uint64_t)(uint32_t)r->state_len);
 }
 
@@ -56,7 +60,7 @@ static int same_ints(const int32_t *a, const int32_t *b, int n) { return n == 0 
 
 static int entry_matches(const memo_entry *e, const squad_row *r) {
     return e->n_ids == r->n_ids && e->n_slots == r->n_slots && e->n_letters == r->n_letters &&
-           e->state_len == r->state_len && same_ints(e->ids, r->ids, r->n_ids) &&
+           e->state_len == r->state_len && e->specialist == r->specialist && same_ints(e->ids, r->ids, r->n_ids) &&
            same_ints(e->slots, r->slots, r->n_slots) && same_ints(e->nopts, r->nopts, r->n_slots) &&
            same_ints(e->letters, r->letters, r->n_letters);
 }
@@ -120,6 +124,8 @@ int squad_memo_lookup(squad_memo *m, const squad_row *r, int need_vocab, squad_r
     memset(out, 0, sizeof *out);
     out->n_slots = e->n_slots;
     out->route = e->route;
+    out->n_routes = e->n_routes;
+    if (e->n_routes) memcpy(out->route_probs, e->route_probs, (size_t)e->n_routes * sizeof *e->route_probs);
     const float *p = e->probs;
     for (int i = 0; i < e->n_slots; i++) {
         memcpy(out->probs[i], p, (size_t)e->nopts[i] * sizeof *p);
@@ -142,6 +148,7 @@ int squad_memo_lookup(squad_memo *m, const squad_row *r, int need_vocab, squad_r
 int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, squad_err *err) {
     if (!m || !r || !res) return squad_fail(err, SQUAD_E_INVALID, "memo: nothing to store");
     if (r->n_slots > SQUAD_MAX_SLOTS_PER_ROW) return squad_fail(err, SQUAD_E_INVALID, "memo: too many slots");
+    if (res->n_routes < 0 || res->n_routes > SQUAD_MAX_ROUTES) return squad_fail(err, SQUAD_E_INVALID, "memo: bad routes");
     for (int i = 0; i < r->n_slots; i++)
         if (r->nopts[i] < 0 || r->nopts[i] > SQUAD_MAX_LETTERS) return squad_fail(err, SQUAD_E_INVALID, "memo: bad nopts");
     const uint64_t key = row_key(r);
@@ -149,7 +156,7 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
     if (old) remove_entry(m, old); /* the newer answer replaces it */
 
     const size_t n_ints = (size_t)r->n_ids + 2 * (size_t)r->n_slots + (size_t)r->n_letters;
-    const size_t n_probs = (size_t)total_options(r);
+    const size_t n_probs = (size_t)total_options(r) + (size_t)res->n_routes;
     const size_t n_vocab = res->has_vocab ? (size_t)r->n_slots : 0;
     /* the figures after the probabilities, aligned for their struct */
     const size_t vocab_off = (sizeof(memo_entry) + n_ints * sizeof(int32_t) + n_probs * sizeof(float) +
@@ -165,7 +172,9 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
     e->n_slots = r->n_slots;
     e->n_letters = r->n_letters;
     e->state_len = r->state_len;
+    e->specialist = r->specialist;
     e->route = res->route;
+    e->n_routes = res->n_routes;
     e->ids = (int32_t *)(e + 1);
     e->slots = e->ids + r->n_ids;
     e->nopts = e->slots + r->n_slots;
@@ -182,6 +191,8 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
         memcpy(p, res->probs[i], (size_t)r->nopts[i] * sizeof *p);
         p += r->nopts[i];
     }
+    e->route_probs = p;
+    if (res->n_routes) memcpy(p, res->route_probs, (size_t)res->n_routes * sizeof *p);
     e->vocab = n_vocab ? (memo_vocab *)((char *)e + vocab_off) : NULL;
     for (size_t i = 0; i < n_vocab; i++) {
         e->vocab[i].vocab_lse = res->vocab_lse[i];

@@ -32,7 +32,7 @@ squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err);
 void squad_memo_free(squad_memo *memo);
 
 /* 1 and *out filled when this exact row was answered before (out->reused and out->computed are 0:
- * nothing restored, nothing computed; probs, n_slots and route are the stored answer); 0 when not.
+ * nothing restored, nothing computed; probs, n_slots, route and the router's probabilities are the stored answer); 0 when not.
  * A hit makes the entry the most recently used. */
 int squad_memo_get(squad_memo *memo, const squad_row *row, squad_result *out);
 

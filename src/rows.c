@@ -97,6 +97,20 @@ int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *defau
         }
         out->row.state_len = (int)json_integer_value(sl);
     }
+    json_t *sp = json_object_get(root, "specialist");
+    if (sp && !json_is_null(sp)) {
+        if (!json_is_string(sp) || json_string_length(sp) == 0) {
+            rc = squad_fail(err, SQUAD_E_INVALID, "\"specialist\" must be a label or \"auto\"");
+            goto done;
+        }
+        if (strcmp(json_string_value(sp), "auto") != 0) {
+            out->specialist = squad_strdup(json_string_value(sp), err);
+            if (!out->specialist) {
+                rc = SQUAD_E_NOMEM;
+                goto done;
+            }
+        }
+    }
     out->row.ids = out->ids;
     out->row.slots = out->slots;
     out->row.nopts = out->nopts;
@@ -111,5 +125,6 @@ void squad_row_buf_free(squad_row_buf *b) {
     free(b->slots);
     free(b->nopts);
     free(b->letters);
+    free(b->specialist);
     memset(b, 0, sizeof *b);
 }

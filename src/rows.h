@@ -1,6 +1,6 @@
 /*
  * rows.h — rows from JSON (docs/design.md section 5): {"ids": [...], "slots": [...], "nopts": [...],
- * "letters": [...], "state_len": n}. Parsing checks JSON types and gives messages that name the
+ * "letters": [...], "state_len": n, "specialist": "label"}. Parsing checks JSON types and gives messages that name the
  * field; the model-dependent checks (vocabulary, lengths) are squad_row_check's.
  */
 #ifndef SQUAD_ROWS_H
@@ -16,6 +16,8 @@
 typedef struct squad_row_buf {
     squad_row row; /* points into the arrays below */
     int32_t *ids, *slots, *nopts, *letters;
+    char *specialist; /* the "specialist" label the row forces; NULL when absent or "auto" (the
+                       * caller maps it to row.specialist with the engine's specialists) */
 } squad_row_buf;
 
 /* Parses one JSON line. "letters" may be absent when default_letters is given (the template's). */

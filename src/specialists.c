@@ -740,15 +740,21 @@ void squad_router_feat_copy(squad_router_feat *dst, const squad_router_feat *src
     dst->count = src->count;
 }
 
+void squad_router_norm_add(double *sum, const float *x, int dim, float eps) {
+    double ss = 0;
+    for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+    /* the normalisation in fp32, as DESIGN.md computes every norm */
+    float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
+    for (int i = 0; i < dim; i++) sum[i] += (double)(x[i] * inv);
+}
+
 void squad_router_feat_add(squad_router_feat *f, const float *x, int n, size_t ld, float eps) {
-    for (int t = 0; t < n; t++) {
-        const float *row = x + (size_t)t * ld;
-        double ss = 0;
-        for (int i = 0; i < f->dim; i++) ss += (double)row[i] * row[i];
-        /* the normalisation in fp32, as DESIGN.md computes every norm */
-        float inv = 1.0f / sqrtf((float)(ss / f->dim) + eps);
-        for (int i = 0; i < f->dim; i++) f->sum[i] += (double)(row[i] * inv);
-    }
+    for (int t = 0; t < n; t++) squad_router_norm_add(f->sum, x + (size_t)t * ld, f->dim, eps);
+    f->count += n;
+}
+
+void squad_router_feat_add_dsum(squad_router_feat *f, const double *sum, int n) {
+    for (int i = 0; i < f->dim; i++) f->sum[i] += sum[i];
     f->count += n;
 }
 

@@ -37,7 +37,7 @@
 /* The longest label accepted (labels appear in outputs and as served model names). */
 #define SQUAD_SPECIALIST_LABEL_MAX 64
 /* The most routes (labels, the trunk included) a directory may declare. */
-#define SQUAD_SPECIALISTS_MAX 64
+#define SQUAD_SPECIALISTS_MAX SQUAD_MAX_ROUTES
 /* The largest LoRA rank accepted (the reference application keeps A x on the stack). */
 #define SQUAD_LORA_MAX_RANK 1024
 
@@ -127,6 +127,11 @@ void squad_router_feat_copy(squad_router_feat *dst, const squad_router_feat *src
 void squad_router_feat_add(squad_router_feat *f, const float *x, int n, size_t ld, float eps);
 /* Adds a partial sum of n already-normalised tokens computed elsewhere (a backend's chunk). */
 void squad_router_feat_add_sum(squad_router_feat *f, const float *sum, int n);
+/* The same for a partial sum kept in double (squad_chunk.router_sum). */
+void squad_router_feat_add_dsum(squad_router_feat *f, const double *sum, int n);
+/* One token's normalised hidden state added to a partial sum: sum += x / sqrt(mean(x^2) + eps),
+ * in the arithmetic of squad_router_feat_add (what a CPU backend's chunk sum uses). */
+void squad_router_norm_add(double *sum, const float *x, int dim, float eps);
 
 /* The route of the features: logits = weight . (sum / count) + bias, argmax (the lowest label on a
  * tie). logits and probs (softmax of logits), each [R], may be NULL. Returns the route (>= 0), or

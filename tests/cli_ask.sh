@@ -101,5 +101,21 @@ check "unknown option" "$?" 2
 "$SQUAD" ask --help > /dev/null
 check "--help" "$?" 0
 
+# specialists: the route and the router's probabilities; --specialist forces a label
+"$SQUAD" synth --preset tiny --out "$tmp/sm" --tokenizer "$TOK" --specialists "$tmp/sp" 2> /dev/null
+check "synth --specialists" "$?" 0
+got="$("$SQUAD" ask --model "$tmp/sm" --specialists "$tmp/sp" --request examples/login.json --threads 1)"
+check "specialists exit status" "$?" 0
+has "specialists: router" "$got" '"router": {"trunk": '
+check "specialists: a route per answer and one for the request" "$(grep -o '"route": "[a-z0-9]*"' <<< "$got" | wc -l)" 4
+got="$("$SQUAD" ask --model "$tmp/sm" --specialists "$tmp/sp" --specialist e2e --request examples/login.json --threads 1)"
+check "forced specialist exit status" "$?" 0
+check "forced specialist: every route" "$(grep -o '"route": "e2e"' <<< "$got" | wc -l)" 4
+got="$("$SQUAD" ask --model "$tmp/sm" --specialists "$tmp/sp" --specialist nope --request examples/login.json)"
+check "unknown specialist exit status" "$?" 2
+has "unknown specialist message" "$got" "nope"
+got="$("$SQUAD" ask --model "$tmp/sm" --specialist e2e --request examples/login.json)"
+check "--specialist without --specialists" "$?" 2
+
 echo "cli_ask: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

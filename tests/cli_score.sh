@@ -64,5 +64,28 @@ check "bad --threads: exit 2" $([ $? -eq 2 ]; echo $?)
 "$SQUAD" score --help > "$tmp/out"
 check "help mentions --cache-mb" $(grep -q -- "--cache-mb" "$tmp/out"; echo $?)
 
+# specialists: a synthesized model with its specialists directory; every row names its route, a
+# row may force one, an unknown label is a row error, a bad directory exit 2
+"$SQUAD" synth --preset tiny --out "$tmp/sm" --specialists "$tmp/sp" 2> /dev/null
+check "synth --specialists" $?
+check "synth --specialists: the directory" $([ -f "$tmp/sp/squad-specialists.json" ]; echo $?)
+printf '%s\n' "$good" '{"ids": [5, 9, 12, 40], "slots": [3], "nopts": [3], "letters": [1, 2, 3], "specialist": "nav"}' \
+    '{"ids": [5, 9, 12, 41], "slots": [3], "nopts": [3], "letters": [1, 2, 3], "specialist": "auto"}' \
+    '{"ids": [5, 9, 12, 40], "slots": [3], "nopts": [3], "letters": [1, 2, 3], "specialist": "nope"}' > "$tmp/sp.jsonl"
+"$SQUAD" score --model "$tmp/sm" --specialists "$tmp/sp" --rows "$tmp/sp.jsonl" --device cpu --stats > "$tmp/out" 2> "$tmp/err"
+check "specialists: a bad row gives exit 1" $([ $? -eq 1 ]; echo $?)
+check "specialists: a route per answered row" $(grep -c '"route": "\(trunk\|e2e\|nav\)", "router": \[' "$tmp/out" | grep -qx 3; echo $?)
+check "specialists: the forced row" $(sed -n 2p "$tmp/out" | grep -q '"route": "nav"'; echo $?)
+check "specialists: unknown label" $(sed -n 4p "$tmp/out" | grep -q "unknown specialist 'nope'"; echo $?)
+check "specialists: --stats counts mispredictions" $(grep -q '"mispredictions": [0-9]' "$tmp/err"; echo $?)
+"$SQUAD" score --model "$tmp/sm" --rows "$tmp/sp.jsonl" --device cpu > "$tmp/out" 2> "$tmp/err"
+check "no --specialists: a forced row is an error" $(sed -n 2p "$tmp/out" | grep -q 'needs --specialists'; echo $?)
+check "no --specialists: no route printed" $(grep -q '"route"' "$tmp/out"; [ $? -ne 0 ]; echo $?)
+"$SQUAD" score --model "$tmp/sm" --specialists "$tmp/nowhere" < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "missing specialists directory: exit 2" $([ $? -eq 2 ]; echo $?)
+check "missing specialists directory: message" $(grep -q "specialists" "$tmp/err"; echo $?)
+"$SQUAD" score --model "$tmp/sm" --specialists "$tmp/sp" --max-adapters -1 < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "bad --max-adapters: exit 2" $([ $? -eq 2 ]; echo $?)
+
 echo "cli_score: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -6,6 +6,8 @@
  * each row is scored by the engine. Output, one JSON object on stdout:
  *   {"answers": [{"probs": [...], "choice": "B", "index": 1}, ...],
  *    "tokens": {"state": n, "computed": m, "reused": r}, "ms": t}
+ * With --specialists each answer also names its row's "route", and the object carries "route" and
+ * "router" (label -> the router's probability) of the request's first row.
  * answers follow the request's questions; ms is the time to build and score the rows (loading the
  * model is not counted). Any error is {"error": "..."} on stdout: exit 1 for a bad request, 2 for a
  * usage error or a model / tokenizer / template that cannot be used.
@@ -43,6 +45,9 @@ static void ask_help(FILE *f) {
             "  --request FILE           the request (default: stdin; '-' is stdin too)\n"
             "  --tokenizer FILE         a tokenizer.json other than DIR/tokenizer.json\n"
             "  --template FILE          a template other than DIR/squad-template.json (README: Prompt template)\n"
+            "  --specialists DIR        a specialists directory: the router picks each row's adapter, and the\n"
+            "                           output adds \"route\" and \"router\" (each label's probability)\n"
+            "  --specialist LABEL       with --specialists: force this specialist (default auto: the router)\n"
             "%s",
             CLI_ENGINE_OPTIONS_HELP);
 }
@@ -58,7 +63,7 @@ static int fail_json(int code, const char *msg) {
 }
 
 typedef struct ask_args {
-    const char *model_dir, *request, *tokenizer, *template_path;
+    const char *model_dir, *request, *tokenizer, *template_path, *spec_dir, *specialist;
     squad_engine_opts opts;
 } ask_args;
 
@@ -75,6 +80,8 @@ static int parse_args(int argc, char **argv, ask_args *a) {
                            : !strcmp(s, "--request")   ? &a->request
                            : !strcmp(s, "--tokenizer") ? &a->tokenizer
                            : !strcmp(s, "--template")  ? &a->template_path
+                           : !strcmp(s, "--specialists") ? &a->spec_dir
+                           : !strcmp(s, "--specialist")  ? &a->specialist
                                                        : NULL;
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             ask_help(stdout);
@@ -119,6 +126,7 @@ typedef struct ask_state {
     squad_template *tpl;
     squad_model *model;
     squad_engine *engine;
+    squad_specialists *sp;
     char *request;
     squad_text_rows rows;
     squad_result *results;
@@ -128,6 +136,7 @@ static void ask_free(ask_state *s) {
     free(s->results);
     squad_text_rows_free(&s->rows);
     squad_engine_free(s->engine);
+    squad_specialists_free(s->sp);
     squad_model_free(s->model);
     free(s->request);
     squad_template_free(s->tpl);
@@ -155,6 +164,13 @@ static int ask_load(const ask_args *a, ask_state *s, size_t *req_len) {
                  "together", squad_tokenizer_vocab_size(s->tok), squad_model_vocab_size(s->model));
         return fail_json(2, msg);
     }
+    if (a->specialist && !a->spec_dir) return fail_json(2, "--specialist needs --specialists DIR");
+    if (a->spec_dir && !(s->sp = squad_specialists_load(s->model, a->spec_dir, &err))) return fail_json(2, err.msg);
+    if (a->specialist && strcmp(a->specialist, "auto") && squad_specialists_find(s->sp, a->specialist) < 0) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "--specialist '%.100s' is not a label of the specialists", a->specialist);
+        return fail_json(2, msg);
+    }
     return 0;
 }
 
@@ -165,7 +181,7 @@ static int print_answers(const ask_state *s, double ms) {
         reused += s->results[i].reused;
     }
     squad_buf b = {0};
-    squad_ask_json_head(&b, &s->rows, s->results, computed, reused);
+    squad_ask_json_head(&b, &s->rows, s->results, s->sp, computed, reused);
     squad_buf_printf(&b, ", \"ms\": %.1f}\n", ms);
     char *text = squad_buf_take(&b, NULL);
     if (!text) return fail_json(2, "out of memory");
@@ -194,6 +210,7 @@ int cmd_ask(int argc, char **argv) {
         return rc;
     }
     double build_s = squad_now_seconds() - t0;
+    a.opts.specialists = s.sp;
     s.engine = squad_engine_new(s.model, &a.opts, &err);
     s.results = s.engine ? squad_calloc((size_t)s.rows.n_rows, sizeof(squad_result), &err) : NULL;
     if (!s.engine || !s.results) {
@@ -202,7 +219,9 @@ int cmd_ask(int argc, char **argv) {
         return rc;
     }
     double t_engine = squad_now_seconds(); /* engine creation is setup, not the request's cost */
+    const int forced = a.specialist && strcmp(a.specialist, "auto") ? squad_specialists_find(s.sp, a.specialist) + 1 : 0;
     for (int i = 0; i < s.rows.n_rows; i++) {
+        s.rows.rows[i].specialist = forced;
         if ((rc = squad_engine_score(s.engine, &s.rows.rows[i], &s.results[i], &err)) < 0) {
             rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
             ask_free(&s);

@@ -5,6 +5,8 @@
  * --state tokens cached once, then rows of that state plus a --suffix-token question). Each case
  * repeats --reps times; the median, min and tokens/s are printed as one JSON line per case, with
  * the process's peak RSS. Token ids are deterministic pseudo-random ids within the vocabulary.
+ * With --specialists every row runs routed (or forced to --specialist LABEL): run the same cases
+ * without it for the trunk alone.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -34,6 +36,8 @@ static void bench_help(FILE *f) {
             "  --reps N           repetitions per case (default 3)\n"
             "  --state N          state length for the hit cases (default: none)\n"
             "  --suffix S,...     question lengths for the hit cases (default 32,128,512)\n"
+            "  --specialists DIR  run every row with these specialists (the router decides)\n"
+            "  --specialist LABEL with --specialists: force every row to this label\n"
             "%s",
             CLI_ENGINE_OPTIONS_HELP);
 }
@@ -114,7 +118,7 @@ static void fill_ids(int32_t *ids, int n, int vocab, unsigned seed) {
 }
 
 int cmd_bench(int argc, char **argv) {
-    const char *model_dir = NULL;
+    const char *model_dir = NULL, *spec_dir = NULL, *spec_label = NULL;
     int lengths[BENCH_MAX_LENGTHS] = {512, 2048}, n_lengths = 2;
     int suffixes[BENCH_MAX_LENGTHS] = {32, 128, 512}, n_suffixes = 3;
     long reps = 3, state = 0;
@@ -131,6 +135,10 @@ int cmd_bench(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--model") && val) {
             model_dir = argv[++i];
+        } else if (!strcmp(a, "--specialists") && val) {
+            spec_dir = argv[++i];
+        } else if (!strcmp(a, "--specialist") && val) {
+            spec_label = argv[++i];
         } else if (!strcmp(a, "--lengths") && val) {
             if ((n_lengths = parse_list(a, argv[++i], lengths, BENCH_MAX_LENGTHS)) < 0) return 2;
         } else if (!strcmp(a, "--suffix") && val) {
@@ -154,6 +162,24 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "squad bench: %s\n", err.msg);
         return 2;
     }
+    squad_specialists *sp = NULL;
+    int forced = 0; /* squad_row.specialist */
+    if (spec_label && !spec_dir) {
+        fprintf(stderr, "squad bench: --specialist needs --specialists DIR\n");
+        squad_model_free(m);
+        return 2;
+    }
+    if (spec_dir) {
+        sp = squad_specialists_load(m, spec_dir, &err);
+        forced = sp && spec_label ? squad_specialists_find(sp, spec_label) + 1 : 0;
+        if (!sp || (spec_label && forced == 0)) {
+            fprintf(stderr, "squad bench: %s\n", sp ? "--specialist names no label of the specialists" : err.msg);
+            squad_specialists_free(sp);
+            squad_model_free(m);
+            return 2;
+        }
+        opts.specialists = sp;
+    }
     int vocab = squad_model_vocab_size(m);
     int32_t letters[BENCH_LETTERS];
     for (int i = 0; i < BENCH_LETTERS; i++) letters[i] = (int32_t)(i + 1 < vocab ? i + 1 : 0);
@@ -168,6 +194,7 @@ int cmd_bench(int argc, char **argv) {
     squad_engine *e = squad_engine_new(m, &cold, &err);
     if (!e) {
         fprintf(stderr, "squad bench: %s\n", err.msg);
+        squad_specialists_free(sp);
         squad_model_free(m);
         return 2;
     }
@@ -177,7 +204,7 @@ int cmd_bench(int argc, char **argv) {
         if (!ids) return 2;
         fill_ids(ids, n, vocab, (unsigned)n);
         int32_t slot = n - 1, nopt = BENCH_LETTERS;
-        squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1};
+        squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1, forced};
         rc = time_row(e, "cold", &row, n, (int)reps, NULL, 0, vocab, threads, precision);
         free(ids);
     }
@@ -188,6 +215,7 @@ int cmd_bench(int argc, char **argv) {
         e = squad_engine_new(m, &opts, &err);
         if (!e) {
             fprintf(stderr, "squad bench: %s\n", err.msg);
+            squad_specialists_free(sp);
             squad_model_free(m);
             return 2;
         }
@@ -197,7 +225,7 @@ int cmd_bench(int argc, char **argv) {
             if (!ids) return 2;
             fill_ids(ids, (int)state, vocab, 4242);
             int32_t slot = n - 1, nopt = BENCH_LETTERS;
-            squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, (int)state};
+            squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, (int)state, forced};
             squad_result *res = malloc(sizeof *res);
             /* warm the cache with a different question, then time fresh questions (no memo hits) */
             fill_ids(ids + state, suffixes[k], vocab, 99);
@@ -214,6 +242,7 @@ int cmd_bench(int argc, char **argv) {
         }
         squad_engine_free(e);
     }
+    squad_specialists_free(sp);
     squad_model_free(m);
     return rc ? 1 : 0;
 }

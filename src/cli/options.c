@@ -20,7 +20,9 @@ const char CLI_ENGINE_OPTIONS_HELP[] =
     "  --align N                checkpoint positions are multiples of N (default 64)\n"
     "  --min-prefix N           states shorter than N tokens are not cached (default 256)\n"
     "  --max-slots N            rows with more slots are not cached (default 4)\n"
-    "  --precapture             CUDA: capture every chunk graph at start\n";
+    "  --precapture             CUDA: capture every chunk graph at start\n"
+    "  --max-adapters N         with --specialists: adapters resident at once, the rest loaded on\n"
+    "                           demand, least recently used out first (default 0: all)\n";
 
 int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *out) {
     if (!text) {
@@ -79,6 +81,9 @@ int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
     } else if (!strcmp(a, "--min-prefix")) {
         if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
         o->cache.min_prefix = (int)v;
+    } else if (!strcmp(a, "--max-adapters")) {
+        if (cli_parse_int(a, val, 0, SQUAD_MAX_ROUTES, &v)) return -1;
+        o->max_adapters = (int)v;
     } else if (!strcmp(a, "--max-slots")) {
         if (cli_parse_int(a, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return -1;
         o->cache.max_slots = (int)v;

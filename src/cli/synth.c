@@ -9,13 +9,14 @@
 #include <string.h>
 
 #include "commands.h"
+#include "specialists_synth.h"
 #include "synth.h"
 #include "util.h"
 
 static void synth_help(FILE *f) {
     fprintf(f,
             "usage: squad synth --preset NAME --out DIR [--seed N] [--tokenizer FILE]\n"
-            "                   [--layout causal|conditional] [--dtype bf16|f16|f32]\n"
+            "                   [--layout causal|conditional] [--dtype bf16|f16|f32] [--specialists SDIR]\n"
             "\n"
             "Writes a random Qwen3.5 text checkpoint in the Hugging Face layout: DIR/config.json and\n"
             "DIR/model.safetensors (DIR is created when missing). The same preset, seed, layout, dtype and\n"
@@ -33,6 +34,9 @@ static void synth_help(FILE *f) {
             "                     conditional: Qwen3_5ForConditionalGeneration, fields under text_config,\n"
             "                     tensors model.language_model.layers.N... (no vision weights)\n"
             "  --dtype T          bf16 (default), f16 or f32; all hold the same bf16-rounded values\n"
+            "  --specialists SDIR also a random specialists directory for the model (docs/specialists.md):\n"
+            "                     labels trunk / e2e / nav, LoRA adapters of rank 4 on the upper half of\n"
+            "                     the layers, the router reading the state entering the first adapted layer\n"
             "  -h, --help         this text\n"
             "\n"
             "presets:\n");
@@ -65,6 +69,7 @@ static int parse_seed(const char *text, uint64_t *out) {
 int cmd_synth(int argc, char **argv) {
     squad_synth_opts o;
     memset(&o, 0, sizeof o);
+    const char *spec_dir = NULL;
     o.layout = SQUAD_SYNTH_CAUSAL;
     o.dtype = ST_BF16;
     for (int i = 1; i < argc; i++) {
@@ -74,7 +79,7 @@ int cmd_synth(int argc, char **argv) {
             return 0;
         }
         if (strcmp(a, "--preset") && strcmp(a, "--out") && strcmp(a, "--seed") && strcmp(a, "--tokenizer") &&
-            strcmp(a, "--layout") && strcmp(a, "--dtype")) {
+            strcmp(a, "--layout") && strcmp(a, "--dtype") && strcmp(a, "--specialists")) {
             fprintf(stderr, "squad synth: unknown option '%s'\n\n", a);
             synth_help(stderr);
             return 2;
@@ -84,6 +89,8 @@ int cmd_synth(int argc, char **argv) {
             o.preset = v;
         } else if (!strcmp(a, "--out")) {
             o.out_dir = v;
+        } else if (!strcmp(a, "--specialists")) {
+            spec_dir = v;
         } else if (!strcmp(a, "--tokenizer")) {
             o.tokenizer = v;
         } else if (!strcmp(a, "--seed")) {
@@ -126,5 +133,22 @@ int cmd_synth(int argc, char **argv) {
     }
     fprintf(stderr, "squad synth: wrote %s (preset %s, seed %llu) in %.1f s\n", o.out_dir, o.preset,
             (unsigned long long)o.seed, squad_now_seconds() - t0);
+    if (spec_dir) { /* the adapters' shapes depend on the layers only, not on the vocabulary */
+        squad_config cfg;
+        squad_spec_synth_opts so;
+        if (squad_synth_preset_config(o.preset, &cfg, &err) != 0) {
+            fprintf(stderr, "squad synth: %s\n", err.msg);
+            return 2;
+        }
+        squad_spec_synth_defaults(&cfg, &so);
+        so.out_dir = spec_dir;
+        so.seed = o.seed;
+        so.layout = o.layout;
+        if (squad_spec_synth_write(&cfg, &so, &err) != 0) {
+            fprintf(stderr, "squad synth: %s\n", err.msg);
+            return 2;
+        }
+        fprintf(stderr, "squad synth: wrote specialists %s\n", spec_dir);
+    }
     return 0;
 }

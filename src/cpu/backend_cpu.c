@@ -22,6 +22,12 @@
  * (max, sum of exp, argmax) per slot; only one step's logits exist at any time. The logits are
  * fp32 products (the exact GEMM) in both precisions: the letter logits the probabilities come from
  * are fp32 too, and the two must agree (label_mass is their ratio).
+ *
+ * Specialists (opts->specialists): in the layers from `split` on, every projection the chunk's
+ * route adapts gets its low-rank term right after the shared GEMM, y[t] += s B (A x[t]), in the
+ * arithmetic of squad_lora_apply_ref (double sums over the adapter's fp32 weights), one task per
+ * block of tokens. The shared weights are never touched, so one backend serves every route. The
+ * router's chunk sum is taken from h as it enters router.layer.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -29,6 +35,7 @@
 #include <string.h>
 
 #include "../backend.h"
+#include "../specialists.h"
 #include "../util.h"
 #include "gemm.h"
 #include "ops.h"
@@ -44,6 +51,8 @@
 #define CPU_VOCAB_BLOCK 4096
 /* Reduction tasks per slot and step (each one's part of the step's logits). */
 #define CPU_VOCAB_PIECES 8
+/* Tokens per task of the LoRA low-rank product. */
+#define CPU_LORA_TOKENS 16
 
 /* A running reduction of logits: their maximum, the sum of exp(z - max), the maximum's lowest id. */
 typedef struct vocab_acc {
@@ -74,6 +83,10 @@ typedef struct cpu_backend {
      * [SQUAD_MAX_SLOTS_PER_ROW][CPU_VOCAB_BLOCK], the reduction tasks' results */
     float *vocab_xn, *vocab_z;
     vocab_acc vocab_parts[SQUAD_MAX_SLOTS_PER_ROW * CPU_VOCAB_PIECES];
+    /* specialists: the adapters (borrowed), and the running layer's adapter (NULL: none) */
+    const squad_specialists *sp;
+    const squad_adapter *lora_adapter;
+    int lora_layer;
 } cpu_backend;
 
 static cpu_backend *impl_of(squad_backend *be) { return (cpu_backend *)be; }
@@ -168,6 +181,33 @@ static void gemm(cpu_backend *c, float *y, const float *x, const squad_mat *W, i
     cpu_gemm_bf16(c->pool, y, x, W->w, T, W->rows, W->cols, accumulate, c->prec);
 }
 
+typedef struct lora_task {
+    const squad_lora_proj *p;
+    float scale;
+    float *y;
+    const float *x;
+    int T;
+} lora_task;
+
+static void lora_task_run(void *ctx, int task, int n_tasks) {
+    const lora_task *l = ctx;
+    const int t1 = (task + 1) * CPU_LORA_TOKENS < l->T ? (task + 1) * CPU_LORA_TOKENS : l->T;
+    for (int t = task * CPU_LORA_TOKENS; t < t1; t++)
+        squad_lora_apply_ref(l->p, l->scale, l->x + (size_t)t * l->p->in, l->y + (size_t)t * l->p->out);
+}
+
+/* A projection of the running layer: y = W x (or y += W x), then the running adapter's low-rank
+ * term when it adapts this projection. */
+static void proj(cpu_backend *c, float *y, const float *x, const squad_mat *W, int T, int accumulate, int proj_id) {
+    gemm(c, y, x, W, T, accumulate);
+    const squad_adapter *a = c->lora_adapter;
+    if (!a) return;
+    const squad_lora_proj *p = &a->proj[c->lora_layer][proj_id];
+    if (!p->A) return;
+    lora_task l = {p, a->scale, y, x, T};
+    cpu_pool_run(c->pool, lora_task_run, &l, (T + CPU_LORA_TOKENS - 1) / CPU_LORA_TOKENS);
+}
+
 typedef struct delta_task {
     cpu_backend *c;
     float *S;
@@ -191,10 +231,10 @@ static void gdn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, in
     float *S = c->gdn_state + c->gdn_layer_floats * (size_t)slot;
     float *conv_state = S + (size_t)nv * cfg->lin_k_dim * dv;
 
-    gemm(c, c->qkv, c->x, &L->in_qkv, T, 0);
-    gemm(c, c->z, c->x, &L->in_z, T, 0);
-    gemm(c, c->gate_b, c->x, &L->in_b, T, 0);
-    gemm(c, c->gate_a, c->x, &L->in_a, T, 0);
+    proj(c, c->qkv, c->x, &L->in_qkv, T, 0, SQUAD_PROJ_IN_QKV);
+    proj(c, c->z, c->x, &L->in_z, T, 0, SQUAD_PROJ_IN_Z);
+    proj(c, c->gate_b, c->x, &L->in_b, T, 0, SQUAD_PROJ_IN_B);
+    proj(c, c->gate_a, c->x, &L->in_a, T, 0, SQUAD_PROJ_IN_A);
     op_conv_silu(c->conv_out, c->qkv, conv_state, c->conv_kc[slot], T, C, K);
     op_qk_l2norm(c->conv_out, T, C, cfg->lin_num_k_heads, cfg->lin_k_dim);
     op_gdn_gates(c->g, c->beta, c->gate_a, c->gate_b, L->A_log, L->dt_bias, T, nv);
@@ -204,7 +244,7 @@ static void gdn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, in
     cpu_pool_run(c->pool, delta_task_run, &d, tasks);
 
     op_gated_rmsnorm(c->o, c->z, L->gdn_norm, T, nv, dv, cfg->rms_eps);
-    gemm(c, c->h, c->o, &L->out_proj, T, 1);
+    proj(c, c->h, c->o, &L->out_proj, T, 1, SQUAD_PROJ_OUT);
 }
 
 typedef struct attn_task {
@@ -229,9 +269,9 @@ static void attn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, i
     int nh = cfg->num_heads, nkv = cfg->num_kv_heads, hd = cfg->head_dim;
     int q_stride = nh * 2 * hd, kvd = nkv * hd;
 
-    gemm(c, c->qg, c->x, &L->q_proj, T, 0);
-    gemm(c, c->kk, c->x, &L->k_proj, T, 0);
-    gemm(c, c->vv, c->x, &L->v_proj, T, 0);
+    proj(c, c->qg, c->x, &L->q_proj, T, 0, SQUAD_PROJ_Q);
+    proj(c, c->kk, c->x, &L->k_proj, T, 0, SQUAD_PROJ_K);
+    proj(c, c->vv, c->x, &L->v_proj, T, 0, SQUAD_PROJ_V);
     for (int j = 0; j < nh; j++) op_head_rmsnorm_zc(c->qg + (long)j * 2 * hd, L->q_norm, T, 1, hd, q_stride, cfg->rms_eps);
     op_head_rmsnorm_zc(c->kk, L->k_norm, T, nkv, hd, kvd, cfg->rms_eps);
     op_rope(c->qg, c->inv_freq, T, pos0, nh, 2 * hd, q_stride, cfg->rotary_dim);
@@ -243,16 +283,16 @@ static void attn_layer(cpu_backend *c, const squad_layer_weights *L, int slot, i
     cpu_pool_run_indexed(c->pool, attn_task_run, &a, nkv * a.n_blocks);
 
     op_sigmoid_gate(c->att, c->qg + hd, T, nh, hd, q_stride, 2 * hd);
-    gemm(c, c->h, c->att, &L->o_proj, T, 1);
+    proj(c, c->h, c->att, &L->o_proj, T, 1, SQUAD_PROJ_O);
 }
 
 /* h += MLP(x) */
 static void mlp_block(cpu_backend *c, const squad_layer_weights *L, int T) {
     int I = c->m->cfg.intermediate_size;
-    gemm(c, c->mlp_gate, c->x, &L->mlp_gate, T, 0);
-    gemm(c, c->mlp_up, c->x, &L->mlp_up, T, 0);
+    proj(c, c->mlp_gate, c->x, &L->mlp_gate, T, 0, SQUAD_PROJ_GATE);
+    proj(c, c->mlp_up, c->x, &L->mlp_up, T, 0, SQUAD_PROJ_UP);
     op_silu_mul(c->mlp_gate, c->mlp_up, (long)T * I);
-    gemm(c, c->h, c->mlp_gate, &L->mlp_down, T, 1);
+    proj(c, c->h, c->mlp_gate, &L->mlp_down, T, 1, SQUAD_PROJ_DOWN);
 }
 
 /* ---- the full-vocabulary figures ------------------------------------------------------------- */
@@ -360,6 +400,11 @@ static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, s
     if (ck->start < 0 || ck->start + T > be->max_context)
         return squad_fail(err, SQUAD_E_INVALID, "chunk [%d, %d) is past the longest supported row (%d)", ck->start,
                           ck->start + T, be->max_context);
+    const squad_specialists *sp = c->sp;
+    if (ck->route != 0 && (!sp || ck->route < 0 || ck->route >= sp->router.n_labels))
+        return squad_fail(err, SQUAD_E_INVALID, "route %d: the backend has %d routes", ck->route,
+                          sp ? sp->router.n_labels : 1);
+    if (ck->router_sum && !sp) return squad_fail(err, SQUAD_E_INVALID, "router features asked without specialists");
     int rc = ensure_kv_capacity(c, ck->start + T, err);
     if (rc) return rc;
 
@@ -374,6 +419,12 @@ static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, s
     }
     for (int l = 0; l < cfg->num_layers; l++) {
         const squad_layer_weights *L = &m->layers[l];
+        if (ck->router_sum && l == sp->router.layer) {
+            memset(ck->router_sum, 0, sizeof(double) * (size_t)H);
+            for (int t = 0; t < T; t++) squad_router_norm_add(ck->router_sum, c->h + (long)t * H, H, sp->router.eps);
+        }
+        c->lora_adapter = sp && ck->route > 0 && l >= sp->split ? &sp->adapters[ck->route] : NULL;
+        c->lora_layer = l;
         op_rmsnorm_zc(c->x, c->h, L->input_norm, T, H, cfg->rms_eps);
         if (L->kind == SQUAD_LAYER_LINEAR)
             gdn_layer(c, L, c->slot_of_layer[l], T);
@@ -382,6 +433,7 @@ static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, s
         op_rmsnorm_zc(c->x, c->h, L->post_norm, T, H, cfg->rms_eps);
         mlp_block(c, L, T);
     }
+    c->lora_adapter = NULL;
     for (int s = 0; s < ck->n_slots; s++) {
         int t = ck->slots[s];
         if (t < 0 || t >= T) return squad_fail(err, SQUAD_E_INVALID, "slot %d outside the chunk", t);
@@ -449,6 +501,17 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     be->forward = cpu_forward;
     be->destroy = cpu_destroy;
     be->impl = c;
+    if (opts && opts->specialists) {
+        const squad_specialists *sp = opts->specialists;
+        if (sp->hidden != cfg->hidden_size || sp->n_layers != cfg->num_layers) {
+            squad_fail(err, SQUAD_E_INVALID, "specialists %s were loaded for another model (%d layers of %d, not %d of %d)",
+                       sp->dir, sp->n_layers, sp->hidden, cfg->num_layers, cfg->hidden_size);
+            free(c);
+            return NULL;
+        }
+        c->sp = sp;
+        be->specialists = 1;
+    }
 
     for (int l = 0; l < cfg->num_layers; l++)
         c->slot_of_layer[l] = cfg->layer_types[l] == SQUAD_LAYER_LINEAR ? c->n_gdn++ : c->n_attn++;

@@ -832,11 +832,11 @@ static void finish_ask(srv_req *r) {
         total += r->ask.rows[i].n_ids;
     }
     squad_buf b = {0}, m = {0};
-    squad_ask_json_head(&b, &r->ask, r->results, computed, reused);
+    squad_ask_json_head(&b, &r->ask, r->results, NULL, computed, reused);
     squad_buf_printf(&b, ", \"ms\": %.1f, \"memo\": false, \"cache\": {\"reused\": %ld, \"computed\": %ld, \"written\": %ld}}",
                      1000.0 * (squad_now_seconds() - r->t0), reused, computed, written);
     if (r->srv->memo) {
-        squad_ask_json_head(&m, &r->ask, r->results, 0, total);
+        squad_ask_json_head(&m, &r->ask, r->results, NULL, 0, total);
         squad_buf_puts(&m, ", \"ms\": ");
         hole(&m, r->srv, HOLE_MS);
         squad_buf_printf(&m, ", \"memo\": true, \"cache\": {\"reused\": %ld, \"computed\": 0, \"written\": 0}}", total);
@@ -865,7 +865,7 @@ static void score_results(squad_buf *b, srv_req *r, int from_memo) {
             res.reused = r->row_ptrs[j]->n_ids;
             res.computed = 0;
         }
-        squad_score_result_json(b, r->row_ptrs[j], &res);
+        squad_score_result_json(b, r->row_ptrs[j], &res, NULL);
     }
     squad_buf_printf(b, "], \"memo\": %s}", from_memo ? "true" : "false");
 }
