@@ -105,7 +105,7 @@ static int choose_max_tokens(const squad_model *model, const squad_engine_opts *
 static const char *limit_name(squad_limit why) {
     switch (why) {
     case SQUAD_LIMIT_OPTION: return "the max_tokens option";
-    case SQUAD_LIMIT_MEMORY: return "bounded by device memory, not the model";
+    case SQUAD_LIMIT_MEMORY: return "bounded by memory, not the model";
     default: return "the model's max_position_embeddings";
     }
 }
