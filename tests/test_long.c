@@ -9,13 +9,17 @@
  *    keeps its size after; every answer of one engine, going from short rows to long ones and
  *    back, equals a fresh engine's answer on the same row;
  *  - cached = uncached for long states (a hit, and a state too large for the cache's budget,
- *    answered uncached and counted as uncacheable).
+ *    answered uncached and counted as uncacheable);
+ *  - the memory bound: a model claiming 2^31 - 1 positions, whose K / V at that length no host
+ *    holds, gets the CPU backend's memory bound and the reason SQUAD_LIMIT_MEMORY.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "squad.h"
@@ -255,6 +259,58 @@ static void test_cached(squad_model *m) {
     squad_engine_free(tight);
 }
 
+/* The tiny preset rewritten to claim INT32_MAX positions: the K / V of that many (512 bytes a
+ * position) is a terabyte, past half of any host's memory, so the engine's limit is the memory's. */
+static void test_memory_bound(void) {
+    char dir[600], cfg[700];
+    snprintf(dir, sizeof dir, "%s/tiny-huge", test_tmpdir());
+    squad_synth_opts so;
+    memset(&so, 0, sizeof so);
+    so.preset = "tiny";
+    so.out_dir = dir;
+    so.seed = 11;
+    squad_err err = {0};
+    if (squad_synth_write(&so, &err)) {
+        CHECKF(0, "synth: %s", err.msg);
+        return;
+    }
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(cfg, 0, &je);
+    json_t *tc = root ? json_object_get(root, "text_config") : NULL;
+    json_t *where = tc ? tc : root;
+    CHECK(where && json_object_get(where, "max_position_embeddings"));
+    if (!where) return;
+    json_object_set_new(where, "max_position_embeddings", json_integer(INT32_MAX));
+    CHECK(json_dump_file(root, cfg, JSON_INDENT(2)) == 0);
+    json_decref(root);
+    squad_model *m = squad_model_load(dir, &err);
+    CHECKF(m != NULL, "%s", err.msg);
+    if (!m) return;
+    CHECK(squad_model_max_tokens(m) == INT32_MAX);
+    squad_engine *e = cpu_engine(m, 0, 0, &err);
+    CHECKF(e != NULL, "%s", err.msg);
+    if (e) {
+        squad_limit why;
+        const int n = squad_engine_max_tokens(e, &why);
+        const size_t share = (size_t)sysconf(_SC_PHYS_PAGES) / 2 * (size_t)sysconf(_SC_PAGESIZE);
+        printf("memory bound: %d positions (K / V %zu bytes a position, host share %zu MB)\n", n,
+               e->be->kv_bytes_per_pos, share >> 20);
+        CHECK(why == SQUAD_LIMIT_MEMORY && n < INT32_MAX && n > 0);
+        CHECK((size_t)n == share / e->be->kv_bytes_per_pos);
+        CHECK(e->be->kv_positions == 0); /* bounded, not allocated */
+        test_row t; /* rows within the bound still run */
+        squad_result *r = malloc(sizeof *r);
+        if (r && row_make(&t, 300, squad_model_vocab_size(m), 9, -1) == 0) {
+            CHECKF(squad_engine_score(e, &t.row, r, &err) == 0, "%s", err.msg);
+            free(t.ids);
+        }
+        free(r);
+        squad_engine_free(e);
+    }
+    squad_model_free(m);
+}
+
 int main(void) {
     squad_model *m = synth_model("tiny", 11);
     if (m) {
@@ -265,6 +321,7 @@ int main(void) {
         test_cached(m);
         squad_model_free(m);
     }
+    test_memory_bound();
     squad_model *mha = synth_model("tiny-mha", 12); /* two attention layers, MHA, untied */
     if (mha) {
         test_limit(mha, (size_t)64 << 20);
