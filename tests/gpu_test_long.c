@@ -11,10 +11,13 @@
  *    through the chunk parameters, are replayed after the buffer moved, none is recaptured, and the
  *    answers still match the CPU;
  *  - a row exactly at the max_tokens limit and one past it (a clear error; the engine stays usable);
- *  - cached = uncached on a long state, and a state too large for the budget answered uncached.
+ *  - cached = uncached on a long state, and a state too large for the budget answered uncached;
+ *  - the memory bound: a model claiming 2^31 - 1 positions gets what the device's free memory holds,
+ *    with the reason SQUAD_LIMIT_MEMORY, and still runs rows.
  * Exits 77 (skipped) without a GPU.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +259,57 @@ static void test_cached(squad_model *m, squad_precision prec) {
     squad_engine_free(tight);
 }
 
+/* The tiny preset rewritten to claim INT32_MAX positions (256 bytes of bf16 K / V a position: half a
+ * terabyte), so the CUDA backend bounds the context by the device's free memory. */
+static void test_memory_bound(void) {
+    char dir[600], cfg[700];
+    snprintf(dir, sizeof dir, "%s/tiny-huge", test_tmpdir());
+    squad_synth_opts so;
+    memset(&so, 0, sizeof so);
+    so.preset = "tiny";
+    so.out_dir = dir;
+    so.seed = 31;
+    squad_err err = {0};
+    if (squad_synth_write(&so, &err)) {
+        CHECKF(0, "synth: %s", err.msg);
+        return;
+    }
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(cfg, 0, &je);
+    json_t *tc = root ? json_object_get(root, "text_config") : NULL;
+    json_t *where = tc ? tc : root;
+    CHECK(where != NULL);
+    if (!where) return;
+    json_object_set_new(where, "max_position_embeddings", json_integer(INT32_MAX));
+    CHECK(json_dump_file(root, cfg, JSON_INDENT(2)) == 0);
+    json_decref(root);
+    squad_model *m = squad_model_load(dir, &err);
+    CHECKF(m != NULL, "%s", err.msg);
+    if (!m) return;
+    squad_engine *e = engine(m, SQUAD_DEVICE_CUDA, SQUAD_PRECISION_BF16, 0, 0, 0);
+    if (e) {
+        squad_limit why;
+        const int n = squad_engine_max_tokens(e, &why);
+        squad_cuda_info info;
+        squad_cuda_backend_info(e->be, &info);
+        printf("memory bound: %d positions (%zu bytes a position), K / V %d positions now, %d span buckets\n", n,
+               e->be->kv_bytes_per_pos, e->be->kv_positions, info.n_spans);
+        CHECK(why == SQUAD_LIMIT_MEMORY && n > CUDA_KV_FIRST && n < INT32_MAX);
+        CHECK(info.max_context == n && info.spans[info.n_spans - 1] == n && e->be->kv_positions == CUDA_KV_FIRST);
+        squad_result *r = malloc(sizeof *r);
+        test_row t;
+        if (r && row_make(&t, 5000, squad_model_vocab_size(m), 9, -1) == 0) {
+            CHECKF(squad_engine_score(e, &t.row, r, &err) == 0, "%s", err.msg);
+            CHECK(e->be->kv_positions == 2 * CUDA_KV_FIRST);
+            free(t.ids);
+        }
+        free(r);
+        squad_engine_free(e);
+    }
+    squad_model_free(m);
+}
+
 int main(void) {
     if (squad_cuda_device_count() <= 0 || !squad_cuda_device_usable()) {
         printf("gpu_test_long: no usable CUDA device, skipped\n");
@@ -275,6 +329,7 @@ int main(void) {
         }
         squad_model_free(m);
     }
+    test_memory_bound();
     return test_summary("gpu_test_long");
 }
 #else
