@@ -5,6 +5,7 @@
  *   bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] [--json FILE]
  *   bench_gpu --model DIR --profile cold:N|hit:Q      (one row between cudaProfilerStart / Stop, for ncu)
  *   bench_gpu --model DIR --ablate [--reps N]          (each kernel group's share of a chunk's graph)
+ *   bench_gpu --model DIR --long [--reps N]            (long rows: cold and hits at 32k / 64k / 128k)
  *
  * Cases: cold rows of 512, 2048, 4096 and 8192 tokens (an engine without a cache: every token
  * computed); hits: a 4096-token state cached once, then rows of that state plus a fresh 32-, 128-
@@ -23,6 +24,11 @@
  * (src/cuda/ablate.h), which libsquad does not carry.
  * --rows-out writes one row per case with squad's probabilities (both precisions), for
  * tools/hf_timing.py to run through transformers on the same weights.
+ * The default cases run engines of LEGACY_MAX_TOKENS positions (their graphs and memory as they
+ * were); --long runs engines of the model's own positions instead: cold rows of 32,768, 65,536 and
+ * 131,072 tokens, then each as a cached state with fresh 128-token questions, the hit's answer
+ * checked against the same row computed cold, and the device memory in use after each case (the
+ * K / V grows with the rows, so it shows what each length costs).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -39,6 +45,7 @@
 
 #ifdef SQUAD_HAVE_CUDA
 #include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
 
 #include "cuda/ablate.h"
 #include "cuda/cuda_backend.h"
@@ -47,6 +54,15 @@
 #define N_LETTERS 4
 #define STATE_LEN 4096
 #define MAX_ROW 8704
+/* The default cases' engines: the longest row squad took before rows could reach the model's own
+ * positions, so their graphs (span buckets up to it) and memory stay comparable. */
+#define LEGACY_MAX_TOKENS 32768
+/* --long: the lengths, the question of a hit, and the cache budget that holds the longest state's
+ * checkpoints (K / V 12 KB a position, a GDN checkpoint every 2048 positions at ~19 MB). */
+static const int LONG_LENGTHS[] = {32768, 65536, 131072};
+#define N_LONG ((int)(sizeof LONG_LENGTHS / sizeof LONG_LENGTHS[0]))
+#define LONG_QUESTION 128
+#define LONG_CACHE_BYTES ((size_t)8 << 30)
 
 typedef struct bench_row {
     int32_t ids[MAX_ROW], slots[1], nopts[1], letters[N_LETTERS];
@@ -197,6 +213,7 @@ static squad_engine *open_engine(squad_model *m, size_t budget, squad_precision 
     o.precision = prec;
     o.precapture = precapture;
     o.cache.budget_bytes = budget;
+    o.max_tokens = LEGACY_MAX_TOKENS < m->cfg.max_position ? LEGACY_MAX_TOKENS : 0;
     return squad_engine_new(m, &o, err);
 }
 
@@ -348,15 +365,142 @@ static int ablate(squad_model *m, int reps) {
 #endif
 }
 
+/* ---- --long ---- */
+
+/* Device memory in use now (total - free), in MB; -1 without CUDA. */
+static double device_used_mb(void) {
+#ifdef SQUAD_HAVE_CUDA
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
+    return (double)(total_b - free_b) / 1048576.0;
+#else
+    return -1;
+#endif
+}
+
+/* Positions the engine's working K / V holds now. */
+static int kv_held(const squad_engine *e) { return e->be->kv_positions; }
+
+typedef struct long_row {
+    int32_t *ids, slots[1], nopts[1], letters[N_LETTERS];
+    squad_row row;
+} long_row;
+
+static void long_make(long_row *b, int n, int state_len) {
+    b->slots[0] = n - 1;
+    b->nopts[0] = N_LETTERS;
+    for (int i = 0; i < N_LETTERS; i++) b->letters[i] = 32 + 3 * i;
+    b->row = (squad_row){b->ids, n, b->slots, b->nopts, 1, b->letters, N_LETTERS, state_len, 0};
+}
+
+/* Times reps rows (after one warm-up) of n tokens whose ids from `fixed` on are fresh each time;
+ * the last row's answer in *last. */
+static int long_time(squad_engine *e, long_row *b, int n, int state_len, int fixed, int reps, int vocab, double *p50,
+                     double *min_ms, squad_result *last, squad_err *err) {
+    double *t = calloc((size_t)reps, sizeof *t);
+    if (!t) return SQUAD_E_NOMEM;
+    for (int r = -1; r < reps; r++) {
+        fill(b->ids + fixed, n - fixed, vocab);
+        long_make(b, n, state_len);
+        const double t0 = squad_now_seconds();
+        const int rc = squad_engine_score(e, &b->row, last, err);
+        if (rc) {
+            free(t);
+            return rc;
+        }
+        if (r >= 0) t[r] = (squad_now_seconds() - t0) * 1e3;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    *p50 = t[reps / 2];
+    *min_ms = t[0];
+    free(t);
+    return 0;
+}
+
+static int long_bench(squad_model *m, int reps, double bw, double tflops) {
+    squad_err err = {0};
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.cache.budget_bytes = 0;
+    o.max_tokens = 0; /* the model's positions, or what the memory holds */
+    const double base_mb = device_used_mb();
+    squad_engine *cold = squad_engine_new(m, &o, &err);
+    o.cache.budget_bytes = LONG_CACHE_BYTES;
+    squad_engine *hot = cold ? squad_engine_new(m, &o, &err) : NULL;
+    const int max_row = LONG_LENGTHS[N_LONG - 1] + LONG_QUESTION;
+    long_row *b = calloc(1, sizeof *b);
+    squad_result *res = calloc(1, sizeof *res), *ref = calloc(1, sizeof *ref);
+    if (b) b->ids = malloc(sizeof(int32_t) * (size_t)max_row);
+    if (!cold || !hot || !b || !b->ids || !res || !ref) {
+        fprintf(stderr, "bench_gpu --long: %s\n", err.msg[0] ? err.msg : "out of memory");
+        return 2;
+    }
+    squad_limit why;
+    const int limit = squad_engine_max_tokens(cold, &why);
+    printf("long rows: engines take up to %d tokens (%s); device memory in use before them %.0f MB, after %.0f MB\n",
+           limit, why == SQUAD_LIMIT_MEMORY ? "bounded by memory, not the model" : "the model's positions", base_mb,
+           device_used_mb());
+    printf("| case | p50 ms | min ms | floor ms | p50 / floor | K / V positions held | device MB in use | "
+           "max |p_hit - p_cold| |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    int rc = 0;
+    for (int k = 0; k < N_LONG && !rc; k++) {
+        const int n = LONG_LENGTHS[k];
+        if (n + LONG_QUESTION > limit) {
+            printf("| cold %d | (past the engine's %d tokens) | | | | | | |\n", n, limit);
+            continue;
+        }
+        double p50 = 0, mn = 0;
+        rc = long_time(cold, b, n, -1, 0, reps, m->cfg.vocab_size, &p50, &mn, res, &err);
+        if (rc) break;
+        cost c = cost_of(&m->cfg, n, 0);
+        double tf = c.flops / (tflops * 1e12) * 1e3, tb = c.bytes / (bw * 1e9) * 1e3, fl = tf > tb ? tf : tb;
+        printf("| cold %d | %.2f | %.2f | %.2f | %.1fx | %d | %.0f | - |\n", n, p50, mn, fl, p50 / fl, kv_held(cold),
+               device_used_mb());
+        fflush(stdout);
+        /* the state: cached by its first row, then fresh questions (each a hit) */
+        const int len = n + LONG_QUESTION;
+        fill(b->ids, n, m->cfg.vocab_size);
+        fill(b->ids + n, LONG_QUESTION, m->cfg.vocab_size);
+        long_make(b, len, n);
+        if ((rc = squad_engine_score(hot, &b->row, res, &err))) break;
+        rc = long_time(hot, b, len, n, n, reps, m->cfg.vocab_size, &p50, &mn, res, &err);
+        if (rc) break;
+        /* the last question computed cold: cached = uncached */
+        if ((rc = squad_engine_score(cold, &b->row, ref, &err))) break;
+        double d = 0;
+        for (int i = 0; i < N_LETTERS; i++) d = fmax(d, fabs((double)res->probs[0][i] - (double)ref->probs[0][i]));
+        c = cost_of(&m->cfg, LONG_QUESTION, n);
+        tf = c.flops / (tflops * 1e12) * 1e3, tb = c.bytes / (bw * 1e9) * 1e3, fl = tf > tb ? tf : tb;
+        squad_cache_stats st;
+        squad_engine_cache_stats(hot, &st);
+        printf("| hit %d+%d | %.3f | %.3f | %.3f | %.1fx | %d | %.0f (cache %.0f MB) | %.2e |\n", n, LONG_QUESTION, p50,
+               mn, fl, p50 / fl, kv_held(hot), device_used_mb(), st.bytes_held / 1048576.0, d);
+        if (res->computed != LONG_QUESTION)
+            printf("note: hit %d computed %d tokens (expected %d from the cache)\n", n, res->computed, LONG_QUESTION);
+        fflush(stdout);
+    }
+    if (rc) fprintf(stderr, "bench_gpu --long: %s\n", err.msg);
+    free(b->ids);
+    free(b);
+    free(res);
+    free(ref);
+    squad_engine_free(hot);
+    squad_engine_free(cold);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *rows_path = NULL, *json_path = NULL, *profile = NULL;
-    int reps = 20, do_ablate = 0;
+    int reps = 20, do_ablate = 0, do_long = 0, reps_given = 0;
     double bw = 4300, tflops = 790;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model_dir = argv[++i];
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
+            reps = atoi(argv[++i]), reps_given = 1;
+        else if (!strcmp(argv[i], "--long"))
+            do_long = 1;
         else if (!strcmp(argv[i], "--bw") && i + 1 < argc)
             bw = atof(argv[++i]);
         else if (!strcmp(argv[i], "--tflops") && i + 1 < argc)
@@ -371,7 +515,7 @@ int main(int argc, char **argv) {
             do_ablate = 1;
         else {
             fprintf(stderr, "usage: bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] "
-                            "[--json FILE] [--ablate]\n");
+                            "[--json FILE] [--ablate] [--long]\n");
             return 2;
         }
     }
@@ -391,6 +535,11 @@ int main(int argc, char **argv) {
     const int vocab = m->cfg.vocab_size;
     if (do_ablate) {
         const int rc = ablate(m, reps);
+        squad_model_free(m);
+        return rc;
+    }
+    if (do_long) { /* a cold 131072-token row takes seconds: fewer repetitions unless asked */
+        const int rc = long_bench(m, reps_given ? reps : 3, bw, tflops);
         squad_model_free(m);
         return rc;
     }

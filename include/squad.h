@@ -141,7 +141,19 @@ typedef struct squad_engine_opts {
     const struct squad_specialists *specialists;
     int max_adapters; /* adapters resident at once (the rest loaded on demand, least recently
                        * used out first); 0: all of them */
+    /* The longest row the engine takes, in tokens; 0: the model's max_position_embeddings. More
+     * than the model's positions, or negative, is refused. The engine lowers it further when the
+     * device cannot hold the K / V of that many positions (squad_engine_max_tokens says what it
+     * took and why). Memory follows use either way: the working K / V grows with the rows. */
+    int max_tokens;
 } squad_engine_opts;
+
+/* What bounds an engine's longest row (squad_engine_max_tokens). */
+typedef enum {
+    SQUAD_LIMIT_MODEL = 0,  /* the model's max_position_embeddings */
+    SQUAD_LIMIT_OPTION = 1, /* squad_engine_opts.max_tokens */
+    SQUAD_LIMIT_MEMORY = 2  /* the device memory: the K / V of more positions would not fit */
+} squad_limit;
 
 typedef struct squad_cache_stats {
     uint64_t rows, hits, partial, cold, plain;
@@ -160,7 +172,8 @@ void squad_engine_opts_default(squad_engine_opts *opts);
 /* Loads config.json and the safetensors weights of a Hugging Face model directory. */
 squad_model *squad_model_load(const char *dir, squad_err *err);
 void squad_model_free(squad_model *model);
-/* Model facts a caller needs to build rows. */
+/* Model facts a caller needs to build rows. squad_model_max_tokens is the model's own limit
+ * (max_position_embeddings); an engine's may be lower (squad_engine_max_tokens). */
 int squad_model_vocab_size(const squad_model *model);
 int squad_model_max_tokens(const squad_model *model);
 
@@ -168,9 +181,14 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
 void squad_engine_free(squad_engine *engine);
 /* "cpu" or "cuda": the backend the engine runs on. */
 const char *squad_engine_device(const squad_engine *engine);
+/* The longest row the engine takes, and (when why is not NULL) what bounds it: the model, the
+ * max_tokens option, or the device's memory (a caller may log "bounded by memory, not the model"). */
+int squad_engine_max_tokens(const squad_engine *engine, squad_limit *why);
 
-/* Validates a row against the model; 0 when it can be scored, else SQUAD_E_INVALID and why. */
+/* Validates a row against the model (its vocabulary and positions); 0 when it can be scored, else
+ * SQUAD_E_INVALID and why. squad_engine_row_check adds the engine's own longest row. */
 int squad_row_check(const squad_model *model, const squad_row *row, squad_err *err);
+int squad_engine_row_check(const squad_engine *engine, const squad_row *row, squad_err *err);
 
 /* Answers one row. On a bad row returns SQUAD_E_INVALID and the engine stays usable. */
 int squad_engine_score(squad_engine *engine, const squad_row *row, squad_result *out, squad_err *err);

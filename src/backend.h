@@ -3,7 +3,8 @@
  *
  * The engine owns rows, chunking and the state cache; a backend owns the weights in its memory,
  * one *working state* (per GDN layer the fp32 recurrent state S [nv][dk][dv] and the last K-1 conv
- * inputs; per attention layer K / V for positions [0, max_context)), and the forward of one chunk.
+ * inputs; per attention layer K / V for positions [0, max_context), allocated as rows reach them),
+ * and the forward of one chunk.
  *
  * A chunk continues from the working state: tokens [start, start + len) of a row whose earlier
  * positions [0, start) are already in the state. forward() runs embed -> every layer -> (if the
@@ -67,7 +68,10 @@ typedef struct squad_backend squad_backend;
 struct squad_backend {
     const char *name; /* "cpu" or "cuda" */
     const squad_model *model;
-    int max_context;           /* positions the working state can hold */
+    int max_context;           /* positions the working state can hold: what the engine asked for, or
+                                * fewer when the memory cannot hold the K / V of that many */
+    int kv_positions;          /* positions the working K / V holds now; it grows in steps as rows
+                                * get longer (never past max_context) and keeps its size after */
     int max_chunk;             /* the longest chunk forward() accepts */
     size_t gdn_snapshot_bytes; /* one save_gdn blob */
     size_t kv_bytes_per_pos;   /* K and V of every attention layer at one position */
@@ -97,7 +101,8 @@ struct squad_backend {
     void *impl; /* the backend's own state */
 };
 
-/* The CPU backend (src/cpu/): opts->threads (0: all cores) and opts->precision. */
+/* The CPU backend (src/cpu/): opts->threads (0: all cores) and opts->precision. max_context is the
+ * longest row wanted; a backend lowers its own be->max_context when memory cannot hold it. */
 squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
                                      squad_err *err);
 /* Test hook: the residual stream (before the final norm) at token t of the last chunk the CPU

@@ -78,8 +78,10 @@ static squad_backend *make_backend(squad_model *model, const squad_engine_opts *
 }
 
 /* SQUAD_CACHE_BUDGET_AUTO: on a device, its free memory now (the backend built: weights, state,
- * scratch) less a safety margin, 0 (no cache) when that leaves nothing; checkpoints of a host
- * backend use host memory, which the default budget bounds. */
+ * scratch) less a safety margin and less what the working K / V may still grow by (it follows the
+ * rows up to max_context, and the cache must not take the room it grows into), 0 (no cache) when
+ * that leaves nothing; checkpoints of a host backend use host memory, which the default budget
+ * bounds. */
 static int auto_budget(squad_backend *be, size_t *budget, squad_err *err) {
     if (!be->memory_free) {
         *budget = (size_t)DEFAULT_CACHE_MB << 20;
@@ -88,7 +90,9 @@ static int auto_budget(squad_backend *be, size_t *budget, squad_err *err) {
     size_t free_bytes = 0;
     int rc = be->memory_free(be, &free_bytes, err);
     if (rc) return rc;
-    *budget = free_bytes > SQUAD_AUTO_BUDGET_MARGIN_BYTES ? free_bytes - SQUAD_AUTO_BUDGET_MARGIN_BYTES : 0;
+    const int held = be->kv_positions < be->max_context ? be->kv_positions : be->max_context;
+    const size_t keep = SQUAD_AUTO_BUDGET_MARGIN_BYTES + (size_t)(be->max_context - held) * be->kv_bytes_per_pos;
+    *budget = free_bytes > keep ? free_bytes - keep : 0;
     return 0;
 }
 
@@ -111,6 +115,30 @@ static int engine_specialists(squad_engine *e, squad_err *err) {
     return 0;
 }
 
+/* The longest row before the backend exists: the model's positions, or the option when it asks
+ * for fewer. An option past the model's positions is refused rather than silently lowered. */
+static int choose_max_tokens(const squad_model *model, const squad_engine_opts *o, int *max_tokens, squad_limit *why,
+                             squad_err *err) {
+    const int model_max = squad_model_max_tokens(model);
+    if (o->max_tokens < 0)
+        return squad_fail(err, SQUAD_E_INVALID, "max_tokens %d must be 0 (the model's %d positions) or positive",
+                          o->max_tokens, model_max);
+    if (o->max_tokens > model_max)
+        return squad_fail(err, SQUAD_E_INVALID,
+                          "max_tokens %d is past the model's max_position_embeddings (%d)", o->max_tokens, model_max);
+    *max_tokens = o->max_tokens > 0 ? o->max_tokens : model_max;
+    *why = o->max_tokens > 0 && o->max_tokens < model_max ? SQUAD_LIMIT_OPTION : SQUAD_LIMIT_MODEL;
+    return 0;
+}
+
+static const char *limit_name(squad_limit why) {
+    switch (why) {
+    case SQUAD_LIMIT_OPTION: return "the max_tokens option";
+    case SQUAD_LIMIT_MEMORY: return "bounded by memory, not the model";
+    default: return "the model's max_position_embeddings";
+    }
+}
+
 squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts_in, squad_err *err) {
     squad_engine_opts defaults;
     if (!opts_in) {
@@ -121,10 +149,13 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
     if (!e) return NULL;
     e->model = model;
     e->opts = *opts_in;
-    e->max_tokens = squad_model_max_tokens(model);
+    if (choose_max_tokens(model, &e->opts, &e->max_tokens, &e->limit, err)) goto fail;
     e->be = make_backend(model, &e->opts, e->max_tokens, err);
     if (!e->be) goto fail;
-    if (e->be->max_context < e->max_tokens) e->max_tokens = e->be->max_context;
+    if (e->be->max_context < e->max_tokens) { /* the backend could not hold that many positions */
+        e->max_tokens = e->be->max_context;
+        e->limit = SQUAD_LIMIT_MEMORY;
+    }
     if (e->opts.cache.budget_bytes == SQUAD_CACHE_BUDGET_AUTO && auto_budget(e->be, &e->opts.cache.budget_bytes, err))
         goto fail;
     if (e->opts.cache.budget_bytes > 0) {
@@ -152,12 +183,18 @@ void squad_engine_free(squad_engine *e) {
 
 const char *squad_engine_device(const squad_engine *e) { return e->be->name; }
 
+int squad_engine_max_tokens(const squad_engine *e, squad_limit *why) {
+    if (why) *why = e->limit;
+    return e->max_tokens;
+}
+
 int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err) {
     int V = model->cfg.vocab_size;
     int max_tokens = squad_model_max_tokens(model);
     if (!r->ids || r->n_ids < 1) return squad_fail(err, SQUAD_E_INVALID, "ids is empty");
     if (r->n_ids > max_tokens)
-        return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; the longest supported is %d", r->n_ids, max_tokens);
+        return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; the longest supported is %d (%s)", r->n_ids,
+                          max_tokens, limit_name(SQUAD_LIMIT_MODEL));
     for (int i = 0; i < r->n_ids; i++)
         if (r->ids[i] < 0 || r->ids[i] >= V)
             return squad_fail(err, SQUAD_E_INVALID, "ids[%d] = %d is outside the vocabulary (0..%d)", i, r->ids[i], V - 1);
@@ -188,6 +225,15 @@ int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err
     if (r->state_len < -1 || r->state_len > r->n_ids)
         return squad_fail(err, SQUAD_E_INVALID, "state_len %d must be in 0..%d (the row's length)", r->state_len,
                           r->n_ids);
+    return 0;
+}
+
+int squad_engine_row_check(const squad_engine *e, const squad_row *r, squad_err *err) {
+    int rc = squad_row_check(e->model, r, err);
+    if (rc) return rc;
+    if (r->n_ids > e->max_tokens)
+        return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; the longest supported is %d (%s)", r->n_ids,
+                          e->max_tokens, limit_name(e->limit));
     return 0;
 }
 
@@ -321,11 +367,8 @@ int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_sco
                           squad_err *err) {
     static const squad_score_opts no_opts; /* all zero: squad_engine_score's behaviour */
     memset(out, 0, sizeof *out);
-    int rc = squad_row_check(e->model, row, err);
+    int rc = squad_engine_row_check(e, row, err);
     if (rc) return rc;
-    if (row->n_ids > e->max_tokens)
-        return squad_fail(err, SQUAD_E_INVALID, "row has %d tokens; this engine holds at most %d", row->n_ids,
-                          e->max_tokens);
     const int n_routes = e->sp ? e->sp->router.n_labels : 1;
     if (row->specialist < 0 || row->specialist > (e->sp ? n_routes : 0))
         return e->sp ? squad_fail(err, SQUAD_E_INVALID, "specialist %d: 0 (the router decides) or 1..%d (a route + 1)",

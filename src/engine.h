@@ -22,16 +22,14 @@ typedef struct squad_memo squad_memo;
  * allocations, the checkpoint allocations' rounding). */
 #define SQUAD_AUTO_BUDGET_MARGIN_BYTES ((size_t)2 << 30)
 
-/* Row limits. */
-#define SQUAD_DEFAULT_MAX_TOKENS 32768 /* longest row by default (bounded by the model's positions) */
-
 struct squad_engine {
     squad_model *model;
     squad_backend *be;
     squad_cache *cache; /* NULL when the budget is 0 */
     squad_memo *memo;   /* exact repeats; NULL when the cache is off */
     squad_engine_opts opts;
-    int max_tokens;
+    int max_tokens;    /* the longest row: the model's positions, the option, or the memory */
+    squad_limit limit; /* which of the three bounds max_tokens */
     uint64_t plain_rows;
     uint64_t memo_hits, tokens_memo;
     const squad_score_opts *call; /* the running call's options (never NULL while a row runs) */

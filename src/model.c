@@ -342,6 +342,4 @@ void squad_model_free(squad_model *m) {
 
 int squad_model_vocab_size(const squad_model *m) { return m->cfg.vocab_size; }
 
-int squad_model_max_tokens(const squad_model *m) {
-    return m->cfg.max_position < SQUAD_DEFAULT_MAX_TOKENS ? m->cfg.max_position : SQUAD_DEFAULT_MAX_TOKENS;
-}
+int squad_model_max_tokens(const squad_model *m) { return m->cfg.max_position; }

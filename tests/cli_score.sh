@@ -61,6 +61,21 @@ check "truncated weights: message" $([ -s "$tmp/err" ]; echo $?)
 check "no --model: exit 2" $([ $? -eq 2 ]; echo $?)
 "$SQUAD" score --model "$MODEL" --threads abc < /dev/null > "$tmp/out" 2> "$tmp/err"
 check "bad --threads: exit 2" $([ $? -eq 2 ]; echo $?)
+# --max-tokens: a row at the limit answered, one past it refused with the reason; bad values exit 2
+printf '%s\n' "$good" '{"ids": [5, 9, 12, 40, 41], "slots": [4], "nopts": [3], "letters": [1, 2, 3]}' > "$tmp/limit.jsonl"
+"$SQUAD" score --model "$MODEL" --rows "$tmp/limit.jsonl" --device cpu --max-tokens 4 > "$tmp/out" 2> "$tmp/err"
+check "--max-tokens 4: a row past it fails (exit 1)" $([ $? -eq 1 ]; echo $?)
+check "--max-tokens 4: the 4-token row answered" $(sed -n 1p "$tmp/out" | grep -q '"probs"'; echo $?)
+check "--max-tokens 4: the 5-token row refused with the limit and its reason" \
+    $(sed -n 2p "$tmp/out" | grep -q '"error".*5 tokens.*longest supported is 4 (the max_tokens option)'; echo $?)
+"$SQUAD" score --model "$MODEL" --device cpu --max-tokens -3 < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "--max-tokens -3: exit 2" $([ $? -eq 2 ]; echo $?)
+"$SQUAD" score --model "$MODEL" --device cpu --max-tokens 40000 < /dev/null > "$tmp/out" 2> "$tmp/err"
+check "--max-tokens past the model's positions: exit 2" $([ $? -eq 2 ]; echo $?)
+check "--max-tokens past the model's positions: the message says so" \
+    $(grep -q "max_position_embeddings (32768)" "$tmp/err"; echo $?)
+"$SQUAD" score --help > "$tmp/out"
+check "help mentions --max-tokens" $(grep -q -- "--max-tokens" "$tmp/out"; echo $?)
 "$SQUAD" score --help > "$tmp/out"
 check "help mentions --cache-mb" $(grep -q -- "--cache-mb" "$tmp/out"; echo $?)
 

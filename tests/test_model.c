@@ -94,7 +94,7 @@ static void test_tiny_causal(void) {
     if (!m) return;
     CHECK(m->cfg.hidden_size == 64 && m->cfg.num_layers == 4 && m->cfg.tie_embeddings);
     CHECK(squad_model_vocab_size(m) == 300);
-    CHECK(squad_model_max_tokens(m) == 32768); /* max_position 262144, capped by the default */
+    CHECK(squad_model_max_tokens(m) == 262144); /* max_position_embeddings, as the model says */
     check_shapes(m);
     /* bf16 matrices point into the map; vectors are owned fp32. */
     CHECK(in_map(m, m->embed.w) && in_map(m, m->layers[0].in_qkv.w) && in_map(m, m->layers[3].q_proj.w));

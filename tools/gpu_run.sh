@@ -35,6 +35,12 @@
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
 #              weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
+#   long       (not by default) gpu_test_long: long rows on the tiny presets, CUDA against the CPU, K / V
+#              growth with and without precaptured graphs, the max_tokens limit, cached = uncached
+#              -> test_long.log
+#   longbench  (not by default) bench_gpu --long on the 0.8B preset: cold 32768 / 65536 / 131072 and
+#              128-token hits on those states, with the device memory in use -> long.log
+#              (its own step, so each command stays within the run tool's limit)
 # Everything runs at the default precision (bf16) unless it says otherwise (bench_gpu also times one
 # row of each case in exact). The GEMM plans the tuning chooses go to $OUT/gemm-plans.txt
 # (SQUAD_GEMM_PLANS), so a run starts untuned and its choices come back with the logs.
@@ -50,7 +56,7 @@ set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_repro bench_gpu"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_repro gpu_test_long bench_gpu"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -147,7 +153,7 @@ if has repro; then
 fi
 BW=4300
 TF=790
-if { has profile || has bench || has ablate; } && [ ! -e "$MODEL/model.safetensors" ]; then
+if { has profile || has bench || has ablate || has longbench; } && [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
 if has profile; then
@@ -197,6 +203,13 @@ if has ablate; then
         step "bench_gpu --ablate (${item//,/ })" 300 "$OUT/ablate.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" --model "$MODEL" \
             --ablate --reps "${BENCH_REPS:-20}"
     done
+fi
+if has long; then
+    step "gpu_test_long" 480 "$OUT/test_long.log" $RUNENV "$BIN/gpu_test_long"
+fi
+if has longbench; then
+    step "bench_gpu --long" 400 "$OUT/long.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --long --reps "${LONG_REPS:-3}" \
+        --bw "$BW" --tflops "$TF"
 fi
 if has gemm; then
     step "gemm shapes (SQUAD_GEMM_BENCH=1)" 300 "$OUT/gemm.log" $RUNENV SQUAD_GEMM_BENCH=1 "$BIN/gpu_test_kernels"

@@ -218,6 +218,8 @@ int cmd_ask(int argc, char **argv) {
         ask_free(&s);
         return rc;
     }
+    cli_log_max_tokens("ask", s.engine, s.model); /* the rows were built against the model's limit;
+                                                    * a row past the engine's gets its clear error */
     double t_engine = squad_now_seconds(); /* engine creation is setup, not the request's cost */
     const int forced = a.specialist && strcmp(a.specialist, "auto") ? squad_specialists_find(s.sp, a.specialist) + 1 : 0;
     for (int i = 0; i < s.rows.n_rows; i++) {

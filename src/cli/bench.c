@@ -198,6 +198,7 @@ int cmd_bench(int argc, char **argv) {
         squad_model_free(m);
         return 2;
     }
+    cli_log_max_tokens("bench", e, m);
     for (int k = 0; k < n_lengths && !rc; k++) {
         int n = lengths[k];
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);

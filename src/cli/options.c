@@ -4,6 +4,7 @@
 #include "options.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,9 @@ const char CLI_ENGINE_OPTIONS_HELP[] =
     "  --max-slots N            rows with more slots are not cached (default 4)\n"
     "  --precapture             CUDA: capture every chunk graph at start\n"
     "  --max-adapters N         with --specialists: adapters resident at once, the rest loaded on\n"
-    "                           demand, least recently used out first (default 0: all)\n";
+    "                           demand, least recently used out first (default 0: all)\n"
+    "  --max-tokens N           the longest row (default 0: the model's max_position_embeddings),\n"
+    "                           lowered when the device cannot hold its K / V; memory follows the rows\n";
 
 int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *out) {
     if (!text) {
@@ -84,6 +87,9 @@ int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
     } else if (!strcmp(a, "--max-adapters")) {
         if (cli_parse_int(a, val, 0, SQUAD_MAX_ROUTES, &v)) return -1;
         o->max_adapters = (int)v;
+    } else if (!strcmp(a, "--max-tokens")) {
+        if (cli_parse_int(a, val, 0, INT32_MAX, &v)) return -1;
+        o->max_tokens = (int)v;
     } else if (!strcmp(a, "--max-slots")) {
         if (cli_parse_int(a, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return -1;
         o->cache.max_slots = (int)v;
@@ -92,4 +98,12 @@ int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
     }
     (*i)++;
     return 1;
+}
+
+void cli_log_max_tokens(const char *cmd, const squad_engine *e, const squad_model *m) {
+    squad_limit why;
+    const int n = squad_engine_max_tokens(e, &why);
+    if (why == SQUAD_LIMIT_MEMORY)
+        fprintf(stderr, "squad %s: rows up to %d tokens: bounded by memory, not the model (%d positions)\n", cmd, n,
+                squad_model_max_tokens(m));
 }

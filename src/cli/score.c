@@ -136,6 +136,7 @@ int cmd_score(int argc, char **argv) {
         if (in != stdin) fclose(in);
         return 2;
     }
+    cli_log_max_tokens("score", engine, model);
     int failed = 0;
     char *line = NULL;
     size_t cap = 0;

@@ -33,6 +33,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../backend.h"
 #include "../specialists.h"
@@ -47,6 +48,10 @@
 #define CPU_ATTN_QUERY_BLOCK 16
 /* The first K / V allocation, in positions; it doubles as rows grow. */
 #define CPU_KV_INITIAL_POSITIONS 1024
+/* The working K / V at the longest row may take at most this fraction (1 / N) of the host's
+ * physical memory; a longer max_context is lowered to fit (the weights, checkpoints and the rest
+ * of the process need the remainder). */
+#define CPU_KV_MEMORY_SHARE 2
 /* Vocabulary rows per step of the full-vocabulary pass (logits kept: slots x this many floats). */
 #define CPU_VOCAB_BLOCK 4096
 /* Reduction tasks per slot and step (each one's part of the step's logits). */
@@ -114,6 +119,7 @@ static int ensure_kv_capacity(cpu_backend *c, int need, squad_err *err) {
         return squad_fail(err, SQUAD_E_INVALID, "position %d is past the longest supported row (%d)", need,
                           c->base.max_context);
     int cap = c->kv_capacity ? c->kv_capacity : CPU_KV_INITIAL_POSITIONS;
+    if (cap > c->base.max_context) cap = c->base.max_context;
     while (cap < need) cap = cap > c->base.max_context / 2 ? c->base.max_context : cap * 2;
     size_t row = sizeof(float) * (size_t)kv_dim(c);
     for (int la = 0; la < c->n_attn; la++) {
@@ -125,7 +131,18 @@ static int ensure_kv_capacity(cpu_backend *c, int need, squad_err *err) {
         c->V[la] = nv;
     }
     c->kv_capacity = cap;
+    c->base.kv_positions = cap;
     return 0;
+}
+
+/* The longest context whose K / V fits the host's share (CPU_KV_MEMORY_SHARE), want or fewer;
+ * want when the host's memory cannot be asked. */
+static int context_bound(int want, size_t kv_bytes_per_pos) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0 || kv_bytes_per_pos == 0) return want;
+    const size_t share = (size_t)pages / CPU_KV_MEMORY_SHARE * (size_t)page;
+    const size_t fit = share / kv_bytes_per_pos;
+    return fit < (size_t)want ? (int)fit : want;
 }
 
 static int cpu_reset(squad_backend *be, squad_err *err) {
@@ -520,6 +537,11 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
                           (size_t)(cfg->conv_kernel - 1) * (size_t)C;
     be->gdn_snapshot_bytes = sizeof(float) * c->gdn_layer_floats * (size_t)c->n_gdn;
     be->kv_bytes_per_pos = 2 * sizeof(float) * (size_t)kv_dim(c) * (size_t)c->n_attn;
+    be->max_context = context_bound(max_context, be->kv_bytes_per_pos);
+    if (be->max_context < 1) {
+        squad_fail(err, SQUAD_E_NOMEM, "host memory cannot hold the K / V of one position");
+        goto fail;
+    }
 
     c->pool = cpu_pool_new(opts ? opts->threads : 0, err);
     if (!c->pool) goto fail;

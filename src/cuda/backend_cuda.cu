@@ -9,9 +9,15 @@
  *  - Working state: one arena holding every GDN layer's S^T [nv][dv][dk] (fp32, head dims padded
  *    as k_gdn.cu instantiates them) and conv inputs
  *    [K-1][C] (bf16), so save_gdn / load_gdn / reset are single copies; and one K / V cache,
- *    position-major [max_context][attention layer][K | V][nkv][hd] (bf16), so the K / V of
+ *    position-major [capacity][attention layer][K | V][nkv][hd] (bf16), so the K / V of
  *    positions [0, n) of every layer is one contiguous range: save_kv / load_kv are single copies
  *    and a blob saved with more positions has the shorter one as its prefix.
+ *  - Memory follows use: the K / V cache starts at KV_INITIAL_POSITIONS and doubles (up to
+ *    max_context) when a chunk or a restore reaches past it. The kernels find it through the chunk
+ *    parameters (cu_chunk_params.kv_work), never through an address captured into a graph, so a
+ *    growth (a new buffer, the old one copied in and freed) leaves every graph valid. max_context
+ *    itself is lowered at creation when the device's free memory, less KV_HEADROOM_BYTES, cannot
+ *    hold the K / V of that many positions.
  *  - forward(chunk): the chunk is padded to a length bucket (CHUNK_BUCKETS), its attention span
  *    start + len to a span bucket; the pair selects a graph, captured on first use (or all at once
  *    with precapture) and replayed for every chunk of that shape. Start, real length, ids,
@@ -55,6 +61,12 @@ static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 10
 #define DEFAULT_MAX_CHUNK 4096
 #define SPAN_MIN 1024 /* span buckets: 1024, 2048, ... up to max_context */
 #define MAX_SPANS 24
+/* The K / V cache's first capacity, in positions (it doubles as rows grow, up to max_context). */
+#define KV_INITIAL_POSITIONS 4096
+/* Device memory left aside when bounding max_context by what the K / V may grow to: the state
+ * cache's default budget, graphs captured later, cuBLASLt's and the driver's own allocations (the
+ * engine's automatic cache budget keeps the same margin). */
+#define KV_HEADROOM_BYTES ((size_t)2 << 30)
 static_assert(N_CHUNK_BUCKETS <= (int)(sizeof(((squad_cuda_info *)0)->buckets) / sizeof(int)) &&
                   MAX_SPANS <= (int)(sizeof(((squad_cuda_info *)0)->spans) / sizeof(int)),
               "squad_cuda_info must hold every bucket and span");
@@ -96,7 +108,9 @@ typedef struct cu_be {
 
     unsigned char *gdn_state; /* the arena: S of every GDN layer, then conv inputs */
     size_t gdn_bytes;
-    void *kv; /* [max_context][n_attn][2][nkv][hd] activations */
+    void *kv; /* [kv_cap][n_attn][2][nkv][hd] activations; grows (moves) with the rows, so kernels
+                 find it through cu_chunk_params.kv_work; not in allocs (it is freed on growth) */
+    int kv_cap;
     size_t kv_pos_elems;
     /* load_kv reads a cache blob in place: positions [0, kv_split) are kv_src's, not kv's (the
      * blob stays valid until the next reset or load_kv, backend.h) */
@@ -119,6 +133,7 @@ typedef struct cu_be {
 
     int n_spans, spans[MAX_SPANS];
     int splits[N_CHUNK_BUCKETS][MAX_SPANS];
+    size_t att_part_bytes; /* the partial-results buffer (the largest need over every bucket and span) */
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
@@ -234,6 +249,64 @@ static int span_bucket(const cu_be *cb, int keys) {
     return cb->n_spans - 1;
 }
 
+/* Span buckets SPAN_MIN, 2 SPAN_MIN, ... up to max_context (the last is max_context itself), and
+ * attention's key splits per (bucket, span). Run again when max_context is lowered. */
+static int set_spans(cu_be *cb, squad_err *err) {
+    cb->n_spans = 0;
+    for (long s = SPAN_MIN;; s *= 2) {
+        if (cb->n_spans == MAX_SPANS) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: context too long");
+        cb->spans[cb->n_spans++] = (int)(s < cb->max_context ? s : cb->max_context);
+        if (s >= cb->max_context) break;
+    }
+    cb->att_part_bytes = 0;
+    for (int bi = 0; cb->n_attn && bi < N_CHUNK_BUCKETS; bi++)
+        for (int si = 0; si < cb->n_spans; si++) {
+            cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm, cb->att_splits);
+            const size_t b = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
+            if (b > cb->att_part_bytes) cb->att_part_bytes = b;
+        }
+    return 0;
+}
+
+/* ---- the K / V cache, grown as rows get longer ------------------------------------------------- */
+
+static size_t kv_pos_bytes(const cu_be *cb) { return cb->kv_pos_elems * cb->es; }
+
+/* Makes room for positions [0, need): a new buffer of the next capacity (doubling from
+ * KV_INITIAL_POSITIONS, at most max_context), the old contents copied in on the stream and the old
+ * buffer freed once the stream has finished with it. Graphs read the buffer through the chunk
+ * parameters, so none needs recapturing. */
+static int ensure_kv(cu_be *cb, int need, squad_err *err) {
+    if (!cb->n_attn || need <= cb->kv_cap) return 0;
+    if (need > cb->max_context)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA backend: position %d is past the longest row (%d)", need,
+                      cb->max_context);
+    long cap = cb->kv_cap ? cb->kv_cap : KV_INITIAL_POSITIONS;
+    while (cap < need) cap *= 2;
+    if (cap > cb->max_context) cap = cb->max_context;
+    const size_t old_bytes = (size_t)cb->kv_cap * kv_pos_bytes(cb), bytes = (size_t)cap * kv_pos_bytes(cb);
+    void *nkv = NULL;
+    const cudaError_t e = cudaMalloc(&nkv, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
+                      "CUDA backend: no device memory to grow the K / V cache to %ld positions (%.1f MB): %s", cap,
+                      (double)bytes / (1 << 20), cudaGetErrorString(e));
+    }
+    cudaError_t ec = old_bytes ? cudaMemcpyAsync(nkv, cb->kv, old_bytes, cudaMemcpyDeviceToDevice, cb->st) : cudaSuccess;
+    /* the new tail zeroed, so nothing ever reads uninitialised memory there */
+    if (ec == cudaSuccess) ec = cudaMemsetAsync((char *)nkv + old_bytes, 0, bytes - old_bytes, cb->st);
+    if (ec == cudaSuccess) ec = cudaStreamSynchronize(cb->st);
+    if (ec != cudaSuccess) {
+        cudaFree(nkv);
+        return cu_fail(err, "growing the K / V cache", ec, __FILE__, __LINE__);
+    }
+    if (cb->kv) cudaFree(cb->kv);
+    cb->kv = nkv;
+    cb->kv_cap = (int)cap;
+    return 0;
+}
+
 /* ---- the forward of one chunk (enqueued on cb->st; captured into a graph or run eagerly) -------- */
 
 /* The kernel groups of cb->parts, in forward order. With every group this is the forward; with a
@@ -267,11 +340,11 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
                                  cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err)))
             return rc;
         if (!lin && attn) {
+            /* this layer's K and V at position 0, in elements, in the working buffer and in a blob
+             * alike (the same position-major layout); both buffers come from the parameters */
             const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
-            char *Kc = (char *)cb->kv + (size_t)L->attn_index * 2 * kvd * cb->es;
-            char *Vc = Kc + kvd * cb->es;
-            const ptrdiff_t bko = (ptrdiff_t)((size_t)L->attn_index * 2 * kvd), bvo = bko + (ptrdiff_t)kvd;
-            rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, Kc, Vc, bko, bvo, cb->qb,
+            const ptrdiff_t ko = (ptrdiff_t)((size_t)L->attn_index * 2 * kvd), vo = ko + (ptrdiff_t)kvd;
+            rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, ko, vo, ko, vo, cb->qb,
                                  cb->att_part, cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
             if (rc) return rc;
         }
@@ -364,6 +437,8 @@ static int upload_params(cu_be *cb, int rows, squad_err *err) {
 /* The read-in-place prefix copied into the working buffer (a chunk is about to overwrite part of it;
  * the engine never does this after a restore, but the backend contract allows it). */
 static int materialize_kv(cu_be *cb, squad_err *err) {
+    const int rc = ensure_kv(cb, cb->kv_split, err);
+    if (rc) return rc;
     const size_t bytes = (size_t)cb->kv_split * cb->kv_pos_elems * cb->es;
     if (bytes) CU_TRY(cudaMemcpyAsync(cb->kv, cb->kv_src, bytes, cudaMemcpyDeviceToDevice, cb->st));
     cb->kv_split = 0;
@@ -393,7 +468,13 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
         const int rc = materialize_kv(cb, err);
         if (rc) return rc;
     }
+    {
+        const int rc = ensure_kv(cb, ch->start + ch->len, err);
+        if (rc) return rc;
+        be->kv_positions = cb->kv_cap;
+    }
     cu_chunk_params *p = cb->prm_host;
+    p->kv_work = cb->kv;
     p->kv_src = cb->kv_split > 0 ? cb->kv_src : NULL;
     p->kv_split = cb->kv_split;
     p->start = ch->start;
@@ -486,9 +567,11 @@ static int be_load_gdn(squad_backend *be, const void *src, squad_err *err) {
 
 static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (n < 0 || n > cb->max_context) return cu_err(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions", n);
     /* positions below kv_split from the blob read in place, the rest from the working buffer */
     const int from_blob = n < cb->kv_split ? n : cb->kv_split;
+    if (n < 0 || n > cb->max_context || (n > from_blob && n > cb->kv_cap))
+        return cu_err(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions (%d held)", n,
+                      cb->kv_cap > from_blob ? cb->kv_cap : from_blob);
     const size_t blob_bytes = (size_t)from_blob * be->kv_bytes_per_pos, bytes = (size_t)n * be->kv_bytes_per_pos;
     if (blob_bytes) CU_TRY(cudaMemcpyAsync(dst, cb->kv_src, blob_bytes, cudaMemcpyDeviceToDevice, cb->st));
     if (bytes > blob_bytes)
@@ -538,6 +621,7 @@ static void be_destroy(squad_backend *be) {
         cu_gemm_free(&cb->gemm);
         for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
         free(cb->allocs);
+        if (cb->kv) cudaFree(cb->kv);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
@@ -581,6 +665,22 @@ static int check_config(const squad_config *c, squad_err *err) {
         return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: intermediate_size %d must be a multiple of 8",
                           c->intermediate_size);
     return 0;
+}
+
+/* Lowers max_context to what the device can hold: the K / V capacity now plus what the free memory,
+ * less KV_HEADROOM_BYTES, can add. Everything else is allocated by now, and the K / V is the only
+ * buffer that grows with the rows. The span buckets follow (the partial-results buffer, sized for
+ * the longer context, is large enough for the shorter). */
+static int bound_context(cu_be *cb, squad_err *err) {
+    if (!cb->n_attn) return 0;
+    size_t free_bytes = 0, total = 0;
+    CU_TRY(cudaMemGetInfo(&free_bytes, &total));
+    const size_t room = free_bytes > KV_HEADROOM_BYTES ? free_bytes - KV_HEADROOM_BYTES : 0;
+    const size_t fit = (size_t)cb->kv_cap + room / kv_pos_bytes(cb);
+    if (fit >= (size_t)cb->max_context) return 0;
+    cb->max_context = (int)fit;
+    if (cb->max_chunk > cb->max_context) cb->max_chunk = cb->max_context; /* cannot happen past the first capacity */
+    return set_spans(cb, err);
 }
 
 static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts, int max_context, squad_err *err) {
@@ -638,7 +738,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->ldQKV = round8(c->num_heads * 2 * c->head_dim + 2 * c->num_kv_heads * c->head_dim);
     cb->ad.ldQKV = cb->ldQKV;
     cb->ad.eps = c->rms_eps;
-    cb->ad.max_context = max_context;
+    cb->ad.max_context = max_context; /* unused by the kernels: the K / V capacity follows the rows */
     cb->kv_pos_elems = (size_t)cb->n_attn * 2 * c->num_kv_heads * c->head_dim;
     cb->ad.kv_stride = cb->kv_pos_elems;
     if (cb->n_gdn) {
@@ -657,13 +757,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         if ((rc = cu_attn_init(&cb->ad, err))) return rc;
     }
 
-    /* span buckets */
-    cb->n_spans = 0;
-    for (long s = SPAN_MIN;; s *= 2) {
-        if (cb->n_spans == MAX_SPANS) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: context too long");
-        cb->spans[cb->n_spans++] = (int)(s < max_context ? s : max_context);
-        if (s >= max_context) break;
-    }
+    if ((rc = set_spans(cb, err))) return rc; /* span buckets, as far as the asked context */
 
     /* weights */
     if (!m->embed.w || m->embed.rows != cb->V || m->embed.cols != cb->H)
@@ -691,8 +785,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     const size_t conv_bytes = ((size_t)(cb->gd.K - 1) * cb->C * cb->es + 255) & ~(size_t)255;
     cb->gdn_bytes = (size_t)cb->n_gdn * (s_bytes + conv_bytes);
     if ((rc = dalloc(cb, (void **)&cb->gdn_state, cb->gdn_bytes, MEM_STATE, err))) return rc;
-    if (cb->n_attn && (rc = dalloc(cb, &cb->kv, (size_t)max_context * cb->kv_pos_elems * cb->es, MEM_STATE, err)))
-        return rc;
+    if ((rc = ensure_kv(cb, 1, err))) return rc; /* the first capacity; more as rows need it */
     {
         unsigned char *S0 = cb->gdn_state;
         unsigned char *conv0 = S0 + (size_t)cb->n_gdn * s_bytes;
@@ -750,14 +843,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     if ((rc = dalloc(cb, &cb->mlp, R * cb->I * es, MEM_SCRATCH, err))) return rc;
     if (cb->n_attn) {
         if ((rc = dalloc(cb, &cb->qb, R * cb->ad.nh * cb->ad.hd * es, MEM_SCRATCH, err))) return rc;
-        size_t pb = 0;
-        for (int bi = 0; bi < N_CHUNK_BUCKETS; bi++)
-            for (int si = 0; si < cb->n_spans; si++) {
-                cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm, cb->att_splits);
-                const size_t b = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
-                if (b > pb) pb = b;
-            }
-        if ((rc = dalloc(cb, &cb->att_part, pb, MEM_SCRATCH, err))) return rc;
+        if ((rc = dalloc(cb, &cb->att_part, cb->att_part_bytes, MEM_SCRATCH, err))) return rc;
     }
     if (cb->n_gdn) {
         if ((rc = dalloc(cb, &cb->gdn_scr, cu_gdn_scratch_bytes(&cb->gd, (int)R), MEM_SCRATCH, err))) return rc;
@@ -780,6 +866,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     CU_TRY(cudaMallocHost((void **)&cb->vocab_host, vbytes));
     /* every upload (legacy stream, possibly still in its DMA) done before a kernel on cb->st reads it */
     CU_TRY(cudaDeviceSynchronize());
+    if ((rc = bound_context(cb, err))) return rc;
 
     if (opts && opts->precapture && cb->use_graphs && (rc = precapture_all(cb, err))) return rc;
     return 0;
@@ -824,7 +911,8 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
         be_destroy(be);
         return NULL;
     }
-    be->max_context = max_context;
+    be->max_context = cb->max_context; /* lowered when the device cannot hold the K / V of more */
+    be->kv_positions = cb->kv_cap;
     be->max_chunk = cb->max_chunk;
     be->gdn_snapshot_bytes = cb->gdn_bytes;
     be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
@@ -841,7 +929,9 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     info->capture_s = cb->capture_s;
     info->replays = cb->replays;
     info->weight_bytes = cb->weight_bytes;
-    info->state_bytes = cb->state_bytes;
+    info->state_bytes = cb->state_bytes + (size_t)cb->kv_cap * kv_pos_bytes(cb);
+    info->kv_positions = cb->kv_cap;
+    info->max_context = cb->max_context;
     info->scratch_bytes = cb->scratch_bytes + cb->gemm.ws_bytes + cb->gemm.rot_bytes;
     snprintf(info->precision, sizeof info->precision, "%s", cb->f32 ? "exact" : "bf16");
     info->n_buckets = N_CHUNK_BUCKETS;
@@ -863,7 +953,11 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
         return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
     if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
     const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
+    int rc = ensure_kv(cb, start + len, err);
+    if (rc) return rc;
+    be->kv_positions = cb->kv_cap;
     cu_chunk_params *p = cb->prm_host;
+    p->kv_work = cb->kv;
     p->kv_src = NULL;
     p->kv_split = 0;
     p->start = start;
@@ -877,7 +971,7 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
         x = x * 1664525u + 1013904223u;
         p->ids[t] = t < len ? (int)((x >> 8) % (uint32_t)cb->V) : 0;
     }
-    int rc = upload_params(cb, rows, err);
+    rc = upload_params(cb, rows, err);
     if (!rc) rc = capture_chunk(cb, bi, si, parts, &a->graph, err);
     if (!rc && want_engine) rc = get_graph(cb, bi, si, err);
     if (rc) {

@@ -21,7 +21,9 @@ typedef struct squad_cuda_info {
     double capture_s;      /* seconds spent capturing and instantiating them */
     unsigned long long replays;
     size_t weight_bytes;   /* device bytes of weights */
-    size_t state_bytes;    /* working state: GDN states + K / V */
+    size_t state_bytes;    /* working state: GDN states + K / V (its capacity now) */
+    int kv_positions;      /* positions the K / V holds now (it grows with the rows) */
+    int max_context;       /* the longest row the backend takes (lowered when memory is short) */
     size_t scratch_bytes;  /* activations, kernel scratch, cuBLASLt's workspace and the GEMM tuning's weight copies */
     int n_buckets;         /* chunk-length buckets */
     int buckets[24];

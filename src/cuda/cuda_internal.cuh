@@ -46,6 +46,10 @@ typedef struct cu_chunk_params {
      * the blob kv_src (the cache group's, same layout as the working buffer), not from the working
      * buffer, which then holds only positions from kv_split on. kv_split 0: the working buffer only. */
     const void *kv_src;
+    /* The working K / V buffer (the backend's, [capacity][attention layer][K | V][nkv][hd]). It is
+     * read from here, not baked into the graphs, so the buffer can grow (move) as rows get longer
+     * and every graph captured before stays valid. */
+    void *kv_work;
     int kv_split;
     int start;     /* absolute position of token 0 */
     int len;       /* real tokens; positions [len, bucket) are padding */
@@ -54,7 +58,7 @@ typedef struct cu_chunk_params {
     int slots[CU_MAX_SLOTS]; /* relative to start */
     int nopts[CU_MAX_SLOTS];
     int letters[CU_MAX_LETTERS];
-    int pad_[3]; /* the header a multiple of 16 bytes */
+    int pad_[1]; /* the header a multiple of 16 bytes */
     int ids[1]; /* [bucket] (the struct is allocated larger) */
 } cu_chunk_params;
 
@@ -361,15 +365,16 @@ int cu_attn_init(const cu_attn_dims *d, squad_err *err);
 /* Splits of the key range for a chunk of `rows` query rows and keys up to `span`. */
 int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm, int force); /* force > 0: that many, bounded */
 size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits);
-/* QKV: [rows][ldQKV] bf16; Kc/Vc: this layer's K / V at position 0, kv_stride elements per
- * position, [nkv][hd] bf16 each (positions [start, start+len) written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;
- * out: [rows][nh hd] bf16 = attention * sigmoid(gate). */
-/* blob_k_off, blob_v_off: elements from prm->kv_src to this layer's K and V at position 0, for the
- * keys below prm->kv_split (cu_chunk_params). */
+/* QKV: [rows][ldQKV] bf16; this layer's K / V are at element offsets wko, wvo from prm->kv_work
+ * (position 0), kv_stride elements per position, [nkv][hd] each (positions [start, start+len)
+ * written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;
+ * out: [rows][nh hd] bf16 = attention * sigmoid(gate).
+ * blob_k_off, blob_v_off: elements from prm->kv_src to this layer's K and V at position 0, for the
+ * keys below prm->kv_split (cu_chunk_params). Both buffers are found through prm at run time. */
 int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm, const float *k_norm,
-                    const float *inv_freq, void *Kc, void *Vc, ptrdiff_t blob_k_off, ptrdiff_t blob_v_off, void *Qb,
-                    void *part, int splits, void *out, const cu_chunk_params *prm, int rows, cudaStream_t st,
-                    squad_err *err);
+                    const float *inv_freq, ptrdiff_t wko, ptrdiff_t wvo, ptrdiff_t blob_k_off, ptrdiff_t blob_v_off,
+                    void *Qb, void *part, int splits, void *out, const cu_chunk_params *prm, int rows,
+                    cudaStream_t st, squad_err *err);
 
 /* ---- the ablation timing's view of a backend (backend_cuda.cu; used by ablate.cu) ----------- */
 typedef struct cu_ablation {

@@ -182,8 +182,16 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     const int span = a->max_context;
     const int splits = cu_attn_splits(&d, a->rows, span, nsm, 0);
     if ((rc = up_act(b, &QKV, a->QKV, (size_t)a->rows * a->ld, ex, err))) return rc;
-    if ((rc = up_act(b, &K, a->K, kvn, ex, err))) return rc;
-    if ((rc = up_act(b, &V, a->V, kvn, ex, err))) return rc;
+    /* K and V in one working buffer (K at element 0, V at kvn), found through prm->kv_work as the
+     * backend's is */
+    void *Kh, *Vh, *KV;
+    if ((rc = up_act(b, &Kh, a->K, kvn, ex, err))) return rc;
+    if ((rc = up_act(b, &Vh, a->V, kvn, ex, err))) return rc;
+    if ((rc = talloc(b, &KV, 2 * kvn * es, err))) return rc;
+    CU_TRY(cudaMemcpy(KV, Kh, kvn * es, cudaMemcpyDeviceToDevice));
+    CU_TRY(cudaMemcpy((char *)KV + kvn * es, Vh, kvn * es, cudaMemcpyDeviceToDevice));
+    K = KV;
+    V = (char *)KV + kvn * es;
     if ((rc = up_f32(b, &qn, a->q_norm, a->hd, err))) return rc;
     if ((rc = up_f32(b, &kn, a->k_norm, a->hd, err))) return rc;
     if ((rc = up_f32(b, &inv, a->inv_freq, a->rd / 2 > 0 ? a->rd / 2 : 1, err))) return rc;
@@ -191,6 +199,7 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     if ((rc = talloc_poison(b, &out, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
     if ((rc = talloc(b, &part, ex ? 16 : cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
     if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
+    CU_TRY(cudaMemcpy((char *)prm + offsetof(cu_chunk_params, kv_work), &KV, sizeof KV, cudaMemcpyHostToDevice));
     /* the read-in-place blob: K of [0, kv_split) at element 0, V at kvn, like a cache group's blob
      * whose layer offsets are given as bko, bvo; the working buffer's copy becomes NaN */
     ptrdiff_t bko = 0, bvo = 0;
@@ -210,9 +219,11 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
         memset(&hp, 0, sizeof hp);
         hp.kv_src = blob;
         hp.kv_split = a->kv_split;
+        hp.kv_work = KV;
         CU_TRY(cudaMemcpy(prm, &hp, offsetof(cu_chunk_params, start), cudaMemcpyHostToDevice));
     }
-    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, K, V, bko, bvo, Qb, part, splits, out, prm, a->rows, 0, err)))
+    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, 0, (ptrdiff_t)kvn, bko, bvo, Qb, part, splits, out, prm, a->rows, 0,
+                              err)))
         return rc;
     CU_TRY(cudaDeviceSynchronize());
     if ((rc = down_act(a->out, out, (size_t)a->rows * a->nh * a->hd, ex, err))) return rc;

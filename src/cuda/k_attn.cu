@@ -15,7 +15,9 @@
  *    barrier per tile); online softmax in the exp2 domain. Query row t sees keys j <= start + t
  *    (and j < start + len, so padding rows stay finite); a warp skips a tile wholly past its rows.
  *    Keys below the chunk parameters' kv_split come from a cache blob read in place (a hit's restored
- *    prefix, never copied into the working buffer), the rest from the working buffer.
+ *    prefix, never copied into the working buffer), the rest from the working buffer. Both are
+ *    found through the parameters (kv_src, kv_work) at run time, never baked into a graph: the
+ *    working buffer grows, and moves, as rows get longer.
  *    Query tiles launch longest key range first (causal balance). The key range of a split is
  *    computed at run time from the chunk's start, so one captured graph balances every chunk of
  *    its bucket. Partial (unnormalised) O, running max and sum go to scratch.
@@ -48,7 +50,7 @@ struct attn_prep_args {
     const A *QKV;
     int ld;
     const float *q_norm, *k_norm, *inv_freq;
-    A *Kc, *Vc;
+    ptrdiff_t wko, wvo; /* this layer's K and V in the working buffer prm->kv_work */
     size_t kv_stride;
     A *Qb;
     const cu_chunk_params *prm;
@@ -66,6 +68,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int start = a.prm->start, len = a.prm->len;
     const int pos = start + t;
+    A *const Kc = (A *)a.prm->kv_work + a.wko, *const Vc = (A *)a.prm->kv_work + a.wvo;
     const int half = a.rd / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float ang = __fmul_rn((float)pos, a.inv_freq[i]);
@@ -95,7 +98,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     if (is_q)
         dst = a.Qb + ((size_t)t * a.nh + hh) * a.hd;
     else
-        dst = t < len ? a.Kc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd : nullptr;
+        dst = t < len ? Kc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd : nullptr;
     for (int d = lane; d < a.hd; d += 32) {
         float o = b[d];
         if (d < half)
@@ -106,7 +109,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     }
     if (!is_q && t < len) { /* v passes unchanged */
         const A *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
-        A *vd = a.Vc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd;
+        A *vd = Vc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd;
         for (int d = lane; d < a.hd; d += 32) vd[d] = vs[d];
     }
 }
@@ -115,7 +118,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
 
 struct attn_fwd_args {
     const bf16 *Qb;
-    const bf16 *Kc, *Vc;
+    ptrdiff_t wko, wvo; /* this layer's K and V in the working buffer prm->kv_work */
     ptrdiff_t bko, bvo; /* this layer's K and V in the blob prm->kv_src (keys below prm->kv_split) */
     size_t kv_stride;
     const cu_chunk_params *prm;
@@ -206,8 +209,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     const int kvh = h0 / (a.nh / a.nkv);
     /* keys below split: the cache blob read in place (never dereferenced when split is 0) */
     const int split = a.prm->kv_split;
-    const bf16 *Kb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : a.Kc;
-    const bf16 *Vb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : a.Vc;
+    const bf16 *const Kc = (const bf16 *)a.prm->kv_work + a.wko, *const Vc = (const bf16 *)a.prm->kv_work + a.wvo;
+    const bf16 *Kb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : Kc;
+    const bf16 *Vb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : Vc;
 
     /* Q tile (rows past the bucket are zero) and the first K / V tiles: one cp.async group */
     for (int e = tid; e < ATT_ROWS * (HD / 8); e += ATT_THREADS) {
@@ -220,8 +224,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     }
     {
         bf16 *K0 = (bf16 *)(smem + SM::q_tile);
-        att_load_kv<HD>(K0, a.Kc, Kb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
-        att_load_kv<HD>(K0 + CU_ATT_BN * LD, a.Vc, Vb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD>(K0, Kc, Kb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD>(K0 + CU_ATT_BN * LD, Vc, Vb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
     }
     cu_cp_async_commit();
 
@@ -247,8 +251,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         __syncthreads();
         if (kb + CU_ATT_BN < k_hi) {
             bf16 *Kn = (bf16 *)(smem + SM::q_tile + (size_t)(stage ^ 1) * 2 * SM::kv_tile);
-            att_load_kv<HD>(Kn, a.Kc, Kb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
-            att_load_kv<HD>(Kn + CU_ATT_BN * LD, a.Vc, Vb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD>(Kn, Kc, Kb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD>(Kn + CU_ATT_BN * LD, Vc, Vb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
             cu_cp_async_commit();
         }
         /* every key of this tile is past the warp's rows (causal): it would change nothing; the
@@ -486,8 +490,8 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) attn_combine_kernel(
 #define ATT_EX_MAX_HD 256
 
 struct attn_exact_args {
-    const float *Qb, *Kc, *Vc, *QKV;
-    ptrdiff_t bko, bvo; /* as attn_fwd_args */
+    const float *Qb, *QKV;
+    ptrdiff_t wko, wvo, bko, bvo; /* as attn_fwd_args */
     size_t kv_stride;
     int ld;
     float *out;
@@ -510,8 +514,9 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
     __syncwarp();
     const int kvh = h / (a.nh / a.nkv), nkeys = start + t + 1;
     const int split = a.prm->kv_split;
-    const float *Kb = split > 0 ? (const float *)a.prm->kv_src + a.bko : a.Kc;
-    const float *Vb = split > 0 ? (const float *)a.prm->kv_src + a.bvo : a.Vc;
+    const float *const Kc = (const float *)a.prm->kv_work + a.wko, *const Vc = (const float *)a.prm->kv_work + a.wvo;
+    const float *Kb = split > 0 ? (const float *)a.prm->kv_src + a.bko : Kc;
+    const float *Vb = split > 0 ? (const float *)a.prm->kv_src + a.bvo : Vc;
     float O[ATT_EX_MAX_HD / 32];
 #pragma unroll
     for (int e = 0; e < ATT_EX_MAX_HD / 32; e++) O[e] = 0.f;
@@ -520,7 +525,7 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         const int j = kb + lane;
         double sc = -INFINITY;
         if (j < nkeys) {
-            const float *k = (j < split ? Kb : a.Kc) + (size_t)j * a.kv_stride + (size_t)kvh * hd;
+            const float *k = (j < split ? Kb : Kc) + (size_t)j * a.kv_stride + (size_t)kvh * hd;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             for (int d = 0; d < hd; d++) acc[d & 3] += sq[d] * k[d];
             sc = (double)((acc[0] + acc[1]) + (acc[2] + acc[3])) * a.scale;
@@ -540,7 +545,7 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         const int nj = nkeys - kb < 32 ? nkeys - kb : 32;
         for (int jj = 0; jj < nj; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
-            const float *v = (kb + jj < split ? Vb : a.Vc) + (size_t)(kb + jj) * a.kv_stride + (size_t)kvh * hd;
+            const float *v = (kb + jj < split ? Vb : Vc) + (size_t)(kb + jj) * a.kv_stride + (size_t)kvh * hd;
 #pragma unroll
             for (int e = 0; e < ATT_EX_MAX_HD / 32; e++)
                 if (lane + 32 * e < hd) O[e] += pj * v[lane + 32 * e];
@@ -619,17 +624,17 @@ size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits) {
 }
 
 int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm, const float *k_norm,
-                    const float *inv_freq, void *Kcv, void *Vcv, ptrdiff_t bko, ptrdiff_t bvo, void *Qbv, void *part,
-                    int splits, void *outv, const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
+                    const float *inv_freq, ptrdiff_t wko, ptrdiff_t wvo, ptrdiff_t bko, ptrdiff_t bvo, void *Qbv,
+                    void *part, int splits, void *outv, const cu_chunk_params *prm, int rows, cudaStream_t st,
+                    squad_err *err) {
     const int nwarp = d->nh + d->nkv;
     const size_t psm = ((size_t)nwarp * d->hd + d->rd) * sizeof(float);
     if (d->f32) {
-        attn_prep_args<float> pa = {(const float *)QKVv, d->ldQKV, q_norm, k_norm, inv_freq, (float *)Kcv,
-                                    (float *)Vcv, d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd,
-                                    d->eps};
+        attn_prep_args<float> pa = {(const float *)QKVv, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo,
+                                    d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd, d->eps};
         attn_prep_kernel<float><<<rows, 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");
-        attn_exact_args ea = {(const float *)Qbv, (const float *)Kcv, (const float *)Vcv, (const float *)QKVv, bko, bvo,
+        attn_exact_args ea = {(const float *)Qbv, (const float *)QKVv, wko, wvo, bko, bvo,
                               d->kv_stride, d->ldQKV, (float *)outv, prm, d->nh, d->nkv, d->hd,
                               (float)(1.0 / sqrt((double)d->hd))};
         attn_exact_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), 32, (size_t)d->hd * sizeof(float), st>>>(ea);
@@ -637,9 +642,9 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
         return 0;
     }
     const bf16 *QKV = (const bf16 *)QKVv;
-    bf16 *Kc = (bf16 *)Kcv, *Vc = (bf16 *)Vcv, *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
+    bf16 *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
     const unsigned run = d->stages ? d->stages : CU_ATT_PREP | CU_ATT_FWD | CU_ATT_COMBINE;
-    attn_prep_args<bf16> pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, Kc, Vc, d->kv_stride, Qb, prm,
+    attn_prep_args<bf16> pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo, d->kv_stride, Qb, prm,
                                d->nh, d->nkv, d->hd, d->rd, d->eps};
     if (run & CU_ATT_PREP) {
         attn_prep_kernel<bf16><<<rows, 32 * nwarp, psm, st>>>(pa);
@@ -650,7 +655,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     float *Op = (float *)part;
     float *Mp = Op + n * d->hd;
     float *Lp = Mp + n;
-    attn_fwd_args fa = {Qb, Kc, Vc, bko, bvo, d->kv_stride, prm, rows, d->nh, d->nkv, splits, 1,
+    attn_fwd_args fa = {Qb, wko, wvo, bko, bvo, d->kv_stride, prm, rows, d->nh, d->nkv, splits, 1,
                         (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp, QKV, d->ldQKV, out};
     const int hpb = att_heads_per_block(d), bt = att_tokens_per_block(d);
     fa.hpb = hpb;
