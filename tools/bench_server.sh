@@ -6,7 +6,7 @@
 #      (so no level answers another's repeats from the memo);
 #   2. memo-answered requests: one /v1/decisions body repeated (after a warm-up every request is an
 #      exact repeat: the server's own overhead, the target is >= 20,000 requests/s on 2 cores).
-# Prints bench_server's markdown tables; bench/RESULTS-server.md records the figures.
+# Prints bench_server's markdown tables; bench/RESULTS.md records the figures.
 #
 # Usage: bash tools/bench_server.sh BUILD_DIR
 # Environment (optional): PRESET (tiny), LEVELS (1,8,32,128), SESSIONS (24), LIVE (8), STEPS (6),

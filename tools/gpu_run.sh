@@ -49,6 +49,9 @@
 #              forward captured as one CUDA graph: the earlier runtime's setup. Needs .fla/ (a copy of
 #              fla's `fla` package + a dist-info so transformers sees it; git-ignored, never committed)
 #              carried: carry [".carry", ".fla"] -> hf_fla.log
+#   serve      (not by default) tools/server_gpu_check.sh: a 3-question decision request on a cached
+#              4096-token state, client time against the engine's -> serve.log
+#   serveload  (not by default) tools/bench_server.sh with --device cuda -> serveload.log
 #   specfix    (not by default) tools/make_specialist_fixtures.py -> specfix.tgz, specfix.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
@@ -56,7 +59,7 @@ set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_repro gpu_test_long bench_gpu"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_repro gpu_test_long bench_gpu bench_server"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -96,6 +99,8 @@ if [ "${1:-}" = "--prepare" ]; then
     for l in "$CARRY"/lib/*.so*; do ldd "$l"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
         grep -Ev '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so' |
         while read -r lib; do [ -e "$CARRY/lib/$(basename "$lib")" ] || cp -L "$lib" "$CARRY/lib/"; done
+    # the real Qwen tokenizer for the server steps (git-ignored test data, fetched by make)
+    cp third_party/qwen3/tokenizer.json "$CARRY/tokenizer.json"
     git rev-parse HEAD >"$CARRY/COMMIT"
     du -sh "$CARRY"
     ls "$CARRY/lib"
@@ -139,7 +144,7 @@ if has env; then
       echo "cuBLASLt dir: $CUBLAS_DIR"; ls -la "$BIN" 2>&1; $RUNENV ldd "$BIN/gpu_test_backend" 2>&1 | grep -E "not found|cublas|jansson"
       which compute-sanitizer nvcc ncu python3 2>&1; } >>"$SUM" 2>&1
 fi
-if [ ! -x "$BIN/gpu_test_kernels" ]; then
+if [ -z "$(ls -A "$BIN" 2>/dev/null)" ]; then
     log "no carried binaries in $BIN: run tools/gpu_run.sh --prepare here and carry .carry"
     exit 2
 fi
@@ -224,6 +229,19 @@ if has hf_fla && [ -e /tmp/bench_rows.jsonl ] && [ -d "$ROOT/.fla/fla" ]; then
 fi
 if has layers && [ -e "$CARRY/q08_row.jsonl" ]; then
     step "hf_layers" 180 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_layers.py --model "$MODEL" --row "$CARRY/q08_row.jsonl" --out "$OUT/hf_layers.json"
+fi
+if has serve; then
+    # a decision request with three questions about a cached ~4096-token state, client latency
+    # against the engine's own time for its rows (tools/server_gpu_check.sh)
+    step "server_gpu_check" 400 "$OUT/serve.log" env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR bash tools/server_gpu_check.sh \
+        "$BIN/squad" "$CARRY/tokenizer.json" /tmp/serve_check
+fi
+if has serveload; then
+    # the agent-trace load and memo-answered requests through the server on the GPU
+    mkdir -p third_party/qwen3 && cp --update=none "$CARRY/tokenizer.json" third_party/qwen3/tokenizer.json
+    step "bench_server.sh (cuda)" 560 "$OUT/serveload.log" env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR \
+        PRESET=qwen3.5-0.8b SERVE_ARGS="--device cuda" STEPS=${TRACE_STEPS:-6} MEMO_REQUESTS=${MEMO_REQUESTS:-100000} \
+        bash tools/bench_server.sh "$BIN"
 fi
 if has specfix; then
     # the specialists' reference fixtures (transformers + peft live on this machine, not on the

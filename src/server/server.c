@@ -952,8 +952,12 @@ void srv_req_end(srv_req *r) {
     double dt = squad_now_seconds() - r->t0;
     if (r->status) srv_metrics_request(&srv->metrics, r->ep, r->status, dt);
     if (srv->opts.log_requests || r->status >= 500)
-        srv_log(srv, "%s %d %.2f ms%s%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, r->memo_hit ? " memo" : "",
-                r->status >= 500 && r->resp ? "" : "");
+    {
+        /* the engine's share: the time the scheduler spent running this request's rows */
+        const double engine_ms = r->job.t_end > r->job.t_start && r->job.t_start > 0 ? (r->job.t_end - r->job.t_start) * 1000.0 : 0.0;
+        srv_log(srv, "%s %d %.2f ms (engine %.2f ms)%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, engine_ms,
+                r->memo_hit ? " memo" : "");
+    }
     free(r->body);
     free(r->resp);
     free(r->row_ptrs);
