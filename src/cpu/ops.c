@@ -27,6 +27,25 @@
 #define OPS_HOT
 #endif
 
+/* Hand-written AVX2 kernels (attention, the delta rule) are taken only at exactly the AVX2 level:
+ * an AVX-512 CPU keeps the target_clones code above, and SQUAD_CPU_ISA=scalar the plain loops. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define OPS_X86 1
+#define OPS_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define OPS_X86 0
+#endif
+
+/* The level the hand-written kernels dispatch on: the CPU's, lowered by SQUAD_CPU_ISA as the pool's
+ * is (an unknown name there already failed the pool's creation: here it leaves the CPU's level). */
+static cpu_isa ops_isa(void) {
+    cpu_isa isa;
+    squad_err err;
+    cpu_effective_isa(&isa, &err);
+    return isa;
+}
+
 /* Lanes of the dot product's partial sums: independent accumulators let the compiler vectorise a
  * reduction without reassociating (which strict IEEE arithmetic forbids). */
 #define DOT_LANES 16
@@ -352,9 +371,9 @@ long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens) {
     return rows * hd + rows * OP_ATTN_KEY_TILE + 2 * rows;
 }
 
-OPS_HOT void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
-                                const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
-                                float *scratch) {
+OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                                     const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                                     float *scratch) {
     int group = nh / nkv, kv_stride = nkv * hd;
     int rows = (t1 - t0) * group;
     float scale = 1.0f / sqrtf((float)hd);
@@ -403,6 +422,264 @@ OPS_HOT void op_attention_group(float *out, const float *q, int q_stride, int q_
         const float *a = acc + (long)r * hd;
         for (int i = 0; i < hd; i++) o[i] = a[i] * inv;
     }
+}
+
+/* ---- attention on AVX2: the two products as register-blocked kernels -------------------------
+ * Per key tile (OP_ATTN_KEY_TILE keys, at absolute multiples of it, as attention_group_c):
+ *  1. scores: each ATTN_SUB-key slice of K is transposed into kt [hd][ATTN_SUB] (an L1-sized panel),
+ *     then a 6-row x 16-key kernel sums q[r][d] * kt[d][c] over d with the q values broadcast from
+ *     the query rows in place: the GEMM microkernel's shape, 12 accumulators;
+ *  2. the online softmax per row: tile max, correction of the running sum and accumulator, the
+ *     exponentials (exp256, 8 at a time; a key a row may not see gets exactly 0);
+ *  3. acc[r][d] += p[r][c] V[c][d]: a 6-row x 16-dim kernel over the tile's keys, the V slice for
+ *     16 dims (tile x 64 bytes) staying in L1 across the row blocks.
+ * Each score is one sequential sum over d and each acc element one sequential sum over keys, the
+ * same whichever block the row falls in, so a query's result does not depend on the other rows of
+ * its task nor on how its row was split into chunks. Scratch: op_attention_scratch_floats, the
+ * same as the portable form (kt lives on the stack). */
+#if OPS_X86
+#define ATTN_MR 6
+#define ATTN_SUB 16
+/* hd this kernel takes: kt is a stack array of ATTN_MAX_HD x ATTN_SUB floats (32 KiB at 512). */
+#define ATTN_MAX_HD 512
+
+/* e^x for 8 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by a degree-6 polynomial
+ * (Cephes' expf coefficients, about 1 ulp), times 2^n built in the exponent bits. x below
+ * EXP_UNDERFLOW gives exactly 0 (so a masked score of -inf contributes nothing), above
+ * EXP_OVERFLOW +inf. */
+#define EXP_UNDERFLOW (-87.33654f)
+#define EXP_OVERFLOW 88.72283f
+OPS_AVX2 static inline __m256 exp256(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDERFLOW), _CMP_LT_OQ);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_OVERFLOW), _CMP_GT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_UNDERFLOW)), _mm256_set1_ps(EXP_OVERFLOW));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, xc);
+    r = _mm256_fnmadd_ps(n, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n for n in [-126, 128]: n = 128 only at the clamp, where p * 2^127 * 2 is done in two steps */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+    return _mm256_andnot_ps(under, y);
+}
+
+/* Scores of up to 6 rows against one transposed slice: s[m][c] = scale * sum_d q_m[d] kt[d][c]. */
+OPS_AVX2 static void attn_scores_6x16(const float *const qr[ATTN_MR], const float *kt, int hd, float scale,
+                                      float *s, int s_stride) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *q0 = qr[0], *q1 = qr[1], *q2 = qr[2], *q3 = qr[3], *q4 = qr[4], *q5 = qr[5];
+#pragma GCC unroll 4
+    for (int d = 0; d < hd; d++) {
+        __m256 b0 = _mm256_load_ps(kt + (long)d * ATTN_SUB), b1 = _mm256_load_ps(kt + (long)d * ATTN_SUB + 8), a;
+        a = _mm256_broadcast_ss(q0 + d);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(q1 + d);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(q2 + d);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(q3 + d);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(q4 + d);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(q5 + d);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+    __m256 sc = _mm256_set1_ps(scale);
+    float *s0 = s, *s1 = s + s_stride, *s2 = s + 2 * s_stride, *s3 = s + 3 * s_stride, *s4 = s + 4 * s_stride,
+          *s5 = s + 5 * s_stride;
+    _mm256_storeu_ps(s0, _mm256_mul_ps(c00, sc)), _mm256_storeu_ps(s0 + 8, _mm256_mul_ps(c01, sc));
+    _mm256_storeu_ps(s1, _mm256_mul_ps(c10, sc)), _mm256_storeu_ps(s1 + 8, _mm256_mul_ps(c11, sc));
+    _mm256_storeu_ps(s2, _mm256_mul_ps(c20, sc)), _mm256_storeu_ps(s2 + 8, _mm256_mul_ps(c21, sc));
+    _mm256_storeu_ps(s3, _mm256_mul_ps(c30, sc)), _mm256_storeu_ps(s3 + 8, _mm256_mul_ps(c31, sc));
+    _mm256_storeu_ps(s4, _mm256_mul_ps(c40, sc)), _mm256_storeu_ps(s4 + 8, _mm256_mul_ps(c41, sc));
+    _mm256_storeu_ps(s5, _mm256_mul_ps(c50, sc)), _mm256_storeu_ps(s5 + 8, _mm256_mul_ps(c51, sc));
+}
+
+/* acc_m[d0 .. d0+16) += sum_c p_m[c] V[c][d0 ..] for up to 6 rows (acc rows and p rows by pointer). */
+OPS_AVX2 static void attn_pv_6x16(float *const ar[ATTN_MR], const float *const pr[ATTN_MR], const float *v,
+                                  long v_stride, int n_keys) {
+    __m256 c00 = _mm256_loadu_ps(ar[0]), c01 = _mm256_loadu_ps(ar[0] + 8);
+    __m256 c10 = _mm256_loadu_ps(ar[1]), c11 = _mm256_loadu_ps(ar[1] + 8);
+    __m256 c20 = _mm256_loadu_ps(ar[2]), c21 = _mm256_loadu_ps(ar[2] + 8);
+    __m256 c30 = _mm256_loadu_ps(ar[3]), c31 = _mm256_loadu_ps(ar[3] + 8);
+    __m256 c40 = _mm256_loadu_ps(ar[4]), c41 = _mm256_loadu_ps(ar[4] + 8);
+    __m256 c50 = _mm256_loadu_ps(ar[5]), c51 = _mm256_loadu_ps(ar[5] + 8);
+    const float *p0 = pr[0], *p1 = pr[1], *p2 = pr[2], *p3 = pr[3], *p4 = pr[4], *p5 = pr[5];
+#pragma GCC unroll 4
+    for (int c = 0; c < n_keys; c++) {
+        const float *vc = v + (long)c * v_stride;
+        __m256 b0 = _mm256_loadu_ps(vc), b1 = _mm256_loadu_ps(vc + 8), a;
+        a = _mm256_broadcast_ss(p0 + c);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(p1 + c);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(p2 + c);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(p3 + c);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(p4 + c);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(p5 + c);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+    _mm256_storeu_ps(ar[5], c50), _mm256_storeu_ps(ar[5] + 8, c51);
+    _mm256_storeu_ps(ar[4], c40), _mm256_storeu_ps(ar[4] + 8, c41);
+    _mm256_storeu_ps(ar[3], c30), _mm256_storeu_ps(ar[3] + 8, c31);
+    _mm256_storeu_ps(ar[2], c20), _mm256_storeu_ps(ar[2] + 8, c21);
+    _mm256_storeu_ps(ar[1], c10), _mm256_storeu_ps(ar[1] + 8, c11);
+    _mm256_storeu_ps(ar[0], c00), _mm256_storeu_ps(ar[0] + 8, c01);
+}
+
+/* kt[d][c] = K[k0 + c][d] for c < n (zero past n), d < hd (a multiple of 8): 8 x 8 transposes. */
+OPS_AVX2 static void attn_transpose_keys(float *kt, const float *K, long kv_stride, int n, int hd) {
+    for (int c0 = 0; c0 < ATTN_SUB; c0 += 8) {
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 r[8], a[8], b[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = c0 + i < n ? _mm256_loadu_ps(K + (long)(c0 + i) * kv_stride + d0) : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i += 2) {
+                a[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                a[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int g = 0; g < 8; g += 4) {
+                b[g + 0] = _mm256_shuffle_ps(a[g], a[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                b[g + 1] = _mm256_shuffle_ps(a[g], a[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                b[g + 2] = _mm256_shuffle_ps(a[g + 1], a[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                b[g + 3] = _mm256_shuffle_ps(a[g + 1], a[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int qd = 0; qd < 4; qd++) {
+                _mm256_store_ps(kt + (long)(d0 + qd) * ATTN_SUB + c0, _mm256_permute2f128_ps(b[qd], b[4 + qd], 0x20));
+                _mm256_store_ps(kt + (long)(d0 + 4 + qd) * ATTN_SUB + c0, _mm256_permute2f128_ps(b[qd], b[4 + qd], 0x31));
+            }
+        }
+    }
+}
+
+OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                                          const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                                          float *scratch) {
+    int group = nh / nkv, kv_stride = nkv * hd;
+    int rows = (t1 - t0) * group;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *acc = scratch, *sc = acc + (long)rows * hd, *mx = sc + (long)rows * OP_ATTN_KEY_TILE, *den = mx + rows;
+    float kt[ATTN_MAX_HD * ATTN_SUB] __attribute__((aligned(32)));
+    /* a row's query, its first key past what it may see, its scores and its accumulator */
+    const float *qrow[ATTN_MR];
+    float *arow[ATTN_MR];
+    const float *prow[ATTN_MR];
+    for (int r = 0; r < rows; r++) {
+        mx[r] = -INFINITY;
+        den[r] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)hd);
+    const float *Kh = K + (long)kvh * hd, *Vh = V + (long)kvh * hd;
+    int end = pos0 + t1;
+    for (int k0 = 0; k0 < end; k0 += OP_ATTN_KEY_TILE) {
+        int k1 = k0 + OP_ATTN_KEY_TILE < end ? k0 + OP_ATTN_KEY_TILE : end;
+        int first_row = 0; /* rows before it see no key of this tile (causal) */
+        while (first_row < rows && pos0 + t0 + first_row / group + 1 <= k0) first_row++;
+        int ntile = k1 - k0, nsub = (ntile + ATTN_SUB - 1) / ATTN_SUB * ATTN_SUB;
+        /* 1. scores for every row of the task that sees the tile */
+        for (int c0 = 0; c0 < ntile; c0 += ATTN_SUB) {
+            int n = ntile - c0 < ATTN_SUB ? ntile - c0 : ATTN_SUB;
+            attn_transpose_keys(kt, Kh + (long)(k0 + c0) * kv_stride, kv_stride, n, hd);
+            for (int r0 = first_row; r0 < rows; r0 += ATTN_MR) {
+                float *s0 = sc + (long)r0 * OP_ATTN_KEY_TILE + c0;
+                for (int m = 0; m < ATTN_MR; m++) {
+                    int r = r0 + m < rows ? r0 + m : r0; /* past the end: recompute row r0, unused */
+                    qrow[m] = q + (long)(t0 + r / group) * q_stride + (long)(kvh * group + r % group) * q_head_stride;
+                }
+                if (r0 + ATTN_MR <= rows) {
+                    attn_scores_6x16(qrow, kt, hd, scale, s0, OP_ATTN_KEY_TILE);
+                } else {
+                    float tmp[ATTN_MR * ATTN_SUB];
+                    attn_scores_6x16(qrow, kt, hd, scale, tmp, ATTN_SUB);
+                    for (int m = 0; r0 + m < rows; m++) memcpy(s0 + (long)m * OP_ATTN_KEY_TILE, tmp + m * ATTN_SUB, sizeof(float) * ATTN_SUB);
+                }
+            }
+        }
+        /* 2. online softmax, row by row */
+        for (int r = first_row; r < rows; r++) {
+            int n_keys = pos0 + t0 + r / group + 1;
+            int visible = n_keys - k0 < ntile ? n_keys - k0 : ntile;
+            float *s_r = sc + (long)r * OP_ATTN_KEY_TILE;
+            for (int c = visible; c < nsub; c++) s_r[c] = -INFINITY;
+            float tile_max = -INFINITY;
+            for (int c = 0; c < visible; c++) tile_max = s_r[c] > tile_max ? s_r[c] : tile_max;
+            float m_new = tile_max > mx[r] ? tile_max : mx[r];
+            float corr = expf(mx[r] - m_new);
+            if (corr != 1.0f) {
+                float *a = acc + (long)r * hd;
+                den[r] *= corr;
+                __m256 cv = _mm256_set1_ps(corr);
+                for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), cv));
+            }
+            __m256 mv = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
+            for (int c = 0; c < nsub; c += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s_r + c), mv));
+                _mm256_storeu_ps(s_r + c, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, sum);
+            den[r] += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            mx[r] = m_new;
+        }
+        /* 3. acc += p V, 16 dims at a time across every row block */
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            for (int r0 = first_row; r0 < rows; r0 += ATTN_MR) {
+                float dummy[16]; /* the accumulator of a row past the end: computed, dropped */
+                for (int m = 0; m < ATTN_MR; m++) {
+                    int real = r0 + m < rows;
+                    int r = real ? r0 + m : r0;
+                    arow[m] = real ? acc + (long)r * hd + d0 : dummy;
+                    prow[m] = sc + (long)r * OP_ATTN_KEY_TILE;
+                }
+                if (r0 + ATTN_MR > rows) memcpy(dummy, acc + (long)r0 * hd + d0, sizeof dummy);
+                /* ntile, not nsub: V past the tile's end may not exist */
+                attn_pv_6x16(arow, prow, Vh + (long)k0 * kv_stride + d0, kv_stride, ntile);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        int t = t0 + r / group, j = kvh * group + r % group;
+        float inv = 1.0f / den[r];
+        float *o = out + (long)t * nh * hd + (long)j * hd;
+        const float *a = acc + (long)r * hd;
+        for (int i = 0; i < hd; i++) o[i] = a[i] * inv;
+    }
+}
+#endif
+
+void op_attention_group_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                            const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                            float *scratch) {
+#if OPS_X86
+    if (isa == CPU_ISA_AVX2 && hd % 16 == 0 && hd <= ATTN_MAX_HD) {
+        attention_group_avx2(out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+        return;
+    }
+#endif
+    (void)isa;
+    attention_group_c(out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+}
+
+void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
+                        int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch) {
+    op_attention_group_isa(ops_isa(), out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
 }
 
 void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride) {

@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "cpu/pool.h"
+
 /* The largest GDN value-head dimension the per-token rule's stack buffer holds. */
 #define OP_MAX_HEAD_DIM 1024
 
@@ -74,6 +76,12 @@ void op_attention(float *out, const float *q, int q_stride, int q_head_stride, c
 void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
                         int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch);
 long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens);
+/* op_attention_group at a given level (tests): CPU_ISA_AVX2 takes the register-blocked kernels
+ * (hd a multiple of 16, <= 512), every other level the portable loops. op_attention_group uses
+ * the CPU's level lowered by SQUAD_CPU_ISA. */
+void op_attention_group_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                            const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                            float *scratch);
 
 /* out[t][j] *= sigmoid(gate[t][j]) for the attention output gate; gate head j at j * gate_head_stride
  * within a token row of gate_stride. */
