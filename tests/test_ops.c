@@ -69,6 +69,43 @@ static void test_delta_split(void) {
     free(qkv), free(g), free(beta), free(S1), free(S2), free(o1), free(o2);
 }
 
+/* Every level this CPU has against the portable per-token rule, and per level bit for bit the same
+ * result whichever way the tokens are split into calls (the CPU backend's promise). */
+static void test_delta_levels(int nk, int nv, int dk, int dv, int T) {
+    int C = 2 * nk * dk + nv * dv;
+    long ns = (long)nv * dk * dv, no = (long)T * nv * dv;
+    float *qkv = malloc(sizeof(float) * T * C), *g = malloc(sizeof(float) * T * nv), *beta = malloc(sizeof(float) * T * nv);
+    float *S0 = malloc(sizeof(float) * ns), *Sr = malloc(sizeof(float) * ns), *S1 = malloc(sizeof(float) * ns),
+          *S2 = malloc(sizeof(float) * ns);
+    float *or_ = malloc(sizeof(float) * no), *o1 = malloc(sizeof(float) * no), *o2 = malloc(sizeof(float) * no);
+    fill(qkv, (long)T * C, 1.0f);
+    op_qk_l2norm(qkv, T, C, nk, dk);
+    for (int i = 0; i < T * nv; i++) g[i] = -fabsf(frand()) * 0.5f, beta[i] = fabsf(frand());
+    fill(S0, ns, 0.3f);
+    memcpy(Sr, S0, sizeof(float) * ns);
+    op_delta_rule_isa(CPU_ISA_SCALAR, or_, Sr, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv);
+    const int cuts[] = {0, 1, 2, T / 2, T - 1, T};
+    for (int isa = 0; isa <= (int)cpu_detect_isa(); isa++) {
+        memcpy(S1, S0, sizeof(float) * ns);
+        memcpy(S2, S0, sizeof(float) * ns);
+        /* heads split as the backend's tasks split them */
+        op_delta_rule_isa((cpu_isa)isa, o1, S1, qkv, g, beta, T, C, nk, nv, dk, dv, 0, nv / 2);
+        op_delta_rule_isa((cpu_isa)isa, o1, S1, qkv, g, beta, T, C, nk, nv, dk, dv, nv / 2, nv);
+        for (int c = 0; c + 1 < 6; c++) {
+            int a = cuts[c], b = cuts[c + 1];
+            if (b <= a) continue;
+            op_delta_rule_isa((cpu_isa)isa, o2 + (long)a * nv * dv, S2, qkv + (long)a * C, g + (long)a * nv,
+                              beta + (long)a * nv, b - a, C, nk, nv, dk, dv, 0, nv);
+        }
+        double eo = max_abs_diff(o1, or_, no), es = max_abs_diff(S1, Sr, ns);
+        CHECKF(eo < 1e-5 && es < 1e-5, "delta rule %s dk=%d dv=%d T=%d vs portable: out %g state %g",
+               cpu_isa_name((cpu_isa)isa), dk, dv, T, eo, es);
+        CHECKF(memcmp(o1, o2, sizeof(float) * no) == 0 && memcmp(S1, S2, sizeof(float) * ns) == 0,
+               "delta rule %s dk=%d dv=%d T=%d: a split row differs", cpu_isa_name((cpu_isa)isa), dk, dv, T);
+    }
+    free(qkv), free(g), free(beta), free(S0), free(Sr), free(S1), free(S2), free(or_), free(o1), free(o2);
+}
+
 static void test_conv_split(void) {
     int T = 37, C = 10, K = 4;
     float *x = malloc(sizeof(float) * T * C), *w = malloc(sizeof(float) * C * K);
@@ -207,6 +244,9 @@ int main(void) {
     test_delta_rule(4, 4, 16, 16, 3, 64);
     test_delta_rule(2, 2, 128, 128, 70, 64); /* the 0.8B head sizes */
     test_delta_split();
+    test_delta_levels(2, 4, 16, 32, 37);
+    test_delta_levels(2, 2, 24, 8, 9); /* dv not a multiple of the AVX2 block: the portable loops */
+    test_delta_levels(2, 4, 128, 128, 20); /* the 0.8B head sizes */
     test_conv_split();
     test_rope();
     test_attention(4, 2, 16, 7, 5, 2.0f);

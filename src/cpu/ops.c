@@ -162,8 +162,8 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
  * S^T k read of token t + 1, row by row of S. Each element sees exactly the operations of the
  * two-pass form in the same order, so the result is the same; the state is streamed once, not
  * twice (it does not fit the L1 cache). */
-OPS_HOT void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
-                   int nv, int dk, int dv, int h0, int h1) {
+OPS_HOT static void delta_rule_c(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C,
+                                 int nk, int nv, int dk, int dv, int h0, int h1) {
     int group = nv / nk;
     float kv[OP_MAX_HEAD_DIM], kv_next[OP_MAX_HEAD_DIM];
     if (T < 1) return;
@@ -218,6 +218,110 @@ OPS_HOT void op_delta_rule(float *o, float *S, const float *qkv, const float *g,
             }
         }
     }
+}
+
+#if OPS_X86
+/* Columns of S one pass of delta_rule_avx2 keeps: DELTA_VECS ymm. Four, not two: the output and
+ * the next token's S^T k are sums over the rows of S, chains of dependent FMAs (4 cycles each);
+ * four independent chains of each keep both FMA pipes busy where two left them half idle. */
+#define DELTA_VECS 4
+#define DELTA_COLS (8 * DELTA_VECS)
+
+/* The per-token rule on AVX2, one block of DELTA_COLS columns of S at a time through every token.
+ * Column j of S only ever meets column j of kv, v and o, so the blocks are independent; a block
+ * (dk x 32 floats, 16 KiB at dk = 128) stays in L1 across the tokens where the whole 64 KiB state
+ * of delta_rule_c is streamed from L2 once a token. Per element the operations (and their FMAs)
+ * are those of delta_rule_c's fused pass in the same order, so the result is the same whichever
+ * tokens a call holds. */
+OPS_AVX2 static void delta_rule_avx2(float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
+                                     int C, int nk, int nv, int dk, int dv, int h0, int h1) {
+    int group = nv / nk;
+    for (int h = h0; h < h1; h++) {
+        int hk = h / group;
+        const float *q_of = qkv + (long)hk * dk;
+        const float *k_of = qkv + (long)nk * dk + (long)hk * dk;
+        const float *v_of = qkv + 2L * nk * dk + (long)h * dv;
+        for (int j0 = 0; j0 < dv; j0 += DELTA_COLS) {
+            float *Sb = S + (long)h * dk * dv + j0;
+            __m256 kv[DELTA_VECS], acc_o[DELTA_VECS], acc_n[DELTA_VECS];
+            /* token 0: decay and read S^T k */
+            __m256 decay = _mm256_set1_ps(expf(g[h]));
+#pragma GCC unroll 4
+            for (int c = 0; c < DELTA_VECS; c++) kv[c] = _mm256_setzero_ps();
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sb + (long)i * dv;
+                __m256 ki = _mm256_broadcast_ss(k_of + i);
+#pragma GCC unroll 4
+                for (int c = 0; c < DELTA_VECS; c++) {
+                    __m256 sv = _mm256_mul_ps(_mm256_loadu_ps(Si + 8 * c), decay);
+                    _mm256_storeu_ps(Si + 8 * c, sv);
+                    kv[c] = _mm256_fmadd_ps(sv, ki, kv[c]);
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                const float *q = q_of + (long)t * C, *k = k_of + (long)t * C, *v = v_of + (long)t * C + j0;
+                __m256 bt = _mm256_set1_ps(beta[(long)t * nv + h]);
+#pragma GCC unroll 4
+                for (int c = 0; c < DELTA_VECS; c++) {
+                    kv[c] = _mm256_mul_ps(bt, _mm256_sub_ps(_mm256_loadu_ps(v + 8 * c), kv[c]));
+                    acc_o[c] = _mm256_setzero_ps();
+                    acc_n[c] = _mm256_setzero_ps();
+                }
+                if (t + 1 < T) {
+                    const float *kn = k + C;
+                    __m256 dn = _mm256_set1_ps(expf(g[(long)(t + 1) * nv + h]));
+                    for (int i = 0; i < dk; i++) {
+                        float *Si = Sb + (long)i * dv;
+                        __m256 ki = _mm256_broadcast_ss(k + i), qi = _mm256_broadcast_ss(q + i);
+                        __m256 kni = _mm256_broadcast_ss(kn + i);
+#pragma GCC unroll 4
+                        for (int c = 0; c < DELTA_VECS; c++) {
+                            __m256 sv = _mm256_fmadd_ps(ki, kv[c], _mm256_loadu_ps(Si + 8 * c));
+                            acc_o[c] = _mm256_fmadd_ps(sv, qi, acc_o[c]);
+                            sv = _mm256_mul_ps(sv, dn);
+                            acc_n[c] = _mm256_fmadd_ps(sv, kni, acc_n[c]);
+                            _mm256_storeu_ps(Si + 8 * c, sv);
+                        }
+                    }
+                } else {
+                    for (int i = 0; i < dk; i++) {
+                        float *Si = Sb + (long)i * dv;
+                        __m256 ki = _mm256_broadcast_ss(k + i), qi = _mm256_broadcast_ss(q + i);
+#pragma GCC unroll 4
+                        for (int c = 0; c < DELTA_VECS; c++) {
+                            __m256 sv = _mm256_fmadd_ps(ki, kv[c], _mm256_loadu_ps(Si + 8 * c));
+                            _mm256_storeu_ps(Si + 8 * c, sv);
+                            acc_o[c] = _mm256_fmadd_ps(sv, qi, acc_o[c]);
+                        }
+                    }
+                }
+                float *out = o + (long)t * nv * dv + (long)h * dv + j0;
+#pragma GCC unroll 4
+                for (int c = 0; c < DELTA_VECS; c++) {
+                    _mm256_storeu_ps(out + 8 * c, acc_o[c]);
+                    kv[c] = acc_n[c];
+                }
+            }
+        }
+    }
+}
+#endif
+
+void op_delta_rule_isa(cpu_isa isa, float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
+                       int C, int nk, int nv, int dk, int dv, int h0, int h1) {
+#if OPS_X86
+    if (isa == CPU_ISA_AVX2 && dv % DELTA_COLS == 0) {
+        delta_rule_avx2(o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
+        return;
+    }
+#endif
+    (void)isa;
+    delta_rule_c(o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
+}
+
+void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
+                   int nv, int dk, int dv, int h0, int h1) {
+    op_delta_rule_isa(ops_isa(), o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
 }
 
 /* One chunk of L <= DELTA_MAX_CHUNK tokens for one value head (see ops.h). With G the cumulative

@@ -50,6 +50,11 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
  * Heads [h0, h1) only (callers split heads across threads). */
 void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
                    int nv, int dk, int dv, int h0, int h1);
+/* op_delta_rule at a given level (tests): CPU_ISA_AVX2 takes S in column blocks held in L1 (dv a
+ * multiple of 16), every other level the portable loops; op_delta_rule uses the CPU's level lowered
+ * by SQUAD_CPU_ISA. */
+void op_delta_rule_isa(cpu_isa isa, float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
+                       int C, int nk, int nv, int dk, int dv, int h0, int h1);
 
 /* The same computed in chunks of `chunk` tokens with the WY / UT representation (Yang et al.,
  * Gated Delta Networks): per chunk, intra-chunk terms by small triangular solves, one state update. */
