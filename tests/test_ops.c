@@ -3,6 +3,7 @@
  * rule against the per-token recurrence (from a nonzero state, several chunk sizes), the conv with
  * saved inputs across any split, RoPE, attention against a double-precision softmax, the norms.
  */
+#define _DEFAULT_SOURCE /* setenv */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +238,55 @@ static void test_norms(void) {
     (void)b;
 }
 
+/* The SiLU / sigmoid ops at every level this CPU has (forced through SQUAD_CPU_ISA, as a user
+ * would) against the formula in double, over a range that takes e^x to underflow and overflow. */
+static void test_elementwise_levels(void) {
+    enum { N = 1003 }; /* not a multiple of 8: the vector loops' tails too */
+    static float a[N], b[N], a0[N], z[N], w[N], o[N], o0[N];
+    for (int i = 0; i < N; i++) {
+        a0[i] = (i % 7 == 0) ? frand() * 100.0f : frand() * 8.0f;
+        b[i] = frand();
+        z[i] = (i % 5 == 0) ? frand() * 120.0f : frand() * 6.0f;
+        w[i] = frand();
+        o0[i] = frand() * 2.0f;
+    }
+    for (int isa = 0; isa <= (int)cpu_detect_isa(); isa++) {
+        setenv(CPU_ISA_ENV, cpu_isa_name((cpu_isa)isa), 1);
+        const char *lv = cpu_isa_name((cpu_isa)isa);
+        double worst = 0;
+        memcpy(a, a0, sizeof a);
+        op_silu_mul(a, b, N);
+        for (int i = 0; i < N; i++) {
+            double x = a0[i], want = x / (1.0 + exp(-x)) * b[i];
+            worst = fmax(worst, fabs(a[i] - want) / (fabs(want) + 1e-30));
+        }
+        CHECKF(worst < 2e-6, "silu_mul %s: relative error %g", lv, worst);
+        memcpy(o, o0, sizeof o);
+        op_sigmoid_gate(o, z, 1, 1, N, N, N);
+        worst = 0;
+        for (int i = 0; i < N; i++) {
+            double want = o0[i] / (1.0 + exp(-(double)z[i]));
+            worst = fmax(worst, fabs(o[i] - want) / (fabs(want) + 1e-30));
+        }
+        CHECKF(worst < 2e-6, "sigmoid_gate %s: relative error %g", lv, worst);
+        /* gated rmsnorm: 7 heads of 136 (a vector body and no tail) and one of 51 */
+        memcpy(o, o0, sizeof o);
+        op_gated_rmsnorm(o, z, w, 1, 7, 136, 1e-6f);
+        worst = 0;
+        for (int h = 0; h < 7; h++) {
+            double ss = 0;
+            for (int i = 0; i < 136; i++) ss += (double)o0[h * 136 + i] * o0[h * 136 + i];
+            for (int i = 0; i < 136; i++) {
+                double zz = z[h * 136 + i];
+                double want = o0[h * 136 + i] / sqrt(ss / 136 + 1e-6) * w[i] * (zz / (1 + exp(-zz)));
+                worst = fmax(worst, fabs(o[h * 136 + i] - want) / (fabs(want) + 1e-30));
+            }
+        }
+        CHECKF(worst < 4e-6, "gated_rmsnorm %s: relative error %g", lv, worst);
+    }
+    unsetenv(CPU_ISA_ENV);
+}
+
 int main(void) {
     test_delta_rule(2, 4, 16, 8, 130, 64);
     test_delta_rule(2, 2, 32, 24, 64, 64);
@@ -256,5 +306,6 @@ int main(void) {
     test_attention(8, 2, 256, 190, 21, 2.0f); /* a partial key tile past a full one */
     test_attention(2, 1, 48, 3, 70, 60.0f); /* peaked softmax: most weights underflow to 0 */
     test_norms();
+    test_elementwise_levels();
     return test_summary("test_ops");
 }

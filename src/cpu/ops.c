@@ -46,6 +46,51 @@ static cpu_isa ops_isa(void) {
     return isa;
 }
 
+#if OPS_X86
+/* e^x for 8 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by a degree-6 polynomial
+ * (Cephes' expf coefficients, about 1 ulp), times 2^n built in the exponent bits. x below
+ * EXP_UNDERFLOW gives exactly 0 (so a masked score of -inf contributes nothing), above
+ * EXP_OVERFLOW +inf. */
+#define EXP_UNDERFLOW (-87.33654f)
+#define EXP_OVERFLOW 88.72283f
+OPS_AVX2 static inline __m256 exp256(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDERFLOW), _CMP_LT_OQ);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_OVERFLOW), _CMP_GT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_UNDERFLOW)), _mm256_set1_ps(EXP_OVERFLOW));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, xc);
+    r = _mm256_fnmadd_ps(n, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n for n in [-126, 128]: n = 128 only at the clamp, where p * 2^127 * 2 is done in two steps */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+    return _mm256_andnot_ps(under, y);
+}
+
+/* silu(x) = x / (1 + e^-x) and sigmoid(x) = 1 / (1 + e^-x), 8 lanes (as the scalar forms below,
+ * with exp256 for expf: within a few ulp of them). */
+OPS_AVX2 static inline __m256 silu256(__m256 x) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+OPS_AVX2 static inline __m256 sigmoid256(__m256 x) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+#endif
+
 /* Lanes of the dot product's partial sums: independent accumulators let the compiler vectorise a
  * reduction without reassociating (which strict IEEE arithmetic forbids). */
 #define DOT_LANES 16
@@ -111,8 +156,20 @@ void op_conv_weights_kc(float *w_kc, const float *w_ck, int C, int K) {
         for (int k = 0; k < K; k++) w_kc[(long)k * C + c] = w_ck[(long)c * K + k];
 }
 
+#if OPS_X86
+/* x[i] = silu(x[i]) for the whole 8-lane part of a row; returns how far it got. */
+OPS_AVX2 static int silu_row_avx2(float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, silu256(_mm256_loadu_ps(x + i)));
+    return i;
+}
+#endif
+
 OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w_kc, int T, int C, int K) {
     int hist = K - 1;
+#if OPS_X86
+    int avx2 = ops_isa() == CPU_ISA_AVX2;
+#endif
     for (int t = 0; t < T; t++) {
         float *yr = y + (long)t * C;
         for (int c = 0; c < C; c++) yr[c] = 0.0f;
@@ -122,7 +179,11 @@ OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w
             const float *wk = w_kc + (long)k * C;
             for (int c = 0; c < C; c++) yr[c] += wk[c] * in[c];
         }
-        for (int c = 0; c < C; c++) yr[c] = silu(yr[c]);
+        int c = 0;
+#if OPS_X86
+        if (avx2) c = silu_row_avx2(yr, C);
+#endif
+        for (; c < C; c++) yr[c] = silu(yr[c]);
     }
     /* the last K-1 inputs of [state | x] become the new state */
     if (T >= hist) {
@@ -412,7 +473,23 @@ void op_delta_rule_chunked(float *o, float *S, const float *qkv, const float *g,
     free(u);
 }
 
+#if OPS_X86
+/* x[i] = x[i] * inv * w[i] * silu(z[i]) for the 8-lane part of a head; returns how far it got. */
+OPS_AVX2 static int gated_scale_avx2(float *x, const float *z, const float *w, float inv, int n) {
+    __m256 iv = _mm256_set1_ps(inv);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv), _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(v, silu256(_mm256_loadu_ps(z + i))));
+    }
+    return i;
+}
+#endif
+
 void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, int dv, float eps) {
+#if OPS_X86
+    int avx2 = ops_isa() == CPU_ISA_AVX2;
+#endif
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nv; h++) {
             float *x = o + (long)t * nv * dv + (long)h * dv;
@@ -420,7 +497,11 @@ void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, i
             float ss = 0.0f;
             for (int i = 0; i < dv; i++) ss += x[i] * x[i];
             float inv = 1.0f / sqrtf(ss / (float)dv + eps);
-            for (int i = 0; i < dv; i++) x[i] = x[i] * inv * w[i] * silu(zz[i]);
+            int i = 0;
+#if OPS_X86
+            if (avx2) i = gated_scale_avx2(x, zz, w, inv, dv);
+#endif
+            for (; i < dv; i++) x[i] = x[i] * inv * w[i] * silu(zz[i]);
         }
 }
 
@@ -546,38 +627,6 @@ OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, 
 #define ATTN_SUB 16
 /* hd this kernel takes: kt is a stack array of ATTN_MAX_HD x ATTN_SUB floats (32 KiB at 512). */
 #define ATTN_MAX_HD 512
-
-/* e^x for 8 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by a degree-6 polynomial
- * (Cephes' expf coefficients, about 1 ulp), times 2^n built in the exponent bits. x below
- * EXP_UNDERFLOW gives exactly 0 (so a masked score of -inf contributes nothing), above
- * EXP_OVERFLOW +inf. */
-#define EXP_UNDERFLOW (-87.33654f)
-#define EXP_OVERFLOW 88.72283f
-OPS_AVX2 static inline __m256 exp256(__m256 x) {
-    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
-    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
-    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDERFLOW), _CMP_LT_OQ);
-    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_OVERFLOW), _CMP_GT_OQ);
-    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_UNDERFLOW)), _mm256_set1_ps(EXP_OVERFLOW));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, xc);
-    r = _mm256_fnmadd_ps(n, ln2_lo, r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n for n in [-126, 128]: n = 128 only at the clamp, where p * 2^127 * 2 is done in two steps */
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i half = _mm256_srai_epi32(ni, 1);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
-    return _mm256_andnot_ps(under, y);
-}
 
 /* Scores of up to 6 rows against one transposed slice: s[m][c] = scale * sum_d q_m[d] kt[d][c]. */
 OPS_AVX2 static void attn_scores_6x16(const float *const qr[ATTN_MR], const float *kt, int hd, float scale,
@@ -786,17 +835,46 @@ void op_attention_group(float *out, const float *q, int q_stride, int q_head_str
     op_attention_group_isa(ops_isa(), out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
 }
 
+#if OPS_X86
+/* o[i] *= sigmoid(g[i]) for the 8-lane part of a head; returns how far it got. */
+OPS_AVX2 static int sigmoid_gate_avx2(float *o, const float *g, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), sigmoid256(_mm256_loadu_ps(g + i))));
+    return i;
+}
+#endif
+
 void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride) {
+#if OPS_X86
+    int avx2 = ops_isa() == CPU_ISA_AVX2;
+#endif
     for (int t = 0; t < T; t++)
         for (int j = 0; j < nh; j++) {
             float *o = out + (long)t * nh * hd + (long)j * hd;
             const float *gt = gate + (long)t * gate_stride + (long)j * gate_head_stride;
-            for (int i = 0; i < hd; i++) o[i] *= sigmoidf(gt[i]);
+            int i = 0;
+#if OPS_X86
+            if (avx2) i = sigmoid_gate_avx2(o, gt, hd);
+#endif
+            for (; i < hd; i++) o[i] *= sigmoidf(gt[i]);
         }
 }
 
+#if OPS_X86
+OPS_AVX2 static long silu_mul_avx2(float *a, const float *b, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(silu256(_mm256_loadu_ps(a + i)), _mm256_loadu_ps(b + i)));
+    return i;
+}
+#endif
+
 OPS_HOT void op_silu_mul(float *a, const float *b, long n) {
-    for (long i = 0; i < n; i++) a[i] = silu(a[i]) * b[i];
+    long i = 0;
+#if OPS_X86
+    if (ops_isa() == CPU_ISA_AVX2) i = silu_mul_avx2(a, b, n);
+#endif
+    for (; i < n; i++) a[i] = silu(a[i]) * b[i];
 }
 
 void op_add(float *x, const float *y, long n) {
