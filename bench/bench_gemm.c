@@ -2,7 +2,8 @@
  * bench_gemm.c — GFLOP/s of cpu_gemm_bf16 (FAST and EXACT) against OpenBLAS cblas_sgemm on the
  * Qwen3.5-0.8B projection shapes, with 1 and 2 threads, and the share of the cores' fp32 FMA peak.
  *
- * Usage: bench_gemm [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--wall] [--no-blas]
+ * Usage: bench_gemm [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--wall] [--no-blas] [--print-isa]
+ * (--print-isa: only print the ISA level the CPU kernels would use, and exit.)
  * Times are process CPU time divided by the thread count unless --wall: on a machine shared with
  * other work, wall time measures the neighbours; CPU time measures the code (spin-waits included,
  * so a multi-threaded figure errs low). On a quiet machine use --wall.
@@ -217,8 +218,19 @@ int main(int argc, char **argv) {
             cpu_clock = 0;
         else if (!strcmp(argv[i], "--no-blas"))
             use_blas = 0;
-        else {
-            fprintf(stderr, "usage: %s [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--wall] [--no-blas]\n", argv[0]);
+        else if (!strcmp(argv[i], "--print-isa")) {
+            /* the level a new pool gets: the CPU's, lowered by SQUAD_CPU_ISA (bench/run.sh prints it) */
+            squad_err err;
+            cpu_isa isa;
+            if (cpu_effective_isa(&isa, &err)) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 2;
+            }
+            printf("%s\n", cpu_isa_name(isa));
+            return 0;
+        } else {
+            fprintf(stderr, "usage: %s [--T 1,128,512,2048] [--threads 1,2] [--seconds S] [--wall] [--no-blas] [--print-isa]\n",
+                    argv[0]);
             return 2;
         }
     }

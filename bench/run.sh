@@ -1,25 +1,80 @@
 #!/usr/bin/env bash
 # bench/run.sh BUILD_DIR — every CPU benchmark in one go (`make bench`). Figures go to stdout;
 # bench/RESULTS.md keeps the recorded ones with date, machine and command.
+#
+# The peer: when a llama.cpp build and a GGUF of the same shapes are found (SQUAD_LLAMA_BENCH,
+# SQUAD_LLAMA_GGUF, else under /tmp/peer-llama as the project's peers README builds them; never
+# part of this repository), squad and llama-bench run in the same script, back to back, round
+# after round, and the medians are compared: cold rows of 128 and 512 tokens (llama-bench -p), and
+# 128 tokens on a cached 2048-token state (llama-bench -d 2048 -p 128). Both sides use wall time
+# and the same thread count; other work on the machine slows both alike, which the alternation
+# spreads over the two.
 set -euo pipefail
 BUILD=${1:-build}
 SQUAD=$BUILD/squad
 MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-bench-qwen3.5-0.8b}
 THREADS=${SQUAD_BENCH_THREADS:-2}
+ROUNDS=${SQUAD_BENCH_ROUNDS:-3}
+LLAMA_BENCH=${SQUAD_LLAMA_BENCH:-/tmp/peer-llama/lc/build/bin/llama-bench}
+LLAMA_GGUF=${SQUAD_LLAMA_GGUF:-/tmp/peer-llama/m08.gguf}
+ISA=$("$BUILD"/bench_gemm --print-isa) # the level the CPU kernels run at (SQUAD_CPU_ISA lowers it)
 
-echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(date -u +%F)"
+echo "== machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, ISA level $ISA, $(date -u +%F)"
 
 # The 0.8B preset: the reference shapes (1.5 GB, written once).
 if [ ! -f "$MODEL/model.safetensors" ]; then
   "$SQUAD" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
 
-echo "== engine: cold rows and a 128-token question on a cached 2048-token state (qwen3.5-0.8b, $THREADS threads)"
-for prec in bf16 exact; do
-  echo "-- precision $prec"
-  "$SQUAD" bench --model "$MODEL" --device cpu --threads "$THREADS" --precision "$prec" \
-    --lengths 128,512,2048 --reps 3 --state 2048 --suffix 128
-done
+# The field of one JSON line: json_field LINE NAME
+json_field() { grep -o "\"$2\": *[0-9.]*" <<<"$1" | head -1 | sed 's/.*: *//'; }
+# The median of the numbers on stdin.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'; }
+
+if [ -x "$LLAMA_BENCH" ] && [ -f "$LLAMA_GGUF" ]; then
+  echo "== squad vs llama.cpp ($LLAMA_BENCH), $THREADS threads, $ROUNDS rounds, medians of tokens/s (wall)"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  for r in $(seq 1 "$ROUNDS"); do
+    for prec in bf16 exact; do
+      "$SQUAD" bench --model "$MODEL" --device cpu --threads "$THREADS" --precision "$prec" \
+        --lengths 128,512 --reps 1 --state 2048 --suffix 128 >"$tmp/squad.out"
+      while read -r line; do
+        case_=$(grep -o '"case": *"[a-z]*' <<<"$line" | sed 's/.*"//') # cold, or hit (state + question)
+        toks=$(json_field "$line" tokens)
+        echo "$(json_field "$line" tokens_per_s)" >>"$tmp/squad-$prec-$case_-$toks"
+      done < <(grep '^{' "$tmp/squad.out")
+    done
+    "$LLAMA_BENCH" -m "$LLAMA_GGUF" -t "$THREADS" -p 128,512 -n 0 -r 1 -o jsonl >"$tmp/llama.out" 2>/dev/null
+    "$LLAMA_BENCH" -m "$LLAMA_GGUF" -t "$THREADS" -d 2048 -p 128 -n 0 -r 1 -o jsonl >>"$tmp/llama.out" 2>/dev/null
+    while read -r line; do
+      echo "$(json_field "$line" avg_ts)" >>"$tmp/llama-$(json_field "$line" n_prompt)-d$(json_field "$line" n_depth)"
+    done < <(grep '^{' "$tmp/llama.out")
+    echo "   round $r of $ROUNDS done"
+  done
+  printf '%-34s %12s %12s %12s %8s %8s\n' "case ($ISA)" "llama.cpp" "squad bf16" "squad exact" "bf16/lc" "exact/lc"
+  row() { # label llama-file squad-suffix
+    local lc bf ex
+    lc=$(median <"$tmp/llama-$2" 2>/dev/null || echo nan)
+    bf=$(median <"$tmp/squad-bf16-$3" 2>/dev/null || echo nan)
+    ex=$(median <"$tmp/squad-exact-$3" 2>/dev/null || echo nan)
+    awk -v l="$1" -v lc="$lc" -v bf="$bf" -v ex="$ex" 'BEGIN {
+      printf "%-34s %12.1f %12.1f %12.1f %7.2fx %7.2fx\n", l, lc, bf, ex, (lc > 0 ? bf / lc : 0), (lc > 0 ? ex / lc : 0) }'
+  }
+  row "cold 128 tokens (pp128)" "128-d0" "cold-128"
+  row "cold 512 tokens (pp512)" "512-d0" "cold-512"
+  row "128 on a 2048 state (pp128 @ d2048)" "128-d2048" "hit-2176"
+else
+  echo "== squad vs llama.cpp: skipped (no llama-bench at $LLAMA_BENCH or no GGUF at $LLAMA_GGUF;"
+  echo "   set SQUAD_LLAMA_BENCH / SQUAD_LLAMA_GGUF, or build them under /tmp/peer-llama as the project's"
+  echo "   peers README says)"
+  echo "== engine: cold rows and a 128-token question on a cached 2048-token state (qwen3.5-0.8b, $THREADS threads, $ISA)"
+  for prec in bf16 exact; do
+    echo "-- precision $prec"
+    "$SQUAD" bench --model "$MODEL" --device cpu --threads "$THREADS" --precision "$prec" \
+      --lengths 128,512,2048 --reps 3 --state 2048 --suffix 128
+  done
+fi
 
 echo "== GEMM vs OpenBLAS sgemm"
 "$BUILD"/bench_gemm

@@ -475,7 +475,7 @@ TARGET_AVX2 static inline __attribute__((always_inline)) void transpose8x8(__m25
  * the ragged edges (past nv, past kc) take the plain loop. */
 TARGET_AVX2 static void pack_w_f32_256(void *wpv, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc) {
     float *wp = wpv;
-    int kc8 = kc & ~7;
+    int kc8 = kc & ~7, last = k0 + kc >= K;
     for (int c0 = 0; c0 < nc; c0 += 8) {
         if (c0 + 8 > nv) {
             for (int c = c0; c < c0 + 8; c++)
@@ -487,6 +487,17 @@ TARGET_AVX2 static void pack_w_f32_256(void *wpv, const uint16_t *W, int K, int 
         for (int kb = 0; kb < kc8; kb += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++) {
+                /* W comes from DRAM once per call and this copy waits on it: ask for the same
+                 * rows' next slice now, so it arrives while the microkernel runs on this one
+                 * (once per 64-byte line). Tasks are claimed in descending panel order, so on
+                 * the last slice the next panels' first slices are asked for instead. */
+                if ((kb & 31) == 0) {
+                    if (!last)
+                        _mm_prefetch((const char *)(src + (size_t)i * K + kb + kc), _MM_HINT_T0);
+                    else /* the first slices of the two panels below, the ones taken next */
+                        for (int back = 1; back <= 2 && n0 >= back * nc; back++)
+                            _mm_prefetch((const char *)(W + (size_t)(n0 - back * nc + c0 + i) * K + kb), _MM_HINT_T1);
+                }
                 __m128i h = _mm_loadu_si128((const __m128i *)(src + (size_t)i * K + kb));
                 r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
             }
