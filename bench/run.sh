@@ -7,14 +7,16 @@
 # part of this repository), squad and llama-bench run in the same script, back to back, round
 # after round, and the medians are compared: cold rows of 128 and 512 tokens (llama-bench -p), and
 # 128 tokens on a cached 2048-token state (llama-bench -d 2048 -p 128). Both sides use wall time
-# and the same thread count; other work on the machine slows both alike, which the alternation
-# spreads over the two.
+# and the same thread count; other work on the machine slows both, which running them back to back
+# (and, with SQUAD_BENCH_ROUNDS > 1, alternating) spreads over the two. The printed figure is the
+# median over rounds of each run's own figure.
 set -euo pipefail
 BUILD=${1:-build}
 SQUAD=$BUILD/squad
 MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-bench-qwen3.5-0.8b}
 THREADS=${SQUAD_BENCH_THREADS:-2}
-ROUNDS=${SQUAD_BENCH_ROUNDS:-3}
+ROUNDS=${SQUAD_BENCH_ROUNDS:-1} # rounds of the comparison: each runs both sides once, REPS times
+REPS=${SQUAD_BENCH_REPS:-3}     # repetitions inside one run (squad's median, llama-bench's mean)
 LLAMA_BENCH=${SQUAD_LLAMA_BENCH:-/tmp/peer-llama/lc/build/bin/llama-bench}
 LLAMA_GGUF=${SQUAD_LLAMA_GGUF:-/tmp/peer-llama/m08.gguf}
 ISA=$("$BUILD"/bench_gemm --print-isa) # the level the CPU kernels run at (SQUAD_CPU_ISA lowers it)
@@ -32,21 +34,21 @@ json_field() { grep -o "\"$2\": *[0-9.]*" <<<"$1" | head -1 | sed 's/.*: *//'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'; }
 
 if [ -x "$LLAMA_BENCH" ] && [ -f "$LLAMA_GGUF" ]; then
-  echo "== squad vs llama.cpp ($LLAMA_BENCH), $THREADS threads, $ROUNDS rounds, medians of tokens/s (wall)"
+  echo "== squad vs llama.cpp ($LLAMA_BENCH), $THREADS threads, $ROUNDS round(s) of $REPS repetitions, tokens/s (wall)"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   for r in $(seq 1 "$ROUNDS"); do
     for prec in bf16 exact; do
       "$SQUAD" bench --model "$MODEL" --device cpu --threads "$THREADS" --precision "$prec" \
-        --lengths 128,512 --reps 1 --state 2048 --suffix 128 >"$tmp/squad.out"
+        --lengths 128,512 --reps "$REPS" --state 2048 --suffix 128 >"$tmp/squad.out"
       while read -r line; do
         case_=$(grep -o '"case": *"[a-z]*' <<<"$line" | sed 's/.*"//') # cold, or hit (state + question)
         toks=$(json_field "$line" tokens)
         echo "$(json_field "$line" tokens_per_s)" >>"$tmp/squad-$prec-$case_-$toks"
       done < <(grep '^{' "$tmp/squad.out")
     done
-    "$LLAMA_BENCH" -m "$LLAMA_GGUF" -t "$THREADS" -p 128,512 -n 0 -r 1 -o jsonl >"$tmp/llama.out" 2>/dev/null
-    "$LLAMA_BENCH" -m "$LLAMA_GGUF" -t "$THREADS" -d 2048 -p 128 -n 0 -r 1 -o jsonl >>"$tmp/llama.out" 2>/dev/null
+    "$LLAMA_BENCH" -m "$LLAMA_GGUF" -t "$THREADS" -p 128,512 -n 0 -r "$REPS" -o jsonl >"$tmp/llama.out" 2>/dev/null
+    "$LLAMA_BENCH" -m "$LLAMA_GGUF" -t "$THREADS" -d 2048 -p 128 -n 0 -r "$REPS" -o jsonl >>"$tmp/llama.out" 2>/dev/null
     while read -r line; do
       echo "$(json_field "$line" avg_ts)" >>"$tmp/llama-$(json_field "$line" n_prompt)-d$(json_field "$line" n_depth)"
     done < <(grep '^{' "$tmp/llama.out")
@@ -75,6 +77,9 @@ else
       --lengths 128,512,2048 --reps 3 --state 2048 --suffix 128
   done
 fi
+
+# SQUAD_BENCH_PEER_ONLY=1: stop after the engine figures (the comparison, when there is a peer)
+if [ "${SQUAD_BENCH_PEER_ONLY:-0}" = 1 ]; then exit 0; fi
 
 echo "== GEMM vs OpenBLAS sgemm"
 "$BUILD"/bench_gemm
