@@ -17,6 +17,7 @@ MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-bench-qwen3.5-0.8b}
 THREADS=${SQUAD_BENCH_THREADS:-2}
 ROUNDS=${SQUAD_BENCH_ROUNDS:-1} # rounds of the comparison: each runs both sides once, REPS times
 REPS=${SQUAD_BENCH_REPS:-3}     # repetitions inside one run (squad's median, llama-bench's mean)
+PRECISIONS=${SQUAD_BENCH_PRECISIONS:-bf16 exact}
 LLAMA_BENCH=${SQUAD_LLAMA_BENCH:-/tmp/peer-llama/lc/build/bin/llama-bench}
 LLAMA_GGUF=${SQUAD_LLAMA_GGUF:-/tmp/peer-llama/m08.gguf}
 ISA=$("$BUILD"/bench_gemm --print-isa) # the level the CPU kernels run at (SQUAD_CPU_ISA lowers it)
@@ -38,7 +39,7 @@ if [ -x "$LLAMA_BENCH" ] && [ -f "$LLAMA_GGUF" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   for r in $(seq 1 "$ROUNDS"); do
-    for prec in bf16 exact; do
+    for prec in $PRECISIONS; do
       "$SQUAD" bench --model "$MODEL" --device cpu --threads "$THREADS" --precision "$prec" \
         --lengths 128,512 --reps "$REPS" --state 2048 --suffix 128 >"$tmp/squad.out"
       while read -r line; do
