@@ -31,8 +31,10 @@ fi
 
 # The field of one JSON line: json_field LINE NAME
 json_field() { grep -o "\"$2\": *[0-9.]*" <<<"$1" | head -1 | sed 's/.*: *//'; }
-# The median of the numbers on stdin.
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'; }
+# The median of the numbers in a file (lower middle for an even count), "-" when there is none.
+median_of() {
+  if [ -s "$1" ]; then sort -g "$1" | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; else echo -; fi
+}
 
 if [ -x "$LLAMA_BENCH" ] && [ -f "$LLAMA_GGUF" ]; then
   echo "== squad vs llama.cpp ($LLAMA_BENCH), $THREADS threads, $ROUNDS round(s) of $REPS repetitions, tokens/s (wall)"
@@ -58,12 +60,14 @@ if [ -x "$LLAMA_BENCH" ] && [ -f "$LLAMA_GGUF" ]; then
   printf '%-34s %12s %12s %12s %8s %8s\n' "case ($ISA)" "llama.cpp" "squad bf16" "squad exact" "bf16/lc" "exact/lc"
   row() { # label llama-file squad-suffix
     local lc bf ex
-    lc=$(median <"$tmp/llama-$2" 2>/dev/null || echo nan)
-    bf=$(median <"$tmp/squad-bf16-$3" 2>/dev/null || echo nan)
-    ex=$(median <"$tmp/squad-exact-$3" 2>/dev/null || echo nan)
-    awk -v l="$1" -v lc="$lc" -v bf="$bf" -v ex="$ex" 'BEGIN {
-      printf "%-34s %12.1f %12.1f %12.1f %7.2fx %7.2fx\n", l, lc, bf, ex, (lc > 0 ? bf / lc : 0), (lc > 0 ? ex / lc : 0) }'
+    lc=$(median_of "$tmp/llama-$2")
+    bf=$(median_of "$tmp/squad-bf16-$3")
+    ex=$(median_of "$tmp/squad-exact-$3")
+    awk -v l="$1" -v lc="$lc" -v bf="$bf" -v ex="$ex" 'function r(a) { return (lc > 0 && a > 0) ? sprintf("%7.2fx", a / lc) : "      -" }
+      BEGIN { printf "%-34s %12s %12s %12s %s %s\n", l, lc, bf, ex, r(bf), r(ex) }'
   }
+  # every round's figures, for the record
+  for f in "$tmp"/llama-* "$tmp"/squad-*; do echo "   ${f##*/}: $(tr '\n' ' ' <"$f")"; done
   row "cold 128 tokens (pp128)" "128-d0" "cold-128"
   row "cold 512 tokens (pp512)" "512-d0" "cold-512"
   row "128 on a 2048 state (pp128 @ d2048)" "128-d2048" "hit-2176"

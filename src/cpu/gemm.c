@@ -13,9 +13,13 @@
  * the packing, and uses vdpbf16ps (two bf16 products summed into each fp32 lane per instruction:
  * twice the FMA rate); without AVX512_BF16 it runs the fp32 kernels on the rounded x, so every
  * ISA gives FAST the same meaning.
+ * AVX2 (no bf16 dot product): 6 x 16 tiles, W widened to fp32 in registers while it is packed,
+ * FAST = x rounded to bf16 in the packing; the portable level runs the same driver with plain
+ * packers and a 4 x 16 C microkernel.
  * Measured on the development machine (Zen 5, one core, CPU time): the bf16 microkernel at ~95%
  * of the vdpbf16ps peak on cached data; whole calls at T = 512: FAST ~350 GFLOP/s, EXACT ~170,
- * OpenBLAS sgemm ~160 (bench/RESULTS.md).
+ * OpenBLAS sgemm ~160 (bench/RESULTS.md). On Zen 3 (AVX2, one core): 68-86 GFLOP/s on the
+ * projection shapes at T = 128 and 512, 68-86% of the FMA peak (bench/RESULTS-cpu.md).
  * The kernels are plain C functions compiled with __attribute__((target(...))), so the file builds
  * with the default flags and runs on any x86-64 (and anywhere else through the scalar kernels).
  * Nothing here is global or mutable: packed operands live in the pool's scratch buffer.

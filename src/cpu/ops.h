@@ -51,7 +51,7 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
 void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
                    int nv, int dk, int dv, int h0, int h1);
 /* op_delta_rule at a given level (tests): CPU_ISA_AVX2 takes S in column blocks held in L1 (dv a
- * multiple of 16), every other level the portable loops; op_delta_rule uses the CPU's level lowered
+ * multiple of 32), every other level the portable loops; op_delta_rule uses the CPU's level lowered
  * by SQUAD_CPU_ISA. */
 void op_delta_rule_isa(cpu_isa isa, float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
                        int C, int nk, int nv, int dk, int dv, int h0, int h1);
