@@ -13,9 +13,13 @@
  * the packing, and uses vdpbf16ps (two bf16 products summed into each fp32 lane per instruction:
  * twice the FMA rate); without AVX512_BF16 it runs the fp32 kernels on the rounded x, so every
  * ISA gives FAST the same meaning.
+ * AVX2 (no bf16 dot product): 6 x 16 tiles, W widened to fp32 in registers while it is packed,
+ * FAST = x rounded to bf16 in the packing; the portable level runs the same driver with plain
+ * packers and a 4 x 16 C microkernel.
  * Measured on the development machine (Zen 5, one core, CPU time): the bf16 microkernel at ~95%
  * of the vdpbf16ps peak on cached data; whole calls at T = 512: FAST ~350 GFLOP/s, EXACT ~170,
- * OpenBLAS sgemm ~160 (bench/RESULTS.md).
+ * OpenBLAS sgemm ~160 (bench/RESULTS.md). On Zen 3 (AVX2, one core): 68-86 GFLOP/s on the
+ * projection shapes at T = 128 and 512, 68-86% of the FMA peak (bench/RESULTS-cpu.md).
  * The kernels are plain C functions compiled with __attribute__((target(...))), so the file builds
  * with the default flags and runs on any x86-64 (and anywhere else through the scalar kernels).
  * Nothing here is global or mutable: packed operands live in the pool's scratch buffer.
@@ -206,6 +210,8 @@ TARGET_AVX512BF16 static void dot_avx512bf16(const void *xv, const uint16_t *W, 
 /* AVX2 tiles: 6 tokens x 16 columns = 12 ymm accumulators (of 16). */
 #define P256_MR 6
 #define P256_NC 16
+/* k per AVX2 W slice: 256 x 16 x 4 bytes = 16 KiB, half the L1 (x tiles stream through the rest). */
+#define P256_KC 256
 /* k (fp32 panels) or k pairs (bf16 panels) per W slice: 512 x 48 x 4 bytes = 96 KiB, in L2. */
 #define PACK_KC 512
 /* Tokens per block of the packed path: as many as keep the block's packed x within
@@ -383,27 +389,166 @@ TARGET_AVX2 static inline void p256_store(float *y, __m256 v, int nv, int load_y
     }
 }
 
+/* The AVX2 microkernel: 6 tokens x 16 columns in 12 ymm accumulators, 2 ymm of W per k and one
+ * broadcast register, 15 of the 16 registers. The accumulators are named variables, never an
+ * array indexed by a run-time bound: GCC then keeps all twelve in registers (with an array and a
+ * loop to mv for the stores it spilled every accumulator to the stack on every k, halving the
+ * rate). A partial tile (mv < 6 or nv < 16) goes through a small buffer after the k loop. */
 TARGET_AVX2 static void kern_256_f32(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv, int nv,
                                      int load_y) {
     const float *xp = xpv, *wp = wpv;
-    __m256 acc[P256_MR][2];
-#pragma GCC unroll 6
-    for (int m = 0; m < P256_MR; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#pragma GCC unroll 4
     for (int k = 0; k < kc; k++) {
-        __m256 b0 = _mm256_load_ps(wp), b1 = _mm256_load_ps(wp + 8);
-#pragma GCC unroll 6
-        for (int m = 0; m < P256_MR; m++) {
-            __m256 a = _mm256_broadcast_ss(xp + m);
-            acc[m][0] = _mm256_fmadd_ps(a, b0, acc[m][0]);
-            acc[m][1] = _mm256_fmadd_ps(a, b1, acc[m][1]);
-        }
+        __m256 b0 = _mm256_load_ps(wp), b1 = _mm256_load_ps(wp + 8), a;
+        a = _mm256_broadcast_ss(xp + 0);
+        c00 = _mm256_fmadd_ps(a, b0, c00);
+        c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(xp + 1);
+        c10 = _mm256_fmadd_ps(a, b0, c10);
+        c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(xp + 2);
+        c20 = _mm256_fmadd_ps(a, b0, c20);
+        c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(xp + 3);
+        c30 = _mm256_fmadd_ps(a, b0, c30);
+        c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(xp + 4);
+        c40 = _mm256_fmadd_ps(a, b0, c40);
+        c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(xp + 5);
+        c50 = _mm256_fmadd_ps(a, b0, c50);
+        c51 = _mm256_fmadd_ps(a, b1, c51);
         xp += P256_MR;
         wp += P256_NC;
     }
+    if (mv == P256_MR && nv == P256_NC) {
+        float *r0 = y, *r1 = y + ldy, *r2 = y + 2 * ldy, *r3 = y + 3 * ldy, *r4 = y + 4 * ldy, *r5 = y + 5 * ldy;
+        if (load_y) {
+            c00 = _mm256_add_ps(c00, _mm256_loadu_ps(r0)), c01 = _mm256_add_ps(c01, _mm256_loadu_ps(r0 + 8));
+            c10 = _mm256_add_ps(c10, _mm256_loadu_ps(r1)), c11 = _mm256_add_ps(c11, _mm256_loadu_ps(r1 + 8));
+            c20 = _mm256_add_ps(c20, _mm256_loadu_ps(r2)), c21 = _mm256_add_ps(c21, _mm256_loadu_ps(r2 + 8));
+            c30 = _mm256_add_ps(c30, _mm256_loadu_ps(r3)), c31 = _mm256_add_ps(c31, _mm256_loadu_ps(r3 + 8));
+            c40 = _mm256_add_ps(c40, _mm256_loadu_ps(r4)), c41 = _mm256_add_ps(c41, _mm256_loadu_ps(r4 + 8));
+            c50 = _mm256_add_ps(c50, _mm256_loadu_ps(r5)), c51 = _mm256_add_ps(c51, _mm256_loadu_ps(r5 + 8));
+        }
+        _mm256_storeu_ps(r0, c00), _mm256_storeu_ps(r0 + 8, c01);
+        _mm256_storeu_ps(r1, c10), _mm256_storeu_ps(r1 + 8, c11);
+        _mm256_storeu_ps(r2, c20), _mm256_storeu_ps(r2 + 8, c21);
+        _mm256_storeu_ps(r3, c30), _mm256_storeu_ps(r3 + 8, c31);
+        _mm256_storeu_ps(r4, c40), _mm256_storeu_ps(r4 + 8, c41);
+        _mm256_storeu_ps(r5, c50), _mm256_storeu_ps(r5 + 8, c51);
+        return;
+    }
+    float tile[P256_MR][P256_NC];
+    _mm256_storeu_ps(tile[0], c00), _mm256_storeu_ps(tile[0] + 8, c01);
+    _mm256_storeu_ps(tile[1], c10), _mm256_storeu_ps(tile[1] + 8, c11);
+    _mm256_storeu_ps(tile[2], c20), _mm256_storeu_ps(tile[2] + 8, c21);
+    _mm256_storeu_ps(tile[3], c30), _mm256_storeu_ps(tile[3] + 8, c31);
+    _mm256_storeu_ps(tile[4], c40), _mm256_storeu_ps(tile[4] + 8, c41);
+    _mm256_storeu_ps(tile[5], c50), _mm256_storeu_ps(tile[5] + 8, c51);
     for (int m = 0; m < mv; m++) {
         float *yr = y + (size_t)m * ldy;
-        p256_store(yr, acc[m][0], nv, load_y);
-        p256_store(yr + 8, acc[m][1], nv - 8, load_y);
+        p256_store(yr, _mm256_loadu_ps(tile[m]), nv, load_y);
+        p256_store(yr + 8, _mm256_loadu_ps(tile[m] + 8), nv - 8, load_y);
+    }
+}
+
+/* Transposes the 8 x 8 block of 32-bit elements in r[0..7] (row i -> column i). */
+TARGET_AVX2 static inline __attribute__((always_inline)) void transpose8x8(__m256 r[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        a[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 8; g += 4) {
+        b[g + 0] = _mm256_shuffle_ps(a[g], a[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        b[g + 1] = _mm256_shuffle_ps(a[g], a[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        b[g + 2] = _mm256_shuffle_ps(a[g + 1], a[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        b[g + 3] = _mm256_shuffle_ps(a[g + 1], a[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int q = 0; q < 4; q++) {
+        r[q] = _mm256_permute2f128_ps(b[q], b[4 + q], 0x20);
+        r[4 + q] = _mm256_permute2f128_ps(b[q], b[4 + q], 0x31);
+    }
+}
+
+/* pack_w_f32 (below) with AVX2: 8 W rows x 8 k, each bf16 row piece widened to fp32 in a
+ * register (a zero-extend and a shift), then transposed to [k][column]. Whole 8 x 8 blocks only;
+ * the ragged edges (past nv, past kc) take the plain loop. */
+TARGET_AVX2 static void pack_w_f32_256(void *wpv, const uint16_t *W, int K, int n0, int nv, int nc, int k0, int kc) {
+    float *wp = wpv;
+    int kc8 = kc & ~7, last = k0 + kc >= K;
+    for (int c0 = 0; c0 < nc; c0 += 8) {
+        if (c0 + 8 > nv) {
+            for (int c = c0; c < c0 + 8; c++)
+                for (int k = 0; k < kc; k++)
+                    wp[(size_t)k * nc + c] = c < nv ? squad_bf16_to_f32(W[(size_t)(n0 + c) * K + k0 + k]) : 0.0f;
+            continue;
+        }
+        const uint16_t *src = W + (size_t)(n0 + c0) * K + k0;
+        for (int kb = 0; kb < kc8; kb += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) {
+                /* W comes from DRAM once per call and this copy waits on it: ask for the same
+                 * rows' next slice now, so it arrives while the microkernel runs on this one
+                 * (once per 64-byte line). Tasks are claimed in descending panel order, so on
+                 * the last slice the next panels' first slices are asked for instead. */
+                if ((kb & 31) == 0) {
+                    if (!last)
+                        _mm_prefetch((const char *)(src + (size_t)i * K + kb + kc), _MM_HINT_T0);
+                    else /* the first slices of the two panels below, the ones taken next */
+                        for (int back = 1; back <= 2 && n0 >= back * nc; back++)
+                            _mm_prefetch((const char *)(W + (size_t)(n0 - back * nc + c0 + i) * K + kb), _MM_HINT_T1);
+                }
+                __m128i h = _mm_loadu_si128((const __m128i *)(src + (size_t)i * K + kb));
+                r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+            }
+            transpose8x8(r);
+            for (int j = 0; j < 8; j++) _mm256_store_ps(wp + (size_t)(kb + j) * nc + c0, r[j]);
+        }
+        for (int k = kc8; k < kc; k++)
+            for (int c = c0; c < c0 + 8; c++) wp[(size_t)k * nc + c] = squad_bf16_to_f32(W[(size_t)(n0 + c) * K + k0 + k]);
+    }
+}
+
+/* pack_x_f32 (below) for the AVX2 tiles: each row of the tile read 8 k at a time (rounded to bf16
+ * in the register when round: round to nearest even, as squad_f32_to_bf16 does for finite
+ * values), written to the tile's column. */
+TARGET_AVX2 static inline __m256 avx2_round_bf16(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i rounded = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), hi);
+    /* a NaN stays a (quiet) NaN, as in squad_f32_to_bf16, instead of rounding into infinity */
+    __m256i quiet = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)), hi);
+    __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan);
+}
+
+TARGET_AVX2 static void pack_x_f32_256(void *xpv, const float *x, int T, int K, int mr, int tile0, int tile1,
+                                       int round) {
+    float *xp = xpv;
+    int K8 = K & ~7;
+    for (int tile = tile0; tile < tile1; tile++) {
+        float *dst = xp + (size_t)tile * K * mr;
+        for (int m = 0; m < mr; m++) {
+            int t = tile * mr + m;
+            if (t >= T) {
+                for (int k = 0; k < K; k++) dst[(size_t)k * mr + m] = 0.0f;
+                continue;
+            }
+            const float *src = x + (size_t)t * K;
+            for (int k = 0; k < K8; k += 8) {
+                float v[8];
+                __m256 r = _mm256_loadu_ps(src + k);
+                _mm256_storeu_ps(v, round ? avx2_round_bf16(r) : r);
+                for (int j = 0; j < 8; j++) dst[(size_t)(k + j) * mr + m] = v[j];
+            }
+            for (int k = K8; k < K; k++)
+                dst[(size_t)k * mr + m] = round ? squad_bf16_to_f32(squad_f32_to_bf16(src[k])) : src[k];
+        }
     }
 }
 #endif
@@ -442,6 +587,23 @@ static void pack_w_f32(void *wpv, const uint16_t *W, int K, int n0, int nv, int 
         const uint16_t *src = W + (size_t)(n0 + c) * K + k0;
         for (int k = 0; k < kc; k++) wp[(size_t)k * nc + c] = squad_bf16_to_f32(src[k]);
     }
+}
+
+/* The portable microkernel (the scalar level's packed path, and the plain form the vector ones
+ * are written from): an C_MR x C_NC tile summed in an array the compiler may vectorise. */
+#define C_MR 4
+#define C_NC 16
+static void kern_c(const void *xpv, const void *wpv, int kc, float *y, size_t ldy, int mv, int nv, int load_y) {
+    const float *xp = xpv, *wp = wpv;
+    float acc[C_MR][C_NC] = {{0}};
+    for (int k = 0; k < kc; k++) {
+        for (int m = 0; m < C_MR; m++)
+            for (int c = 0; c < C_NC; c++) acc[m][c] += xp[m] * wp[c];
+        xp += C_MR;
+        wp += C_NC;
+    }
+    for (int m = 0; m < mv; m++)
+        for (int c = 0; c < nv && c < C_NC; c++) y[(size_t)m * ldy + c] = load_y ? y[(size_t)m * ldy + c] + acc[m][c] : acc[m][c];
 }
 
 #if GEMM_X86
@@ -540,6 +702,7 @@ typedef struct gemm_kernels {
     void (*pack_x)(void *xp, const float *x, int T, int K, int mr, int tile0, int tile1, int round);
     void (*x_to_bf16)(uint16_t *dst, const float *src, int K); /* DOT with X_BF16 */
     int mr, nc;   /* its tile */
+    int kc;       /* k steps per packed W slice */
     int pairs;    /* 1: bf16 pair panels, 0: fp32 panels */
 } gemm_kernels;
 
@@ -548,7 +711,13 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
     memset(&k, 0, sizeof k);
     k.dot = dot_scalar;
     k.xf = prec == CPU_GEMM_FAST ? X_ROUNDED_F32 : X_AS_IS;
-    k.mr = k.nc = 1;
+    /* the portable level: plain packers and kern_c */
+    k.kern = kern_c;
+    k.pack_w = pack_w_f32;
+    k.pack_x = pack_x_f32;
+    k.mr = C_MR;
+    k.nc = C_NC;
+    k.kc = P256_KC;
 #if GEMM_X86
     switch (isa) {
     case CPU_ISA_AVX512_BF16:
@@ -563,6 +732,7 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
             k.x_to_bf16 = x_to_bf16_512;
             k.mr = P512_MR;
             k.nc = P512_NC;
+            k.kc = PACK_KC;
             k.pairs = 1;
             break;
         }
@@ -577,16 +747,18 @@ static gemm_kernels gemm_select(cpu_isa isa, cpu_gemm_precision prec) {
         k.pack_x = pack_x_f32_512;
         k.mr = P512_MR;
         k.nc = P512_NC;
+        k.kc = PACK_KC;
         break;
     case CPU_ISA_AVX2:
         k.dot = dot_avx2;
         k.kern = kern_256_f32;
-        k.pack_w = pack_w_f32;
-        k.pack_x = pack_x_f32;
+        k.pack_w = pack_w_f32_256;
+        k.pack_x = pack_x_f32_256;
         k.mr = P256_MR;
         k.nc = P256_NC;
+        k.kc = P256_KC;
         break;
-    default: break;
+    default: break; /* the portable level set above */
     }
 #else
     (void)isa;
@@ -681,8 +853,8 @@ static void gemm_packed_task(void *ctx, int task, int n_tasks, int thread) {
     if (kn->kern_narrow[0] && nv <= 16) kern = kn->kern_narrow[0];
     else if (kn->kern_narrow[1] && nv <= 32) kern = kn->kern_narrow[1];
     size_t unit = 4; /* bytes per k step per column / per token: fp32 or a bf16 pair */
-    for (int k0 = 0; k0 < j->Kp; k0 += PACK_KC) {
-        int kc = j->Kp - k0 < PACK_KC ? j->Kp - k0 : PACK_KC;
+    for (int k0 = 0; k0 < j->Kp; k0 += kn->kc) {
+        int kc = j->Kp - k0 < kn->kc ? j->Kp - k0 : kn->kc;
         kn->pack_w(wp, j->W, j->K, n0, nv, kn->nc, k0, kc);
         int load_y = j->accumulate || k0 > 0;
         for (int tile = tile0; tile < tile1; tile++) {
@@ -764,7 +936,7 @@ static void gemm_run_packed_block(cpu_pool *pool, gemm_job *j, void *scratch) {
     size_t xbytes = align64((size_t)j->tiles * kn->mr * (size_t)j->Kp * 4);
     j->xpack = scratch;
     j->wpack = (char *)scratch + xbytes;
-    j->wpack_stride = align64((size_t)PACK_KC * kn->nc * 4);
+    j->wpack_stride = align64((size_t)kn->kc * kn->nc * 4);
 
     j->tiles_per_task = ceil_div(j->tiles, threads * TASKS_PER_THREAD);
     j->tiles_per_task += j->tiles_per_task & 1; /* the AVX-512 packers transpose two tiles at once */

@@ -27,6 +27,70 @@
 #define OPS_HOT
 #endif
 
+/* Hand-written AVX2 kernels (attention, the delta rule) are taken only at exactly the AVX2 level:
+ * an AVX-512 CPU keeps the target_clones code above, and SQUAD_CPU_ISA=scalar the plain loops. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define OPS_X86 1
+#define OPS_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define OPS_X86 0
+#endif
+
+/* The level the hand-written kernels dispatch on: the CPU's, lowered by SQUAD_CPU_ISA as the pool's
+ * is (an unknown name there already failed the pool's creation: here it leaves the CPU's level). */
+static cpu_isa ops_isa(void) {
+    cpu_isa isa;
+    squad_err err;
+    cpu_effective_isa(&isa, &err);
+    return isa;
+}
+
+#if OPS_X86
+/* e^x for 8 lanes: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts), e^r by a degree-6 polynomial
+ * (Cephes' expf coefficients, about 1 ulp), times 2^n built in the exponent bits. x below
+ * EXP_UNDERFLOW gives exactly 0 (so a masked score of -inf contributes nothing), above
+ * EXP_OVERFLOW +inf. */
+#define EXP_UNDERFLOW (-87.33654f)
+#define EXP_OVERFLOW 88.72283f
+OPS_AVX2 static inline __m256 exp256(__m256 x) {
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f);
+    const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDERFLOW), _CMP_LT_OQ);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_OVERFLOW), _CMP_GT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_UNDERFLOW)), _mm256_set1_ps(EXP_OVERFLOW));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, ln2_hi, xc);
+    r = _mm256_fnmadd_ps(n, ln2_lo, r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n for n in [-126, 128]: n = 128 only at the clamp, where p * 2^127 * 2 is done in two steps */
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i half = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+    return _mm256_andnot_ps(under, y);
+}
+
+/* silu(x) = x / (1 + e^-x) and sigmoid(x) = 1 / (1 + e^-x), 8 lanes (as the scalar forms below,
+ * with exp256 for expf: within a few ulp of them). */
+OPS_AVX2 static inline __m256 silu256(__m256 x) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+OPS_AVX2 static inline __m256 sigmoid256(__m256 x) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+#endif
+
 /* Lanes of the dot product's partial sums: independent accumulators let the compiler vectorise a
  * reduction without reassociating (which strict IEEE arithmetic forbids). */
 #define DOT_LANES 16
@@ -92,8 +156,20 @@ void op_conv_weights_kc(float *w_kc, const float *w_ck, int C, int K) {
         for (int k = 0; k < K; k++) w_kc[(long)k * C + c] = w_ck[(long)c * K + k];
 }
 
+#if OPS_X86
+/* x[i] = silu(x[i]) for the whole 8-lane part of a row; returns how far it got. */
+OPS_AVX2 static int silu_row_avx2(float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, silu256(_mm256_loadu_ps(x + i)));
+    return i;
+}
+#endif
+
 OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w_kc, int T, int C, int K) {
     int hist = K - 1;
+#if OPS_X86
+    int avx2 = ops_isa() == CPU_ISA_AVX2;
+#endif
     for (int t = 0; t < T; t++) {
         float *yr = y + (long)t * C;
         for (int c = 0; c < C; c++) yr[c] = 0.0f;
@@ -103,7 +179,11 @@ OPS_HOT void op_conv_silu(float *y, const float *x, float *state, const float *w
             const float *wk = w_kc + (long)k * C;
             for (int c = 0; c < C; c++) yr[c] += wk[c] * in[c];
         }
-        for (int c = 0; c < C; c++) yr[c] = silu(yr[c]);
+        int c = 0;
+#if OPS_X86
+        if (avx2) c = silu_row_avx2(yr, C);
+#endif
+        for (; c < C; c++) yr[c] = silu(yr[c]);
     }
     /* the last K-1 inputs of [state | x] become the new state */
     if (T >= hist) {
@@ -143,8 +223,8 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
  * S^T k read of token t + 1, row by row of S. Each element sees exactly the operations of the
  * two-pass form in the same order, so the result is the same; the state is streamed once, not
  * twice (it does not fit the L1 cache). */
-OPS_HOT void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
-                   int nv, int dk, int dv, int h0, int h1) {
+OPS_HOT static void delta_rule_c(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C,
+                                 int nk, int nv, int dk, int dv, int h0, int h1) {
     int group = nv / nk;
     float kv[OP_MAX_HEAD_DIM], kv_next[OP_MAX_HEAD_DIM];
     if (T < 1) return;
@@ -199,6 +279,110 @@ OPS_HOT void op_delta_rule(float *o, float *S, const float *qkv, const float *g,
             }
         }
     }
+}
+
+#if OPS_X86
+/* Columns of S one pass of delta_rule_avx2 keeps: DELTA_VECS ymm. Four, not two: the output and
+ * the next token's S^T k are sums over the rows of S, chains of dependent FMAs (4 cycles each);
+ * four independent chains of each keep both FMA pipes busy where two left them half idle. */
+#define DELTA_VECS 4
+#define DELTA_COLS (8 * DELTA_VECS)
+
+/* The per-token rule on AVX2, one block of DELTA_COLS columns of S at a time through every token.
+ * Column j of S only ever meets column j of kv, v and o, so the blocks are independent; a block
+ * (dk x 32 floats, 16 KiB at dk = 128) stays in L1 across the tokens where the whole 64 KiB state
+ * of delta_rule_c is streamed from L2 once a token. Per element the operations (and their FMAs)
+ * are those of delta_rule_c's fused pass in the same order, so the result is the same whichever
+ * tokens a call holds. */
+OPS_AVX2 static void delta_rule_avx2(float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
+                                     int C, int nk, int nv, int dk, int dv, int h0, int h1) {
+    int group = nv / nk;
+    for (int h = h0; h < h1; h++) {
+        int hk = h / group;
+        const float *q_of = qkv + (long)hk * dk;
+        const float *k_of = qkv + (long)nk * dk + (long)hk * dk;
+        const float *v_of = qkv + 2L * nk * dk + (long)h * dv;
+        for (int j0 = 0; j0 < dv; j0 += DELTA_COLS) {
+            float *Sb = S + (long)h * dk * dv + j0;
+            __m256 kv[DELTA_VECS], acc_o[DELTA_VECS], acc_n[DELTA_VECS];
+            /* token 0: decay and read S^T k */
+            __m256 decay = _mm256_set1_ps(expf(g[h]));
+#pragma GCC unroll 4
+            for (int c = 0; c < DELTA_VECS; c++) kv[c] = _mm256_setzero_ps();
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sb + (long)i * dv;
+                __m256 ki = _mm256_broadcast_ss(k_of + i);
+#pragma GCC unroll 4
+                for (int c = 0; c < DELTA_VECS; c++) {
+                    __m256 sv = _mm256_mul_ps(_mm256_loadu_ps(Si + 8 * c), decay);
+                    _mm256_storeu_ps(Si + 8 * c, sv);
+                    kv[c] = _mm256_fmadd_ps(sv, ki, kv[c]);
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                const float *q = q_of + (long)t * C, *k = k_of + (long)t * C, *v = v_of + (long)t * C + j0;
+                __m256 bt = _mm256_set1_ps(beta[(long)t * nv + h]);
+#pragma GCC unroll 4
+                for (int c = 0; c < DELTA_VECS; c++) {
+                    kv[c] = _mm256_mul_ps(bt, _mm256_sub_ps(_mm256_loadu_ps(v + 8 * c), kv[c]));
+                    acc_o[c] = _mm256_setzero_ps();
+                    acc_n[c] = _mm256_setzero_ps();
+                }
+                if (t + 1 < T) {
+                    const float *kn = k + C;
+                    __m256 dn = _mm256_set1_ps(expf(g[(long)(t + 1) * nv + h]));
+                    for (int i = 0; i < dk; i++) {
+                        float *Si = Sb + (long)i * dv;
+                        __m256 ki = _mm256_broadcast_ss(k + i), qi = _mm256_broadcast_ss(q + i);
+                        __m256 kni = _mm256_broadcast_ss(kn + i);
+#pragma GCC unroll 4
+                        for (int c = 0; c < DELTA_VECS; c++) {
+                            __m256 sv = _mm256_fmadd_ps(ki, kv[c], _mm256_loadu_ps(Si + 8 * c));
+                            acc_o[c] = _mm256_fmadd_ps(sv, qi, acc_o[c]);
+                            sv = _mm256_mul_ps(sv, dn);
+                            acc_n[c] = _mm256_fmadd_ps(sv, kni, acc_n[c]);
+                            _mm256_storeu_ps(Si + 8 * c, sv);
+                        }
+                    }
+                } else {
+                    for (int i = 0; i < dk; i++) {
+                        float *Si = Sb + (long)i * dv;
+                        __m256 ki = _mm256_broadcast_ss(k + i), qi = _mm256_broadcast_ss(q + i);
+#pragma GCC unroll 4
+                        for (int c = 0; c < DELTA_VECS; c++) {
+                            __m256 sv = _mm256_fmadd_ps(ki, kv[c], _mm256_loadu_ps(Si + 8 * c));
+                            _mm256_storeu_ps(Si + 8 * c, sv);
+                            acc_o[c] = _mm256_fmadd_ps(sv, qi, acc_o[c]);
+                        }
+                    }
+                }
+                float *out = o + (long)t * nv * dv + (long)h * dv + j0;
+#pragma GCC unroll 4
+                for (int c = 0; c < DELTA_VECS; c++) {
+                    _mm256_storeu_ps(out + 8 * c, acc_o[c]);
+                    kv[c] = acc_n[c];
+                }
+            }
+        }
+    }
+}
+#endif
+
+void op_delta_rule_isa(cpu_isa isa, float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
+                       int C, int nk, int nv, int dk, int dv, int h0, int h1) {
+#if OPS_X86
+    if (isa == CPU_ISA_AVX2 && dv % DELTA_COLS == 0) {
+        delta_rule_avx2(o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
+        return;
+    }
+#endif
+    (void)isa;
+    delta_rule_c(o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
+}
+
+void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
+                   int nv, int dk, int dv, int h0, int h1) {
+    op_delta_rule_isa(ops_isa(), o, S, qkv, g, beta, T, C, nk, nv, dk, dv, h0, h1);
 }
 
 /* One chunk of L <= DELTA_MAX_CHUNK tokens for one value head (see ops.h). With G the cumulative
@@ -289,7 +473,23 @@ void op_delta_rule_chunked(float *o, float *S, const float *qkv, const float *g,
     free(u);
 }
 
+#if OPS_X86
+/* x[i] = x[i] * inv * w[i] * silu(z[i]) for the 8-lane part of a head; returns how far it got. */
+OPS_AVX2 static int gated_scale_avx2(float *x, const float *z, const float *w, float inv, int n) {
+    __m256 iv = _mm256_set1_ps(inv);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), iv), _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(v, silu256(_mm256_loadu_ps(z + i))));
+    }
+    return i;
+}
+#endif
+
 void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, int dv, float eps) {
+#if OPS_X86
+    int avx2 = ops_isa() == CPU_ISA_AVX2;
+#endif
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nv; h++) {
             float *x = o + (long)t * nv * dv + (long)h * dv;
@@ -297,7 +497,11 @@ void op_gated_rmsnorm(float *o, const float *z, const float *w, int T, int nv, i
             float ss = 0.0f;
             for (int i = 0; i < dv; i++) ss += x[i] * x[i];
             float inv = 1.0f / sqrtf(ss / (float)dv + eps);
-            for (int i = 0; i < dv; i++) x[i] = x[i] * inv * w[i] * silu(zz[i]);
+            int i = 0;
+#if OPS_X86
+            if (avx2) i = gated_scale_avx2(x, zz, w, inv, dv);
+#endif
+            for (; i < dv; i++) x[i] = x[i] * inv * w[i] * silu(zz[i]);
         }
 }
 
@@ -352,9 +556,9 @@ long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens) {
     return rows * hd + rows * OP_ATTN_KEY_TILE + 2 * rows;
 }
 
-OPS_HOT void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
-                                const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
-                                float *scratch) {
+OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                                     const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                                     float *scratch) {
     int group = nh / nkv, kv_stride = nkv * hd;
     int rows = (t1 - t0) * group;
     float scale = 1.0f / sqrtf((float)hd);
@@ -405,17 +609,272 @@ OPS_HOT void op_attention_group(float *out, const float *q, int q_stride, int q_
     }
 }
 
+/* ---- attention on AVX2: the two products as register-blocked kernels -------------------------
+ * Per key tile (OP_ATTN_KEY_TILE keys, at absolute multiples of it, as attention_group_c):
+ *  1. scores: each ATTN_SUB-key slice of K is transposed into kt [hd][ATTN_SUB] (an L1-sized panel),
+ *     then a 6-row x 16-key kernel sums q[r][d] * kt[d][c] over d with the q values broadcast from
+ *     the query rows in place: the GEMM microkernel's shape, 12 accumulators;
+ *  2. the online softmax per row: tile max, correction of the running sum and accumulator, the
+ *     exponentials (exp256, 8 at a time; a key a row may not see gets exactly 0);
+ *  3. acc[r][d] += p[r][c] V[c][d]: a 6-row x 16-dim kernel over the tile's keys, the V slice for
+ *     16 dims (tile x 64 bytes) staying in L1 across the row blocks.
+ * Each score is one sequential sum over d and each acc element one sequential sum over keys, the
+ * same whichever block the row falls in, so a query's result does not depend on the other rows of
+ * its task nor on how its row was split into chunks. Scratch: op_attention_scratch_floats, the
+ * same as the portable form (kt lives on the stack). */
+#if OPS_X86
+#define ATTN_MR 6
+#define ATTN_SUB 16
+/* hd this kernel takes: kt is a stack array of ATTN_MAX_HD x ATTN_SUB floats (32 KiB at 512). */
+#define ATTN_MAX_HD 512
+
+/* Scores of up to 6 rows against one transposed slice: s[m][c] = scale * sum_d q_m[d] kt[d][c]. */
+OPS_AVX2 static void attn_scores_6x16(const float *const qr[ATTN_MR], const float *kt, int hd, float scale,
+                                      float *s, int s_stride) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *q0 = qr[0], *q1 = qr[1], *q2 = qr[2], *q3 = qr[3], *q4 = qr[4], *q5 = qr[5];
+#pragma GCC unroll 4
+    for (int d = 0; d < hd; d++) {
+        __m256 b0 = _mm256_load_ps(kt + (long)d * ATTN_SUB), b1 = _mm256_load_ps(kt + (long)d * ATTN_SUB + 8), a;
+        a = _mm256_broadcast_ss(q0 + d);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(q1 + d);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(q2 + d);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(q3 + d);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(q4 + d);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(q5 + d);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+    __m256 sc = _mm256_set1_ps(scale);
+    float *s0 = s, *s1 = s + s_stride, *s2 = s + 2 * s_stride, *s3 = s + 3 * s_stride, *s4 = s + 4 * s_stride,
+          *s5 = s + 5 * s_stride;
+    _mm256_storeu_ps(s0, _mm256_mul_ps(c00, sc)), _mm256_storeu_ps(s0 + 8, _mm256_mul_ps(c01, sc));
+    _mm256_storeu_ps(s1, _mm256_mul_ps(c10, sc)), _mm256_storeu_ps(s1 + 8, _mm256_mul_ps(c11, sc));
+    _mm256_storeu_ps(s2, _mm256_mul_ps(c20, sc)), _mm256_storeu_ps(s2 + 8, _mm256_mul_ps(c21, sc));
+    _mm256_storeu_ps(s3, _mm256_mul_ps(c30, sc)), _mm256_storeu_ps(s3 + 8, _mm256_mul_ps(c31, sc));
+    _mm256_storeu_ps(s4, _mm256_mul_ps(c40, sc)), _mm256_storeu_ps(s4 + 8, _mm256_mul_ps(c41, sc));
+    _mm256_storeu_ps(s5, _mm256_mul_ps(c50, sc)), _mm256_storeu_ps(s5 + 8, _mm256_mul_ps(c51, sc));
+}
+
+/* acc_m[d0 .. d0+16) += sum_c p_m[c] V[c][d0 ..] for up to 6 rows (acc rows and p rows by pointer). */
+OPS_AVX2 static void attn_pv_6x16(float *const ar[ATTN_MR], const float *const pr[ATTN_MR], const float *v,
+                                  long v_stride, int n_keys) {
+    __m256 c00 = _mm256_loadu_ps(ar[0]), c01 = _mm256_loadu_ps(ar[0] + 8);
+    __m256 c10 = _mm256_loadu_ps(ar[1]), c11 = _mm256_loadu_ps(ar[1] + 8);
+    __m256 c20 = _mm256_loadu_ps(ar[2]), c21 = _mm256_loadu_ps(ar[2] + 8);
+    __m256 c30 = _mm256_loadu_ps(ar[3]), c31 = _mm256_loadu_ps(ar[3] + 8);
+    __m256 c40 = _mm256_loadu_ps(ar[4]), c41 = _mm256_loadu_ps(ar[4] + 8);
+    __m256 c50 = _mm256_loadu_ps(ar[5]), c51 = _mm256_loadu_ps(ar[5] + 8);
+    const float *p0 = pr[0], *p1 = pr[1], *p2 = pr[2], *p3 = pr[3], *p4 = pr[4], *p5 = pr[5];
+#pragma GCC unroll 4
+    for (int c = 0; c < n_keys; c++) {
+        const float *vc = v + (long)c * v_stride;
+        __m256 b0 = _mm256_loadu_ps(vc), b1 = _mm256_loadu_ps(vc + 8), a;
+        a = _mm256_broadcast_ss(p0 + c);
+        c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+        a = _mm256_broadcast_ss(p1 + c);
+        c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+        a = _mm256_broadcast_ss(p2 + c);
+        c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+        a = _mm256_broadcast_ss(p3 + c);
+        c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+        a = _mm256_broadcast_ss(p4 + c);
+        c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+        a = _mm256_broadcast_ss(p5 + c);
+        c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+    }
+    _mm256_storeu_ps(ar[5], c50), _mm256_storeu_ps(ar[5] + 8, c51);
+    _mm256_storeu_ps(ar[4], c40), _mm256_storeu_ps(ar[4] + 8, c41);
+    _mm256_storeu_ps(ar[3], c30), _mm256_storeu_ps(ar[3] + 8, c31);
+    _mm256_storeu_ps(ar[2], c20), _mm256_storeu_ps(ar[2] + 8, c21);
+    _mm256_storeu_ps(ar[1], c10), _mm256_storeu_ps(ar[1] + 8, c11);
+    _mm256_storeu_ps(ar[0], c00), _mm256_storeu_ps(ar[0] + 8, c01);
+}
+
+/* kt[d][c] = K[k0 + c][d] for c < n (zero past n), d < hd (a multiple of 8): 8 x 8 transposes. */
+OPS_AVX2 static void attn_transpose_keys(float *kt, const float *K, long kv_stride, int n, int hd) {
+    for (int c0 = 0; c0 < ATTN_SUB; c0 += 8) {
+        for (int d0 = 0; d0 < hd; d0 += 8) {
+            __m256 r[8], a[8], b[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = c0 + i < n ? _mm256_loadu_ps(K + (long)(c0 + i) * kv_stride + d0) : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i += 2) {
+                a[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                a[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int g = 0; g < 8; g += 4) {
+                b[g + 0] = _mm256_shuffle_ps(a[g], a[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                b[g + 1] = _mm256_shuffle_ps(a[g], a[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                b[g + 2] = _mm256_shuffle_ps(a[g + 1], a[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                b[g + 3] = _mm256_shuffle_ps(a[g + 1], a[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int qd = 0; qd < 4; qd++) {
+                _mm256_store_ps(kt + (long)(d0 + qd) * ATTN_SUB + c0, _mm256_permute2f128_ps(b[qd], b[4 + qd], 0x20));
+                _mm256_store_ps(kt + (long)(d0 + 4 + qd) * ATTN_SUB + c0, _mm256_permute2f128_ps(b[qd], b[4 + qd], 0x31));
+            }
+        }
+    }
+}
+
+OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                                          const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                                          float *scratch) {
+    int group = nh / nkv, kv_stride = nkv * hd;
+    int rows = (t1 - t0) * group;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *acc = scratch, *sc = acc + (long)rows * hd, *mx = sc + (long)rows * OP_ATTN_KEY_TILE, *den = mx + rows;
+    float kt[ATTN_MAX_HD * ATTN_SUB] __attribute__((aligned(32)));
+    /* a row's query, its first key past what it may see, its scores and its accumulator */
+    const float *qrow[ATTN_MR];
+    float *arow[ATTN_MR];
+    const float *prow[ATTN_MR];
+    for (int r = 0; r < rows; r++) {
+        mx[r] = -INFINITY;
+        den[r] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)hd);
+    const float *Kh = K + (long)kvh * hd, *Vh = V + (long)kvh * hd;
+    int end = pos0 + t1;
+    for (int k0 = 0; k0 < end; k0 += OP_ATTN_KEY_TILE) {
+        int k1 = k0 + OP_ATTN_KEY_TILE < end ? k0 + OP_ATTN_KEY_TILE : end;
+        int first_row = 0; /* rows before it see no key of this tile (causal) */
+        while (first_row < rows && pos0 + t0 + first_row / group + 1 <= k0) first_row++;
+        int ntile = k1 - k0, nsub = (ntile + ATTN_SUB - 1) / ATTN_SUB * ATTN_SUB;
+        /* 1. scores for every row of the task that sees the tile */
+        for (int c0 = 0; c0 < ntile; c0 += ATTN_SUB) {
+            int n = ntile - c0 < ATTN_SUB ? ntile - c0 : ATTN_SUB;
+            attn_transpose_keys(kt, Kh + (long)(k0 + c0) * kv_stride, kv_stride, n, hd);
+            for (int r0 = first_row; r0 < rows; r0 += ATTN_MR) {
+                float *s0 = sc + (long)r0 * OP_ATTN_KEY_TILE + c0;
+                for (int m = 0; m < ATTN_MR; m++) {
+                    int r = r0 + m < rows ? r0 + m : r0; /* past the end: recompute row r0, unused */
+                    qrow[m] = q + (long)(t0 + r / group) * q_stride + (long)(kvh * group + r % group) * q_head_stride;
+                }
+                if (r0 + ATTN_MR <= rows) {
+                    attn_scores_6x16(qrow, kt, hd, scale, s0, OP_ATTN_KEY_TILE);
+                } else {
+                    float tmp[ATTN_MR * ATTN_SUB];
+                    attn_scores_6x16(qrow, kt, hd, scale, tmp, ATTN_SUB);
+                    for (int m = 0; r0 + m < rows; m++) memcpy(s0 + (long)m * OP_ATTN_KEY_TILE, tmp + m * ATTN_SUB, sizeof(float) * ATTN_SUB);
+                }
+            }
+        }
+        /* 2. online softmax, row by row */
+        for (int r = first_row; r < rows; r++) {
+            int n_keys = pos0 + t0 + r / group + 1;
+            int visible = n_keys - k0 < ntile ? n_keys - k0 : ntile;
+            float *s_r = sc + (long)r * OP_ATTN_KEY_TILE;
+            for (int c = visible; c < nsub; c++) s_r[c] = -INFINITY;
+            float tile_max = -INFINITY;
+            for (int c = 0; c < visible; c++) tile_max = s_r[c] > tile_max ? s_r[c] : tile_max;
+            float m_new = tile_max > mx[r] ? tile_max : mx[r];
+            float corr = expf(mx[r] - m_new);
+            if (corr != 1.0f) {
+                float *a = acc + (long)r * hd;
+                den[r] *= corr;
+                __m256 cv = _mm256_set1_ps(corr);
+                for (int i = 0; i < hd; i += 8) _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), cv));
+            }
+            __m256 mv = _mm256_set1_ps(m_new), sum = _mm256_setzero_ps();
+            for (int c = 0; c < nsub; c += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s_r + c), mv));
+                _mm256_storeu_ps(s_r + c, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            float lanes[8];
+            _mm256_storeu_ps(lanes, sum);
+            den[r] += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            mx[r] = m_new;
+        }
+        /* 3. acc += p V, 16 dims at a time across every row block */
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            for (int r0 = first_row; r0 < rows; r0 += ATTN_MR) {
+                float dummy[16]; /* the accumulator of a row past the end: computed, dropped */
+                for (int m = 0; m < ATTN_MR; m++) {
+                    int real = r0 + m < rows;
+                    int r = real ? r0 + m : r0;
+                    arow[m] = real ? acc + (long)r * hd + d0 : dummy;
+                    prow[m] = sc + (long)r * OP_ATTN_KEY_TILE;
+                }
+                if (r0 + ATTN_MR > rows) memcpy(dummy, acc + (long)r0 * hd + d0, sizeof dummy);
+                /* ntile, not nsub: V past the tile's end may not exist */
+                attn_pv_6x16(arow, prow, Vh + (long)k0 * kv_stride + d0, kv_stride, ntile);
+            }
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        int t = t0 + r / group, j = kvh * group + r % group;
+        float inv = 1.0f / den[r];
+        float *o = out + (long)t * nh * hd + (long)j * hd;
+        const float *a = acc + (long)r * hd;
+        for (int i = 0; i < hd; i++) o[i] = a[i] * inv;
+    }
+}
+#endif
+
+void op_attention_group_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                            const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                            float *scratch) {
+#if OPS_X86
+    if (isa == CPU_ISA_AVX2 && hd % 16 == 0 && hd <= ATTN_MAX_HD) {
+        attention_group_avx2(out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+        return;
+    }
+#endif
+    (void)isa;
+    attention_group_c(out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+}
+
+void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
+                        int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch) {
+    op_attention_group_isa(ops_isa(), out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+}
+
+#if OPS_X86
+/* o[i] *= sigmoid(g[i]) for the 8-lane part of a head; returns how far it got. */
+OPS_AVX2 static int sigmoid_gate_avx2(float *o, const float *g, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), sigmoid256(_mm256_loadu_ps(g + i))));
+    return i;
+}
+#endif
+
 void op_sigmoid_gate(float *out, const float *gate, int T, int nh, int hd, int gate_stride, int gate_head_stride) {
+#if OPS_X86
+    int avx2 = ops_isa() == CPU_ISA_AVX2;
+#endif
     for (int t = 0; t < T; t++)
         for (int j = 0; j < nh; j++) {
             float *o = out + (long)t * nh * hd + (long)j * hd;
             const float *gt = gate + (long)t * gate_stride + (long)j * gate_head_stride;
-            for (int i = 0; i < hd; i++) o[i] *= sigmoidf(gt[i]);
+            int i = 0;
+#if OPS_X86
+            if (avx2) i = sigmoid_gate_avx2(o, gt, hd);
+#endif
+            for (; i < hd; i++) o[i] *= sigmoidf(gt[i]);
         }
 }
 
+#if OPS_X86
+OPS_AVX2 static long silu_mul_avx2(float *a, const float *b, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(silu256(_mm256_loadu_ps(a + i)), _mm256_loadu_ps(b + i)));
+    return i;
+}
+#endif
+
 OPS_HOT void op_silu_mul(float *a, const float *b, long n) {
-    for (long i = 0; i < n; i++) a[i] = silu(a[i]) * b[i];
+    long i = 0;
+#if OPS_X86
+    if (ops_isa() == CPU_ISA_AVX2) i = silu_mul_avx2(a, b, n);
+#endif
+    for (; i < n; i++) a[i] = silu(a[i]) * b[i];
 }
 
 void op_add(float *x, const float *y, long n) {

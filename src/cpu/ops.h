@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "cpu/pool.h"
+
 /* The largest GDN value-head dimension the per-token rule's stack buffer holds. */
 #define OP_MAX_HEAD_DIM 1024
 
@@ -48,6 +50,11 @@ void op_gdn_gates(float *g, float *beta, const float *a, const float *b, const f
  * Heads [h0, h1) only (callers split heads across threads). */
 void op_delta_rule(float *o, float *S, const float *qkv, const float *g, const float *beta, int T, int C, int nk,
                    int nv, int dk, int dv, int h0, int h1);
+/* op_delta_rule at a given level (tests): CPU_ISA_AVX2 takes S in column blocks held in L1 (dv a
+ * multiple of 32), every other level the portable loops; op_delta_rule uses the CPU's level lowered
+ * by SQUAD_CPU_ISA. */
+void op_delta_rule_isa(cpu_isa isa, float *o, float *S, const float *qkv, const float *g, const float *beta, int T,
+                       int C, int nk, int nv, int dk, int dv, int h0, int h1);
 
 /* The same computed in chunks of `chunk` tokens with the WY / UT representation (Yang et al.,
  * Gated Delta Networks): per chunk, intra-chunk terms by small triangular solves, one state update. */
@@ -74,6 +81,12 @@ void op_attention(float *out, const float *q, int q_stride, int q_head_stride, c
 void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
                         int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch);
 long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens);
+/* op_attention_group at a given level (tests): CPU_ISA_AVX2 takes the register-blocked kernels
+ * (hd a multiple of 16, <= 512), every other level the portable loops. op_attention_group uses
+ * the CPU's level lowered by SQUAD_CPU_ISA. */
+void op_attention_group_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                            const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                            float *scratch);
 
 /* out[t][j] *= sigmoid(gate[t][j]) for the attention output gate; gate head j at j * gate_head_stride
  * within a token row of gate_stride. */

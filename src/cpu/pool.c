@@ -29,6 +29,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -99,6 +100,33 @@ const char *cpu_isa_name(cpu_isa isa) {
     case CPU_ISA_AVX2: return "avx2";
     default: return "scalar";
     }
+}
+
+int cpu_isa_parse(const char *name, cpu_isa *isa) {
+    static const struct {
+        const char *name;
+        cpu_isa isa;
+    } names[] = {{"scalar", CPU_ISA_SCALAR},        {"avx2", CPU_ISA_AVX2},
+                 {"avx512", CPU_ISA_AVX512},        {"avx512f", CPU_ISA_AVX512},
+                 {"avx512-bf16", CPU_ISA_AVX512_BF16}, {"avx512bf16", CPU_ISA_AVX512_BF16}};
+    for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i].name)) {
+            *isa = names[i].isa;
+            return 0;
+        }
+    return -1;
+}
+
+int cpu_effective_isa(cpu_isa *isa, squad_err *err) {
+    *isa = cpu_detect_isa();
+    const char *forced = getenv(CPU_ISA_ENV);
+    if (!forced || !*forced) return 0;
+    cpu_isa want;
+    if (cpu_isa_parse(forced, &want))
+        return squad_fail(err, SQUAD_E_INVALID, "%s=%s: expected scalar, avx2, avx512 or avx512-bf16", CPU_ISA_ENV,
+                          forced);
+    if (want < *isa) *isa = want; /* only ever lowers: a level the CPU lacks would crash */
+    return 0;
 }
 
 int cpu_available_cores(void) {
@@ -173,7 +201,10 @@ cpu_pool *cpu_pool_new(int threads, squad_err *err) {
     cpu_pool *p = squad_calloc(1, sizeof *p, err);
     if (!p) return NULL;
     p->threads = threads;
-    p->isa = cpu_detect_isa();
+    if (cpu_effective_isa(&p->isa, err)) {
+        free(p);
+        return NULL;
+    }
     atomic_init(&p->ticket, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->sleepers, 0);

@@ -33,13 +33,24 @@ typedef enum cpu_isa {
 /* The best cpu_isa this CPU supports. */
 cpu_isa cpu_detect_isa(void);
 const char *cpu_isa_name(cpu_isa isa);
+/* cpu_isa_name's names (and "avx512f", "avx512bf16") back to the level; 0, or -1 when unknown. */
+int cpu_isa_parse(const char *name, cpu_isa *isa);
+
+/* The environment variable that lowers every new pool's level (tests, benchmarks, a user working
+ * round a CPU's fault): SQUAD_CPU_ISA=scalar|avx2|avx512|avx512-bf16. A level above what the CPU
+ * has is ignored; an unknown name makes cpu_pool_new fail with SQUAD_E_INVALID. */
+#define CPU_ISA_ENV "SQUAD_CPU_ISA"
+/* cpu_detect_isa() lowered by SQUAD_CPU_ISA: what a new pool uses. 0, or SQUAD_E_INVALID for an
+ * unknown name (then *isa is the detected level). */
+int cpu_effective_isa(cpu_isa *isa, squad_err *err);
 
 /* threads 0: the number of cores this process may run on. NULL with err filled on failure. */
 cpu_pool *cpu_pool_new(int threads, squad_err *err);
 void cpu_pool_free(cpu_pool *p);
 /* Threads that run tasks, the caller included (>= 1). */
 int cpu_pool_threads(const cpu_pool *p);
-/* The ISA the pool's kernels use: cpu_detect_isa() at creation, lowered by cpu_pool_set_isa. */
+/* The ISA the pool's kernels use: cpu_detect_isa() at creation (lowered by SQUAD_CPU_ISA), lowered
+ * by cpu_pool_set_isa. */
 cpu_isa cpu_pool_isa(const cpu_pool *p);
 /* Forces a lower ISA (tests, benchmarks); a level above what the CPU has is clamped to it. */
 void cpu_pool_set_isa(cpu_pool *p, cpu_isa isa);
