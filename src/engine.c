@@ -59,8 +59,8 @@ static squad_backend *make_backend(squad_model *model, const squad_engine_opts *
                                    squad_err *err) {
     int want_cuda = opts->device == SQUAD_DEVICE_CUDA;
 #ifdef SQUAD_HAVE_CUDA
-    /* auto leaves specialists to the CPU while the CUDA backend does not run them */
-    if (opts->device == SQUAD_DEVICE_AUTO && !opts->specialists && squad_cuda_device_usable()) want_cuda = 1;
+    /* auto picks a usable GPU, specialists or not: the CUDA backend runs them too */
+    if (opts->device == SQUAD_DEVICE_AUTO && squad_cuda_device_usable()) want_cuda = 1;
     if (want_cuda) {
         if (squad_cuda_device_count() <= 0) {
             squad_fail(err, SQUAD_E_BACKEND, "--device cuda: no CUDA GPU is available");

@@ -47,6 +47,15 @@
  * eager backend does not tune), so exact agrees to fp32 rounding; bf16 keeps its gross bound. */
 #define TOL_CUDA_EXACT_EAGER 1e-4
 #define TOL_CUDA_BF16_EAGER 0.25
+/* Specialists on the CUDA backend (tests/gpu_test_specialists.c). The router's features are the
+ * mean over a row of the normalised hidden state entering router.layer (each component O(1)):
+ * compared absolutely against the CPU backend's; the router's probabilities against the
+ * references. The answers keep the whole-forward bounds above (TOL_CUDA_*_REF against the CPU and
+ * transformers, TOL_CUDA_*_CACHED cached against uncached). */
+#define TOL_CUDA_EXACT_ROUTER_FEAT 1e-3
+#define TOL_CUDA_BF16_ROUTER_FEAT 5e-2
+#define TOL_CUDA_EXACT_ROUTER 1e-3
+#define TOL_CUDA_BF16_ROUTER 0.05
 /* Where the reference's top two letters differ by more than this, the argmax must agree (exact). */
 #define TOL_ARGMAX_GAP 0.05
 

@@ -16,7 +16,8 @@
 # Steps there, in this order (STEPS="env tests repro profile bench hf memcheck racecheck" by default; each
 # bounded by a timeout):
 #   env        GPU, driver, libraries found                       -> summary.log
-#   tests      gpu_test_kernels, gpu_test_backend                 -> test_kernels.log, test_backend.log
+#   tests      gpu_test_kernels, gpu_test_backend, gpu_test_specialists
+#                                                  -> test_kernels.log, test_backend.log, test_specialists.log
 #   repro      gpu_test_repro: the same rows bit for bit in two processes through the GEMM plan file
 #              (it sets its own SQUAD_GEMM_PLANS)                  -> test_repro.log
 #   memcheck   compute-sanitizer memcheck on both tests (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM
@@ -59,7 +60,7 @@ set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_repro gpu_test_long bench_gpu bench_server"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_repro gpu_test_long bench_gpu bench_server"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -152,6 +153,7 @@ fi
 if has tests; then
     step "gpu_test_kernels" 240 "$OUT/test_kernels.log" $RUNENV "$BIN/gpu_test_kernels"
     step "gpu_test_backend" 420 "$OUT/test_backend.log" $RUNENV "$BIN/gpu_test_backend"
+    step "gpu_test_specialists" 300 "$OUT/test_specialists.log" $RUNENV "$BIN/gpu_test_specialists"
 fi
 if has repro; then
     step "gpu_test_repro" 300 "$OUT/test_repro.log" $RUNENV "$BIN/gpu_test_repro"

@@ -36,12 +36,23 @@
  *  - Full-vocabulary figures (a chunk with vocab): k_vocab.cu's three kernels, enqueued after the
  *    replay on the same stream and only for such a chunk; the graphs do not contain them, so a
  *    chunk that does not ask runs what it ran before.
+ *  - Specialists (opts->specialists): every adapter's A and B^T (fp32) are uploaded to one of
+ *    `max_adapters` resident slots on demand, the least recently used slot giving way; a device
+ *    table holds one cu_lora_entry per (slot, layer, projection) and a device word the chunk's
+ *    slot (0: the trunk), written before each replay. In the layers from `split` on, every
+ *    projection some adapter adapts gets k_lora.cu's two kernels after its shared GEMM, adding
+ *    s B (A x) into the GEMM's output columns (a fused in-projection: the projection's column
+ *    offset; out / o / down: straight into the residual h). They read the slot and the entry at
+ *    replay, so one graph serves every route. The router's feature sum (the fp32 h entering
+ *    router.layer, normalised and summed in double on the device) is in every graph too, and is
+ *    copied back only for a chunk that asks for it.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
  */
 #include "cuda_internal.cuh"
 
 #include "cuda_backend.h"
+#include "k_lora.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +61,7 @@
 extern "C" {
 #include "config.h"
 #include "model.h"
+#include "specialists.h"
 }
 
 static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096};
@@ -143,6 +155,22 @@ typedef struct cu_be {
     int n_graphs;
     double capture_s;
     unsigned long long replays;
+
+    /* specialists (NULL: none): the resident adapters and the router's chunk sum */
+    const squad_specialists *sp;
+    int lora_stride;                   /* table entries per slot: nl * SQUAD_PROJ_COUNT */
+    int n_lora_slots;                  /* max_adapters, or every specialist */
+    cu_lora_entry *lora_table;         /* device [n_lora_slots][nl][SQUAD_PROJ_COUNT] */
+    cu_lora_entry *lora_table_host;    /* its host copy */
+    int *lora_slot_dev, *lora_slot_host; /* the chunk's slot + 1 (0: the trunk); host pinned */
+    int *slot_route;                   /* [n_lora_slots]: the route each slot holds, -1: none */
+    unsigned long long *slot_used;     /* [n_lora_slots]: the clock of its last use */
+    void **slot_buf;                   /* [n_lora_slots]: its A / B^T buffer (not in allocs) */
+    unsigned long long lora_clock, adapter_uploads;
+    int lora_out[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* out of an adapted projection, 0: none adapts it */
+    float *lora_u;                     /* [max_chunk][largest rank] */
+    float *router_inv;                 /* [max_chunk] */
+    double *router_dev, *router_host;  /* [H]; host pinned */
 
     void **allocs;
     int n_allocs, cap_allocs;
@@ -307,7 +335,178 @@ static int ensure_kv(cu_be *cb, int need, squad_err *err) {
     return 0;
 }
 
+/* ---- specialists: resident adapters ------------------------------------------------------------ */
+
+/* Uploads route's adapter into slot s (k_lora.cuh's layout: per adapted projection A [r][in] then
+ * B^T [r][out], fp32, in one buffer) and rewrites the slot's table entries. The stream is drained
+ * first, so no replay still reads the buffer or the entries being replaced. */
+static int lora_upload(cu_be *cb, int s, int route, squad_err *err) {
+    const squad_specialists *sp = cb->sp;
+    const squad_adapter *a = &sp->adapters[route];
+    size_t floats = 0;
+    for (int l = sp->split; l < cb->nl; l++)
+        for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
+            const squad_lora_proj *lp = &a->proj[l][p];
+            if (lp->A) floats += (size_t)lp->r * ((size_t)lp->in + (size_t)lp->out);
+        }
+    CU_TRY(cudaStreamSynchronize(cb->st));
+    cu_lora_entry *tab = cb->lora_table_host + (size_t)s * cb->lora_stride;
+    memset(tab, 0, sizeof *tab * (size_t)cb->lora_stride);
+    cb->slot_route[s] = -1;
+    if (cb->slot_buf[s]) {
+        cudaFree(cb->slot_buf[s]);
+        cb->slot_buf[s] = NULL;
+    }
+    float *host = (float *)malloc((floats ? floats : 1) * sizeof(float));
+    if (!host) return cu_err(err, SQUAD_E_NOMEM, "out of memory (staging adapter '%s')", a->label);
+    void *buf = NULL;
+    cudaError_t e = cudaMalloc(&buf, (floats ? floats : 1) * sizeof(float));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        free(host);
+        return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
+                      "CUDA backend: no device memory for adapter '%s' (%.1f MB): %s", a->label,
+                      (double)floats * sizeof(float) / (1 << 20), cudaGetErrorString(e));
+    }
+    size_t at = 0;
+    for (int l = sp->split; l < cb->nl; l++)
+        for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
+            const squad_lora_proj *lp = &a->proj[l][p];
+            if (!lp->A) continue;
+            const size_t na = (size_t)lp->r * lp->in, nb = (size_t)lp->r * lp->out;
+            memcpy(host + at, lp->A, na * sizeof(float));
+            for (int o = 0; o < lp->out; o++) /* B [out][r] -> B^T [r][out] */
+                for (int k = 0; k < lp->r; k++) host[at + na + (size_t)k * lp->out + o] = lp->B[(size_t)o * lp->r + k];
+            cu_lora_entry *en = &tab[(size_t)l * SQUAD_PROJ_COUNT + p];
+            en->A = (const float *)buf + at;
+            en->Bt = (const float *)buf + at + na;
+            en->r = lp->r;
+            en->in = lp->in;
+            en->out = lp->out;
+            en->scale = a->scale;
+            at += na + nb;
+        }
+    e = cudaMemcpyAsync(buf, host, floats * sizeof(float), cudaMemcpyHostToDevice, cb->st);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(cb->lora_table + (size_t)s * cb->lora_stride, tab, sizeof *tab * (size_t)cb->lora_stride,
+                            cudaMemcpyHostToDevice, cb->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
+    free(host);
+    if (e != cudaSuccess) {
+        cudaFree(buf);
+        return cu_fail(err, "uploading an adapter", e, __FILE__, __LINE__);
+    }
+    cb->slot_buf[s] = buf;
+    cb->slot_route[s] = route;
+    cb->adapter_uploads++;
+    return 0;
+}
+
+/* The slot (+ 1) the kernels read for route: 0 for the trunk; else the slot holding the route's
+ * adapter, uploading it first into a free slot or the least recently used one. */
+static int lora_select(cu_be *cb, int route, int *slot, squad_err *err) {
+    *slot = 0;
+    if (route == 0) return 0;
+    cb->lora_clock++;
+    int victim = 0;
+    for (int s = 0; s < cb->n_lora_slots; s++) {
+        if (cb->slot_route[s] == route) {
+            cb->slot_used[s] = cb->lora_clock;
+            *slot = s + 1;
+            return 0;
+        }
+        /* an empty slot first, else the oldest use */
+        const int ve = cb->slot_route[victim] < 0, se = cb->slot_route[s] < 0;
+        if ((se && !ve) || (se == ve && cb->slot_used[s] < cb->slot_used[victim])) victim = s;
+    }
+    const int rc = lora_upload(cb, victim, route, err);
+    if (rc) return rc;
+    cb->slot_used[victim] = cb->lora_clock;
+    *slot = victim + 1;
+    return 0;
+}
+
+/* Sets the specialists up at creation: the table, the slots (max_adapters of them, 0 meaning one
+ * per specialist), which projections any adapter adapts (those get kernels in the graphs), the
+ * scratch of the low-rank products and the router's sum. No adapter is uploaded yet. */
+static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_adapters, squad_err *err) {
+    const squad_config *c = &cb->m->cfg;
+    if (sp->hidden != cb->H || sp->n_layers != cb->nl)
+        return cu_err(err, SQUAD_E_INVALID,
+                      "specialists %s were loaded for another model (%d layers of %d, not %d of %d)", sp->dir,
+                      sp->n_layers, sp->hidden, cb->nl, cb->H);
+    if (max_adapters < 0) return cu_err(err, SQUAD_E_INVALID, "--max-adapters %d: must be 0 (all) or more", max_adapters);
+    if (sp->router.n_labels < 1 || sp->router.hidden != cb->H || sp->router.layer < 0 || sp->router.layer >= cb->nl ||
+        sp->split < 0 || sp->split >= cb->nl)
+        return cu_err(err, SQUAD_E_INVALID, "specialists %s: router or split out of range", sp->dir);
+    const int n_spec = sp->router.n_labels - 1;
+    cb->n_lora_slots = max_adapters == 0 || max_adapters > n_spec ? n_spec : max_adapters;
+    if (cb->n_lora_slots < 1) cb->n_lora_slots = 1;
+    cb->lora_stride = cb->nl * SQUAD_PROJ_COUNT;
+    int max_r = 1;
+    for (int route = 1; route < sp->router.n_labels; route++) {
+        const squad_adapter *a = &sp->adapters[route];
+        for (int l = 0; l < cb->nl; l++)
+            for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
+                const squad_lora_proj *lp = &a->proj[l][p];
+                if (!lp->A) continue;
+                /* the loader refuses these; the kernels index with them, so they are checked again */
+                const int lin = c->layer_types[l] == SQUAD_LAYER_LINEAR;
+                const int gdn_p = p <= SQUAD_PROJ_OUT, att_p = p >= SQUAD_PROJ_Q && p <= SQUAD_PROJ_O;
+                if (l < sp->split || (lin && att_p) || (!lin && gdn_p) || lp->r < 1 || !lp->B ||
+                    (cb->lora_out[l][p] && cb->lora_out[l][p] != lp->out))
+                    return cu_err(err, SQUAD_E_INVALID, "specialist '%s': projection %d of layer %d does not fit",
+                                  a->label, p, l);
+                cb->lora_out[l][p] = lp->out;
+                if (lp->r > max_r) max_r = lp->r;
+            }
+    }
+    const size_t n_entries = (size_t)cb->n_lora_slots * cb->lora_stride;
+    int rc;
+    if ((rc = dalloc(cb, (void **)&cb->lora_table, n_entries * sizeof(cu_lora_entry), MEM_WEIGHT, err))) return rc;
+    cb->lora_table_host = (cu_lora_entry *)calloc(n_entries, sizeof(cu_lora_entry));
+    cb->slot_route = (int *)malloc(sizeof(int) * (size_t)cb->n_lora_slots);
+    cb->slot_used = (unsigned long long *)calloc((size_t)cb->n_lora_slots, sizeof(unsigned long long));
+    cb->slot_buf = (void **)calloc((size_t)cb->n_lora_slots, sizeof(void *));
+    if (!cb->lora_table_host || !cb->slot_route || !cb->slot_used || !cb->slot_buf)
+        return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
+    for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
+    if ((rc = dalloc(cb, (void **)&cb->lora_slot_dev, sizeof(int), MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->lora_slot_host, sizeof(int)));
+    *cb->lora_slot_host = 0;
+    const size_t R = (size_t)cb->max_chunk;
+    if ((rc = dalloc(cb, (void **)&cb->lora_u, R * (size_t)max_r * sizeof(float), MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->H * sizeof(double), MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->H * sizeof(double)));
+    cb->sp = sp;
+    return 0;
+}
+
 /* ---- the forward of one chunk (enqueued on cb->st; captured into a graph or run eagerly) -------- */
+
+/* The low-rank term of projection p of layer l (k_lora.cu), when specialists are loaded and some
+ * adapter adapts that projection: x [rows][ldx] the projection's input, y [rows][ldy] its output,
+ * the projection's columns from yoff. Left out of the GEMM plan making (its outputs are scratch). */
+static int enqueue_lora(cu_be *cb, int l, int p, const void *x, int ldx, int x_f32, void *y, int ldy, int yoff,
+                        int y_f32, int rows, squad_err *err) {
+    if (!cb->sp || cb->gemm.tune || l < cb->sp->split || !cb->lora_out[l][p]) return 0;
+    return cu_lora(cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p, cb->lora_stride, cb->lora_slot_dev, cb->prm_dev,
+                   x, ldx, x_f32, y, ldy, yoff, y_f32, cb->lora_out[l][p], cb->lora_u, rows, cb->st, err);
+}
+
+/* The low-rank terms of a fused in-projection (GDN: qkv | z | b | a; attention: q | k | v; the MLP:
+ * gate | up): each adapted part adds into its own columns of proj. */
+static int enqueue_lora_fused(cu_be *cb, int l, const int *ids, const int *widths, int n, int ldy, int rows,
+                              squad_err *err) {
+    int off = 0;
+    for (int i = 0; i < n; i++) {
+        const int rc = enqueue_lora(cb, l, ids[i], cb->x, cb->H, cb->f32, cb->proj, ldy, off, cb->f32, rows, err);
+        if (rc) return rc;
+        off += widths[i];
+    }
+    return 0;
+}
 
 /* The kernel groups of cb->parts, in forward order. With every group this is the forward; with a
  * subset the groups left out leave their outputs as they were (plan making, ablation timing). */
@@ -333,8 +532,24 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
         const int lin = L->kind == SQUAD_LAYER_LINEAR;
         const int n_in = lin ? cb->NP : cb->ldQKV;
         const int k_out = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
+        /* the router reads h as it enters its layer (the embeddings for layer 0) */
+        if (cb->sp && norm && l == cb->sp->router.layer &&
+            (rc = cu_router_sum(cb->h, H, cb->sp->router.eps, cb->prm_dev, cb->router_inv, cb->router_dev, rows,
+                                cb->st, err)))
+            return rc;
         if (l > 0 && norm && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, n_in, H, 0, f, cb->st, err))) return rc;
+        if (gemm && cb->sp) {
+            const int nv = cfg->lin_num_v_heads, qd = cfg->num_heads * 2 * cfg->head_dim;
+            const int kvd = cfg->num_kv_heads * cfg->head_dim;
+            const int gdn_ids[4] = {SQUAD_PROJ_IN_QKV, SQUAD_PROJ_IN_Z, SQUAD_PROJ_IN_B, SQUAD_PROJ_IN_A};
+            const int gdn_w[4] = {cb->C, nv * cfg->lin_v_dim, nv, nv};
+            const int att_ids[3] = {SQUAD_PROJ_Q, SQUAD_PROJ_K, SQUAD_PROJ_V};
+            const int att_w[3] = {qd, kvd, kvd};
+            rc = lin ? enqueue_lora_fused(cb, l, gdn_ids, gdn_w, 4, n_in, rows, err)
+                     : enqueue_lora_fused(cb, l, att_ids, att_w, 3, n_in, rows, err);
+            if (rc) return rc;
+        }
         if (lin && gdn &&
             (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->S,
                                  cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err)))
@@ -349,10 +564,18 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
             if (rc) return rc;
         }
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, k_out, 1, f, cb->st, err))) return rc;
+        if (gemm && (rc = enqueue_lora(cb, l, lin ? SQUAD_PROJ_OUT : SQUAD_PROJ_O, cb->mix, k_out, f, cb->h, H, 0, 1,
+                                       rows, err)))
+            return rc;
         if (norm && (rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err))) return rc;
+        if (gemm && cb->sp) {
+            const int mlp_ids[2] = {SQUAD_PROJ_GATE, SQUAD_PROJ_UP}, mlp_w[2] = {I, I};
+            if ((rc = enqueue_lora_fused(cb, l, mlp_ids, mlp_w, 2, 2 * I, rows, err))) return rc;
+        }
         if (silu && (rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err))) return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err))) return rc;
+        if (gemm && (rc = enqueue_lora(cb, l, SQUAD_PROJ_DOWN, cb->mlp, I, f, cb->h, H, 0, 1, rows, err))) return rc;
     }
     if (!norm) return 0;
     return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, cb->probs_dev, H, cb->eps, cb->st, err);
@@ -461,9 +684,21 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
         if (!ch->letters || ch->n_letters < 1 || ch->n_letters > CU_MAX_LETTERS)
             return cu_err(err, SQUAD_E_INVALID, "CUDA forward: %d letters (1..%d)", ch->n_letters, CU_MAX_LETTERS);
     }
+    if (ch->route != 0 && (!cb->sp || ch->route < 0 || ch->route >= cb->sp->router.n_labels))
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: route %d: the backend has %d routes", ch->route,
+                      cb->sp ? cb->sp->router.n_labels : 1);
+    if (ch->router_sum && !cb->sp)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: router features asked without specialists");
     const int bi = chunk_bucket(ch->len);
     const int si = span_bucket(cb, ch->start + ch->len);
     const int rows = CHUNK_BUCKETS[bi];
+    if (cb->sp) { /* the route's adapter resident, its slot to the device word the kernels read */
+        int slot = 0;
+        const int rc = lora_select(cb, ch->route, &slot, err);
+        if (rc) return rc;
+        *cb->lora_slot_host = slot;
+        CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
+    }
     if (ch->start < cb->kv_split) { /* a chunk that rewrites read-in-place positions: copy the blob first */
         const int rc = materialize_kv(cb, err);
         if (rc) return rc;
@@ -519,7 +754,11 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
     if (ch->n_slots > 0)
         CU_TRY(cudaMemcpyAsync(cb->probs_host, cb->probs_dev, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float),
                                cudaMemcpyDeviceToHost, cb->st));
+    if (ch->router_sum)
+        CU_TRY(cudaMemcpyAsync(cb->router_host, cb->router_dev, (size_t)cb->H * sizeof(double), cudaMemcpyDeviceToHost,
+                               cb->st));
     CU_TRY(cudaStreamSynchronize(cb->st));
+    if (ch->router_sum) memcpy(ch->router_sum, cb->router_host, (size_t)cb->H * sizeof(double));
     if (ch->n_slots > 0) memcpy(probs, cb->probs_host, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float));
     if (want_vocab) memcpy(ch->vocab, cb->vocab_host, (size_t)ch->n_slots * sizeof(squad_slot_vocab));
     return 0;
@@ -625,6 +864,14 @@ static void be_destroy(squad_backend *be) {
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
+        if (cb->lora_slot_host) cudaFreeHost(cb->lora_slot_host);
+        if (cb->router_host) cudaFreeHost(cb->router_host);
+        for (int s = 0; cb->slot_buf && s < cb->n_lora_slots; s++)
+            if (cb->slot_buf[s]) cudaFree(cb->slot_buf[s]);
+        free(cb->slot_buf);
+        free(cb->slot_route);
+        free(cb->slot_used);
+        free(cb->lora_table_host);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);
@@ -864,6 +1111,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     const size_t vbytes = (size_t)CU_MAX_SLOTS * sizeof(squad_slot_vocab);
     if ((rc = dalloc(cb, (void **)&cb->vocab_dev, vbytes, MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->vocab_host, vbytes));
+    if (opts && opts->specialists && (rc = setup_specialists(cb, opts->specialists, opts->max_adapters, err))) return rc;
     /* every upload (legacy stream, possibly still in its DMA) done before a kernel on cb->st reads it */
     CU_TRY(cudaDeviceSynchronize());
     if ((rc = bound_context(cb, err))) return rc;
@@ -916,6 +1164,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->max_chunk = cb->max_chunk;
     be->gdn_snapshot_bytes = cb->gdn_bytes;
     be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
+    be->specialists = cb->sp != NULL;
     return be;
 }
 
@@ -936,6 +1185,9 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     snprintf(info->precision, sizeof info->precision, "%s", cb->f32 ? "exact" : "bf16");
     info->n_buckets = N_CHUNK_BUCKETS;
     for (int i = 0; i < N_CHUNK_BUCKETS; i++) info->buckets[i] = CHUNK_BUCKETS[i];
+    info->adapter_slots = cb->sp ? cb->n_lora_slots : 0;
+    for (int s = 0; cb->sp && s < cb->n_lora_slots; s++) info->adapters_resident += cb->slot_route[s] >= 0;
+    info->adapter_uploads = cb->adapter_uploads;
     info->n_spans = cb->n_spans;
     for (int i = 0; i < cb->n_spans; i++) info->spans[i] = cb->spans[i];
     return 0;

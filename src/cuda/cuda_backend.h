@@ -29,6 +29,9 @@ typedef struct squad_cuda_info {
     int buckets[24];
     int n_spans;           /* attention-span buckets */
     int spans[24];
+    int adapter_slots;     /* specialists: adapters that can be resident at once (0: no specialists) */
+    int adapters_resident; /* adapters in device memory now */
+    unsigned long long adapter_uploads; /* adapters uploaded so far (a miss of the resident set each) */
 } squad_cuda_info;
 
 /* Fills info for a backend made by squad_cuda_backend_new; 0, or SQUAD_E_INVALID for another. */
