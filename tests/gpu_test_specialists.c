@@ -642,7 +642,7 @@ static void test_fixture(squad_precision prec) {
                             const double d = fabs((double)res->probs[s][l] - u->probs[s][l]);
                             if (!(d <= dc)) dc = d;
                         }
-                    CHECKF(dc <= (exact ? TOL_CUDA_EXACT_CACHED : TOL_CUDA_BF16_CACHED),
+                    CHECKF(dc <= (exact ? TOL_CUDA_EXACT_CACHED : TOL_CUDA_BF16_CACHED_WIDE),
                            "[%s] fixture row %d (forced %d): cached %g from uncached", PREC_NAME[pi], i + 1, forced, dc);
                     if (!(dc <= worst_cached)) worst_cached = dc;
                 }

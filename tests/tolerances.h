@@ -41,8 +41,10 @@
 #define TOL_CUDA_BF16_REF 0.25
 #define TOL_CUDA_BF16_CHUNKED 0.25   /* chunked against one pass on the bf16 path */
 #define TOL_CUDA_BF16_CACHED 0.01    /* cached against uncached: the same kernels, so as tight as exact */
-#define TOL_CUDA_BF16_CACHED_LONG 0.05 /* the same on a 10,000-token state: the cached path cuts other chunks
-                                       * (checkpoints), and bf16 round-off grows with the row (2.0e-2 seen) */
+#define TOL_CUDA_BF16_CACHED_WIDE 0.05 /* cached against uncached where the cached path cuts other chunks
+                                       * (at its checkpoints) and bf16 round-off is large against the
+                                       * answers: a 10,000-token state (2.0e-2 seen), the specialists'
+                                       * H 64 fixture (3.7e-2 seen) */
 /* Eager launches against the graphs: the same kernels, only the GEMM algorithms may differ (an
  * eager backend does not tune), so exact agrees to fp32 rounding; bf16 keeps its gross bound. */
 #define TOL_CUDA_EXACT_EAGER 1e-4
