@@ -12,7 +12,7 @@
  *  - each row's answer under every route from one backend forward with that route given
  *    explicitly (no engine, no cache), and, for the adapters, the trunk forward of a copy of the
  *    model whose adapted projections hold W + s B A merged (rounded to bf16, so it agrees only
- *    within MERGE_TOLERANCE, while the adapters move the answer by much more);
+ *    within TOL_CPU_LORA_MERGED, while the adapters move the answer by much more);
  * and then the engine, without and with the state cache, must give the same routes, router
  * probabilities and answers within 1e-4 for rows whose guess is right, rows whose guess is wrong
  * (the two-pass path, on purpose), rows forced to a specialist and repeats the memo answers,
@@ -39,12 +39,9 @@
 #include "specialists_synth.h"
 #include "synth.h"
 #include "testutil.h"
+#include "tolerances.h"
 #include "util.h"
 
-/* Engine answers against the references (the CPU exact bound). */
-#define EXACT_TOLERANCE 1e-4
-/* The bf16-merged model against the unmerged adapters. */
-#define MERGE_TOLERANCE 2e-2
 #define FIXTURE "tests/fixtures/specialists"
 #define PREFIX 160
 #define SUFFIX 96
@@ -233,8 +230,8 @@ static void build_references(void) {
             forward_row(&merged, NULL, &g_rows[k].row, 0, m, NULL);
             const double to_merged = max_diff(m, g_ans[k][r]), to_trunk = max_diff(g_ans[k][0], g_ans[k][r]);
             printf("route %d row %d: %.3g from the merged model, %.3g from the trunk\n", r, k, to_merged, to_trunk);
-            CHECKF(to_merged <= MERGE_TOLERANCE, "route %d row %d: %g from the merged model", r, k, to_merged);
-            CHECKF(to_trunk > 5 * MERGE_TOLERANCE, "route %d row %d: only %g from the trunk", r, k, to_trunk);
+            CHECKF(to_merged <= TOL_CPU_LORA_MERGED, "route %d row %d: %g from the merged model", r, k, to_merged);
+            CHECKF(to_trunk > 5 * TOL_CPU_LORA_MERGED, "route %d row %d: only %g from the trunk", r, k, to_trunk);
         }
         for (int i = 0; i < n_owned; i++) free(owned[i]);
     }
@@ -274,7 +271,7 @@ static void score_check(squad_engine *e, int k, int forced, int nopts0, int want
     const int route = forced >= 0 ? forced : g_route[k];
     CHECKF(res->route == route, "%s: route %d, expected %d", what, res->route, route);
     CHECKF(res->n_routes == 3, "%s: %d routes", what, res->n_routes);
-    for (int r = 0; r < 3; r++) CHECK_NEAR(res->route_probs[r], g_route_probs[k][r], EXACT_TOLERANCE);
+    for (int r = 0; r < 3; r++) CHECK_NEAR(res->route_probs[r], g_route_probs[k][r], TOL_CPU_EXACT_REF);
     double w = 0;
     for (int s = 0; s < 2; s++)
         for (int l = 0; l < nopts[s]; l++) {
@@ -284,7 +281,7 @@ static void score_check(squad_engine *e, int k, int forced, int nopts0, int want
             double d = fabs(res->probs[s][l] - g_ans[k][route][s][l] / tot);
             if (!(d <= w)) w = d;
         }
-    CHECKF(w <= EXACT_TOLERANCE, "%s: answer %g from the reference", what, w);
+    CHECKF(w <= TOL_CPU_EXACT_REF, "%s: answer %g from the reference", what, w);
     if (want_reused >= 0) CHECKF(res->reused == want_reused, "%s: reused %d, expected %d", what, res->reused, want_reused);
     CHECKF(res->memo == want_memo, "%s: memo %d", what, res->memo);
     free(res);
@@ -462,11 +459,11 @@ static void check_fixture(void) {
                        res->route, route);
                 json_t *rp = json_object_get(x, "router_probs");
                 for (int k = 0; k < sp->router.n_labels; k++)
-                    CHECK_NEAR(res->route_probs[k], json_number_value(json_array_get(rp, (size_t)k)), EXACT_TOLERANCE);
+                    CHECK_NEAR(res->route_probs[k], json_number_value(json_array_get(rp, (size_t)k)), TOL_CPU_EXACT_REF);
                 json_t *probs = forced < 0 ? json_object_get(x, "probs")
                                            : json_object_get(json_object_get(x, "probs_by_route"), sp->labels[forced]);
                 const double w = json_probs_diff(res, &rb.row, probs);
-                CHECKF(w <= EXACT_TOLERANCE, "fixture row %d (forced %d, cache %d): answer %g from the reference",
+                CHECKF(w <= TOL_CPU_EXACT_REF, "fixture row %d (forced %d, cache %d): answer %g from the reference",
                        i + 1, forced, cache, w);
                 if (!(w <= worst)) worst = w;
             }
