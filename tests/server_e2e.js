@@ -680,6 +680,35 @@ async function phaseOverload(S, M, model) {
   C.eq(ok.status, 200, 'after the overload a request is answered');
 }
 
+// A server started with --max-tokens under the model's positions: the engine's limit is the
+// server's, and a longer request gets section F's status (decisions 400, ask 422, score 200 with the
+// row's error) with a message naming the limit; requests under it are answered.
+const SMALL_MAX = 96;
+async function phaseMaxTokens(S, model) {
+  const longState = 'word '.repeat(SMALL_MAX + 50);  // past SMALL_MAX tokens, far under the model's MAX_POS
+  const cases = [
+    ['/v1/decisions', { model, input: longState, questions: [{ type: 'predicate', instructions: 'x' }] }, 400],
+    ['/v1/systemone', { state: longState, questions: { a: { type: 'noul' } } }, 400],
+    ['/v1/ask', { state: longState, questions: [{ text: 'q', options: ['a', 'b'] }] }, 422],
+  ];
+  for (const [ep, body, status] of cases) {
+    const r = await send(S, 'POST', ep, body);
+    C.eq(r.status, status, `--max-tokens ${SMALL_MAX}: ${ep} longer than the limit`);
+    C.ok(r.json && r.json.error && String(r.json.error.message).includes(String(SMALL_MAX)),
+      `--max-tokens ${SMALL_MAX}: ${ep}'s message names the limit`, r.text);
+  }
+  const row = (n) => ({ ids: Array(n).fill(7), slots: [n - 1], nopts: [2], letters: [1, 2] });
+  const r = await send(S, 'POST', '/v1/score', { rows: [row(SMALL_MAX + 20), row(SMALL_MAX), row(12)] });
+  C.eq(r.status, 200, `--max-tokens ${SMALL_MAX}: /v1/score with a row past it: 200`);
+  const res = (r.json && r.json.results) || [];
+  C.ok(res.length === 3 && typeof res[0].error === 'string' && res[0].error.includes(String(SMALL_MAX)),
+    `--max-tokens ${SMALL_MAX}: the long row's own error names the limit`, r.text);
+  C.ok(res.length === 3 && Array.isArray(res[1].probs) && Array.isArray(res[2].probs),
+    `--max-tokens ${SMALL_MAX}: rows up to the limit are answered`, r.text);
+  const ok = await send(S, 'POST', '/v1/decisions', { model, input: 'Page', questions: [{ type: 'predicate', instructions: 'x' }] });
+  C.eq(ok.status, 200, `--max-tokens ${SMALL_MAX}: a short decision request is answered`);
+}
+
 async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'squad-serve-'));
   const servers = [];
@@ -734,6 +763,11 @@ async function main() {
     await phaseOverload(O, M, model);
     await phaseMetrics(O, 'server C (overload)');
     C.eq(await L.stopServer(O), { code: 0, signal: null }, 'server C: exit 0');
+
+    const T = await L.startServer(SQUAD, M, ['--max-tokens', String(SMALL_MAX), '--memo-mb', '0', '--threads', '1']);
+    servers.push(T);
+    await phaseMaxTokens(T, model);
+    C.eq(await L.stopServer(T), { code: 0, signal: null }, 'server D (--max-tokens): exit 0');
   } catch (e) {
     C.ok(false, 'the test ran to its end', e.stack || String(e));
     for (const s of servers) if (!s.exit) console.error(`--- server log (${s.args.join(' ')}):\n${s.log().slice(-4000)}`);

@@ -39,7 +39,8 @@ struct srv_sched {
 
     srv_sched_stats stats; /* counters and the engine figures, published under lock */
     void (*log)(void *ctx, const char *line);
-    void *log_ctx;
+    srv_sched_on_ready on_ready;
+    void *log_ctx; /* the owner's context for log and on_ready */
 };
 
 static void sched_log(srv_sched *s, const char *fmt, ...) SQUAD_PRINTF(2, 3);
@@ -211,6 +212,10 @@ static void *sched_main(void *arg) {
     srv_sched *s = arg;
     double t0 = squad_now_seconds();
     squad_engine *e = squad_engine_new(s->model, &s->opts, &s->engine_err);
+    if (e && s->on_ready && s->on_ready(s->log_ctx, e, &s->engine_err) < 0) {
+        squad_engine_free(e);
+        e = NULL;
+    }
     pthread_mutex_lock(&s->lock);
     s->engine = e;
     s->ready = e ? 1 : -1;
@@ -257,7 +262,8 @@ static void *sweeper_main(void *arg) {
 }
 
 srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, int capacity,
-                           void (*log)(void *ctx, const char *line), void *log_ctx, squad_err *err) {
+                           void (*log)(void *ctx, const char *line), srv_sched_on_ready on_ready, void *log_ctx,
+                           squad_err *err) {
     srv_sched *s = squad_calloc(1, sizeof *s, err);
     if (!s) return NULL;
     s->model = model;
@@ -266,6 +272,7 @@ srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, in
     s->stats.queue_capacity = capacity;
     s->log = log;
     s->log_ctx = log_ctx;
+    s->on_ready = on_ready;
     if (pthread_mutex_init(&s->lock, NULL) != 0) {
         free(s);
         squad_fail(err, SQUAD_E_NOMEM, "cannot create the scheduler's lock");

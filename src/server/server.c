@@ -145,6 +145,26 @@ static int load_text_side(squad_server *srv, squad_err *err) {
     return 0;
 }
 
+/* Called on the scheduler thread once the engine exists, before /ready says yes: the longest row is
+ * the engine's (the model's positions, --max-tokens, or what the device's memory holds), so the
+ * decision APIs' context, which bounds rows by it, is made now. Requests that need either wait for
+ * ready (srv_req_prepare answers 503 before it), which publishes what this sets. */
+static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
+    squad_server *srv = ctx;
+    squad_limit why = SQUAD_LIMIT_MODEL;
+    srv->max_tokens = squad_engine_max_tokens(engine, &why);
+    if (why == SQUAD_LIMIT_MEMORY)
+        srv_log(srv, "rows up to %d tokens: bounded by memory, not the model (%d positions)", srv->max_tokens,
+                squad_model_max_tokens(srv->model));
+    srv->dapi = squad_dapi_ctx_new(srv->tok, srv->served_name, NULL, 0, srv->max_tokens, err);
+    if (!srv->dapi) return err->code ? err->code : SQUAD_E_NOMEM;
+    for (int a = 0; a < SQUAD_DAPI_COUNT; a++) {
+        const char *off = squad_dapi_disabled(srv->dapi, (squad_dapi)a);
+        if (off) srv_log(srv, "%s is disabled for this tokenizer: %s", a == SQUAD_DAPI_DECISIONS ? "/v1/decisions" : "/v1/systemone", off);
+    }
+    return 0;
+}
+
 squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
     if (!opts->model_dir) {
         squad_fail(err, SQUAD_E_INVALID, "no model directory");
@@ -188,15 +208,9 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
                    "belong together", squad_tokenizer_vocab_size(srv->tok), squad_model_vocab_size(srv->model));
         goto fail;
     }
-    srv->max_tokens = squad_model_max_tokens(srv->model);
-    srv->dapi = squad_dapi_ctx_new(srv->tok, srv->served_name, NULL, 0, srv->max_tokens, err);
-    if (!srv->dapi) goto fail;
-    for (int a = 0; a < SQUAD_DAPI_COUNT; a++) {
-        const char *why = squad_dapi_disabled(srv->dapi, (squad_dapi)a);
-        if (why) srv_log(srv, "%s is disabled for this tokenizer: %s", a == SQUAD_DAPI_DECISIONS ? "/v1/decisions" : "/v1/systemone", why);
-    }
     if (opts->memo_bytes && !(srv->memo = srv_kv_new(opts->memo_bytes, err))) goto fail;
-    srv->sched = srv_sched_start(srv->model, &opts->engine, opts->queue > 0 ? opts->queue : 1, sched_log_cb, srv, err);
+    srv->sched = srv_sched_start(srv->model, &opts->engine, opts->queue > 0 ? opts->queue : 1, sched_log_cb,
+                                 on_engine_ready, srv, err);
     if (!srv->sched) goto fail;
     return srv;
 fail:
@@ -764,6 +778,16 @@ int srv_req_prepare(srv_req *r) {
     default: break;
     }
     if (memo_lookup(r)) return 1;
+    squad_err eerr = {0};
+    int ready = srv->sched ? srv_sched_ready(srv->sched, &eerr) : 0;
+    if (ready == 0) {
+        fail_req(r, 503, NULL, "the model is still loading (GET /ready answers 200 once it is ready); retry shortly");
+        return 1;
+    }
+    if (ready < 0) {
+        fail_req(r, 500, NULL, "the engine could not be created: %s", eerr.msg);
+        return 1;
+    }
     int answered = r->ep == SRV_EP_ASK     ? prepare_ask(r)
                    : r->ep == SRV_EP_SCORE ? prepare_score(r)
                                            : prepare_dapi(r);
@@ -781,9 +805,11 @@ int srv_req_prepare(srv_req *r) {
  * The job
  * ------------------------------------------------------------------------------------------- */
 
+/* Completion belongs to the transport's wake: it marks the request done in a way its waiter cannot
+   see before the wake is over (the waiter may free the request at once), so nothing here touches the
+   request after the call. */
 static void job_done(srv_job *job) {
     srv_req *r = job->owner;
-    atomic_store_explicit(&r->job_done, 1, memory_order_release);
     r->wake(r);
 }
 
@@ -972,10 +998,16 @@ void srv_req_end(srv_req *r) {
  * In process
  * ------------------------------------------------------------------------------------------- */
 
+/* The mark is set under the waiter's lock, which the waiter holds while it tests the mark: it cannot
+   see the request done, return and free it (with the lock and condition on its stack) before this
+   unlocks. The lock and condition are read into locals first; after the unlock nothing is touched. */
 static void wake_cond(srv_req *r) {
-    pthread_mutex_lock(r->wait_lock);
-    pthread_cond_signal(r->wait_cond);
-    pthread_mutex_unlock(r->wait_lock);
+    pthread_mutex_t *lock = r->wait_lock;
+    pthread_cond_t *cond = r->wait_cond;
+    pthread_mutex_lock(lock);
+    atomic_store_explicit(&r->job_done, 1, memory_order_release);
+    pthread_cond_signal(cond);
+    pthread_mutex_unlock(lock);
 }
 
 int squad_server_handle(squad_server *srv, const char *method, const char *path, const char *const *headers,
