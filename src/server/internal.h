@@ -43,6 +43,7 @@ struct squad_server {
     squad_template *tpl;
     squad_dapi_ctx *dapi;
     squad_model *model;
+    squad_specialists *sp; /* NULL: the model alone */
     int max_tokens;
     srv_sched *sched;
     srv_kv *memo;   /* the request memo */

@@ -120,9 +120,15 @@ static int engine_cancelled(void *ctx) {
 static void publish_engine_stats(srv_sched *s) {
     squad_cache_stats st;
     squad_engine_cache_stats(s->engine, &st);
+    uint64_t routes[SQUAD_MAX_ROUTES] = {0};
+    int n_routes = s->opts.specialists ? squad_specialists_count(s->opts.specialists) : 0;
+    if (n_routes > SQUAD_MAX_ROUTES) n_routes = SQUAD_MAX_ROUTES;
+    for (int i = 0; i < n_routes; i++) routes[i] = squad_engine_route_rows(s->engine, i);
     pthread_mutex_lock(&s->lock);
     uint64_t before = s->stats.cache.uncacheable;
     s->stats.cache = st;
+    s->stats.n_routes = n_routes;
+    memcpy(s->stats.route_rows, routes, sizeof routes);
     pthread_mutex_unlock(&s->lock);
     if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
         sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "

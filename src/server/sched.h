@@ -74,6 +74,8 @@ typedef struct srv_sched_stats {
     int rows_running;    /* rows in the engine now (0 or 1 today) */
     uint64_t jobs_done, jobs_timeout, jobs_cancelled;
     squad_cache_stats cache; /* the engine's figures after its last row */
+    int n_routes;            /* with specialists: routes (the trunk included); 0 without */
+    uint64_t route_rows[SQUAD_MAX_ROUTES]; /* rows the engine answered per route */
     char device[16];
 } srv_sched_stats;
 
