@@ -680,6 +680,139 @@ async function phaseOverload(S, M, model) {
   C.eq(ok.status, 200, 'after the overload a request is answered');
 }
 
+// A server started with --max-tokens under the model's positions: the engine's limit is the
+// server's, and a longer request gets section F's status (decisions 400, ask 422, score 200 with the
+// row's error) with a message naming the limit; requests under it are answered.
+const SMALL_MAX = 96;
+async function phaseMaxTokens(S, model) {
+  const longState = 'word '.repeat(SMALL_MAX + 50);  // past SMALL_MAX tokens, far under the model's MAX_POS
+  const cases = [
+    ['/v1/decisions', { model, input: longState, questions: [{ type: 'predicate', instructions: 'x' }] }, 400],
+    ['/v1/systemone', { state: longState, questions: { a: { type: 'noul' } } }, 400],
+    ['/v1/ask', { state: longState, questions: [{ text: 'q', options: ['a', 'b'] }] }, 422],
+  ];
+  for (const [ep, body, status] of cases) {
+    const r = await send(S, 'POST', ep, body);
+    C.eq(r.status, status, `--max-tokens ${SMALL_MAX}: ${ep} longer than the limit`);
+    C.ok(r.json && r.json.error && String(r.json.error.message).includes(String(SMALL_MAX)),
+      `--max-tokens ${SMALL_MAX}: ${ep}'s message names the limit`, r.text);
+  }
+  const row = (n) => ({ ids: Array(n).fill(7), slots: [n - 1], nopts: [2], letters: [1, 2] });
+  const r = await send(S, 'POST', '/v1/score', { rows: [row(SMALL_MAX + 20), row(SMALL_MAX), row(12)] });
+  C.eq(r.status, 200, `--max-tokens ${SMALL_MAX}: /v1/score with a row past it: 200`);
+  const res = (r.json && r.json.results) || [];
+  C.ok(res.length === 3 && typeof res[0].error === 'string' && res[0].error.includes(String(SMALL_MAX)),
+    `--max-tokens ${SMALL_MAX}: the long row's own error names the limit`, r.text);
+  C.ok(res.length === 3 && Array.isArray(res[1].probs) && Array.isArray(res[2].probs),
+    `--max-tokens ${SMALL_MAX}: rows up to the limit are answered`, r.text);
+  const ok = await send(S, 'POST', '/v1/decisions', { model, input: 'Page', questions: [{ type: 'predicate', instructions: 'x' }] });
+  C.eq(ok.status, 200, `--max-tokens ${SMALL_MAX}: a short decision request is answered`);
+}
+
+// A server started with --specialists (a synthesized squad: labels trunk / e2e / nav): routes and
+// the router's probabilities equal `squad score --specialists` / `squad ask --specialists` on the
+// same rows; a forced specialist through /v1/score ("specialist"), /v1/ask ("specialist") and the
+// decision APIs' model names; /v1/models lists the served name and each route; /metrics counts rows
+// per route and mispredictions; the request memo keeps forced and routed answers apart.
+async function routeRows(S) {
+  const m = await request(S.base, 'GET', '/metrics');
+  const out = {};
+  for (const s of ((parsePrometheus(m.text).squad_route_rows_total || {}).samples || [])) out[s.labels.route] = s.value;
+  return out;
+}
+
+async function phaseSpecialists(S, SM, SP, model, labels) {
+  const spArgs = ['--specialists', SP];
+  // /v1/models: the served name first (the router decides), then each route's label
+  const mods = await request(S.base, 'GET', '/v1/models');
+  C.eq(mods.json && mods.json.data.map((d) => d.id), [model, ...labels], '--specialists: /v1/models data lists the served name and each route');
+  C.eq(mods.json && mods.json.models.map((d) => d.name), [model, ...labels], '--specialists: /v1/models models lists them too');
+
+  // /v1/score, the router deciding, against squad score --specialists (fresh caches on both sides)
+  const de = expectDecisions(decisionsRequests(model));
+  const rows = L.renderRows(SQUAD, SM, de.specs).concat([{ ids: [5, 9, 12, 40, 77, 3], slots: [5], nopts: [3], letters: [1, 2, 3] }]);
+  const want = L.scoreRows(SQUAD, SM, rows, spArgs);
+  const r = await send(S, 'POST', '/v1/score', { rows });
+  const got = (r.json && r.json.results) || [];
+  C.eq(got.length, rows.length, '--specialists: /v1/score results', r.text);
+  got.forEach((g, i) => {
+    C.ok(labels.includes(g.route), `--specialists: /v1/score row ${i}: a route label`, g);
+    C.eq(g.route, want[i].route, `--specialists: /v1/score row ${i}: route = squad score's`);
+    C.close(g.router, want[i].router, `--specialists: /v1/score row ${i}: router = squad score's`, TOL);
+    C.close(g.probs[0], want[i].probs[0], `--specialists: /v1/score row ${i}: probs = squad score's`, TOL);
+  });
+  // forced through the rows, each label, and an unknown one
+  const forcedRows = labels.map((l, i) => ({ ...rows[i % rows.length], specialist: l })).concat([{ ...rows[0], specialist: 'auto' }]);
+  const wantF = L.scoreRows(SQUAD, SM, forcedRows, spArgs);
+  const before = await routeRows(S);
+  const rf = await send(S, 'POST', '/v1/score', { rows: forcedRows.concat([{ ...rows[0], specialist: 'nope' }]) });
+  const gf = (rf.json && rf.json.results) || [];
+  labels.forEach((l, i) => {
+    C.eq(gf[i] && gf[i].route, l, `--specialists: /v1/score "specialist": "${l}" forces it`);
+    C.close(gf[i] && gf[i].probs[0], wantF[i].probs[0], `--specialists: /v1/score forced ${l}: probs = squad score's`, TOL);
+  });
+  C.eq(gf[labels.length] && gf[labels.length].route, wantF[labels.length].route, '--specialists: /v1/score "specialist": "auto" routes as squad score does');
+  C.ok(gf[labels.length + 1] && /unknown specialist 'nope'/.test(gf[labels.length + 1].error || ''), '--specialists: /v1/score an unknown label is that row\'s error', rf.text);
+  // /metrics: rows per route moved by what that request ran
+  const after = await routeRows(S);
+  const moved = {};
+  for (const g of gf) if (g.route) moved[g.route] = (moved[g.route] || 0) + 1;
+  for (const l of labels) C.eq((after[l] || 0) - (before[l] || 0), moved[l] || 0, `--specialists: /metrics squad_route_rows_total{route="${l}"} counts that request's rows`);
+
+  // /v1/ask: routes as squad ask --specialists; "specialist" forces; an unknown label is a 422
+  const ex = examples[1];
+  const cli = JSON.parse(L.runSquad(SQUAD, ['ask', '--model', SM, ...spArgs], JSON.stringify(ex)).stdout);
+  const a = await send(S, 'POST', '/v1/ask', ex);
+  C.eq(a.status, 200, '--specialists: /v1/ask');
+  C.eq(a.json && a.json.route, cli.route, '--specialists: /v1/ask "route" = squad ask\'s');
+  C.ok(a.json && a.json.router && !deepClose(a.json.router, cli.router, TOL), '--specialists: /v1/ask "router" = squad ask\'s', [a.json && a.json.router, cli.router]);
+  C.eq(a.json && a.json.answers.map((x) => x.route), cli.answers.map((x) => x.route), '--specialists: /v1/ask each answer\'s route = squad ask\'s');
+  for (const l of labels.slice(1)) {
+    const cf = JSON.parse(L.runSquad(SQUAD, ['ask', '--model', SM, ...spArgs, '--specialist', l], JSON.stringify(ex)).stdout);
+    const af = await send(S, 'POST', '/v1/ask', { ...ex, specialist: l });
+    C.ok(af.json && af.json.answers.every((x) => x.route === l), `--specialists: /v1/ask "specialist": "${l}" forces it`, af.text);
+    const d = af.json ? deepClose(af.json.answers, cf.answers, TOL) : 'no JSON';
+    C.ok(!d, `--specialists: /v1/ask forced ${l}: answers = squad ask --specialist's`, d);
+    C.eq(af.json && af.json.memo, false, `--specialists: /v1/ask forced ${l}: not the memo of another specialist's body`);
+    const again = await send(S, 'POST', '/v1/ask', { ...ex, specialist: l });
+    C.ok(again.json && again.json.memo === true && again.json.answers.every((x) => x.route === l), `--specialists: /v1/ask forced ${l} again: the memo, same route`, again.text);
+  }
+  const bad = await send(S, 'POST', '/v1/ask', { ...ex, specialist: 'nope' });
+  C.eq(bad.status, 422, '--specialists: /v1/ask an unknown specialist: 422');
+  C.has(bad.json && bad.json.error && bad.json.error.message, 'nope', '--specialists: /v1/ask the message names it');
+
+  // the decision APIs: model = a label forces it, the served name lets the router decide
+  for (const name of [labels[2], model]) {
+    const dreq = decisionsRequests(name);
+    const e = expectDecisions(dreq);
+    const drows = L.renderRows(SQUAD, SM, e.specs).map((x) => (name === model ? x : { ...x, specialist: name }));
+    const probs = L.scoreRows(SQUAD, SM, drows, spArgs).map((x) => x.probs[0]);
+    const b0 = await routeRows(S);
+    let k = 0, n = 0;
+    for (const [i, req] of dreq.entries()) {
+      const rr = await send(S, 'POST', '/v1/decisions', req);
+      if (!C.eq(rr.status, 200, `--specialists: /v1/decisions model ${name} request ${i}`) || !rr.json) { k += req.questions.length; continue; }
+      C.eq(rr.json.model, name, `--specialists: /v1/decisions model ${name}: echoed`);
+      req.questions.forEach((q, j) => { checkDecisionAnswer(q, e.plan[i][j], rr.json.answers[j] || {}, probs[k], `--specialists: /v1/decisions model ${name} request ${i} question ${j}`); k++; n++; });
+    }
+    if (name !== model) {
+      const b1 = await routeRows(S);
+      C.eq((b1[name] || 0) - (b0[name] || 0), n, `--specialists: /metrics counts the rows /v1/decisions forced to ${name}`);
+    }
+  }
+  const so = await send(S, 'POST', '/v1/systemone', { model: labels[1], state: 'Short page', questions: { a: { type: 'noul', instructions: 'Visible?' } } });
+  C.eq(so.status, 200, '--specialists: /v1/systemone with a specialist\'s name');
+  const no = await send(S, 'POST', '/v1/decisions', { model: 'nope', input: 'Page', questions: [{ type: 'predicate', instructions: 'x' }] });
+  C.eq(no.status, 404, '--specialists: /v1/decisions an unknown model: 404');
+  // mispredictions: a counter in /metrics, the same figure in /v1/stats
+  const m = parsePrometheus((await request(S.base, 'GET', '/metrics')).text);
+  const mis = m.squad_router_mispredictions_total;
+  const st = (await request(S.base, 'GET', '/v1/stats')).json;
+  C.ok(mis && mis.samples.length === 1 && st && st.router && mis.samples[0].value === st.router.mispredictions,
+    '--specialists: squad_router_mispredictions_total = /v1/stats router.mispredictions', [mis, st && st.router]);
+  C.eq(st && st.router && Object.keys(st.router.routes), labels, '--specialists: /v1/stats router.routes by label');
+}
+
 async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'squad-serve-'));
   const servers = [];
@@ -734,6 +867,21 @@ async function main() {
     await phaseOverload(O, M, model);
     await phaseMetrics(O, 'server C (overload)');
     C.eq(await L.stopServer(O), { code: 0, signal: null }, 'server C: exit 0');
+
+    const T = await L.startServer(SQUAD, M, ['--max-tokens', String(SMALL_MAX), '--memo-mb', '0', '--threads', '1']);
+    servers.push(T);
+    await phaseMaxTokens(T, model);
+    C.eq(await L.stopServer(T), { code: 0, signal: null }, 'server D (--max-tokens): exit 0');
+
+    const SM = path.join(tmp, 'squad'), SP = path.join(tmp, 'specialists');
+    const syn = L.runSquad(SQUAD, ['synth', '--preset', 'tiny', '--out', SM, '--tokenizer', path.resolve('third_party/qwen3/tokenizer.json'), '--specialists', SP]);
+    if (syn.status !== 0) throw new Error(`squad synth --specialists failed: ${syn.stderr}`);
+    const labels = JSON.parse(fs.readFileSync(path.join(SP, 'squad-specialists.json'), 'utf8')).router.labels;
+    const E = await L.startServer(SQUAD, SM, ['--specialists', SP, '--threads', '1']);
+    servers.push(E);
+    await phaseSpecialists(E, SM, SP, path.basename(SM), labels);
+    await phaseMetrics(E, 'server E (--specialists)');
+    C.eq(await L.stopServer(E), { code: 0, signal: null }, 'server E (--specialists): exit 0');
   } catch (e) {
     C.ok(false, 'the test ran to its end', e.stack || String(e));
     for (const s of servers) if (!s.exit) console.error(`--- server log (${s.args.join(' ')}):\n${s.log().slice(-4000)}`);

@@ -50,6 +50,9 @@ static void serve_help(FILE *f) {
             "  --log-requests           a line on stderr per request\n"
             "  --tokenizer FILE         a tokenizer.json other than DIR/tokenizer.json\n"
             "  --template FILE          a template other than DIR/squad-template.json (for /v1/ask)\n"
+            "  --specialists DIR        a specialists directory (docs/specialists.md): a router picks each row's\n"
+            "                           adapter; requests may force one (\"specialist\": \"label\", or a decision\n"
+            "                           API's model naming it); /v1/models lists each (--max-adapters applies)\n"
             "%s"
             "  (on the server --cache-mb defaults to auto: sized from the device memory on CUDA, the\n"
             "   engine's default on the CPU; the log says what it chose)\n",
@@ -129,6 +132,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         else if (!strcmp(s, "--served-model-name")) o->served_name = val;
         else if (!strcmp(s, "--tokenizer")) o->tokenizer_path = val;
         else if (!strcmp(s, "--template")) o->template_path = val;
+        else if (!strcmp(s, "--specialists")) o->specialists_dir = val;
         else if (!strcmp(s, "--api-key")) {
             if (add_key(a, val) < 0) return 2;
         } else if (!strcmp(s, "--api-key-file")) {

@@ -27,7 +27,14 @@
 /* Memory MHD gives each connection for its headers and buffers. */
 #define SRV_CONN_MEMORY (64u << 10)
 
-static void wake_resume(srv_req *r) { MHD_resume_connection(r->conn); }
+/* Marks the request done, then resumes its connection. The connection is suspended until the resume,
+   so no pool thread can see the mark and end the request before it; the connection is read first
+   because once resumed the request may be freed at any moment. */
+static void wake_resume(srv_req *r) {
+    struct MHD_Connection *c = r->conn;
+    atomic_store_explicit(&r->job_done, 1, memory_order_release);
+    MHD_resume_connection(c);
+}
 
 static enum MHD_Result send_answer(struct MHD_Connection *c, srv_req *r) {
     if (r->sent) return MHD_YES; /* queued already (an early answer while the body still arrives) */

@@ -8,6 +8,10 @@
  * queue answers 503), then, when the job's wake callback has fired, srv_req_finish (renders the
  * answer), and at last srv_req_end (metrics, log line, free). The caller that owns the transport
  * (an MHD connection, or squad_server_handle's in-process wait) supplies wake.
+ *
+ * wake is called from the scheduler thread when the job is over. It sets job_done itself, atomically
+ * with respect to the waiter (under the waiter's lock, or while the connection is still suspended),
+ * and touches nothing of the request after the waiter can see the mark: the waiter may free it then.
  */
 #ifndef SQUAD_SERVER_INTERNAL_H
 #define SQUAD_SERVER_INTERNAL_H
@@ -39,6 +43,7 @@ struct squad_server {
     squad_template *tpl;
     squad_dapi_ctx *dapi;
     squad_model *model;
+    squad_specialists *sp; /* NULL: the model alone */
     int max_tokens;
     srv_sched *sched;
     srv_kv *memo;   /* the request memo */
@@ -91,7 +96,7 @@ struct srv_req {
     uint64_t memo_hash;
     int memo_ok; /* the answer may be stored in the memo */
     /* the transport */
-    void (*wake)(srv_req *r);
+    void (*wake)(srv_req *r); /* sets job_done and wakes the waiter (see the top) */
     void *conn;    /* the MHD connection */
     int client_fd; /* the socket to peek at for a disconnect; -1: none */
     pthread_mutex_t *wait_lock;

@@ -35,6 +35,16 @@ static void gauge(squad_buf *b, const char *name, const char *help, double v) {
     squad_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
+/* A Prometheus label value: backslash, double quote and newline escaped. */
+static void label_value(squad_buf *b, const char *s) {
+    for (; s && *s; s++) {
+        if (*s == '\\') squad_buf_puts(b, "\\\\");
+        else if (*s == '"') squad_buf_puts(b, "\\\"");
+        else if (*s == '\n') squad_buf_puts(b, "\\n");
+        else squad_buf_put(b, s, 1);
+    }
+}
+
 void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     const srv_metrics *m = v->m;
     const squad_cache_stats *c = &v->sched.cache;
@@ -96,6 +106,17 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     squad_buf_printf(b, "squad_cache_rows_total{kind=\"plain\"} %" PRIu64 "\n", c->plain);
     counter(b, "squad_cache_tokens_reused_total", "Tokens restored from the state cache.", c->tokens_reused);
     counter(b, "squad_cache_tokens_computed_total", "Tokens run through the model.", c->tokens_computed);
+    counter(b, "squad_router_mispredictions_total",
+            "Rows whose guessed route the router overturned (run again on the right route).", c->mispredictions);
+    if (v->sp && v->sched.n_routes > 0) {
+        squad_buf_puts(b, "# HELP squad_route_rows_total Rows the engine answered, by specialist route.\n"
+                          "# TYPE squad_route_rows_total counter\n");
+        for (int i = 0; i < v->sched.n_routes; i++) {
+            squad_buf_puts(b, "squad_route_rows_total{route=\"");
+            label_value(b, squad_specialists_label(v->sp, i));
+            squad_buf_printf(b, "\"} %" PRIu64 "\n", v->sched.route_rows[i]);
+        }
+    }
     counter(b, "squad_cache_uncacheable_total", "Rows whose state did not fit the cache budget.", c->uncacheable);
     counter(b, "squad_cache_checkpoints_made_total", "Checkpoints saved.", c->checkpoints_made);
     counter(b, "squad_cache_evictions_total", "Checkpoints evicted for room.", c->evicted);
@@ -151,6 +172,13 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
                      c->rows, c->hits, c->partial, c->cold, c->plain, c->memo_hits, c->tokens_memo, c->tokens_reused,
                      c->tokens_computed, c->uncacheable, c->checkpoints_made, c->evicted, c->checkpoints, c->groups,
                      c->bytes_held, c->budget_bytes);
+    squad_buf_printf(b, ", \"router\": {\"mispredictions\": %" PRIu64 ", \"routes\": {", c->mispredictions);
+    for (int i = 0; v->sp && i < v->sched.n_routes; i++) {
+        if (i) squad_buf_puts(b, ", ");
+        squad_buf_json_string(b, squad_specialists_label(v->sp, i));
+        squad_buf_printf(b, ": %" PRIu64, v->sched.route_rows[i]);
+    }
+    squad_buf_puts(b, "}}");
     squad_buf_printf(b,
                      ", \"token_cache\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
                      ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}}",

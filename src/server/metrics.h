@@ -53,6 +53,7 @@ void srv_metrics_request(srv_metrics *m, srv_endpoint ep, int status, double sec
 /* Everything /metrics and /v1/stats report. */
 typedef struct srv_metrics_view {
     const srv_metrics *m;
+    const squad_specialists *sp; /* labels for the per-route counts; NULL: none */
     srv_sched_stats sched;
     srv_kv_stats memo, tokens;
     double uptime_s;

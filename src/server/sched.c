@@ -39,7 +39,8 @@ struct srv_sched {
 
     srv_sched_stats stats; /* counters and the engine figures, published under lock */
     void (*log)(void *ctx, const char *line);
-    void *log_ctx;
+    srv_sched_on_ready on_ready;
+    void *log_ctx; /* the owner's context for log and on_ready */
 };
 
 static void sched_log(srv_sched *s, const char *fmt, ...) SQUAD_PRINTF(2, 3);
@@ -119,9 +120,15 @@ static int engine_cancelled(void *ctx) {
 static void publish_engine_stats(srv_sched *s) {
     squad_cache_stats st;
     squad_engine_cache_stats(s->engine, &st);
+    uint64_t routes[SQUAD_MAX_ROUTES] = {0};
+    int n_routes = s->opts.specialists ? squad_specialists_count(s->opts.specialists) : 0;
+    if (n_routes > SQUAD_MAX_ROUTES) n_routes = SQUAD_MAX_ROUTES;
+    for (int i = 0; i < n_routes; i++) routes[i] = squad_engine_route_rows(s->engine, i);
     pthread_mutex_lock(&s->lock);
     uint64_t before = s->stats.cache.uncacheable;
     s->stats.cache = st;
+    s->stats.n_routes = n_routes;
+    memcpy(s->stats.route_rows, routes, sizeof routes);
     pthread_mutex_unlock(&s->lock);
     if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
         sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
@@ -211,6 +218,10 @@ static void *sched_main(void *arg) {
     srv_sched *s = arg;
     double t0 = squad_now_seconds();
     squad_engine *e = squad_engine_new(s->model, &s->opts, &s->engine_err);
+    if (e && s->on_ready && s->on_ready(s->log_ctx, e, &s->engine_err) < 0) {
+        squad_engine_free(e);
+        e = NULL;
+    }
     pthread_mutex_lock(&s->lock);
     s->engine = e;
     s->ready = e ? 1 : -1;
@@ -257,7 +268,8 @@ static void *sweeper_main(void *arg) {
 }
 
 srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, int capacity,
-                           void (*log)(void *ctx, const char *line), void *log_ctx, squad_err *err) {
+                           void (*log)(void *ctx, const char *line), srv_sched_on_ready on_ready, void *log_ctx,
+                           squad_err *err) {
     srv_sched *s = squad_calloc(1, sizeof *s, err);
     if (!s) return NULL;
     s->model = model;
@@ -266,6 +278,7 @@ srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, in
     s->stats.queue_capacity = capacity;
     s->log = log;
     s->log_ctx = log_ctx;
+    s->on_ready = on_ready;
     if (pthread_mutex_init(&s->lock, NULL) != 0) {
         free(s);
         squad_fail(err, SQUAD_E_NOMEM, "cannot create the scheduler's lock");

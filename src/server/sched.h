@@ -74,13 +74,22 @@ typedef struct srv_sched_stats {
     int rows_running;    /* rows in the engine now (0 or 1 today) */
     uint64_t jobs_done, jobs_timeout, jobs_cancelled;
     squad_cache_stats cache; /* the engine's figures after its last row */
+    int n_routes;            /* with specialists: routes (the trunk included); 0 without */
+    uint64_t route_rows[SQUAD_MAX_ROUTES]; /* rows the engine answered per route */
     char device[16];
 } srv_sched_stats;
 
+/* What the scheduler's owner learns from the engine once it exists (on the scheduler thread, before
+ * the scheduler says it is ready, so whatever it sets is seen by anyone who has seen ready == 1):
+ * 0, or a negative code with *err, and the scheduler counts as failed. */
+typedef int (*srv_sched_on_ready)(void *ctx, squad_engine *engine, squad_err *err);
+
 /* Starts the scheduler thread; it creates the engine from model and opts (the model must outlive
- * the scheduler). log(ctx, line) receives its log lines (may be NULL). */
+ * the scheduler), then calls on_ready (may be NULL). log(ctx, line) receives its log lines (may be
+ * NULL); ctx is passed to both. */
 srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, int queue_capacity,
-                           void (*log)(void *ctx, const char *line), void *log_ctx, squad_err *err);
+                           void (*log)(void *ctx, const char *line), srv_sched_on_ready on_ready, void *ctx,
+                           squad_err *err);
 
 /* Queues a job: 0, or -1 when the queue is full or the scheduler is stopping (the job is not taken;
  * done is not called). */

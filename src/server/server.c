@@ -145,6 +145,33 @@ static int load_text_side(squad_server *srv, squad_err *err) {
     return 0;
 }
 
+/* Called on the scheduler thread once the engine exists, before /ready says yes: the longest row is
+ * the engine's (the model's positions, --max-tokens, or what the device's memory holds), so the
+ * decision APIs' context, which bounds rows by it, is made now. Requests that need either wait for
+ * ready (srv_req_prepare answers 503 before it), which publishes what this sets. */
+static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
+    squad_server *srv = ctx;
+    squad_limit why = SQUAD_LIMIT_MODEL;
+    srv->max_tokens = squad_engine_max_tokens(engine, &why);
+    if (why == SQUAD_LIMIT_MEMORY)
+        srv_log(srv, "rows up to %d tokens: bounded by memory, not the model (%d positions)", srv->max_tokens,
+                squad_model_max_tokens(srv->model));
+    /* The decision APIs' model names: each route's label forces that route (the trunk's label the
+       trunk alone), as vLLM names LoRA adapters; the served name lets the router decide. Route i
+       is name i, so a request's specialist index + 1 is its row's specialist. */
+    const char *names[SQUAD_MAX_ROUTES];
+    int n_names = srv->sp ? squad_specialists_count(srv->sp) : 0;
+    if (n_names > SQUAD_MAX_ROUTES) n_names = SQUAD_MAX_ROUTES;
+    for (int i = 0; i < n_names; i++) names[i] = squad_specialists_label(srv->sp, i);
+    srv->dapi = squad_dapi_ctx_new(srv->tok, srv->served_name, n_names ? names : NULL, n_names, srv->max_tokens, err);
+    if (!srv->dapi) return err->code ? err->code : SQUAD_E_NOMEM;
+    for (int a = 0; a < SQUAD_DAPI_COUNT; a++) {
+        const char *off = squad_dapi_disabled(srv->dapi, (squad_dapi)a);
+        if (off) srv_log(srv, "%s is disabled for this tokenizer: %s", a == SQUAD_DAPI_DECISIONS ? "/v1/decisions" : "/v1/systemone", off);
+    }
+    return 0;
+}
+
 squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
     if (!opts->model_dir) {
         squad_fail(err, SQUAD_E_INVALID, "no model directory");
@@ -170,6 +197,7 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
         srv->opts.api_keys = (const char *const *)srv->api_keys;
     }
     srv->opts.host = NULL; /* borrowed strings are not kept past this call */
+    srv->opts.specialists_dir = NULL;
     srv->opts.tokenizer_path = srv->opts.template_path = NULL;
     /* The release date /v1/models lists: the day config.json was written. */
     char *cfg = squad_path_join(opts->model_dir, "config.json", err);
@@ -188,15 +216,16 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
                    "belong together", squad_tokenizer_vocab_size(srv->tok), squad_model_vocab_size(srv->model));
         goto fail;
     }
-    srv->max_tokens = squad_model_max_tokens(srv->model);
-    srv->dapi = squad_dapi_ctx_new(srv->tok, srv->served_name, NULL, 0, srv->max_tokens, err);
-    if (!srv->dapi) goto fail;
-    for (int a = 0; a < SQUAD_DAPI_COUNT; a++) {
-        const char *why = squad_dapi_disabled(srv->dapi, (squad_dapi)a);
-        if (why) srv_log(srv, "%s is disabled for this tokenizer: %s", a == SQUAD_DAPI_DECISIONS ? "/v1/decisions" : "/v1/systemone", why);
+    if (opts->specialists_dir) {
+        srv->sp = squad_specialists_load(srv->model, opts->specialists_dir, err);
+        if (!srv->sp) goto fail;
+        srv_log(srv, "specialists from %s: %d routes, the router decides unless a request names one",
+                opts->specialists_dir, squad_specialists_count(srv->sp));
     }
+    srv->opts.engine.specialists = srv->sp;
     if (opts->memo_bytes && !(srv->memo = srv_kv_new(opts->memo_bytes, err))) goto fail;
-    srv->sched = srv_sched_start(srv->model, &opts->engine, opts->queue > 0 ? opts->queue : 1, sched_log_cb, srv, err);
+    srv->sched = srv_sched_start(srv->model, &srv->opts.engine, opts->queue > 0 ? opts->queue : 1, sched_log_cb,
+                                 on_engine_ready, srv, err);
     if (!srv->sched) goto fail;
     return srv;
 fail:
@@ -232,6 +261,7 @@ void squad_server_free(squad_server *srv) {
     if (!srv) return;
     squad_server_shutdown(srv, 0);
     squad_dapi_ctx_free(srv->dapi);
+    squad_specialists_free(srv->sp); /* after the engine (the scheduler freed it) */
     squad_model_free(srv->model);
     squad_template_free(srv->tpl);
     squad_tokenizer_free(srv->tok);
@@ -546,24 +576,44 @@ static void hole(squad_buf *b, const squad_server *srv, int kind) {
 static void view_of(squad_server *srv, srv_metrics_view *v) {
     memset(v, 0, sizeof *v);
     v->m = &srv->metrics;
+    v->sp = srv->sp;
     if (srv->sched) srv_sched_get_stats(srv->sched, &v->sched);
     if (srv->memo) srv_kv_get_stats(srv->memo, &v->memo);
     if (srv->tokens) srv_kv_get_stats(srv->tokens, &v->tokens);
     v->uptime_s = squad_now_seconds() - srv->t_start;
 }
 
+/* /v1/models: the served name (with specialists: the router decides), then each route's label
+ * (naming one forces it), in OpenAI's list and TypeSafe's. */
 static void answer_models(srv_req *r) {
     squad_server *srv = r->srv;
+    const int n = srv->sp ? squad_specialists_count(srv->sp) : 0;
     squad_buf b = {0};
-    squad_buf_puts(&b, "{\"object\": \"list\", \"data\": [{\"id\": ");
-    squad_buf_json_string(&b, srv->served_name);
-    squad_buf_printf(&b, ", \"object\": \"model\", \"created\": %ld, \"owned_by\": \"squad\"}], \"models\": [{\"name\": ",
-                     srv->created_unix);
-    squad_buf_json_string(&b, srv->served_name);
-    squad_buf_puts(&b, ", \"description\": \"a Qwen3.5-architecture model served by squad: multiple-choice answers "
-                       "read from next-token scores\", \"release_date\": ");
-    squad_buf_json_string(&b, srv->release_date);
-    squad_buf_puts(&b, "}]}");
+    squad_buf_puts(&b, "{\"object\": \"list\", \"data\": [");
+    for (int i = -1; i < n; i++) {
+        squad_buf_puts(&b, i < 0 ? "{\"id\": " : ", {\"id\": ");
+        squad_buf_json_string(&b, i < 0 ? srv->served_name : squad_specialists_label(srv->sp, i));
+        squad_buf_printf(&b, ", \"object\": \"model\", \"created\": %ld, \"owned_by\": \"squad\"}", srv->created_unix);
+    }
+    squad_buf_puts(&b, "], \"models\": [");
+    for (int i = -1; i < n; i++) {
+        squad_buf_puts(&b, i < 0 ? "{\"name\": " : ", {\"name\": ");
+        squad_buf_json_string(&b, i < 0 ? srv->served_name : squad_specialists_label(srv->sp, i));
+        if (i < 0)
+            squad_buf_puts(&b, n ? ", \"description\": \"a squad of Qwen3.5-architecture specialists served by squad: a "
+                                   "router picks each question's specialist; multiple-choice answers read from "
+                                   "next-token scores\""
+                                 : ", \"description\": \"a Qwen3.5-architecture model served by squad: multiple-choice "
+                                   "answers read from next-token scores\"");
+        else if (i == 0)
+            squad_buf_puts(&b, ", \"description\": \"the trunk alone (no specialist's adapter)\"");
+        else
+            squad_buf_puts(&b, ", \"description\": \"this specialist's adapter, forced (the router is not asked)\"");
+        squad_buf_puts(&b, ", \"release_date\": ");
+        squad_buf_json_string(&b, srv->release_date);
+        squad_buf_puts(&b, "}");
+    }
+    squad_buf_puts(&b, "]}");
     answer_buf(r, 200, &b, CT_JSON);
 }
 
@@ -612,7 +662,7 @@ static const char *ask_unknown_field(json_t *root, char *where, size_t cap) {
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (strcmp(k, "state") && strcmp(k, "questions") && strcmp(k, "system")) {
+        if (strcmp(k, "state") && strcmp(k, "questions") && strcmp(k, "system") && strcmp(k, "specialist")) {
             snprintf(where, cap, "%.60s", k);
             return where;
         }
@@ -631,6 +681,18 @@ static const char *ask_unknown_field(json_t *root, char *where, size_t cap) {
     return NULL;
 }
 
+/* A "specialist" label as squad_row.specialist: 0 for "auto" (the router decides), the route + 1
+ * for a label; -1 with *err (the messages of squad score) for an unknown label, or any label when
+ * the server has no specialists. */
+static int forced_specialist(const squad_server *srv, const char *label, squad_err *err) {
+    if (!strcmp(label, "auto")) return 0;
+    int route = srv->sp ? squad_specialists_find(srv->sp, label) : -1;
+    if (route >= 0) return route + 1;
+    if (srv->sp) squad_fail(err, SQUAD_E_INVALID, "unknown specialist '%.100s'", label);
+    else squad_fail(err, SQUAD_E_INVALID, "\"specialist\" '%.100s' needs a server started with --specialists", label);
+    return -1;
+}
+
 static int prepare_ask(srv_req *r) {
     squad_server *srv = r->srv;
     json_t *root = parse_strict(r);
@@ -639,10 +701,20 @@ static int prepare_ask(srv_req *r) {
     size_t nq = json_is_array(qs) ? json_array_size(qs) : 0;
     char where[96];
     const char *unknown = ask_unknown_field(root, where, sizeof where);
+    json_t *spv = json_is_object(root) ? json_object_get(root, "specialist") : NULL;
+    int forced = 0;
+    squad_err serr = {0};
+    if (spv && !json_is_string(spv)) forced = -2;
+    else if (spv) forced = forced_specialist(srv, json_string_value(spv), &serr);
     json_decref(root);
+    if (!unknown && forced < 0) {
+        if (forced == -2) fail_req(r, 422, "specialist", "\"specialist\" must be a label or \"auto\"");
+        else fail_req(r, 422, "specialist", "%s", serr.msg);
+        return 1;
+    }
     if (unknown) {
-        fail_req(r, 422, where, "unknown field %s (a request has \"state\", \"questions\" and \"system\"; a question "
-                 "\"text\" and \"options\")", where);
+        fail_req(r, 422, where, "unknown field %s (a request has \"state\", \"questions\", \"system\" and "
+                 "\"specialist\"; a question \"text\" and \"options\")", where);
         return 1;
     }
     if (nq > (size_t)srv->opts.max_questions) {
@@ -656,6 +728,7 @@ static int prepare_ask(srv_req *r) {
         else fail_req(r, 500, NULL, "%s", err.msg);
         return 1;
     }
+    for (int i = 0; i < r->ask.n_rows; i++) r->ask.rows[i].specialist = forced;
     for (int i = 0; i < r->ask.n_rows; i++)
         if (squad_row_check(srv->model, &r->ask.rows[i], &err) < 0) {
             fail_req(r, 422, NULL, "%s", err.msg);
@@ -695,6 +768,11 @@ static int prepare_score(srv_req *r) {
     for (size_t i = 0; i < n; i++) {
         squad_err *e = &r->score_errs[i];
         if (squad_row_parse_value(&r->score_rows[i], json_array_get(rows, i), NULL, 0, e) < 0) continue;
+        if (r->score_rows[i].specialist) { /* a label to its route, as squad score does */
+            const int forced = forced_specialist(srv, r->score_rows[i].specialist, e);
+            if (forced < 0) continue;
+            r->score_rows[i].row.specialist = forced;
+        }
         if (squad_row_check(srv->model, &r->score_rows[i].row, e) < 0) continue;
         r->row_ptrs[k++] = &r->score_rows[i].row;
     }
@@ -723,6 +801,8 @@ static int prepare_dapi(srv_req *r) {
         return 1;
     }
     if (alloc_work(r, r->dreq->n_rows) < 0) return 1;
+    /* a model naming a route forces it (the names are the routes' labels in route order) */
+    for (int i = 0; i < r->dreq->n_rows; i++) r->dreq->rows[i].specialist = r->dreq->specialist + 1;
     for (int i = 0; i < r->dreq->n_rows; i++) r->row_ptrs[i] = &r->dreq->rows[i];
     r->job.n_rows = r->dreq->n_rows;
     r->job.want_vocab = 1;
@@ -764,6 +844,16 @@ int srv_req_prepare(srv_req *r) {
     default: break;
     }
     if (memo_lookup(r)) return 1;
+    squad_err eerr = {0};
+    int ready = srv->sched ? srv_sched_ready(srv->sched, &eerr) : 0;
+    if (ready == 0) {
+        fail_req(r, 503, NULL, "the model is still loading (GET /ready answers 200 once it is ready); retry shortly");
+        return 1;
+    }
+    if (ready < 0) {
+        fail_req(r, 500, NULL, "the engine could not be created: %s", eerr.msg);
+        return 1;
+    }
     int answered = r->ep == SRV_EP_ASK     ? prepare_ask(r)
                    : r->ep == SRV_EP_SCORE ? prepare_score(r)
                                            : prepare_dapi(r);
@@ -781,9 +871,11 @@ int srv_req_prepare(srv_req *r) {
  * The job
  * ------------------------------------------------------------------------------------------- */
 
+/* Completion belongs to the transport's wake: it marks the request done in a way its waiter cannot
+   see before the wake is over (the waiter may free the request at once), so nothing here touches the
+   request after the call. */
 static void job_done(srv_job *job) {
     srv_req *r = job->owner;
-    atomic_store_explicit(&r->job_done, 1, memory_order_release);
     r->wake(r);
 }
 
@@ -832,11 +924,11 @@ static void finish_ask(srv_req *r) {
         total += r->ask.rows[i].n_ids;
     }
     squad_buf b = {0}, m = {0};
-    squad_ask_json_head(&b, &r->ask, r->results, NULL, computed, reused);
+    squad_ask_json_head(&b, &r->ask, r->results, r->srv->sp, computed, reused);
     squad_buf_printf(&b, ", \"ms\": %.1f, \"memo\": false, \"cache\": {\"reused\": %ld, \"computed\": %ld, \"written\": %ld}}",
                      1000.0 * (squad_now_seconds() - r->t0), reused, computed, written);
     if (r->srv->memo) {
-        squad_ask_json_head(&m, &r->ask, r->results, NULL, 0, total);
+        squad_ask_json_head(&m, &r->ask, r->results, r->srv->sp, 0, total);
         squad_buf_puts(&m, ", \"ms\": ");
         hole(&m, r->srv, HOLE_MS);
         squad_buf_printf(&m, ", \"memo\": true, \"cache\": {\"reused\": %ld, \"computed\": 0, \"written\": 0}}", total);
@@ -865,7 +957,7 @@ static void score_results(squad_buf *b, srv_req *r, int from_memo) {
             res.reused = r->row_ptrs[j]->n_ids;
             res.computed = 0;
         }
-        squad_score_result_json(b, r->row_ptrs[j], &res, NULL);
+        squad_score_result_json(b, r->row_ptrs[j], &res, r->srv->sp);
     }
     squad_buf_printf(b, "], \"memo\": %s}", from_memo ? "true" : "false");
 }
@@ -976,10 +1068,16 @@ void srv_req_end(srv_req *r) {
  * In process
  * ------------------------------------------------------------------------------------------- */
 
+/* The mark is set under the waiter's lock, which the waiter holds while it tests the mark: it cannot
+   see the request done, return and free it (with the lock and condition on its stack) before this
+   unlocks. The lock and condition are read into locals first; after the unlock nothing is touched. */
 static void wake_cond(srv_req *r) {
-    pthread_mutex_lock(r->wait_lock);
-    pthread_cond_signal(r->wait_cond);
-    pthread_mutex_unlock(r->wait_lock);
+    pthread_mutex_t *lock = r->wait_lock;
+    pthread_cond_t *cond = r->wait_cond;
+    pthread_mutex_lock(lock);
+    atomic_store_explicit(&r->job_done, 1, memory_order_release);
+    pthread_cond_signal(cond);
+    pthread_mutex_unlock(lock);
 }
 
 int squad_server_handle(squad_server *srv, const char *method, const char *path, const char *const *headers,

@@ -37,7 +37,8 @@ typedef struct squad_server_opts {
     const char *served_name;    /* NULL: the model directory's name */
     const char *const *api_keys; /* [n_api_keys]; none: no auth */
     int n_api_keys;
-    squad_engine_opts engine;
+    squad_engine_opts engine;  /* engine.specialists is set by the server from specialists_dir */
+    const char *specialists_dir; /* squad-specialists.json's directory (docs/specialists.md); NULL: none */
     size_t memo_bytes;        /* the request memo's budget; 0 turns it off */
     size_t token_cache_bytes; /* the token cache's budget; 0 turns it off */
     int queue;                /* jobs that may wait */

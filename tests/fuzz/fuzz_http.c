@@ -13,12 +13,17 @@
  * so the fuzzer mutates bodies of known endpoints most of the time and everything else some of it.
  *
  * Two servers are made at the first input (see FAST_MAX_TOKENS): a tiny synthesized model carrying
- * the real Qwen3 tokenizer (the decision APIs need its label tokens) in a temporary directory, with
+ * the real Qwen3 tokenizer (the decision APIs need its label tokens) and a synthesized specialists
+ * directory (routes trunk / e2e / nav: "specialist" labels and model names force them, rows run the
+ * router and the adapters) in a temporary directory, with
  * an API key, a small body limit, few questions and a short timeout so that an input costs little. Every response must have
  * a status in 200..599, a content type and a NUL-terminated body of the length reported; every
  * response of an /v1/ path must be a JSON object, and every error (status >= 400) an object with
  * "error".
  */
+#define _DEFAULT_SOURCE   /* usleep */
+#define _XOPEN_SOURCE 700 /* nftw */
+#include <ftw.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +33,7 @@
 #include <unistd.h>
 
 #include "server/server.h"
+#include "specialists_synth.h"
 #include "synth.h"
 
 /* the tokenizer the other fuzz targets use (fuzz_tokenizer_path.h finds it the same way):
@@ -50,6 +56,8 @@
 #define ENGINE_MAX_TOKENS 72
 #define ENGINE_SHARE 16
 #define ENGINE_BITS 0x78 /* byte 1's bits 3-6 all set: one input in ENGINE_SHARE */
+
+#define N_ROUTES 3 /* the synthesized specialists: trunk, e2e, nav */
 
 static const char *const PATHS[] = {
     "/v1/ask", "/v1/score", "/v1/decisions", "/v1/systemone", "/v1/models", "/health", "/ready",
@@ -74,6 +82,12 @@ static int set_max_position(const char *dir, int n) {
     return rc;
 }
 
+/* nftw's callback: removes each entry, a directory after its contents (FTW_DEPTH). */
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
 static squad_server *make_server(int max_tokens) {
     squad_err err = {0};
     char dir[] = "/tmp/squad-fuzz-http-XXXXXX";
@@ -94,10 +108,22 @@ static squad_server *make_server(int max_tokens) {
         abort();
     }
     if (set_max_position(dir, max_tokens) != 0) abort();
+    char spec_dir[4200];
+    snprintf(spec_dir, sizeof spec_dir, "%s/specialists", dir);
+    squad_config cfg;
+    squad_spec_synth_opts sso;
+    if (squad_synth_preset_config(so.preset, &cfg, &err) != 0) abort();
+    squad_spec_synth_defaults(&cfg, &sso);
+    sso.out_dir = spec_dir;
+    if (squad_spec_synth_write(&cfg, &sso, &err) != 0) {
+        fprintf(stderr, "fuzz_http: specialists synth: %s\n", err.msg);
+        abort();
+    }
     static const char *const keys[] = {FUZZ_KEY};
     squad_server_opts o;
     squad_server_opts_default(&o);
     o.model_dir = dir;
+    o.specialists_dir = spec_dir;
     o.api_keys = keys;
     o.n_api_keys = 1;
     o.max_body = FUZZ_MAX_BODY;
@@ -124,6 +150,8 @@ static squad_server *make_server(int max_tokens) {
         snprintf(f, sizeof f, "%s/%s", dir, files[i]);
         unlink(f);
     }
+    /* the specialists are read whole at load (host arrays), so their directory can go too */
+    if (nftw(spec_dir, remove_entry, 8, FTW_DEPTH | FTW_PHYS) != 0) abort();
     rmdir(dir);
     return srv;
 }
@@ -157,6 +185,12 @@ static void check_response(const char *method, const char *path, int status, con
     json_t *j = json_loadb(body, len, JSON_DECODE_INT_AS_REAL, &je);
     if (!j || !json_is_object(j)) fail("not a JSON object", method, path, status, body);
     if (status >= 400 && !json_object_get(j, "error")) fail("an error without \"error\"", method, path, status, body);
+    /* with specialists every answer names its route, and /v1/models lists the served name and the
+       N_ROUTES routes */
+    if (status == 200 && !strcmp(path, "/v1/ask") && !json_is_string(json_object_get(j, "route")))
+        fail("an /v1/ask answer without its route", method, path, status, body);
+    if (status == 200 && !strcmp(path, "/v1/models") && json_array_size(json_object_get(j, "data")) != 1 + N_ROUTES)
+        fail("/v1/models without each route", method, path, status, body);
     json_decref(j);
 }
 
