@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_exec.h"
 #include "memo.h"
 #include "model.h"
 #include "specialists.h"
@@ -285,6 +286,11 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
     return 0;
 }
 
+/* squad_engine_run_span as the cache executor's span runner. */
+static int engine_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
+    return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
+}
+
 /* The router's route on the running row's features. */
 static int decide_route(void *ctx, squad_err *err) {
     squad_engine *e = ctx;
@@ -341,7 +347,8 @@ static int score_row(squad_engine *e, const squad_row *row, const squad_score_op
     int rc;
     if (e->cache && squad_cache_eligible(e->cache, row)) {
         squad_cache_routing rt = {forced, e->last_route, &e->run_route, &e->feat, decide_route, e, 0};
-        rc = squad_cache_score(e->cache, e, row, o->end_checkpoint_only, e->sp ? &rt : NULL, out, err);
+        rc = squad_cache_exec(e->cache, e->be, engine_span, e, row, o->end_checkpoint_only, e->sp ? &rt : NULL, out,
+                              err);
     } else {
         rc = score_plain(e, row, forced, out, err);
     }
