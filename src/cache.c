@@ -30,9 +30,9 @@
  *    of cached states; a hash match alone never decides.
  *  - LRU and budget: checkpoints sit on one list, least recently used first. Every byte held
  *    counts: GDN blobs, K / V blobs, token copies, block entries, the structures and both indexes'
- *    bucket arrays. Before each allocation the least recently used checkpoints not in use by the
- *    running row are evicted to make room, and after the row the total is brought within the
- *    budget. A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
+ *    bucket arrays. Before each allocation the least recently used checkpoints not pinned by an
+ *    open plan are evicted to make room, and after a row the total is brought within the budget
+ *    (what open plans pin may hold it above the budget until they close). A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
  *    keeps only as many of its new checkpoints (the deepest first) as fit the budget on their own,
  *    so a budget too small for one checkpoint caches nothing and still answers the row.
  *
@@ -45,8 +45,16 @@
  *    checkpoint (or the row start). This is the simplest correct form: the lower layers are
  *    recomputed on the second pass although their state does not depend on the route.
  *
- * The cache drives the backend itself (reset, load, save) and runs spans through a span runner
- * (squad_engine_run_span in production; tests pass their own through cache_internal.h).
+ *  - Plans and pins: the cache never runs the model. squad_cache_plan_open looks a row up and
+ *    returns a plan (the checkpoint to restore, the route, the chunk ends and which of them get
+ *    checkpoints); the executor (cache_exec.c) restores, runs the spans and saves the GDN blobs the
+ *    cache hands out (pending: counted in the budget, not yet found by lookups); the commit joins
+ *    them to a new group (whose K / V the executor saves) or to a cached group that already holds
+ *    the row's [0, p); the close releases what is left and counts the row. A plan pins the groups
+ *    it reads or adds to (a reference count per group), so several plans may be open on one
+ *    checkpoint and nothing an open plan reads (the restored GDN blob, the group's K / V read in
+ *    place) is evicted under it. The cache lists its open plans so squad_cache_check can verify
+ *    every pin and pending byte.
  */
 #include <limits.h>
 #include <stdio.h>
