@@ -614,23 +614,18 @@ void squad_cache_commit_end(squad_cache *c, squad_cache_plan *pl, int saved) {
         pending_release(c, pl);
         return;
     }
-    cache_group *g = made ? made : pl->share;
-    if (!g) return; /* nothing was pending */
     if (made) {
         group_link(c, made, pl->keys);
-        pin(made); /* read by the rest of the row until the plan closes */
-    }
-    commit(c, pl, g);
-    if (g->n_ckpts == 0) { /* none joined (memory short): a new group goes with them */
-        unpin(made);
-        group_free(c, made);
-        made = NULL;
-    }
-    if (made) {
-        /* the plan now pins the new group in place of a share it did not have */
+        commit(c, pl, made);
+        if (made->n_ckpts == 0) { /* none joined (memory short): the new group goes with them */
+            group_free(c, made);
+            return;
+        }
+        made->pins++; /* read by the rest of the row until the plan closes */
         pl->share = made;
+    } else if (pl->share) {
+        commit(c, pl, pl->share);
     }
-    pl->committed = 1;
 }
 
 void squad_cache_plan_close(squad_cache *c, squad_cache_plan *pl, squad_plan_end how, const squad_row *row,

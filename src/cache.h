@@ -56,14 +56,14 @@ typedef struct squad_cache_plan {
     int first_kept;      /* bounds[i] with i >= first_kept get a checkpoint */
     /* the cache's own */
     cache_ckpt *best;
-    cache_group *share;  /* a cached group holding [0, p) of the route: it takes the new checkpoints */
+    cache_group *share;  /* the group that takes the new checkpoints, pinned: a cached one holding
+                          * [0, p) of the route, or the one made for them once committed */
     cache_group *made;   /* the group made for them by squad_cache_commit_begin */
     int end_only;
     int deepest_new;     /* the deepest checkpoint committed (0: none) */
     int *bounds_buf;
     uint64_t *keys;      /* prefix keys of [0, k * align), k = 1..p / align */
     cache_pending *pending; /* [n_bounds] */
-    int committed;       /* squad_cache_commit_end ran (or nothing was left to commit) */
     struct squad_cache_plan *prev, *next; /* the open plans */
 } squad_cache_plan;
 
