@@ -30,9 +30,9 @@
  *    of cached states; a hash match alone never decides.
  *  - LRU and budget: checkpoints sit on one list, least recently used first. Every byte held
  *    counts: GDN blobs, K / V blobs, token copies, block entries, the structures and both indexes'
- *    bucket arrays. Before each allocation the least recently used checkpoints not in use by the
- *    running row are evicted to make room, and after the row the total is brought within the
- *    budget. A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
+ *    bucket arrays. Before each allocation the least recently used checkpoints not pinned by an
+ *    open plan are evicted to make room, and after a row the total is brought within the budget
+ *    (what open plans pin may hold it above the budget until they close). A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
  *    keeps only as many of its new checkpoints (the deepest first) as fit the budget on their own,
  *    so a budget too small for one checkpoint caches nothing and still answers the row.
  *
@@ -45,8 +45,16 @@
  *    checkpoint (or the row start). This is the simplest correct form: the lower layers are
  *    recomputed on the second pass although their state does not depend on the route.
  *
- * The cache drives the backend itself (reset, load, save) and runs spans through a span runner
- * (squad_engine_run_span in production; tests pass their own through cache_internal.h).
+ *  - Plans and pins: the cache never runs the model. squad_cache_plan_open looks a row up and
+ *    returns a plan (the checkpoint to restore, the route, the chunk ends and which of them get
+ *    checkpoints); the executor (cache_exec.c) restores, runs the spans and saves the GDN blobs the
+ *    cache hands out (pending: counted in the budget, not yet found by lookups); the commit joins
+ *    them to a new group (whose K / V the executor saves) or to a cached group that already holds
+ *    the row's [0, p); the close releases what is left and counts the row. A plan pins the groups
+ *    it reads or adds to (a reference count per group), so several plans may be open on one
+ *    checkpoint and nothing an open plan reads (the restored GDN blob, the group's K / V read in
+ *    place) is evicted under it. The cache lists its open plans so squad_cache_check can verify
+ *    every pin and pending byte.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -54,7 +62,6 @@
 #include <string.h>
 
 #include "cache_internal.h"
-#include "engine.h"
 #include "hash_index.h"
 #include "lru.h"
 #include "util.h"
@@ -66,9 +73,7 @@
 /* ---- structures ------------------------------------------------------------------------------ */
 
 
-typedef struct cache_group cache_group;
-
-typedef struct cache_ckpt {
+struct cache_ckpt {
     squad_hnode node;     /* key: hash of the group's tokens [0, pos) */
     int pos;             /* the state after tokens [0, pos) */
     int route;           /* the route its upper layers ran with (0: the trunk) */
@@ -77,7 +82,7 @@ typedef struct cache_ckpt {
     int64_t feat_count;
     cache_group *group;
     squad_lru_node lru; /* in the cache's LRU list */
-} cache_ckpt;
+};
 
 /* A block index entry: the group's tokens [0, pos) exist (for the fork search). */
 typedef struct block_entry {
@@ -93,7 +98,7 @@ struct cache_group {
     int n_pos;
     int route;           /* the route its upper layers' K / V were computed with */
     int n_ckpts;         /* freed with its last checkpoint */
-    uint64_t pin_row;    /* serial of the row using it: make_room leaves its checkpoints alone */
+    int pins;            /* open plans that read it or add to it: nothing of it is evicted */
     struct cache_group *prev, *next; /* every group, for checks and teardown */
 };
 
@@ -105,20 +110,20 @@ struct squad_cache {
     squad_hindex ckpt_index, block_index;
     size_t n_ckpts, n_groups;
     size_t backend_bytes, host_bytes; /* host_bytes: structures, tokens, block entries (not the buckets) */
-    size_t pending_bytes;             /* GDN blobs saved by the running row, not yet committed */
-    uint64_t row_serial;
+    size_t pending_bytes;             /* GDN blobs saved by open plans, not yet committed */
+    squad_cache_plan *plans;          /* the open plans */
     uint64_t key_mask; /* all ones; tests narrow it to force hash collisions */
     int feat_dim;      /* router features per checkpoint (0: no specialists) */
     squad_cache_stats stats; /* the counters (the sizes are filled in on request) */
 };
 
 /* A checkpoint saved during a row, waiting for its group's K / V before it joins the cache. */
-typedef struct pending_ckpt {
+struct cache_pending {
     int pos;
     void *gdn; /* NULL when it is not kept (budget) or its allocation failed */
     double *feat;
     int64_t feat_count;
-} pending_ckpt;
+};
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -291,20 +296,18 @@ static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
 }
 
 /* Evicts least recently used checkpoints until `need` more bytes fit the budget, leaving those of
- * the groups the running row uses (pinned: it restored from one, it may add checkpoints to one). */
-static void make_room(squad_cache *c, size_t need, uint64_t serial) {
+ * pinned groups (an open plan restored from one, reads its K / V, or adds checkpoints to it). */
+static void make_room(squad_cache *c, size_t need) {
     cache_ckpt *k = ckpt_of(c->lru.oldest);
     while (k && bytes_held(c) + need > c->opts.budget_bytes) {
         cache_ckpt *next = ckpt_of(k->lru.next); /* an unpinned group cannot own it once k is gone */
-        if (k->group->pin_row != serial) ckpt_evict(c, k);
+        if (k->group->pins == 0) ckpt_evict(c, k);
         k = next;
     }
 }
 
 /* After a row: least recently used first until the bytes held are within the budget. */
-static void evict_to_budget(squad_cache *c) {
-    while (c->lru.oldest && bytes_held(c) > c->opts.budget_bytes) ckpt_evict(c, ckpt_of(c->lru.oldest));
-}
+static void evict_to_budget(squad_cache *c) { make_room(c, 0); }
 
 /* ---- lifetime -------------------------------------------------------------------------------- */
 
@@ -329,6 +332,7 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
 
 void squad_cache_free(squad_cache *c) {
     if (!c) return;
+    while (c->plans) squad_cache_plan_close(c, c->plans, SQUAD_PLAN_FAILED, NULL, 0, NULL);
     while (c->lru.oldest) ckpt_evict(c, ckpt_of(c->lru.oldest));
     squad_hindex_free(&c->ckpt_index);
     squad_hindex_free(&c->block_index);
@@ -340,6 +344,9 @@ int squad_cache_set_feat_dim(squad_cache *c, int dim, squad_err *err) {
     c->feat_dim = dim;
     return 0;
 }
+
+squad_backend *squad_cache_backend(const squad_cache *c) { return c->be; }
+int squad_cache_feat_dim(const squad_cache *c) { return c->feat_dim; }
 
 void squad_cache_debug_key_bits(squad_cache *c, int bits) {
     if (c->n_ckpts == 0) c->key_mask = bits >= 64 ? ~(uint64_t)0 : (((uint64_t)1 << bits) - 1);
@@ -358,30 +365,6 @@ int squad_cache_eligible(const squad_cache *c, const squad_row *row) {
     return row->n_ids <= c->be->max_context;
 }
 
-/* What a row will do: restore `best` (or start cold), run the prefix to each bound, checkpoint
- * the deepest `n_keep` bounds into `share` (a cached group that already holds this row's tokens
- * [0, p) and their K / V) or into a new group of [0, p). */
-typedef struct row_plan {
-    int p, c0;
-    int route; /* the route this pass runs with */
-    cache_ckpt *best;
-    cache_group *share;
-    int fork;
-    int *bounds;
-    int n_bounds;
-    int n_keep;
-    int end_only;    /* only the checkpoint at p is kept (the other bounds only end chunks) */
-    int deepest_new; /* the deepest checkpoint this row committed (0: none) */
-    uint64_t *keys; /* prefix keys of [0, k * align), k = 1..p / align */
-    pending_ckpt *pending;
-} row_plan;
-
-static void plan_free(row_plan *pl) {
-    free(pl->bounds);
-    free(pl->keys);
-    free(pl->pending);
-}
-
 /* How many of n new checkpoints (the deepest first) fit the budget on their own, with their group
  * when one is needed and the indexes' buckets for them. */
 static int plan_keep(const squad_cache *c, int n, int p, int new_group) {
@@ -393,13 +376,28 @@ static int plan_keep(const squad_cache *c, int n, int p, int new_group) {
     return m;
 }
 
-/* route < 0: the route of the deepest checkpoint the row can restore (prefer's at equal depth), else
- * prefer. */
-static int plan_row(squad_cache *c, const squad_row *row, int end_only, int route, int prefer, row_plan *pl,
+static void plan_free(squad_cache_plan *pl) {
+    free(pl->bounds_buf);
+    free(pl->keys);
+    free(pl->pending);
+    pl->bounds_buf = NULL;
+    pl->keys = NULL;
+    pl->pending = NULL;
+}
+
+static void pin(cache_group *g) {
+    if (g) g->pins++;
+}
+
+static void unpin(cache_group *g) {
+    if (g) g->pins--;
+}
+
+/* The lookup and the placement of squad_cache_plan_open, before anything is pinned. */
+static int plan_row(squad_cache *c, const squad_row *row, int end_only, int route, int prefer, squad_cache_plan *pl,
                     squad_err *err) {
-    memset(pl, 0, sizeof *pl);
-    pl->end_only = end_only;
     const int align = c->opts.align;
+    pl->end_only = end_only;
     pl->p = align_down(row->state_len, align);
     const int n_blocks = pl->p / align;
     pl->keys = squad_malloc((size_t)n_blocks * sizeof *pl->keys, err);
@@ -412,45 +410,58 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, int rout
 
     /* how far the row shares tokens with any cached state (at least c0): a group holding all of
      * [0, p) takes the new checkpoints; else the fork becomes a checkpoint */
+    int fork = 0;
     const block_entry *shared = deepest_block(c, row->ids, pl->keys, pl->c0 / align, n_blocks, pl->route);
     if (shared && shared->pos == pl->p) pl->share = shared->group;
-    else if (shared) pl->fork = shared->pos;
+    else if (shared) fork = shared->pos;
 
     /* end-only: no tail, stride or fork positions; the chunk-cap ends still bound chunks (p is the
      * last bound either way, and only it is kept) */
     squad_cache_opts bo = c->opts;
-    if (end_only) bo.tail = bo.stride = 0;
-    const int fork = end_only ? 0 : pl->fork;
+    if (end_only) {
+        bo.tail = bo.stride = 0;
+        fork = 0;
+    }
     const int max_chunk = c->be->max_chunk;
     const int nb = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, NULL, 0);
-    pl->bounds = squad_malloc((size_t)nb * sizeof *pl->bounds, err);
+    pl->bounds_buf = squad_malloc((size_t)nb * sizeof *pl->bounds_buf, err);
     pl->pending = squad_calloc((size_t)nb, sizeof *pl->pending, err);
-    if (!pl->bounds || !pl->pending) return SQUAD_E_NOMEM;
-    pl->n_bounds = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, pl->bounds, nb);
+    if (!pl->bounds_buf || !pl->pending) return SQUAD_E_NOMEM;
+    pl->n_bounds = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, pl->bounds_buf, nb);
     const int wanted = end_only && pl->n_bounds > 0 ? 1 : pl->n_bounds;
-    pl->n_keep = plan_keep(c, wanted, pl->p, pl->share == NULL);
+    pl->first_kept = pl->n_bounds - plan_keep(c, wanted, pl->p, pl->share == NULL);
     return 0;
 }
 
-/* The backend's working state to the restored checkpoint (or a row start). load_gdn overwrites all
- * that reset would clear, so a restore skips the reset (on the GPU a 19 MB memset per hit, on the
- * CPU a 20 MB one for the 0.8B shapes). */
-static int restore(squad_cache *c, const cache_ckpt *best, squad_cache_routing *rt, squad_err *err) {
-    squad_backend *be = c->be;
-    if (rt && best) {
-        memcpy(rt->feat->sum, best->feat, (size_t)c->feat_dim * sizeof(double));
-        rt->feat->count = best->feat_count;
-    } else if (rt) {
-        squad_router_feat_reset(rt->feat);
+int squad_cache_plan_open(squad_cache *c, const squad_row *row, int end_only, int route, int prefer,
+                          squad_cache_plan *pl, squad_err *err) {
+    memset(pl, 0, sizeof *pl);
+    if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
+    int rc = plan_row(c, row, end_only, route, prefer, pl, err);
+    if (rc) {
+        plan_free(pl);
+        return rc;
     }
-    if (!best) return be->reset(be, err);
-    int rc = be->load_gdn(be, best->gdn, err);
-    if (rc) return rc;
-    return be->load_kv(be, best->group->kv, best->group->n_pos, best->pos, err);
+    pl->bounds = pl->bounds_buf;
+    if (pl->best) { /* in use: the most recent, and its group pinned */
+        pin(pl->best->group);
+        squad_lru_unlink(&c->lru, &pl->best->lru);
+        squad_lru_push_newest(&c->lru, &pl->best->lru);
+        pl->gdn = pl->best->gdn;
+        pl->kv = pl->best->group->kv;
+        pl->kv_positions = pl->best->group->n_pos;
+        pl->feat = pl->best->feat;
+        pl->feat_count = pl->best->feat_count;
+    }
+    pin(pl->share);
+    pl->next = c->plans;
+    if (c->plans) c->plans->prev = pl;
+    c->plans = pl;
+    return 0;
 }
 
 /* A pending checkpoint's blob back to the backend. */
-static void pending_drop(squad_cache *c, pending_ckpt *pc) {
+static void pending_drop(squad_cache *c, cache_pending *pc) {
     if (!pc->gdn) return;
     free(pc->feat);
     pc->feat = NULL;
@@ -459,17 +470,20 @@ static void pending_drop(squad_cache *c, pending_ckpt *pc) {
     pc->gdn = NULL;
 }
 
-/* Saves the working state's GDN part as the pending checkpoint at `pos`. An allocation failure
- * only means this checkpoint is not kept; a backend failure fails the row. */
-static int snapshot(squad_cache *c, pending_ckpt *pc, int pos, uint64_t serial, const squad_router_feat *feat,
-                    squad_err *err) {
+static void pending_release(squad_cache *c, squad_cache_plan *pl) {
+    for (int i = 0; pl->pending && i < pl->n_bounds; i++) pending_drop(c, &pl->pending[i]);
+}
+
+void *squad_cache_plan_blob(squad_cache *c, squad_cache_plan *pl, int i, const squad_router_feat *feat) {
     squad_backend *be = c->be;
     squad_err alloc_err = {0};
-    pc->pos = pos;
-    make_room(c, ckpt_cost(c), serial);
+    if (i < pl->first_kept || i >= pl->n_bounds || pl->pending[i].gdn) return NULL;
+    cache_pending *pc = &pl->pending[i];
+    pc->pos = pl->bounds[i];
+    make_room(c, ckpt_cost(c));
     if (c->feat_dim > 0) {
         pc->feat = calloc((size_t)c->feat_dim, sizeof(double));
-        if (!pc->feat) return 0;
+        if (!pc->feat) return NULL;
         if (feat) memcpy(pc->feat, feat->sum, (size_t)c->feat_dim * sizeof(double));
         pc->feat_count = feat ? feat->count : 0;
     }
@@ -477,38 +491,30 @@ static int snapshot(squad_cache *c, pending_ckpt *pc, int pos, uint64_t serial, 
     if (!pc->gdn) {
         free(pc->feat);
         pc->feat = NULL;
-        return 0;
+        return NULL;
     }
     c->pending_bytes += ckpt_cost(c);
-    int rc = be->save_gdn(be, pc->gdn, err);
-    if (rc) pending_drop(c, pc);
-    return rc;
+    return pc->gdn;
 }
 
-static void pending_release(squad_cache *c, row_plan *pl) {
-    for (int i = 0; i < pl->n_bounds; i++) pending_drop(c, &pl->pending[i]);
+void squad_cache_plan_drop(squad_cache *c, squad_cache_plan *pl, int i) {
+    if (i >= 0 && i < pl->n_bounds) pending_drop(c, &pl->pending[i]);
 }
 
-/* A new group holding the working state's K / V of [0, p), the row's tokens and their block
- * entries; NULL when memory is short (the row's checkpoints are then dropped), or on a backend
- * failure (rc set). */
-static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64_t *keys, int p, int route,
-                              uint64_t serial, int *rc, squad_err *err) {
+/* A new group for the row's tokens [0, p) and their block entries, with a K / V blob of p
+ * positions still to fill; NULL when memory is short. Not yet listed or indexed (group_link). */
+static cache_group *group_new(squad_cache *c, const squad_row *row, int p, int route) {
     squad_backend *be = c->be;
     squad_err alloc_err = {0};
-    const int align = c->opts.align, n_blocks = p / align;
-    const size_t kv_bytes = (size_t)p * be->kv_bytes_per_pos;
-    *rc = 0;
-    make_room(c, group_cost(c, p), serial);
+    const int n_blocks = p / c->opts.align;
+    make_room(c, group_cost(c, p));
     cache_group *g = calloc(1, sizeof *g);
     int32_t *ids = malloc((size_t)p * sizeof *ids);
     block_entry *blocks = calloc((size_t)n_blocks, sizeof *blocks);
     void *kv = (g && ids && blocks && squad_hindex_reserve(&c->block_index, (size_t)n_blocks) == 0)
-                   ? be->alloc(be, kv_bytes, &alloc_err)
+                   ? be->alloc(be, (size_t)p * be->kv_bytes_per_pos, &alloc_err)
                    : NULL;
-    if (kv) *rc = be->save_kv(be, kv, p, err);
-    if (!kv || *rc) {
-        if (kv) be->release(be, kv);
+    if (!kv) {
         free(g);
         free(ids);
         free(blocks);
@@ -521,28 +527,57 @@ static cache_group *group_new(squad_cache *c, const squad_row *row, const uint64
     g->blocks = blocks;
     g->n_pos = p;
     g->route = route;
-    g->pin_row = serial;
+    return g;
+}
+
+/* A made group whose K / V were not saved: back to the allocator. */
+static void group_discard(squad_cache *c, cache_group *g) {
+    c->be->release(c->be, g->kv);
+    free(g->ids);
+    free(g->blocks);
+    free(g);
+    squad_hindex_fit(&c->block_index);
+}
+
+/* A made group joins the cache: listed, its blocks indexed, its bytes counted. */
+static void group_link(squad_cache *c, cache_group *g, const uint64_t *keys) {
+    const int align = c->opts.align, n_blocks = g->n_pos / align;
+    const size_t kv_bytes = (size_t)g->n_pos * c->be->kv_bytes_per_pos;
     for (int i = 0; i < n_blocks; i++) {
-        blocks[i].node.key = keys[i] & c->key_mask;
-        blocks[i].pos = (i + 1) * align;
-        blocks[i].group = g;
-        squad_hindex_insert(&c->block_index, &blocks[i].node);
+        g->blocks[i].node.key = keys[i] & c->key_mask;
+        g->blocks[i].pos = (i + 1) * align;
+        g->blocks[i].group = g;
+        squad_hindex_insert(&c->block_index, &g->blocks[i].node);
     }
     g->next = c->groups;
     if (c->groups) c->groups->prev = g;
     c->groups = g;
     c->n_groups++;
     c->backend_bytes += kv_bytes;
-    c->host_bytes += group_cost(c, p) - kv_bytes;
-    return g;
+    c->host_bytes += group_cost(c, g->n_pos) - kv_bytes;
 }
 
-/* The row's pending checkpoints join the cache: group, index, the recent end of the LRU list
- * (shallow first, so the deepest is the most recent). */
-static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
+void squad_cache_commit_begin(squad_cache *c, squad_cache_plan *pl, const squad_row *row, void **kv, int *n) {
+    *kv = NULL;
+    *n = 0;
+    int kept = 0;
+    for (int i = 0; i < pl->n_bounds; i++) kept += pl->pending[i].gdn != NULL;
+    if (kept == 0 || pl->share || pl->made) return;
+    pl->made = group_new(c, row, pl->p, pl->route);
+    if (!pl->made) {
+        pending_release(c, pl);
+        return;
+    }
+    *kv = pl->made->kv;
+    *n = pl->p;
+}
+
+/* The plan's pending checkpoints join group g: index, the recent end of the LRU list (shallow
+ * first, so the deepest is the most recent). */
+static void commit(squad_cache *c, squad_cache_plan *pl, cache_group *g) {
     const int align = c->opts.align;
     for (int i = 0; i < pl->n_bounds; i++) {
-        pending_ckpt *pc = &pl->pending[i];
+        cache_pending *pc = &pl->pending[i];
         if (!pc->gdn) continue;
         cache_ckpt *k = calloc(1, sizeof *k);
         if (!k || squad_hindex_reserve(&c->ckpt_index, 1)) {
@@ -569,141 +604,81 @@ static void commit(squad_cache *c, row_plan *pl, cache_group *g) {
         c->stats.checkpoints_made++;
         if (k->pos > pl->deepest_new) pl->deepest_new = k->pos;
     }
-    if (g->n_ckpts == 0) group_free(c, g);
 }
 
-/* Runs the prefix [c0, p) bound by bound, snapshotting the kept bounds (pending). */
-static int run_prefix(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, row_plan *pl,
-                      squad_result *out, uint64_t serial, const squad_router_feat *feat, squad_err *err) {
-    const int first_kept = pl->n_bounds - pl->n_keep;
-    int s = pl->c0;
-    for (int i = 0; i < pl->n_bounds; i++) {
-        const int b = pl->bounds[i];
-        int rc = run(ctx, row, s, b, out, err);
-        if (!rc && i >= first_kept) rc = snapshot(c, &pl->pending[i], b, serial, feat, err);
-        if (rc) {
-            pending_release(c, pl);
-            return rc;
-        }
-        s = b;
+void squad_cache_commit_end(squad_cache *c, squad_cache_plan *pl, int saved) {
+    cache_group *made = pl->made;
+    pl->made = NULL;
+    if (saved) {
+        if (made) group_discard(c, made);
+        pending_release(c, pl);
+        return;
     }
-    return 0;
-}
-
-/* The row's pending checkpoints join the cache, in a new group of the working state's K / V of
- * [0, p) unless a cached group of the route already holds them. The working state must still hold
- * [0, p) (a suffix run since only wrote positions from p on). */
-static int commit_row(squad_cache *c, const squad_row *row, row_plan *pl, uint64_t serial, squad_err *err) {
-    int kept = 0;
-    for (int i = 0; i < pl->n_bounds; i++) kept += pl->pending[i].gdn != NULL;
-    if (kept == 0) return 0;
-    cache_group *g = pl->share;
-    if (!g) {
-        int rc = 0;
-        g = group_new(c, row, pl->keys, pl->p, pl->route, serial, &rc, err);
-        if (!g) {
-            pending_release(c, pl);
-            return rc;
+    if (made) {
+        group_link(c, made, pl->keys);
+        commit(c, pl, made);
+        if (made->n_ckpts == 0) { /* none joined (memory short): the new group goes with them */
+            group_free(c, made);
+            return;
         }
-    }
-    commit(c, pl, g);
-    return 0;
-}
-
-int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, squad_result *out,
-                           squad_err *err) {
-    return squad_cache_score_ex(c, run, ctx, row, 0, out, err);
-}
-
-/* A row through the cache, routed by rt (NULL: every row the trunk). */
-static int score_routed(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
-                        squad_cache_routing *rt, squad_result *out, squad_err *err) {
-    if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
-    if (rt && (!rt->feat || rt->feat->dim != c->feat_dim || !rt->run_route || !rt->decide))
-        return squad_fail(err, SQUAD_E_INVALID, "state cache: routing without its router features");
-    memset(out, 0, sizeof *out);
-    out->n_slots = row->n_slots;
-    int route = rt ? rt->forced : 0; /* < 0: guess */
-    const int prefer = rt ? rt->last_route : 0;
-    uint64_t computed = 0;
-    if (rt) rt->mispredicted = 0;
-    for (;;) {
-        row_plan pl;
-        int rc = plan_row(c, row, end_only, route, prefer, &pl, err);
-        if (rc) {
-            plan_free(&pl);
-            return rc;
-        }
-        const uint64_t serial = ++c->row_serial;
-        if (pl.best) { /* in use by this row: the most recent, and its group pinned against make_room */
-            pl.best->group->pin_row = serial;
-            squad_lru_unlink(&c->lru, &pl.best->lru);
-            squad_lru_push_newest(&c->lru, &pl.best->lru);
-        }
-        if (pl.share) pl.share->pin_row = serial;
-        out->reused = pl.c0;
-        out->route = pl.route;
-        if (rt) *rt->run_route = pl.route;
-        /* a guessed route keeps its checkpoints pending until the router confirms it */
-        const int guessed = route < 0;
-        rc = restore(c, pl.best, rt, err);
-        if (!rc) rc = run_prefix(c, run, ctx, row, &pl, out, serial, rt ? rt->feat : NULL, err);
-        if (!rc && !guessed) rc = commit_row(c, row, &pl, serial, err);
-        if (!rc) rc = run(ctx, row, pl.p, row->n_ids, out, err);
-        int decided = pl.route;
-        if (!rc && guessed) {
-            decided = rt->decide(rt->ctx, err);
-            if (decided < 0) rc = decided;
-            else if (decided == pl.route) rc = commit_row(c, row, &pl, serial, err);
-        }
-        computed += (uint64_t)(row->n_ids - pl.c0);
-        if (!rc && decided != pl.route) { /* a misprediction: again under the router's route */
-            pending_release(c, &pl);
-            plan_free(&pl);
-            rt->mispredicted = 1;
-            c->stats.mispredictions++;
-            route = decided;
-            continue;
-        }
-        pending_release(c, &pl); /* nothing, unless the row failed */
-        evict_to_budget(c);
-        plan_free(&pl);
-        if (rc) return rc;
-
-        /* what the row made restorable, if its deepest new checkpoint survived the eviction above (it
-         * is the most recent, so only a budget below one checkpoint could take it) */
-        if (pl.deepest_new > pl.c0 && lookup_route(c, row->ids, pl.deepest_new, pl.route) == pl.deepest_new)
-            out->cache_written = pl.deepest_new - pl.c0;
-        if (pl.n_bounds > 0 && pl.n_keep == 0) c->stats.uncacheable++;
-        c->stats.rows++;
-        if (pl.c0 == pl.p) c->stats.hits++;
-        else if (pl.c0 > 0) c->stats.partial++;
-        else c->stats.cold++;
-        c->stats.tokens_reused += (uint64_t)pl.c0;
-        c->stats.tokens_computed += computed;
-        return 0;
+        made->pins++; /* read by the rest of the row until the plan closes */
+        pl->share = made;
+    } else if (pl->share) {
+        commit(c, pl, pl->share);
     }
 }
 
-int squad_cache_score_ex(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
-                         squad_result *out, squad_err *err) {
-    return score_routed(c, run, ctx, row, end_only, NULL, out, err);
+void squad_cache_plan_close(squad_cache *c, squad_cache_plan *pl, squad_plan_end how, const squad_row *row,
+                            uint64_t computed, squad_result *out) {
+    pending_release(c, pl); /* nothing, unless the row failed or was mispredicted */
+    if (pl->made) { /* a commit begun and never ended */
+        group_discard(c, pl->made);
+        pl->made = NULL;
+    }
+    if (pl->best) unpin(pl->best->group);
+    unpin(pl->share);
+    if (pl->prev) pl->prev->next = pl->next;
+    else if (c->plans == pl) c->plans = pl->next;
+    if (pl->next) pl->next->prev = pl->prev;
+    pl->prev = pl->next = NULL;
+    plan_free(pl);
+    if (how == SQUAD_PLAN_RETRY) {
+        c->stats.mispredictions++;
+        return;
+    }
+    evict_to_budget(c);
+    if (how != SQUAD_PLAN_DONE) return;
+
+    /* what the row made restorable, if its deepest new checkpoint survived the eviction above (it
+     * is the most recent, so only a budget below one checkpoint could take it) */
+    if (pl->deepest_new > pl->c0 && lookup_route(c, row->ids, pl->deepest_new, pl->route) == pl->deepest_new)
+        out->cache_written = pl->deepest_new - pl->c0;
+    if (pl->n_bounds > 0 && pl->first_kept == pl->n_bounds) c->stats.uncacheable++;
+    c->stats.rows++;
+    if (pl->c0 == pl->p) c->stats.hits++;
+    else if (pl->c0 > 0) c->stats.partial++;
+    else c->stats.cold++;
+    c->stats.tokens_reused += (uint64_t)pl->c0;
+    c->stats.tokens_computed += computed;
 }
 
-static int engine_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
-    return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
-}
-
-int squad_cache_score(squad_cache *c, struct squad_engine *e, const squad_row *row, int end_only,
-                      squad_cache_routing *rt, squad_result *out, squad_err *err) {
-    return score_routed(c, engine_span, e, row, end_only, rt, out, err);
+int squad_cache_pins(const squad_cache *c, const int32_t *ids, int pos) {
+    if (pos <= 0 || pos % c->opts.align) return -1;
+    for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; k = ckpt_of_const(k->lru.next))
+        if (k->pos == pos && memcmp(k->group->ids, ids, (size_t)pos * sizeof *ids) == 0) return k->group->pins;
+    return -1;
 }
 
 void squad_cache_clear(squad_cache *c) {
     if (!c) return;
-    while (c->lru.oldest) {
-        ckpt_evict(c, ckpt_of(c->lru.oldest));
-        c->stats.evicted--; /* a clear is not an eviction */
+    cache_ckpt *k = ckpt_of(c->lru.oldest);
+    while (k) {
+        cache_ckpt *next = ckpt_of(k->lru.next);
+        if (k->group->pins == 0) { /* what an open plan reads stays */
+            ckpt_evict(c, k);
+            c->stats.evicted--; /* a clear is not an eviction */
+        }
+        k = next;
     }
 }
 
@@ -740,6 +715,10 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
         int count = 0;
         for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; k = ckpt_of_const(k->lru.next)) count += k->group == g;
         if (count != g->n_ckpts || count == 0) CHECK_FAIL("group holds %d checkpoints, counts %d", count, g->n_ckpts);
+        int pins = 0;
+        for (const squad_cache_plan *pl = c->plans; pl; pl = pl->next)
+            pins += (pl->best && pl->best->group == g) + (pl->share == g);
+        if (pins != g->pins) CHECK_FAIL("group pinned %d times by open plans, counts %d", pins, g->pins);
         const int nb = g->n_pos / align;
         uint64_t *nk = realloc(keys, (size_t)(nb > 0 ? nb : 1) * sizeof *keys);
         if (!nk) {
@@ -786,13 +765,18 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
     }
     free(keys);
     if (prev != c->lru.newest) CHECK_FAIL("LRU tail is wrong");
+    size_t pending = 0;
+    for (const squad_cache_plan *pl = c->plans; pl; pl = pl->next) {
+        if (pl->next && pl->next->prev != pl) CHECK_FAIL("open plan links broken");
+        for (int i = 0; i < pl->n_bounds; i++) pending += pl->pending[i].gdn ? ckpt_cost(c) : 0;
+    }
     if (squad_hindex_check(&c->ckpt_index, &in_table) || in_table != n_ckpts || n_ckpts != c->n_ckpts)
         CHECK_FAIL("checkpoint index: %zu entries, %zu listed, %zu counted", in_table, n_ckpts, c->n_ckpts);
     if (squad_hindex_check(&c->block_index, &in_table) || in_table != n_blocks)
         CHECK_FAIL("block index: %zu entries, groups have %zu", in_table, n_blocks);
     if (n_groups != c->n_groups) CHECK_FAIL("%zu groups listed, %zu counted", n_groups, c->n_groups);
-    if (be_bytes != c->backend_bytes || host != c->host_bytes || c->pending_bytes != 0)
-        CHECK_FAIL("bytes: backend %zu counted %zu, host %zu counted %zu, pending %zu", be_bytes, c->backend_bytes,
-                   host, c->host_bytes, c->pending_bytes);
+    if (be_bytes != c->backend_bytes || host != c->host_bytes || c->pending_bytes != pending)
+        CHECK_FAIL("bytes: backend %zu counted %zu, host %zu counted %zu, pending %zu counted %zu", be_bytes,
+                   c->backend_bytes, host, c->host_bytes, pending, c->pending_bytes);
     return 0;
 }

@@ -15,7 +15,6 @@
 #include "squad.h"
 
 typedef struct squad_cache squad_cache;
-struct squad_engine;
 
 squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, squad_err *err);
 void squad_cache_free(squad_cache *cache);
@@ -24,34 +23,96 @@ void squad_cache_free(squad_cache *cache);
  * at most max_slots slots, fits the backend); 0 otherwise. */
 int squad_cache_eligible(const squad_cache *cache, const squad_row *row);
 
-/* Routing of a cached row (specialists, DESIGN.md section 4), shared between the cache and the
- * span runner: the cache sets *run_route (the route the runner's chunks run with) and *feat (the
- * router features of [0, start) when a span starts from a restored checkpoint or a row start);
- * the runner grows *feat chunk by chunk. */
-typedef struct squad_cache_routing {
-    int forced;              /* -1: the router decides; else the route every pass runs with */
-    int last_route;          /* the guess when no checkpoint gives one (the last row's route) */
-    int *run_route;
-    squad_router_feat *feat;
-    /* The router's route on *feat (>= 0), or a negative error code with err filled. */
-    int (*decide)(void *ctx, squad_err *err);
-    void *ctx;
-    int mispredicted; /* out: 1 when the guess was wrong and the row ran a second pass */
-} squad_cache_routing;
+/* ---- plans: the cache plans a row, the engine runs it, the cache commits ----------------------
+ *
+ * squad_cache_plan_open looks a row up and fills a plan: the checkpoint to restore (its blobs and
+ * router features; pinned), the route the pass runs with, and the chunk ends of the prefix, the
+ * deepest of which get new checkpoints. The engine (cache_exec.c) restores, runs the spans, and at
+ * each kept bound asks squad_cache_plan_blob for a blob and saves the working state's GDN part
+ * into it; squad_cache_commit_begin / _end then hand it the K / V blob of a new group (when one is
+ * needed) and join the checkpoints to the cache; squad_cache_plan_close releases the pins and any
+ * blob still pending, and counts the row.
+ *
+ * A pin is a reference count on a group: while any open plan holds it (the group of the restored
+ * checkpoint, the cached group that takes the new checkpoints, the new group itself), none of its
+ * checkpoints or K / V (read in place by the restore) is evicted. Several plans may be open at once
+ * and may pin the same group. */
+typedef struct cache_ckpt cache_ckpt;
+typedef struct cache_group cache_group;
+typedef struct cache_pending cache_pending;
 
-/* Answers an eligible row: restore, run the rest through squad_engine_run_span, checkpoint, evict.
- * end_only: checkpoint the state at its end (p) only. Fills out->reused and out->cache_written.
- * When the span runner fails (an error, a cancelled row) the checkpoints the row had pending are
- * released, those it had committed stay (valid states), and the cache stays consistent.
- * rt (NULL without specialists) routes the row: a guessed route (the forced one; else the route of
- * the deepest checkpoint the row can restore, preferring rt->last_route at equal depth; else
- * rt->last_route) runs every layer; when the router then disagrees, the row's first-pass
- * checkpoints are dropped and the row runs again with the router's route from that route's deepest
- * checkpoint (a misprediction). Checkpoints carry the route their upper layers ran with and the
- * router features of their prefix; upper-layer state is restored only under its own route.
- * Sets out->route. */
-int squad_cache_score(squad_cache *cache, struct squad_engine *e, const squad_row *row, int end_only,
-                      squad_cache_routing *rt, squad_result *out, squad_err *err);
+typedef struct squad_cache_plan {
+    /* what the engine executes */
+    int route;           /* the route this pass runs with */
+    int c0;              /* the restored position (0: start from a reset) */
+    int p;               /* the state's end, aligned: the prefix is [c0, p) */
+    const void *gdn;     /* the checkpoint to restore (NULL when c0 == 0): its GDN blob, */
+    const void *kv;      /* its group's K / V blob of kv_positions positions (read up to c0), */
+    int kv_positions;
+    const double *feat;  /* and its router features (NULL without specialists) */
+    int64_t feat_count;
+    const int *bounds;   /* the chunk ends of the prefix, ascending, the last one p */
+    int n_bounds;
+    int first_kept;      /* bounds[i] with i >= first_kept get a checkpoint */
+    /* the cache's own */
+    cache_ckpt *best;
+    cache_group *share;  /* the group that takes the new checkpoints, pinned: a cached one holding
+                          * [0, p) of the route, or the one made for them once committed */
+    cache_group *made;   /* the group made for them by squad_cache_commit_begin */
+    int end_only;
+    int deepest_new;     /* the deepest checkpoint committed (0: none) */
+    int *bounds_buf;
+    uint64_t *keys;      /* prefix keys of [0, k * align), k = 1..p / align */
+    cache_pending *pending; /* [n_bounds] */
+    struct squad_cache_plan *prev, *next; /* the open plans */
+} squad_cache_plan;
+
+/* Plans an eligible row for one pass. route >= 0: that route's checkpoints only; route < 0: the
+ * route of the deepest checkpoint the row can restore (prefer's at equal depth), else prefer.
+ * end_only: only the checkpoint at p is kept. Pins what the plan reads and moves the restored
+ * checkpoint to the recent end of the LRU list. Non-zero on failure, with nothing held. */
+int squad_cache_plan_open(squad_cache *cache, const squad_row *row, int end_only, int route, int prefer,
+                          squad_cache_plan *plan, squad_err *err);
+
+/* The blob to save the working state's GDN part into at bounds[i] (i >= first_kept), with the
+ * router features at that position (feat NULL: zero); evicts unpinned checkpoints to make room.
+ * NULL when it cannot be kept (memory short): the row goes on without it. */
+void *squad_cache_plan_blob(squad_cache *cache, squad_cache_plan *plan, int i, const squad_router_feat *feat);
+
+/* The plan's saved blob at bounds[i] is dropped (its save failed). */
+void squad_cache_plan_drop(squad_cache *cache, squad_cache_plan *plan, int i);
+
+/* Commit, first half: when the plan's pending checkpoints need a new group, makes it (evicting to
+ * make room) and sets *kv to its K / V blob, which the caller fills with the working state's K / V
+ * of [0, *n) before squad_cache_commit_end; else *kv = NULL (nothing to save). When memory is short
+ * the pending checkpoints are dropped and *kv is NULL. The working state must still hold [0, p). */
+void squad_cache_commit_begin(squad_cache *cache, squad_cache_plan *plan, const squad_row *row, void **kv, int *n);
+
+/* Commit, second half: saved == 0 (the K / V blob was filled, or none was needed) joins the
+ * pending checkpoints to the cache, the deepest the most recent; else drops them and the group. */
+void squad_cache_commit_end(squad_cache *cache, squad_cache_plan *plan, int saved);
+
+/* How a plan ends. */
+typedef enum {
+    SQUAD_PLAN_DONE,    /* the row was answered: it is counted, out->cache_written is set */
+    SQUAD_PLAN_RETRY,   /* the route was mispredicted: the row runs again under another plan */
+    SQUAD_PLAN_FAILED,  /* the row failed or was cancelled: nothing is counted */
+} squad_plan_end;
+
+/* Closes a plan: drops the checkpoints still pending, releases the pins and the plan's memory.
+ * DONE and FAILED then bring the cache within its budget (unpinned checkpoints, least recently used
+ * first); DONE counts the row (computed: its tokens run over every pass) and sets
+ * out->cache_written; RETRY counts a misprediction. */
+void squad_cache_plan_close(squad_cache *cache, squad_cache_plan *plan, squad_plan_end how, const squad_row *row,
+                            uint64_t computed, squad_result *out);
+
+/* The number of open plans holding a pin on the group of the checkpoint at pos whose tokens equal
+ * ids[0, pos) (-1: no such checkpoint); for tests. */
+int squad_cache_pins(const squad_cache *cache, const int32_t *ids, int pos);
+
+/* The backend the cache's blobs belong to, and the router features per checkpoint (0: none). */
+squad_backend *squad_cache_backend(const squad_cache *cache);
+int squad_cache_feat_dim(const squad_cache *cache);
 
 /* With specialists: every checkpoint also keeps the router features of its prefix (dim doubles);
  * called on an empty cache before its first row. */

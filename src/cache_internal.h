@@ -2,10 +2,10 @@
  * cache_internal.h — the state cache's internals that tests and benchmarks reach (cache.h is the
  * engine's view).
  *
- * The cache drives the backend itself (reset / load / save) and runs a row's spans through a span
- * runner: the engine's squad_engine_run_span in production, a stand-in in tests, so the index, the
- * LRU and the byte accounting can be checked in isolation with a fake backend that records what it
- * was given. The placement policy and the prefix hashes are exposed so a test can compute the
+ * The cache plans rows and the executor (cache_exec.h) runs them through a span runner: the
+ * engine's squad_engine_run_span in production, a stand-in in tests, so the index, the LRU, the
+ * pins and the byte accounting can be checked in isolation with a fake backend that records what
+ * it was given. The placement policy and the prefix hashes are exposed so a test can compute the
  * earlier runtime's reuse independently of the cache's own bookkeeping.
  */
 #ifndef SQUAD_CACHE_INTERNAL_H
@@ -15,20 +15,7 @@
 #include <stdint.h>
 
 #include "cache.h"
-
-/* Runs row->ids[start, end) from the backend's working state (which holds [0, start)); answers
- * the row's slots inside the span into out and adds end - start to out->computed. */
-typedef int (*squad_span_fn)(void *ctx, const squad_row *row, int start, int end, squad_result *out,
-                             squad_err *err);
-
-/* squad_cache_score with another span runner (ctx is passed through to it). */
-int squad_cache_score_with(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row,
-                           squad_result *out, squad_err *err);
-
-/* squad_cache_score_with for one call's options: end_only keeps only the checkpoint at p (the
- * state's end), without the tail, stride and fork checkpoints. */
-int squad_cache_score_ex(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
-                         squad_result *out, squad_err *err);
+#include "cache_exec.h"
 
 /* The placement policy: the chunk ends of a state of state_len tokens computed from position c0,
  * ascending, each a checkpoint position: the multiples of stride, state_len - tail and state_len

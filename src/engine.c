@@ -4,11 +4,13 @@
  *
  * The plain path resets the backend's working state and runs the whole row in chunks of at most
  * be->max_chunk tokens; because every chunk continues from the state the previous one left, any
- * split gives the same answer (up to round-off). The cached path (cache.c) restores a checkpoint
- * instead of resetting and calls squad_engine_run_span for the rest.
+ * split gives the same answer (up to round-off). On the cached path the cache plans the row
+ * (cache.c: the checkpoint to restore, the positions to checkpoint) and the executor
+ * (cache_exec.c) runs the plan: it restores instead of resetting and runs the rest through
+ * squad_engine_run_span.
  *
  * Per-call options (squad_score_opts) live on the engine while the call runs (e->call), so the
- * span runner the cache calls back sees them: the cancel callback is polled before every chunk
+ * span runner the executor calls sees them: the cancel callback is polled before every chunk
  * of either path, and a row that wants the full-vocabulary figures passes a vocab array with
  * each chunk that has slots (chunks without slots, and rows that do not ask, pay nothing).
  * A cancelled row leaves the backend's working state half-run, which is harmless: every row
@@ -19,7 +21,7 @@
  * guessed route: the forced one (squad_row.specialist), else, on the cached path, the route of
  * the checkpoint it restores, else the last row's route. After the last chunk the router decides;
  * a wrong guess (a misprediction) runs the row again with the right route (on the cached path from
- * that route's deepest checkpoint, cache.c; off it from the start). The router runs on forced rows
+ * that route's deepest checkpoint, cache_exec.c; off it from the start). The router runs on forced rows
  * too, so every answer carries the router's probabilities.
  */
 #include "engine.h"
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "cache_exec.h"
 #include "memo.h"
 #include "model.h"
 #include "specialists.h"
@@ -285,6 +288,11 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
     return 0;
 }
 
+/* squad_engine_run_span as the cache executor's span runner. */
+static int engine_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
+    return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
+}
+
 /* The router's route on the running row's features. */
 static int decide_route(void *ctx, squad_err *err) {
     squad_engine *e = ctx;
@@ -341,7 +349,8 @@ static int score_row(squad_engine *e, const squad_row *row, const squad_score_op
     int rc;
     if (e->cache && squad_cache_eligible(e->cache, row)) {
         squad_cache_routing rt = {forced, e->last_route, &e->run_route, &e->feat, decide_route, e, 0};
-        rc = squad_cache_score(e->cache, e, row, o->end_checkpoint_only, e->sp ? &rt : NULL, out, err);
+        rc = squad_cache_exec(e->cache, e->be, engine_span, e, row, o->end_checkpoint_only, e->sp ? &rt : NULL, out,
+                              err);
     } else {
         rc = score_plain(e, row, forced, out, err);
     }

@@ -3,9 +3,9 @@
  *
  * squad_engine_score_ex (squad.h) validates a row, answers an exact repeat from the memo, sends an
  * eligible row through the state cache and any other row down the plain path (reset, then the
- * whole row in chunks). The cache drives the backend itself and runs spans through
- * squad_engine_run_span, which reads the running call's options (cancellation, vocabulary
- * figures) from the engine: one call runs at a time on an engine.
+ * whole row in chunks). The cache plans a cached row and the executor (cache_exec.c) runs the plan
+ * on the backend, its spans through squad_engine_run_span, which reads the running call's options
+ * (cancellation, vocabulary figures) from the engine: one call runs at a time on an engine.
  */
 #ifndef SQUAD_ENGINE_H
 #define SQUAD_ENGINE_H

@@ -626,6 +626,289 @@ static void test_failures(void) {
     CHECK(f.violations == 0);
 }
 
+/* ---- plans driven by hand (no executor): the cache's side of plan / commit / close ----------- */
+
+/* Restores the plan's checkpoint into the fake (or resets it), as an executor would. */
+static int plan_restore(fake *f, const squad_cache_plan *pl, squad_err *err) {
+    if (!pl->gdn) return fake_reset(&f->be, err);
+    int rc = fake_load_gdn(&f->be, pl->gdn, err);
+    return rc ? rc : fake_load_kv(&f->be, pl->kv, pl->kv_positions, pl->c0, err);
+}
+
+/* Runs the plan's prefix, saving a blob at every kept bound; counts the blobs saved. */
+static int plan_prefix(squad_cache *c, fake *f, const squad_row *row, squad_cache_plan *pl, squad_result *out,
+                       int *saved, squad_err *err) {
+    int s = pl->c0;
+    *saved = 0;
+    for (int i = 0; i < pl->n_bounds; i++) {
+        int rc = fake_span(f, row, s, pl->bounds[i], out, err);
+        if (rc) return rc;
+        void *blob = squad_cache_plan_blob(c, pl, i, NULL);
+        CHECKF((blob != NULL) == (i >= pl->first_kept), "bound %d of %d: blob %p, first kept %d", i, pl->n_bounds,
+               blob, pl->first_kept);
+        CHECK(squad_cache_plan_blob(c, pl, i, NULL) == NULL); /* one blob per bound */
+        if (blob) {
+            fake_save_gdn(&f->be, blob, err);
+            (*saved)++;
+        }
+        s = pl->bounds[i];
+    }
+    return 0;
+}
+
+/* Commits the plan's pending checkpoints with the fake's K / V. */
+static void plan_commit(squad_cache *c, fake *f, const squad_row *row, squad_cache_plan *pl) {
+    squad_err err = {0};
+    void *kv;
+    int n;
+    squad_cache_commit_begin(c, pl, row, &kv, &n);
+    int rc = kv ? fake_save_kv(&f->be, kv, n, &err) : 0;
+    CHECKF(rc == 0, "save_kv: %s", err.msg);
+    squad_cache_commit_end(c, pl, rc);
+}
+
+/* The whole of one plan by hand, its answer checked against the reference. */
+static void plan_run(squad_cache *c, fake *f, const squad_row *row, squad_cache_plan *pl, squad_result *out) {
+    squad_err err = {0};
+    squad_result ref;
+    int saved;
+    reference(row, &ref);
+    memset(out, 0, sizeof *out);
+    out->n_slots = row->n_slots;
+    CHECKF(plan_restore(f, pl, &err) == 0, "restore: %s", err.msg);
+    CHECKF(plan_prefix(c, f, row, pl, out, &saved, &err) == 0, "prefix: %s", err.msg);
+    plan_commit(c, f, row, pl);
+    CHECKF(fake_span(f, row, pl->p, row->n_ids, out, &err) == 0, "question: %s", err.msg);
+    CHECK(same_answer(row, out, &ref));
+}
+
+/* A consistency check that allows what open plans hold beyond the budget; their pending blobs
+ * are live in the fake but not yet the cache's backend bytes. */
+static void check_open(squad_cache *c, fake *f, int pending_blobs, const char *where) {
+    char why[256];
+    size_t be_bytes, host;
+    squad_cache_bytes(c, &be_bytes, &host);
+    CHECKF(squad_cache_check(c, why, sizeof why) == 0, "%s: %s", where, why);
+    CHECKF(be_bytes + (size_t)pending_blobs * FAKE_GDN_BYTES == f->live_bytes, "%s: backend bytes %zu, live %zu",
+           where, be_bytes, f->live_bytes);
+}
+
+/* The plan API without the executor: a cold plan's bounds and blobs, its commit and pins, then a
+ * hit's plan on what it made. */
+static void test_plan_api(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t state[MAX_ROW];
+    static test_row a, b;
+    squad_result r;
+    squad_cache_stats st;
+    random_tokens(state, MAX_ROW);
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    make_row(&a, state, 1200, 10, 1);
+    make_row(&b, state, 1200, 7, 2);
+
+    squad_cache_plan pl;
+    CHECK(squad_cache_plan_open(c, &a.row, 0, 0, 0, &pl, &err) == 0);
+    int want[32];
+    const int nb = squad_cache_bounds(&o, FAKE_MAX_CHUNK, 0, 1200, 0, want, 32);
+    CHECK(pl.c0 == 0 && pl.gdn == NULL && pl.p == 1152 && pl.route == 0);
+    CHECKF(pl.n_bounds == nb && pl.first_kept == 0, "%d bounds (want %d), first kept %d", pl.n_bounds, nb,
+           pl.first_kept);
+    for (int i = 0; i < nb && i < pl.n_bounds; i++) CHECK(pl.bounds[i] == want[i]);
+    check_open(c, &f, 0, "cold plan open");
+    int saved;
+    memset(&r, 0, sizeof r);
+    CHECK(plan_restore(&f, &pl, &err) == 0 && plan_prefix(c, &f, &a.row, &pl, &r, &saved, &err) == 0);
+    CHECK(saved == nb);
+    check_open(c, &f, saved, "blobs pending");
+    CHECK(squad_cache_lookup(c, a.ids, 1200) == 0); /* pending checkpoints are not found */
+    plan_commit(c, &f, &a.row, &pl);
+    CHECK(squad_cache_lookup(c, a.ids, 1200) == 1152);
+    CHECK(squad_cache_pins(c, a.ids, 1152) == 1); /* the new group, read until the plan closes */
+    check_open(c, &f, 0, "committed");
+    CHECK(fake_span(&f, &a.row, pl.p, a.row.n_ids, &r, &err) == 0);
+    squad_cache_plan_close(c, &pl, SQUAD_PLAN_DONE, &a.row, (uint64_t)a.row.n_ids, &r);
+    CHECK(squad_cache_pins(c, a.ids, 1152) == 0);
+    CHECK(r.cache_written == 1152);
+    squad_cache_get_stats(c, &st);
+    CHECK(st.rows == 1 && st.cold == 1 && st.checkpoints_made == (uint64_t)nb && st.checkpoints == (size_t)nb);
+    CHECK(st.tokens_computed == (uint64_t)a.row.n_ids && st.tokens_reused == 0);
+    check_accounting(c, &f, "cold plan closed");
+
+    /* a hit: the checkpoint at p, nothing of the prefix to run */
+    CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &pl, &err) == 0);
+    CHECK(pl.c0 == 1152 && pl.n_bounds == 0 && pl.gdn && pl.kv && pl.kv_positions == 1152);
+    CHECK(squad_cache_pins(c, b.ids, 1152) == 1);
+    plan_run(c, &f, &b.row, &pl, &r);
+    squad_cache_plan_close(c, &pl, SQUAD_PLAN_DONE, &b.row, (uint64_t)(b.row.n_ids - pl.c0), &r);
+    squad_cache_get_stats(c, &st);
+    CHECK(st.rows == 2 && st.hits == 1 && st.tokens_reused == 1152 && r.cache_written == 0);
+    CHECK(squad_cache_pins(c, b.ids, 1152) == 0);
+    check_accounting(c, &f, "hit plan closed");
+
+    /* a row the cache does not take is refused with nothing held */
+    test_row s;
+    make_row(&s, state, 40, 5, 1);
+    CHECK(squad_cache_plan_open(c, &s.row, 0, 0, 0, &pl, &err) == SQUAD_E_INVALID);
+    check_accounting(c, &f, "refused plan");
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0 && f.violations == 0);
+}
+
+/* Two plans in flight on one checkpoint: pinned twice, released twice, evictable only after both. */
+static void test_plan_shared(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t state[MAX_ROW];
+    static test_row a, b, q;
+    squad_result r;
+    random_tokens(state, MAX_ROW);
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    make_row(&a, state, 1200, 10, 1);
+    make_row(&b, state, 1200, 12, 1);
+    make_row(&q, state, 1200, 5, 3);
+    score(c, &f, &a.row, &r);
+    const int p = 1152;
+
+    squad_cache_plan x, y;
+    CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &x, &err) == 0);
+    CHECK(squad_cache_plan_open(c, &q.row, 0, 0, 0, &y, &err) == 0);
+    CHECK(x.c0 == p && y.c0 == p && x.gdn == y.gdn && x.kv == y.kv);
+    CHECK(squad_cache_pins(c, a.ids, p) == 2);
+    check_open(c, &f, 0, "two plans open");
+    squad_cache_clear(c); /* the pinned group stays, with every checkpoint of it */
+    CHECK(squad_cache_lookup(c, a.ids, 1200) == p);
+    check_open(c, &f, 0, "cleared under two plans");
+    plan_run(c, &f, &b.row, &x, &r);
+    squad_cache_plan_close(c, &x, SQUAD_PLAN_DONE, &b.row, (uint64_t)(b.row.n_ids - p), &r);
+    CHECK(squad_cache_pins(c, a.ids, p) == 1);
+    squad_cache_clear(c);
+    CHECK(squad_cache_lookup(c, a.ids, 1200) == p);
+    check_open(c, &f, 0, "one plan left");
+    plan_run(c, &f, &q.row, &y, &r); /* its blobs were not touched by the clears */
+    squad_cache_plan_close(c, &y, SQUAD_PLAN_DONE, &q.row, (uint64_t)(q.row.n_ids - p), &r);
+    CHECK(squad_cache_pins(c, a.ids, p) == 0);
+    check_accounting(c, &f, "both closed");
+    squad_cache_clear(c);
+    CHECK(squad_cache_lookup(c, a.ids, 1200) == 0);
+    check_accounting(c, &f, "cleared after both");
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0 && f.violations == 0);
+}
+
+/* Eviction pressure while a plan is in flight: rows of other states through a budget of about one
+ * state evict everything but the pinned checkpoint's group, whose blobs the plan then restores. */
+static void test_plan_pressure(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t state[MAX_ROW], other[MAX_ROW];
+    static test_row a, b, t;
+    squad_result r;
+    squad_cache_stats st;
+    random_tokens(state, MAX_ROW);
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *probe = squad_cache_new(&f.be, &o, &err);
+    make_row(&a, state, 1200, 10, 1);
+    score(probe, &f, &a.row, &r);
+    squad_cache_get_stats(probe, &st);
+    const size_t one_state = st.bytes_held;
+    squad_cache_free(probe);
+
+    o.budget_bytes = one_state + one_state / 2;
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    score(c, &f, &a.row, &r);
+    make_row(&b, state, 1200, 9, 2);
+    squad_cache_plan x;
+    CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &x, &err) == 0 && x.c0 == 1152);
+    for (int k = 0; k < 6; k++) {
+        random_tokens(other, MAX_ROW);
+        make_row(&t, other, 900 + 64 * k, 6, 1);
+        score(c, &f, &t.row, &r);
+        check_open(c, &f, 0, "a row under a pinned plan");
+        CHECK(squad_cache_lookup(c, a.ids, 1200) == 1152);
+        CHECK(squad_cache_pins(c, a.ids, 1152) == 1);
+    }
+    squad_cache_get_stats(c, &st);
+    CHECK(st.evicted > 0);
+    plan_run(c, &f, &b.row, &x, &r);
+    squad_cache_plan_close(c, &x, SQUAD_PLAN_DONE, &b.row, (uint64_t)(b.row.n_ids - x.c0), &r);
+    check_accounting(c, &f, "the pinned plan closed"); /* within the budget again */
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0 && f.violations == 0);
+}
+
+/* A plan abandoned (a failed or cancelled row) at every stage releases its pins and pending blobs
+ * and counts nothing; a retried one (a misprediction) counts a misprediction only. */
+static void test_plan_abandoned(void) {
+    fake f;
+    fake_init(&f);
+    squad_err err = {0};
+    static int32_t state[MAX_ROW], fresh[MAX_ROW];
+    static test_row a, b;
+    squad_result r;
+    squad_cache_stats before, after;
+    random_tokens(state, MAX_ROW);
+    squad_cache_opts o = small_opts(64 << 20);
+    squad_cache *c = squad_cache_new(&f.be, &o, &err);
+    make_row(&a, state, 1200, 10, 1);
+    score(c, &f, &a.row, &r);
+    for (int stage = 0; stage < 4; stage++) {
+        /* a row sharing the first 1024 tokens: restores at 1024, checkpoints beyond it */
+        memcpy(fresh, state, sizeof fresh);
+        random_tokens(fresh + 1024, 700);
+        make_row(&b, fresh, 1600, 8, 1);
+        squad_cache_get_stats(c, &before);
+        const size_t live = f.live_bytes;
+        squad_cache_plan x;
+        CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &x, &err) == 0 && x.c0 == 1024 && x.n_bounds > 0);
+        CHECK(squad_cache_pins(c, b.ids, 1024) == 1);
+        int saved = 0;
+        void *kv = NULL;
+        int n = 0;
+        memset(&r, 0, sizeof r);
+        if (stage >= 1) {
+            CHECK(plan_restore(&f, &x, &err) == 0 && plan_prefix(c, &f, &b.row, &x, &r, &saved, &err) == 0);
+            CHECK(saved > 0 && f.live_bytes == live + (size_t)saved * FAKE_GDN_BYTES);
+            check_open(c, &f, saved, "pending before the abandon");
+        }
+        if (stage >= 2) squad_cache_commit_begin(c, &x, &b.row, &kv, &n);
+        if (stage >= 3) {
+            CHECK(kv && fake_save_kv(&f.be, kv, n, &err) == 0);
+            squad_cache_commit_end(c, &x, 1); /* the K / V save failed */
+        }
+        if (stage == 2) CHECK(kv && n == 1600 && f.live_bytes > live + (size_t)saved * FAKE_GDN_BYTES);
+        squad_cache_plan_close(c, &x, SQUAD_PLAN_FAILED, &b.row, 0, &r);
+        CHECKF(f.live_bytes == live, "stage %d: %zu live bytes, %zu before", stage, f.live_bytes, live);
+        CHECK(squad_cache_pins(c, b.ids, 1024) == 0);
+        CHECK(squad_cache_lookup(c, b.ids, 1600) == 1024);
+        squad_cache_get_stats(c, &after);
+        CHECK(after.rows == before.rows && after.checkpoints_made == before.checkpoints_made &&
+              after.checkpoints == before.checkpoints && after.mispredictions == before.mispredictions);
+        check_accounting(c, &f, "abandoned plan");
+    }
+    /* a retry drops the pending blobs and counts one misprediction */
+    squad_cache_get_stats(c, &before);
+    const size_t live = f.live_bytes;
+    squad_cache_plan x;
+    int saved;
+    CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &x, &err) == 0);
+    CHECK(plan_restore(&f, &x, &err) == 0 && plan_prefix(c, &f, &b.row, &x, &r, &saved, &err) == 0 && saved > 0);
+    squad_cache_plan_close(c, &x, SQUAD_PLAN_RETRY, &b.row, 0, &r);
+    squad_cache_get_stats(c, &after);
+    CHECK(f.live_bytes == live && after.mispredictions == before.mispredictions + 1 && after.rows == before.rows);
+    check_accounting(c, &f, "retried plan");
+    /* plans left open are closed by squad_cache_free */
+    CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &x, &err) == 0);
+    CHECK(plan_restore(&f, &x, &err) == 0 && plan_prefix(c, &f, &b.row, &x, &r, &saved, &err) == 0);
+    squad_cache_free(c);
+    CHECK(f.live_bytes == 0 && f.violations == 0);
+}
+
 /* Thousands of agent-like rows (sessions whose states grow, change in the middle and repeat)
  * through a small budget; after every row the answer equals the uncached one, the reuse equals
  * what the index held before the row, and the accounting matches the real allocations. */
@@ -781,6 +1064,10 @@ int main(void) {
     test_budgets();
     test_lru();
     test_failures();
+    test_plan_api();
+    test_plan_shared();
+    test_plan_pressure();
+    test_plan_abandoned();
     test_many_rows();
     test_memo();
     return test_summary("test_cache_index");

@@ -1,0 +1,63 @@
+/*
+ * cache_exec.h — runs a cached row: the engine's side of the state cache's plans (cache.h).
+ *
+ * The cache decides (what to restore, where to checkpoint, which route to guess); this layer
+ * executes its plans on a backend: restore the planned checkpoint (or reset), run the prefix's
+ * spans through a span runner, save the GDN blobs at the planned positions and the new group's
+ * K / V, run the question, and, with specialists, confirm the guessed route or plan a second pass.
+ * The span runner is squad_engine_run_span in production and a stand-in in tests, so the cache's
+ * policy can be checked with a fake backend and no model.
+ */
+#ifndef SQUAD_CACHE_EXEC_H
+#define SQUAD_CACHE_EXEC_H
+
+#include "backend.h"
+#include "cache.h"
+#include "specialists.h"
+#include "squad.h"
+
+/* Runs row->ids[start, end) from the backend's working state (which holds [0, start)); answers
+ * the row's slots inside the span into out and adds end - start to out->computed. */
+typedef int (*squad_span_fn)(void *ctx, const squad_row *row, int start, int end, squad_result *out,
+                             squad_err *err);
+
+/* Routing of a cached row (specialists, DESIGN.md section 4), shared between the executor and the
+ * span runner: the executor sets *run_route (the route the runner's chunks run with) and *feat (the
+ * router features of [0, start) when a span starts from a restored checkpoint or a row start);
+ * the runner grows *feat chunk by chunk. */
+typedef struct squad_cache_routing {
+    int forced;              /* -1: the router decides; else the route every pass runs with */
+    int last_route;          /* the guess when no checkpoint gives one (the last row's route) */
+    int *run_route;
+    squad_router_feat *feat;
+    /* The router's route on *feat (>= 0), or a negative error code with err filled. */
+    int (*decide)(void *ctx, squad_err *err);
+    void *ctx;
+    int mispredicted; /* out: 1 when the guess was wrong and the row ran a second pass */
+} squad_cache_routing;
+
+/* Answers an eligible row through the cache: plan, restore, run the rest through `run`,
+ * checkpoint, commit, close. end_only: checkpoint the state at its end (p) only. Fills
+ * out->reused, out->cache_written and out->route. When the span runner fails (an error, a
+ * cancelled row) the plan is abandoned: the checkpoints the row had pending are released, those it
+ * had committed stay (valid states), its pins are released and the cache stays consistent.
+ * rt (NULL without specialists) routes the row: a guessed route (the forced one; else the route of
+ * the deepest checkpoint the row can restore, preferring rt->last_route at equal depth; else
+ * rt->last_route) runs every layer and keeps its checkpoints pending; when the router then
+ * disagrees, the pending checkpoints are dropped and the row runs again with the router's route
+ * from that route's deepest checkpoint (a misprediction). Checkpoints carry the route their upper
+ * layers ran with and the router features of their prefix; upper-layer state is restored only
+ * under its own route. */
+int squad_cache_exec(squad_cache *cache, squad_backend *be, squad_span_fn run, void *ctx, const squad_row *row,
+                     int end_only, squad_cache_routing *rt, squad_result *out, squad_err *err);
+
+/* squad_cache_exec without routing, for tests and benchmarks: the cache's own backend. */
+int squad_cache_score_with(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row,
+                           squad_result *out, squad_err *err);
+
+/* squad_cache_score_with for one call's options: end_only keeps only the checkpoint at p (the
+ * state's end), without the tail, stride and fork checkpoints. */
+int squad_cache_score_ex(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
+                         squad_result *out, squad_err *err);
+
+#endif /* SQUAD_CACHE_EXEC_H */
