@@ -100,6 +100,11 @@ typedef struct squad_score_opts {
                      * embedding for the row's slots; rows that do not ask do not pay it) */
     int end_checkpoint_only; /* a new state is checkpointed at its end (p) only, without the tail
                               * and stride checkpoints: what a new state gives up under load */
+    /* More checkpoint positions of the row's state the caller asks for (a client's cache
+     * breakpoints): each rounded down to the cache's align, at most 8 (more are ignored), those
+     * outside the part the row computes ignored; end_checkpoint_only drops them too. */
+    const int *checkpoints;
+    int n_checkpoints;
     /* Polled before every chunk; a nonzero return stops the row with SQUAD_E_CANCELLED (the
      * engine stays usable, the state cache consistent; no answer, memo entry or row count is kept;
      * checkpoints the row had completed before the stop stay, as valid states a retry restores). */

@@ -153,16 +153,24 @@ size_t squad_cache_group_cost(const squad_cache *c, int n_positions) { return gr
 
 int squad_cache_bounds(const squad_cache_opts *o, int max_chunk, int c0, int state_len, int fork, int *out,
                        int cap) {
+    return squad_cache_bounds_at(o, max_chunk, c0, state_len, fork, NULL, 0, out, cap);
+}
+
+int squad_cache_bounds_at(const squad_cache_opts *o, int max_chunk, int c0, int state_len, int fork,
+                          const int *marks, int n_marks, int *out, int cap) {
     const int align = o->align;
     const int end = align_down(state_len, align);
     /* the chunk-length cap, aligned so the extra ends are checkpoint positions too; when the
      * backend's chunk is shorter than align, the span runner splits the chunks itself */
     const int step = align_down(max_chunk, align);
-    /* the positions that are not stride multiples (fork, tail, end), ascending */
-    int extra[3], n_extra = 0;
+    /* the positions that are not stride multiples (fork, tail, end, the caller's marks), ascending */
+    if (n_marks < 0 || !marks) n_marks = 0;
+    if (n_marks > SQUAD_CACHE_MAX_MARKS) n_marks = SQUAD_CACHE_MAX_MARKS;
+    int extra[3 + SQUAD_CACHE_MAX_MARKS], n_extra = 0;
     const int tail = o->tail > 0 ? align_down(state_len - o->tail, align) : 0;
-    const int candidates[3] = {align_down(fork, align), tail, end};
-    for (int i = 0; i < 3; i++) {
+    int candidates[3 + SQUAD_CACHE_MAX_MARKS] = {align_down(fork, align), tail, end};
+    for (int i = 0; i < n_marks; i++) candidates[3 + i] = align_down(marks[i], align);
+    for (int i = 0; i < 3 + n_marks; i++) {
         const int x = candidates[i];
         if (x <= c0 || x > end) continue;
         int j = n_extra++;
@@ -394,8 +402,8 @@ static void unpin(cache_group *g) {
 }
 
 /* The lookup and the placement of squad_cache_plan_open, before anything is pinned. */
-static int plan_row(squad_cache *c, const squad_row *row, int end_only, int route, int prefer, squad_cache_plan *pl,
-                    squad_err *err) {
+static int plan_row(squad_cache *c, const squad_row *row, int end_only, const int *marks, int n_marks, int route,
+                    int prefer, squad_cache_plan *pl, squad_err *err) {
     const int align = c->opts.align;
     pl->end_only = end_only;
     pl->p = align_down(row->state_len, align);
@@ -418,16 +426,17 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, int rout
     /* end-only: no tail, stride or fork positions; the chunk-cap ends still bound chunks (p is the
      * last bound either way, and only it is kept) */
     squad_cache_opts bo = c->opts;
-    if (end_only) {
+    if (end_only) { /* the caller's marks give way too */
         bo.tail = bo.stride = 0;
         fork = 0;
+        n_marks = 0;
     }
     const int max_chunk = c->be->max_chunk;
-    const int nb = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, NULL, 0);
+    const int nb = squad_cache_bounds_at(&bo, max_chunk, pl->c0, row->state_len, fork, marks, n_marks, NULL, 0);
     pl->bounds_buf = squad_malloc((size_t)nb * sizeof *pl->bounds_buf, err);
     pl->pending = squad_calloc((size_t)nb, sizeof *pl->pending, err);
     if (!pl->bounds_buf || !pl->pending) return SQUAD_E_NOMEM;
-    pl->n_bounds = squad_cache_bounds(&bo, max_chunk, pl->c0, row->state_len, fork, pl->bounds_buf, nb);
+    pl->n_bounds = squad_cache_bounds_at(&bo, max_chunk, pl->c0, row->state_len, fork, marks, n_marks, pl->bounds_buf, nb);
     const int wanted = end_only && pl->n_bounds > 0 ? 1 : pl->n_bounds;
     pl->first_kept = pl->n_bounds - plan_keep(c, wanted, pl->p, pl->share == NULL);
     return 0;
@@ -435,9 +444,14 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, int rout
 
 int squad_cache_plan_open(squad_cache *c, const squad_row *row, int end_only, int route, int prefer,
                           squad_cache_plan *pl, squad_err *err) {
+    return squad_cache_plan_open_at(c, row, end_only, NULL, 0, route, prefer, pl, err);
+}
+
+int squad_cache_plan_open_at(squad_cache *c, const squad_row *row, int end_only, const int *marks, int n_marks,
+                             int route, int prefer, squad_cache_plan *pl, squad_err *err) {
     memset(pl, 0, sizeof *pl);
     if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
-    int rc = plan_row(c, row, end_only, route, prefer, pl, err);
+    int rc = plan_row(c, row, end_only, marks, n_marks, route, prefer, pl, err);
     if (rc) {
         plan_free(pl);
         return rc;

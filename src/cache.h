@@ -73,6 +73,12 @@ typedef struct squad_cache_plan {
  * checkpoint to the recent end of the LRU list. Non-zero on failure, with nothing held. */
 int squad_cache_plan_open(squad_cache *cache, const squad_row *row, int end_only, int route, int prefer,
                           squad_cache_plan *plan, squad_err *err);
+/* The same with the caller's marks: up to SQUAD_CACHE_MAX_MARKS more checkpoint positions of the
+ * state (a client's cache breakpoints), each rounded down to align; those outside (c0, p] are
+ * ignored, and end_only drops them with the tail and stride positions. */
+#define SQUAD_CACHE_MAX_MARKS 8
+int squad_cache_plan_open_at(squad_cache *cache, const squad_row *row, int end_only, const int *marks, int n_marks,
+                             int route, int prefer, squad_cache_plan *pl, squad_err *err);
 
 /* The blob to save the working state's GDN part into at bounds[i] (i >= first_kept), with the
  * router features at that position (feat NULL: zero); evicts unpinned checkpoints to make room.

@@ -72,7 +72,8 @@ static int commit(squad_cache *c, squad_backend *be, const squad_row *row, squad
 }
 
 int squad_cache_exec(squad_cache *c, squad_backend *be, squad_span_fn run, void *ctx, const squad_row *row,
-                     int end_only, squad_cache_routing *rt, squad_result *out, squad_err *err) {
+                     int end_only, const int *marks, int n_marks, squad_cache_routing *rt, squad_result *out,
+                     squad_err *err) {
     if (!squad_cache_eligible(c, row)) return squad_fail(err, SQUAD_E_INVALID, "row is not eligible for the state cache");
     const int feat_dim = squad_cache_feat_dim(c);
     if (rt && (!rt->feat || rt->feat->dim != feat_dim || !rt->run_route || !rt->decide))
@@ -85,7 +86,7 @@ int squad_cache_exec(squad_cache *c, squad_backend *be, squad_span_fn run, void 
     if (rt) rt->mispredicted = 0;
     for (;;) {
         squad_cache_plan pl;
-        int rc = squad_cache_plan_open(c, row, end_only, route, prefer, &pl, err);
+        int rc = squad_cache_plan_open_at(c, row, end_only, marks, n_marks, route, prefer, &pl, err);
         if (rc) return rc;
         out->reused = pl.c0;
         out->route = pl.route;
@@ -115,7 +116,7 @@ int squad_cache_exec(squad_cache *c, squad_backend *be, squad_span_fn run, void 
 
 int squad_cache_score_ex(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, int end_only,
                          squad_result *out, squad_err *err) {
-    return squad_cache_exec(c, squad_cache_backend(c), run, ctx, row, end_only, NULL, out, err);
+    return squad_cache_exec(c, squad_cache_backend(c), run, ctx, row, end_only, NULL, 0, NULL, out, err);
 }
 
 int squad_cache_score_with(squad_cache *c, squad_span_fn run, void *ctx, const squad_row *row, squad_result *out,

@@ -47,9 +47,11 @@ typedef struct squad_cache_routing {
  * disagrees, the pending checkpoints are dropped and the row runs again with the router's route
  * from that route's deepest checkpoint (a misprediction). Checkpoints carry the route their upper
  * layers ran with and the router features of their prefix; upper-layer state is restored only
- * under its own route. */
+ * under its own route. marks (n_marks, may be NULL) are more checkpoint positions the caller asks
+ * for (squad_cache_plan_open_at). */
 int squad_cache_exec(squad_cache *cache, squad_backend *be, squad_span_fn run, void *ctx, const squad_row *row,
-                     int end_only, squad_cache_routing *rt, squad_result *out, squad_err *err);
+                     int end_only, const int *marks, int n_marks, squad_cache_routing *rt, squad_result *out,
+                     squad_err *err);
 
 /* squad_cache_exec without routing, for tests and benchmarks: the cache's own backend. */
 int squad_cache_score_with(squad_cache *cache, squad_span_fn run, void *ctx, const squad_row *row,

@@ -25,6 +25,9 @@
  * call again with more room). */
 int squad_cache_bounds(const squad_cache_opts *opts, int max_chunk, int c0, int state_len, int fork, int *out,
                        int cap);
+/* The same with the caller's marks as further positions (rounded down to align). */
+int squad_cache_bounds_at(const squad_cache_opts *opts, int max_chunk, int c0, int state_len, int fork,
+                          const int *marks, int n_marks, int *out, int cap);
 
 /* The 64-bit keys of the row prefixes [0, k * align) for k = 1..n_blocks (keys[k - 1]); every
  * key depends on all tokens before its position and on the position. */

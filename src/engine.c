@@ -349,8 +349,8 @@ static int score_row(squad_engine *e, const squad_row *row, const squad_score_op
     int rc;
     if (e->cache && squad_cache_eligible(e->cache, row)) {
         squad_cache_routing rt = {forced, e->last_route, &e->run_route, &e->feat, decide_route, e, 0};
-        rc = squad_cache_exec(e->cache, e->be, engine_span, e, row, o->end_checkpoint_only, e->sp ? &rt : NULL, out,
-                              err);
+        rc = squad_cache_exec(e->cache, e->be, engine_span, e, row, o->end_checkpoint_only, o->checkpoints,
+                              o->n_checkpoints, e->sp ? &rt : NULL, out, err);
     } else {
         rc = score_plain(e, row, forced, out, err);
     }

@@ -771,6 +771,52 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
     free(r), free(a), free(b), free(ref);
 }
 
+/* checkpoints (a client's cache breakpoints): a checkpoint at each asked position (rounded down to
+ * the alignment), restored by a later row that shares the state only up to there; end-only drops
+ * them; the answers stay those of the plain path. */
+static void test_marks(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    static int32_t state[1500];
+    random_state(state, 1500, 91, V);
+    opt_row *r = malloc(sizeof *r);
+    squad_result *a = malloc(sizeof *a), *ref = malloc(sizeof *ref);
+    squad_err err = {0};
+    const int state_len = 1100, p = 1088, mark = 700, mark_pos = 640; /* 700 rounded down to 64 */
+    squad_cache_opts co = cache_opts((size_t)64 << 20, 64, 4096); /* no stride position below p */
+    squad_engine *with = engine_with(m, &co), *without = engine_with(m, &co), *end = engine_with(m, &co);
+    CHECK(with && without && end && r && a && ref);
+    if (with && without && end && r && a && ref) {
+        const int marks[2] = {mark, 5000 /* past the state: ignored */};
+        const squad_score_opts mo = {.checkpoints = marks, .n_checkpoints = 2};
+        const squad_score_opts eo = {.checkpoints = marks, .n_checkpoints = 2, .end_checkpoint_only = 1};
+        opt_row_make(r, state, state_len, 20, 1, V);
+        CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
+        CHECK(squad_engine_score_ex(with, &r->row, &mo, a, &err) == 0);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(squad_engine_score(without, &r->row, a, &err) == 0);
+        CHECK(squad_engine_score_ex(end, &r->row, &eo, a, &err) == 0);
+        /* (chunk-length ends are checkpoints too, so look at what is deepest up to the mark) */
+        CHECKF(squad_cache_lookup(with->cache, r->ids, mark_pos) == mark_pos, "a checkpoint at %d: lookup gives %d",
+               mark_pos, squad_cache_lookup(with->cache, r->ids, mark_pos));
+        CHECK(squad_cache_lookup(without->cache, r->ids, mark_pos) < mark_pos);
+        CHECK(squad_cache_lookup(end->cache, r->ids, p - 1) == 0);
+        /* a state that changes after the mark: restored from it */
+        static int32_t changed[1500];
+        memcpy(changed, state, sizeof changed);
+        for (int i = mark_pos + 10; i < state_len; i++) changed[i] = (changed[i] + 1) % V;
+        opt_row_make(r, changed, state_len, 20, 2, V);
+        CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
+        CHECK(squad_engine_score_ex(with, &r->row, &mo, a, &err) == 0);
+        CHECKF(a->reused == mark_pos, "changed state: reused %d, want %d", a->reused, mark_pos);
+        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED);
+        cache_consistent(with, "marks");
+    }
+    squad_engine_free(with);
+    squad_engine_free(without);
+    squad_engine_free(end);
+    free(r), free(a), free(ref);
+}
+
 /* uncacheable: an eligible row whose new checkpoints do not fit the budget is answered uncached and
  * counted; a hit (nothing new to checkpoint) is not. */
 static void test_uncacheable(squad_model *m, squad_engine *plain) {
@@ -863,6 +909,7 @@ static void test_call_options(squad_model *m) {
     test_memo_counts(m, plain);
     test_cancel(m, plain);
     test_end_only(m, plain);
+    test_marks(m, plain);
     test_uncacheable(m, plain);
     test_clear(m);
     squad_engine_free(plain);

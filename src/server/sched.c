@@ -145,6 +145,8 @@ static int run_row(srv_sched *s, srv_job *job, int i, int others_wait) {
     /* A new state keeps only its end checkpoint when others wait: its first row still makes the
      * checkpoint that the job's other rows restore. */
     o.end_checkpoint_only = others_wait;
+    o.checkpoints = job->checkpoints;
+    o.n_checkpoints = job->n_checkpoints;
     o.cancelled = engine_cancelled;
     o.cancel_ctx = &cc;
     return squad_engine_score_ex(s->engine, job->rows[i], &o, &job->results[i], &job->errs[i]);

@@ -51,6 +51,8 @@ struct srv_job {
     squad_result *results; /* [n_rows] */
     squad_err *errs;       /* [n_rows]: a row's own error (code 0 when it succeeded) */
     int want_vocab;
+    const int *checkpoints; /* more checkpoint positions of the rows' state (cache breakpoints) */
+    int n_checkpoints;
     double deadline;                /* squad_now_seconds() by which it must be answered; 0: none */
     int (*client_gone)(void *ctx);  /* 1 when the client has disconnected (may be NULL) */
     void *client_ctx;

@@ -806,6 +806,8 @@ static int prepare_dapi(srv_req *r) {
     for (int i = 0; i < r->dreq->n_rows; i++) r->row_ptrs[i] = &r->dreq->rows[i];
     r->job.n_rows = r->dreq->n_rows;
     r->job.want_vocab = 1;
+    r->job.checkpoints = r->dreq->breakpoints; /* prompt_cache_breakpoint: checkpoints there too */
+    r->job.n_checkpoints = r->dreq->n_breakpoints;
     return 0;
 }
 
