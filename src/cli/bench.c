@@ -33,7 +33,7 @@ static void bench_help(FILE *f) {
             "\n"
             "  --model DIR        model directory\n"
             "  --lengths L,...    cold row lengths (default 512,2048)\n"
-            "  --reps N           repetitions per case (default 3)\n"
+            "  --reps N           repetitions per case, after one untimed warm-up (default 3)\n"
             "  --state N          state length for the hit cases (default: none)\n"
             "  --suffix S,...     question lengths for the hit cases (default 32,128,512)\n"
             "  --specialists DIR  run every row with these specialists (the router decides)\n"
@@ -80,6 +80,14 @@ static int time_row(squad_engine *e, const char *kind, const squad_row *row, int
     }
     squad_err err = {0};
     int reused = 0, computed = 0;
+    /* one untimed warm-up, as llama-bench does: the first pass pays the weights' page faults and
+     * the threads' start, which no later row of a running engine pays */
+    if (question) fill_ids(question, question_len, vocab, 999u);
+    if (squad_engine_score(e, row, res, &err)) {
+        fprintf(stderr, "squad bench: %s\n", err.msg);
+        free(ms), free(res), free(cpu);
+        return -1;
+    }
     for (int r = 0; r < reps; r++) {
         if (question) fill_ids(question, question_len, vocab, 1000u + (unsigned)r);
         struct timespec a, b, ca, cb;
