@@ -201,7 +201,7 @@ int squad_engine_score(squad_engine *engine, const squad_row *row, squad_result 
 int squad_engine_score_ex(squad_engine *engine, const squad_row *row, const squad_score_opts *opts,
                           squad_result *out, squad_err *err);
 
-/* Specialists (DESIGN.md section 4): a router and LoRA adapters over the model's upper layers,
+/* Specialists (docs/specialists.md): a router and LoRA adapters over the model's upper layers,
  * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor
  * against the model; anything squad cannot apply exactly is refused with a message naming the
  * adapter and the tensor or field. Routes are numbered by the router's labels, 0 the trunk. */

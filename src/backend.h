@@ -18,7 +18,7 @@
  * probabilities come from. One pass over the output embedding serves all the chunk's slots and no
  * vocabulary-sized row is kept; a chunk without vocab pays nothing for it.
  *
- * Specialists (DESIGN.md section 4; a backend built with squad_engine_opts.specialists): the chunk
+ * Specialists (docs/specialists.md; a backend built with squad_engine_opts.specialists): the chunk
  * names the route its layers from `split` on run with (0: the trunk). Those layers' projections
  * compute W x + s B (A x) with the route's adapter, never merged into W, so every route shares the
  * weights and one forward serves any route. When chunk->router_sum is not NULL, forward() also

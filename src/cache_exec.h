@@ -21,7 +21,7 @@
 typedef int (*squad_span_fn)(void *ctx, const squad_row *row, int start, int end, squad_result *out,
                              squad_err *err);
 
-/* Routing of a cached row (specialists, DESIGN.md section 4), shared between the executor and the
+/* Routing of a cached row (specialists, docs/specialists.md), shared between the executor and the
  * span runner: the executor sets *run_route (the route the runner's chunks run with) and *feat (the
  * router features of [0, start) when a span starts from a restored checkpoint or a row start);
  * the runner grows *feat chunk by chunk. */

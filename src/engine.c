@@ -16,7 +16,7 @@
  * A cancelled row leaves the backend's working state half-run, which is harmless: every row
  * starts with a reset or a restore.
  *
- * Specialists (DESIGN.md section 4): every chunk runs with a route (e->run_route) and returns its
+ * Specialists (docs/specialists.md): every chunk runs with a route (e->run_route) and returns its
  * router features, which the engine adds to the row's accumulator (e->feat). A row runs with a
  * guessed route: the forced one (squad_row.specialist), else, on the cached path, the route of
  * the checkpoint it restores, else the last row's route. After the last chunk the router decides;

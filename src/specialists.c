@@ -743,7 +743,7 @@ void squad_router_feat_copy(squad_router_feat *dst, const squad_router_feat *src
 void squad_router_norm_add(double *sum, const float *x, int dim, float eps) {
     double ss = 0;
     for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
-    /* the normalisation in fp32, as DESIGN.md computes every norm */
+    /* the normalisation in fp32, as docs/design.md section 4 computes every norm */
     float inv = 1.0f / sqrtf((float)(ss / dim) + eps);
     for (int i = 0; i < dim; i++) sum[i] += (double)(x[i] * inv);
 }

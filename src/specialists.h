@@ -1,5 +1,5 @@
 /*
- * specialists.h — a specialists directory (DESIGN.md section 4): the router and the LoRA adapters
+ * specialists.h — a specialists directory (docs/specialists.md): the router and the LoRA adapters
  * of the fine-tuned variants that share the base model's lower layers.
  *
  * A directory holds squad-specialists.json (the router's file, the layer it reads, its features,
@@ -41,7 +41,7 @@
 /* The largest LoRA rank accepted (the reference application keeps A x on the stack). */
 #define SQUAD_LORA_MAX_RANK 1024
 
-/* The projections of DESIGN.md section 1 that an adapter may adapt. */
+/* The projections of docs/design.md section 4 that an adapter may adapt. */
 typedef enum {
     SQUAD_PROJ_IN_QKV = 0, /* linear_attn.in_proj_qkv [2 nk dk + nv dv][H] */
     SQUAD_PROJ_IN_Z,       /* linear_attn.in_proj_z   [nv dv][H] */

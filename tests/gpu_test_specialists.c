@@ -1,5 +1,5 @@
 /*
- * gpu_test_specialists.c — specialists (DESIGN.md section 4) on the CUDA backend: the adapters'
+ * gpu_test_specialists.c — specialists (docs/specialists.md) on the CUDA backend: the adapters'
  * low-rank terms, the router's chunk sum, the resident set, and the engine's routing and state
  * cache over CUDA, in both precisions. Label gpu; without a GPU it exits TEST_SKIPPED.
  *

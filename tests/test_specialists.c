@@ -1,5 +1,5 @@
 /*
- * test_specialists.c — specialists directories (DESIGN.md section 4): a synthesized directory
+ * test_specialists.c — specialists directories (docs/specialists.md): a synthesized directory
  * loads under both adapter key layouts and both dtypes, with the weights, shapes and scale the
  * files say; the router's feature accumulator gives the same sum whether a row arrives whole or in
  * chunks, and its route and probabilities match a direct computation; the reference LoRA

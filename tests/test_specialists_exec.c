@@ -1,5 +1,5 @@
 /*
- * test_specialists_exec.c — rows run with specialists (DESIGN.md section 4) on the CPU backend:
+ * test_specialists_exec.c — rows run with specialists (docs/specialists.md) on the CPU backend:
  * routing, LoRA in the upper layers, and the state cache's guessed route and second pass.
  *
  * On the tiny preset with a synthesized specialists directory (split 2: adapters on layer 2, a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference fixtures for squad's specialists (DESIGN.md section 4), made with transformers + peft.
+"""Reference fixtures for squad's specialists (docs/specialists.md), made with transformers + peft.
 
 What it writes (under --out DIR; copy DIR/* into tests/fixtures/specialists/):
   base/                  a random Qwen3_5ForCausalLM (6 layers [lin lin lin full lin full], H 64,
@@ -11,7 +11,7 @@ What it writes (under --out DIR; copy DIR/* into tests/fixtures/specialists/):
                                of layers 3-5 (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a,
                                out_proj, q/k/v/o_proj, gate/up/down_proj), non-zero lora_B;
                                e2e: r 4, lora_alpha 8; nav: r 8, lora_alpha 6, use_rslora.
-  rows.jsonl             DESIGN.md section 2 rows: independent rows of several lengths, and a
+  rows.jsonl             docs/design.md section 5 rows: independent rows of several lengths, and a
                          family sharing one 320-token state (state_len 320) whose questions route
                          to each label in turn, plus that state grown by 40 tokens: the cache's
                          guessed-route and two-pass scenarios.
@@ -26,7 +26,7 @@ How the reference is computed: every number comes from the SAVED files. The base
 files) and the adapters (peft's files) are read as float64; a route's model is the base with
 W + s B A merged into each adapted projection (s = lora_alpha / r, or lora_alpha / sqrt(r) with
 use_rslora, read from adapter_config.json), run through tools/make_fixtures.py's independent
-float64 implementation of DESIGN.md section 1 (per-token delta-rule recurrence). The router's
+float64 implementation of docs/design.md section 4 (per-token delta-rule recurrence). The router's
 features are the mean over the row's tokens of x / sqrt(mean(x^2) + eps), x the float64 hidden
 state entering layer 2 (the output of layer 1). The route is the argmax of weight . f + bias.
 As cross-checks, transformers' own forward (float32, eager, CPU) with peft's PeftModel loaded

@@ -1,6 +1,6 @@
 /*
  * sched.h — the server's scheduler: one thread owns the engine and runs jobs, first come first
- * served, from a bounded queue (DESIGN.md section 7).
+ * served, from a bounded queue (docs/server.md).
  *
  * A job is one request's rows plus how to answer it (a completion callback). Connection threads
  * build jobs (parse, validate, tokenise) and submit them; a full queue refuses at once (the caller
