@@ -13,6 +13,7 @@
  *    fields squad reads and the neutral values of those it refuses, tensors sorted by name.
  */
 #include "specialists_synth.h"
+#include "synth.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -47,44 +48,20 @@ void squad_spec_synth_defaults(const squad_config *cfg, squad_spec_synth_opts *o
  * Values
  */
 
-typedef struct spec_rng {
-    uint64_t state;
-} spec_rng;
-
-static uint64_t rng_next(spec_rng *r) {
-    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* The stream of one tensor: the seed and the tensor's key (with the label for adapters). */
-static spec_rng key_rng(uint64_t seed, const char *label, const char *key) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const char *s = label; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    h = (h ^ '/') * 1099511628211ull;
-    for (const char *s = key; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    spec_rng r = {seed};
-    r.state = rng_next(&r) ^ h;
-    rng_next(&r);
-    return r;
-}
-
-/* Mean 0, variance scale^2 (Irwin-Hall with four 16-bit uniforms). */
-static float rng_bell(spec_rng *r, float scale) {
-    uint64_t x = rng_next(r);
-    int32_t sum = (int32_t)(x & 0xffff) + (int32_t)((x >> 16) & 0xffff) + (int32_t)((x >> 32) & 0xffff) +
-                  (int32_t)(x >> 48) + 2 - 131072;
-    return (float)sum * scale * (1.7320508f / 65536.0f);
+static squad_synth_rng key_rng(uint64_t seed, const char *label, const char *key) {
+    uint64_t h = squad_synth_fnv1a(SQUAD_SYNTH_FNV_BASIS, label);
+    h = squad_synth_fnv1a(h, "/");
+    return squad_synth_rng_keyed(seed, squad_synth_fnv1a(h, key));
 }
 
 /* A tensor's n values in dtype, into a new buffer. */
-static void *draw_tensor(spec_rng r, size_t n, float scale, st_dtype dtype, squad_err *err) {
+static void *draw_tensor(squad_synth_rng r, size_t n, float scale, st_dtype dtype, squad_err *err) {
     size_t es = dtype == ST_F32 ? 4 : 2;
     void *buf = squad_malloc((n ? n : 1) * es, err);
     if (!buf) return NULL;
     for (size_t i = 0; i < n; i++) {
-        uint16_t h = squad_f32_to_bf16(rng_bell(&r, scale));
+        uint16_t h = squad_f32_to_bf16(squad_synth_rng_bell(&r, scale));
         if (dtype == ST_F32)
             ((float *)buf)[i] = squad_bf16_to_f32(h);
         else
@@ -96,22 +73,6 @@ static void *draw_tensor(spec_rng r, size_t n, float scale, st_dtype dtype, squa
 /* ---------------------------------------------------------------------------------------------
  * Files
  */
-
-static int make_dir(const char *dir, squad_err *err) {
-    char *p = squad_strdup(dir, err);
-    if (!p) return SQUAD_E_NOMEM;
-    int rc = 0;
-    size_t n = strlen(p);
-    for (size_t i = 1; i <= n && rc == 0; i++) {
-        if (p[i] != '/' && p[i] != 0) continue;
-        char saved = p[i];
-        p[i] = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) rc = squad_fail(err, SQUAD_E_IO, "cannot create %s: %s", p, strerror(errno));
-        p[i] = saved;
-    }
-    free(p);
-    return rc;
-}
 
 static int write_json(const char *dir, const char *name, json_t *root, squad_err *err) {
     if (!root) return squad_fail(err, SQUAD_E_NOMEM, "out of memory writing %s", name);
@@ -208,7 +169,7 @@ static int write_adapter(const squad_config *cfg, const squad_spec_synth_opts *o
     char *dir = squad_path_join(o->out_dir, label, err);
     if (!dir) return SQUAD_E_NOMEM;
     tensor_list l = {0};
-    int rc = make_dir(dir, err);
+    int rc = squad_mkdir_p(dir, err);
     if (rc == 0) rc = write_json(dir, SQUAD_ADAPTER_CONFIG_FILE, adapter_config_json(cfg, o), err);
     const char *layout = o->layout == SQUAD_SYNTH_CONDITIONAL ? "base_model.model.model.language_model."
                                                              : "base_model.model.model.";
@@ -242,7 +203,7 @@ int squad_spec_synth_write(const squad_config *cfg, const squad_spec_synth_opts 
         return squad_fail(err, SQUAD_E_INVALID, "specialists synth: rank %d out of range", o->rank);
     if (o->dtype != ST_BF16 && o->dtype != ST_F32)
         return squad_fail(err, SQUAD_E_INVALID, "specialists synth writes BF16 or F32 only");
-    int rc = make_dir(o->out_dir, err);
+    int rc = squad_mkdir_p(o->out_dir, err);
     if (rc) return rc;
 
     json_t *labels = json_array(), *spec = json_object();

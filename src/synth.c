@@ -235,39 +235,40 @@ void squad_synth_plan_free(squad_synth_plan *plan) {
  * Values
  */
 
-typedef struct synth_rng {
-    uint64_t state;
-} synth_rng;
-
-static uint64_t rng_next(synth_rng *r) {
+uint64_t squad_synth_rng_next(squad_synth_rng *r) {
     uint64_t z = (r->state += 0x9E3779B97F4A7C15ull); /* splitmix64 */
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-/* The stream of one tensor: keyed by the seed and its name inside the text model. */
-static synth_rng tensor_rng(uint64_t seed, const char *name, const char *prefix) {
-    size_t plen = strlen(prefix);
-    if (!strncmp(name, prefix, plen)) name += plen;
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const char *s = name; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    synth_rng r = {seed};
-    r.state = rng_next(&r) ^ h;
-    rng_next(&r);
+uint64_t squad_synth_fnv1a(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+squad_synth_rng squad_synth_rng_keyed(uint64_t seed, uint64_t key) {
+    squad_synth_rng r = {seed};
+    r.state = squad_synth_rng_next(&r) ^ key;
+    squad_synth_rng_next(&r);
     return r;
 }
 
-/* A bell-shaped variate with mean 0 and variance 1: the sum of four 16-bit uniforms, centred and
- * scaled (Irwin-Hall, n = 4); scale multiplies the result. */
-static inline float rng_bell(synth_rng *r, float scale) {
-    uint64_t x = rng_next(r);
+float squad_synth_rng_bell(squad_synth_rng *r, float scale) {
+    uint64_t x = squad_synth_rng_next(r);
     int32_t sum = (int32_t)(x & 0xffff) + (int32_t)((x >> 16) & 0xffff) + (int32_t)((x >> 32) & 0xffff) +
                   (int32_t)(x >> 48) + 2 - 131072;
     return (float)sum * scale * (1.7320508f / 65536.0f);
 }
 
-static inline float rng_uniform(synth_rng *r) { return (float)((rng_next(r) >> 40) * (1.0 / 16777216.0)); }
+/* The stream of one tensor: keyed by the seed and its name inside the text model. */
+static squad_synth_rng tensor_rng(uint64_t seed, const char *name, const char *prefix) {
+    size_t plen = strlen(prefix);
+    if (!strncmp(name, prefix, plen)) name += plen;
+    return squad_synth_rng_keyed(seed, squad_synth_fnv1a(SQUAD_SYNTH_FNV_BASIS, name));
+}
+
+static inline float rng_uniform(squad_synth_rng *r) { return (float)((squad_synth_rng_next(r) >> 40) * (1.0 / 16777216.0)); }
 
 typedef struct value_params {
     int kind;
@@ -291,12 +292,12 @@ static value_params kind_params(const squad_synth_tensor *t, const synth_preset 
     return v;
 }
 
-static inline float draw(synth_rng *r, const value_params *v) {
+static inline float draw(squad_synth_rng *r, const value_params *v) {
     if (v->kind == KIND_A_LOG) {
         const float lo = -0.69314718f, hi = 2.0794415f; /* log 0.5, log 8 */
         return lo + (hi - lo) * rng_uniform(r);
     }
-    return v->mean + rng_bell(r, v->scale);
+    return v->mean + squad_synth_rng_bell(r, v->scale);
 }
 
 /* f32 -> f16, round to nearest even (for F16 test checkpoints). */
@@ -327,7 +328,7 @@ static int write_tensor(st_writer *w, const squad_synth_tensor *t, const synth_p
                         uint64_t seed, st_dtype dtype, void *buf, squad_err *err) {
     size_t n = 1;
     for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
-    synth_rng r = tensor_rng(seed, t->name, prefix);
+    squad_synth_rng r = tensor_rng(seed, t->name, prefix);
     value_params v = kind_params(t, p);
     for (size_t done = 0; done < n;) {
         size_t m = n - done < SYNTH_BLOCK ? n - done : SYNTH_BLOCK;
@@ -479,26 +480,6 @@ static int write_text_file_append_newline(const char *path, squad_err *err) {
     return 0;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *dir, squad_err *err) {
-    char *p = squad_strdup(dir, err);
-    if (!p) return SQUAD_E_NOMEM;
-    int rc = 0;
-    size_t n = strlen(p);
-    for (size_t i = 1; i <= n && rc == 0; i++) {
-        if (p[i] != '/' && p[i] != 0) continue;
-        char saved = p[i];
-        p[i] = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) rc = squad_fail(err, SQUAD_E_IO, "cannot create %s: %s", p, strerror(errno));
-        p[i] = saved;
-    }
-    struct stat st;
-    if (rc == 0 && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
-        rc = squad_fail(err, SQUAD_E_IO, "%s is not a directory", dir);
-    free(p);
-    return rc;
-}
-
 /* The vocabulary a tokenizer.json needs: its largest id + 1, rounded up to a multiple of 64. */
 static int tokenizer_vocab(const char *text, size_t len, const char *path, int *vocab, squad_err *err) {
     json_error_t jerr;
@@ -561,7 +542,7 @@ int squad_synth_write(const squad_synth_opts *o, squad_err *err) {
         squad_fail_context(err, "internal error, preset %s: ", p->name);
         goto done;
     }
-    if ((rc = make_dirs(o->out_dir, err)) != 0) goto done;
+    if ((rc = squad_mkdir_p(o->out_dir, err)) != 0) goto done;
     /* A stale index would shadow the model.safetensors written here. */
     if (!(path = squad_path_join(o->out_dir, "model.safetensors.index.json", err))) {
         rc = SQUAD_E_NOMEM;

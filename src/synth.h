@@ -57,4 +57,17 @@ void squad_synth_plan_free(squad_synth_plan *plan);
 /* Writes the checkpoint (config.json, model.safetensors, tokenizer.json when given) into out_dir. */
 int squad_synth_write(const squad_synth_opts *opts, squad_err *err);
 
+/* The random streams every synthesized file draws from (checkpoints and specialists directories):
+ * splitmix64 keyed by the seed and an FNV-1a hash of the tensor's name, so each tensor's values
+ * depend on nothing else; bell-shaped values (Irwin-Hall of four 16-bit uniforms, variance 1) times
+ * scale. */
+#define SQUAD_SYNTH_FNV_BASIS 1469598103934665603ull
+typedef struct squad_synth_rng {
+    uint64_t state;
+} squad_synth_rng;
+uint64_t squad_synth_rng_next(squad_synth_rng *r);
+uint64_t squad_synth_fnv1a(uint64_t h, const char *s); /* h extended by the bytes of s */
+squad_synth_rng squad_synth_rng_keyed(uint64_t seed, uint64_t key);
+float squad_synth_rng_bell(squad_synth_rng *r, float scale);
+
 #endif /* SQUAD_SYNTH_H */

@@ -8,6 +8,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 int squad_fail(squad_err *err, int code, const char *fmt, ...) {
@@ -165,4 +167,23 @@ float squad_f16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+int squad_mkdir_p(const char *dir, squad_err *err) {
+    char *p = squad_strdup(dir, err);
+    if (!p) return SQUAD_E_NOMEM;
+    int rc = 0;
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n && rc == 0; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char saved = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) rc = squad_fail(err, SQUAD_E_IO, "cannot create %s: %s", p, strerror(errno));
+        p[i] = saved;
+    }
+    struct stat st;
+    if (rc == 0 && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
+        rc = squad_fail(err, SQUAD_E_IO, "%s is not a directory", dir);
+    free(p);
+    return rc;
 }

@@ -37,6 +37,8 @@ char *squad_strdup(const char *s, squad_err *err);
 char *squad_read_file(const char *path, size_t *len, squad_err *err);
 /* dir + "/" + name into a new string. */
 char *squad_path_join(const char *dir, const char *name, squad_err *err);
+/* mkdir -p: dir and its missing parents (0755); an error when dir ends up not a directory. */
+int squad_mkdir_p(const char *dir, squad_err *err);
 
 double squad_now_seconds(void);
 
