@@ -348,31 +348,11 @@ static void make_row(rowgen *g, uint64_t seed, int n, int vocab) {
     g->row = (squad_row){g->ids, n, g->slots, g->nopts, 3, g->letters, 4, -1, 0};
 }
 
-/* A synthesized preset written to a fresh temporary folder and loaded; NULL (a failed check) when
- * either step fails. */
-static squad_model *synth_model(const char *preset, unsigned seed) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), preset);
-    squad_synth_opts so;
-    memset(&so, 0, sizeof so);
-    so.preset = preset;
-    so.out_dir = dir;
-    so.seed = seed;
-    squad_err err = {0};
-    if (squad_synth_write(&so, &err)) {
-        CHECKF(0, "synth %s: %s", preset, err.msg);
-        return NULL;
-    }
-    squad_model *m = squad_model_load(dir, &err);
-    CHECKF(m != NULL, "load %s: %s", preset, err.msg);
-    return m;
-}
-
 static void test_synth(squad_precision prec) {
     const int exact = prec == SQUAD_PRECISION_EXACT;
     const double tol = exact ? TOL_CUDA_EXACT_REF : TOL_CUDA_BF16_REF;
     const double tol_restored = exact ? TOL_CUDA_EXACT_CACHED : TOL_CUDA_BF16_CACHED;
-    squad_model *m = synth_model("demo", 7);
+    squad_model *m = test_synth_model("demo", 7);
     if (!m) return;
     squad_err err = {0};
     squad_backend *gpu = new_cuda(m, 0, prec), *cpu = new_cpu(m);
@@ -480,7 +460,7 @@ done:
 
 static void test_hd256(squad_precision prec) {
     const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_CUDA_EXACT_CPU : TOL_CUDA_BF16_REF;
-    squad_model *m = synth_model("tiny-hd256", 5);
+    squad_model *m = test_synth_model("tiny-hd256", 5);
     if (!m) return;
     squad_err err = {0};
     CHECK(m->cfg.head_dim == 256 && m->cfg.rotary_dim == 64);
@@ -515,7 +495,7 @@ static void test_hd256(squad_precision prec) {
  * path agrees to fp32 rounding. */
 static void test_eager(squad_precision prec) {
     const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_CUDA_EXACT_EAGER : TOL_CUDA_BF16_EAGER;
-    squad_model *m = synth_model("demo", 7);
+    squad_model *m = test_synth_model("demo", 7);
     if (!m) return;
     squad_err err = {0};
     setenv("SQUAD_CUDA_GRAPHS", "0", 1);
@@ -744,7 +724,7 @@ out:
 
 /* quick: the untied fixture only (under compute-sanitizer) */
 static void test_vocab(squad_precision prec, int quick) {
-    squad_model *demo = quick ? NULL : synth_model("demo", 7);
+    squad_model *demo = quick ? NULL : test_synth_model("demo", 7);
     if (demo) test_vocab_model(demo, "demo", prec);
     squad_model_free(demo);
     squad_err err = {0};
@@ -756,7 +736,7 @@ static void test_vocab(squad_precision prec, int quick) {
 
 /* SQUAD_CACHE_BUDGET_AUTO on CUDA: the free memory after the backend less the margin. */
 static void test_auto_budget(void) {
-    squad_model *m = synth_model("demo", 7);
+    squad_model *m = test_synth_model("demo", 7);
     if (!m) return;
     squad_engine *e = engine_cuda(m, SQUAD_CACHE_BUDGET_AUTO, SQUAD_PRECISION_BF16);
     if (e) {

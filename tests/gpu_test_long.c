@@ -41,24 +41,6 @@ static const int LENGTHS[] = {200, 1500, 4500, 9000, 700, 13000, 2500};
 #define CUDA_KV_FIRST 4096
 static const char *PREC_NAME[2] = {"exact", "bf16"};
 
-static squad_model *synth_model(const char *preset, unsigned seed) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), preset);
-    squad_synth_opts so;
-    memset(&so, 0, sizeof so);
-    so.preset = preset;
-    so.out_dir = dir;
-    so.seed = seed;
-    squad_err err = {0};
-    if (squad_synth_write(&so, &err)) {
-        CHECKF(0, "synth %s: %s", preset, err.msg);
-        return NULL;
-    }
-    squad_model *m = squad_model_load(dir, &err);
-    CHECKF(m != NULL, "load %s: %s", preset, err.msg);
-    return m;
-}
-
 static squad_engine *engine(squad_model *m, squad_device dev, squad_precision prec, size_t budget, int max_tokens,
                             int precapture) {
     squad_engine_opts o;
@@ -317,7 +299,7 @@ int main(void) {
     }
     const char *presets[] = {"tiny", "tiny-hd256"};
     for (int p = 0; p < 2; p++) {
-        squad_model *m = synth_model(presets[p], 21 + (unsigned)p);
+        squad_model *m = test_synth_model(presets[p], 21 + (unsigned)p);
         if (!m) continue;
         test_growth(m, presets[p], SQUAD_PRECISION_EXACT);
         test_growth(m, presets[p], SQUAD_PRECISION_BF16);

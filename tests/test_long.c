@@ -32,24 +32,6 @@
 static const int GROWTH_LENGTHS[] = {200, 1500, 3000, 5000, 9000, 700, 2500};
 #define N_GROWTH ((int)(sizeof GROWTH_LENGTHS / sizeof GROWTH_LENGTHS[0]))
 
-static squad_model *synth_model(const char *preset, unsigned seed) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), preset);
-    squad_synth_opts so;
-    memset(&so, 0, sizeof so);
-    so.preset = preset;
-    so.out_dir = dir;
-    so.seed = seed;
-    squad_err err = {0};
-    if (squad_synth_write(&so, &err)) {
-        CHECKF(0, "synth %s: %s", preset, err.msg);
-        return NULL;
-    }
-    squad_model *m = squad_model_load(dir, &err);
-    CHECKF(m != NULL, "load %s: %s", preset, err.msg);
-    return m;
-}
-
 static squad_engine *cpu_engine(squad_model *m, size_t budget, int max_tokens, squad_err *err) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
@@ -312,7 +294,7 @@ static void test_memory_bound(void) {
 }
 
 int main(void) {
-    squad_model *m = synth_model("tiny", 11);
+    squad_model *m = test_synth_model("tiny", 11);
     if (m) {
         test_options(m);
         test_limit(m, 0);
@@ -322,7 +304,7 @@ int main(void) {
         squad_model_free(m);
     }
     test_memory_bound();
-    squad_model *mha = synth_model("tiny-mha", 12); /* two attention layers, MHA, untied */
+    squad_model *mha = test_synth_model("tiny-mha", 12); /* two attention layers, MHA, untied */
     if (mha) {
         test_limit(mha, (size_t)64 << 20);
         test_growth(mha);

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "squad.h"
+#include "synth.h"
+
 int test_passed, test_failed;
 
 int test_summary(const char *name) {
@@ -49,4 +52,22 @@ char **test_read_lines(const char *path, int *n) {
 void test_free_lines(char **lines, int n) {
     for (int i = 0; i < n; i++) free(lines[i]);
     free(lines);
+}
+
+struct squad_model *test_synth_model(const char *preset, unsigned seed) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), preset);
+    squad_synth_opts so;
+    memset(&so, 0, sizeof so);
+    so.preset = preset;
+    so.out_dir = dir;
+    so.seed = seed;
+    squad_err err = {0};
+    if (squad_synth_write(&so, &err)) {
+        CHECKF(0, "synth %s: %s", preset, err.msg);
+        return NULL;
+    }
+    squad_model *m = squad_model_load(dir, &err);
+    CHECKF(m != NULL, "load %s: %s", preset, err.msg);
+    return m;
 }

@@ -49,4 +49,9 @@ void test_free_lines(char **lines, int n);
 /* A fresh temporary directory (mkdtemp under /tmp); the caller may leave it. */
 const char *test_tmpdir(void);
 
+/* A synthesized preset written to test_tmpdir()/PRESET and loaded; NULL (a failed check) when
+ * either step fails. */
+struct squad_model;
+struct squad_model *test_synth_model(const char *preset, unsigned seed);
+
 #endif
