@@ -172,14 +172,14 @@ static void oracle(const trace *t, int *lcp) {
  * (lookup, restore, saves, eviction). The backend's functions take no user pointer, so the wrapper
  * finds the real forward and the clock here (a benchmark program: one engine at a time). */
 static struct {
-    int (*forward)(squad_backend *, const squad_chunk *, float *, squad_err *);
+    int (*forward)(squad_backend *, const squad_chunk *, int, squad_err *);
     double (*now)(void);
     double seconds;
 } timed;
 
-static int timed_forward(squad_backend *be, const squad_chunk *ck, float *probs, squad_err *err) {
+static int timed_forward(squad_backend *be, const squad_chunk *ck, int n_chunks, squad_err *err) {
     double t0 = timed.now();
-    int rc = timed.forward(be, ck, probs, err);
+    int rc = timed.forward(be, ck, n_chunks, err);
     timed.seconds += timed.now() - t0;
     return rc;
 }

@@ -262,19 +262,19 @@ static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *
     ck.letters = letters;
     ck.n_letters = N_LETTERS;
     float probs[SQUAD_MAX_SLOTS_PER_ROW * SQUAD_MAX_LETTERS];
-    if (!rc) rc = be->save_gdn(be, G, err);
-    if (!rc) rc = be->save_kv(be, KV, STATE_LEN, err);
+    if (!rc) rc = be->save_gdn(be, 0, G, err);
+    if (!rc) rc = be->save_kv(be, 0, KV, STATE_LEN, err);
     for (int r = -2; r < reps && !rc; r++) {
         double t0 = squad_now_seconds();
-        rc = be->forward(be, &ck, probs, err);
+        rc = squad_backend_forward1(be, &ck, probs, err);
         const double t1 = squad_now_seconds();
-        if (!rc) rc = be->reset(be, err);
-        if (!rc) rc = be->load_gdn(be, G, err);
-        if (!rc) rc = be->load_kv(be, KV, STATE_LEN, STATE_LEN, err);
-        if (!rc) rc = be->forward(be, &ck, probs, err);
+        if (!rc) rc = be->reset(be, 0, err);
+        if (!rc) rc = be->load_gdn(be, 0, G, err);
+        if (!rc) rc = be->load_kv(be, 0, KV, STATE_LEN, STATE_LEN, err);
+        if (!rc) rc = squad_backend_forward1(be, &ck, probs, err);
         const double t2 = squad_now_seconds();
         ck.n_slots = 0; /* no answer: no copy back */
-        if (!rc) rc = be->forward(be, &ck, NULL, err);
+        if (!rc) rc = squad_backend_forward1(be, &ck, NULL, err);
         ck.n_slots = 1;
         const double t3 = squad_now_seconds();
         if (r >= 0) {

@@ -151,6 +151,11 @@ typedef struct squad_engine_opts {
      * device cannot hold the K / V of that many positions (squad_engine_max_tokens says what it
      * took and why). Memory follows use either way: the working K / V grows with the rows. */
     int max_tokens;
+    /* Batching (docs/batching.md). max_rows: rows in flight at once, each in its own sequence slot
+     * of the backend; 0: the backend's default. batch_tokens: the most tokens one batched step runs,
+     * all its rows' chunks together; 0: the backend's default (its largest batch). */
+    int max_rows;
+    int batch_tokens;
 } squad_engine_opts;
 
 /* What bounds an engine's longest row (squad_engine_max_tokens). */
@@ -200,6 +205,28 @@ int squad_engine_score(squad_engine *engine, const squad_row *row, squad_result 
 /* The same with per-call options (opts may be NULL). */
 int squad_engine_score_ex(squad_engine *engine, const squad_row *row, const squad_score_opts *opts,
                           squad_result *out, squad_err *err);
+
+/* Several rows at once: answered together in batched steps (rows in flight share each step's
+ * passes over the weights). rcs[i] and errs[i] (either may be NULL) say how row i ended; a row
+ * that fails (a bad row, a cancelled one) fails alone and the others are answered. Returns 0 when
+ * every row was answered, else the first failing row's code with err filled from it. */
+int squad_engine_score_batch(squad_engine *engine, const squad_row *rows, int n_rows, const squad_score_opts *opts,
+                             squad_result *outs, int *rcs, squad_err *errs, squad_err *err);
+
+/* Continuous batching, for a caller with its own queue (the server). squad_engine_submit validates
+ * a row and takes it in (its arrays, *opts and *out are borrowed until done is called; opts may
+ * be NULL); a bad row is refused at once (SQUAD_E_INVALID, nothing queued, done not called).
+ * squad_engine_step runs one batched step over the rows taken in (rows join and leave between
+ * steps) and calls done(ctx, rc, err) for each row that ended in it: rc 0 answered (out filled),
+ * else failed or cancelled with err saying why. done may also be called from inside submit (a
+ * repeat the memo answers). squad_engine_step returns the number of rows taken in and not yet done
+ * (0: idle), or a negative code when the backend failed (every row in flight then ended with it). */
+typedef void (*squad_done_fn)(void *ctx, int rc, const squad_err *err);
+int squad_engine_submit(squad_engine *engine, const squad_row *row, const squad_score_opts *opts, squad_result *out,
+                        squad_done_fn done, void *ctx, squad_err *err);
+int squad_engine_step(squad_engine *engine, squad_err *err);
+/* Rows taken in and not yet done. */
+int squad_engine_pending(const squad_engine *engine);
 
 /* Specialists (docs/specialists.md): a router and LoRA adapters over the model's upper layers,
  * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor

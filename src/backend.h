@@ -1,15 +1,24 @@
 /*
  * backend.h — the one interface between the engine and a compute backend (CPU or CUDA).
  *
- * The engine owns rows, chunking and the state cache; a backend owns the weights in its memory,
- * one *working state* (per GDN layer the fp32 recurrent state S [nv][dk][dv] and the last K-1 conv
- * inputs; per attention layer K / V for positions [0, max_context), allocated as rows reach them),
- * and the forward of one chunk.
+ * The engine owns rows, chunking, scheduling and the state cache; a backend owns the weights in its
+ * memory, `max_seqs` *sequence slots* and the forward of a batch of chunks.
  *
- * A chunk continues from the working state: tokens [start, start + len) of a row whose earlier
- * positions [0, start) are already in the state. forward() runs embed -> every layer -> (if the
- * chunk has answer slots) the letter logits at those slots, masked to nopts, softmax. It updates
- * the working state as it goes: after it, the state is that of position start + len.
+ * A sequence slot (seq, 0 <= seq < max_seqs) is the working state of one row in flight: per GDN
+ * layer the fp32 recurrent state S [nv][dk][dv] and the last K-1 conv inputs; per attention layer
+ * the K / V of the positions the row has run (or reads in place from a restored blob). A slot's
+ * memory follows its row's length (K / V grow as the row reaches further), not max_context; idle
+ * slots cost little. reset / save / load act on one slot and leave the others untouched.
+ *
+ * A chunk continues its slot's working state: tokens [start, start + len) of a row whose earlier
+ * positions [0, start) are already in the slot. forward() runs a *batch*: n_chunks chunks, each on
+ * its own slot (no slot twice in one batch), at most max_batch_tokens tokens in all. For each
+ * chunk it runs embed -> every layer -> (if the chunk has answer slots) the letter logits at those
+ * slots, masked to nopts, softmax into chunk->probs; the projections and MLPs may run as one GEMM
+ * over all the chunks' tokens, the mixers per chunk from its own slot. Each chunk's results and
+ * its slot's new state equal those of the chunk run alone up to round-off (the CPU's exact
+ * precision: identical). After it, each slot holds the state of position start + len.
+ * A chunk that fails validation fails the whole call before any state changes.
  *
  * Full-vocabulary figures: when chunk->vocab is not NULL, forward() also fills, for each slot,
  * the log-sum-exp of the logits over the whole vocabulary, the largest logit and its token id
@@ -27,11 +36,12 @@
  * chunk into the row's router features. Layers below `split` (and so the router's features) never
  * depend on the route.
  *
- * Checkpoints (the state cache) are blobs in backend memory (alloc/release):
+ * Checkpoints (the state cache) are blobs in backend memory (alloc/release), saved from and loaded
+ * into one slot:
  *  - save_gdn / load_gdn: every GDN layer's S and conv inputs, gdn_snapshot_bytes in all;
  *  - save_kv / load_kv: K / V of positions [0, n) of every attention layer, n * kv_bytes_per_pos.
- * A blob given to load_kv must stay valid until the next reset() or load_kv() (a backend may read it
- * in place instead of copying).
+ * A blob given to load_kv must stay valid until the next reset() or load_kv() of that slot (a
+ * backend may read it in place instead of copying, and several slots may read one blob at once).
  *
  * Every function returns 0 or a negative squad error code with err filled; none prints or exits.
  */
@@ -51,6 +61,7 @@ typedef struct squad_slot_vocab {
 } squad_slot_vocab;
 
 typedef struct squad_chunk {
+    int seq;            /* the sequence slot this chunk continues */
     const int32_t *ids; /* host memory, [len] */
     int start;          /* absolute position of ids[0] in the row */
     int len;            /* tokens in this chunk, 1..max_chunk */
@@ -62,16 +73,21 @@ typedef struct squad_chunk {
     squad_slot_vocab *vocab; /* NULL, or [n_slots] host memory forward() fills for the slots */
     int route;               /* specialists: the route of the layers >= split (0: the trunk) */
     double *router_sum;      /* specialists: NULL, or [hidden] host memory forward() fills */
+    float *probs;            /* [n_slots][SQUAD_MAX_LETTERS] host memory forward() fills (entries
+                              * past nopts are 0); may be NULL when n_slots is 0 */
 } squad_chunk;
 
 typedef struct squad_backend squad_backend;
 struct squad_backend {
     const char *name; /* "cpu" or "cuda" */
     const squad_model *model;
-    int max_context;           /* positions the working state can hold: what the engine asked for, or
+    int max_seqs;              /* sequence slots: rows in flight at once (at least 1) */
+    int max_batch_tokens;      /* the most tokens one forward() takes, all its chunks together
+                                * (at least max_chunk) */
+    int max_context;           /* positions a slot can hold: what the engine asked for, or
                                 * fewer when the memory cannot hold the K / V of that many */
-    int kv_positions;          /* positions the working K / V holds now; it grows in steps as rows
-                                * get longer (never past max_context) and keeps its size after */
+    int kv_positions;          /* positions the K / V of all slots holds now, together (a figure for
+                                * logs and tests: it grows in steps as rows get longer) */
     int max_chunk;             /* the longest chunk forward() accepts */
     size_t gdn_snapshot_bytes; /* one save_gdn blob */
     size_t kv_bytes_per_pos;   /* K and V of every attention layer at one position */
@@ -80,18 +96,17 @@ struct squad_backend {
     void *(*alloc)(squad_backend *be, size_t bytes, squad_err *err);
     void (*release)(squad_backend *be, void *p);
 
-    /* Working state to a row start: GDN states and conv inputs zeroed (K / V need no clearing). */
-    int (*reset)(squad_backend *be, squad_err *err);
-    int (*save_gdn)(squad_backend *be, void *dst, squad_err *err);
-    int (*load_gdn)(squad_backend *be, const void *src, squad_err *err);
-    /* K / V of positions [0, n) into dst (a blob of n * kv_bytes_per_pos bytes). */
-    int (*save_kv)(squad_backend *be, void *dst, int n, squad_err *err);
+    /* A slot to a row start: GDN states and conv inputs zeroed (K / V need no clearing). */
+    int (*reset)(squad_backend *be, int seq, squad_err *err);
+    int (*save_gdn)(squad_backend *be, int seq, void *dst, squad_err *err);
+    int (*load_gdn)(squad_backend *be, int seq, const void *src, squad_err *err);
+    /* K / V of positions [0, n) of the slot into dst (a blob of n * kv_bytes_per_pos bytes). */
+    int (*save_kv)(squad_backend *be, int seq, void *dst, int n, squad_err *err);
     /* Positions [0, n) from a blob saved with blob_positions positions (n <= blob_positions). */
-    int (*load_kv)(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err);
+    int (*load_kv)(squad_backend *be, int seq, const void *src, int blob_positions, int n, squad_err *err);
 
-    /* One chunk; probs is [n_slots][SQUAD_MAX_LETTERS] host memory (entries past nopts are 0),
-     * may be NULL when the chunk has no slots. */
-    int (*forward)(squad_backend *be, const squad_chunk *chunk, float *probs, squad_err *err);
+    /* A batch of n_chunks chunks (1..max_seqs), each on its own slot. */
+    int (*forward)(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err);
 
     /* Device memory free now, in bytes (what an automatic cache budget is sized from); NULL for a
      * backend whose checkpoints live in host memory (the CPU). */
@@ -101,12 +116,19 @@ struct squad_backend {
     void *impl; /* the backend's own state */
 };
 
+/* One chunk alone, with its probabilities into probs (tests and benchmarks). */
+static inline int squad_backend_forward1(squad_backend *be, squad_chunk *chunk, float *probs, squad_err *err) {
+    chunk->probs = probs;
+    return be->forward(be, chunk, 1, err);
+}
+
 /* The CPU backend (src/cpu/): opts->threads (0: all cores) and opts->precision. max_context is the
  * longest row wanted; a backend lowers its own be->max_context when memory cannot hold it. */
 squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
                                      squad_err *err);
-/* Test hook: the residual stream (before the final norm) at token t of the last chunk the CPU
- * backend ran, H floats into out; SQUAD_E_INVALID for another backend or t outside that chunk. */
+/* Test hook: the residual stream (before the final norm) at token t of the first chunk of the last
+ * batch the CPU backend ran, H floats into out; SQUAD_E_INVALID for another backend or t outside
+ * that chunk. */
 int squad_cpu_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err);
 
 /* The CUDA backend (src/cuda/), present when built with SQUAD_HAVE_CUDA. */

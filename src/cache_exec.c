@@ -33,10 +33,10 @@ static int restore(squad_backend *be, const squad_cache_plan *pl, squad_cache_ro
     } else if (rt) {
         squad_router_feat_reset(rt->feat);
     }
-    if (!pl->gdn) return be->reset(be, err);
-    int rc = be->load_gdn(be, pl->gdn, err);
+    if (!pl->gdn) return be->reset(be, 0, err);
+    int rc = be->load_gdn(be, 0, pl->gdn, err);
     if (rc) return rc;
-    return be->load_kv(be, pl->kv, pl->kv_positions, pl->c0, err);
+    return be->load_kv(be, 0, pl->kv, pl->kv_positions, pl->c0, err);
 }
 
 /* The prefix [c0, p) bound by bound, saving the GDN part at each kept bound (pending). A blob the
@@ -50,7 +50,7 @@ static int run_prefix(squad_cache *c, squad_backend *be, squad_span_fn run, void
         if (rc) return rc;
         if (i >= pl->first_kept) {
             void *blob = squad_cache_plan_blob(c, pl, i, feat);
-            if (blob && (rc = be->save_gdn(be, blob, err)) != 0) {
+            if (blob && (rc = be->save_gdn(be, 0, blob, err)) != 0) {
                 squad_cache_plan_drop(c, pl, i);
                 return rc;
             }
@@ -66,7 +66,7 @@ static int commit(squad_cache *c, squad_backend *be, const squad_row *row, squad
     void *kv;
     int n;
     squad_cache_commit_begin(c, pl, row, &kv, &n);
-    const int rc = kv ? be->save_kv(be, kv, n, err) : 0;
+    const int rc = kv ? be->save_kv(be, 0, kv, n, err) : 0;
     squad_cache_commit_end(c, pl, rc);
     return rc;
 }

@@ -176,6 +176,11 @@ fail:
 
 void squad_engine_free(squad_engine *e) {
     if (!e) return;
+    while (e->jobs_head) {
+        squad_engine_job *j = e->jobs_head;
+        e->jobs_head = j->next;
+        free(j);
+    }
     squad_memo_free(e->memo);
     squad_cache_free(e->cache);
     if (e->be) e->be->destroy(e->be);
@@ -272,7 +277,8 @@ int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int 
             ck.route = e->run_route;
             ck.router_sum = e->chunk_sum;
         }
-        int rc = be->forward(be, &ck, ck.n_slots ? &probs[0][0] : NULL, err);
+        ck.probs = ck.n_slots ? &probs[0][0] : NULL;
+        int rc = be->forward(be, &ck, 1, err);
         if (rc) return rc;
         if (e->sp) squad_router_feat_add_dsum(&e->feat, e->chunk_sum, len);
         for (int i = 0; i < ck.n_slots; i++) memcpy(out->probs[first + i], probs[i], sizeof probs[i]);
@@ -302,7 +308,7 @@ static int decide_route(void *ctx, squad_err *err) {
 /* The whole row from a reset, with the route e->run_route. */
 static int run_from_start(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
     if (e->sp) squad_router_feat_reset(&e->feat);
-    int rc = e->be->reset(e->be, err);
+    int rc = e->be->reset(e->be, 0, err);
     if (!rc) rc = squad_engine_run_span(e, row, 0, row->n_ids, out, err);
     return rc;
 }
@@ -393,6 +399,97 @@ int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_sco
         out->n_slots = n_slots;
     }
     return rc;
+}
+
+/* ---- several rows: submit / step ------------------------------------------------------------- */
+
+int squad_engine_submit(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
+                        squad_done_fn done, void *ctx, squad_err *err) {
+    int rc = squad_engine_row_check(e, row, err);
+    if (rc) return rc;
+    squad_engine_job *j = squad_calloc(1, sizeof *j, err);
+    if (!j) return SQUAD_E_NOMEM;
+    j->row = *row;
+    if (opts) {
+        j->opts = *opts;
+        j->has_opts = 1;
+    }
+    j->out = out;
+    j->done = done;
+    j->ctx = ctx;
+    if (e->jobs_tail)
+        e->jobs_tail->next = j;
+    else
+        e->jobs_head = j;
+    e->jobs_tail = j;
+    e->jobs_pending++;
+    return 0;
+}
+
+int squad_engine_step(squad_engine *e, squad_err *err) {
+    (void)err;
+    squad_engine_job *j = e->jobs_head;
+    if (!j) return 0;
+    e->jobs_head = j->next;
+    if (!e->jobs_head) e->jobs_tail = NULL;
+    e->jobs_pending--;
+    squad_err row_err = {0};
+    const int rc = squad_engine_score_ex(e, &j->row, j->has_opts ? &j->opts : NULL, j->out, &row_err);
+    if (j->done) j->done(j->ctx, rc, &row_err);
+    free(j);
+    return e->jobs_pending;
+}
+
+int squad_engine_pending(const squad_engine *e) { return e->jobs_pending; }
+
+typedef struct batch_done_ctx {
+    int *rc;
+    squad_err *err;
+} batch_done_ctx;
+
+static void batch_row_done(void *ctx, int rc, const squad_err *err) {
+    batch_done_ctx *b = ctx;
+    *b->rc = rc;
+    if (b->err) *b->err = *err;
+}
+
+int squad_engine_score_batch(squad_engine *e, const squad_row *rows, int n_rows, const squad_score_opts *opts,
+                             squad_result *outs, int *rcs, squad_err *errs, squad_err *err) {
+    if (n_rows < 0) return squad_fail(err, SQUAD_E_INVALID, "a batch of %d rows", n_rows);
+    int *rc_buf = squad_calloc((size_t)n_rows + 1, sizeof(int), err);
+    batch_done_ctx *ctx = squad_calloc((size_t)n_rows + 1, sizeof *ctx, err);
+    if (!rc_buf || !ctx) {
+        free(rc_buf);
+        free(ctx);
+        return SQUAD_E_NOMEM;
+    }
+    int first_rc = 0;
+    for (int i = 0; i < n_rows; i++) {
+        ctx[i].rc = &rc_buf[i];
+        ctx[i].err = errs ? &errs[i] : NULL;
+        squad_err row_err = {0};
+        const int rc = squad_engine_submit(e, &rows[i], opts, &outs[i], batch_row_done, &ctx[i], &row_err);
+        if (rc) {
+            memset(&outs[i], 0, sizeof outs[i]);
+            rc_buf[i] = rc;
+            if (errs) errs[i] = row_err;
+        }
+    }
+    int left;
+    while ((left = squad_engine_step(e, err)) > 0) {
+    }
+    int rc = left < 0 ? left : 0;
+    for (int i = 0; i < n_rows; i++) {
+        if (rcs) rcs[i] = rc_buf[i];
+        if (rc_buf[i] && !first_rc) {
+            first_rc = rc_buf[i];
+            if (errs && err) *err = errs[i];
+            else if (err) squad_fail(err, rc_buf[i], "row %d failed", i);
+        }
+    }
+    free(rc_buf);
+    free(ctx);
+    return rc ? rc : first_rc;
 }
 
 int squad_engine_score(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {

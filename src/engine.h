@@ -22,6 +22,17 @@ typedef struct squad_memo squad_memo;
  * allocations, the checkpoint allocations' rounding). */
 #define SQUAD_AUTO_BUDGET_MARGIN_BYTES ((size_t)2 << 30)
 
+/* A row taken in by squad_engine_submit and not yet done. */
+typedef struct squad_engine_job {
+    squad_row row;
+    squad_score_opts opts;
+    int has_opts;
+    squad_result *out;
+    squad_done_fn done;
+    void *ctx;
+    struct squad_engine_job *next;
+} squad_engine_job;
+
 struct squad_engine {
     squad_model *model;
     squad_backend *be;
@@ -41,6 +52,9 @@ struct squad_engine {
     double *chunk_sum;      /* [hidden]: one chunk's router features from the backend */
     uint64_t mispredictions_plain; /* second passes of rows off the cache */
     uint64_t route_rows[SQUAD_MAX_ROUTES];
+    /* rows taken in by squad_engine_submit, oldest first */
+    squad_engine_job *jobs_head, *jobs_tail;
+    int jobs_pending;
 };
 
 /* Runs row->ids[start, end) from the backend's working state (which must hold [0, start)), in

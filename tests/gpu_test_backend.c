@@ -88,7 +88,7 @@ static int run_span(squad_backend *be, const squad_row *row, int start, int end,
                 ch.nopts[ch.n_slots] = row->nopts[i];
                 ch.n_slots++;
             }
-        const int rc = be->forward(be, &ch, ch.n_slots ? &tmp[0][0] : NULL, err);
+        const int rc = squad_backend_forward1(be, &ch, ch.n_slots ? &tmp[0][0] : NULL, err);
         if (rc) return rc;
         for (int i = 0; i < ch.n_slots; i++) memcpy(out[idx[i]], tmp[i], sizeof(probs_t));
     }
@@ -96,7 +96,7 @@ static int run_span(squad_backend *be, const squad_row *row, int start, int end,
 }
 
 static int run_row(squad_backend *be, const squad_row *row, int chunk, probs_t *out, squad_err *err) {
-    const int rc = be->reset(be, err);
+    const int rc = be->reset(be, 0, err);
     return rc ? rc : run_span(be, row, 0, row->n_ids, chunk, out, err);
 }
 
@@ -386,27 +386,27 @@ static void test_synth(squad_precision prec) {
         void *KB = gpu->alloc(gpu, (size_t)B * gpu->kv_bytes_per_pos, &err);
         CHECKF(G && KA && KB, "alloc: %s", err.msg);
         if (!rc && G && KA && KB) {
-            rc = gpu->reset(gpu, &err);
+            rc = gpu->reset(gpu, 0, &err);
             if (!rc) rc = run_span(gpu, &g->row, 0, A, 512, b, &err);
-            if (!rc) rc = gpu->save_gdn(gpu, G, &err);
-            if (!rc) rc = gpu->save_kv(gpu, KA, A, &err);
+            if (!rc) rc = gpu->save_gdn(gpu, 0, G, &err);
+            if (!rc) rc = gpu->save_kv(gpu, 0, KA, A, &err);
             if (!rc) rc = run_span(gpu, &g->row, A, B, 512, b, &err);
-            if (!rc) rc = gpu->save_kv(gpu, KB, B, &err);
+            if (!rc) rc = gpu->save_kv(gpu, 0, KB, B, &err);
             /* clobber the working state with another row */
             rowgen *o = calloc(1, sizeof *o);
             make_row(o, 99, 2500, V);
             if (!rc) rc = run_row(gpu, &o->row, gpu->max_chunk, c, &err);
             free(o);
-            if (!rc) rc = gpu->reset(gpu, &err);
-            if (!rc) rc = gpu->load_gdn(gpu, G, &err);
-            if (!rc) rc = gpu->load_kv(gpu, KA, A, A, &err);
+            if (!rc) rc = gpu->reset(gpu, 0, &err);
+            if (!rc) rc = gpu->load_gdn(gpu, 0, G, &err);
+            if (!rc) rc = gpu->load_kv(gpu, 0, KA, A, A, &err);
             if (!rc) rc = run_span(gpu, &g->row, A, N, gpu->max_chunk, b, &err);
             CHECKF(rc == 0, "save / restore: %s", err.msg);
             const double d = rc ? INFINITY : compare(&g->row, b, a, NULL);
             /* the same state from a longer K / V blob (its prefix) must give the same bits */
-            if (!rc) rc = gpu->reset(gpu, &err);
-            if (!rc) rc = gpu->load_gdn(gpu, G, &err);
-            if (!rc) rc = gpu->load_kv(gpu, KB, B, A, &err);
+            if (!rc) rc = gpu->reset(gpu, 0, &err);
+            if (!rc) rc = gpu->load_gdn(gpu, 0, G, &err);
+            if (!rc) rc = gpu->load_kv(gpu, 0, KB, B, A, &err);
             if (!rc) rc = run_span(gpu, &g->row, A, N, gpu->max_chunk, c, &err);
             CHECKF(rc == 0, "restore from a longer blob: %s", err.msg);
             const int same = !rc && memcmp(b, c, sizeof(probs_t) * 3) == 0;
@@ -428,13 +428,13 @@ static void test_synth(squad_precision prec) {
         memset(&ch, 0, sizeof ch);
         ch.ids = g->ids;
         ch.len = 0;
-        CHECK(gpu->forward(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
+        CHECK(squad_backend_forward1(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
         ch.len = 10;
         ch.start = MAX_CONTEXT - 5;
-        CHECK(gpu->forward(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
+        CHECK(squad_backend_forward1(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
         ch.start = 0;
         ch.len = gpu->max_chunk + 1;
-        CHECK(gpu->forward(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
+        CHECK(squad_backend_forward1(gpu, &ch, NULL, &err) == SQUAD_E_INVALID);
         make_row(g, 100, 70, V);
         int rc = run_row(gpu, &g->row, gpu->max_chunk, b, &err);
         CHECKF(rc == 0, "after refused chunks: %s", err.msg);

@@ -142,7 +142,7 @@ static int fwd(squad_backend *be, const squad_row *row, int start, int len, int 
             ck.n_slots++;
         }
     probs_t out[SQUAD_MAX_SLOTS_PER_ROW];
-    const int rc = be->forward(be, &ck, ck.n_slots ? &out[0][0] : NULL, err);
+    const int rc = squad_backend_forward1(be, &ck, ck.n_slots ? &out[0][0] : NULL, err);
     if (!rc && ck.n_slots) memcpy(probs[first], out, sizeof(probs_t) * (size_t)ck.n_slots);
     return rc;
 }
@@ -191,7 +191,7 @@ static void test_backend(squad_precision prec) {
     probs_t cpu[N_ROUTES][2];
     squad_backend *cpu_be = new_backend(0, SQUAD_PRECISION_EXACT, g_sp, 0);
     for (int r = 0; cpu_be && r < N_ROUTES; r++) {
-        CHECK(cpu_be->reset(cpu_be, &err) == 0);
+        CHECK(cpu_be->reset(cpu_be, 0, &err) == 0);
         CHECKF(fwd(cpu_be, row, 0, n, r, cpu[r], cpu_sum + (size_t)r * H, &err) == 0, "CPU route %d: %s", r, err.msg);
     }
     if (cpu_be) cpu_be->destroy(cpu_be);
@@ -213,7 +213,7 @@ static void test_backend(squad_precision prec) {
         for (int i = 0; i < n_order; i++) {
             const int r = order[i];
             probs_t got[2];
-            CHECK(be->reset(be, &err) == 0);
+            CHECK(be->reset(be, 0, &err) == 0);
             const int rc = fwd(be, row, 0, n, r, got, sum, &err);
             CHECKF(rc == 0, "[%s] CUDA route %d: %s", PREC_NAME[!exact], r, err.msg);
             if (rc) continue;
@@ -244,7 +244,7 @@ static void test_backend(squad_precision prec) {
         CHECK(info.adapters_resident == info.adapter_slots);
         /* the row in two chunks: the router sums add up to the one-pass sum */
         probs_t got[2];
-        CHECK(be->reset(be, &err) == 0);
+        CHECK(be->reset(be, 0, &err) == 0);
         int rc = fwd(be, row, 0, PREFIX, 1, got, sum, &err);
         if (!rc) rc = fwd(be, row, PREFIX, n - PREFIX, 1, got, sum2, &err);
         CHECKF(rc == 0, "two chunks: %s", err.msg);
@@ -254,10 +254,10 @@ static void test_backend(squad_precision prec) {
         CHECKF(d <= (exact ? TOL_CUDA_EXACT_REF : TOL_CUDA_BF16_CHUNKED), "[%s] two chunks: %g from the CPU",
                PREC_NAME[!exact], d);
         /* bad routes refused; the backend stays usable */
-        CHECK(be->reset(be, &err) == 0);
+        CHECK(be->reset(be, 0, &err) == 0);
         CHECK(fwd(be, row, 0, 16, N_ROUTES, NULL, NULL, &err) == SQUAD_E_INVALID);
         CHECK(fwd(be, row, 0, 16, -1, NULL, NULL, &err) == SQUAD_E_INVALID);
-        CHECK(be->reset(be, &err) == 0);
+        CHECK(be->reset(be, 0, &err) == 0);
         CHECKF(fwd(be, row, 0, n, 2, got, NULL, &err) == 0, "after refusals: %s", err.msg);
         CHECK(max_diff(cpu[2], got, row->nopts, 2) <= tol);
         be->destroy(be);
@@ -265,7 +265,7 @@ static void test_backend(squad_precision prec) {
     /* without specialists: no route but the trunk, no router features */
     squad_backend *plain = new_backend(1, prec, NULL, 0);
     if (plain) {
-        CHECK(plain->reset(plain, &err) == 0);
+        CHECK(plain->reset(plain, 0, &err) == 0);
         CHECK(fwd(plain, row, 0, 16, 1, NULL, NULL, &err) == SQUAD_E_INVALID);
         CHECK(fwd(plain, row, 0, 16, 0, NULL, sum, &err) == SQUAD_E_INVALID);
         plain->destroy(plain);
@@ -327,7 +327,7 @@ static void build_references(void) {
     }
     for (int k = 0; k < N_ROWS; k++) {
         const squad_row *row = &g_rows[k].row;
-        CHECK(cpu->reset(cpu, &err) == 0);
+        CHECK(cpu->reset(cpu, 0, &err) == 0);
         CHECK(fwd(cpu, row, 0, row->n_ids, 0, NULL, sum, &err) == 0);
         for (int i = 0; i < H; i++) feats[k][i] = sum[i] / row->n_ids;
     }
@@ -338,14 +338,14 @@ static void build_references(void) {
     for (int k = 0; k < N_ROWS; k++) {
         const squad_row *row = &g_rows[k].row;
         squad_router_feat_reset(&f);
-        CHECK(cpu->reset(cpu, &err) == 0);
+        CHECK(cpu->reset(cpu, 0, &err) == 0);
         CHECK(fwd(cpu, row, 0, row->n_ids, 0, NULL, sum, &err) == 0);
         squad_router_feat_add_dsum(&f, sum, row->n_ids);
         g_route[k] = squad_router_route(&g_sp->router, &f, NULL, g_route_probs[k], &err);
         CHECKF(g_route[k] >= 0 && g_route[k] < N_ROUTES, "route %d: %s", g_route[k], err.msg);
         if (g_route[k] >= 0 && g_route[k] < N_ROUTES) seen[g_route[k]] = 1;
         for (int r = 0; r < N_ROUTES; r++) {
-            CHECK(cpu->reset(cpu, &err) == 0);
+            CHECK(cpu->reset(cpu, 0, &err) == 0);
             CHECK(fwd(cpu, row, 0, row->n_ids, r, g_cpu[k][r], NULL, &err) == 0);
         }
     }

@@ -87,7 +87,7 @@ static void fake_release(squad_backend *be, void *p) {
     free(h);
 }
 
-static int fake_reset(squad_backend *be, squad_err *err) {
+static int fake_reset(squad_backend *be, int seq, squad_err *err) {
     fake *f = (fake *)be;
     f->gdn.pos = 0;
     f->gdn.hash = FAKE_HASH_SEED;
@@ -96,27 +96,27 @@ static int fake_reset(squad_backend *be, squad_err *err) {
     return 0;
 }
 
-static int fake_save_gdn(squad_backend *be, void *dst, squad_err *err) {
+static int fake_save_gdn(squad_backend *be, int seq, void *dst, squad_err *err) {
     fake *f = (fake *)be;
     memset(dst, 0xab, FAKE_GDN_BYTES);
     memcpy(dst, &f->gdn, sizeof f->gdn);
     return 0;
 }
 
-static int fake_load_gdn(squad_backend *be, const void *src, squad_err *err) {
+static int fake_load_gdn(squad_backend *be, int seq, const void *src, squad_err *err) {
     fake *f = (fake *)be;
     memcpy(&f->gdn, src, sizeof f->gdn);
     return 0;
 }
 
-static int fake_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
+static int fake_save_kv(squad_backend *be, int seq, void *dst, int n, squad_err *err) {
     fake *f = (fake *)be;
     if (n > f->gdn.pos) return squad_fail(err, SQUAD_E_BACKEND, "fake: save_kv of %d positions at %d", n, (int)f->gdn.pos);
     memcpy(dst, f->kv, (size_t)n * FAKE_KV_BYTES);
     return 0;
 }
 
-static int fake_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
+static int fake_load_kv(squad_backend *be, int seq, const void *src, int blob_positions, int n, squad_err *err) {
     fake *f = (fake *)be;
     if (n > blob_positions) return squad_fail(err, SQUAD_E_BACKEND, "fake: load_kv %d of %d", n, blob_positions);
     memcpy(f->kv, src, (size_t)n * FAKE_KV_BYTES);
@@ -134,6 +134,7 @@ static void fake_init(fake *f) {
     f->be.kv_bytes_per_pos = FAKE_KV_BYTES;
     f->be.alloc = fake_alloc;
     f->be.release = fake_release;
+    f->be.max_seqs = 1;
     f->be.reset = fake_reset;
     f->be.save_gdn = fake_save_gdn;
     f->be.load_gdn = fake_load_gdn;
@@ -630,9 +631,9 @@ static void test_failures(void) {
 
 /* Restores the plan's checkpoint into the fake (or resets it), as an executor would. */
 static int plan_restore(fake *f, const squad_cache_plan *pl, squad_err *err) {
-    if (!pl->gdn) return fake_reset(&f->be, err);
-    int rc = fake_load_gdn(&f->be, pl->gdn, err);
-    return rc ? rc : fake_load_kv(&f->be, pl->kv, pl->kv_positions, pl->c0, err);
+    if (!pl->gdn) return fake_reset(&f->be, 0, err);
+    int rc = fake_load_gdn(&f->be, 0, pl->gdn, err);
+    return rc ? rc : fake_load_kv(&f->be, 0, pl->kv, pl->kv_positions, pl->c0, err);
 }
 
 /* Runs the plan's prefix, saving a blob at every kept bound; counts the blobs saved. */
@@ -648,7 +649,7 @@ static int plan_prefix(squad_cache *c, fake *f, const squad_row *row, squad_cach
                blob, pl->first_kept);
         CHECK(squad_cache_plan_blob(c, pl, i, NULL) == NULL); /* one blob per bound */
         if (blob) {
-            fake_save_gdn(&f->be, blob, err);
+            fake_save_gdn(&f->be, 0, blob, err);
             (*saved)++;
         }
         s = pl->bounds[i];
@@ -662,7 +663,7 @@ static void plan_commit(squad_cache *c, fake *f, const squad_row *row, squad_cac
     void *kv;
     int n;
     squad_cache_commit_begin(c, pl, row, &kv, &n);
-    int rc = kv ? fake_save_kv(&f->be, kv, n, &err) : 0;
+    int rc = kv ? fake_save_kv(&f->be, 0, kv, n, &err) : 0;
     CHECKF(rc == 0, "save_kv: %s", err.msg);
     squad_cache_commit_end(c, pl, rc);
 }
@@ -878,7 +879,7 @@ static void test_plan_abandoned(void) {
         }
         if (stage >= 2) squad_cache_commit_begin(c, &x, &b.row, &kv, &n);
         if (stage >= 3) {
-            CHECK(kv && fake_save_kv(&f.be, kv, n, &err) == 0);
+            CHECK(kv && fake_save_kv(&f.be, 0, kv, n, &err) == 0);
             squad_cache_commit_end(c, &x, 1); /* the K / V save failed */
         }
         if (stage == 2) CHECK(kv && n == 1600 && f.live_bytes > live + (size_t)saved * FAKE_GDN_BYTES);

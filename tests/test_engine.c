@@ -108,12 +108,12 @@ static void check_splits(const char *name) {
     int32_t slots[3] = {5, 350, n - 1}, nopts[3] = {2, 4, 3}, letters[4] = {1, 2, 3, 4};
     squad_row row = {ids, n, slots, nopts, 3, letters, 4, -1, 0};
     squad_result *one = calloc(1, sizeof *one), *split = calloc(1, sizeof *split);
-    CHECK(e->be->reset(e->be, &err) == 0);
+    CHECK(e->be->reset(e->be, 0, &err) == 0);
     CHECK(squad_engine_run_span(e, &row, 0, n, one, &err) == 0);
     int pieces[][8] = {{1, 7, 64, 100, 700}, {64, 128, 192, 700}, {3, 4, 5, 699, 700}, {511, 512, 513, 700}};
     for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
         memset(split, 0, sizeof *split);
-        CHECK(e->be->reset(e->be, &err) == 0);
+        CHECK(e->be->reset(e->be, 0, &err) == 0);
         int s = 0;
         for (int k = 0; pieces[p][k]; k++) {
             int rc = squad_engine_run_span(e, &row, s, pieces[p][k], split, &err);

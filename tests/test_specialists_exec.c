@@ -113,8 +113,8 @@ static int forward_row(const squad_model *m, const squad_specialists *sp, const 
             ck.nopts[i] = row->nopts[i];
         }
     }
-    int rc = be->reset(be, &err);
-    if (!rc) rc = be->forward(be, &ck, probs ? &probs[0][0] : NULL, &err);
+    int rc = be->reset(be, 0, &err);
+    if (!rc) rc = squad_backend_forward1(be, &ck, probs ? &probs[0][0] : NULL, &err);
     CHECKF(rc == 0, "forward: %s", err.msg);
     const int H = m->cfg.hidden_size;
     for (int t = 0; !rc && hidden && t < row->n_ids; t++) rc = squad_cpu_backend_hidden(be, t, hidden + (size_t)t * H, &err);
@@ -387,7 +387,7 @@ static void check_bad_input(void) {
     ck.ids = g_rows[0].ids;
     ck.len = 8;
     ck.route = 3;
-    CHECK(be && be->reset(be, &err) == 0 && be->forward(be, &ck, &probs[0][0], &err) == SQUAD_E_INVALID);
+    CHECK(be && be->reset(be, 0, &err) == 0 && squad_backend_forward1(be, &ck, &probs[0][0], &err) == SQUAD_E_INVALID);
     if (be) be->destroy(be);
     o.device = SQUAD_DEVICE_CPU;
     o.max_adapters = -1;

@@ -101,7 +101,7 @@ static void check_slot(const char *what, const squad_result *res, int i, const r
 
 /* The hidden row of token q of a row, from a fresh run of the backend over [0, q + 1). */
 static int hidden_by_run(squad_backend *be, const squad_row *row, int q, float *h, squad_err *err) {
-    int rc = be->reset(be, err);
+    int rc = be->reset(be, 0, err);
     int s = 0;
     while (!rc && s <= q) {
         squad_chunk ck;
@@ -111,7 +111,7 @@ static int hidden_by_run(squad_backend *be, const squad_row *row, int q, float *
         ck.len = q + 1 - s < be->max_chunk ? q + 1 - s : be->max_chunk;
         ck.letters = row->letters;
         ck.n_letters = row->n_letters;
-        rc = be->forward(be, &ck, NULL, err);
+        rc = squad_backend_forward1(be, &ck, NULL, err);
         if (!rc && s + ck.len > q) rc = squad_cpu_backend_hidden(be, q - s, h, err);
         s += ck.len;
     }
@@ -278,14 +278,14 @@ static void test_splits(squad_model *m) {
     make_row(t, m, 3, 700, slots, 4, -1);
     const squad_score_opts vo = {.want_vocab = 1};
     e->call = &vo; /* what squad_engine_score_ex sets while a row runs */
-    CHECK(e->be->reset(e->be, &err) == 0 && squad_engine_run_span(e, &t->row, 0, 700, one, &err) == 0);
+    CHECK(e->be->reset(e->be, 0, &err) == 0 && squad_engine_run_span(e, &t->row, 0, 700, one, &err) == 0);
     one->has_vocab = 1;
     for (int i = 0; i < 4; i++) one->label_mass[i] = (float)fmin(1.0, exp((double)one->letters_lse[i] - one->vocab_lse[i]));
     check_result("splits one pass", e, ref_be, &t->row, one, 512);
     const int pieces[][6] = {{1, 7, 64, 100, 700}, {4, 65, 401, 700}, {3, 4, 699, 700}};
     for (size_t p = 0; p < sizeof pieces / sizeof pieces[0]; p++) {
         memset(split, 0, sizeof *split);
-        CHECK(e->be->reset(e->be, &err) == 0);
+        CHECK(e->be->reset(e->be, 0, &err) == 0);
         int s = 0, last = 0;
         for (int k = 0; pieces[p][k]; k++) {
             CHECKF(squad_engine_run_span(e, &t->row, s, pieces[p][k], split, &err) == 0, "%s", err.msg);

@@ -56,6 +56,8 @@
 #define CPU_VOCAB_BLOCK 4096
 /* Reduction tasks per slot and step (each one's part of the step's logits). */
 #define CPU_VOCAB_PIECES 8
+/* Sequence slots when the engine's options do not say (squad_engine_opts.max_rows). */
+#define CPU_DEFAULT_SEQS 8
 /* Tokens per task of the LoRA low-rank product. */
 #define CPU_LORA_TOKENS 16
 
@@ -65,6 +67,14 @@ typedef struct vocab_acc {
     double sum;
     int32_t arg;
 } vocab_acc;
+
+/* One sequence slot's working state (backend.h): while it is the active slot its arrays live in
+ * the backend's gdn_state / K / V / kv_capacity fields instead. */
+typedef struct cpu_seq {
+    float *gdn_state; /* NULL until the slot is first used */
+    float **K, **V;
+    int kv_capacity;
+} cpu_seq;
 
 typedef struct cpu_backend {
     squad_backend base; /* first: a squad_backend * is a cpu_backend * */
@@ -77,6 +87,8 @@ typedef struct cpu_backend {
     float *gdn_state;                    /* [n_gdn][gdn_layer_floats] */
     float **K, **V;                      /* [n_attn] -> [kv_capacity][nkv hd] */
     int kv_capacity;
+    cpu_seq *seqs; /* [max_seqs]; the active slot's entry is stale while it is active */
+    int active;    /* the slot whose state is in gdn_state / K / V */
     float *inv_freq; /* [rd/2] */
     float **conv_kc; /* [n_gdn] -> conv weights transposed to [K][C] */
     float *attn_scratch; /* per thread, attn_scratch_floats each */
@@ -145,24 +157,64 @@ static int context_bound(int want, size_t kv_bytes_per_pos) {
     return fit < (size_t)want ? (int)fit : want;
 }
 
-static int cpu_reset(squad_backend *be, squad_err *err) {
+/* Makes seq the active slot (its state in gdn_state / K / V), allocating its GDN state on first use. */
+static int select_seq(cpu_backend *c, int seq, squad_err *err) {
+    if (seq < 0 || seq >= c->base.max_seqs)
+        return squad_fail(err, SQUAD_E_INVALID, "sequence slot %d (the backend has %d)", seq, c->base.max_seqs);
+    if (seq == c->active) return 0;
+    cpu_seq *to = &c->seqs[seq];
+    if (!to->gdn_state) {
+        to->gdn_state = squad_aligned_alloc(c->base.gdn_snapshot_bytes ? c->base.gdn_snapshot_bytes : 1, err);
+        to->K = squad_calloc((size_t)c->n_attn + 1, sizeof(float *), err);
+        to->V = squad_calloc((size_t)c->n_attn + 1, sizeof(float *), err);
+        if (!to->gdn_state || !to->K || !to->V) {
+            squad_aligned_free(to->gdn_state);
+            free(to->K);
+            free(to->V);
+            memset(to, 0, sizeof *to);
+            return squad_fail(err, SQUAD_E_NOMEM, "out of memory for sequence slot %d", seq);
+        }
+        memset(to->gdn_state, 0, c->base.gdn_snapshot_bytes);
+    }
+    cpu_seq *from = &c->seqs[c->active];
+    from->gdn_state = c->gdn_state;
+    from->K = c->K;
+    from->V = c->V;
+    from->kv_capacity = c->kv_capacity;
+    c->gdn_state = to->gdn_state;
+    c->K = to->K;
+    c->V = to->V;
+    c->kv_capacity = to->kv_capacity;
+    c->active = seq;
+    return 0;
+}
+
+static int cpu_reset(squad_backend *be, int seq, squad_err *err) {
     cpu_backend *c = impl_of(be);
+    int rc = select_seq(c, seq, err);
+    if (rc) return rc;
     memset(c->gdn_state, 0, sizeof(float) * c->gdn_layer_floats * (size_t)c->n_gdn);
     return 0;
 }
 
-static int cpu_save_gdn(squad_backend *be, void *dst, squad_err *err) {
+static int cpu_save_gdn(squad_backend *be, int seq, void *dst, squad_err *err) {
+    int rc = select_seq(impl_of(be), seq, err);
+    if (rc) return rc;
     memcpy(dst, impl_of(be)->gdn_state, be->gdn_snapshot_bytes);
     return 0;
 }
 
-static int cpu_load_gdn(squad_backend *be, const void *src, squad_err *err) {
+static int cpu_load_gdn(squad_backend *be, int seq, const void *src, squad_err *err) {
+    int rc = select_seq(impl_of(be), seq, err);
+    if (rc) return rc;
     memcpy(impl_of(be)->gdn_state, src, be->gdn_snapshot_bytes);
     return 0;
 }
 
-static int cpu_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
+static int cpu_save_kv(squad_backend *be, int seq, void *dst, int n, squad_err *err) {
     cpu_backend *c = impl_of(be);
+    int rc = select_seq(c, seq, err);
+    if (rc) return rc;
     if (n < 0 || n > c->kv_capacity) return squad_fail(err, SQUAD_E_INVALID, "save_kv: %d positions not held", n);
     size_t bytes = sizeof(float) * (size_t)kv_dim(c) * (size_t)n;
     char *p = dst;
@@ -175,10 +227,12 @@ static int cpu_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
     return 0;
 }
 
-static int cpu_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
+static int cpu_load_kv(squad_backend *be, int seq, const void *src, int blob_positions, int n, squad_err *err) {
     cpu_backend *c = impl_of(be);
     if (n < 0 || n > blob_positions) return squad_fail(err, SQUAD_E_INVALID, "load_kv: %d of %d positions", n, blob_positions);
-    int rc = ensure_kv_capacity(c, n, err);
+    int rc = select_seq(c, seq, err);
+    if (rc) return rc;
+    rc = ensure_kv_capacity(c, n, err);
     if (rc) return rc;
     size_t stride = sizeof(float) * (size_t)kv_dim(c) * (size_t)blob_positions;
     size_t bytes = sizeof(float) * (size_t)kv_dim(c) * (size_t)n;
@@ -407,8 +461,9 @@ int squad_cpu_backend_hidden(const squad_backend *be, int t, float *out, squad_e
     return 0;
 }
 
-static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, squad_err *err) {
+static int forward_one(squad_backend *be, const squad_chunk *ck, squad_err *err) {
     cpu_backend *c = impl_of(be);
+    float *probs = ck->probs;
     const squad_model *m = c->m;
     const squad_config *cfg = &m->cfg;
     int T = ck->len, H = cfg->hidden_size;
@@ -422,7 +477,9 @@ static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, s
         return squad_fail(err, SQUAD_E_INVALID, "route %d: the backend has %d routes", ck->route,
                           sp ? sp->router.n_labels : 1);
     if (ck->router_sum && !sp) return squad_fail(err, SQUAD_E_INVALID, "router features asked without specialists");
-    int rc = ensure_kv_capacity(c, ck->start + T, err);
+    int rc = select_seq(c, ck->seq, err);
+    if (rc) return rc;
+    rc = ensure_kv_capacity(c, ck->start + T, err);
     if (rc) return rc;
 
     for (int t = 0; t < T; t++) {
@@ -462,19 +519,53 @@ static int cpu_forward(squad_backend *be, const squad_chunk *ck, float *probs, s
     return 0;
 }
 
+/* A batch: validated as a whole (distinct slots, the token budget), then chunk by chunk. */
+static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
+    if (n_chunks < 1 || n_chunks > be->max_seqs)
+        return squad_fail(err, SQUAD_E_INVALID, "a batch of %d chunks (1..%d)", n_chunks, be->max_seqs);
+    long tokens = 0;
+    for (int i = 0; i < n_chunks; i++) {
+        const squad_chunk *ck = &chunks[i];
+        if (ck->seq < 0 || ck->seq >= be->max_seqs)
+            return squad_fail(err, SQUAD_E_INVALID, "sequence slot %d (the backend has %d)", ck->seq, be->max_seqs);
+        for (int j = 0; j < i; j++)
+            if (chunks[j].seq == ck->seq)
+                return squad_fail(err, SQUAD_E_INVALID, "sequence slot %d twice in one batch", ck->seq);
+        if (ck->n_slots > 0 && !ck->probs) return squad_fail(err, SQUAD_E_INVALID, "a chunk with slots and no probs");
+        tokens += ck->len;
+    }
+    if (tokens > be->max_batch_tokens)
+        return squad_fail(err, SQUAD_E_INVALID, "a batch of %ld tokens (at most %d)", tokens, be->max_batch_tokens);
+    for (int i = 0; i < n_chunks; i++) {
+        int rc = forward_one(be, &chunks[i], err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* ---- lifecycle ------------------------------------------------------------------------------- */
 
 static void cpu_destroy(squad_backend *be) {
     if (!be) return;
     cpu_backend *c = impl_of(be);
     cpu_pool_free(c->pool);
-    squad_aligned_free(c->gdn_state);
-    for (int la = 0; la < c->n_attn; la++) {
-        if (c->K) free(c->K[la]);
-        if (c->V) free(c->V[la]);
+    if (c->seqs) {
+        cpu_seq *act = &c->seqs[c->active];
+        act->gdn_state = c->gdn_state;
+        act->K = c->K;
+        act->V = c->V;
+        for (int q = 0; q < c->base.max_seqs; q++) {
+            cpu_seq *sq = &c->seqs[q];
+            squad_aligned_free(sq->gdn_state);
+            for (int la = 0; la < c->n_attn; la++) {
+                if (sq->K) free(sq->K[la]);
+                if (sq->V) free(sq->V[la]);
+            }
+            free(sq->K);
+            free(sq->V);
+        }
+        free(c->seqs);
     }
-    free(c->K);
-    free(c->V);
     for (int lg = 0; c->conv_kc && lg < c->n_gdn; lg++) free(c->conv_kc[lg]);
     free(c->conv_kc);
     free(c->inv_freq);
@@ -508,6 +599,8 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     be->model = model;
     be->max_context = max_context;
     be->max_chunk = CPU_MAX_CHUNK;
+    be->max_batch_tokens = CPU_MAX_CHUNK;
+    be->max_seqs = opts && opts->max_rows > 0 ? opts->max_rows : CPU_DEFAULT_SEQS;
     be->alloc = cpu_alloc;
     be->release = cpu_release;
     be->reset = cpu_reset;
@@ -548,6 +641,8 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     if (cpu_gemm_reserve(c->pool, CPU_MAX_CHUNK,
                          cfg->intermediate_size > cfg->hidden_size ? cfg->intermediate_size : cfg->hidden_size, err))
         goto fail;
+    c->seqs = squad_calloc((size_t)be->max_seqs, sizeof(cpu_seq), err);
+    if (!c->seqs) goto fail;
     c->gdn_state = squad_aligned_alloc(be->gdn_snapshot_bytes ? be->gdn_snapshot_bytes : 1, err);
     c->K = squad_calloc((size_t)c->n_attn + 1, sizeof(float *), err);
     c->V = squad_calloc((size_t)c->n_attn + 1, sizeof(float *), err);

@@ -669,8 +669,14 @@ static int materialize_kv(cu_be *cb, squad_err *err) {
     return 0;
 }
 
-static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, squad_err *err) {
+/* The one sequence slot this backend has (max_seqs 1). */
+static int check_seq(int seq, squad_err *err) {
+    return seq == 0 ? 0 : cu_err(err, SQUAD_E_INVALID, "CUDA: sequence slot %d (the backend has 1)", seq);
+}
+
+static int forward_one(squad_backend *be, const squad_chunk *ch, squad_err *err) {
     cu_be *cb = impl_of(be);
+    float *probs = ch ? ch->probs : NULL;
     if (!ch || !ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
         return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk length %d outside [1, %d]", ch ? ch->len : 0,
                           cb->max_chunk);
@@ -766,6 +772,13 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
 
 /* ---- state -------------------------------------------------------------------------------------- */
 
+static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
+    if (n_chunks != 1 || !chunks)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: a batch of %d chunks (the backend takes 1)", n_chunks);
+    if (check_seq(chunks[0].seq, err)) return SQUAD_E_INVALID;
+    return forward_one(be, &chunks[0], err);
+}
+
 static void *be_alloc(squad_backend *be, size_t bytes, squad_err *err) {
     void *p = NULL;
     const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
@@ -784,28 +797,32 @@ static void be_release(squad_backend *be, void *p) {
     cudaFree(p);
 }
 
-static int be_reset(squad_backend *be, squad_err *err) {
+static int be_reset(squad_backend *be, int seq, squad_err *err) {
     cu_be *cb = impl_of(be);
+    if (check_seq(seq, err)) return SQUAD_E_INVALID;
     cb->kv_split = 0; /* the blob read in place is no longer ours to read */
     cb->kv_src = NULL;
     if (cb->gdn_bytes) CU_TRY(cudaMemsetAsync(cb->gdn_state, 0, cb->gdn_bytes, cb->st));
     return 0;
 }
 
-static int be_save_gdn(squad_backend *be, void *dst, squad_err *err) {
+static int be_save_gdn(squad_backend *be, int seq, void *dst, squad_err *err) {
     cu_be *cb = impl_of(be);
+    if (check_seq(seq, err)) return SQUAD_E_INVALID;
     if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(dst, cb->gdn_state, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
-static int be_load_gdn(squad_backend *be, const void *src, squad_err *err) {
+static int be_load_gdn(squad_backend *be, int seq, const void *src, squad_err *err) {
     cu_be *cb = impl_of(be);
+    if (check_seq(seq, err)) return SQUAD_E_INVALID;
     if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(cb->gdn_state, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
-static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
+static int be_save_kv(squad_backend *be, int seq, void *dst, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
+    if (check_seq(seq, err)) return SQUAD_E_INVALID;
     /* positions below kv_split from the blob read in place, the rest from the working buffer */
     const int from_blob = n < cb->kv_split ? n : cb->kv_split;
     if (n < 0 || n > cb->max_context || (n > from_blob && n > cb->kv_cap))
@@ -819,8 +836,9 @@ static int be_save_kv(squad_backend *be, void *dst, int n, squad_err *err) {
     return 0;
 }
 
-static int be_load_kv(squad_backend *be, const void *src, int blob_positions, int n, squad_err *err) {
+static int be_load_kv(squad_backend *be, int seq, const void *src, int blob_positions, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
+    if (check_seq(seq, err)) return SQUAD_E_INVALID;
     if (n < 0 || n > blob_positions || n > cb->max_context)
         return cu_err(err, SQUAD_E_INVALID, "CUDA load_kv: %d positions of a %d-position blob", n, blob_positions);
     /* read in place (position-major: the blob's prefix has the working buffer's layout); nothing is
@@ -1162,6 +1180,8 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->max_context = cb->max_context; /* lowered when the device cannot hold the K / V of more */
     be->kv_positions = cb->kv_cap;
     be->max_chunk = cb->max_chunk;
+    be->max_batch_tokens = cb->max_chunk;
+    be->max_seqs = 1;
     be->gdn_snapshot_bytes = cb->gdn_bytes;
     be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
     be->specialists = cb->sp != NULL;
