@@ -92,6 +92,8 @@ struct squad_backend {
     size_t gdn_snapshot_bytes; /* one save_gdn blob */
     size_t kv_bytes_per_pos;   /* K and V of every attention layer at one position */
     int specialists;           /* 1 when forward() applies opts->specialists (routes, router_sum) */
+    int mixed_routes;          /* 1 when one forward() may hold chunks of different routes; else the
+                                * engine runs each route's chunks as a batch of their own */
 
     void *(*alloc)(squad_backend *be, size_t bytes, squad_err *err);
     void (*release)(squad_backend *be, void *p);

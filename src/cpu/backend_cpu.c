@@ -600,6 +600,7 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     be->max_context = max_context;
     be->max_chunk = CPU_MAX_CHUNK;
     be->max_batch_tokens = CPU_MAX_CHUNK;
+    be->mixed_routes = 1;
     be->max_seqs = opts && opts->max_rows > 0 ? opts->max_rows : CPU_DEFAULT_SEQS;
     be->alloc = cpu_alloc;
     be->release = cpu_release;
