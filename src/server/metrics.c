@@ -35,6 +35,32 @@ static void gauge(squad_buf *b, const char *name, const char *help, double v) {
     squad_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
+/* A histogram without labels from its bucket counts (SRV_STEP_BUCKETS bounds, then +Inf). */
+static void histogram(squad_buf *b, const char *name, const char *help, const double *bounds, const uint64_t *bucket,
+                      double sum) {
+    squad_buf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int k = 0; k <= SRV_STEP_BUCKETS; k++) {
+        cum += bucket[k];
+        if (k < SRV_STEP_BUCKETS) squad_buf_printf(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, bounds[k], cum);
+        else squad_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+    }
+    squad_buf_printf(b, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, sum, name, cum);
+}
+
+/* The JSON of one such histogram: {"count", "sum", "buckets": {"le": cumulative count, ...}}. */
+static void histogram_json(squad_buf *b, const double *bounds, const uint64_t *bucket, double sum) {
+    uint64_t cum = 0, total = 0;
+    for (int k = 0; k <= SRV_STEP_BUCKETS; k++) total += bucket[k];
+    squad_buf_printf(b, "{\"count\": %" PRIu64 ", \"sum\": %.17g, \"buckets\": {", total, sum);
+    for (int k = 0; k <= SRV_STEP_BUCKETS; k++) {
+        cum += bucket[k];
+        if (k < SRV_STEP_BUCKETS) squad_buf_printf(b, "%s\"%g\": %" PRIu64, k ? ", " : "", bounds[k], cum);
+        else squad_buf_printf(b, ", \"+Inf\": %" PRIu64, cum);
+    }
+    squad_buf_puts(b, "}}");
+}
+
 /* A Prometheus label value: backslash, double quote and newline escaped. */
 static void label_value(squad_buf *b, const char *s) {
     for (; s && *s; s++) {
@@ -84,12 +110,21 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
           (double)LOAD(m->in_flight));
     gauge(b, "squad_queue_depth", "Jobs waiting for the scheduler.", v->sched.queue_depth);
     gauge(b, "squad_queue_capacity", "Jobs that may wait (--queue).", v->sched.queue_capacity);
-    gauge(b, "squad_rows_running", "Rows in the engine now.", v->sched.rows_running);
+    gauge(b, "squad_rows_running", "Rows the engine's last step ran (0 when idle).", v->sched.rows_running);
+    gauge(b, "squad_rows_in_flight", "Rows submitted to the engine and not yet done.", v->sched.rows_in_flight);
+    gauge(b, "squad_engine_max_rows", "Rows the engine runs at once (--max-rows).", v->sched.max_rows);
+    gauge(b, "squad_engine_batch_tokens", "Tokens one engine step runs at most (--batch-tokens).", v->sched.batch_tokens);
+    counter(b, "squad_engine_steps_total", "Batched engine steps that ran rows.", v->sched.steps);
+    histogram(b, "squad_engine_step_rows", "Rows one engine step ran.", SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket,
+              (double)v->sched.step_rows_sum);
+    histogram(b, "squad_engine_step_tokens", "Tokens one engine step computed.", SRV_STEP_TOKENS_BOUNDS,
+              v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
     counter(b, "squad_rows_submitted_total", "Rows handed to the scheduler.", LOAD(m->rows_submitted));
     counter(b, "squad_jobs_timeout_total", "Requests whose --timeout passed while waiting or running.",
             v->sched.jobs_timeout);
     counter(b, "squad_jobs_cancelled_total", "Requests cancelled because their client disconnected.",
             v->sched.jobs_cancelled);
+    counter(b, "squad_jobs_failed_total", "Requests the engine failed on (500).", v->sched.jobs_failed);
     counter(b, "squad_request_memo_hits_total", "Requests answered by the request memo (exact repeats).",
             LOAD(m->memo_hits));
     counter(b, "squad_request_memo_misses_total", "Requests the request memo did not hold.", LOAD(m->memo_misses));
@@ -154,10 +189,19 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
     squad_buf_printf(b,
                      "}, \"ready\": %s, \"device\": \"%s\", \"uptime_s\": %.3f, \"in_flight\": %" PRIu64
                      ", \"queue\": {\"depth\": %d, \"capacity\": %d}, \"rows_running\": %d, \"rows_submitted\": %" PRIu64
-                     ", \"jobs\": {\"done\": %" PRIu64 ", \"timeout\": %" PRIu64 ", \"cancelled\": %" PRIu64 "}",
+                     ", \"jobs\": {\"done\": %" PRIu64 ", \"timeout\": %" PRIu64 ", \"cancelled\": %" PRIu64
+                     ", \"failed\": %" PRIu64 "}",
                      v->sched.ready ? "true" : "false", v->sched.device, v->uptime_s, LOAD(m->in_flight),
                      v->sched.queue_depth, v->sched.queue_capacity, v->sched.rows_running, LOAD(m->rows_submitted),
-                     v->sched.jobs_done, v->sched.jobs_timeout, v->sched.jobs_cancelled);
+                     v->sched.jobs_done, v->sched.jobs_timeout, v->sched.jobs_cancelled, v->sched.jobs_failed);
+    squad_buf_printf(b,
+                     ", \"batching\": {\"max_rows\": %d, \"batch_tokens\": %d, \"lookahead\": %d, \"rows_in_flight\": %d"
+                     ", \"steps\": %" PRIu64 ", \"rows_per_step\": ",
+                     v->sched.max_rows, v->sched.batch_tokens, v->sched.lookahead, v->sched.rows_in_flight, v->sched.steps);
+    histogram_json(b, SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket, (double)v->sched.step_rows_sum);
+    squad_buf_puts(b, ", \"tokens_per_step\": ");
+    histogram_json(b, SRV_STEP_TOKENS_BOUNDS, v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
+    squad_buf_puts(b, "}");
     squad_buf_printf(b,
                      ", \"request_memo\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
                      ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}",

@@ -1,6 +1,10 @@
 /*
  * sched.c — the scheduler thread and its bounded FIFO of jobs (see sched.h). This is the one file
- * that calls the engine: creating it, scoring a row (run_row), its statistics and clearing it.
+ * that calls the engine: creating it, feeding rows in (squad_engine_submit), stepping it, its
+ * statistics and clearing it.
+ *
+ * The scheduler thread alone touches the engine and the list of jobs in it; the queue is shared with
+ * the connection threads (submit) and the sweeper (late waiting jobs) under the lock.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "server/sched.h"
@@ -12,17 +16,30 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine.h"
 #include "util.h"
 
 /* How often the sweeper answers waiting jobs whose deadline passed or whose client left. */
 #define SRV_SWEEP_MS 50
+
+const double SRV_STEP_ROWS_BOUNDS[SRV_STEP_BUCKETS] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
+const double SRV_STEP_TOKENS_BOUNDS[SRV_STEP_BUCKETS] = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+
+/* One row of a job in the engine: its options (with the cancel check), where its end goes, and the
+ * tokens it had computed after the last step (a step's figures are what its rows' counts grew by). */
+typedef struct srv_row_run {
+    squad_score_opts opts;
+    srv_job *job;
+    int i;
+    int computed_seen;
+} srv_row_run;
 
 struct srv_sched {
     pthread_mutex_t lock;
     pthread_cond_t wake; /* a job arrived, or stop */
     pthread_t thread;
     int thread_started;
-    pthread_t sweeper; /* answers late waiting jobs while the engine is inside a chunk */
+    pthread_t sweeper; /* answers late waiting jobs while the engine is inside a step */
     pthread_cond_t sweeper_wake;
     int sweeper_started, sweeper_stop;
 
@@ -36,6 +53,12 @@ struct srv_sched {
     int queued, capacity;
     int stopping;
     double stop_deadline;
+
+    /* the scheduler thread's own */
+    srv_job *running, *running_tail; /* jobs with rows in the engine, in the order they went in */
+    int in_flight;                   /* rows submitted and not yet done */
+    int max_rows, batch_tokens;      /* the engine's */
+    int room;                        /* max_rows + SRV_LOOKAHEAD_ROWS */
 
     srv_sched_stats stats; /* counters and the engine figures, published under lock */
     void (*log)(void *ctx, const char *line);
@@ -58,10 +81,13 @@ static void sched_log(srv_sched *s, const char *fmt, ...) {
 static void complete(srv_sched *s, srv_job *job, srv_job_status status) {
     job->status = status;
     job->t_end = squad_now_seconds();
+    free(job->run);
+    job->run = NULL;
     pthread_mutex_lock(&s->lock);
     s->stats.jobs_done++;
     if (status == SRV_JOB_TIMEOUT) s->stats.jobs_timeout++;
     if (status == SRV_JOB_CANCELLED) s->stats.jobs_cancelled++;
+    if (status == SRV_JOB_FAILED) s->stats.jobs_failed++;
     pthread_mutex_unlock(&s->lock);
     job->done(job);
 }
@@ -97,24 +123,29 @@ static void expire_waiting(srv_sched *s, double now) {
     }
 }
 
-/* Polled before every row and between chunks: 1 when the running job must stop (why in
- * job->cancel_seen). */
+/* 1 when a shutdown's grace has run out. */
+static int past_grace(srv_sched *s, double now) {
+    pthread_mutex_lock(&s->lock);
+    int late = s->stopping && now > s->stop_deadline;
+    pthread_mutex_unlock(&s->lock);
+    return late;
+}
+
+/* Polled before every row goes in and, through the engine, before every chunk: 1 when the job must
+ * stop (why in job->cancel_seen; a failed job's rows stop with it). */
 static int job_should_stop(srv_sched *s, srv_job *job) {
+    if (job->cancel_seen || job->failed) return 1;
     double now = squad_now_seconds();
     if (job->deadline > 0 && now > job->deadline) job->cancel_seen = SRV_JOB_TIMEOUT;
     else if (job->client_gone && job->client_gone(job->client_ctx)) job->cancel_seen = SRV_JOB_CANCELLED;
-    else if (s->stopping && now > s->stop_deadline) job->cancel_seen = SRV_JOB_SHUTDOWN;
+    else if (past_grace(s, now)) job->cancel_seen = SRV_JOB_SHUTDOWN;
     return job->cancel_seen != 0;
 }
 
-typedef struct cancel_ctx {
-    srv_sched *s;
-    srv_job *job;
-} cancel_ctx;
-
-static int engine_cancelled(void *ctx) {
-    cancel_ctx *c = ctx;
-    return job_should_stop(c->s, c->job);
+/* The engine's cancel check of one row. */
+static int row_cancelled(void *ctx) {
+    srv_row_run *rr = ctx;
+    return job_should_stop(rr->job->sched, rr->job);
 }
 
 static void publish_engine_stats(srv_sched *s) {
@@ -129,6 +160,7 @@ static void publish_engine_stats(srv_sched *s) {
     s->stats.cache = st;
     s->stats.n_routes = n_routes;
     memcpy(s->stats.route_rows, routes, sizeof routes);
+    s->stats.rows_in_flight = s->in_flight;
     pthread_mutex_unlock(&s->lock);
     if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
         sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
@@ -136,84 +168,262 @@ static void publish_engine_stats(srv_sched *s) {
                   (double)st.budget_bytes / (1 << 20));
 }
 
-/* The engine call: row i of job, with the options the moment asks for. */
-static int run_row(srv_sched *s, srv_job *job, int i, int others_wait) {
-    cancel_ctx cc = {s, job};
-    squad_score_opts o;
-    memset(&o, 0, sizeof o);
-    o.want_vocab = job->want_vocab;
-    /* A new state keeps only its end checkpoint when others wait: its first row still makes the
-     * checkpoint that the job's other rows restore. */
-    o.end_checkpoint_only = others_wait;
-    o.checkpoints = job->checkpoints;
-    o.n_checkpoints = job->n_checkpoints;
-    o.cancelled = engine_cancelled;
-    o.cancel_ctx = &cc;
-    return squad_engine_score_ex(s->engine, job->rows[i], &o, &job->results[i], &job->errs[i]);
+/* The engine's batching limits: max_rows is the backend's sequence slots (the option, or the
+ * backend's default), batch_tokens the option capped by the backend's largest batch. The public
+ * API does not say them, so they are read from the engine's backend here, in one place. */
+static void engine_limits(const squad_engine *e, const squad_engine_opts *opts, int *max_rows, int *batch_tokens) {
+    const squad_backend *be = e->be;
+    *max_rows = be->max_seqs > 0 ? be->max_seqs : 1;
+    *batch_tokens = opts->batch_tokens > 0 && opts->batch_tokens < be->max_batch_tokens ? opts->batch_tokens
+                                                                                      : be->max_batch_tokens;
 }
 
-static void run_rows(srv_sched *s, srv_job *job) {
+/* ---- rows in and out of the engine ----------------------------------------------------------- */
+
+/* The engine's end of one row (called from squad_engine_step, or from squad_engine_submit when its
+ * row memo answers). Records how the row ended; the job is completed by reap, outside the engine. */
+static void row_done(void *ctx, int rc, const squad_err *err) {
+    srv_row_run *rr = ctx;
+    srv_job *job = rr->job;
+    srv_sched *s = job->sched;
+    job->outstanding--;
+    s->in_flight--;
+    if (rc == 0) {
+        memset(&job->errs[rr->i], 0, sizeof job->errs[rr->i]);
+        job->rows_run++;
+        return;
+    }
+    job->errs[rr->i] = *err;
+    if (!job->errs[rr->i].code) job->errs[rr->i].code = rc;
+    if (rc == SQUAD_E_INVALID) return; /* the row's own error; the job goes on */
+    if (rc == SQUAD_E_CANCELLED || job->cancel_seen) {
+        if (!job->cancel_seen) job->cancel_seen = SRV_JOB_CANCELLED;
+        job->stopped = 1;
+        return;
+    }
+    /* The engine failed on this row: the job fails (its other rows stop at their next chunk), the
+       other jobs go on. */
+    if (!job->failed) {
+        job->failed = 1;
+        job->fail_err = *err;
+        sched_log(s, "engine error: %s", err->msg);
+    }
+    job->stopped = 1;
+}
+
+/* Submits row i of job. A row the engine refuses (a bad row) is that row's error at once. */
+static void submit_row(srv_sched *s, srv_job *job, int i) {
+    srv_row_run *rr = &job->run[i];
+    job->next_row = i + 1;
+    job->outstanding++;
+    s->in_flight++;
+    squad_err err = {0};
+    int rc = squad_engine_submit(s->engine, job->rows[i], &rr->opts, &job->results[i], row_done, rr, &err);
+    if (rc) row_done(rr, rc, &err); /* done is not called for a refused row */
+}
+
+/* Takes job into the engine's list: the per-row options, with the checkpoints rule of the moment. */
+static int admit(srv_sched *s, srv_job *job, int others) {
+    squad_err err = {0};
+    job->run = squad_calloc((size_t)(job->n_rows > 0 ? job->n_rows : 1), sizeof *job->run, &err);
+    if (!job->run) return -1;
+    job->sched = s;
     job->t_start = squad_now_seconds();
     for (int i = 0; i < job->n_rows; i++) {
-        if (job_should_stop(s, job)) {
-            complete(s, job, (srv_job_status)job->cancel_seen);
-            return;
-        }
-        pthread_mutex_lock(&s->lock);
-        int others_wait = s->queued > 0;
-        s->stats.rows_running = 1;
-        pthread_mutex_unlock(&s->lock);
+        srv_row_run *rr = &job->run[i];
+        rr->job = job;
+        rr->i = i;
+        rr->opts.want_vocab = job->want_vocab;
+        /* A new state keeps only its end checkpoint when other requests wait or run: its first row
+           still makes the checkpoint that the job's other rows restore. */
+        rr->opts.end_checkpoint_only = others;
+        rr->opts.checkpoints = job->checkpoints;
+        rr->opts.n_checkpoints = job->n_checkpoints;
+        rr->opts.cancelled = row_cancelled;
+        rr->opts.cancel_ctx = rr;
         memset(&job->errs[i], 0, sizeof job->errs[i]);
-        int rc = run_row(s, job, i, others_wait);
-        pthread_mutex_lock(&s->lock);
-        s->stats.rows_running = 0;
-        pthread_mutex_unlock(&s->lock);
-        publish_engine_stats(s);
-        if (rc == SQUAD_E_CANCELLED || (rc < 0 && job->cancel_seen)) {
-            complete(s, job, job->cancel_seen ? (srv_job_status)job->cancel_seen : SRV_JOB_CANCELLED);
-            return;
-        }
-        if (rc < 0 && rc != SQUAD_E_INVALID) {
-            sched_log(s, "engine error: %s", job->errs[i].msg);
-            job->errs[0] = job->errs[i];
-            complete(s, job, SRV_JOB_FAILED);
-            return;
-        }
-        job->rows_run = i + 1;
     }
+    if (s->running_tail) s->running_tail->next = job;
+    else s->running = job;
+    s->running_tail = job;
+    job->next = NULL;
+    return 0;
+}
+
+/* Submits the rows of the jobs in the engine, oldest job first, while there is room. */
+static void fill(srv_sched *s) {
+    for (srv_job *j = s->running; j; j = j->next) {
+        while (!j->stopped && j->next_row < j->n_rows) {
+            if (s->in_flight >= s->room) return;
+            if (job_should_stop(s, j)) {
+                j->stopped = 1;
+                break;
+            }
+            submit_row(s, j, j->next_row);
+        }
+    }
+}
+
+/* 1 when a job in the engine still has rows to submit (no later job may pass it). */
+static int running_unsubmitted(const srv_sched *s) {
+    for (const srv_job *j = s->running; j; j = j->next)
+        if (!j->stopped && j->next_row < j->n_rows) return 1;
+    return 0;
+}
+
+static srv_job_status job_status(const srv_job *job) {
+    if (job->failed) return SRV_JOB_FAILED;
+    if (job->cancel_seen) return (srv_job_status)job->cancel_seen;
+    return SRV_JOB_OK;
+}
+
+/* Completes the jobs in the engine that are over: every row done, or stopped with none left in the
+ * engine (it borrows a row's arrays until its done). */
+static void reap(srv_sched *s) {
+    srv_job **pp = &s->running, *prev = NULL;
+    while (*pp) {
+        srv_job *j = *pp;
+        int over = j->outstanding == 0 && (j->stopped || j->next_row >= j->n_rows);
+        if (!over) {
+            prev = j;
+            pp = &j->next;
+            continue;
+        }
+        *pp = j->next;
+        if (s->running_tail == j) s->running_tail = prev;
+        j->next = NULL;
+        if (j->failed) j->errs[0] = j->fail_err;
+        complete(s, j, job_status(j));
+    }
+}
+
+/* ---- the queue into the engine ---------------------------------------------------------------- */
+
+/* Runs a cache-clear job: only with nothing in the engine (no checkpoint is pinned by a row). */
+static void run_clear(srv_sched *s, srv_job *job) {
+    job->t_start = squad_now_seconds();
+    squad_engine_cache_clear(s->engine);
+    publish_engine_stats(s);
     complete(s, job, SRV_JOB_OK);
 }
 
-static void run_job(srv_sched *s, srv_job *job) {
-    if (s->ready < 0) {
-        if (job->errs && job->n_rows > 0) job->errs[0] = s->engine_err;
-        complete(s, job, SRV_JOB_FAILED);
-        return;
-    }
-    if (job->kind == SRV_JOB_CLEAR) {
-        job->t_start = squad_now_seconds();
-        squad_engine_cache_clear(s->engine);
-        publish_engine_stats(s);
-        complete(s, job, SRV_JOB_OK);
-        return;
-    }
-    run_rows(s, job);
-}
-
-/* The next job to run; NULL when stopping with nothing left. Blocks while the queue is empty. */
-static srv_job *sched_next_work(srv_sched *s) {
-    pthread_mutex_lock(&s->lock);
-    while (!s->head && !s->stopping) pthread_cond_wait(&s->wake, &s->lock);
-    srv_job *j = s->head;
-    if (j) {
+/* Moves jobs from the head of the queue into the engine while they fit (sched.h); after a
+ * shutdown's grace, answers the waiting ones instead. */
+static void take_from_queue(srv_sched *s) {
+    for (;;) {
+        const double now = squad_now_seconds();
+        pthread_mutex_lock(&s->lock);
+        srv_job *j = s->head;
+        if (!j) {
+            pthread_mutex_unlock(&s->lock);
+            return;
+        }
+        const int shutdown = s->stopping && now > s->stop_deadline;
+        if (!shutdown) {
+            const int engine_empty = s->in_flight == 0 && !s->running;
+            if (j->kind == SRV_JOB_CLEAR ? !engine_empty
+                                         : running_unsubmitted(s) || (s->in_flight > 0 && s->in_flight + j->n_rows > s->room)) {
+                pthread_mutex_unlock(&s->lock);
+                return;
+            }
+        }
         s->head = j->next;
         if (!s->head) s->tail = NULL;
         s->queued--;
         s->stats.queue_depth = s->queued;
         j->next = NULL;
+        const int others = s->queued > 0 || s->running != NULL;
+        pthread_mutex_unlock(&s->lock);
+        if (shutdown) complete(s, j, SRV_JOB_SHUTDOWN);
+        else if (j->kind == SRV_JOB_CLEAR) run_clear(s, j);
+        else if (admit(s, j, others) < 0) {
+            if (j->errs && j->n_rows > 0) squad_fail(&j->errs[0], SQUAD_E_NOMEM, "out of memory for %d rows", j->n_rows);
+            complete(s, j, SRV_JOB_FAILED);
+        } else {
+            fill(s); /* its rows go in now, before the next job is looked at */
+        }
     }
+}
+
+/* Counts one step into the published figures. */
+static void count_step(srv_sched *s, int rows, uint64_t tokens) {
+    int rb = 0, tb = 0;
+    while (rb < SRV_STEP_BUCKETS && rows > SRV_STEP_ROWS_BOUNDS[rb]) rb++;
+    while (tb < SRV_STEP_BUCKETS && (double)tokens > SRV_STEP_TOKENS_BOUNDS[tb]) tb++;
+    pthread_mutex_lock(&s->lock);
+    s->stats.steps++;
+    s->stats.step_rows_bucket[rb]++;
+    s->stats.step_tokens_bucket[tb]++;
+    s->stats.step_rows_sum += (uint64_t)rows;
+    s->stats.step_tokens_sum += tokens;
+    s->stats.rows_running = rows;
     pthread_mutex_unlock(&s->lock);
-    return j;
+}
+
+/* One batched step of the engine, with its figures. A row's result counts the tokens run for it
+ * (squad_result.computed, grown chunk by chunk), so the rows a step ran are those whose count grew
+ * in it and its tokens the sum of the growth: read after the step from the rows submitted, before
+ * reap hands any job back. */
+static void step(srv_sched *s) {
+    squad_err err = {0};
+    int rc = squad_engine_step(s->engine, &err);
+    if (rc < 0) sched_log(s, "engine step failed (its rows failed with it): %s", err.msg);
+    int rows = 0;
+    uint64_t tokens = 0;
+    for (srv_job *j = s->running; j; j = j->next)
+        for (int i = 0; i < j->next_row; i++) {
+            srv_row_run *rr = &j->run[i];
+            const int now = j->results[i].computed;
+            if (now > rr->computed_seen) {
+                rows++;
+                tokens += (uint64_t)(now - rr->computed_seen);
+            }
+            rr->computed_seen = now;
+        }
+    count_step(s, rows, tokens);
+    publish_engine_stats(s);
+}
+
+/* The engine says it holds no row while jobs wait for rows it took: a broken promise of the engine,
+ * which would hang those jobs. They fail instead (the engine holds nothing of theirs any more). */
+static void fail_lost_rows(srv_sched *s) {
+    for (srv_job *j = s->running; j; j = j->next) {
+        if (j->outstanding == 0) continue;
+        sched_log(s, "the engine dropped %d rows of a request without ending them", j->outstanding);
+        s->in_flight -= j->outstanding;
+        j->outstanding = 0;
+        j->stopped = 1;
+        if (!j->failed) {
+            j->failed = 1;
+            squad_fail(&j->fail_err, SQUAD_E_BACKEND, "the engine dropped the request's rows");
+        }
+    }
+}
+
+/* Waits until a job arrives or the scheduler stops; 0 when it should stop (nothing left). */
+static int wait_for_work(srv_sched *s) {
+    pthread_mutex_lock(&s->lock);
+    while (!s->head && !s->stopping) pthread_cond_wait(&s->wake, &s->lock);
+    int more = s->head != NULL;
+    pthread_mutex_unlock(&s->lock);
+    return more;
+}
+
+/* The engine could not be created: every job fails with why. */
+static void fail_all(srv_sched *s) {
+    for (;;) {
+        if (!wait_for_work(s)) return;
+        pthread_mutex_lock(&s->lock);
+        srv_job *j = s->head;
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->queued--;
+        s->stats.queue_depth = s->queued;
+        pthread_mutex_unlock(&s->lock);
+        j->next = NULL;
+        if (j->errs && j->n_rows > 0) j->errs[0] = s->engine_err;
+        complete(s, j, SRV_JOB_FAILED);
+    }
 }
 
 static void *sched_main(void *arg) {
@@ -224,29 +434,50 @@ static void *sched_main(void *arg) {
         squad_engine_free(e);
         e = NULL;
     }
+    if (e) {
+        engine_limits(e, &s->opts, &s->max_rows, &s->batch_tokens);
+        s->room = s->max_rows + SRV_LOOKAHEAD_ROWS;
+    }
     pthread_mutex_lock(&s->lock);
     s->engine = e;
     s->ready = e ? 1 : -1;
     s->stats.ready = s->ready == 1;
+    s->stats.max_rows = s->max_rows;
+    s->stats.batch_tokens = s->batch_tokens;
+    s->stats.lookahead = SRV_LOOKAHEAD_ROWS;
     if (e) snprintf(s->stats.device, sizeof s->stats.device, "%s", squad_engine_device(e));
     pthread_mutex_unlock(&s->lock);
-    if (e) {
-        publish_engine_stats(s);
-        sched_log(s, "engine ready on %s in %.1f s; state cache budget %.1f MB", squad_engine_device(e),
-                  squad_now_seconds() - t0, (double)s->stats.cache.budget_bytes / (1 << 20));
-    } else {
+    if (!e) {
         sched_log(s, "the engine could not be created: %s", s->engine_err.msg);
+        fail_all(s);
+        return NULL;
     }
+    publish_engine_stats(s);
+    sched_log(s, "engine ready on %s in %.1f s; state cache budget %.1f MB; batching: --max-rows %d, --batch-tokens %d "
+              "(%d rows submitted at most)", squad_engine_device(e), squad_now_seconds() - t0,
+              (double)s->stats.cache.budget_bytes / (1 << 20), s->max_rows, s->batch_tokens, s->room);
     for (;;) {
-        srv_job *job = sched_next_work(s);
-        if (!job) break;
-        if (s->stopping && squad_now_seconds() > s->stop_deadline) complete(s, job, SRV_JOB_SHUTDOWN);
-        else run_job(s, job);
+        take_from_queue(s);
+        fill(s);
+        reap(s);
+        if (squad_engine_pending(e) > 0) {
+            step(s);
+            reap(s);
+            continue;
+        }
+        if (s->in_flight > 0) fail_lost_rows(s);
+        reap(s);
+        if (s->running) continue; /* rows to submit, or jobs to end: the next round does it */
+        pthread_mutex_lock(&s->lock);
+        s->stats.rows_running = 0;
+        s->stats.rows_in_flight = 0;
+        pthread_mutex_unlock(&s->lock);
+        if (!wait_for_work(s)) break;
     }
     return NULL;
 }
 
-/* The sweeper: the scheduler thread cannot look at the queue while the engine runs a chunk (a long
+/* The sweeper: the scheduler thread cannot look at the queue while the engine runs a step (a long
  * chunk on a CPU takes seconds), so this thread does, every SRV_SWEEP_MS. */
 static void *sweeper_main(void *arg) {
     srv_sched *s = arg;
@@ -319,6 +550,10 @@ int srv_sched_submit(srv_sched *s, srv_job *job) {
     job->cancel_seen = 0;
     job->status = SRV_JOB_OK;
     job->rows_run = 0;
+    job->sched = s;
+    job->run = NULL;
+    job->next_row = job->outstanding = job->stopped = job->failed = 0;
+    memset(&job->fail_err, 0, sizeof job->fail_err);
     pthread_mutex_lock(&s->lock);
     if (s->stopping || s->queued >= s->capacity) {
         pthread_mutex_unlock(&s->lock);

@@ -1,25 +1,31 @@
 /*
- * sched.h — the server's scheduler: one thread owns the engine and runs jobs, first come first
- * served, from a bounded queue (docs/server.md).
+ * sched.h — the server's scheduler: one thread owns the engine and feeds its continuous batching
+ * from a bounded FIFO of jobs (docs/server.md).
  *
  * A job is one request's rows plus how to answer it (a completion callback). Connection threads
  * build jobs (parse, validate, tokenise) and submit them; a full queue refuses at once (the caller
  * answers 503 with Retry-After). The scheduler thread creates the engine (so the model's load, the
- * CUDA graphs' capture and the GEMM plans' tuning happen before /ready says yes), then loops:
- * take the next job, run its rows together, complete it. A request's rows run back to back because
- * they share a state: the first computes and checkpoints it, the others restore it, even while other
- * requests wait; what a job gives up when others wait is the extra checkpoints of a new state
- * (end_checkpoint_only).
+ * CUDA graphs' capture and the GEMM plans' tuning happen before /ready says yes), then loops: take
+ * jobs from the head of the queue into the engine (squad_engine_submit, every row of a job at once
+ * so that a request's questions ride in the same batches), run one batched step
+ * (squad_engine_step), and complete each job whose rows are all done. Rows join and leave the
+ * engine between steps; the engine's max_rows decides how many run at once, and the scheduler keeps
+ * at most max_rows + SRV_LOOKAHEAD_ROWS rows submitted, so the engine always has the next rows at
+ * hand while a late request still waits here, where the sweeper can answer it.
  *
- * Cancellation: the engine polls a job's cancel check between chunks. It says stop when the job's
- * deadline (--timeout, covering the wait and the run) has passed or its client has gone (the job's
- * client_gone callback: the server peeks at the suspended connection's socket). A sweeper thread
- * answers waiting jobs whose deadline passed or whose client left every few tens of milliseconds,
- * so nothing waits silently behind a long chunk.
+ * Jobs enter the engine first come, first served: the head job goes in when all its rows fit in the
+ * room left, or alone when it is larger than the whole room (its rows then go in as room frees, and
+ * no later job passes it). A request's rows share a state: the engine computes a new one once and
+ * the others restore it; what a job gives up when others wait or run is the extra checkpoints of a
+ * new state (end_checkpoint_only).
  *
- * The shape is ready for batching: the thread pulls work through sched_next_work and the engine is
- * called in exactly one place (run_row), so a batching scheduler can take the next chunks of several
- * jobs' rows at once by changing those two, not the job or the queue.
+ * Cancellation: the engine polls each row's cancel check before its chunks. It says stop when the
+ * job's deadline (--timeout, covering the wait and the run) has passed, its client has gone (the
+ * job's client_gone callback: the server peeks at the suspended connection's socket), a shutdown's
+ * grace has run out, or another row of the job failed. A stopped job's rows not yet submitted never
+ * are; it is completed once the engine has let go of every row it took (their arrays are borrowed).
+ * A sweeper thread answers jobs still waiting in the queue whose deadline passed or whose client
+ * left every few tens of milliseconds, so nothing waits silently behind a long step.
  */
 #ifndef SQUAD_SERVER_SCHED_H
 #define SQUAD_SERVER_SCHED_H
@@ -27,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/server.h"
 #include "squad.h"
 
 typedef enum {
@@ -62,19 +69,43 @@ struct srv_job {
     srv_job_status status;
     int rows_run;
     double t_start, t_end; /* when it started running and ended */
-    /* private */
-    srv_job *next;
-    int cancel_seen;
+    /* private: the scheduler's */
+    srv_job *next;   /* in the queue, then in the list of jobs in the engine */
+    int cancel_seen; /* why it must stop (an srv_job_status), 0 while it may go on */
+    struct srv_sched *sched;
+    struct srv_row_run *run; /* [n_rows] while in the engine */
+    int next_row;    /* rows submitted so far */
+    int outstanding; /* rows submitted and not yet done */
+    int stopped;     /* no more rows go in (cancelled, failed) */
+    int failed;      /* a row failed in the engine (fail_err says why) */
+    squad_err fail_err;
 };
 
 typedef struct srv_sched srv_sched;
+
+/* Rows the scheduler submits beyond the engine's max_rows: the next rows are in the engine when a
+ * row leaves, while the queue stays where the sweeper can answer late requests. */
+#define SRV_LOOKAHEAD_ROWS SQUAD_SERVE_LOOKAHEAD_ROWS
+
+/* The histograms of a step's rows and tokens: upper bounds of the buckets, then +Inf. */
+#define SRV_STEP_BUCKETS 10
+extern const double SRV_STEP_ROWS_BOUNDS[SRV_STEP_BUCKETS];
+extern const double SRV_STEP_TOKENS_BOUNDS[SRV_STEP_BUCKETS];
 
 typedef struct srv_sched_stats {
     int ready;           /* the engine exists */
     int queue_depth;     /* jobs waiting */
     int queue_capacity;
-    int rows_running;    /* rows in the engine now (0 or 1 today) */
-    uint64_t jobs_done, jobs_timeout, jobs_cancelled;
+    int rows_running;    /* rows the engine's last step ran (0 when idle) */
+    int rows_in_flight;  /* rows submitted to the engine and not yet done */
+    int max_rows;        /* the engine's rows at once (--max-rows or the backend's) */
+    int batch_tokens;    /* the engine's tokens in one step (--batch-tokens or the backend's) */
+    int lookahead;       /* rows the scheduler submits beyond max_rows */
+    uint64_t steps;      /* squad_engine_step calls that ran rows */
+    /* per step: rows run and tokens computed, as histograms (bucket counts, SRV_STEP_*_BOUNDS) */
+    uint64_t step_rows_bucket[SRV_STEP_BUCKETS + 1], step_tokens_bucket[SRV_STEP_BUCKETS + 1];
+    uint64_t step_rows_sum, step_tokens_sum;
+    uint64_t jobs_done, jobs_timeout, jobs_cancelled, jobs_failed;
     squad_cache_stats cache; /* the engine's figures after its last row */
     int n_routes;            /* with specialists: routes (the trunk included); 0 without */
     uint64_t route_rows[SQUAD_MAX_ROUTES]; /* rows the engine answered per route */
@@ -101,8 +132,9 @@ int srv_sched_submit(srv_sched *s, srv_job *job);
 int srv_sched_ready(srv_sched *s, squad_err *err);
 void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);
 
-/* Stops: refuses new jobs, runs those queued until grace_s passes, answers the rest with
- * SRV_JOB_SHUTDOWN, joins the thread and frees the engine. */
+/* Stops: refuses new jobs, runs those queued and in the engine until grace_s passes, then stops the
+ * rows in the engine at their next chunk and answers every job left with SRV_JOB_SHUTDOWN; joins
+ * the thread and frees the engine. */
 void srv_sched_stop(srv_sched *s, double grace_s);
 
 #endif /* SQUAD_SERVER_SCHED_H */

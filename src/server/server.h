@@ -25,6 +25,11 @@
 #define SQUAD_SERVE_TIMEOUT_S 30.0
 #define SQUAD_SERVE_TOKEN_CACHE_MB 64
 #define SQUAD_SERVE_MAX_SCORE_ROWS 1024 /* rows of one /v1/score request */
+/* Bounds of --max-rows and --batch-tokens (the engine refuses what its backend cannot do). */
+#define SQUAD_SERVE_MAX_ROWS 1024
+#define SQUAD_SERVE_MAX_BATCH_TOKENS (1 << 20)
+/* Rows the scheduler submits beyond --max-rows (sched.h). */
+#define SQUAD_SERVE_LOOKAHEAD_ROWS 4
 
 typedef struct squad_server squad_server;
 
