@@ -16,7 +16,12 @@
 //      keys) all get the answers computed one at a time;
 //   6. /metrics is Prometheus text (a strict parser below) and its request counters equal what this
 //      test sent; /v1/stats says the same;
-//   7. SIGTERM with requests in flight: each gets its answer, exit status 0.
+//   7. SIGTERM with requests in flight: each gets its answer, exit status 0;
+//   8. batching: the same requests sent at once to a server with --max-rows 4 and to one with
+//      --max-rows 1 (both --precision exact) get the same answers within 1e-5; the batching metrics
+//      parse and move (steps, rows and tokens per step, rows in flight, the limits); a request whose
+//      client leaves, and one whose --timeout passes, while others are in flight: the others are
+//      answered, the same as before.
 // What these tests and tests/fuzz/fuzz_http.c find in the server is listed in NOTES-servertest.md.
 'use strict';
 const fs = require('fs');
@@ -813,6 +818,157 @@ async function phaseSpecialists(S, SM, SP, model, labels) {
   C.eq(st && st.router && Object.keys(st.router.routes), labels, '--specialists: /v1/stats router.routes by label');
 }
 
+// ---- batching ---------------------------------------------------------------------------------
+const BATCH_TOL = 1e-5;  // --precision exact: batched against one at a time
+
+// Requests that exercise batching: several questions about new pages (a request's rows share a
+// state), pages shared between requests, every endpoint, a /v1/score request with a bad row.
+function batchRequests(model) {
+  const reqs = [];
+  for (let v = 0; v < 6; v++) {
+    const page = `${LOGIN.state}\nBatch page ${v % 3}: ${'rows of a table, '.repeat(30 + 10 * (v % 3))}`;
+    reqs.push(['/v1/decisions', { model, input: [{ role: 'developer', content: LOGIN.system }, { role: 'user', content: page }],
+      questions: [{ type: 'predicate', instructions: `Is row ${v} visible?` }, decisionsRequests(model)[1].questions[1],
+        { type: 'score', instructions: 'How full is the table?', levels: [{ label: 'empty' }, { label: 'some' }, { label: 'full' }] }] }]);
+  }
+  for (let v = 0; v < 3; v++)
+    reqs.push(['/v1/systemone', { state: `Batch page ${v}: ${'an item, '.repeat(40)}`, questions: {
+      a: { type: 'noul', instructions: `Item ${v} visible?` }, b: { type: 'score', criteria: ['bad', 'ok', 'good'] } } }]);
+  for (const ex of examples) reqs.push(['/v1/ask', ex]);
+  let seed = 4242;
+  const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  for (let v = 0; v < 3; v++) {
+    const rows = Array.from({ length: 3 + v }, (_, i) => {
+      const n = 40 + 150 * i;
+      return { ids: Array.from({ length: n }, () => rnd(150000)), slots: [n - 1], nopts: [3], letters: [32, 33, 34], state_len: n - 5 };
+    });
+    rows.push({ ids: [1, 2], slots: [5], nopts: [2], letters: [1, 2] });  // a bad row: its own error
+    reqs.push(['/v1/score', { rows }]);
+  }
+  return reqs.map(([endpoint, body]) => ({ endpoint, text: JSON.stringify(body) }));
+}
+
+async function sendAll(S, reqs) {
+  return Promise.all(reqs.map((p) => send(S, 'POST', p.endpoint, p.text).then((r) => r, (e) => ({ status: 0, text: String(e) }))));
+}
+
+// The batching figures of /metrics (and /v1/stats' "batching"): a snapshot.
+async function batchFigures(S) {
+  const fams = parsePrometheus((await request(S.base, 'GET', '/metrics')).text);
+  const one = (name) => (fams[name] && fams[name].samples.length === 1 ? fams[name].samples[0].value : NaN);
+  const histo = (name) => {
+    const f = fams[name];
+    if (!f || f.type !== 'histogram') return null;
+    const h = { buckets: {} };
+    for (const smp of f.samples) {
+      if (smp.name === `${name}_bucket`) h.buckets[smp.labels.le] = smp.value;
+      else if (smp.name === `${name}_sum`) h.sum = smp.value;
+      else if (smp.name === `${name}_count`) h.count = smp.value;
+    }
+    return h;
+  };
+  const st = (await request(S.base, 'GET', '/v1/stats')).json;
+  return {
+    steps: one('squad_engine_steps_total'), maxRows: one('squad_engine_max_rows'), batchTokens: one('squad_engine_batch_tokens'),
+    inFlight: one('squad_rows_in_flight'), running: one('squad_rows_running'), cancelled: one('squad_jobs_cancelled_total'),
+    timeout: one('squad_jobs_timeout_total'), rows: histo('squad_engine_step_rows'), tokens: histo('squad_engine_step_tokens'),
+    stats: st && st.batching,
+  };
+}
+
+function checkBatchFigures(what, before, after, maxRows) {
+  C.eq(after.maxRows, maxRows, `${what}: squad_engine_max_rows = --max-rows`);
+  C.ok(after.batchTokens > 0, `${what}: squad_engine_batch_tokens`, after.batchTokens);
+  C.ok(after.stats && after.stats.max_rows === maxRows && after.stats.batch_tokens === after.batchTokens &&
+    after.stats.steps === after.steps && after.stats.rows_per_step.count === after.rows.count &&
+    after.stats.tokens_per_step.sum === after.tokens.sum, `${what}: /v1/stats "batching" says what /metrics says`, after.stats);
+  C.ok(after.steps > before.steps, `${what}: squad_engine_steps_total moved`, [before.steps, after.steps]);
+  C.ok(after.rows && after.rows.count === after.steps && after.tokens && after.tokens.count === after.steps,
+    `${what}: one rows and one tokens observation per step`, [after.steps, after.rows, after.tokens]);
+  C.ok(after.rows.sum > before.rows.sum && after.tokens.sum > before.tokens.sum, `${what}: rows and tokens per step moved`,
+    [before.rows.sum, after.rows.sum, before.tokens.sum, after.tokens.sum]);
+  C.eq(after.rows.buckets[String(maxRows)], after.rows.count, `${what}: no step ran more than --max-rows rows`);
+  C.ok(after.rows.sum <= after.steps * maxRows, `${what}: rows per step sum <= steps x --max-rows`, [after.rows.sum, after.steps]);
+  C.eq([after.inFlight, after.running], [0, 0], `${what}: idle: squad_rows_in_flight and squad_rows_running 0`);
+}
+
+// The same requests, all at once, twice (new states, then their cached ones), on --max-rows 1 and on
+// --max-rows 4: the same answers. Returns the --max-rows 1 answers by request.
+async function phaseBatchEqual(R1, R4, reqs) {
+  const want = [];
+  for (const [S, maxRows, what] of [[R1, 1, 'batching --max-rows 1'], [R4, 4, 'batching --max-rows 4']]) {
+    const before = await batchFigures(S);
+    for (let round = 0; round < 2; round++) {
+      const got = await sendAll(S, reqs);
+      got.forEach((r, i) => {
+        const p = reqs[i];
+        const tag = `${what} round ${round} ${p.endpoint} request ${i}`;
+        if (!C.eq(r.status, 200, `${tag}: status`)) { console.error(r.text); return; }
+        const n = normal(p.endpoint, r.json);
+        if (maxRows === 1 && round === 0) { want[i] = n; return; }
+        const d = deepClose(n, want[i], BATCH_TOL);
+        C.ok(!d, `${tag}: the answers of --max-rows 1 within ${BATCH_TOL}`, d);
+      });
+    }
+    checkBatchFigures(what, before, await batchFigures(S), maxRows);
+  }
+  return want;
+}
+
+// Long rows no cache holds: a request that keeps the engine busy for seconds.
+function longScore(seed0) {
+  let seed = seed0;
+  const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  return { rows: Array.from({ length: 400 }, () => {
+    const ids = Array.from({ length: 1000 }, () => rnd(150000));
+    return { ids, slots: [999], nopts: [3], letters: [32, 33, 34], state_len: 980 };
+  }) };
+}
+
+async function waitFor(S, pred, ms) {
+  const t0 = Date.now();
+  let f = await batchFigures(S);
+  while (!pred(f) && Date.now() - t0 < ms) { await L.sleep(50); f = await batchFigures(S); }
+  return f;
+}
+
+// One long request among several in flight ends early (its client leaves; its --timeout passes):
+// the others are answered, with the answers they get alone.
+async function phaseBatchCancel(S, reqs, want, timeoutS) {
+  const others = reqs.map((p, i) => ({ ...p, i })).filter((p, i) => i % 2 === 0);
+  const check = (got, what) => got.forEach((r, k) => {
+    const p = others[k];
+    if (!C.eq(r.status, 200, `${what}: ${p.endpoint} request ${p.i} answered`)) { console.error(r.text); return; }
+    const d = deepClose(normal(p.endpoint, r.json), want[p.i], BATCH_TOL);
+    C.ok(!d, `${what}: ${p.endpoint} request ${p.i}: its answers`, d);
+  });
+  // the client of the long request leaves (its socket closed after 400 ms without an answer)
+  let before = await batchFigures(S);
+  const first = sendAll(S, others.slice(0, 3));  // in the engine before the long one comes
+  const gone = request(S.base, 'POST', '/v1/score', longScore(99), {}, { agent: false, timeoutMs: 400 * L.SLOW })
+    .then((r) => `answered ${r.status}`, (e) => String(e));
+  await L.sleep(100);
+  const rest = sendAll(S, others.slice(3));
+  const [g1, g2, gm] = await Promise.all([first, rest, gone]);
+  C.has(gm, 'timeout', 'batching, a client leaves: its request was abandoned by the client');
+  check(g1.concat(g2), 'batching, a client leaves');
+  let after = await waitFor(S, (f) => f.cancelled > before.cancelled && f.inFlight === 0, 10000 * L.SLOW);
+  C.eq(after.cancelled - before.cancelled, 1, 'batching, a client leaves: squad_jobs_cancelled_total counts it');
+  C.eq(after.inFlight, 0, 'batching, a client leaves: its rows left the engine');
+  // the long request's --timeout passes while others wait and run
+  before = after;
+  const late = send(S, 'POST', '/v1/score', longScore(7));
+  await L.sleep(500 * timeoutS);
+  const got = await sendAll(S, others);
+  const t = await late;
+  C.eq(t.status, 503, 'batching, --timeout passes: the long request gets 503');
+  C.ok(t.json && t.json.error && /timeout/.test(t.json.error.message), 'batching, --timeout passes: the message names it', t.text);
+  check(got, 'batching, --timeout passes');
+  after = await waitFor(S, (f) => f.timeout > before.timeout && f.inFlight === 0, 10000 * L.SLOW);
+  C.eq(after.timeout - before.timeout, 1, 'batching, --timeout passes: squad_jobs_timeout_total counts it');
+  C.eq(after.inFlight, 0, 'batching, --timeout passes: its rows left the engine');
+}
+
 async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'squad-serve-'));
   const servers = [];
@@ -867,6 +1023,20 @@ async function main() {
     await phaseOverload(O, M, model);
     await phaseMetrics(O, 'server C (overload)');
     C.eq(await L.stopServer(O), { code: 0, signal: null }, 'server C: exit 0');
+
+    // batching: --max-rows 1 against --max-rows 4, exact arithmetic, no request memo
+    const BT = 1.5 * L.SLOW;
+    const R1 = await L.startServer(SQUAD, M, ['--max-rows', '1', '--precision', 'exact', '--memo-mb', '0', '--threads', '1']);
+    servers.push(R1);
+    const R4 = await L.startServer(SQUAD, M, ['--max-rows', '4', '--precision', 'exact', '--memo-mb', '0', '--threads', '1',
+      '--timeout', String(BT)]);
+    servers.push(R4);
+    const breqs = batchRequests(model);
+    const bwant = await phaseBatchEqual(R1, R4, breqs);
+    await phaseBatchCancel(R4, breqs, bwant, BT);
+    await phaseMetrics(R4, 'server R4 (--max-rows 4)');
+    C.eq(await L.stopServer(R1), { code: 0, signal: null }, 'server R1 (--max-rows 1): exit 0');
+    C.eq(await L.stopServer(R4), { code: 0, signal: null }, 'server R4 (--max-rows 4): exit 0');
 
     const T = await L.startServer(SQUAD, M, ['--max-tokens', String(SMALL_MAX), '--memo-mb', '0', '--threads', '1']);
     servers.push(T);
