@@ -4,7 +4,8 @@
  * server's request-memo and state-cache hit rates over the run (GET /v1/stats before and after:
  * requests the memo answered, engine rows that restored a cached state fully or partly, tokens
  * restored out of all the rows' tokens) and
- * the server's peak resident memory (VmHWM in /proc/PID/status).
+ * the server's peak resident memory (VmHWM in /proc/PID/status). Questions/s counts each trace
+ * row's answer slots (a row asks one question a slot); with --bodies a request counts as one.
  *
  *   bench_server --port P [--host 127.0.0.1] [--pid PID] (--trace FILE | --bodies FILE)
  *                [--path /v1/score] [--concurrency 1,8,32,128] [--requests N] [--memo]
@@ -54,6 +55,7 @@
 typedef struct workload {
     char **req;      /* full HTTP requests (request line, headers, body) */
     size_t *req_len;
+    int *questions;  /* per request: the answer slots of its row (1 for --bodies) */
     size_t n;
 } workload;
 
@@ -97,6 +99,7 @@ typedef struct run {
     double *latency_ms;    /* per request, by index */
     atomic_long errors;    /* non-200 answers and broken connections */
     atomic_long done;
+    atomic_long questions; /* answer slots of the requests answered */
     char first_error[256];
     pthread_mutex_t err_lock;
 } run;
@@ -192,6 +195,19 @@ static char *build_request(const options *o, const char *method, const char *pat
 
 /* ---- the workload ---------------------------------------------------------------------------- */
 
+/* The answer slots of a trace row: the numbers in its "slots" array (at least 1). */
+static int row_slots(const char *row) {
+    const char *p = strstr(row, "\"slots\":");
+    if (!p || !(p = strchr(p, '['))) return 1;
+    int n = 0, in_number = 0;
+    for (p++; *p && *p != ']'; p++) {
+        int digit = *p >= '0' && *p <= '9';
+        if (digit && !in_number) n++;
+        in_number = digit;
+    }
+    return n > 0 ? n : 1;
+}
+
 static void load_workload(const options *o, workload *w) {
     const char *file = o->trace ? o->trace : o->bodies;
     FILE *f = fopen(file, "r");
@@ -202,6 +218,7 @@ static void load_workload(const options *o, workload *w) {
     size_t cap = 1024;
     w->req = xmalloc(cap * sizeof *w->req);
     w->req_len = xmalloc(cap * sizeof *w->req_len);
+    w->questions = xmalloc(cap * sizeof *w->questions);
     w->n = 0;
     char *line = NULL;
     size_t line_cap = 0;
@@ -213,7 +230,8 @@ static void load_workload(const options *o, workload *w) {
             cap *= 2;
             w->req = realloc(w->req, cap * sizeof *w->req);
             w->req_len = realloc(w->req_len, cap * sizeof *w->req_len);
-            if (!w->req || !w->req_len) die("out of memory");
+            w->questions = realloc(w->questions, cap * sizeof *w->questions);
+            if (!w->req || !w->req_len || !w->questions) die("out of memory");
         }
         char *body = line;
         size_t body_len = (size_t)len;
@@ -224,6 +242,7 @@ static void load_workload(const options *o, workload *w) {
             snprintf(wrapped, body_len + 1, "{\"rows\": [%s]}", line);
             body = wrapped;
         }
+        w->questions[w->n] = o->trace ? row_slots(line) : 1;
         w->req[w->n] = build_request(o, "POST", o->path, body, body_len, &w->req_len[w->n]);
         w->n++;
         free(wrapped);
@@ -371,6 +390,7 @@ static void *worker_main(void *arg) {
                     record_error(r, what);
                 }
                 atomic_fetch_add(&r->done, 1);
+                atomic_fetch_add(&r->questions, r->w->questions[c->req]);
                 if (start_next(r, c) && write_request(r, c) >= 0) continue;
             }
             c->busy = 0;
@@ -461,6 +481,7 @@ static int run_level(const options *o, const workload *w, int concurrency) {
     atomic_init(&r.next, 0);
     atomic_init(&r.errors, 0);
     atomic_init(&r.done, 0);
+    atomic_init(&r.questions, 0);
     pthread_mutex_init(&r.err_lock, NULL);
     r.total = o->requests > 0 ? o->requests : (o->memo ? MEMO_DEFAULT_REQUESTS : (long)w->n);
     r.latency_ms = xmalloc((size_t)r.total * sizeof *r.latency_ms);
@@ -484,9 +505,9 @@ static int run_level(const options *o, const workload *w, int concurrency) {
         if (r.latency_ms[i] >= 0) r.latency_ms[answered++] = r.latency_ms[i];
     qsort(r.latency_ms, (size_t)answered, sizeof *r.latency_ms, cmp_double);
     long errors = atomic_load(&r.errors) + (r.total - done);
-    printf("| %s | %d | %ld | %ld | %.0f | %.2f | %.2f", o->label ? o->label : (o->memo ? "memo" : "trace"),
-           concurrency, done, errors, done / (wall / 1e3), percentile(r.latency_ms, answered, 0.50),
-           percentile(r.latency_ms, answered, 0.99));
+    printf("| %s | %d | %ld | %ld | %.0f | %.0f | %.2f | %.2f", o->label ? o->label : (o->memo ? "memo" : "trace"),
+           concurrency, done, errors, done / (wall / 1e3), (double)atomic_load(&r.questions) / (wall / 1e3),
+           percentile(r.latency_ms, answered, 0.50), percentile(r.latency_ms, answered, 0.99));
     double memo_hits = delta(before, after, STAT_MEMO, "hits");
     double memo_misses = delta(before, after, STAT_MEMO, "misses");
     print_rate(memo_hits, memo_hits < 0 || memo_misses < 0 ? -1 : memo_hits + memo_misses);
@@ -557,13 +578,14 @@ int main(int argc, char **argv) {
         }
         free(body);
     }
-    printf("| workload | concurrency | answered | errors | requests/s | p50 ms | p99 ms | request memo | cache hits "
-           "(rows) | tokens reused | server peak RSS MB |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| workload | concurrency | answered | errors | requests/s | questions/s | p50 ms | p99 ms | request memo | "
+           "cache hits (rows) | tokens reused | server peak RSS MB |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     int status = 0;
     for (int l = 0; l < o.n_levels; l++) status |= run_level(&o, &w, o.levels[l]);
     for (size_t i = 0; i < w.n; i++) free(w.req[i]);
     free(w.req);
     free(w.req_len);
+    free(w.questions);
     return status;
 }

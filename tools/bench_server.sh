@@ -4,14 +4,19 @@
 #   1. the agent-trace workload (bench/agent_trace.py: interleaved agent sessions whose states grow
 #      and change; each row one POST /v1/score) at each concurrency level, a fresh server per level
 #      (so no level answers another's repeats from the memo);
-#   2. memo-answered requests: one /v1/decisions body repeated (after a warm-up every request is an
+#   2. batching (issue 14): the same trace at concurrency BATCH_LEVEL through a server with the
+#      default --max-rows (batched) and through one with --max-rows 1 (one row at a time), back to
+#      back: questions/s and p50 / p99 latency of each, and the ratio of their questions/s;
+#   3. memo-answered requests: one /v1/decisions body repeated (after a warm-up every request is an
 #      exact repeat: the server's own overhead, the target is >= 20,000 requests/s on 2 cores).
 # Prints bench_server's markdown tables; bench/RESULTS.md records the figures.
 #
 # Usage: bash tools/bench_server.sh BUILD_DIR
 # Environment (optional): PRESET (tiny), LEVELS (1,8,32,128), SESSIONS (24), LIVE (8), STEPS (6),
 # SEED (1), THREADS (engine CPU threads, 1), MEMO_REQUESTS (200000), MEMO_LEVELS (1,8,32,128),
-# SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the GPU machine).
+# BATCH_LEVEL (32), BATCH_ROWS (the batched server's --max-rows; default: the engine's default),
+# BATCH_ONLY (1: only part 2), SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the
+# GPU machine).
 set -euo pipefail
 BUILD=${1:?usage: bash tools/bench_server.sh BUILD_DIR}
 PRESET=${PRESET:-tiny}
@@ -23,6 +28,9 @@ SEED=${SEED:-1}
 THREADS=${THREADS:-1}
 MEMO_REQUESTS=${MEMO_REQUESTS:-200000}
 MEMO_LEVELS=${MEMO_LEVELS:-1,8,32,128}
+BATCH_LEVEL=${BATCH_LEVEL:-32}
+BATCH_ROWS=${BATCH_ROWS:-}
+BATCH_ONLY=${BATCH_ONLY:-0}
 cd "$(dirname "$0")/.."
 SQUAD="$BUILD/squad"
 BENCH="$BUILD/bench_server"
@@ -44,10 +52,10 @@ stop_server() {
   SERVER=""
 }
 trap 'stop_server; rm -f "$LOG"' EXIT
-# Starts a server on a free port; sets SERVER (pid) and PORT.
+# Starts a server on a free port (more `squad serve` options in "$@"); sets SERVER (pid) and PORT.
 start_server() {
   # shellcheck disable=SC2086
-  "$SQUAD" serve --model "$MODEL" --port 0 --threads "$THREADS" ${SERVE_ARGS:-} 2> "$LOG" &
+  "$SQUAD" serve --model "$MODEL" --port 0 --threads "$THREADS" ${SERVE_ARGS:-} "$@" 2> "$LOG" &
   SERVER=$!
   PORT=""
   for _ in $(seq 1 600); do
@@ -59,7 +67,9 @@ start_server() {
   echo "bench_server.sh: the server did not become ready" >&2; cat "$LOG" >&2; exit 1
 }
 
-echo "== agent trace: $(wc -l < "$TRACE") rows ($SESSIONS sessions, $LIVE live, $STEPS steps), preset $PRESET, engine threads $THREADS"
+TRACE_ABOUT="$(wc -l < "$TRACE") rows ($SESSIONS sessions, $LIVE live, $STEPS steps), preset $PRESET, engine threads $THREADS"
+if [ "$BATCH_ONLY" != 1 ]; then
+echo "== agent trace: $TRACE_ABOUT"
 first=1
 for c in ${LEVELS//,/ }; do
   start_server
@@ -68,6 +78,37 @@ for c in ${LEVELS//,/ }; do
   first=0
   stop_server
 done
+echo
+fi
+
+# The server's batching limits as it reports them (GET /v1/stats "batching").
+batching_of() {
+  curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c '
+import json, sys
+b = json.load(sys.stdin)["batching"]
+rows = b["rows_per_step"]
+print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step" % (b["max_rows"], b["batch_tokens"], b["steps"],
+      rows["sum"] / rows["count"] if rows["count"] else 0))'
+}
+echo "== batching: agent trace ($TRACE_ABOUT) at concurrency $BATCH_LEVEL, batched against one row at a time"
+BATCHED_ARGS=()
+[ -n "$BATCH_ROWS" ] && BATCHED_ARGS=(--max-rows "$BATCH_ROWS")
+RESULT="$(mktemp)"
+trap 'stop_server; rm -f "$LOG" "$RESULT"' EXIT
+start_server "${BATCHED_ARGS[@]}"
+"$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label batched | tee "$RESULT"
+ABOUT_BATCHED=$(batching_of)
+stop_server
+start_server --max-rows 1
+"$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "one at a time" |
+  tail -n +3 | tee -a "$RESULT"
+ABOUT_ONE=$(batching_of)
+stop_server
+echo "batched: $ABOUT_BATCHED; one at a time: $ABOUT_ONE"
+# questions/s is the table's 6th column
+awk -F'|' '$2 ~ /batched/ {b = $7} $2 ~ /one at a time/ {o = $7}
+  END { if (o + 0 > 0) printf "batched / one at a time: %.2fx the questions/s\n", b / o }' "$RESULT"
+[ "$BATCH_ONLY" = 1 ] && exit 0
 
 echo
 echo "== memo: one /v1/decisions body repeated ($MEMO_REQUESTS requests a level)"
