@@ -52,7 +52,11 @@
 #              carried: carry [".carry", ".fla"] -> hf_fla.log
 #   serve      (not by default) tools/server_gpu_check.sh: a 3-question decision request on a cached
 #              4096-token state, client time against the engine's -> serve.log
-#   serveload  (not by default) tools/bench_server.sh with --device cuda -> serveload.log
+#   serveload  (not by default) tools/bench_server.sh with --device cuda -> serveload.log: the
+#              agent trace per concurrency level, the trace at concurrency 32 batched (the default
+#              --max-rows) against --max-rows 1, memo-answered requests; BATCH_ONLY=1 in the
+#              environment: only the batched against one-at-a-time comparison (BATCH_LEVEL, BATCH_ROWS
+#              as tools/bench_server.sh reads them)
 #   specfix    (not by default) tools/make_specialist_fixtures.py -> specfix.tgz, specfix.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
