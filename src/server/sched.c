@@ -32,6 +32,7 @@ typedef struct srv_row_run {
     srv_job *job;
     int i;
     int computed_seen;
+    int ended; /* its end was recorded (a row ends once, however the engine reports it) */
 } srv_row_run;
 
 struct srv_sched {
@@ -186,6 +187,8 @@ static void row_done(void *ctx, int rc, const squad_err *err) {
     srv_row_run *rr = ctx;
     srv_job *job = rr->job;
     srv_sched *s = job->sched;
+    if (rr->ended) return;
+    rr->ended = 1;
     job->outstanding--;
     s->in_flight--;
     if (rc == 0) {
