@@ -169,12 +169,14 @@ static void publish_engine_stats(srv_sched *s) {
                   (double)st.budget_bytes / (1 << 20));
 }
 
-/* The engine's batching limits: max_rows is the backend's sequence slots (the option, or the
- * backend's default), batch_tokens the option capped by the backend's largest batch. The public
- * API does not say them, so they are read from the engine's backend here, in one place. */
+/* The engine's batching limits: max_rows the option capped by the backend's sequence slots (the
+ * slots when the option is 0), batch_tokens the option capped by the backend's largest batch (the
+ * largest when 0). The public API does not say them, so they are read from the engine's backend
+ * here, in one place. */
 static void engine_limits(const squad_engine *e, const squad_engine_opts *opts, int *max_rows, int *batch_tokens) {
     const squad_backend *be = e->be;
-    *max_rows = be->max_seqs > 0 ? be->max_seqs : 1;
+    const int slots = be->max_seqs > 0 ? be->max_seqs : 1;
+    *max_rows = opts->max_rows > 0 && opts->max_rows < slots ? opts->max_rows : slots;
     *batch_tokens = opts->batch_tokens > 0 && opts->batch_tokens < be->max_batch_tokens ? opts->batch_tokens
                                                                                       : be->max_batch_tokens;
 }
