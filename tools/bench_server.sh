@@ -15,7 +15,8 @@
 # Environment (optional): PRESET (tiny), LEVELS (1,8,32,128), SESSIONS (24), LIVE (8), STEPS (6),
 # SEED (1), THREADS (engine CPU threads, 1), MEMO_REQUESTS (200000), MEMO_LEVELS (1,8,32,128),
 # BATCH_LEVEL (32), BATCH_ROWS (the batched server's --max-rows; default: the engine's default),
-# BATCH_ONLY (1: only part 2), SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the
+# BATCH_ROUNDS (1; more: pairs of runs in alternating order, the ratio of the means), BATCH_ONLY (1:
+# only part 2), SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the
 # GPU machine).
 set -euo pipefail
 BUILD=${1:?usage: bash tools/bench_server.sh BUILD_DIR}
@@ -31,6 +32,7 @@ MEMO_LEVELS=${MEMO_LEVELS:-1,8,32,128}
 BATCH_LEVEL=${BATCH_LEVEL:-32}
 BATCH_ROWS=${BATCH_ROWS:-}
 BATCH_ONLY=${BATCH_ONLY:-0}
+BATCH_ROUNDS=${BATCH_ROUNDS:-1}
 cd "$(dirname "$0")/.."
 SQUAD="$BUILD/squad"
 BENCH="$BUILD/bench_server"
@@ -90,24 +92,30 @@ rows = b["rows_per_step"]
 print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step" % (b["max_rows"], b["batch_tokens"], b["steps"],
       rows["sum"] / rows["count"] if rows["count"] else 0))'
 }
-echo "== batching: agent trace ($TRACE_ABOUT) at concurrency $BATCH_LEVEL, batched against one row at a time"
+echo "== batching: agent trace ($TRACE_ABOUT) at concurrency $BATCH_LEVEL, batched against one row at a time," \
+  "$BATCH_ROUNDS round(s), the order alternating"
 BATCHED_ARGS=()
 [ -n "$BATCH_ROWS" ] && BATCHED_ARGS=(--max-rows "$BATCH_ROWS")
 RESULT="$(mktemp)"
 trap 'stop_server; rm -f "$LOG" "$RESULT"' EXIT
-start_server "${BATCHED_ARGS[@]}"
-"$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label batched | tee "$RESULT"
-ABOUT_BATCHED=$(batching_of)
-stop_server
-start_server --max-rows 1
-"$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "one at a time" |
-  tail -n +3 | tee -a "$RESULT"
-ABOUT_ONE=$(batching_of)
-stop_server
+# One run: a fresh server with the mode's options, the trace, its batching figures.
+batch_run() { # batch_run batched|one HEADER(1: print the table's head)
+  if [ "$1" = batched ]; then start_server "${BATCHED_ARGS[@]}"; label=batched
+  else start_server --max-rows 1; label="one at a time"; fi
+  if [ "$2" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label"
+  else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label" | tail -n +3; fi |
+    tee -a "$RESULT"
+  if [ "$1" = batched ]; then ABOUT_BATCHED=$(batching_of); else ABOUT_ONE=$(batching_of); fi
+  stop_server
+}
+for round in $(seq 1 "$BATCH_ROUNDS"); do
+  if [ $((round % 2)) = 1 ]; then batch_run batched $((round == 1)); batch_run one 0
+  else batch_run one 0; batch_run batched 0; fi
+done
 echo "batched: $ABOUT_BATCHED; one at a time: $ABOUT_ONE"
-# questions/s is the table's 6th column
-awk -F'|' '$2 ~ /batched/ {b = $7} $2 ~ /one at a time/ {o = $7}
-  END { if (o + 0 > 0) printf "batched / one at a time: %.2fx the questions/s\n", b / o }' "$RESULT"
+# questions/s is the table's 6th column; the ratio of the means over the rounds
+awk -F'|' '$2 ~ /batched/ {b += $7; nb++} $2 ~ /one at a time/ {o += $7; no++}
+  END { if (nb && no && o > 0) printf "batched / one at a time: %.2fx the questions/s (%.0f against %.0f)\n", (b / nb) / (o / no), b / nb, o / no }' "$RESULT"
 [ "$BATCH_ONLY" = 1 ] && exit 0
 
 echo
