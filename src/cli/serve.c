@@ -47,9 +47,7 @@ static void serve_help(FILE *f) {
             "  --max-questions N        questions in one request (default %d)\n"
             "  --timeout S              seconds a request may wait and run (default %g; then 503; 0: none)\n"
             "  --http-threads N         connection threads (default: the number of cores)\n"
-            "  --max-rows N             rows the engine runs at once, batched (default: the backend's; 1: one\n"
-            "                           at a time); the scheduler submits at most %d more\n"
-            "  --batch-tokens N         tokens one batched step runs at most (default: the backend's largest)\n"
+
             "  --log-requests           a line on stderr per request\n"
             "  --tokenizer FILE         a tokenizer.json other than DIR/tokenizer.json\n"
             "  --template FILE          a template other than DIR/squad-template.json (for /v1/ask)\n"
@@ -57,11 +55,14 @@ static void serve_help(FILE *f) {
             "                           adapter; requests may force one (\"specialist\": \"label\", or a decision\n"
             "                           API's model naming it); /v1/models lists each (--max-adapters applies)\n"
             "%s"
+            "  (batching: --max-rows N rows run at once, 0 the backend's slots, 1 one at a time, and\n"
+            "   --batch-tokens N tokens a step, 0 the backend's largest; the scheduler submits at most %d\n"
+            "   rows more than --max-rows, docs/server.md)\n"
             "  (on the server --cache-mb defaults to auto: sized from the device memory on CUDA, the\n"
             "   engine's default on the CPU; the log says what it chose)\n",
             SQUAD_SERVE_PORT, SQUAD_SERVE_MEMO_MB, SQUAD_SERVE_TOKEN_CACHE_MB, SQUAD_SERVE_QUEUE,
-            (unsigned)SQUAD_SERVE_MAX_BODY, SQUAD_SERVE_MAX_QUESTIONS, SQUAD_SERVE_TIMEOUT_S, SQUAD_SERVE_LOOKAHEAD_ROWS,
-            CLI_ENGINE_OPTIONS_HELP);
+            (unsigned)SQUAD_SERVE_MAX_BODY, SQUAD_SERVE_MAX_QUESTIONS, SQUAD_SERVE_TIMEOUT_S, CLI_ENGINE_OPTIONS_HELP,
+            SQUAD_SERVE_LOOKAHEAD_ROWS);
 }
 
 static void log_line(void *ctx, const char *line) {
@@ -116,16 +117,15 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         const char *s = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         long v;
-        /* the batching options first: they are the server's (and read before the shared engine
-           options, which may come to know them too) */
+        /* the engine's batching options, with the bounds squad score gives them (0: the backend's) */
         if (!strcmp(s, "--max-rows") || !strcmp(s, "--batch-tokens")) {
             if (!val) {
                 fprintf(stderr, "squad serve: %s needs a number (see squad serve --help)\n", s);
                 return 2;
             }
             i++;
-            int rows = !strcmp(s, "--max-rows");
-            if (cli_parse_int(s, val, 1, rows ? SQUAD_SERVE_MAX_ROWS : SQUAD_SERVE_MAX_BATCH_TOKENS, &v)) return 2;
+            const int rows = !strcmp(s, "--max-rows");
+            if (cli_parse_int(s, val, 0, rows ? SQUAD_SERVE_MAX_ROWS : SQUAD_SERVE_MAX_BATCH_TOKENS, &v)) return 2;
             if (rows) o->engine.max_rows = (int)v;
             else o->engine.batch_tokens = (int)v;
             continue;

@@ -13,6 +13,7 @@
 #define SQUAD_SERVER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "squad.h"
 
@@ -25,9 +26,9 @@
 #define SQUAD_SERVE_TIMEOUT_S 30.0
 #define SQUAD_SERVE_TOKEN_CACHE_MB 64
 #define SQUAD_SERVE_MAX_SCORE_ROWS 1024 /* rows of one /v1/score request */
-/* Bounds of --max-rows and --batch-tokens (the engine refuses what its backend cannot do). */
-#define SQUAD_SERVE_MAX_ROWS 1024
-#define SQUAD_SERVE_MAX_BATCH_TOKENS (1 << 20)
+/* Bounds of --max-rows and --batch-tokens (the engine caps them by what its backend can do). */
+#define SQUAD_SERVE_MAX_ROWS (1 << 16)
+#define SQUAD_SERVE_MAX_BATCH_TOKENS INT32_MAX
 /* Rows the scheduler submits beyond --max-rows (sched.h). */
 #define SQUAD_SERVE_LOOKAHEAD_ROWS 4
 
