@@ -64,18 +64,32 @@ static int down_bf16(float *h, const bf16 *d, size_t n, squad_err *err) {
     if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
     return 0;
 }
-static int params(tbufs *b, cu_chunk_params **d, int start, int len, int rows, squad_err *err) {
-    const size_t bytes = CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int);
-    cu_chunk_params *h = (cu_chunk_params *)calloc(1, bytes);
+/* A batch of one row (the backend's layout, cu_batch_at) in device memory: the chunk [start,
+ * start + len) of a bucket of `rows` tokens, its slot's arena gdn, its own K / V kv_work (position
+ * kv_split at index 0) and the blob kv_src below kv_split. */
+static int params(tbufs *b, cu_batch *out, int start, int len, int rows, unsigned char *gdn, void *kv_work,
+                  const void *kv_src, int kv_split, squad_err *err) {
+    const size_t bytes = cu_batch_bytes(1, rows);
+    unsigned char *h = (unsigned char *)calloc(1, bytes);
     if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
-    h->start = start;
-    h->len = len;
-    int rc = talloc(b, (void **)d, bytes, err);
+    cu_chunk_params *p = (cu_chunk_params *)h;
+    p[0].start = start;
+    p[0].len = len;
+    p[0].gdn = gdn;
+    p[0].kv_work = kv_work;
+    p[0].kv_src = kv_src;
+    p[0].kv_split = kv_split;
+    p[0].vocab_base = -1;
+    p[1].len = rows; /* the whole batch */
+    p[1].vocab_base = -1;
+    void *d = NULL;
+    int rc = talloc(b, &d, bytes, err);
     if (!rc) {
-        const cudaError_t e = cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice);
+        const cudaError_t e = cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
     }
     free(h);
+    if (!rc) *out = cu_batch_at(d, 1, rows);
     return rc;
 }
 
@@ -100,12 +114,12 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     /* the device state: S^T [nv][DVP][DKP] (zero padding) on the chunked path, S [nv][dk][dv] exact */
     const int DKP = ex ? a->dv : cu_gdn_pad(a->dk), DVP = ex ? a->dk : cu_gdn_pad(a->dv);
     const size_t nS = (size_t)a->nv * DKP * DVP;
-    void *P, *conv, *Y;
-    float *cw, *Al, *dt, *nw, *S;
-    cu_chunk_params *prm;
+    void *P, *conv0, *Y;
+    float *cw, *Al, *dt, *nw, *S0;
+    cu_batch prm;
     void *scr;
     if ((rc = up_act(b, &P, a->P, (size_t)a->rows * a->ldP, ex, err))) return rc;
-    if ((rc = up_act(b, &conv, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, ex, err))) return rc;
+    if ((rc = up_act(b, &conv0, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, ex, err))) return rc;
     if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
     if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
     if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
@@ -118,14 +132,28 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
             for (int j = 0; j < a->dv; j++)
                 St[ex ? ((size_t)h * a->dk + i) * a->dv + j : ((size_t)h * DVP + j) * DKP + i] =
                     a->S[((size_t)h * a->dk + i) * a->dv + j];
-    rc = up_f32(b, &S, St, nS, err);
+    rc = up_f32(b, &S0, St, nS, err);
+    /* the slot's arena as the backend lays it out: S, then the conv inputs */
+    const size_t conv_off = (nS * 4 + 255) & ~(size_t)255, conv_bytes = (size_t)(Km1 > 0 ? Km1 : 1) * C * (ex ? 4 : 2);
+    void *arena = NULL;
+    float *S = NULL;
+    void *conv = NULL;
+    if (!rc) rc = talloc(b, &arena, conv_off + conv_bytes, err);
+    if (!rc) {
+        S = (float *)arena;
+        conv = (char *)arena + conv_off;
+        cudaError_t e = cudaMemcpy(S, S0, nS * 4, cudaMemcpyDeviceToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(conv, conv0, conv_bytes, cudaMemcpyDeviceToDevice);
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    }
     if (!rc) rc = talloc_poison(b, &Y, (size_t)a->rows * a->nv * a->dv * (ex ? 4 : 2), err);
-    if (!rc) rc = params(b, &prm, 0, a->len, a->rows, err);
-    if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows), err);
+    if (!rc) rc = params(b, &prm, 0, a->len, a->rows, (unsigned char *)arena, NULL, NULL, 0, err);
+    const int blocks = (a->rows + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK;
+    if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows, blocks), err);
     cu_gdn_scratch s;
     if (!rc) {
-        cu_gdn_scratch_bind(&s, scr, &d, a->rows);
-        rc = cu_gdn_forward(&d, P, conv, cw, Al, dt, nw, S, Y, &s, prm, a->rows, 0, err);
+        cu_gdn_scratch_bind(&s, scr, &d, a->rows, blocks);
+        rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &prm, 0, err);
     }
     if (!rc) {
         const cudaError_t e = cudaDeviceSynchronize();
@@ -174,13 +202,13 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
     void *QKV, *K, *V, *Qb, *out;
     float *qn, *kn, *inv;
-    cu_chunk_params *prm;
+    cu_batch prm;
     void *part;
     int dev = 0, nsm = 0;
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     const int span = a->max_context;
-    const int splits = cu_attn_splits(&d, a->rows, span, nsm, 0);
+    const int splits = cu_attn_splits(&d, 1, a->rows, span, nsm, 0);
     if ((rc = up_act(b, &QKV, a->QKV, (size_t)a->rows * a->ld, ex, err))) return rc;
     /* K and V in one working buffer (K at element 0, V at kvn), found through prm->kv_work as the
      * backend's is */
@@ -198,8 +226,6 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     if ((rc = talloc(b, &Qb, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
     if ((rc = talloc_poison(b, &out, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
     if ((rc = talloc(b, &part, ex ? 16 : cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
-    if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
-    CU_TRY(cudaMemcpy((char *)prm + offsetof(cu_chunk_params, kv_work), &KV, sizeof KV, cudaMemcpyHostToDevice));
     /* the read-in-place blob: K of [0, kv_split) at element 0, V at kvn, like a cache group's blob
      * whose layer offsets are given as bko, bvo; the working buffer's copy becomes NaN */
     ptrdiff_t bko = 0, bvo = 0;
@@ -215,15 +241,14 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
         CU_TRY(cudaMemset(V, 0xff, pre));
         bko = 0;
         bvo = (ptrdiff_t)kvn;
-        cu_chunk_params hp;
-        memset(&hp, 0, sizeof hp);
-        hp.kv_src = blob;
-        hp.kv_split = a->kv_split;
-        hp.kv_work = KV;
-        CU_TRY(cudaMemcpy(prm, &hp, offsetof(cu_chunk_params, start), cudaMemcpyHostToDevice));
+        /* the own K / V starts at kv_split (position kv_split at index 0), as a slot's does */
+        const size_t own = (size_t)a->kv_split * a->nkv * a->hd * es;
+        if ((rc = params(b, &prm, a->start, a->len, a->rows, NULL, (char *)KV + own, blob, a->kv_split, err)))
+            return rc;
+    } else if ((rc = params(b, &prm, a->start, a->len, a->rows, NULL, KV, NULL, 0, err))) {
+        return rc;
     }
-    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, 0, (ptrdiff_t)kvn, bko, bvo, Qb, part, splits, out, prm, a->rows, 0,
-                              err)))
+    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, 0, (ptrdiff_t)kvn, bko, bvo, Qb, part, splits, out, &prm, 0, err)))
         return rc;
     CU_TRY(cudaDeviceSynchronize());
     if ((rc = down_act(a->out, out, (size_t)a->rows * a->nh * a->hd, ex, err))) return rc;
@@ -456,4 +481,10 @@ extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double
     cu_gemm_free(&g);
     tfree(&b);
     return rc;
+}
+
+extern "C" int squad_cuda_test_download(void *host, const void *dev, size_t bytes, squad_err *err) {
+    CU_TRY(cudaDeviceSynchronize());
+    CU_TRY(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    return 0;
 }

@@ -75,6 +75,18 @@ int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_cublas
  * replayed as one CUDA graph: the fixed cost every kernel of a chunk pays. */
 int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, double *us_per_kernel, squad_err *err);
 
+/* ---- the backend's batches (tests/gpu_test_batch.c) ---- */
+struct squad_backend;
+/* bytes device memory -> host (a blob from be->alloc, for comparing states). */
+int squad_cuda_test_download(void *host, const void *dev, size_t bytes, squad_err *err);
+/* Fills every scratch buffer of a CUDA backend (activations, kernel scratch, partial results) with
+ * 0xff bytes (NaN in bf16 and fp32): a kernel that reads what no kernel of the batch wrote (a padding
+ * row's or token's value) then shows up as NaN in the answers. */
+int squad_cuda_test_poison(struct squad_backend *be, squad_err *err);
+/* The bytes of a save_gdn blob that hold the fp32 recurrent states (every GDN layer's S); the rest
+ * are the conv inputs. */
+size_t squad_cuda_test_state_bytes(const struct squad_backend *be);
+
 #ifdef __cplusplus
 }
 #endif
