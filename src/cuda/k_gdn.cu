@@ -52,7 +52,6 @@
  * tokens. Row r's tokens start at token r bucket; its blocks of 64 tokens at block r ncb
  * (ncb = ceil(bucket / 64): a row never shares a block with another). */
 struct gdn_batch_args {
-    const cu_chunk_params *prm; /* [nrows] */
     size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena (bytes) */
     int bucket, ncb;
 };
@@ -1091,7 +1090,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const unsigned nr = (unsigned)b->nrows;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    const gdn_batch_args bt = {b->prm, s_off, conv_off, b->bucket, nc};
+    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
     gdn_conv_args ca = {P, d->ldP, NULL, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};

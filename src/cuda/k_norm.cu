@@ -126,7 +126,9 @@ __global__ void silu_mul_f32_kernel(const float *__restrict__ gu, float *__restr
     out[(size_t)t * I + i] = g / (1.f + expf(-g)) * u;
 }
 
-#define LETTER_BLOCKS_PER_ROW 4 /* blocks sharing a row's slots */
+/* Blocks sharing a row's slots: a block per slot for a row alone (every slot at once), fewer per row
+ * as the rows grow (a hit has a handful of slots), never fewer than LETTER_MIN_BLOCKS. */
+#define LETTER_MIN_BLOCKS 4
 
 /* Blocks per row taking its slots in turn; xn (the normed row) in dynamic shared memory. */
 __global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float *__restrict__ h,
@@ -249,8 +251,10 @@ int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_
 int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_batch *b, int max_slots, float *probs,
                     int H, float eps, cudaStream_t st, squad_err *err) {
     if (max_slots < 1) return 0;
-    if (max_slots > LETTER_BLOCKS_PER_ROW) max_slots = LETTER_BLOCKS_PER_ROW;
-    const dim3 grid((unsigned)max_slots, (unsigned)b->nrows);
+    int per_row = CU_MAX_SLOTS / b->nrows;
+    if (per_row < LETTER_MIN_BLOCKS) per_row = LETTER_MIN_BLOCKS;
+    if (per_row > max_slots) per_row = max_slots;
+    const dim3 grid((unsigned)per_row, (unsigned)b->nrows);
     letter_probs_kernel<<<grid, NORM_THREADS, (size_t)H * sizeof(float), st>>>(h, w, E, *b, probs, H, eps);
     CU_LAUNCH_CHECK("letter_probs_kernel");
     return 0;
