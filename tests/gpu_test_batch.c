@@ -221,7 +221,9 @@ static int run_batched(squad_backend *be, const ctx_set *cs, brow *rows, int n, 
 
 /* ---- drawing rows ---- */
 
-static void draw_row(rng *g, brow *r, int vocab_size, int seq, int force_hit_ctx) {
+/* A row on slot seq; force_hit_ctx >= 0: a hit on that context; its first step at most max_len0 tokens
+ * (max_len0 < 0: exactly -max_len0). */
+static void draw_row(rng *g, brow *r, int vocab_size, int seq, int force_hit_ctx, int max_len0) {
     memset(r, 0, sizeof *r);
     r->seq = seq;
     const int k = rnd_int(g, 10);
@@ -229,6 +231,10 @@ static void draw_row(rng *g, brow *r, int vocab_size, int seq, int force_hit_ctx
     r->ctx = force_hit_ctx >= 0 ? force_hit_ctx : rnd_int(g, N_CTX);
     r->start = r->kind == ROW_HIT ? CTX_LEN[r->ctx] : r->kind == ROW_CONT ? 1 + rnd_int(g, 900) : 0;
     r->len[0] = LENS[rnd_int(g, N_LENS)];
+    if (max_len0 < 0)
+        r->len[0] = -max_len0;
+    else if (r->len[0] > max_len0)
+        r->len[0] = max_len0;
     r->len[1] = LENS[rnd_int(g, 9)]; /* a short follow-up question */
     const int n = r->start + r->len[0] + r->len[1];
     r->ids = malloc(sizeof(int32_t) * (size_t)n);
@@ -374,7 +380,7 @@ static void test_refusals(squad_backend *gpu, const ctx_set *gcs, int vocab_size
     squad_err err = {0};
     rng g = {99};
     brow r;
-    draw_row(&g, &r, vocab_size, 3, 1);
+    draw_row(&g, &r, vocab_size, 3, 1, 700);
     if (r.n_slots[0] == 0) { /* an answer to compare */
         r.slots[0][0] = r.len[0] - 1;
         r.nopts[0][0] = 4;
@@ -487,7 +493,11 @@ static void test_preset(const char *preset, unsigned seed, squad_precision prec,
         }
         /* every other trial: the first two rows restore one blob (read in place by both) */
         const int shared = t % 2 == 1 ? rnd_int(&g, N_CTX) : -1;
-        for (int i = 0; i < n; i++) draw_row(&g, &rows[i], V, perm[i], i < 2 ? shared : -1);
+        int tokens = 0;
+        for (int i = 0; i < n; i++) { /* the batch within max_batch_tokens, 16 tokens kept for each row left */
+            draw_row(&g, &rows[i], V, perm[i], i < 2 ? shared : -1, gpu->max_batch_tokens - tokens - (n - 1 - i) * 16);
+            tokens += rows[i].len[0];
+        }
         snprintf(what, sizeof what, "%s %s trial %d", preset, PREC_NAME[bf], t);
         trial(gpu, cpu, &gcs, &ccs, rows, n, what, bf);
         for (int i = 0; i < n; i++) free(rows[i].ids);
@@ -495,8 +505,7 @@ static void test_preset(const char *preset, unsigned seed, squad_precision prec,
     if (!rc) { /* more padded tokens than one replay holds: 3 x 1536 > 4096, so two replays */
         brow rows[3];
         for (int i = 0; i < 3; i++) {
-            draw_row(&g, &rows[i], V, i + 4, -1);
-            rows[i].len[0] = 1100;
+            draw_row(&g, &rows[i], V, i + 4, -1, -1100);
         }
         snprintf(what, sizeof what, "%s %s two replays", preset, PREC_NAME[bf]);
         trial(gpu, cpu, &gcs, &ccs, rows, 3, what, bf);
