@@ -20,6 +20,11 @@
  *  - bad batches are refused with SQUAD_E_INVALID (no chunks, too many, a slot out of range or
  *    twice, too many tokens, a bad chunk among good ones) and change no slot's state; the backend
  *    still answers afterwards.
+ * Before the backend, the mixers alone (cuda_test_api.h): n rows of a GDN layer in one batched launch,
+ * with padding rows whose inputs are NaN, bit for bit equal to each row run alone (both conv / output
+ * kernel variants) and within the kernel tolerances of the host reference; n rows of attention, each
+ * with its own start, length, read-in-place prefix and own K / V, against the host reference;
+ * padding rows' outputs 0.
  * On the tiny preset (both precisions) and tiny-hd256 (the 0.8B attention head dim, bf16).
  * SQUAD_GPU_TEST_QUICK=1 runs fewer trials on tiny only (compute-sanitizer).
  * Exits 77 (skipped) without a GPU.
@@ -319,6 +324,180 @@ static void free_outs(rowout *o, int n) {
     }
 }
 
+/* ---- the mixers alone: a batch of rows in one launch ---- */
+
+static double gauss(rng *g) {
+    const double u = (rnd(g) + 0.5) / 4294967296.0, v = (rnd(g) + 0.5) / 4294967296.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+static float *randn(rng *g, size_t n, double sd, int round_bf16) {
+    float *p = malloc(n * sizeof *p + 4);
+    if (!p) abort();
+    for (size_t i = 0; i < n; i++) {
+        p[i] = (float)(gauss(g) * sd);
+        if (round_bf16) p[i] = squad_bf16_to_f32(squad_f32_to_bf16(p[i]));
+    }
+    return p;
+}
+static float *dup(const float *x, size_t n) {
+    float *p = malloc(n * sizeof *p + 4);
+    if (!p) abort();
+    memcpy(p, x, n * sizeof *p);
+    return p;
+}
+static double max_abs(const float *a, const float *b, size_t n) {
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]);
+        if (!(d <= w)) w = isnan(d) ? INFINITY : d;
+    }
+    return w;
+}
+static double rel_err(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]);
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+#define MIX_ROWS 6
+
+/* n rows of a GDN layer (lens[r] real tokens of a bucket) batched in nrows: against each row alone
+ * (bit for bit) and the host reference. */
+static void test_gdn_rows(rng *g, int nk, int nv, int dk, int dv, int bucket, const int *lens, int n, int nrows,
+                          int exact) {
+    const int K = 4, C = 2 * nk * dk + nv * dv;
+    const int ldP = ((C + nv * dv + 2 * nv + 7) & ~7) + 8;
+    const size_t nS = (size_t)nv * dk * dv, nY = (size_t)bucket * nv * dv, nC = (size_t)(K - 1) * C;
+    float *conv_w = randn(g, (size_t)C * K, 0.5, 0), *dt = randn(g, nv, 0.5, 0);
+    float *A_log = malloc(sizeof(float) * nv), *nw = malloc(sizeof(float) * dv);
+    for (int h = 0; h < nv; h++) A_log[h] = (float)log(0.02 * pow(400.0, (rnd(g) + 0.5) / 4294967296.0));
+    for (int j = 0; j < dv; j++) nw[j] = (float)(1.0 + 0.2 * gauss(g));
+    cu_ref_gdn_args A[MIX_ROWS], B[MIX_ROWS], R[MIX_ROWS];
+    for (int r = 0; r < n; r++) {
+        float *P = randn(g, (size_t)bucket * ldP, 1.0, 1), *S = randn(g, nS, 0.3, 0), *cs = randn(g, nC + 1, 1.0, 1);
+        A[r] = (cu_ref_gdn_args){nk, nv, dk, dv, K, ldP, bucket, lens[r], 1e-6f, P, cs, conv_w, A_log, dt, nw, S,
+                                 malloc(nY * 4), exact};
+        B[r] = A[r];
+        B[r].conv_state = dup(cs, nC + 1);
+        B[r].S = dup(S, nS);
+        B[r].Y = malloc(nY * 4);
+        R[r] = B[r];
+        R[r].conv_state = dup(cs, nC + 1);
+        R[r].S = dup(S, nS);
+        R[r].Y = calloc(nY, 4);
+    }
+    squad_err err = {0};
+    int pz = 0;
+    int rc = squad_cuda_test_gdn_batch(A, n, nrows, &pz, &err);
+    CHECKF(rc == 0, "squad_cuda_test_gdn_batch: %s", err.msg);
+    for (int r = 0; r < n && !rc; r++) {
+        rc = squad_cuda_test_gdn(&B[r], &err);
+        CHECKF(rc == 0, "squad_cuda_test_gdn: %s", err.msg);
+        cu_ref_gdn(&R[r]);
+    }
+    double same = 0, ey = 0, es = 0;
+    for (int r = 0; r < n && !rc; r++) {
+        const size_t ny = (size_t)lens[r] * nv * dv;
+        const double d[3] = {max_abs(A[r].Y, B[r].Y, nY), max_abs(A[r].S, B[r].S, nS),
+                             max_abs(A[r].conv_state, B[r].conv_state, nC)};
+        for (int k = 0; k < 3; k++)
+            if (!(d[k] <= same)) same = isnan(d[k]) ? INFINITY : d[k];
+        const double y = rel_err(A[r].Y, R[r].Y, ny), s = rel_err(A[r].S, R[r].S, nS);
+        if (!(y <= ey)) ey = y;
+        if (!(s <= es)) es = s;
+    }
+    printf("gdn rows %-5s dk %3d dv %3d bucket %3d, %d rows of %d: |batched - alone| %.1e, rel err Y %.2e S %.2e\n",
+           exact ? "exact" : "bf16", dk, dv, bucket, n, nrows, same, ey, es);
+    CHECKF(same == 0, "gdn: a row batched differs from the row alone by %.3e", same);
+    CHECKF(ey < (exact ? TOL_KERNEL_EXACT : TOL_KERNEL_BF16_GDN_OUT), "gdn batched output rel err %.3e", ey);
+    CHECKF(es < (exact ? TOL_KERNEL_EXACT : TOL_KERNEL_BF16_GDN_STATE), "gdn batched state rel err %.3e", es);
+    CHECKF(pz, "gdn: padding rows' outputs must be 0");
+    for (int r = 0; r < n; r++) {
+        free((void *)A[r].P), free(A[r].conv_state), free(A[r].S), free(A[r].Y);
+        free(B[r].conv_state), free(B[r].S), free(B[r].Y);
+        free(R[r].conv_state), free(R[r].S), free(R[r].Y);
+    }
+    free(conv_w), free(dt), free(A_log), free(nw);
+}
+
+/* n rows of attention (their own starts, lengths, read-in-place prefixes) batched in nrows, against
+ * the host reference. */
+static void test_attn_rows(rng *g, int hd, int bucket, const int *starts, const int *lens, const int *splits, int n,
+                           int nrows, int exact) {
+    const int nh = 4, nkv = 2, rd = hd / 4 < 2 ? 2 : hd / 4;
+    const int ld = nh * 2 * hd + 2 * nkv * hd + 8;
+    int maxc = 0;
+    for (int r = 0; r < n; r++)
+        if (starts[r] + bucket + 64 > maxc) maxc = starts[r] + bucket + 64;
+    const size_t kvn = (size_t)maxc * nkv * hd, no = (size_t)bucket * nh * hd, pos = (size_t)nkv * hd;
+    float *qn = randn(g, hd, 0.2, 0), *kn = randn(g, hd, 0.2, 0), *inv = malloc(sizeof(float) * (rd / 2 + 1));
+    for (int i = 0; i < rd / 2; i++) inv[i] = 1.0f / powf(1e7f, (float)(2 * i) / (float)rd);
+    cu_ref_attn_args A[MIX_ROWS], R[MIX_ROWS];
+    for (int r = 0; r < n; r++) {
+        float *K = randn(g, kvn, 1.0, 1), *V = randn(g, kvn, 1.0, 1);
+        for (size_t i = (size_t)starts[r] * pos; i < kvn; i++) K[i] = V[i] = NAN; /* must be written */
+        A[r] = (cu_ref_attn_args){nh, nkv, hd, rd, ld, bucket, starts[r], lens[r], maxc, 1e-6f,
+                                  randn(g, (size_t)bucket * ld, 1.0, 1), qn, kn, inv, K, V, malloc(no * 4), exact,
+                                  splits[r]};
+        R[r] = A[r];
+        R[r].K = dup(K, kvn);
+        R[r].V = dup(V, kvn);
+        R[r].out = calloc(no, 4);
+    }
+    squad_err err = {0};
+    int pz = 0;
+    const int rc = squad_cuda_test_attn_batch(A, n, nrows, &pz, &err);
+    CHECKF(rc == 0, "squad_cuda_test_attn_batch: %s", err.msg);
+    double eo = 0, ek = 0;
+    for (int r = 0; r < n && !rc; r++) {
+        cu_ref_attn(&R[r]);
+        const size_t off = (size_t)starts[r] * pos, nkv_w = (size_t)lens[r] * pos;
+        const double o = rel_err(A[r].out, R[r].out, (size_t)lens[r] * nh * hd);
+        const double k = fmax(rel_err(A[r].K + off, R[r].K + off, nkv_w), rel_err(A[r].V + off, R[r].V + off, nkv_w));
+        int pad = 1;
+        for (size_t i = (size_t)lens[r] * nh * hd; i < no; i++)
+            if (A[r].out[i] != 0.f) pad = 0;
+        CHECKF(pad, "attention: row %d's padding tokens must be written as 0", r);
+        if (!(o <= eo)) eo = o;
+        if (!(k <= ek)) ek = k;
+    }
+    printf("attn rows %-5s hd %3d bucket %3d, %d rows of %d: rel err out %.2e K / V %.2e\n", exact ? "exact" : "bf16", hd,
+           bucket, n, nrows, eo, ek);
+    CHECKF(eo < (exact ? TOL_KERNEL_EXACT : TOL_KERNEL_BF16_ATTN), "attention batched output rel err %.3e", eo);
+    CHECKF(ek < (exact ? TOL_KERNEL_EXACT_KV : TOL_KERNEL_BF16_KV), "attention batched K / V rel err %.3e", ek);
+    CHECKF(pz, "attention: padding rows' outputs must be 0");
+    for (int r = 0; r < n; r++) {
+        free((void *)A[r].QKV), free(A[r].K), free(A[r].V), free(A[r].out);
+        free(R[r].K), free(R[r].V), free(R[r].out);
+    }
+    free(qn), free(kn), free(inv);
+}
+
+static void test_mixers(int quick) {
+    rng g = {12345};
+    static const int lens16[] = {16, 3, 9}, lens64[] = {64, 1, 30, 64}, lens128[] = {128, 70, 65, 2, 100, 127};
+    const char *variants[2] = {"0", "1000000"}; /* the long and the short conv / output kernels */
+    for (int ex = 0; ex < 2; ex++)
+        for (int v = 0; v < 2; v++) {
+            setenv("SQUAD_GDN_SHORT_ROWS", variants[v], 1);
+            test_gdn_rows(&g, 2, 4, 16, 16, 16, lens16, 3, 4, ex);
+            test_gdn_rows(&g, 2, 4, 32, 32, 64, lens64, 4, 8, ex);
+            if (!quick) test_gdn_rows(&g, 2, 2, 128, 128, 128, lens128, 6, 8, ex);
+        }
+    unsetenv("SQUAD_GDN_SHORT_ROWS");
+    static const int st[] = {0, 300, 77, 1000, 5, 2048}, sp[] = {0, 200, 0, 1000, 0, 1500};
+    static const int la[] = {32, 17, 1, 32, 20, 9}, lb[] = {128, 100, 65, 3, 128, 77};
+    for (int ex = 0; ex < 2; ex++) {
+        test_attn_rows(&g, 32, 32, st, la, sp, 6, 8, ex);
+        test_attn_rows(&g, 64, 128, st, lb, sp, quick ? 3 : 6, 8, ex);
+        if (!quick) test_attn_rows(&g, 256, 128, st, lb, sp, 4, 4, ex);
+    }
+}
+
 /* ---- the trials ---- */
 
 static squad_backend *new_backend(squad_model *m, squad_device dev, squad_precision prec) {
@@ -526,6 +705,7 @@ int main(void) {
         return TEST_SKIPPED;
     }
     const int quick = getenv("SQUAD_GPU_TEST_QUICK") && atoi(getenv("SQUAD_GPU_TEST_QUICK")) > 0;
+    test_mixers(quick);
     test_preset("tiny", 7, SQUAD_PRECISION_EXACT, quick ? 3 : 8);
     test_preset("tiny", 7, SQUAD_PRECISION_BF16, quick ? 3 : 8);
     if (!quick) test_preset("tiny-hd256", 8, SQUAD_PRECISION_BF16, 6);

@@ -75,6 +75,17 @@ int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_cublas
  * replayed as one CUDA graph: the fixed cost every kernel of a chunk pays. */
 int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, double *us_per_kernel, squad_err *err);
 
+/* ---- the mixers over a batch (tests/gpu_test_batch.c) ---- */
+/* n rows of one GDN layer in one batched launch, in a batch of nrows >= n rows (the rest padding,
+ * len 0, their inputs NaN): row r is rows[r] (the same dims, weights, bucket `rows` and precision;
+ * its own P, len, conv_state, S, updated as squad_cuda_test_gdn does, and Y). *padding_zero: the
+ * padding rows' outputs are all 0. */
+int squad_cuda_test_gdn_batch(const cu_ref_gdn_args *rows, int n, int nrows, int *padding_zero, squad_err *err);
+/* Attention likewise: row r is rows[r] (the same dims, bucket, max_context and precision; its own
+ * QKV, start, len, K / V and kv_split: keys below kv_split come from a blob, the rest from the
+ * row's own buffer holding positions from kv_split on, as a sequence slot's does). */
+int squad_cuda_test_attn_batch(const cu_ref_attn_args *rows, int n, int nrows, int *padding_zero, squad_err *err);
+
 /* ---- the backend's batches (tests/gpu_test_batch.c) ---- */
 struct squad_backend;
 /* bytes device memory -> host (a blob from be->alloc, for comparing states). */
