@@ -583,9 +583,9 @@ static void test_refusals(squad_backend *gpu, const ctx_set *gcs, int vocab_size
     CHECK(gpu->forward(gpu, NULL, 1, &err) == SQUAD_E_INVALID);
     for (int i = 1; i <= MAX_ROWS; i++) {
         ch[i] = ch[0];
-        ch[i].seq = i < 3 ? i - 1 : i; /* distinct slots, 3 being chunk 0's */
+        ch[i].seq = (3 + i) % MAX_ROWS; /* every slot, and one more chunk than there are slots */
     }
-    CHECK(gpu->forward(gpu, ch, MAX_ROWS + 1, &err) == SQUAD_E_INVALID); /* more chunks than slots */
+    CHECK(gpu->forward(gpu, ch, MAX_ROWS + 1, &err) == SQUAD_E_INVALID);
     ch[1] = ch[0];
     CHECK(gpu->forward(gpu, ch, 2, &err) == SQUAD_E_INVALID); /* slot 3 twice */
     ch[1].seq = MAX_ROWS;

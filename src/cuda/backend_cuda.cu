@@ -87,8 +87,8 @@ static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 10
  * max_context): a hit's question fits, and a cold row reaches 4096 in four doublings. */
 #define KV_SLOT_MIN_POSITIONS 256
 /* Rows buckets of a replay (the graphs' second key); a batch's rows of one length bucket are padded
- * to the next (padding rows cost their GEMM tokens only). */
-static const int ROW_BUCKETS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+ * to the next (padding rows cost their GEMM tokens only: at most a third of a replay's). */
+static const int ROW_BUCKETS[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
 #define N_ROW_BUCKETS ((int)(sizeof ROW_BUCKETS / sizeof ROW_BUCKETS[0]))
 #define MAX_SEQS 256    /* the most sequence slots (the largest rows bucket) */
 #define DEFAULT_SEQS 64 /* max_seqs when opts->max_rows is 0 */
