@@ -185,7 +185,7 @@ typedef struct cu_be {
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][N_ROW_BUCKETS][MAX_SPANS];
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
-    unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_chunk runs: all (set in build), except
+    unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_batch runs: all (set in build), except
                        GEMMs only for plan making and tuning before a capture, and the ablation
                        timing's graphs (cu_ablation_prepare) */
     int n_graphs;
