@@ -177,6 +177,7 @@ typedef struct cu_be {
     int *order;     /* [max_seqs]: a forward's chunks in replay order */
     int *out_row;   /* [max_seqs]: chunk index -> its row in replay order (probs_host, router_host) */
     int *vocab_at;  /* [max_seqs]: chunk index -> its first figure in vocab_host */
+    int *lora_at;   /* [max_seqs]: chunk index -> its route's resident adapter slot + 1 (0: the trunk) */
     int last_tok0, last_len; /* where the batch's first chunk sits in h after a forward, its real tokens */
 
     int n_spans, spans[MAX_SPANS];
@@ -918,6 +919,14 @@ static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chun
     }
     rows[nrows].len = nrows * bucket; /* the whole replay, for the LoRA kernels */
     rows[nrows].vocab_base = -1;
+    if (cb->sp) { /* each token's adapter slot, uploaded through them */
+        int *ts = (int *)(dst + cu_batch_slot_off(nrows, bucket));
+        for (int r = 0; r < nrows; r++) {
+            const int len = r < k ? chunks[order[r]].len : 0, slot = r < k ? cb->lora_at[order[r]] : 0;
+            for (int t = 0; t < bucket; t++) ts[(size_t)r * bucket + t] = t < len ? slot : 0;
+        }
+        return cu_batch_bytes(nrows, bucket);
+    }
     return last_ans >= 0 ? cu_batch_ans_off(nrows, bucket) + (size_t)(last_ans + 1) * sizeof(cu_row_answers)
                          : cu_batch_ans_off(nrows, bucket);
 }
@@ -984,10 +993,17 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
     cb->last_len = 0;
     if ((rc = prepare_slots(cb, chunks, n_chunks, err))) return rc;
     be->kv_positions = kv_positions_held(cb);
-    if (cb->sp) { /* the route's adapter resident, its slot to the device word the kernels read */
-        int slot = 0;
-        if ((rc = lora_select(cb, chunks[0].route, &slot, err))) return rc;
-        *cb->lora_slot_host = slot;
+    if (cb->sp) { /* the routes' adapters resident (one route a batch: mixed_routes 0); the slot to the device
+                     word the LoRA kernels read, and per chunk for the per-token slots (cu_batch.token_slot) */
+        for (int c = 0; c < n_chunks; c++) {
+            int slot = 0;
+            if (c > 0 && chunks[c].route == chunks[0].route)
+                slot = cb->lora_at[0];
+            else if ((rc = lora_select(cb, chunks[c].route, &slot, err)))
+                return rc;
+            cb->lora_at[c] = slot;
+        }
+        *cb->lora_slot_host = cb->lora_at[0];
         CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
     }
     replay_order(cb, chunks, n_chunks);
@@ -1147,6 +1163,7 @@ static void be_destroy(squad_backend *be) {
         free(cb->order);
         free(cb->out_row);
         free(cb->vocab_at);
+        free(cb->lora_at);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
@@ -1245,7 +1262,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->order = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->out_row = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->vocab_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
-    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at)
+    cb->lora_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at)
         return cu_err(err, SQUAD_E_NOMEM, "out of memory (sequence slots)");
     cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
     cb->es = cb->f32 ? 4 : 2;
@@ -1400,7 +1418,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         cu_gdn_scratch_bind(&cb->scr, cb->gdn_scr, &cb->gd, cb->tok_cap, cb->blk_cap);
     }
     /* the parameters: every shape's layout (cu_batch_bytes) fits the largest rows and tokens */
-    cb->prm_bytes = cu_align16((size_t)(cb->max_rb + 1) * sizeof(cu_chunk_params) + R * sizeof(int) + 16 +
+    cb->prm_bytes = cu_align16((size_t)(cb->max_rb + 1) * sizeof(cu_chunk_params) + 2 * (R * sizeof(int) + 16) +
                                (size_t)cb->max_rb * sizeof(cu_row_answers));
     if ((rc = dalloc(cb, &cb->prm_dev, cb->prm_bytes, MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->prm_host, cb->prm_bytes * (size_t)cb->max_seqs));
@@ -1530,6 +1548,7 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
     ch.len = len;
     cb->seqs[0].kv_split = 0;
     cb->seqs[0].kv_src = NULL;
+    cb->lora_at[0] = 0; /* the trunk */
     int rc = prepare_slots(cb, &ch, 1, err);
     be->kv_positions = kv_positions_held(cb);
     if (!rc) {

@@ -75,13 +75,16 @@ typedef struct cu_row_answers {
 static_assert(sizeof(cu_row_answers) % 16 == 0, "answers stay 16-byte aligned");
 
 /* What a launcher is told about a batch: device pointers into one parameter buffer laid out
- * [rows' cu_chunk_params | ids (nrows bucket ints) | rows' cu_row_answers] (cu_batch_layout), and
- * the shape. */
+ * [rows' cu_chunk_params | ids (nrows bucket ints) | rows' cu_row_answers | token_slot (nrows bucket
+ * ints)], and the shape. */
 typedef struct cu_batch {
     const cu_chunk_params *prm; /* [nrows] */
     const cu_chunk_params *all; /* prm[nrows]: start 0, len nrows x bucket, no state */
     const int *ids;             /* [nrows * bucket]; padding ids are 0, a valid token */
     const cu_row_answers *ans;  /* [nrows] */
+    /* specialists: each token's resident adapter slot + 1 (0: the trunk, padding), for LoRA kernels
+     * that read a slot per token; written only when specialists are loaded */
+    const int *token_slot;      /* [nrows * bucket] */
     int nrows;                  /* rows of the replay (its rows bucket) */
     int bucket;                 /* tokens per row */
 } cu_batch;
@@ -93,8 +96,11 @@ static inline size_t cu_batch_ids_off(int nrows) { return (size_t)(nrows + 1) * 
 static inline size_t cu_batch_ans_off(int nrows, int bucket) {
     return cu_batch_ids_off(nrows) + cu_align16((size_t)nrows * bucket * sizeof(int));
 }
-static inline size_t cu_batch_bytes(int nrows, int bucket) {
+static inline size_t cu_batch_slot_off(int nrows, int bucket) {
     return cu_batch_ans_off(nrows, bucket) + (size_t)nrows * sizeof(cu_row_answers);
+}
+static inline size_t cu_batch_bytes(int nrows, int bucket) {
+    return cu_batch_slot_off(nrows, bucket) + cu_align16((size_t)nrows * bucket * sizeof(int));
 }
 /* The batch's pointers into a parameter buffer at base (device or host). */
 static inline cu_batch cu_batch_at(void *base, int nrows, int bucket) {
@@ -103,6 +109,7 @@ static inline cu_batch cu_batch_at(void *base, int nrows, int bucket) {
     b.all = b.prm + nrows;
     b.ids = (const int *)((const char *)base + cu_batch_ids_off(nrows));
     b.ans = (const cu_row_answers *)((const char *)base + cu_batch_ans_off(nrows, bucket));
+    b.token_slot = (const int *)((const char *)base + cu_batch_slot_off(nrows, bucket));
     b.nrows = nrows;
     b.bucket = bucket;
     return b;
