@@ -92,6 +92,9 @@ static const int ROW_BUCKETS[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 
 #define N_ROW_BUCKETS ((int)(sizeof ROW_BUCKETS / sizeof ROW_BUCKETS[0]))
 #define MAX_SEQS 256    /* the most sequence slots (the largest rows bucket) */
 #define DEFAULT_SEQS 64 /* max_seqs when opts->max_rows is 0 */
+/* A group of short chunks rides in a larger bucket's replay when that pads at most this many tokens
+ * (plan_buckets): about a replay's fixed cost in GEMM tokens on the 0.8B model. */
+#define MERGE_PAD_TOKENS 512
 /* The most tokens the scratch holds (opts->batch_tokens may ask for more than max_chunk). */
 #define MAX_BATCH_TOKENS 16384
 /* Device memory left aside when bounding max_context by what the K / V may grow to: the state
@@ -178,6 +181,8 @@ typedef struct cu_be {
     int *out_row;   /* [max_seqs]: chunk index -> its row in replay order (probs_host, router_host) */
     int *vocab_at;  /* [max_seqs]: chunk index -> its first figure in vocab_host */
     int *lora_at;   /* [max_seqs]: chunk index -> its route's resident adapter slot + 1 (0: the trunk) */
+    int *run_bi;    /* [max_seqs]: chunk index -> the length bucket it runs in (plan_buckets) */
+    int merge_tokens; /* plan_buckets' bound (MERGE_PAD_TOKENS; SQUAD_BATCH_MERGE_TOKENS overrides) */
     int last_tok0, last_len; /* where the batch's first chunk sits in h after a forward, its real tokens */
 
     int n_spans, spans[MAX_SPANS];
@@ -854,18 +859,46 @@ static int prepare_slots(cu_be *cb, const squad_chunk *chunks, int n, squad_err 
     return 0;
 }
 
-/* The replay order: chunks grouped by length bucket (ascending), the group of chunks[0] last and
- * chunks[0] last in it, so it lands in the last replay (squad_cuda_backend_hidden). */
-static void replay_order(cu_be *cb, const squad_chunk *chunks, int n) {
-    const int b0 = chunk_bucket(chunks[0].len);
+/* The length bucket each chunk runs in (cb->run_bi): its own, except that a group of short chunks
+ * rides in the next larger group present when that costs at most merge_tokens padded tokens and no
+ * replay more: every replay reads all the weights and runs all the kernels once (on the 0.8B model
+ * about 0.7 ms, the GEMM time of ~500 tokens), so a few padded tokens are cheaper than a pass. */
+static void plan_buckets(cu_be *cb, const squad_chunk *chunks, int n) {
+    int count[N_CHUNK_BUCKETS] = {0}, to[N_CHUNK_BUCKETS];
+    for (int c = 0; c < n; c++) count[chunk_bucket(chunks[c].len)]++;
+    for (int i = 0; i < N_CHUNK_BUCKETS; i++) to[i] = i;
+    for (int i = 0; i < N_CHUNK_BUCKETS; i++) {
+        if (!count[i]) continue;
+        int j = i + 1;
+        while (j < N_CHUNK_BUCKETS && !count[j]) j++;
+        if (j == N_CHUNK_BUCKETS) break;
+        const int cap = max_rows_of(cb, j);
+        if (cap < 1) continue;
+        const long extra = (long)count[i] * (CHUNK_BUCKETS[j] - CHUNK_BUCKETS[i]);
+        const int before = (count[j] + cap - 1) / cap, after = (count[j] + count[i] + cap - 1) / cap;
+        if (extra <= cb->merge_tokens && after == before) {
+            count[j] += count[i];
+            count[i] = 0;
+            to[i] = j;
+        }
+    }
+    for (int i = N_CHUNK_BUCKETS - 1; i >= 0; i--) /* chains: i -> j -> k (j's target is final already) */
+        to[i] = to[to[i]];
+    for (int c = 0; c < n; c++) cb->run_bi[c] = to[chunk_bucket(chunks[c].len)];
+}
+
+/* The replay order: chunks grouped by the bucket they run in (ascending), the group of chunks[0]
+ * last and chunks[0] last in it, so it lands in the last replay (squad_cuda_backend_hidden). */
+static void replay_order(cu_be *cb, int n) {
+    const int b0 = cb->run_bi[0];
     int m = 0;
     for (int bi = 0; bi < N_CHUNK_BUCKETS; bi++) {
         if (bi == b0) continue;
         for (int k = 0; k < n; k++)
-            if (chunk_bucket(chunks[k].len) == bi) cb->order[m++] = k;
+            if (cb->run_bi[k] == bi) cb->order[m++] = k;
     }
     for (int k = 1; k < n; k++)
-        if (chunk_bucket(chunks[k].len) == b0) cb->order[m++] = k;
+        if (cb->run_bi[k] == b0) cb->order[m++] = k;
     cb->order[m++] = 0;
 }
 
@@ -1006,12 +1039,13 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
         *cb->lora_slot_host = cb->lora_at[0];
         CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
     }
-    replay_order(cb, chunks, n_chunks);
+    plan_buckets(cb, chunks, n_chunks);
+    replay_order(cb, n_chunks);
     int p0 = 0, n_replays = 0, vocab_next = 0;
     while (p0 < n_chunks) { /* a group of one length bucket, in replays of at most its rows' limit */
-        const int bi = chunk_bucket(chunks[cb->order[p0]].len);
+        const int bi = cb->run_bi[cb->order[p0]];
         int g = p0;
-        while (g < n_chunks && chunk_bucket(chunks[cb->order[g]].len) == bi) g++;
+        while (g < n_chunks && cb->run_bi[cb->order[g]] == bi) g++;
         const int cap = max_rows_of(cb, bi);
         if (cap < 1) return cu_err(err, SQUAD_E_BACKEND, "CUDA forward: bucket %d fits no replay", CHUNK_BUCKETS[bi]);
         for (int r0 = p0; r0 < g; r0 += cap) {
@@ -1164,6 +1198,7 @@ static void be_destroy(squad_backend *be) {
         free(cb->out_row);
         free(cb->vocab_at);
         free(cb->lora_at);
+        free(cb->run_bi);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
@@ -1263,7 +1298,10 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->out_row = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->vocab_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->lora_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
-    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at)
+    cb->run_bi = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    const char *mt = getenv("SQUAD_BATCH_MERGE_TOKENS");
+    cb->merge_tokens = mt ? atoi(mt) : MERGE_PAD_TOKENS;
+    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at || !cb->run_bi)
         return cu_err(err, SQUAD_E_NOMEM, "out of memory (sequence slots)");
     cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
     cb->es = cb->f32 ? 4 : 2;
