@@ -17,6 +17,7 @@
  *    every position) equal up to round-off (a state of another row would differ by O(1));
  *  - batched against the CPU backend: TOL_CUDA_EXACT_CPU (exact) or TOL_CUDA_BF16_REF (bf16);
  *  - a batch of three 1100-token chunks, more padded tokens than one replay holds (two replays);
+ *    a 5-token chunk batched with two 100-token chunks (it runs in their bucket's replay);
  *  - bad batches are refused with SQUAD_E_INVALID (no chunks, too many, a slot out of range or
  *    twice, too many tokens, a bad chunk among good ones) and change no slot's state; the backend
  *    still answers afterwards.
@@ -687,6 +688,14 @@ static void test_preset(const char *preset, unsigned seed, squad_precision prec,
             draw_row(&g, &rows[i], V, i + 4, -1, -1100);
         }
         snprintf(what, sizeof what, "%s %s two replays", preset, PREC_NAME[bf]);
+        trial(gpu, cpu, &gcs, &ccs, rows, 3, what, bf);
+        for (int i = 0; i < 3; i++) free(rows[i].ids);
+    }
+    if (!rc) { /* a 5-token chunk (bucket 16) rides in the 100-token chunks' replay (bucket 128) */
+        brow rows[3];
+        static const int lens[3] = {100, 5, 100};
+        for (int i = 0; i < 3; i++) draw_row(&g, &rows[i], V, i + 8, -1, -lens[i]);
+        snprintf(what, sizeof what, "%s %s merged buckets", preset, PREC_NAME[bf]);
         trial(gpu, cpu, &gcs, &ccs, rows, 3, what, bf);
         for (int i = 0; i < 3; i++) free(rows[i].ids);
     }
