@@ -6,6 +6,7 @@
  *   bench_gpu --model DIR --profile cold:N|hit:Q      (one row between cudaProfilerStart / Stop, for ncu)
  *   bench_gpu --model DIR --ablate [--reps N]          (each kernel group's share of a chunk's graph)
  *   bench_gpu --model DIR --long [--reps N]            (long rows: cold and hits at 32k / 64k / 128k)
+ *   bench_gpu --model DIR --batch [--reps N]           (N = 1 .. 64 concurrent hits in one batched forward)
  *
  * Cases: cold rows of 512, 2048, 4096 and 8192 tokens (an engine without a cache: every token
  * computed); hits: a 4096-token state cached once, then rows of that state plus a fresh 32-, 128-
@@ -296,6 +297,136 @@ static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *
 }
 #endif
 
+#ifdef SQUAD_HAVE_CUDA
+/* --batch: N concurrent hits in one forward through the backend (its sequence slots and batched
+ * forward, without the engine): N = 1, 4, 16, 64 questions of 32 and 128 tokens, each on a cached
+ * 4096-token state restored into its own slot (reset, load_gdn, load_kv read in place), on one
+ * state shared by every row and on N different states. Per repetition: the restores, then one
+ * forward of the N chunks (fresh pseudo-random questions), p50 of reps after two warm-ups; timed
+ * with and without the restores (a device synchronisation between them). Floors: N x the FLOPs of
+ * one question, and the weights read once plus each row's own bytes (cost_of). */
+#define BATCH_MAX_N 64
+#define BATCH_MAX_Q 128
+static const int BATCH_N[] = {1, 4, 16, 64};
+static const int BATCH_Q[] = {32, 128};
+
+static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
+    const squad_config *c = &m->cfg;
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precision = SQUAD_PRECISION_DEFAULT;
+    o.max_rows = BATCH_MAX_N;
+    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q; /* 64 questions of 128 tokens in one replay */
+    squad_err err = {0};
+    squad_backend *be = squad_cuda_backend_new(m, &o, 8192, &err);
+    if (!be) {
+        fprintf(stderr, "bench_gpu --batch: %s\n", err.msg);
+        return 1;
+    }
+    const int V = c->vocab_size;
+    void *G[BATCH_MAX_N] = {0}, *KV[BATCH_MAX_N] = {0};
+    int32_t *state_ids = malloc(sizeof(int32_t) * STATE_LEN);
+    int32_t *q_ids = malloc(sizeof(int32_t) * BATCH_MAX_N * BATCH_MAX_Q), letters[N_LETTERS];
+    double *ta = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
+    float *probs = malloc(sizeof(float) * BATCH_MAX_N * SQUAD_MAX_LETTERS);
+    squad_chunk *ck = calloc(BATCH_MAX_N, sizeof *ck);
+    int rc = state_ids && q_ids && ta && tb && probs && ck ? 0 : SQUAD_E_NOMEM;
+    for (int i = 0; i < N_LETTERS; i++) letters[i] = 32 + 3 * i;
+    /* the cached states: BATCH_MAX_N different 4096-token rows, each saved from slot 0 */
+    const double t0 = squad_now_seconds();
+    for (int s = 0; s < BATCH_MAX_N && !rc; s++) {
+        fill(state_ids, STATE_LEN, V);
+        squad_chunk ch;
+        memset(&ch, 0, sizeof ch);
+        ch.ids = state_ids;
+        ch.len = STATE_LEN;
+        G[s] = be->alloc(be, be->gdn_snapshot_bytes, &err);
+        KV[s] = G[s] ? be->alloc(be, (size_t)STATE_LEN * be->kv_bytes_per_pos, &err) : NULL;
+        if (!KV[s]) rc = SQUAD_E_NOMEM;
+        if (!rc) rc = be->reset(be, 0, &err);
+        if (!rc) rc = squad_backend_forward1(be, &ch, NULL, &err);
+        if (!rc) rc = be->save_gdn(be, 0, G[s], &err);
+        if (!rc) rc = be->save_kv(be, 0, KV[s], STATE_LEN, &err);
+    }
+    if (!rc) printf("\n%d cached %d-token states made in %.2f s\n", BATCH_MAX_N, STATE_LEN, squad_now_seconds() - t0);
+    cost cw = cost_of(c, 0, 0);
+    int n_lin = 0;
+    for (int l = 0; l < c->num_layers; l++) n_lin += c->layer_types[l] == SQUAD_LAYER_LINEAR;
+    const double weight_bytes = cw.bytes - (double)N_LETTERS * c->hidden_size * 2 -
+                                n_lin * 2.0 * c->lin_num_v_heads * c->lin_k_dim * c->lin_v_dim * 4;
+    printf("\nbatched hits through the backend (p50 of %d after 2 warm-ups; ceilings %.0f TFLOP/s, %.0f GB/s)\n", reps,
+           tflops, bw);
+    printf("| question | N | states | forward ms | restore + forward ms | questions/s | questions/s (forward) | floor ms "
+           "| forward / floor | target |\n");
+    printf("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+    for (int qi = 0; qi < 2 && !rc; qi++)
+        for (int ni = 0; ni < 4 && !rc; ni++)
+            for (int shared = 1; shared >= 0 && !rc; shared--) {
+                const int Q = BATCH_Q[qi], N = BATCH_N[ni];
+                if (N == 1 && !shared) continue; /* the same case */
+                for (int r = -2; r < reps && !rc; r++) {
+                    fill(q_ids, N * Q, V);
+                    for (int i = 0; i < N; i++) {
+                        squad_chunk *k = &ck[i];
+                        memset(k, 0, sizeof *k);
+                        k->seq = i;
+                        k->ids = q_ids + (size_t)i * Q;
+                        k->start = STATE_LEN;
+                        k->len = Q;
+                        k->n_slots = 1;
+                        k->slots[0] = Q - 1;
+                        k->nopts[0] = N_LETTERS;
+                        k->letters = letters;
+                        k->n_letters = N_LETTERS;
+                        k->probs = probs + (size_t)i * SQUAD_MAX_LETTERS;
+                    }
+                    const double ts = squad_now_seconds();
+                    for (int i = 0; i < N && !rc; i++) {
+                        const int s = shared ? 0 : i;
+                        rc = be->reset(be, i, &err);
+                        if (!rc) rc = be->load_gdn(be, i, G[s], &err);
+                        if (!rc) rc = be->load_kv(be, i, KV[s], STATE_LEN, STATE_LEN, &err);
+                    }
+                    cudaDeviceSynchronize();
+                    const double tm = squad_now_seconds();
+                    if (!rc) rc = be->forward(be, ck, N, &err);
+                    const double te = squad_now_seconds();
+                    if (r >= 0) {
+                        ta[r] = (te - tm) * 1e3;
+                        tb[r] = (te - ts) * 1e3;
+                    }
+                }
+                if (rc) break;
+                const double fwd = median_of(ta, reps), all = median_of(tb, reps);
+                const cost c1 = cost_of(c, Q, STATE_LEN);
+                const double flops = N * c1.flops, bytes = N * c1.bytes - (N - 1) * weight_bytes;
+                const double tf = flops / (tflops * 1e12) * 1e3, tbb = bytes / (bw * 1e9) * 1e3;
+                const double fl = tf > tbb ? tf : tbb;
+                char tgt[48] = "-";
+                const double want = N == 16 ? (Q == 128 ? 2300 : 5000) : 0;
+                if (want > 0)
+                    snprintf(tgt, sizeof tgt, ">= %.0f/s %s", want, N / (all * 1e-3) >= want ? "(met)" : "(MISSED)");
+                printf("| %d | %d | %s | %.3f | %.3f | %.0f | %.0f | %.3f (%s) | %.1fx | %s |\n", Q, N,
+                       shared ? "one" : "N", fwd, all, N / (all * 1e-3), N / (fwd * 1e-3), fl, tf > tbb ? "FLOPs" : "bytes",
+                       fwd / fl, tgt);
+                fflush(stdout);
+            }
+    if (rc) fprintf(stderr, "bench_gpu --batch: %s\n", err.msg);
+    squad_cuda_info info;
+    if (squad_cuda_backend_info(be, &info) == 0)
+        printf("graphs %d (captured in %.2f s), K / V %d positions held by the slots, state %.0f MB\n", info.graphs,
+               info.capture_s, info.kv_positions, info.state_bytes / 1048576.0);
+    for (int s = 0; s < BATCH_MAX_N; s++) {
+        be->release(be, G[s]);
+        be->release(be, KV[s]);
+    }
+    be->destroy(be);
+    free(state_ids), free(q_ids), free(ta), free(tb), free(probs), free(ck);
+    return rc ? 1 : 0;
+}
+#endif
+
 /* --ablate: each case's chunk graph replayed with one kernel group left out at a time, so each group's
  * cost inside the real graph is the full time minus the time without it. */
 static int ablate(squad_model *m, int reps) {
@@ -492,7 +623,7 @@ static int long_bench(squad_model *m, int reps, double bw, double tflops) {
 
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *rows_path = NULL, *json_path = NULL, *profile = NULL;
-    int reps = 20, do_ablate = 0, do_long = 0, reps_given = 0;
+    int reps = 20, do_ablate = 0, do_long = 0, do_batch = 0, reps_given = 0;
     double bw = 4300, tflops = 790;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -501,6 +632,8 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]), reps_given = 1;
         else if (!strcmp(argv[i], "--long"))
             do_long = 1;
+        else if (!strcmp(argv[i], "--batch"))
+            do_batch = 1;
         else if (!strcmp(argv[i], "--bw") && i + 1 < argc)
             bw = atof(argv[++i]);
         else if (!strcmp(argv[i], "--tflops") && i + 1 < argc)
@@ -515,7 +648,7 @@ int main(int argc, char **argv) {
             do_ablate = 1;
         else {
             fprintf(stderr, "usage: bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] "
-                            "[--json FILE] [--ablate] [--long]\n");
+                            "[--json FILE] [--ablate] [--long] [--batch]\n");
             return 2;
         }
     }
@@ -535,6 +668,16 @@ int main(int argc, char **argv) {
     const int vocab = m->cfg.vocab_size;
     if (do_ablate) {
         const int rc = ablate(m, reps);
+        squad_model_free(m);
+        return rc;
+    }
+    if (do_batch) {
+#ifdef SQUAD_HAVE_CUDA
+        const int rc = batch_bench(m, reps_given ? reps : 30, bw, tflops);
+#else
+        const int rc = 1;
+        fprintf(stderr, "bench_gpu --batch: built without CUDA\n");
+#endif
         squad_model_free(m);
         return rc;
     }

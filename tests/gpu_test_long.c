@@ -34,11 +34,12 @@
 #include "cuda/cuda_backend.h"
 
 #define N_LETTERS 4
-/* Across the CUDA K / V's growth steps (4096, 8192, 16384) and span buckets (1024 ... 16384). */
+/* Across a CUDA slot's K / V growth steps (256 doubling up to 16384) and span buckets (1024 ... 16384). */
 static const int LENGTHS[] = {200, 1500, 4500, 9000, 700, 13000, 2500};
 #define N_LENGTHS ((int)(sizeof LENGTHS / sizeof LENGTHS[0]))
-/* The CUDA backend's first K / V capacity (backend_cuda.cu KV_INITIAL_POSITIONS). */
-#define CUDA_KV_FIRST 4096
+/* A CUDA sequence slot's first K / V capacity (backend_cuda.cu KV_SLOT_MIN_POSITIONS); a slot holds
+ * none before its first row. */
+#define CUDA_KV_FIRST 256
 static const char *PREC_NAME[2] = {"exact", "bf16"};
 
 static squad_engine *engine(squad_model *m, squad_device dev, squad_precision prec, size_t budget, int max_tokens,
@@ -104,7 +105,7 @@ static void test_growth(squad_model *m, const char *name, squad_precision prec) 
     squad_result *a = malloc(sizeof *a), *b = malloc(sizeof *b);
     squad_err err = {0};
     CHECK(gpu && (cpu || bf) && a && b);
-    CHECK(!gpu || gpu->be->kv_positions == CUDA_KV_FIRST);
+    CHECK(!gpu || gpu->be->kv_positions == 0);
     int longest = 0, held_before = gpu ? gpu->be->kv_positions : 0;
     for (int k = 0; gpu && (cpu || bf) && a && b && k < N_LENGTHS; k++) {
         const int n = LENGTHS[k];
@@ -153,7 +154,7 @@ static void test_growth_with_graphs(squad_model *m, const char *name) {
     squad_err err = {0};
     if (!gpu || !cpu || !a || !b) goto out;
     const int graphs0 = graphs_of(gpu);
-    CHECKF(graphs0 > 0 && gpu->be->kv_positions == CUDA_KV_FIRST, "%d graphs, K / V %d", graphs0,
+    CHECKF(graphs0 > 0 && gpu->be->kv_positions == 0, "%d graphs, K / V %d", graphs0,
            gpu->be->kv_positions);
     const int lens[] = {3000, 6000, limit, 500};
     for (int k = 0; k < 4; k++) {
@@ -170,7 +171,7 @@ static void test_growth_with_graphs(squad_model *m, const char *name) {
         CHECK(graphs_of(gpu) == graphs0);
         free(t.ids);
     }
-    CHECK(gpu->be->kv_positions == limit); /* 4096 -> 8192 -> the limit (the doubling capped) */
+    CHECK(gpu->be->kv_positions == limit); /* 256 doubling, capped at the limit */
 out:
     free(a), free(b);
     squad_engine_free(gpu);
@@ -278,12 +279,12 @@ static void test_memory_bound(void) {
         printf("memory bound: %d positions (%zu bytes a position), K / V %d positions now, %d span buckets\n", n,
                e->be->kv_bytes_per_pos, e->be->kv_positions, info.n_spans);
         CHECK(why == SQUAD_LIMIT_MEMORY && n > CUDA_KV_FIRST && n < INT32_MAX);
-        CHECK(info.max_context == n && info.spans[info.n_spans - 1] == n && e->be->kv_positions == CUDA_KV_FIRST);
+        CHECK(info.max_context == n && info.spans[info.n_spans - 1] == n && e->be->kv_positions == 0);
         squad_result *r = malloc(sizeof *r);
         test_row t;
         if (r && row_make(&t, 5000, squad_model_vocab_size(m), 9, -1) == 0) {
             CHECKF(squad_engine_score(e, &t.row, r, &err) == 0, "%s", err.msg);
-            CHECK(e->be->kv_positions == 2 * CUDA_KV_FIRST);
+            CHECK(e->be->kv_positions == 32 * CUDA_KV_FIRST); /* 256 doubled to 8192 for 5000 positions */
             free(t.ids);
         }
         free(r);

@@ -1,57 +1,67 @@
 /*
- * backend_cuda.cu — the CUDA backend (backend.h): weights on the device, the working state, and
- * the forward of one chunk as one CUDA graph replay.
+ * backend_cuda.cu — the CUDA backend (backend.h): weights on the device, sequence slots (one working
+ * state per row in flight), and the batched forward: the chunks of a batch grouped by length bucket,
+ * each group one CUDA graph replay over all its rows.
  *
  * Design:
  *  - Weights are uploaded once: bf16 matrices, with the projections that read the same input
  *    fused into one matrix (GDN: in_proj_qkv | z | b | a; attention: q | k | v; MLP: gate | up),
  *    so a layer runs 4 (GDN) or 4 (attention) GEMMs. Vectors are fp32.
- *  - Working state: one arena holding every GDN layer's S^T [nv][dv][dk] (fp32, head dims padded
- *    as k_gdn.cu instantiates them) and conv inputs
- *    [K-1][C] (bf16), so save_gdn / load_gdn / reset are single copies; and one K / V cache,
- *    position-major [capacity][attention layer][K | V][nkv][hd] (bf16), so the K / V of
- *    positions [0, n) of every layer is one contiguous range: save_kv / load_kv are single copies
- *    and a blob saved with more positions has the shorter one as its prefix.
- *  - Memory follows use: the K / V cache starts at KV_INITIAL_POSITIONS and doubles (up to
- *    max_context) when a chunk or a restore reaches past it. The kernels find it through the chunk
- *    parameters (cu_chunk_params.kv_work), never through an address captured into a graph, so a
- *    growth (a new buffer, the old one copied in and freed) leaves every graph valid. max_context
- *    itself is lowered at creation when the device's free memory, less KV_HEADROOM_BYTES, cannot
- *    hold the K / V of that many positions.
- *  - forward(chunk): the chunk is padded to a length bucket (CHUNK_BUCKETS), its attention span
- *    start + len to a span bucket; the pair selects a graph, captured on first use (or all at once
- *    with precapture) and replayed for every chunk of that shape. Start, real length, ids,
- *    slots, nopts and letters travel in one small host-to-device copy of cu_chunk_params before
- *    the replay; kernels read them from device memory. Padding rows are computed but masked
- *    (g = 0, beta = 0 in the delta rule; never written to K / V; never a slot).
+ *  - Sequence slots (max_seqs = opts->max_rows, DEFAULT_SEQS by default). A slot holds an arena
+ *    with every GDN layer's S^T [nv][dv][dk] (fp32, head dims padded as k_gdn.cu instantiates them)
+ *    and conv inputs [K-1][C] (bf16), allocated on the slot's first use, so save_gdn / load_gdn /
+ *    reset are single copies; and its own K / V, position-major [capacity][attention layer][K | V]
+ *    [nkv][hd] (bf16), so the K / V of a range of positions of every layer is one contiguous
+ *    range. A slot's own K / V holds only the positions its row computes: from its kv_split on
+ *    (position p at index p - kv_split). Below kv_split the positions come from a cache blob
+ *    read in place (load_kv stores the pointer; several slots may read one blob), so 64 hits on
+ *    4096-token states hold 64 x (question) positions, not 64 x 4096. The own K / V starts at
+ *    KV_SLOT_MIN_POSITIONS and doubles (up to max_context) when a chunk reaches past it. The kernels
+ *    find every slot's buffers through the batch parameters (cu_chunk_params: kv_src, kv_work,
+ *    gdn), never through an address captured into a graph, so a growth (a new buffer, the old one
+ *    copied in and freed) leaves every graph valid. max_context is lowered at creation when the
+ *    device's free memory, less KV_HEADROOM_BYTES, cannot hold the K / V of that many positions.
+ *  - forward(batch): every chunk is padded to a length bucket (CHUNK_BUCKETS); the chunks of one
+ *    bucket run together as one replay of the graph keyed by (length bucket, rows bucket, span
+ *    bucket): the rows bucket (ROW_BUCKETS) is the group's row count rounded up, the span bucket its
+ *    longest start + len. Row r's tokens sit at [r bucket, (r + 1) bucket) of the packed
+ *    activations, so the projections and the MLP are one GEMM over rows x bucket tokens, and
+ *    every mixer kernel takes all the rows in one launch (a grid dimension over rows) reading its
+ *    row's values (start, len, its slot's state and K / V, kv_src, kv_split) from the parameters.
+ *    Padding rows have len 0: every per-row kernel skips them (writing zeros where a GEMM reads
+ *    them). The parameters of a replay (cu_batch: rows, ids, answers) travel in one host-to-device
+ *    copy before it, from a pinned staging area of its own (the replays of one forward are enqueued
+ *    back to back and synchronised once). A group whose padded tokens exceed the scratch
+ *    (tok_cap) runs as several replays. The group holding the batch's first chunk runs last, so
+ *    squad_cuda_backend_hidden reads that chunk.
  *  - Two precisions (opts->precision, as on the CPU): BF16, the fast path — bf16 matrices and
  *    activations on the tensor cores, the chunked delta rule and flash attention (k_gdn.cu,
  *    k_attn.cu); EXACT, the reference path — fp32 matrices and activations, fp32 GEMMs, the
  *    token-by-token delta rule (k_gdn_exact.cu) and fp32 attention. The random test models are so
  *    sensitive that bf16 activations alone move their answers by a few 1e-2 (docs/design.md
- *    section 10); EXACT meets the fixtures, BF16 is what the benchmark times.
+ *    section 10); EXACT meets the fixtures, BF16 is what the benchmark times. Both take batches.
  *  - The residual stream h is fp32; out_proj / o_proj / down_proj add into h in the cuBLASLt
  *    epilogue. Per layer: norm, in-GEMM, mixer kernels, out-GEMM(+residual), norm,
  *    gate|up GEMM, silu*mul, down GEMM(+residual).
- *  - Full-vocabulary figures (a chunk with vocab): k_vocab.cu's three kernels, enqueued after the
- *    replay on the same stream and only for such a chunk; the graphs do not contain them, so a
- *    chunk that does not ask runs what it ran before.
+ *  - Full-vocabulary figures (chunks with vocab): k_vocab.cu's kernels, enqueued after a replay on
+ *    the same stream and only when one of its rows asks; the slots of every asking row form one
+ *    list, so one pass over the embedding serves a group of slots of several rows.
  *  - Specialists (opts->specialists): every adapter's A and B^T (fp32) are uploaded to one of
  *    `max_adapters` resident slots on demand, the least recently used slot giving way; a device
- *    table holds one cu_lora_entry per (slot, layer, projection) and a device word the chunk's
- *    slot (0: the trunk), written before each replay. In the layers from `split` on, every
- *    projection some adapter adapts gets k_lora.cu's two kernels after its shared GEMM, adding
- *    s B (A x) into the GEMM's output columns (a fused in-projection: the projection's column
- *    offset; out / o / down: straight into the residual h). They read the slot and the entry at
- *    replay, so one graph serves every route. The router's feature sum (the fp32 h entering
- *    router.layer, normalised and summed in double on the device) is in every graph too, and is
- *    copied back only for a chunk that asks for it.
+ *    table holds one cu_lora_entry per (slot, layer, projection) and a device word the batch's
+ *    adapter slot (0: the trunk), written before each forward. One forward runs one route
+ *    (mixed_routes 0: a batch mixing routes is refused, and the engine runs each route's chunks as
+ *    a batch of their own). In the layers from `split` on, every projection some adapter adapts
+ *    gets k_lora.cu's two kernels after its shared GEMM over every token of the replay. The
+ *    router's feature sums (per row, the fp32 h entering router.layer) are in every graph and
+ *    copied back only for rows that ask.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
- *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
+ *    SQUAD_CUDA_GRAPHS=0 in the environment runs batches eagerly (debugging, sanitizers).
  */
 #include "cuda_internal.cuh"
 
 #include "cuda_backend.h"
+#include "cuda_test_api.h"
 #include "k_lora.cuh"
 
 #include <math.h>
@@ -73,8 +83,20 @@ static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 10
 #define DEFAULT_MAX_CHUNK 4096
 #define SPAN_MIN 1024 /* span buckets: 1024, 2048, ... up to max_context */
 #define MAX_SPANS 24
-/* The K / V cache's first capacity, in positions (it doubles as rows grow, up to max_context). */
-#define KV_INITIAL_POSITIONS 4096
+/* A slot's own K / V's first capacity, in positions (it doubles as its row grows, up to
+ * max_context): a hit's question fits, and a cold row reaches 4096 in four doublings. */
+#define KV_SLOT_MIN_POSITIONS 256
+/* Rows buckets of a replay (the graphs' second key); a batch's rows of one length bucket are padded
+ * to the next (padding rows cost their GEMM tokens only: at most a third of a replay's). */
+static const int ROW_BUCKETS[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256};
+#define N_ROW_BUCKETS ((int)(sizeof ROW_BUCKETS / sizeof ROW_BUCKETS[0]))
+#define MAX_SEQS 256    /* the most sequence slots (the largest rows bucket) */
+#define DEFAULT_SEQS 64 /* max_seqs when opts->max_rows is 0 */
+/* A group of short chunks rides in a larger bucket's replay when that pads at most this many tokens
+ * (plan_buckets): about a replay's fixed cost in GEMM tokens on the 0.8B model. */
+#define MERGE_PAD_TOKENS 512
+/* The most tokens the scratch holds (opts->batch_tokens may ask for more than max_chunk). */
+#define MAX_BATCH_TOKENS 16384
 /* Device memory left aside when bounding max_context by what the K / V may grow to: the state
  * cache's default budget, graphs captured later, cuBLASLt's and the driver's own allocations (the
  * engine's automatic cache budget keeps the same margin). */
@@ -92,11 +114,22 @@ typedef struct cu_layer {
     void *w_down; /* [H][I] */
     float *in_norm, *post_norm;
     float *conv_w, *A_log, *dt_bias, *gdn_norm; /* GDN */
-    float *S;                                   /* GDN: the recurrent state in the arena */
-    void *conv_state;                           /* GDN: [K-1][C] activations in the arena */
+    size_t s_off;                               /* GDN: its S in a slot's arena (bytes) */
+    size_t conv_off;                            /* GDN: its conv inputs [K-1][C] in the arena */
     float *q_norm, *k_norm;                     /* attention */
     int attn_index;                             /* attention: index among attention layers */
 } cu_layer;
+
+/* A sequence slot: one row in flight (the top of the file). */
+typedef struct cu_seq {
+    unsigned char *gdn; /* the GDN arena (gdn_bytes), NULL until the slot's first use */
+    void *kv;           /* own K / V: positions from kv_split on, kv_cap of them; grows (moves) */
+    int kv_cap;
+    /* load_kv reads a cache blob in place: positions [0, kv_split) are kv_src's (the blob stays
+     * valid until the next reset or load_kv of the slot, backend.h) */
+    const void *kv_src;
+    int kv_split;
+} cu_seq;
 
 typedef struct cu_be {
     const squad_model *m;
@@ -118,38 +151,47 @@ typedef struct cu_be {
     bf16 *embed, *lm_head;
     float *final_norm, *inv_freq;
 
-    unsigned char *gdn_state; /* the arena: S of every GDN layer, then conv inputs */
-    size_t gdn_bytes;
-    void *kv; /* [kv_cap][n_attn][2][nkv][hd] activations; grows (moves) with the rows, so kernels
-                 find it through cu_chunk_params.kv_work; not in allocs (it is freed on growth) */
-    int kv_cap;
+    size_t gdn_bytes; /* a slot's arena: S of every GDN layer, then conv inputs */
     size_t kv_pos_elems;
-    /* load_kv reads a cache blob in place: positions [0, kv_split) are kv_src's, not kv's (the
-     * blob stays valid until the next reset or load_kv, backend.h) */
-    const void *kv_src;
-    int kv_split;
+    cu_seq *seqs; /* [max_seqs] */
+    int max_seqs;
+    unsigned char *seq_mark; /* [max_seqs]: forward's check that no slot appears twice */
 
+    /* scratch: tok_cap tokens (a replay's rows x bucket), blk_cap GDN blocks of 64 tokens */
+    int tok_cap, blk_cap, max_rb; /* max_rb: the largest rows bucket (>= max_seqs) */
     float *h;
     void *x, *proj, *mix, *qb, *mlp; /* activations (bf16 or fp32) */
     void *gdn_scr, *att_part;
     cu_gdn_scratch scr;
-    cu_chunk_params *prm_dev, *prm_host;
-    size_t prm_bytes;
+    /* the parameters: one device buffer (every graph's cu_batch points into it) and, per replay of
+     * one forward, a pinned staging area of prm_bytes (max_seqs of them: a replay has a row at least) */
+    void *prm_dev;
+    unsigned char *prm_host;
+    size_t prm_bytes, last_upload;
+    /* letter probabilities: device [max_rb][CU_MAX_SLOTS][CU_MAX_LETTERS]; host (pinned) the same
+     * per row of a forward in replay order [max_seqs][CU_MAX_SLOTS][CU_MAX_LETTERS] */
     float *probs_dev, *probs_host;
-    /* the full-vocabulary pass: normed slot rows [CU_MAX_SLOTS][H], the blocks' partials, the figures */
+    /* the full-vocabulary pass: normed slot rows [max_rb CU_MAX_SLOTS][H], the blocks' partials, the
+     * figures (device per replay; host per forward, in replay order) */
     float *vocab_xn;
     void *vocab_parts;
     int vocab_blocks;
     squad_slot_vocab *vocab_dev, *vocab_host;
-    int last_len; /* real tokens of the last chunk run (h holds their residual stream) */
+    int *order;     /* [max_seqs]: a forward's chunks in replay order */
+    int *out_row;   /* [max_seqs]: chunk index -> its row in replay order (probs_host, router_host) */
+    int *vocab_at;  /* [max_seqs]: chunk index -> its first figure in vocab_host */
+    int *lora_at;   /* [max_seqs]: chunk index -> its route's resident adapter slot + 1 (0: the trunk) */
+    int *run_bi;    /* [max_seqs]: chunk index -> the length bucket it runs in (plan_buckets) */
+    int merge_tokens; /* plan_buckets' bound (MERGE_PAD_TOKENS; SQUAD_BATCH_MERGE_TOKENS overrides) */
+    int last_tok0, last_len; /* where the batch's first chunk sits in h after a forward, its real tokens */
 
     int n_spans, spans[MAX_SPANS];
-    int splits[N_CHUNK_BUCKETS][MAX_SPANS];
-    size_t att_part_bytes; /* the partial-results buffer (the largest need over every bucket and span) */
-    cudaGraphExec_t graphs[N_CHUNK_BUCKETS][MAX_SPANS];
+    int splits[N_CHUNK_BUCKETS][N_ROW_BUCKETS][MAX_SPANS];
+    size_t att_part_bytes; /* the partial-results buffer (the largest need over every shape) */
+    cudaGraphExec_t graphs[N_CHUNK_BUCKETS][N_ROW_BUCKETS][MAX_SPANS];
     int use_graphs;
     int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
-    unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_chunk runs: all (set in build), except
+    unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_batch runs: all (set in build), except
                        GEMMs only for plan making and tuning before a capture, and the ablation
                        timing's graphs (cu_ablation_prepare) */
     int n_graphs;
@@ -162,15 +204,16 @@ typedef struct cu_be {
     int n_lora_slots;                  /* max_adapters, or every specialist */
     cu_lora_entry *lora_table;         /* device [n_lora_slots][nl][SQUAD_PROJ_COUNT] */
     cu_lora_entry *lora_table_host;    /* its host copy */
-    int *lora_slot_dev, *lora_slot_host; /* the chunk's slot + 1 (0: the trunk); host pinned */
+    int *lora_slot_dev, *lora_slot_host; /* the forward's slot + 1 (0: the trunk); host pinned */
     int *slot_route;                   /* [n_lora_slots]: the route each slot holds, -1: none */
     unsigned long long *slot_used;     /* [n_lora_slots]: the clock of its last use */
     void **slot_buf;                   /* [n_lora_slots]: its A / B^T buffer (not in allocs) */
     unsigned long long lora_clock, adapter_uploads;
     int lora_out[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* out of an adapted projection, 0: none adapts it */
-    float *lora_u;                     /* [max_chunk][largest rank] */
-    float *router_inv;                 /* [max_chunk] */
-    double *router_dev, *router_host;  /* [H]; host pinned */
+    float *lora_u;                     /* [tok_cap][largest rank] */
+    float *router_inv;                 /* [tok_cap] */
+    double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
+    double *router_host;               /* [max_seqs][H], in replay order; pinned */
 
     void **allocs;
     int n_allocs, cap_allocs;
@@ -277,8 +320,33 @@ static int span_bucket(const cu_be *cb, int keys) {
     return cb->n_spans - 1;
 }
 
+/* The smallest rows bucket holding n rows. */
+static int row_bucket(int n) {
+    for (int i = 0; i < N_ROW_BUCKETS; i++)
+        if (n <= ROW_BUCKETS[i]) return i;
+    return N_ROW_BUCKETS - 1;
+}
+
+/* GDN blocks of 64 tokens a row of bucket b takes (a row never shares a block). */
+static int row_blocks(int bucket) { return (bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK; }
+
+/* Whether a replay of rows bucket rbi and length bucket bi fits the scratch. */
+static int shape_fits(const cu_be *cb, int bi, int rbi) {
+    const int rows = ROW_BUCKETS[rbi], b = CHUNK_BUCKETS[bi];
+    return rows <= cb->max_rb && (long)rows * b <= cb->tok_cap &&
+           (long)rows * row_blocks(b) <= cb->blk_cap;
+}
+
+/* The most rows one replay of length bucket bi takes (a rows bucket). */
+static int max_rows_of(const cu_be *cb, int bi) {
+    int r = 0;
+    for (int i = 0; i < N_ROW_BUCKETS; i++)
+        if (shape_fits(cb, bi, i)) r = ROW_BUCKETS[i];
+    return r;
+}
+
 /* Span buckets SPAN_MIN, 2 SPAN_MIN, ... up to max_context (the last is max_context itself), and
- * attention's key splits per (bucket, span). Run again when max_context is lowered. */
+ * attention's key splits per (bucket, rows bucket, span). Run again when max_context is lowered. */
 static int set_spans(cu_be *cb, squad_err *err) {
     cb->n_spans = 0;
     for (long s = SPAN_MIN;; s *= 2) {
@@ -288,50 +356,88 @@ static int set_spans(cu_be *cb, squad_err *err) {
     }
     cb->att_part_bytes = 0;
     for (int bi = 0; cb->n_attn && bi < N_CHUNK_BUCKETS; bi++)
-        for (int si = 0; si < cb->n_spans; si++) {
-            cb->splits[bi][si] = cu_attn_splits(&cb->ad, CHUNK_BUCKETS[bi], cb->spans[si], cb->n_sm, cb->att_splits);
-            const size_t b = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, CHUNK_BUCKETS[bi], cb->splits[bi][si]);
-            if (b > cb->att_part_bytes) cb->att_part_bytes = b;
+        for (int rbi = 0; rbi < N_ROW_BUCKETS; rbi++) {
+            if (!shape_fits(cb, bi, rbi)) continue;
+            const int nrows = ROW_BUCKETS[rbi], b = CHUNK_BUCKETS[bi];
+            for (int si = 0; si < cb->n_spans; si++) {
+                const int sp = cu_attn_splits(&cb->ad, nrows, b, cb->spans[si], cb->n_sm, cb->att_splits);
+                cb->splits[bi][rbi][si] = sp;
+                const size_t bytes = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, nrows * b, sp);
+                if (bytes > cb->att_part_bytes) cb->att_part_bytes = bytes;
+            }
         }
     return 0;
 }
 
-/* ---- the K / V cache, grown as rows get longer ------------------------------------------------- */
+/* ---- sequence slots: the GDN arena and the own K / V, grown as rows get longer ---------------- */
 
 static size_t kv_pos_bytes(const cu_be *cb) { return cb->kv_pos_elems * cb->es; }
 
-/* Makes room for positions [0, need): a new buffer of the next capacity (doubling from
- * KV_INITIAL_POSITIONS, at most max_context), the old contents copied in on the stream and the old
- * buffer freed once the stream has finished with it. Graphs read the buffer through the chunk
- * parameters, so none needs recapturing. */
-static int ensure_kv(cu_be *cb, int need, squad_err *err) {
-    if (!cb->n_attn || need <= cb->kv_cap) return 0;
+static int check_seq(const cu_be *cb, int seq, squad_err *err) {
+    return seq >= 0 && seq < cb->max_seqs
+               ? 0
+               : cu_err(err, SQUAD_E_INVALID, "CUDA: sequence slot %d (the backend has %d)", seq, cb->max_seqs);
+}
+
+/* The slot's arena, allocated (and zeroed, on the stream) on its first use. */
+static int seq_arena(cu_be *cb, cu_seq *q, squad_err *err) {
+    if (q->gdn || !cb->gdn_bytes) return 0;
+    void *p = NULL;
+    const cudaError_t e = cudaMalloc(&p, cb->gdn_bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
+                      "CUDA backend: no device memory for a sequence slot's state (%.1f MB): %s",
+                      (double)cb->gdn_bytes / (1 << 20), cudaGetErrorString(e));
+    }
+    const cudaError_t ez = cudaMemsetAsync(p, 0, cb->gdn_bytes, cb->st);
+    if (ez != cudaSuccess) {
+        cudaFree(p);
+        return cu_fail(err, "cudaMemsetAsync", ez, __FILE__, __LINE__);
+    }
+    q->gdn = (unsigned char *)p;
+    return 0;
+}
+
+/* The K / V positions every slot holds now, together (be->kv_positions). */
+static int kv_positions_held(const cu_be *cb) {
+    long n = 0;
+    for (int s = 0; s < cb->max_seqs; s++) n += cb->seqs[s].kv_cap;
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+/* Makes room in the slot's own K / V for `need` own positions (from its kv_split): a new buffer of
+ * the next capacity (doubling from KV_SLOT_MIN_POSITIONS, at most max_context), the old contents
+ * copied in on the stream and the old buffer freed once the stream has finished with it. Graphs
+ * read the buffer through the parameters, so none needs recapturing. */
+static int seq_kv(cu_be *cb, cu_seq *q, int need, squad_err *err) {
+    if (!cb->n_attn || need <= q->kv_cap) return 0;
     if (need > cb->max_context)
         return cu_err(err, SQUAD_E_INVALID, "CUDA backend: position %d is past the longest row (%d)", need,
                       cb->max_context);
-    long cap = cb->kv_cap ? cb->kv_cap : KV_INITIAL_POSITIONS;
+    long cap = q->kv_cap ? q->kv_cap : KV_SLOT_MIN_POSITIONS;
     while (cap < need) cap *= 2;
     if (cap > cb->max_context) cap = cb->max_context;
-    const size_t old_bytes = (size_t)cb->kv_cap * kv_pos_bytes(cb), bytes = (size_t)cap * kv_pos_bytes(cb);
+    const size_t old_bytes = (size_t)q->kv_cap * kv_pos_bytes(cb), bytes = (size_t)cap * kv_pos_bytes(cb);
     void *nkv = NULL;
     const cudaError_t e = cudaMalloc(&nkv, bytes);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
-                      "CUDA backend: no device memory to grow the K / V cache to %ld positions (%.1f MB): %s", cap,
+                      "CUDA backend: no device memory to grow a slot's K / V to %ld positions (%.1f MB): %s", cap,
                       (double)bytes / (1 << 20), cudaGetErrorString(e));
     }
-    cudaError_t ec = old_bytes ? cudaMemcpyAsync(nkv, cb->kv, old_bytes, cudaMemcpyDeviceToDevice, cb->st) : cudaSuccess;
+    cudaError_t ec = old_bytes ? cudaMemcpyAsync(nkv, q->kv, old_bytes, cudaMemcpyDeviceToDevice, cb->st) : cudaSuccess;
     /* the new tail zeroed, so nothing ever reads uninitialised memory there */
     if (ec == cudaSuccess) ec = cudaMemsetAsync((char *)nkv + old_bytes, 0, bytes - old_bytes, cb->st);
     if (ec == cudaSuccess) ec = cudaStreamSynchronize(cb->st);
     if (ec != cudaSuccess) {
         cudaFree(nkv);
-        return cu_fail(err, "growing the K / V cache", ec, __FILE__, __LINE__);
+        return cu_fail(err, "growing a slot's K / V", ec, __FILE__, __LINE__);
     }
-    if (cb->kv) cudaFree(cb->kv);
-    cb->kv = nkv;
-    cb->kv_cap = (int)cap;
+    if (q->kv) cudaFree(q->kv);
+    q->kv = nkv;
+    q->kv_cap = (int)cap;
     return 0;
 }
 
@@ -474,44 +580,53 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if ((rc = dalloc(cb, (void **)&cb->lora_slot_dev, sizeof(int), MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->lora_slot_host, sizeof(int)));
     *cb->lora_slot_host = 0;
-    const size_t R = (size_t)cb->max_chunk;
+    const size_t R = (size_t)cb->tok_cap;
     if ((rc = dalloc(cb, (void **)&cb->lora_u, R * (size_t)max_r * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
-    if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->H * sizeof(double), MEM_SCRATCH, err))) return rc;
-    CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->H * sizeof(double)));
+    if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
+        return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->max_seqs * cb->H * sizeof(double)));
     cb->sp = sp;
     return 0;
 }
 
-/* ---- the forward of one chunk (enqueued on cb->st; captured into a graph or run eagerly) -------- */
+/* ---- the forward of one replay (enqueued on cb->st; captured into a graph or run eagerly) ------- */
+
+/* The batch view of the parameter buffer for a replay of `nrows` rows of `bucket` tokens. */
+static cu_batch batch_of(const cu_be *cb, int nrows, int bucket) { return cu_batch_at(cb->prm_dev, nrows, bucket); }
 
 /* The low-rank term of projection p of layer l (k_lora.cu), when specialists are loaded and some
  * adapter adapts that projection: x [rows][ldx] the projection's input, y [rows][ldy] its output,
- * the projection's columns from yoff. Left out of the GEMM plan making (its outputs are scratch). */
-static int enqueue_lora(cu_be *cb, int l, int p, const void *x, int ldx, int x_f32, void *y, int ldy, int yoff,
-                        int y_f32, int rows, squad_err *err) {
+ * the projection's columns from yoff; over every token of the replay (b->all). Left out of the
+ * GEMM plan making (its outputs are scratch). */
+static int enqueue_lora(cu_be *cb, const cu_batch *b, int l, int p, const void *x, int ldx, int x_f32, void *y,
+                        int ldy, int yoff, int y_f32, squad_err *err) {
     if (!cb->sp || cb->gemm.tune || l < cb->sp->split || !cb->lora_out[l][p]) return 0;
-    return cu_lora(cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p, cb->lora_stride, cb->lora_slot_dev, cb->prm_dev,
-                   x, ldx, x_f32, y, ldy, yoff, y_f32, cb->lora_out[l][p], cb->lora_u, rows, cb->st, err);
+    return cu_lora(cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p, cb->lora_stride, cb->lora_slot_dev, b->all, x,
+                   ldx, x_f32, y, ldy, yoff, y_f32, cb->lora_out[l][p], cb->lora_u, b->nrows * b->bucket, cb->st,
+                   err);
 }
 
 /* The low-rank terms of a fused in-projection (GDN: qkv | z | b | a; attention: q | k | v; the MLP:
  * gate | up): each adapted part adds into its own columns of proj. */
-static int enqueue_lora_fused(cu_be *cb, int l, const int *ids, const int *widths, int n, int ldy, int rows,
+static int enqueue_lora_fused(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *widths, int n, int ldy,
                               squad_err *err) {
     int off = 0;
     for (int i = 0; i < n; i++) {
-        const int rc = enqueue_lora(cb, l, ids[i], cb->x, cb->H, cb->f32, cb->proj, ldy, off, cb->f32, rows, err);
+        const int rc = enqueue_lora(cb, b, l, ids[i], cb->x, cb->H, cb->f32, cb->proj, ldy, off, cb->f32, err);
         if (rc) return rc;
         off += widths[i];
     }
     return 0;
 }
 
-/* The kernel groups of cb->parts, in forward order. With every group this is the forward; with a
- * subset the groups left out leave their outputs as they were (plan making, ablation timing). */
-static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
-    const int rows = CHUNK_BUCKETS[bi];
+/* The kernel groups of cb->parts, in forward order, for a replay of rows bucket rbi, length bucket
+ * bi and span bucket si. With every group this is the forward; with a subset the groups left out
+ * leave their outputs as they were (plan making, ablation timing). */
+static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
+    const cu_batch bt = batch_of(cb, ROW_BUCKETS[rbi], CHUNK_BUCKETS[bi]);
+    const cu_batch *b = &bt;
+    const int rows = bt.nrows * bt.bucket; /* the GEMMs' and norms' tokens */
     const int H = cb->H, I = cb->I;
     const squad_config *cfg = &cb->m->cfg;
     const int f = cb->f32;
@@ -524,19 +639,21 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
     cb->gd.stages = gdn_stages == 15 ? 0 : gdn_stages;
     cb->ad.stages = att_stages == 7 ? 0 : att_stages;
     int rc;
-    if (norm && (rc = cu_embed_rmsnorm(cb->embed, cb->prm_dev, cb->h, cb->x, cb->layers[0].in_norm, rows, H, cb->eps,
-                                       f, cb->st, err)))
+    if (norm && (rc = cu_embed_rmsnorm(cb->embed, b, cb->h, cb->x, cb->layers[0].in_norm, H, cb->eps, f, cb->st, err)))
         return rc;
     for (int l = 0; l < cb->nl; l++) {
         const cu_layer *L = &cb->layers[l];
         const int lin = L->kind == SQUAD_LAYER_LINEAR;
         const int n_in = lin ? cb->NP : cb->ldQKV;
         const int k_out = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
-        /* the router reads h as it enters its layer (the embeddings for layer 0) */
-        if (cb->sp && norm && l == cb->sp->router.layer &&
-            (rc = cu_router_sum(cb->h, H, cb->sp->router.eps, cb->prm_dev, cb->router_inv, cb->router_dev, rows,
-                                cb->st, err)))
-            return rc;
+        /* the router reads h as it enters its layer (the embeddings for layer 0): each row's sum */
+        if (cb->sp && norm && l == cb->sp->router.layer)
+            for (int r = 0; r < bt.nrows; r++) {
+                const size_t t0 = (size_t)r * bt.bucket;
+                if ((rc = cu_router_sum(cb->h + t0 * H, H, cb->sp->router.eps, bt.prm + r, cb->router_inv + t0,
+                                        cb->router_dev + (size_t)r * H, bt.bucket, cb->st, err)))
+                    return rc;
+            }
         if (l > 0 && norm && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, n_in, H, 0, f, cb->st, err))) return rc;
         if (gemm && cb->sp) {
@@ -546,56 +663,56 @@ static int enqueue_chunk(cu_be *cb, int bi, int si, squad_err *err) {
             const int gdn_w[4] = {cb->C, nv * cfg->lin_v_dim, nv, nv};
             const int att_ids[3] = {SQUAD_PROJ_Q, SQUAD_PROJ_K, SQUAD_PROJ_V};
             const int att_w[3] = {qd, kvd, kvd};
-            rc = lin ? enqueue_lora_fused(cb, l, gdn_ids, gdn_w, 4, n_in, rows, err)
-                     : enqueue_lora_fused(cb, l, att_ids, att_w, 3, n_in, rows, err);
+            rc = lin ? enqueue_lora_fused(cb, b, l, gdn_ids, gdn_w, 4, n_in, err)
+                     : enqueue_lora_fused(cb, b, l, att_ids, att_w, 3, n_in, err);
             if (rc) return rc;
         }
         if (lin && gdn &&
-            (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_state, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->S,
-                                 cb->mix, &cb->scr, cb->prm_dev, rows, cb->st, err)))
+            (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_off, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->s_off,
+                                 cb->mix, &cb->scr, b, cb->st, err)))
             return rc;
         if (!lin && attn) {
-            /* this layer's K and V at position 0, in elements, in the working buffer and in a blob
+            /* this layer's K and V at position 0, in elements, in a slot's own buffer and in a blob
              * alike (the same position-major layout); both buffers come from the parameters */
             const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
             const ptrdiff_t ko = (ptrdiff_t)((size_t)L->attn_index * 2 * kvd), vo = ko + (ptrdiff_t)kvd;
             rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, ko, vo, ko, vo, cb->qb,
-                                 cb->att_part, cb->splits[bi][si], cb->mix, cb->prm_dev, rows, cb->st, err);
+                                 cb->att_part, cb->splits[bi][rbi][si], cb->mix, b, cb->st, err);
             if (rc) return rc;
         }
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, k_out, 1, f, cb->st, err))) return rc;
-        if (gemm && (rc = enqueue_lora(cb, l, lin ? SQUAD_PROJ_OUT : SQUAD_PROJ_O, cb->mix, k_out, f, cb->h, H, 0, 1,
-                                       rows, err)))
+        if (gemm && (rc = enqueue_lora(cb, b, l, lin ? SQUAD_PROJ_OUT : SQUAD_PROJ_O, cb->mix, k_out, f, cb->h, H, 0, 1,
+                                       err)))
             return rc;
         if (norm && (rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err))) return rc;
         if (gemm && cb->sp) {
             const int mlp_ids[2] = {SQUAD_PROJ_GATE, SQUAD_PROJ_UP}, mlp_w[2] = {I, I};
-            if ((rc = enqueue_lora_fused(cb, l, mlp_ids, mlp_w, 2, 2 * I, rows, err))) return rc;
+            if ((rc = enqueue_lora_fused(cb, b, l, mlp_ids, mlp_w, 2, 2 * I, err))) return rc;
         }
         if (silu && (rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err))) return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err))) return rc;
-        if (gemm && (rc = enqueue_lora(cb, l, SQUAD_PROJ_DOWN, cb->mlp, I, f, cb->h, H, 0, 1, rows, err))) return rc;
+        if (gemm && (rc = enqueue_lora(cb, b, l, SQUAD_PROJ_DOWN, cb->mlp, I, f, cb->h, H, 0, 1, err))) return rc;
     }
     if (!norm) return 0;
-    return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, cb->probs_dev, H, cb->eps, cb->st, err);
+    return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, b, CU_MAX_SLOTS, cb->probs_dev, H, cb->eps, cb->st, err);
 }
 
-/* The chunk forward of bucket bi and span bucket si, only the kernel groups in parts, captured into
- * an executable graph. The GEMM plans of the bucket are made and tuned first, outside the capture
+/* The forward of (bucket, rows bucket, span bucket), only the kernel groups in parts, captured into
+ * an executable graph. The GEMM plans of the shape are made and tuned first, outside the capture
  * (on scratch outputs only). */
-static int capture_chunk(cu_be *cb, int bi, int si, unsigned parts, cudaGraphExec_t *out, squad_err *err) {
+static int capture_batch(cu_be *cb, int bi, int rbi, int si, unsigned parts, cudaGraphExec_t *out, squad_err *err) {
     *out = NULL;
     cb->parts = SQUAD_CUDA_PART_GEMM;
     cb->gemm.tune = 1;
-    int rc = enqueue_chunk(cb, bi, si, err);
+    int rc = enqueue_batch(cb, bi, rbi, si, err);
     cb->parts = SQUAD_CUDA_PART_ALL;
     cb->gemm.tune = 0;
     if (rc) return rc;
     CU_TRY(cudaStreamSynchronize(cb->st));
     CU_TRY(cudaStreamBeginCapture(cb->st, cudaStreamCaptureModeThreadLocal));
     cb->parts = parts;
-    rc = enqueue_chunk(cb, bi, si, err);
+    rc = enqueue_batch(cb, bi, rbi, si, err);
     cb->parts = SQUAD_CUDA_PART_ALL;
     cb->gd.stages = cb->ad.stages = 0;
     cudaGraph_t g = NULL;
@@ -622,11 +739,11 @@ static int capture_chunk(cu_be *cb, int bi, int si, unsigned parts, cudaGraphExe
     return 0;
 }
 
-/* The graph of (bucket, span), captured now if it does not exist yet. */
-static int get_graph(cu_be *cb, int bi, int si, squad_err *err) {
-    if (cb->graphs[bi][si]) return 0;
+/* The graph of (bucket, rows bucket, span), captured now if it does not exist yet. */
+static int get_graph(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
+    if (cb->graphs[bi][rbi][si]) return 0;
     const double t0 = cu_now_seconds();
-    const int rc = capture_chunk(cb, bi, si, SQUAD_CUDA_PART_ALL, &cb->graphs[bi][si], err);
+    const int rc = capture_batch(cb, bi, rbi, si, SQUAD_CUDA_PART_ALL, &cb->graphs[bi][rbi][si], err);
     if (rc) return rc;
     cb->n_graphs++;
     cb->capture_s += cu_now_seconds() - t0;
@@ -640,147 +757,326 @@ static int min_span_index(const cu_be *cb, int bi) {
     return span_bucket(cb, prev + 1);
 }
 
+/* Every single-row graph (the rows bucket of one; batches capture theirs on first use). */
 static int precapture_all(cu_be *cb, squad_err *err) {
     for (int bi = 0; bi < N_CHUNK_BUCKETS && CHUNK_BUCKETS[bi] <= cb->max_chunk; bi++)
         for (int si = min_span_index(cb, bi); si < cb->n_spans; si++) {
-            const int rc = get_graph(cb, bi, si, err);
+            const int rc = get_graph(cb, bi, 0, si, err);
             if (rc) return rc;
         }
     return 0;
 }
 
-/* The chunk's parameters (prm_host: the header and rows ids) to the device, ahead of the replay on
- * the same stream. */
-static int upload_params(cu_be *cb, int rows, squad_err *err) {
-    CU_TRY(cudaMemcpyAsync(cb->prm_dev, cb->prm_host, CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int),
-                           cudaMemcpyHostToDevice, cb->st));
+/* A replay's parameters (the staging area src: rows, ids and answers up to `bytes`) to the device,
+ * ahead of the replay on the same stream. */
+static int upload_params(cu_be *cb, const void *src, size_t bytes, squad_err *err) {
+    CU_TRY(cudaMemcpyAsync(cb->prm_dev, src, bytes, cudaMemcpyHostToDevice, cb->st));
+    cb->last_upload = bytes;
     return 0;
 }
 
-/* The read-in-place prefix copied into the working buffer (a chunk is about to overwrite part of it;
- * the engine never does this after a restore, but the backend contract allows it). */
-static int materialize_kv(cu_be *cb, squad_err *err) {
-    const int rc = ensure_kv(cb, cb->kv_split, err);
-    if (rc) return rc;
-    const size_t bytes = (size_t)cb->kv_split * cb->kv_pos_elems * cb->es;
-    if (bytes) CU_TRY(cudaMemcpyAsync(cb->kv, cb->kv_src, bytes, cudaMemcpyDeviceToDevice, cb->st));
-    cb->kv_split = 0;
-    cb->kv_src = NULL;
-    return 0;
-}
+/* ---- forward: checks, slot state, the replays ---------------------------------------------------- */
 
-/* The one sequence slot this backend has (max_seqs 1). */
-static int check_seq(int seq, squad_err *err) {
-    return seq == 0 ? 0 : cu_err(err, SQUAD_E_INVALID, "CUDA: sequence slot %d (the backend has 1)", seq);
-}
-
-static int forward_one(squad_backend *be, const squad_chunk *ch, squad_err *err) {
-    cu_be *cb = impl_of(be);
-    float *probs = ch ? ch->probs : NULL;
-    if (!ch || !ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
-        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk length %d outside [1, %d]", ch ? ch->len : 0,
-                          cb->max_chunk);
+/* Every check of one chunk, before any state changes. */
+static int check_chunk(const cu_be *cb, const squad_chunk *ch, int k, squad_err *err) {
+    if (check_seq(cb, ch->seq, err)) return SQUAD_E_INVALID;
+    if (!ch->ids || ch->len < 1 || ch->len > cb->max_chunk)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d: length %d outside [1, %d]", k, ch->len,
+                      cb->max_chunk);
     if (ch->start < 0 || ch->start > cb->max_context - ch->len)
-        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk [%d, %d) beyond the context of %d positions",
-                          ch->start, ch->start + ch->len, cb->max_context);
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d: [%d, %d) beyond the context of %d positions", k,
+                      ch->start, ch->start + ch->len, cb->max_context);
     if (ch->n_slots < 0 || ch->n_slots > CU_MAX_SLOTS)
-        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: %d slots (at most %d)", ch->n_slots, CU_MAX_SLOTS);
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d: %d slots (at most %d)", k, ch->n_slots,
+                      CU_MAX_SLOTS);
     if (ch->n_slots > 0) {
-        if (!probs) return cu_err(err, SQUAD_E_INVALID, "CUDA forward: slots but no output");
+        if (!ch->probs) return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d: slots but no output", k);
         if (!ch->letters || ch->n_letters < 1 || ch->n_letters > CU_MAX_LETTERS)
-            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: %d letters (1..%d)", ch->n_letters, CU_MAX_LETTERS);
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d: %d letters (1..%d)", k, ch->n_letters,
+                          CU_MAX_LETTERS);
+        for (int j = 0; j < ch->n_letters; j++)
+            if (ch->letters[j] < 0 || ch->letters[j] >= cb->V)
+                return cu_err(err, SQUAD_E_INVALID, "CUDA forward: letter id %d outside the vocabulary",
+                              ch->letters[j]);
     }
+    for (int i = 0; i < ch->n_slots; i++)
+        if (ch->slots[i] < 0 || ch->slots[i] >= ch->len)
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d: slot %d outside the chunk", k, ch->slots[i]);
     if (ch->route != 0 && (!cb->sp || ch->route < 0 || ch->route >= cb->sp->router.n_labels))
         return cu_err(err, SQUAD_E_INVALID, "CUDA forward: route %d: the backend has %d routes", ch->route,
                       cb->sp ? cb->sp->router.n_labels : 1);
     if (ch->router_sum && !cb->sp)
         return cu_err(err, SQUAD_E_INVALID, "CUDA forward: router features asked without specialists");
-    const int bi = chunk_bucket(ch->len);
-    const int si = span_bucket(cb, ch->start + ch->len);
-    const int rows = CHUNK_BUCKETS[bi];
-    if (cb->sp) { /* the route's adapter resident, its slot to the device word the kernels read */
-        int slot = 0;
-        const int rc = lora_select(cb, ch->route, &slot, err);
-        if (rc) return rc;
-        *cb->lora_slot_host = slot;
-        CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
-    }
-    if (ch->start < cb->kv_split) { /* a chunk that rewrites read-in-place positions: copy the blob first */
-        const int rc = materialize_kv(cb, err);
-        if (rc) return rc;
-    }
-    {
-        const int rc = ensure_kv(cb, ch->start + ch->len, err);
-        if (rc) return rc;
-        be->kv_positions = cb->kv_cap;
-    }
-    cu_chunk_params *p = cb->prm_host;
-    p->kv_work = cb->kv;
-    p->kv_src = cb->kv_split > 0 ? cb->kv_src : NULL;
-    p->kv_split = cb->kv_split;
-    p->start = ch->start;
-    p->len = ch->len;
-    p->n_slots = ch->n_slots;
-    p->n_letters = ch->n_slots > 0 ? ch->n_letters : 0;
-    for (int i = 0; i < ch->n_slots; i++) {
-        if (ch->slots[i] < 0 || ch->slots[i] >= ch->len)
-            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: slot %d outside the chunk", ch->slots[i]);
-        p->slots[i] = ch->slots[i];
-        p->nopts[i] = ch->nopts[i] < 1 ? 1 : (ch->nopts[i] > ch->n_letters ? ch->n_letters : ch->nopts[i]);
-    }
-    for (int j = 0; j < p->n_letters; j++) {
-        if (ch->letters[j] < 0 || ch->letters[j] >= cb->V)
-            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: letter id %d outside the vocabulary", ch->letters[j]);
-        p->letters[j] = ch->letters[j];
-    }
-    for (int t = 0; t < ch->len; t++) {
+    for (int t = 0; t < ch->len; t++)
         if (ch->ids[t] < 0 || ch->ids[t] >= cb->V)
             return cu_err(err, SQUAD_E_INVALID, "CUDA forward: token id %d outside the vocabulary", ch->ids[t]);
-        p->ids[t] = ch->ids[t];
+    return 0;
+}
+
+/* The whole batch checked: sizes, each chunk, no slot twice, the token budget, one route. */
+static int check_batch(cu_be *cb, const squad_chunk *chunks, int n, squad_err *err) {
+    if (!chunks || n < 1 || n > cb->max_seqs)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: a batch of %d chunks (1..%d)", n, cb->max_seqs);
+    long tokens = 0;
+    int rc = 0;
+    memset(cb->seq_mark, 0, (size_t)cb->max_seqs);
+    for (int k = 0; k < n && !rc; k++) {
+        const squad_chunk *ch = &chunks[k];
+        if ((rc = check_chunk(cb, ch, k, err))) break;
+        if (cb->seq_mark[ch->seq]) {
+            rc = cu_err(err, SQUAD_E_INVALID, "CUDA forward: sequence slot %d appears twice in one batch", ch->seq);
+            break;
+        }
+        cb->seq_mark[ch->seq] = 1;
+        tokens += ch->len;
+        if (ch->route != chunks[0].route)
+            rc = cu_err(err, SQUAD_E_UNSUPPORTED,
+                        "CUDA forward: one batch mixes the routes %d and %d (mixed_routes is 0: run each route's "
+                        "chunks as a batch of their own)",
+                        chunks[0].route, ch->route);
     }
-    for (int t = ch->len; t < rows; t++) p->ids[t] = 0;
-    int rc = upload_params(cb, rows, err);
+    if (!rc && tokens > cb->tok_cap)
+        rc = cu_err(err, SQUAD_E_INVALID, "CUDA forward: a batch of %ld tokens (at most %d)", tokens, cb->tok_cap);
+    return rc;
+}
+
+/* The slot of each chunk made ready: its arena, its read-in-place prefix no longer than the chunk's
+ * start (a chunk that rewrites read-in-place positions keeps reading the blob below its start and
+ * writes its own from there; the engine never does this after a restore, the contract allows it),
+ * its own K / V large enough for the chunk. */
+static int prepare_slots(cu_be *cb, const squad_chunk *chunks, int n, squad_err *err) {
+    for (int k = 0; k < n; k++) {
+        const squad_chunk *ch = &chunks[k];
+        cu_seq *q = &cb->seqs[ch->seq];
+        int rc = seq_arena(cb, q, err);
+        if (rc) return rc;
+        if (ch->start < q->kv_split) {
+            q->kv_split = ch->start;
+            if (q->kv_split == 0) q->kv_src = NULL;
+        }
+        if ((rc = seq_kv(cb, q, ch->start + ch->len - q->kv_split, err))) return rc;
+    }
+    return 0;
+}
+
+/* The length bucket each chunk runs in (cb->run_bi): its own, except that a group of short chunks
+ * rides in the next larger group present when that costs at most merge_tokens padded tokens and no
+ * replay more: every replay reads all the weights and runs all the kernels once (on the 0.8B model
+ * about 0.7 ms, the GEMM time of ~500 tokens), so a few padded tokens are cheaper than a pass. */
+static void plan_buckets(cu_be *cb, const squad_chunk *chunks, int n) {
+    int count[N_CHUNK_BUCKETS] = {0}, to[N_CHUNK_BUCKETS];
+    for (int c = 0; c < n; c++) count[chunk_bucket(chunks[c].len)]++;
+    for (int i = 0; i < N_CHUNK_BUCKETS; i++) to[i] = i;
+    for (int i = 0; i < N_CHUNK_BUCKETS; i++) {
+        if (!count[i]) continue;
+        int j = i + 1;
+        while (j < N_CHUNK_BUCKETS && !count[j]) j++;
+        if (j == N_CHUNK_BUCKETS) break;
+        const int cap = max_rows_of(cb, j);
+        if (cap < 1) continue;
+        const long extra = (long)count[i] * (CHUNK_BUCKETS[j] - CHUNK_BUCKETS[i]);
+        const int before = (count[j] + cap - 1) / cap, after = (count[j] + count[i] + cap - 1) / cap;
+        if (extra <= cb->merge_tokens && after == before) {
+            count[j] += count[i];
+            count[i] = 0;
+            to[i] = j;
+        }
+    }
+    for (int i = N_CHUNK_BUCKETS - 1; i >= 0; i--) /* chains: i -> j -> k (j's target is final already) */
+        to[i] = to[to[i]];
+    for (int c = 0; c < n; c++) cb->run_bi[c] = to[chunk_bucket(chunks[c].len)];
+}
+
+/* The replay order: chunks grouped by the bucket they run in (ascending), the group of chunks[0]
+ * last and chunks[0] last in it, so it lands in the last replay (squad_cuda_backend_hidden). */
+static void replay_order(cu_be *cb, int n) {
+    const int b0 = cb->run_bi[0];
+    int m = 0;
+    for (int bi = 0; bi < N_CHUNK_BUCKETS; bi++) {
+        if (bi == b0) continue;
+        for (int k = 0; k < n; k++)
+            if (cb->run_bi[k] == bi) cb->order[m++] = k;
+    }
+    for (int k = 1; k < n; k++)
+        if (cb->run_bi[k] == b0) cb->order[m++] = k;
+    cb->order[m++] = 0;
+}
+
+/* Fills the staging area dst with a replay of the chunks order[0 .. k) (k <= nrows, rows bucket
+ * nrows, length bucket `bucket`): rows, the whole-replay row, ids, answers. vocab_base counts the
+ * replay's full-vocabulary slots. Returns the bytes to upload (through the last row's answers when
+ * a row has slots). */
+static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chunk *chunks, const int *order, int k,
+                           int nrows, int bucket, int *n_vocab, int *max_vocab_slots) {
+    cu_chunk_params *rows = (cu_chunk_params *)dst;
+    int *ids = (int *)(dst + cu_batch_ids_off(nrows));
+    cu_row_answers *ans = (cu_row_answers *)(dst + cu_batch_ans_off(nrows, bucket));
+    int last_ans = -1;
+    *n_vocab = 0;
+    *max_vocab_slots = 0;
+    memset(rows, 0, (size_t)(nrows + 1) * sizeof *rows);
+    for (int r = 0; r < nrows; r++) {
+        cu_chunk_params *p = &rows[r];
+        int *rid = ids + (size_t)r * bucket;
+        p->vocab_base = -1;
+        if (r >= k) { /* padding: len 0, id 0 */
+            memset(rid, 0, (size_t)bucket * sizeof(int));
+            continue;
+        }
+        const squad_chunk *ch = &chunks[order[r]];
+        const cu_seq *q = &cb->seqs[ch->seq];
+        p->kv_src = q->kv_split > 0 ? q->kv_src : NULL;
+        p->kv_work = q->kv;
+        p->gdn = q->gdn;
+        p->kv_split = q->kv_split;
+        p->start = ch->start;
+        p->len = ch->len;
+        p->n_slots = ch->n_slots;
+        memcpy(rid, ch->ids, (size_t)ch->len * sizeof(int));
+        memset(rid + ch->len, 0, (size_t)(bucket - ch->len) * sizeof(int));
+        if (ch->n_slots > 0) {
+            cu_row_answers *a = &ans[r];
+            a->n_letters = ch->n_letters;
+            for (int i = 0; i < ch->n_slots; i++) {
+                a->slots[i] = ch->slots[i];
+                a->nopts[i] = ch->nopts[i] < 1 ? 1 : (ch->nopts[i] > ch->n_letters ? ch->n_letters : ch->nopts[i]);
+            }
+            memcpy(a->letters, ch->letters, (size_t)ch->n_letters * sizeof(int));
+            last_ans = r;
+            if (ch->vocab) {
+                p->vocab_base = *n_vocab;
+                *n_vocab += ch->n_slots;
+                if (ch->n_slots > *max_vocab_slots) *max_vocab_slots = ch->n_slots;
+            }
+        }
+    }
+    rows[nrows].len = nrows * bucket; /* the whole replay, for the LoRA kernels */
+    rows[nrows].vocab_base = -1;
+    if (cb->sp) { /* each token's adapter slot, uploaded through them */
+        int *ts = (int *)(dst + cu_batch_slot_off(nrows, bucket));
+        for (int r = 0; r < nrows; r++) {
+            const int len = r < k ? chunks[order[r]].len : 0, slot = r < k ? cb->lora_at[order[r]] : 0;
+            for (int t = 0; t < bucket; t++) ts[(size_t)r * bucket + t] = t < len ? slot : 0;
+        }
+        return cu_batch_bytes(nrows, bucket);
+    }
+    return last_ans >= 0 ? cu_batch_ans_off(nrows, bucket) + (size_t)(last_ans + 1) * sizeof(cu_row_answers)
+                         : cu_batch_ans_off(nrows, bucket);
+}
+
+/* One replay: the chunks order[0 .. k) of length bucket bi (row p0 of the forward's replay order
+ * onwards), staged in stage, uploaded, replayed (or run eagerly), and their outputs copied back
+ * into the host buffers at their rows (probs, router sums) and figures (vocab, from *vocab_next). */
+static int run_replay(cu_be *cb, const squad_chunk *chunks, const int *order, int k, int bi, int p0,
+                      unsigned char *stage, int *vocab_next, squad_err *err) {
+    const int bucket = CHUNK_BUCKETS[bi];
+    const int rbi = row_bucket(k), nrows = ROW_BUCKETS[rbi];
+    int span = 0, want_probs = 0, want_router = 0;
+    for (int r = 0; r < k; r++) {
+        const squad_chunk *ch = &chunks[order[r]];
+        if (ch->start + ch->len > span) span = ch->start + ch->len;
+        if (ch->n_slots > want_probs) want_probs = ch->n_slots;
+        want_router |= ch->router_sum != NULL;
+    }
+    const int si = span_bucket(cb, span);
+    int n_vocab = 0, max_vslots = 0;
+    const size_t bytes = stage_replay(cb, stage, chunks, order, k, nrows, bucket, &n_vocab, &max_vslots);
+    int rc = upload_params(cb, stage, bytes, err);
     if (rc) return rc;
     if (cb->use_graphs) {
-        if ((rc = get_graph(cb, bi, si, err))) return rc;
-        CU_TRY(cudaGraphLaunch(cb->graphs[bi][si], cb->st));
-    } else if ((rc = enqueue_chunk(cb, bi, si, err))) {
+        if ((rc = get_graph(cb, bi, rbi, si, err))) return rc;
+        CU_TRY(cudaGraphLaunch(cb->graphs[bi][rbi][si], cb->st));
+    } else if ((rc = enqueue_batch(cb, bi, rbi, si, err))) {
         return rc;
     }
     cb->replays++;
-    cb->last_len = ch->len;
-    const int want_vocab = ch->vocab && ch->n_slots > 0;
-    if (want_vocab) {
-        if ((rc = cu_vocab(cb->h, cb->final_norm, cb->lm_head, cb->prm_dev, ch->n_slots, cb->V, cb->H, cb->eps,
+    const cu_batch b = batch_of(cb, nrows, bucket);
+    if (n_vocab > 0) {
+        if ((rc = cu_vocab(cb->h, cb->final_norm, cb->lm_head, &b, max_vslots, n_vocab, cb->V, cb->H, cb->eps,
                            cb->vocab_xn, cb->vocab_parts, cb->vocab_blocks, cb->vocab_dev, cb->st, err)))
             return rc;
-        CU_TRY(cudaMemcpyAsync(cb->vocab_host, cb->vocab_dev, (size_t)ch->n_slots * sizeof(squad_slot_vocab),
+        CU_TRY(cudaMemcpyAsync(cb->vocab_host + *vocab_next, cb->vocab_dev, (size_t)n_vocab * sizeof(squad_slot_vocab),
                                cudaMemcpyDeviceToHost, cb->st));
+        for (int r = 0; r < k; r++) {
+            const squad_chunk *ch = &chunks[order[r]];
+            if (ch->vocab && ch->n_slots > 0) {
+                cb->vocab_at[order[r]] = *vocab_next;
+                *vocab_next += ch->n_slots;
+            }
+        }
     }
-    if (ch->n_slots > 0)
-        CU_TRY(cudaMemcpyAsync(cb->probs_host, cb->probs_dev, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float),
+    const size_t row_floats = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS;
+    if (want_probs > 0) /* the rows' first want_probs slots, one strided copy */
+        CU_TRY(cudaMemcpy2DAsync(cb->probs_host + (size_t)p0 * row_floats, row_floats * sizeof(float), cb->probs_dev,
+                                 row_floats * sizeof(float), (size_t)want_probs * CU_MAX_LETTERS * sizeof(float),
+                                 (size_t)k, cudaMemcpyDeviceToHost, cb->st));
+    if (want_router)
+        CU_TRY(cudaMemcpyAsync(cb->router_host + (size_t)p0 * cb->H, cb->router_dev, (size_t)k * cb->H * sizeof(double),
                                cudaMemcpyDeviceToHost, cb->st));
-    if (ch->router_sum)
-        CU_TRY(cudaMemcpyAsync(cb->router_host, cb->router_dev, (size_t)cb->H * sizeof(double), cudaMemcpyDeviceToHost,
-                               cb->st));
+    for (int r = 0; r < k; r++) cb->out_row[order[r]] = p0 + r;
+    cb->last_tok0 = (k - 1) * bucket; /* the replay's last row (chunks[0] when this replay is the last) */
+    cb->last_len = chunks[order[k - 1]].len;
+    return 0;
+}
+
+static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
+    cu_be *cb = impl_of(be);
+    int rc = check_batch(cb, chunks, n_chunks, err);
+    if (rc) return rc;
+    cb->last_len = 0;
+    if ((rc = prepare_slots(cb, chunks, n_chunks, err))) return rc;
+    be->kv_positions = kv_positions_held(cb);
+    if (cb->sp) { /* the routes' adapters resident (one route a batch: mixed_routes 0); the slot to the device
+                     word the LoRA kernels read, and per chunk for the per-token slots (cu_batch.token_slot) */
+        for (int c = 0; c < n_chunks; c++) {
+            int slot = 0;
+            if (c > 0 && chunks[c].route == chunks[0].route)
+                slot = cb->lora_at[0];
+            else if ((rc = lora_select(cb, chunks[c].route, &slot, err)))
+                return rc;
+            cb->lora_at[c] = slot;
+        }
+        *cb->lora_slot_host = cb->lora_at[0];
+        CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
+    }
+    plan_buckets(cb, chunks, n_chunks);
+    replay_order(cb, n_chunks);
+    int p0 = 0, n_replays = 0, vocab_next = 0;
+    while (p0 < n_chunks) { /* a group of one length bucket, in replays of at most its rows' limit */
+        const int bi = cb->run_bi[cb->order[p0]];
+        int g = p0;
+        while (g < n_chunks && cb->run_bi[cb->order[g]] == bi) g++;
+        const int cap = max_rows_of(cb, bi);
+        if (cap < 1) return cu_err(err, SQUAD_E_BACKEND, "CUDA forward: bucket %d fits no replay", CHUNK_BUCKETS[bi]);
+        for (int r0 = p0; r0 < g; r0 += cap) {
+            const int k = g - r0 < cap ? g - r0 : cap;
+            rc = run_replay(cb, chunks, cb->order + r0, k, bi, r0, cb->prm_host + (size_t)n_replays * cb->prm_bytes,
+                            &vocab_next, err);
+            if (rc) return rc;
+            n_replays++;
+        }
+        p0 = g;
+    }
     CU_TRY(cudaStreamSynchronize(cb->st));
-    if (ch->router_sum) memcpy(ch->router_sum, cb->router_host, (size_t)cb->H * sizeof(double));
-    if (ch->n_slots > 0) memcpy(probs, cb->probs_host, (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float));
-    if (want_vocab) memcpy(ch->vocab, cb->vocab_host, (size_t)ch->n_slots * sizeof(squad_slot_vocab));
+    const size_t row_floats = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS;
+    for (int c = 0; c < n_chunks; c++) {
+        const squad_chunk *ch = &chunks[c];
+        const int row = cb->out_row[c];
+        if (ch->n_slots > 0)
+            memcpy(ch->probs, cb->probs_host + (size_t)row * row_floats,
+                   (size_t)ch->n_slots * CU_MAX_LETTERS * sizeof(float));
+        if (ch->vocab && ch->n_slots > 0)
+            memcpy(ch->vocab, cb->vocab_host + cb->vocab_at[c], (size_t)ch->n_slots * sizeof(squad_slot_vocab));
+        if (ch->router_sum) memcpy(ch->router_sum, cb->router_host + (size_t)row * cb->H, (size_t)cb->H * sizeof(double));
+    }
     return 0;
 }
 
 /* ---- state -------------------------------------------------------------------------------------- */
 
-static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
-    if (n_chunks != 1 || !chunks)
-        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: a batch of %d chunks (the backend takes 1)", n_chunks);
-    if (check_seq(chunks[0].seq, err)) return SQUAD_E_INVALID;
-    return forward_one(be, &chunks[0], err);
-}
-
 static void *be_alloc(squad_backend *be, size_t bytes, squad_err *err) {
     void *p = NULL;
+    (void)be;
     const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -799,52 +1095,63 @@ static void be_release(squad_backend *be, void *p) {
 
 static int be_reset(squad_backend *be, int seq, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (check_seq(seq, err)) return SQUAD_E_INVALID;
-    cb->kv_split = 0; /* the blob read in place is no longer ours to read */
-    cb->kv_src = NULL;
-    if (cb->gdn_bytes) CU_TRY(cudaMemsetAsync(cb->gdn_state, 0, cb->gdn_bytes, cb->st));
+    if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
+    cu_seq *q = &cb->seqs[seq];
+    q->kv_split = 0; /* the blob read in place is no longer ours to read */
+    q->kv_src = NULL;
+    const int fresh = q->gdn == NULL;
+    int rc = seq_arena(cb, q, err); /* a new arena is zeroed already */
+    if (rc) return rc;
+    if (!fresh && cb->gdn_bytes) CU_TRY(cudaMemsetAsync(q->gdn, 0, cb->gdn_bytes, cb->st));
     return 0;
 }
 
 static int be_save_gdn(squad_backend *be, int seq, void *dst, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (check_seq(seq, err)) return SQUAD_E_INVALID;
-    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(dst, cb->gdn_state, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
+    cu_seq *q = &cb->seqs[seq];
+    int rc = seq_arena(cb, q, err); /* a slot never used holds the zero state */
+    if (rc) return rc;
+    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(dst, q->gdn, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
 static int be_load_gdn(squad_backend *be, int seq, const void *src, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (check_seq(seq, err)) return SQUAD_E_INVALID;
-    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(cb->gdn_state, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
+    cu_seq *q = &cb->seqs[seq];
+    int rc = seq_arena(cb, q, err);
+    if (rc) return rc;
+    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(q->gdn, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
 static int be_save_kv(squad_backend *be, int seq, void *dst, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (check_seq(seq, err)) return SQUAD_E_INVALID;
-    /* positions below kv_split from the blob read in place, the rest from the working buffer */
-    const int from_blob = n < cb->kv_split ? n : cb->kv_split;
-    if (n < 0 || n > cb->max_context || (n > from_blob && n > cb->kv_cap))
-        return cu_err(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions (%d held)", n,
-                      cb->kv_cap > from_blob ? cb->kv_cap : from_blob);
-    const size_t blob_bytes = (size_t)from_blob * be->kv_bytes_per_pos, bytes = (size_t)n * be->kv_bytes_per_pos;
-    if (blob_bytes) CU_TRY(cudaMemcpyAsync(dst, cb->kv_src, blob_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
+    const cu_seq *q = &cb->seqs[seq];
+    /* positions below kv_split from the blob read in place, the rest from the slot's own K / V */
+    const int from_blob = n < q->kv_split ? n : q->kv_split;
+    if (n < 0 || n > cb->max_context || n - from_blob > q->kv_cap)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA save_kv: %d positions (%d held)", n, q->kv_split + q->kv_cap);
+    const size_t pb = kv_pos_bytes(cb);
+    const size_t blob_bytes = (size_t)from_blob * pb, bytes = (size_t)n * pb;
+    if (blob_bytes) CU_TRY(cudaMemcpyAsync(dst, q->kv_src, blob_bytes, cudaMemcpyDeviceToDevice, cb->st));
     if (bytes > blob_bytes)
-        CU_TRY(cudaMemcpyAsync((char *)dst + blob_bytes, (const char *)cb->kv + blob_bytes, bytes - blob_bytes,
-                               cudaMemcpyDeviceToDevice, cb->st));
+        CU_TRY(cudaMemcpyAsync((char *)dst + blob_bytes, q->kv, bytes - blob_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
 static int be_load_kv(squad_backend *be, int seq, const void *src, int blob_positions, int n, squad_err *err) {
     cu_be *cb = impl_of(be);
-    if (check_seq(seq, err)) return SQUAD_E_INVALID;
-    if (n < 0 || n > blob_positions || n > cb->max_context)
+    if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
+    if (n < 0 || n > blob_positions || n > cb->max_context || (n > 0 && !src))
         return cu_err(err, SQUAD_E_INVALID, "CUDA load_kv: %d positions of a %d-position blob", n, blob_positions);
-    /* read in place (position-major: the blob's prefix has the working buffer's layout); nothing is
+    /* read in place (position-major: the blob's prefix has the own buffer's layout); nothing is
      * copied, so a hit costs no K / V traffic beyond what attention reads */
-    cb->kv_src = n > 0 ? src : NULL;
-    cb->kv_split = n;
+    cu_seq *q = &cb->seqs[seq];
+    q->kv_src = n > 0 ? src : NULL;
+    q->kv_split = n;
     return 0;
 }
 
@@ -861,9 +1168,11 @@ extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
         return cu_err(err, SQUAD_E_INVALID, "not a CUDA backend");
     const cu_be *cb = (const cu_be *)be->impl;
-    if (t < 0 || t >= cb->last_len) return cu_err(err, SQUAD_E_INVALID, "token %d is outside the last chunk", t);
+    if (t < 0 || t >= cb->last_len)
+        return cu_err(err, SQUAD_E_INVALID, "token %d is outside the last batch's first chunk", t);
     CU_TRY(cudaStreamSynchronize(cb->st));
-    CU_TRY(cudaMemcpy(out, cb->h + (size_t)t * cb->H, (size_t)cb->H * sizeof(float), cudaMemcpyDeviceToHost));
+    CU_TRY(cudaMemcpy(out, cb->h + ((size_t)cb->last_tok0 + t) * cb->H, (size_t)cb->H * sizeof(float),
+                      cudaMemcpyDeviceToHost));
     return 0;
 }
 
@@ -873,12 +1182,23 @@ static void be_destroy(squad_backend *be) {
     if (cb) {
         if (cb->st) cudaStreamSynchronize(cb->st);
         for (int i = 0; i < N_CHUNK_BUCKETS; i++)
-            for (int j = 0; j < MAX_SPANS; j++)
-                if (cb->graphs[i][j]) cudaGraphExecDestroy(cb->graphs[i][j]);
+            for (int r = 0; r < N_ROW_BUCKETS; r++)
+                for (int j = 0; j < MAX_SPANS; j++)
+                    if (cb->graphs[i][r][j]) cudaGraphExecDestroy(cb->graphs[i][r][j]);
         cu_gemm_free(&cb->gemm);
         for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
         free(cb->allocs);
-        if (cb->kv) cudaFree(cb->kv);
+        for (int s = 0; cb->seqs && s < cb->max_seqs; s++) {
+            if (cb->seqs[s].gdn) cudaFree(cb->seqs[s].gdn);
+            if (cb->seqs[s].kv) cudaFree(cb->seqs[s].kv);
+        }
+        free(cb->seqs);
+        free(cb->seq_mark);
+        free(cb->order);
+        free(cb->out_row);
+        free(cb->vocab_at);
+        free(cb->lora_at);
+        free(cb->run_bi);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
@@ -941,10 +1261,10 @@ static int bound_context(cu_be *cb, squad_err *err) {
     size_t free_bytes = 0, total = 0;
     CU_TRY(cudaMemGetInfo(&free_bytes, &total));
     const size_t room = free_bytes > KV_HEADROOM_BYTES ? free_bytes - KV_HEADROOM_BYTES : 0;
-    const size_t fit = (size_t)cb->kv_cap + room / kv_pos_bytes(cb);
+    const size_t fit = room / kv_pos_bytes(cb); /* what one slot's own K / V could grow to */
     if (fit >= (size_t)cb->max_context) return 0;
-    cb->max_context = (int)fit;
-    if (cb->max_chunk > cb->max_context) cb->max_chunk = cb->max_context; /* cannot happen past the first capacity */
+    cb->max_context = fit > 0 ? (int)fit : 1;
+    if (cb->max_chunk > cb->max_context) cb->max_chunk = cb->max_context;
     return set_spans(cb, err);
 }
 
@@ -960,6 +1280,29 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->eps = c->rms_eps;
     cb->max_context = max_context;
     cb->max_chunk = choose_max_chunk(max_context);
+    /* sequence slots and the scratch of a replay */
+    if (opts && (opts->max_rows < 0 || opts->max_rows > MAX_SEQS))
+        return cu_err(err, SQUAD_E_INVALID, "CUDA backend: max_rows %d (0: the default %d; at most %d)", opts->max_rows,
+                      DEFAULT_SEQS, MAX_SEQS);
+    if (opts && opts->batch_tokens < 0)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA backend: batch_tokens %d", opts->batch_tokens);
+    cb->max_seqs = opts && opts->max_rows > 0 ? opts->max_rows : DEFAULT_SEQS;
+    cb->max_rb = ROW_BUCKETS[row_bucket(cb->max_seqs)];
+    cb->tok_cap = cb->max_chunk;
+    if (opts && opts->batch_tokens > cb->tok_cap)
+        cb->tok_cap = opts->batch_tokens < MAX_BATCH_TOKENS ? opts->batch_tokens : MAX_BATCH_TOKENS;
+    cb->blk_cap = (cb->tok_cap + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK + cb->max_rb; /* a row's blocks round up */
+    cb->seqs = (cu_seq *)calloc((size_t)cb->max_seqs, sizeof(cu_seq));
+    cb->seq_mark = (unsigned char *)calloc((size_t)cb->max_seqs, 1);
+    cb->order = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    cb->out_row = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    cb->vocab_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    cb->lora_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    cb->run_bi = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    const char *mt = getenv("SQUAD_BATCH_MERGE_TOKENS");
+    cb->merge_tokens = mt ? atoi(mt) : MERGE_PAD_TOKENS;
+    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at || !cb->run_bi)
+        return cu_err(err, SQUAD_E_NOMEM, "out of memory (sequence slots)");
     cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
     cb->es = cb->f32 ? 4 : 2;
     cb->n_gdn = squad_config_count_layers(c, SQUAD_LAYER_LINEAR);
@@ -1048,12 +1391,9 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     }
     const size_t s_bytes = cu_gdn_state_bytes(&cb->gd);
     const size_t conv_bytes = ((size_t)(cb->gd.K - 1) * cb->C * cb->es + 255) & ~(size_t)255;
-    cb->gdn_bytes = (size_t)cb->n_gdn * (s_bytes + conv_bytes);
-    if ((rc = dalloc(cb, (void **)&cb->gdn_state, cb->gdn_bytes, MEM_STATE, err))) return rc;
-    if ((rc = ensure_kv(cb, 1, err))) return rc; /* the first capacity; more as rows need it */
+    cb->gdn_bytes = (size_t)cb->n_gdn * (s_bytes + conv_bytes); /* a slot's arena (made on its first use) */
     {
-        unsigned char *S0 = cb->gdn_state;
-        unsigned char *conv0 = S0 + (size_t)cb->n_gdn * s_bytes;
+        const size_t conv0 = (size_t)cb->n_gdn * s_bytes;
         int gi = 0, ai = 0;
         for (int l = 0; l < cb->nl; l++) {
             const squad_layer_weights *W = &m->layers[l];
@@ -1078,8 +1418,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
                 if ((rc = upload_vec(cb, &L->A_log, W->A_log, cb->gd.nv, "A_log", err))) return rc;
                 if ((rc = upload_vec(cb, &L->dt_bias, W->dt_bias, cb->gd.nv, "dt_bias", err))) return rc;
                 if ((rc = upload_vec(cb, &L->gdn_norm, W->gdn_norm, cb->gd.dv, "linear_attn norm", err))) return rc;
-                L->S = (float *)(S0 + (size_t)gi * s_bytes);
-                L->conv_state = conv0 + (size_t)gi * conv_bytes;
+                L->s_off = (size_t)gi * s_bytes;
+                L->conv_off = conv0 + (size_t)gi * conv_bytes;
                 gi++;
             } else {
                 const squad_mat *in[3] = {&W->q_proj, &W->k_proj, &W->v_proj};
@@ -1095,8 +1435,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         }
     }
 
-    /* activations and scratch, sized for the largest bucket */
-    const size_t R = (size_t)cb->max_chunk;
+    /* activations and scratch, sized for the largest replay (tok_cap tokens) */
+    const size_t R = (size_t)cb->tok_cap;
     int wproj = cb->NP > cb->ldQKV ? cb->NP : cb->ldQKV;
     if (2 * cb->I > wproj) wproj = 2 * cb->I;
     const int wmix = cb->gd.nv * cb->gd.dv > cb->ad.nh * cb->ad.hd ? cb->gd.nv * cb->gd.dv : cb->ad.nh * cb->ad.hd;
@@ -1111,24 +1451,26 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         if ((rc = dalloc(cb, &cb->att_part, cb->att_part_bytes, MEM_SCRATCH, err))) return rc;
     }
     if (cb->n_gdn) {
-        if ((rc = dalloc(cb, &cb->gdn_scr, cu_gdn_scratch_bytes(&cb->gd, (int)R), MEM_SCRATCH, err))) return rc;
-        cu_gdn_scratch_bind(&cb->scr, cb->gdn_scr, &cb->gd, (int)R);
+        const size_t gb = cu_gdn_scratch_bytes(&cb->gd, cb->tok_cap, cb->blk_cap);
+        if ((rc = dalloc(cb, &cb->gdn_scr, gb, MEM_SCRATCH, err))) return rc;
+        cu_gdn_scratch_bind(&cb->scr, cb->gdn_scr, &cb->gd, cb->tok_cap, cb->blk_cap);
     }
-    cb->prm_bytes = CU_PARAMS_HEADER_BYTES + R * sizeof(int);
-    if ((rc = dalloc(cb, (void **)&cb->prm_dev, cb->prm_bytes, MEM_SCRATCH, err))) return rc;
-    CU_TRY(cudaMallocHost((void **)&cb->prm_host, cb->prm_bytes));
-    memset(cb->prm_host, 0, cb->prm_bytes);
-    const size_t pbytes = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS * sizeof(float);
-    if ((rc = dalloc(cb, (void **)&cb->probs_dev, pbytes, MEM_SCRATCH, err))) return rc;
-    CU_TRY(cudaMallocHost((void **)&cb->probs_host, pbytes));
+    /* the parameters: every shape's layout (cu_batch_bytes) fits the largest rows and tokens */
+    cb->prm_bytes = cu_align16((size_t)(cb->max_rb + 1) * sizeof(cu_chunk_params) + 2 * (R * sizeof(int) + 16) +
+                               (size_t)cb->max_rb * sizeof(cu_row_answers));
+    if ((rc = dalloc(cb, &cb->prm_dev, cb->prm_bytes, MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->prm_host, cb->prm_bytes * (size_t)cb->max_seqs));
+    memset(cb->prm_host, 0, cb->prm_bytes * (size_t)cb->max_seqs);
+    const size_t row_probs = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS * sizeof(float);
+    if ((rc = dalloc(cb, (void **)&cb->probs_dev, row_probs * (size_t)cb->max_rb, MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->probs_host, row_probs * (size_t)cb->max_seqs));
     if ((rc = cu_vocab_init(cb->H, err))) return rc;
     cb->vocab_blocks = cu_vocab_blocks(cb->V, cb->n_sm);
-    if ((rc = dalloc(cb, (void **)&cb->vocab_xn, (size_t)CU_MAX_SLOTS * cb->H * sizeof(float), MEM_SCRATCH, err)))
-        return rc;
+    const size_t vslots = (size_t)cb->max_rb * CU_MAX_SLOTS;
+    if ((rc = dalloc(cb, (void **)&cb->vocab_xn, vslots * cb->H * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, &cb->vocab_parts, cu_vocab_parts_bytes(cb->vocab_blocks), MEM_SCRATCH, err))) return rc;
-    const size_t vbytes = (size_t)CU_MAX_SLOTS * sizeof(squad_slot_vocab);
-    if ((rc = dalloc(cb, (void **)&cb->vocab_dev, vbytes, MEM_SCRATCH, err))) return rc;
-    CU_TRY(cudaMallocHost((void **)&cb->vocab_host, vbytes));
+    if ((rc = dalloc(cb, (void **)&cb->vocab_dev, vslots * sizeof(squad_slot_vocab), MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->vocab_host, (size_t)cb->max_seqs * CU_MAX_SLOTS * sizeof(squad_slot_vocab)));
     if (opts && opts->specialists && (rc = setup_specialists(cb, opts->specialists, opts->max_adapters, err))) return rc;
     /* every upload (legacy stream, possibly still in its DMA) done before a kernel on cb->st reads it */
     CU_TRY(cudaDeviceSynchronize());
@@ -1178,10 +1520,11 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
         return NULL;
     }
     be->max_context = cb->max_context; /* lowered when the device cannot hold the K / V of more */
-    be->kv_positions = cb->kv_cap;
+    be->kv_positions = kv_positions_held(cb);
     be->max_chunk = cb->max_chunk;
-    be->max_batch_tokens = cb->max_chunk;
-    be->max_seqs = 1;
+    be->max_batch_tokens = cb->tok_cap;
+    be->max_seqs = cb->max_seqs;
+    be->mixed_routes = 0; /* one route per forward (the adapter slot word) */
     be->gdn_snapshot_bytes = cb->gdn_bytes;
     be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
     be->specialists = cb->sp != NULL;
@@ -1198,8 +1541,9 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     info->capture_s = cb->capture_s;
     info->replays = cb->replays;
     info->weight_bytes = cb->weight_bytes;
-    info->state_bytes = cb->state_bytes + (size_t)cb->kv_cap * kv_pos_bytes(cb);
-    info->kv_positions = cb->kv_cap;
+    info->state_bytes = cb->state_bytes + (size_t)kv_positions_held(cb) * kv_pos_bytes(cb);
+    for (int s = 0; s < cb->max_seqs; s++) info->state_bytes += cb->seqs[s].gdn ? cb->gdn_bytes : 0;
+    info->kv_positions = kv_positions_held(cb);
     info->max_context = cb->max_context;
     info->scratch_bytes = cb->scratch_bytes + cb->gemm.ws_bytes + cb->gemm.rot_bytes;
     snprintf(info->precision, sizeof info->precision, "%s", cb->f32 ? "exact" : "bf16");
@@ -1225,27 +1569,35 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
         return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
     if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
     const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
-    int rc = ensure_kv(cb, start + len, err);
-    if (rc) return rc;
-    be->kv_positions = cb->kv_cap;
-    cu_chunk_params *p = cb->prm_host;
-    p->kv_work = cb->kv;
-    p->kv_src = NULL;
-    p->kv_split = 0;
-    p->start = start;
-    p->len = len;
-    p->n_slots = 0;
-    p->n_letters = 0;
+    /* a chunk on slot 0 (no slots, no blob) */
+    int *ids = (int *)malloc((size_t)len * sizeof(int));
+    if (!ids) return cu_err(err, SQUAD_E_NOMEM, "out of memory (ablation ids)");
     /* distinct pseudo-random tokens, as a real question has (the graph's time barely depends on
      * them: 1.680 against 1.689 ms on the 4096+128 hit with every id 0) */
     uint32_t x = 12345u;
-    for (int t = 0; t < rows; t++) {
+    for (int t = 0; t < len; t++) {
         x = x * 1664525u + 1013904223u;
-        p->ids[t] = t < len ? (int)((x >> 8) % (uint32_t)cb->V) : 0;
+        ids[t] = (int)((x >> 8) % (uint32_t)cb->V);
     }
-    rc = upload_params(cb, rows, err);
-    if (!rc) rc = capture_chunk(cb, bi, si, parts, &a->graph, err);
-    if (!rc && want_engine) rc = get_graph(cb, bi, si, err);
+    squad_chunk ch;
+    memset(&ch, 0, sizeof ch);
+    ch.ids = ids;
+    ch.start = start;
+    ch.len = len;
+    cb->seqs[0].kv_split = 0;
+    cb->seqs[0].kv_src = NULL;
+    cb->lora_at[0] = 0; /* the trunk */
+    int rc = prepare_slots(cb, &ch, 1, err);
+    be->kv_positions = kv_positions_held(cb);
+    if (!rc) {
+        const int order = 0;
+        int nv = 0, mv = 0;
+        const size_t bytes = stage_replay(cb, cb->prm_host, &ch, &order, 1, 1, rows, &nv, &mv);
+        rc = upload_params(cb, cb->prm_host, bytes, err);
+    }
+    free(ids);
+    if (!rc) rc = capture_batch(cb, bi, 0, si, parts, &a->graph, err);
+    if (!rc && want_engine) rc = get_graph(cb, bi, 0, si, err);
     if (rc) {
         if (a->graph) cudaGraphExecDestroy(a->graph);
         a->graph = NULL;
@@ -1253,10 +1605,42 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
     }
     a->st = cb->st;
     a->rows = rows;
-    a->engine = want_engine ? cb->graphs[bi][si] : NULL;
+    a->engine = want_engine ? cb->graphs[bi][0][si] : NULL;
     return 0;
 }
 
 int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err) {
-    return upload_params(impl_of(be), rows, err);
+    (void)rows; /* the last staged replay's bytes, as forward uploads them */
+    cu_be *cb = impl_of(be);
+    return upload_params(cb, cb->prm_host, cb->last_upload, err);
+}
+
+/* ---- test hooks (cuda_test_api.h) ---------------------------------------------------------------- */
+
+extern "C" int squad_cuda_test_poison(squad_backend *be, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "poison: not a CUDA backend");
+    cu_be *cb = impl_of(be);
+    const size_t R = (size_t)cb->tok_cap, es = cb->es;
+    int wproj = cb->NP > cb->ldQKV ? cb->NP : cb->ldQKV;
+    if (2 * cb->I > wproj) wproj = 2 * cb->I;
+    const int wmix = cb->gd.nv * cb->gd.dv > cb->ad.nh * cb->ad.hd ? cb->gd.nv * cb->gd.dv : cb->ad.nh * cb->ad.hd;
+    CU_TRY(cudaMemsetAsync(cb->h, 0xff, R * cb->H * 4, cb->st));
+    CU_TRY(cudaMemsetAsync(cb->x, 0xff, R * cb->H * es, cb->st));
+    CU_TRY(cudaMemsetAsync(cb->proj, 0xff, R * wproj * es, cb->st));
+    CU_TRY(cudaMemsetAsync(cb->mix, 0xff, R * wmix * es, cb->st));
+    CU_TRY(cudaMemsetAsync(cb->mlp, 0xff, R * cb->I * es, cb->st));
+    if (cb->n_attn) {
+        CU_TRY(cudaMemsetAsync(cb->qb, 0xff, R * cb->ad.nh * cb->ad.hd * es, cb->st));
+        if (cb->att_part_bytes) CU_TRY(cudaMemsetAsync(cb->att_part, 0xff, cb->att_part_bytes, cb->st));
+    }
+    if (cb->n_gdn)
+        CU_TRY(cudaMemsetAsync(cb->gdn_scr, 0xff, cu_gdn_scratch_bytes(&cb->gd, cb->tok_cap, cb->blk_cap), cb->st));
+    CU_TRY(cudaStreamSynchronize(cb->st));
+    return 0;
+}
+
+extern "C" size_t squad_cuda_test_state_bytes(const squad_backend *be) {
+    const cu_be *cb = (const cu_be *)be->impl;
+    return (size_t)cb->n_gdn * cu_gdn_state_bytes(&cb->gd);
 }

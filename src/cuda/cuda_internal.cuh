@@ -39,31 +39,81 @@ typedef __nv_bfloat16 bf16;
 #define CU_ATT_BN 64       /* keys per attention inner step */
 #define CU_MAX_CONV_K 8    /* the largest conv kernel supported */
 
-/* The per-chunk values a graph reads at replay time (device memory; written by the host before
- * each replay). ids[] holds the padded chunk (padding ids are 0, a valid token). */
+/* A batch in device memory: the graphs of one shape (length bucket, rows bucket, span bucket) read
+ * every per-row value at replay time. Row r of a replay of `nrows` rows holds its tokens at
+ * [r bucket, (r + 1) bucket) of the packed activations (a uniform stride, so the projections and
+ * the MLP are one GEMM over nrows x bucket tokens); a padding row has len 0 and every per-row
+ * kernel skips it (writing zeros where a GEMM reads its activations). */
 typedef struct cu_chunk_params {
     /* A cache hit's K / V read in place: positions [0, kv_split) of every attention layer come from
-     * the blob kv_src (the cache group's, same layout as the working buffer), not from the working
-     * buffer, which then holds only positions from kv_split on. kv_split 0: the working buffer only. */
+     * the blob kv_src (the cache group's, position-major like the working buffer). kv_split 0: none. */
     const void *kv_src;
-    /* The working K / V buffer (the backend's, [capacity][attention layer][K | V][nkv][hd]). It is
-     * read from here, not baked into the graphs, so the buffer can grow (move) as rows get longer
-     * and every graph captured before stays valid. */
+    /* The row's slot's own K / V ([capacity][attention layer][K | V][nkv][hd]): position
+     * kv_split + i at index i, so a hit's slot holds only the positions it writes. Read from here,
+     * not baked into the graphs, so the buffer can grow (move) as its row gets longer. */
     void *kv_work;
+    /* The row's slot's GDN arena: every GDN layer's S, then the conv inputs (the layers' offsets
+     * are kernel arguments, the same in every slot). */
+    unsigned char *gdn;
     int kv_split;
-    int start;     /* absolute position of token 0 */
-    int len;       /* real tokens; positions [len, bucket) are padding */
-    int n_slots;   /* answer slots in this chunk */
-    int n_letters; /* option letters */
+    int start; /* absolute position of token 0 */
+    int len;   /* real tokens; positions [len, bucket) are padding; 0: a padding row */
+    int n_slots;    /* answer slots of this row (their values in cu_row_answers) */
+    int vocab_base; /* its first slot's index among the replay's full-vocabulary slots; -1: none */
+    int pad_[1];    /* 16-byte multiple */
+} cu_chunk_params;
+static_assert(sizeof(cu_chunk_params) % 16 == 0, "rows stay 16-byte aligned");
+
+/* A row's answer slots (read only by the letter and vocabulary kernels). */
+typedef struct cu_row_answers {
+    int n_letters;
     int slots[CU_MAX_SLOTS]; /* relative to start */
     int nopts[CU_MAX_SLOTS];
     int letters[CU_MAX_LETTERS];
-    int pad_[1]; /* the header a multiple of 16 bytes */
-    int ids[1]; /* [bucket] (the struct is allocated larger) */
-} cu_chunk_params;
+    int pad_[1];
+} cu_row_answers;
+static_assert(sizeof(cu_row_answers) % 16 == 0, "answers stay 16-byte aligned");
 
-#define CU_PARAMS_HEADER_BYTES offsetof(cu_chunk_params, ids)
-static_assert(CU_PARAMS_HEADER_BYTES % 16 == 0, "the ids start 16-byte aligned");
+/* What a launcher is told about a batch: device pointers into one parameter buffer laid out
+ * [rows' cu_chunk_params | ids (nrows bucket ints) | rows' cu_row_answers | token_slot (nrows bucket
+ * ints)], and the shape. */
+typedef struct cu_batch {
+    const cu_chunk_params *prm; /* [nrows] */
+    const cu_chunk_params *all; /* prm[nrows]: start 0, len nrows x bucket, no state */
+    const int *ids;             /* [nrows * bucket]; padding ids are 0, a valid token */
+    const cu_row_answers *ans;  /* [nrows] */
+    /* specialists: each token's resident adapter slot + 1 (0: the trunk, padding), for LoRA kernels
+     * that read a slot per token; written only when specialists are loaded */
+    const int *token_slot;      /* [nrows * bucket] */
+    int nrows;                  /* rows of the replay (its rows bucket) */
+    int bucket;                 /* tokens per row */
+} cu_batch;
+/* The byte offsets of the parts of a batch's parameter buffer, and its size. */
+static inline size_t cu_align16(size_t n) { return (n + 15) & ~(size_t)15; }
+/* nrows rows and one more, the whole replay as one row (len nrows x bucket: what k_lora.cu's kernels
+ * read to cover every token) */
+static inline size_t cu_batch_ids_off(int nrows) { return (size_t)(nrows + 1) * sizeof(cu_chunk_params); }
+static inline size_t cu_batch_ans_off(int nrows, int bucket) {
+    return cu_batch_ids_off(nrows) + cu_align16((size_t)nrows * bucket * sizeof(int));
+}
+static inline size_t cu_batch_slot_off(int nrows, int bucket) {
+    return cu_batch_ans_off(nrows, bucket) + (size_t)nrows * sizeof(cu_row_answers);
+}
+static inline size_t cu_batch_bytes(int nrows, int bucket) {
+    return cu_batch_slot_off(nrows, bucket) + cu_align16((size_t)nrows * bucket * sizeof(int));
+}
+/* The batch's pointers into a parameter buffer at base (device or host). */
+static inline cu_batch cu_batch_at(void *base, int nrows, int bucket) {
+    cu_batch b;
+    b.prm = (const cu_chunk_params *)base;
+    b.all = b.prm + nrows;
+    b.ids = (const int *)((const char *)base + cu_batch_ids_off(nrows));
+    b.ans = (const cu_row_answers *)((const char *)base + cu_batch_ans_off(nrows, bucket));
+    b.token_slot = (const int *)((const char *)base + cu_batch_slot_off(nrows, bucket));
+    b.nrows = nrows;
+    b.bucket = bucket;
+    return b;
+}
 
 /* ---- error checks ---------------------------------------------------------------------------- */
 /* squad_fail's twin, so libsquadcuda needs nothing from libsquad (it links after it). */
@@ -272,30 +322,34 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
 
 /* k_norm.cu */
 /* In these launchers f32 selects fp32 activations (the exact path) instead of bf16. */
-/* h[t] = E[ids[t]] (fp32) and x[t] = RMSNorm(h[t]) * (1 + w), t < rows. */
-int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, void *x, const float *w, int rows, int H,
-                     float eps, int f32, cudaStream_t st, squad_err *err);
+/* h[t] = E[ids[t]] (fp32) and x[t] = RMSNorm(h[t]) * (1 + w), for every token of the batch. */
+int cu_embed_rmsnorm(const bf16 *E, const cu_batch *b, float *h, void *x, const float *w, int H, float eps, int f32,
+                     cudaStream_t st, squad_err *err);
 /* x[t] = RMSNorm(h[t]) * (1 + w). */
 int cu_rmsnorm(const float *h, void *x, const float *w, int rows, int H, float eps, int f32, cudaStream_t st,
                squad_err *err);
 /* out[t][i] = silu(gu[t][i]) * gu[t][I + i] (gu: [rows][2I]). */
 int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_t st, squad_err *err);
-/* The letter probabilities at the chunk's slots: probs[i][j] = softmax over j < nopts[i] of
- * RMSNorm(h[slot_i]) * (1 + w) . E[letters[j]]; zero past nopts. probs is [CU_MAX_SLOTS][CU_MAX_LETTERS]. */
-int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
-                    float eps, cudaStream_t st, squad_err *err);
+/* The letter probabilities at every row's slots: probs[r][i][j] = softmax over j < nopts[i] of
+ * RMSNorm(h[r bucket + slot_i]) * (1 + w) . E[letters[j]]; zero past nopts. probs is
+ * [nrows][CU_MAX_SLOTS][CU_MAX_LETTERS]; max_slots bounds every row's n_slots (CU_MAX_SLOTS in a
+ * graph, which serves any). */
+int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_batch *b, int max_slots, float *probs,
+                    int H, float eps, cudaStream_t st, squad_err *err);
 
-/* k_vocab.cu: the full-vocabulary figures of a chunk's n_slots answer slots (backend.h) into out
- * (device memory, [n_slots]), from h (the chunk's fp32 residual stream), the final norm and the
- * output embedding E [V][H]. xn: [n_slots][H] floats of scratch; parts: cu_vocab_parts_bytes. */
+/* k_vocab.cu: the full-vocabulary figures (backend.h) of the answer slots of the batch's rows that
+ * ask (prm[r].vocab_base >= 0: slot i of row r is figure vocab_base + i), n_slots of them in all,
+ * into out (device memory, [n_slots]), from h (the batch's fp32 residual stream), the final norm
+ * and the output embedding E [V][H]. xn: [n_slots][H] floats of scratch; parts:
+ * cu_vocab_parts_bytes. max_row_slots bounds every row's n_slots (the first kernel's grid). */
 #define CU_VOCAB_GROUP 8 /* slots one pass over E serves */
 int cu_vocab_group(int H); /* the slots a pass serves for this hidden size (<= CU_VOCAB_GROUP) */
 int cu_vocab_init(int H, squad_err *err); /* kernel attributes (shared memory) */
 int cu_vocab_blocks(int V, int n_sm);     /* blocks of the pass over the vocabulary */
 size_t cu_vocab_parts_bytes(int n_blocks);
-int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_chunk_params *prm, int n_slots, int V,
-             int H, float eps, float *xn, void *parts, int n_blocks, squad_slot_vocab *out, cudaStream_t st,
-             squad_err *err);
+int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_batch *b, int max_row_slots,
+             int n_slots, int V, int H, float eps, float *xn, void *parts, int n_blocks, squad_slot_vocab *out,
+             cudaStream_t st, squad_err *err);
 
 /* k_gdn.cu: the Gated DeltaNet mixer after in_proj. */
 typedef struct cu_gdn_dims {
@@ -334,20 +388,23 @@ size_t cu_gdn_state_bytes(const cu_gdn_dims *d);
 /* A head dim padded to the kernels' instantiation (16, 32, 64, 128). The state S^T is
  * [nv][pad(dv)][pad(dk)] fp32. */
 int cu_gdn_pad(int x);
-/* Bytes of scratch for a chunk bucket of `rows` tokens. */
-size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows);
-void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows);
+/* Bytes of scratch for `tokens` tokens in all and `blocks` blocks of 64 tokens (a row's tokens start a
+ * new block, so a batch of n rows of bucket b needs n ceil(b / 64) of them). */
+size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int tokens, int blocks);
+void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int tokens, int blocks);
 int cu_gdn_supported(const cu_gdn_dims *d);
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
-/* P: [rows][ldP] bf16 in_proj output; conv_state [K-1][C] bf16 (updated); S [nv][pad dv][pad dk]
- * fp32 (updated, transposed state); Y: [rows][nv dv] bf16, the gated-normed output. */
-int cu_gdn_forward(const cu_gdn_dims *d, const void *P, void *conv_state, const float *conv_w, const float *A_log,
-                   const float *dt_bias, const float *norm_w, float *S, void *Y, const cu_gdn_scratch *scr,
-                   const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err);
-int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, float *conv_state, const float *conv_w,
-                         const float *A_log, const float *dt_bias, const float *norm_w, float *S, float *Y,
-                         const cu_gdn_scratch *scr, const cu_chunk_params *prm, int rows, cudaStream_t st,
-                         squad_err *err);
+/* Every row of the batch at once (a grid dimension over rows). P: [tokens][ldP] bf16 in_proj output;
+ * per row, its slot's arena (prm[r].gdn) holds this layer's S at byte offset s_off ([nv][pad dv][pad dk]
+ * fp32, the transposed state; updated) and its conv inputs at conv_off ([K-1][C] bf16; updated);
+ * Y: [tokens][nv dv] bf16, the gated-normed output (0 on padding). */
+int cu_gdn_forward(const cu_gdn_dims *d, const void *P, size_t conv_off, const float *conv_w, const float *A_log,
+                   const float *dt_bias, const float *norm_w, size_t s_off, void *Y, const cu_gdn_scratch *scr,
+                   const cu_batch *b, cudaStream_t st, squad_err *err);
+/* The exact path: fp32 P, conv inputs and Y; S [nv][dk][dv] fp32. */
+int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, size_t conv_off, const float *conv_w,
+                         const float *A_log, const float *dt_bias, const float *norm_w, size_t s_off, float *Y,
+                         const cu_gdn_scratch *scr, const cu_batch *b, cudaStream_t st, squad_err *err);
 
 /* k_attn.cu: gated attention after q/k/v_proj. */
 typedef struct cu_attn_dims {
@@ -362,19 +419,22 @@ typedef struct cu_attn_dims {
 enum { CU_ATT_PREP = 1, CU_ATT_FWD = 2, CU_ATT_COMBINE = 4 };
 int cu_attn_supported(const cu_attn_dims *d);
 int cu_attn_init(const cu_attn_dims *d, squad_err *err);
-/* Splits of the key range for a chunk of `rows` query rows and keys up to `span`. */
-int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm, int force); /* force > 0: that many, bounded */
-size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits);
-/* QKV: [rows][ldQKV] bf16; this layer's K / V are at element offsets wko, wvo from prm->kv_work
- * (position 0), kv_stride elements per position, [nkv][hd] each (positions [start, start+len)
- * written); inv_freq [rd/2] fp32; Qb [rows][nh][hd] scratch; part: partial-results scratch;
- * out: [rows][nh hd] bf16 = attention * sigmoid(gate).
- * blob_k_off, blob_v_off: elements from prm->kv_src to this layer's K and V at position 0, for the
- * keys below prm->kv_split (cu_chunk_params). Both buffers are found through prm at run time. */
+/* Splits of the key range for a batch of nrows rows of `bucket` query tokens each and keys up to
+ * `span`. */
+int cu_attn_splits(const cu_attn_dims *d, int nrows, int bucket, int span, int n_sm,
+                   int force); /* force > 0: that many, bounded */
+size_t cu_attn_partial_bytes(const cu_attn_dims *d, int tokens, int splits);
+/* Every row of the batch at once. QKV: [tokens][ldQKV] bf16; per row, this layer's K / V are at
+ * element offsets wko, wvo from its prm[r].kv_work (the slot's first own position, kv_split),
+ * kv_stride elements per position, [nkv][hd] each (positions [start, start+len) written);
+ * inv_freq [rd/2] fp32; Qb [tokens][nh][hd] scratch; part: partial-results scratch;
+ * out: [tokens][nh hd] bf16 = attention * sigmoid(gate) (0 on padding).
+ * blob_k_off, blob_v_off: elements from prm[r].kv_src to this layer's K and V at position 0, for the
+ * keys below prm[r].kv_split. Both buffers are found through the parameters at run time. */
 int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm, const float *k_norm,
                     const float *inv_freq, ptrdiff_t wko, ptrdiff_t wvo, ptrdiff_t blob_k_off, ptrdiff_t blob_v_off,
-                    void *Qb, void *part, int splits, void *out, const cu_chunk_params *prm, int rows,
-                    cudaStream_t st, squad_err *err);
+                    void *Qb, void *part, int splits, void *out, const cu_batch *b, cudaStream_t st,
+                    squad_err *err);
 
 /* ---- the ablation timing's view of a backend (backend_cuda.cu; used by ablate.cu) ----------- */
 typedef struct cu_ablation {

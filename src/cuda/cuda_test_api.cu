@@ -64,18 +64,32 @@ static int down_bf16(float *h, const bf16 *d, size_t n, squad_err *err) {
     if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
     return 0;
 }
-static int params(tbufs *b, cu_chunk_params **d, int start, int len, int rows, squad_err *err) {
-    const size_t bytes = CU_PARAMS_HEADER_BYTES + (size_t)rows * sizeof(int);
-    cu_chunk_params *h = (cu_chunk_params *)calloc(1, bytes);
+/* A batch of one row (the backend's layout, cu_batch_at) in device memory: the chunk [start,
+ * start + len) of a bucket of `rows` tokens, its slot's arena gdn, its own K / V kv_work (position
+ * kv_split at index 0) and the blob kv_src below kv_split. */
+static int params(tbufs *b, cu_batch *out, int start, int len, int rows, unsigned char *gdn, void *kv_work,
+                  const void *kv_src, int kv_split, squad_err *err) {
+    const size_t bytes = cu_batch_bytes(1, rows);
+    unsigned char *h = (unsigned char *)calloc(1, bytes);
     if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
-    h->start = start;
-    h->len = len;
-    int rc = talloc(b, (void **)d, bytes, err);
+    cu_chunk_params *p = (cu_chunk_params *)h;
+    p[0].start = start;
+    p[0].len = len;
+    p[0].gdn = gdn;
+    p[0].kv_work = kv_work;
+    p[0].kv_src = kv_src;
+    p[0].kv_split = kv_split;
+    p[0].vocab_base = -1;
+    p[1].len = rows; /* the whole batch */
+    p[1].vocab_base = -1;
+    void *d = NULL;
+    int rc = talloc(b, &d, bytes, err);
     if (!rc) {
-        const cudaError_t e = cudaMemcpy(*d, h, bytes, cudaMemcpyHostToDevice);
+        const cudaError_t e = cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
         if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
     }
     free(h);
+    if (!rc) *out = cu_batch_at(d, 1, rows);
     return rc;
 }
 
@@ -100,12 +114,12 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     /* the device state: S^T [nv][DVP][DKP] (zero padding) on the chunked path, S [nv][dk][dv] exact */
     const int DKP = ex ? a->dv : cu_gdn_pad(a->dk), DVP = ex ? a->dk : cu_gdn_pad(a->dv);
     const size_t nS = (size_t)a->nv * DKP * DVP;
-    void *P, *conv, *Y;
-    float *cw, *Al, *dt, *nw, *S;
-    cu_chunk_params *prm;
+    void *P, *conv0, *Y;
+    float *cw, *Al, *dt, *nw, *S0;
+    cu_batch prm;
     void *scr;
     if ((rc = up_act(b, &P, a->P, (size_t)a->rows * a->ldP, ex, err))) return rc;
-    if ((rc = up_act(b, &conv, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, ex, err))) return rc;
+    if ((rc = up_act(b, &conv0, a->conv_state, (size_t)(Km1 > 0 ? Km1 : 1) * C, ex, err))) return rc;
     if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
     if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
     if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
@@ -118,14 +132,28 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
             for (int j = 0; j < a->dv; j++)
                 St[ex ? ((size_t)h * a->dk + i) * a->dv + j : ((size_t)h * DVP + j) * DKP + i] =
                     a->S[((size_t)h * a->dk + i) * a->dv + j];
-    rc = up_f32(b, &S, St, nS, err);
+    rc = up_f32(b, &S0, St, nS, err);
+    /* the slot's arena as the backend lays it out: S, then the conv inputs */
+    const size_t conv_off = (nS * 4 + 255) & ~(size_t)255, conv_bytes = (size_t)(Km1 > 0 ? Km1 : 1) * C * (ex ? 4 : 2);
+    void *arena = NULL;
+    float *S = NULL;
+    void *conv = NULL;
+    if (!rc) rc = talloc(b, &arena, conv_off + conv_bytes, err);
+    if (!rc) {
+        S = (float *)arena;
+        conv = (char *)arena + conv_off;
+        cudaError_t e = cudaMemcpy(S, S0, nS * 4, cudaMemcpyDeviceToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(conv, conv0, conv_bytes, cudaMemcpyDeviceToDevice);
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    }
     if (!rc) rc = talloc_poison(b, &Y, (size_t)a->rows * a->nv * a->dv * (ex ? 4 : 2), err);
-    if (!rc) rc = params(b, &prm, 0, a->len, a->rows, err);
-    if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows), err);
+    if (!rc) rc = params(b, &prm, 0, a->len, a->rows, (unsigned char *)arena, NULL, NULL, 0, err);
+    const int blocks = (a->rows + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK;
+    if (!rc) rc = talloc(b, &scr, cu_gdn_scratch_bytes(&d, a->rows, blocks), err);
     cu_gdn_scratch s;
     if (!rc) {
-        cu_gdn_scratch_bind(&s, scr, &d, a->rows);
-        rc = cu_gdn_forward(&d, P, conv, cw, Al, dt, nw, S, Y, &s, prm, a->rows, 0, err);
+        cu_gdn_scratch_bind(&s, scr, &d, a->rows, blocks);
+        rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &prm, 0, err);
     }
     if (!rc) {
         const cudaError_t e = cudaDeviceSynchronize();
@@ -174,13 +202,13 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
     void *QKV, *K, *V, *Qb, *out;
     float *qn, *kn, *inv;
-    cu_chunk_params *prm;
+    cu_batch prm;
     void *part;
     int dev = 0, nsm = 0;
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     const int span = a->max_context;
-    const int splits = cu_attn_splits(&d, a->rows, span, nsm, 0);
+    const int splits = cu_attn_splits(&d, 1, a->rows, span, nsm, 0);
     if ((rc = up_act(b, &QKV, a->QKV, (size_t)a->rows * a->ld, ex, err))) return rc;
     /* K and V in one working buffer (K at element 0, V at kvn), found through prm->kv_work as the
      * backend's is */
@@ -198,8 +226,6 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     if ((rc = talloc(b, &Qb, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
     if ((rc = talloc_poison(b, &out, (size_t)a->rows * a->nh * a->hd * es, err))) return rc;
     if ((rc = talloc(b, &part, ex ? 16 : cu_attn_partial_bytes(&d, a->rows, splits), err))) return rc;
-    if ((rc = params(b, &prm, a->start, a->len, a->rows, err))) return rc;
-    CU_TRY(cudaMemcpy((char *)prm + offsetof(cu_chunk_params, kv_work), &KV, sizeof KV, cudaMemcpyHostToDevice));
     /* the read-in-place blob: K of [0, kv_split) at element 0, V at kvn, like a cache group's blob
      * whose layer offsets are given as bko, bvo; the working buffer's copy becomes NaN */
     ptrdiff_t bko = 0, bvo = 0;
@@ -215,15 +241,14 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
         CU_TRY(cudaMemset(V, 0xff, pre));
         bko = 0;
         bvo = (ptrdiff_t)kvn;
-        cu_chunk_params hp;
-        memset(&hp, 0, sizeof hp);
-        hp.kv_src = blob;
-        hp.kv_split = a->kv_split;
-        hp.kv_work = KV;
-        CU_TRY(cudaMemcpy(prm, &hp, offsetof(cu_chunk_params, start), cudaMemcpyHostToDevice));
+        /* the own K / V starts at kv_split (position kv_split at index 0), as a slot's does */
+        const size_t own = (size_t)a->kv_split * a->nkv * a->hd * es;
+        if ((rc = params(b, &prm, a->start, a->len, a->rows, NULL, (char *)KV + own, blob, a->kv_split, err)))
+            return rc;
+    } else if ((rc = params(b, &prm, a->start, a->len, a->rows, NULL, KV, NULL, 0, err))) {
+        return rc;
     }
-    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, 0, (ptrdiff_t)kvn, bko, bvo, Qb, part, splits, out, prm, a->rows, 0,
-                              err)))
+    if ((rc = cu_attn_forward(&d, QKV, qn, kn, inv, 0, (ptrdiff_t)kvn, bko, bvo, Qb, part, splits, out, &prm, 0, err)))
         return rc;
     CU_TRY(cudaDeviceSynchronize());
     if ((rc = down_act(a->out, out, (size_t)a->rows * a->nh * a->hd, ex, err))) return rc;
@@ -454,6 +479,248 @@ extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double
         cudaStreamDestroy(st);
     }
     cu_gemm_free(&g);
+    tfree(&b);
+    return rc;
+}
+
+extern "C" int squad_cuda_test_download(void *host, const void *dev, size_t bytes, squad_err *err) {
+    CU_TRY(cudaDeviceSynchronize());
+    CU_TRY(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+/* ---- the mixers over a batch of rows (one launch each) ------------------------------------------ */
+
+/* A batch buffer of nrows rows of `bucket` tokens in device memory: rows i < n from prm_rows (the
+ * rest padding: len 0), the whole-batch row, zero ids and answers. */
+static int batch_params(tbufs *b, cu_batch *out, const cu_chunk_params *prm_rows, int n, int nrows, int bucket,
+                        squad_err *err) {
+    const size_t bytes = cu_batch_bytes(nrows, bucket);
+    unsigned char *h = (unsigned char *)calloc(1, bytes);
+    if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    cu_chunk_params *p = (cu_chunk_params *)h;
+    for (int r = 0; r < nrows; r++) {
+        if (r < n) p[r] = prm_rows[r];
+        p[r].vocab_base = -1;
+    }
+    p[nrows].len = nrows * bucket;
+    p[nrows].vocab_base = -1;
+    void *d = NULL;
+    int rc = talloc(b, &d, bytes, err);
+    if (!rc) {
+        const cudaError_t e = cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    }
+    free(h);
+    if (!rc) *out = cu_batch_at(d, nrows, bucket);
+    return rc;
+}
+
+/* Host n values (fp32) into device memory at dst as bf16 or fp32. */
+static int put_act(void *dst, const float *h, size_t n, int f32, squad_err *err) {
+    if (f32) {
+        CU_TRY(cudaMemcpy(dst, h, n * 4, cudaMemcpyHostToDevice));
+        return 0;
+    }
+    uint16_t *t = (uint16_t *)malloc(n * 2 + 2);
+    if (!t) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    for (size_t i = 0; i < n; i++) t[i] = squad_f32_to_bf16(h[i]);
+    const cudaError_t e = cudaMemcpy(dst, t, n * 2, cudaMemcpyHostToDevice);
+    free(t);
+    return e == cudaSuccess ? 0 : cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+}
+
+/* Whether n device values (bf16 or fp32) are all zero. */
+static int all_zero(const void *d, size_t n, int f32, int *zero, squad_err *err) {
+    float *h = (float *)malloc(n * 4 + 4);
+    if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    const int rc = down_act(h, d, n, f32, err);
+    *zero = 1;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (h[i] != 0.f) *zero = 0;
+    free(h);
+    return rc;
+}
+
+static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrows, int *padding_zero, squad_err *err) {
+    const cu_ref_gdn_args *a = &rows[0];
+    const int ex = a->exact != 0, bucket = a->rows;
+    const char *sr = getenv("SQUAD_GDN_SHORT_ROWS");
+    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS};
+    if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
+    if (n < 1 || nrows < n) return cu_err(err, SQUAD_E_INVALID, "test: %d rows in a batch of %d", n, nrows);
+    int rc = cu_gdn_init(&d, err);
+    if (rc) return rc;
+    const int C = 2 * a->nk * a->dk + a->nv * a->dv, Km1 = a->K - 1;
+    const int DKP = ex ? a->dv : cu_gdn_pad(a->dk), DVP = ex ? a->dk : cu_gdn_pad(a->dv);
+    const size_t nS = (size_t)a->nv * DKP * DVP, es = ex ? 4 : 2, tokens = (size_t)nrows * bucket;
+    const size_t conv_off = (nS * 4 + 255) & ~(size_t)255, conv_n = (size_t)(Km1 > 0 ? Km1 : 1) * C;
+    const size_t arena = conv_off + conv_n * es;
+    void *P, *Y, *ar, *scr;
+    float *cw, *Al, *dt, *nw;
+    if ((rc = talloc_poison(b, &P, tokens * a->ldP * es, err))) return rc; /* padding rows never read */
+    if ((rc = talloc_poison(b, &Y, tokens * a->nv * a->dv * es, err))) return rc;
+    if ((rc = talloc(b, &ar, arena * (size_t)n, err))) return rc;
+    if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
+    if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
+    if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
+    if ((rc = up_f32(b, &nw, a->norm_w, a->dv, err))) return rc;
+    float *St = (float *)calloc(nS, 4);
+    cu_chunk_params *prm = (cu_chunk_params *)calloc((size_t)n, sizeof *prm);
+    if (!St || !prm) rc = cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    for (int r = 0; r < n && !rc; r++) { /* row r: its P, its arena (S transposed as the kernels keep it) */
+        const cu_ref_gdn_args *q = &rows[r];
+        unsigned char *arr = (unsigned char *)ar + (size_t)r * arena;
+        rc = put_act((char *)P + (size_t)r * bucket * a->ldP * es, q->P, (size_t)bucket * a->ldP, ex, err);
+        if (!rc) rc = put_act(arr + conv_off, q->conv_state, conv_n, ex, err);
+        for (int h = 0; h < a->nv; h++)
+            for (int i = 0; i < a->dk; i++)
+                for (int j = 0; j < a->dv; j++)
+                    St[ex ? ((size_t)h * a->dk + i) * a->dv + j : ((size_t)h * DVP + j) * DKP + i] =
+                        q->S[((size_t)h * a->dk + i) * a->dv + j];
+        if (!rc) {
+            const cudaError_t e = cudaMemcpy(arr, St, nS * 4, cudaMemcpyHostToDevice);
+            if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+        }
+        prm[r].len = q->len;
+        prm[r].gdn = arr;
+    }
+    cu_batch bt;
+    const int blocks = nrows * ((bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK);
+    if (!rc) rc = batch_params(b, &bt, prm, n, nrows, bucket, err);
+    if (!rc) rc = talloc_poison(b, &scr, cu_gdn_scratch_bytes(&d, (int)tokens, blocks), err);
+    cu_gdn_scratch s;
+    if (!rc) {
+        cu_gdn_scratch_bind(&s, scr, &d, (int)tokens, blocks);
+        rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &bt, 0, err);
+    }
+    if (!rc) {
+        const cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaDeviceSynchronize", e, __FILE__, __LINE__);
+    }
+    for (int r = 0; r < n && !rc; r++) {
+        const cu_ref_gdn_args *q = &rows[r];
+        const unsigned char *arr = (const unsigned char *)ar + (size_t)r * arena;
+        rc = down_act(q->Y, (const char *)Y + (size_t)r * bucket * a->nv * a->dv * es, (size_t)bucket * a->nv * a->dv,
+                      ex, err);
+        if (!rc && Km1 > 0) rc = down_act(q->conv_state, arr + conv_off, conv_n, ex, err);
+        if (!rc) {
+            const cudaError_t e = cudaMemcpy(St, arr, nS * 4, cudaMemcpyDeviceToHost);
+            if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+        }
+        for (int h = 0; !rc && h < a->nv; h++)
+            for (int i = 0; i < a->dk; i++)
+                for (int j = 0; j < a->dv; j++)
+                    q->S[((size_t)h * a->dk + i) * a->dv + j] =
+                        St[ex ? ((size_t)h * a->dk + i) * a->dv + j : ((size_t)h * DVP + j) * DKP + i];
+    }
+    *padding_zero = 1;
+    if (!rc && nrows > n)
+        rc = all_zero((const char *)Y + (size_t)n * bucket * a->nv * a->dv * es, (size_t)(nrows - n) * bucket * a->nv * a->dv,
+                      ex, padding_zero, err);
+    free(St);
+    free(prm);
+    return rc;
+}
+
+extern "C" int squad_cuda_test_gdn_batch(const cu_ref_gdn_args *rows, int n, int nrows, int *padding_zero,
+                                         squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_gdn_batch(&b, rows, n, nrows, padding_zero, err);
+    tfree(&b);
+    return rc;
+}
+
+static int test_attn_batch(tbufs *b, const cu_ref_attn_args *rows, int n, int nrows, int *padding_zero,
+                           squad_err *err) {
+    const cu_ref_attn_args *a = &rows[0];
+    cu_attn_dims d;
+    memset(&d, 0, sizeof d);
+    d.nh = a->nh;
+    d.nkv = a->nkv;
+    d.hd = a->hd;
+    d.rd = a->rd;
+    d.ldQKV = a->ld;
+    d.eps = a->eps;
+    d.max_context = a->max_context;
+    d.kv_stride = (size_t)a->nkv * a->hd;
+    d.f32 = a->exact != 0;
+    const int ex = d.f32, bucket = a->rows;
+    const size_t es = ex ? 4 : 2, tokens = (size_t)nrows * bucket;
+    if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
+    if (n < 1 || nrows < n) return cu_err(err, SQUAD_E_INVALID, "test: %d rows in a batch of %d", n, nrows);
+    int rc = cu_attn_init(&d, err);
+    if (rc) return rc;
+    const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
+    int dev = 0, nsm = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
+    const int splits = cu_attn_splits(&d, nrows, bucket, a->max_context, nsm, 0);
+    void *QKV, *Qb, *out, *part, *kv;
+    float *qn, *kn, *inv;
+    if ((rc = talloc_poison(b, &QKV, tokens * a->ld * es, err))) return rc;
+    if ((rc = talloc(b, &Qb, tokens * a->nh * a->hd * es, err))) return rc;
+    if ((rc = talloc_poison(b, &out, tokens * a->nh * a->hd * es, err))) return rc;
+    if ((rc = talloc_poison(b, &part, ex ? 16 : cu_attn_partial_bytes(&d, (int)tokens, splits), err))) return rc;
+    /* per row: a blob [K | V] of max_context positions (its read-in-place prefix, NaN past kv_split)
+     * and an own buffer [K | V] holding positions from kv_split on (NaN before the chunk writes) */
+    if ((rc = talloc(b, &kv, 4 * kvn * es * (size_t)n, err))) return rc;
+    if ((rc = up_f32(b, &qn, a->q_norm, a->hd, err))) return rc;
+    if ((rc = up_f32(b, &kn, a->k_norm, a->hd, err))) return rc;
+    if ((rc = up_f32(b, &inv, a->inv_freq, a->rd / 2 > 0 ? a->rd / 2 : 1, err))) return rc;
+    CU_TRY(cudaMemset(kv, 0xff, 4 * kvn * es * (size_t)n));
+    cu_chunk_params *prm = (cu_chunk_params *)calloc((size_t)n, sizeof *prm);
+    if (!prm) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    const size_t pos = (size_t)a->nkv * a->hd; /* elements a position */
+    for (int r = 0; r < n && !rc; r++) {
+        const cu_ref_attn_args *q = &rows[r];
+        char *blob = (char *)kv + (size_t)r * 4 * kvn * es, *own = blob + 2 * kvn * es;
+        const int split = q->kv_split;
+        if (split > q->start) rc = cu_err(err, SQUAD_E_INVALID, "test: kv_split %d past the start %d", split, q->start);
+        /* keys below the split from the blob, [split, start) already in the own buffer */
+        if (!rc && split > 0) rc = put_act(blob, q->K, (size_t)split * pos, ex, err);
+        if (!rc && split > 0) rc = put_act(blob + kvn * es, q->V, (size_t)split * pos, ex, err);
+        if (!rc && q->start > split)
+            rc = put_act(own, q->K + (size_t)split * pos, (size_t)(q->start - split) * pos, ex, err);
+        if (!rc && q->start > split)
+            rc = put_act(own + kvn * es, q->V + (size_t)split * pos, (size_t)(q->start - split) * pos, ex, err);
+        if (!rc) rc = put_act((char *)QKV + (size_t)r * bucket * a->ld * es, q->QKV, (size_t)bucket * a->ld, ex, err);
+        prm[r].start = q->start;
+        prm[r].len = q->len;
+        prm[r].kv_split = split;
+        prm[r].kv_src = split > 0 ? blob : NULL;
+        prm[r].kv_work = own;
+    }
+    cu_batch bt;
+    if (!rc) rc = batch_params(b, &bt, prm, n, nrows, bucket, err);
+    if (!rc)
+        rc = cu_attn_forward(&d, QKV, qn, kn, inv, 0, (ptrdiff_t)kvn, 0, (ptrdiff_t)kvn, Qb, part, splits, out, &bt, 0,
+                             err);
+    if (!rc) {
+        const cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) rc = cu_fail(err, "cudaDeviceSynchronize", e, __FILE__, __LINE__);
+    }
+    for (int r = 0; r < n && !rc; r++) {
+        const cu_ref_attn_args *q = &rows[r];
+        const char *own = (const char *)kv + (size_t)r * 4 * kvn * es + 2 * kvn * es;
+        const size_t o0 = (size_t)(q->start - q->kv_split) * pos;
+        rc = down_act(q->out, (const char *)out + (size_t)r * bucket * a->nh * a->hd * es, (size_t)bucket * a->nh * a->hd,
+                      ex, err);
+        if (!rc) rc = down_act(q->K + (size_t)q->start * pos, own + o0 * es, (size_t)q->len * pos, ex, err);
+        if (!rc) rc = down_act(q->V + (size_t)q->start * pos, own + (kvn + o0) * es, (size_t)q->len * pos, ex, err);
+    }
+    *padding_zero = 1;
+    if (!rc && nrows > n)
+        rc = all_zero((const char *)out + (size_t)n * bucket * a->nh * a->hd * es, (size_t)(nrows - n) * bucket * a->nh * a->hd,
+                      ex, padding_zero, err);
+    free(prm);
+    return rc;
+}
+
+extern "C" int squad_cuda_test_attn_batch(const cu_ref_attn_args *rows, int n, int nrows, int *padding_zero,
+                                          squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_attn_batch(&b, rows, n, nrows, padding_zero, err);
     tfree(&b);
     return rc;
 }

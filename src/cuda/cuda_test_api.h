@@ -75,6 +75,29 @@ int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double *us_cublas
  * replayed as one CUDA graph: the fixed cost every kernel of a chunk pays. */
 int squad_cuda_bench_launch(int n_kernels, int blocks, int threads, double *us_per_kernel, squad_err *err);
 
+/* ---- the mixers over a batch (tests/gpu_test_batch.c) ---- */
+/* n rows of one GDN layer in one batched launch, in a batch of nrows >= n rows (the rest padding,
+ * len 0, their inputs NaN): row r is rows[r] (the same dims, weights, bucket `rows` and precision;
+ * its own P, len, conv_state, S, updated as squad_cuda_test_gdn does, and Y). *padding_zero: the
+ * padding rows' outputs are all 0. */
+int squad_cuda_test_gdn_batch(const cu_ref_gdn_args *rows, int n, int nrows, int *padding_zero, squad_err *err);
+/* Attention likewise: row r is rows[r] (the same dims, bucket, max_context and precision; its own
+ * QKV, start, len, K / V and kv_split: keys below kv_split come from a blob, the rest from the
+ * row's own buffer holding positions from kv_split on, as a sequence slot's does). */
+int squad_cuda_test_attn_batch(const cu_ref_attn_args *rows, int n, int nrows, int *padding_zero, squad_err *err);
+
+/* ---- the backend's batches (tests/gpu_test_batch.c) ---- */
+struct squad_backend;
+/* bytes device memory -> host (a blob from be->alloc, for comparing states). */
+int squad_cuda_test_download(void *host, const void *dev, size_t bytes, squad_err *err);
+/* Fills every scratch buffer of a CUDA backend (activations, kernel scratch, partial results) with
+ * 0xff bytes (NaN in bf16 and fp32): a kernel that reads what no kernel of the batch wrote (a padding
+ * row's or token's value) then shows up as NaN in the answers. */
+int squad_cuda_test_poison(struct squad_backend *be, squad_err *err);
+/* The bytes of a save_gdn blob that hold the fp32 recurrent states (every GDN layer's S); the rest
+ * are the conv inputs. */
+size_t squad_cuda_test_state_bytes(const struct squad_backend *be);
+
 #ifdef __cplusplus
 }
 #endif

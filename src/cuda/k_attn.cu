@@ -26,6 +26,11 @@
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
  * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
+ * A batch: every kernel takes all its rows in one launch (prep, exact: blockIdx.y / .z is the row;
+ * attn_fwd: the rows folded into blockIdx.y beside the query tiles; combine: one warp per token of
+ * any row) and reads the row's start, len, K / V buffers and split from its parameters. A row's
+ * own K / V (prm.kv_work) holds its positions from kv_split on: position p at index p - kv_split.
+ * A padding row (len 0) writes zeros and touches no K / V.
  * The host reference the tests compare with, cu_ref_attn, is in cuda_test_ref.cu (tests only).
  */
 #include "cuda_internal.cuh"
@@ -53,8 +58,9 @@ struct attn_prep_args {
     ptrdiff_t wko, wvo; /* this layer's K and V in the working buffer prm->kv_work */
     size_t kv_stride;
     A *Qb;
-    const cu_chunk_params *prm;
+    const cu_chunk_params *prm; /* the batch's rows */
     int nh, nkv, hd, rd;
+    int bucket; /* tokens per row */
     float eps;
 };
 
@@ -66,9 +72,15 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     float *cs = sm + (size_t)nwarp * a.hd;    /* cos [rd/2] */
     float *sn = cs + a.rd / 2;                /* sin [rd/2] */
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int start = a.prm->start, len = a.prm->len;
+    const cu_chunk_params *prm = a.prm + blockIdx.y;
+    const int start = prm->start, len = prm->len;
+    if (len < 1) return; /* a padding row: attn_fwd / attn_exact write its zeros without q */
+    a.QKV += (size_t)blockIdx.y * a.bucket * a.ld;
+    a.Qb += (size_t)blockIdx.y * a.bucket * a.nh * a.hd;
     const int pos = start + t;
-    A *const Kc = (A *)a.prm->kv_work + a.wko, *const Vc = (A *)a.prm->kv_work + a.wvo;
+    /* the row's own K / V: position p at index p - kv_split (the chunk never starts below it) */
+    A *const Kc = (A *)prm->kv_work + a.wko, *const Vc = (A *)prm->kv_work + a.wvo;
+    const size_t own = (size_t)(pos - prm->kv_split);
     const int half = a.rd / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const float ang = __fmul_rn((float)pos, a.inv_freq[i]);
@@ -98,7 +110,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     if (is_q)
         dst = a.Qb + ((size_t)t * a.nh + hh) * a.hd;
     else
-        dst = t < len ? Kc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd : nullptr;
+        dst = t < len ? Kc + own * a.kv_stride + (size_t)hh * a.hd : nullptr;
     for (int d = lane; d < a.hd; d += 32) {
         float o = b[d];
         if (d < half)
@@ -109,7 +121,7 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     }
     if (!is_q && t < len) { /* v passes unchanged */
         const A *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
-        A *vd = Vc + (size_t)pos * a.kv_stride + (size_t)hh * a.hd;
+        A *vd = Vc + own * a.kv_stride + (size_t)hh * a.hd;
         for (int d = lane; d < a.hd; d += 32) vd[d] = vs[d];
     }
 }
@@ -121,8 +133,10 @@ struct attn_fwd_args {
     ptrdiff_t wko, wvo; /* this layer's K and V in the working buffer prm->kv_work */
     ptrdiff_t bko, bvo; /* this layer's K and V in the blob prm->kv_src (keys below prm->kv_split) */
     size_t kv_stride;
-    const cu_chunk_params *prm;
-    int rows, nh, nkv, splits;
+    const cu_chunk_params *prm; /* the batch's rows */
+    int rows, nh, nkv, splits;  /* rows: tokens per row (the bucket) */
+    int nrows, tiles;           /* rows of the batch; query tiles per row */
+    size_t total;               /* tokens of the batch: the partials' stride between splits */
     int hpb;          /* query heads per block (they share one kv head); ATT_WARPS / hpb warps of 16 tokens each */
     float scale_log2; /* hd^-1/2 * log2(e) */
     float *Op;        /* [splits][rows][nh][hd] */
@@ -151,7 +165,10 @@ __device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, const b
         const int i = e / SEG, s = e % SEG;
         const int j = kb + i;
         const bool ok = j < k_hi;
-        const bf16 *src = (j < split ? blob : base) + (size_t)(ok ? j : 0) * stride + (size_t)kvh * HD + 8 * s;
+        /* keys below split: the blob's position j; from split on: the row's own index j - split (a key
+         * past k_hi is not read: any valid address) */
+        const bf16 *src = !ok ? base : j < split ? blob + (size_t)j * stride : base + (size_t)(j - split) * stride;
+        src += (size_t)kvh * HD + 8 * s;
         cu_cp_async16(dst + i * LD + 8 * s, src, ok ? 16 : 0);
     }
 }
@@ -173,8 +190,19 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     bf16 *Qs = (bf16 *)smem;
     /* blockIdx.x: the head group (fastest, so a kv head's groups run side by side); blockIdx.y
      * counts query tiles from the last: the longest key ranges start first (causal balance). */
-    const int hg = blockIdx.x, qt = gridDim.y - 1 - blockIdx.y, sp = blockIdx.z;
+    /* blockIdx.y = (tiles from the last) x nrows + row: every row's last tile first */
+    const int hg = blockIdx.x, row = blockIdx.y % a.nrows, qt = a.tiles - 1 - blockIdx.y / a.nrows, sp = blockIdx.z;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    a.prm += row;
+    {
+        const size_t tok0 = (size_t)row * a.rows;
+        a.Qb += tok0 * a.nh * HD;
+        a.QKV += tok0 * a.ld;
+        a.out += tok0 * a.nh * HD;
+        a.Op += tok0 * a.nh * HD;
+        a.Mp += tok0 * a.nh;
+        a.Lp += tok0 * a.nh;
+    }
     const int start = a.prm->start, len = a.prm->len;
     const int tpw = ATT_WARPS / a.hpb; /* warps (of 16 tokens) per head */
     const int bt = 16 * tpw;           /* tokens per block */
@@ -199,7 +227,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
             int t, h;
             att_row(tid, t0, h0, tpw, &t, &h);
             if (t < a.rows) {
-                const size_t i = ((size_t)sp * a.rows + t) * a.nh + h;
+                const size_t i = ((size_t)sp * a.total + t) * a.nh + h;
                 a.Mp[i] = -INFINITY;
                 a.Lp[i] = 0.f;
             }
@@ -370,7 +398,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         return;
     }
     if (row0 < a.rows) {
-        const size_t i = ((size_t)sp * a.rows + row0) * a.nh + h;
+        const size_t i = ((size_t)sp * a.total + row0) * a.nh + h;
         float *o = a.Op + i * HD;
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][0], O[j][1]);
@@ -380,7 +408,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         }
     }
     if (row1 < a.rows) {
-        const size_t i = ((size_t)sp * a.rows + row1) * a.nh + h;
+        const size_t i = ((size_t)sp * a.total + row1) * a.nh + h;
         float *o = a.Op + i * HD;
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][2], O[j][3]);
@@ -433,11 +461,11 @@ __device__ __forceinline__ void combine_splits(float4 &acc, const float *src, si
 __global__ void __launch_bounds__(COMBINE_WARPS * 32) attn_combine_kernel(
     const float *__restrict__ Op, const float *__restrict__ Mp, const float *__restrict__ Lp,
     const bf16 *__restrict__ QKV, int ld, bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
-    int nh, int hd, int splits) {
+    int bucket, int nh, int hd, int splits) {
     const int pair = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (pair >= rows * nh) return;
-    const int t = pair / nh, h = pair % nh;
-    const bool real = t < prm->len;
+    const int t = pair / nh, h = pair % nh; /* t: a token of the batch (rows of them) */
+    const bool real = t % bucket < prm[t / bucket].len;
     float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
     if (lane < splits) {
         const size_t i = ((size_t)lane * rows + t) * nh + h;
@@ -495,14 +523,22 @@ struct attn_exact_args {
     size_t kv_stride;
     int ld;
     float *out;
-    const cu_chunk_params *prm;
+    const cu_chunk_params *prm; /* the batch's rows */
     int nh, nkv, hd;
+    int bucket; /* tokens per row */
     float scale;
 };
 
 __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
     extern __shared__ float sq[]; /* [hd] */
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    {
+        const size_t tok0 = (size_t)blockIdx.z * a.bucket;
+        a.prm += blockIdx.z;
+        a.Qb += tok0 * a.nh * a.hd;
+        a.QKV += tok0 * a.ld;
+        a.out += tok0 * a.nh * a.hd;
+    }
     const int start = a.prm->start, len = a.prm->len, hd = a.hd;
     float *out = a.out + ((size_t)t * a.nh + h) * hd;
     if (t >= len) {
@@ -525,7 +561,8 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         const int j = kb + lane;
         double sc = -INFINITY;
         if (j < nkeys) {
-            const float *k = (j < split ? Kb : Kc) + (size_t)j * a.kv_stride + (size_t)kvh * hd;
+            const float *k = (j < split ? Kb + (size_t)j * a.kv_stride : Kc + (size_t)(j - split) * a.kv_stride) +
+                             (size_t)kvh * hd;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             for (int d = 0; d < hd; d++) acc[d & 3] += sq[d] * k[d];
             sc = (double)((acc[0] + acc[1]) + (acc[2] + acc[3])) * a.scale;
@@ -545,7 +582,9 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         const int nj = nkeys - kb < 32 ? nkeys - kb : 32;
         for (int jj = 0; jj < nj; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
-            const float *v = (kb + jj < split ? Vb : Vc) + (size_t)(kb + jj) * a.kv_stride + (size_t)kvh * hd;
+            const int jv = kb + jj;
+            const float *v = (jv < split ? Vb + (size_t)jv * a.kv_stride : Vc + (size_t)(jv - split) * a.kv_stride) +
+                             (size_t)kvh * hd;
 #pragma unroll
             for (int e = 0; e < ATT_EX_MAX_HD / 32; e++)
                 if (lane + 32 * e < hd) O[e] += pj * v[lane + 32 * e];
@@ -598,9 +637,9 @@ static int att_heads_per_block(const cu_attn_dims *d) {
 /* Tokens per attn_fwd block: 16 per warp of one head. */
 static int att_tokens_per_block(const cu_attn_dims *d) { return 16 * (ATT_WARPS / att_heads_per_block(d)); }
 
-int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm, int force) {
+int cu_attn_splits(const cu_attn_dims *d, int nrows, int rows, int span, int n_sm, int force) {
     const int bt = att_tokens_per_block(d);
-    const int base = (rows + bt - 1) / bt * (d->nh / att_heads_per_block(d));
+    const int base = nrows * ((rows + bt - 1) / bt) * (d->nh / att_heads_per_block(d));
     const int slots = ATT_BLOCKS_PER_SM * n_sm;
     int s;
     if ((size_t)rows * ATT_UNIFORM_SPAN_X <= (size_t)span && base <= slots)
@@ -611,33 +650,36 @@ int cu_attn_splits(const cu_attn_dims *d, int rows, int span, int n_sm, int forc
         s = (slots + base - 1) / base; /* every SM busy; past that the longest-first order balances */
     if (force > 0) s = force; /* an experiment's fixed count, still bounded below */
     const int by_keys = span / ATT_SPLIT_MIN_KEYS;
-    const int by_mem = ATT_SPLIT_ROWS_MAX / rows;
+    const int by_mem = ATT_SPLIT_ROWS_MAX / (nrows * rows);
     if (s > by_keys) s = by_keys;
     if (s > by_mem) s = by_mem;
     if (s > ATT_SPLIT_MAX) s = ATT_SPLIT_MAX;
     return s < 1 ? 1 : s;
 }
 
-size_t cu_attn_partial_bytes(const cu_attn_dims *d, int rows, int splits) {
-    const size_t n = (size_t)splits * rows * d->nh;
+size_t cu_attn_partial_bytes(const cu_attn_dims *d, int tokens, int splits) {
+    const size_t n = (size_t)splits * tokens * d->nh;
     return n * d->hd * 4 + 2 * n * 4 + 512;
 }
 
 int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm, const float *k_norm,
                     const float *inv_freq, ptrdiff_t wko, ptrdiff_t wvo, ptrdiff_t bko, ptrdiff_t bvo, void *Qbv,
-                    void *part, int splits, void *outv, const cu_chunk_params *prm, int rows, cudaStream_t st,
-                    squad_err *err) {
+                    void *part, int splits, void *outv, const cu_batch *b, cudaStream_t st, squad_err *err) {
     const int nwarp = d->nh + d->nkv;
+    const cu_chunk_params *prm = b->prm;
+    const int rows = b->bucket;
+    const unsigned nr = (unsigned)b->nrows;
+    const int total = b->nrows * b->bucket;
     const size_t psm = ((size_t)nwarp * d->hd + d->rd) * sizeof(float);
     if (d->f32) {
         attn_prep_args<float> pa = {(const float *)QKVv, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo,
-                                    d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd, d->eps};
-        attn_prep_kernel<float><<<rows, 32 * nwarp, psm, st>>>(pa);
+                                    d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd, rows, d->eps};
+        attn_prep_kernel<float><<<dim3((unsigned)rows, nr), 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");
         attn_exact_args ea = {(const float *)Qbv, (const float *)QKVv, wko, wvo, bko, bvo,
-                              d->kv_stride, d->ldQKV, (float *)outv, prm, d->nh, d->nkv, d->hd,
+                              d->kv_stride, d->ldQKV, (float *)outv, prm, d->nh, d->nkv, d->hd, rows,
                               (float)(1.0 / sqrt((double)d->hd))};
-        attn_exact_kernel<<<dim3((unsigned)rows, (unsigned)d->nh), 32, (size_t)d->hd * sizeof(float), st>>>(ea);
+        attn_exact_kernel<<<dim3((unsigned)rows, (unsigned)d->nh, nr), 32, (size_t)d->hd * sizeof(float), st>>>(ea);
         CU_LAUNCH_CHECK("attn_exact_kernel");
         return 0;
     }
@@ -645,21 +687,21 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     bf16 *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
     const unsigned run = d->stages ? d->stages : CU_ATT_PREP | CU_ATT_FWD | CU_ATT_COMBINE;
     attn_prep_args<bf16> pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo, d->kv_stride, Qb, prm,
-                               d->nh, d->nkv, d->hd, d->rd, d->eps};
+                               d->nh, d->nkv, d->hd, d->rd, rows, d->eps};
     if (run & CU_ATT_PREP) {
-        attn_prep_kernel<bf16><<<rows, 32 * nwarp, psm, st>>>(pa);
+        attn_prep_kernel<bf16><<<dim3((unsigned)rows, nr), 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");
     }
 
-    const size_t n = (size_t)splits * rows * d->nh;
+    const size_t n = (size_t)splits * total * d->nh;
     float *Op = (float *)part;
     float *Mp = Op + n * d->hd;
     float *Lp = Mp + n;
-    attn_fwd_args fa = {Qb, wko, wvo, bko, bvo, d->kv_stride, prm, rows, d->nh, d->nkv, splits, 1,
-                        (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp, QKV, d->ldQKV, out};
-    const int hpb = att_heads_per_block(d), bt = att_tokens_per_block(d);
-    fa.hpb = hpb;
-    dim3 grid((unsigned)(d->nh / hpb), (unsigned)((rows + bt - 1) / bt), (unsigned)splits);
+    const int hpb = att_heads_per_block(d), bt = att_tokens_per_block(d), tiles = (rows + bt - 1) / bt;
+    attn_fwd_args fa = {Qb, wko, wvo, bko, bvo, d->kv_stride, prm, rows, d->nh, d->nkv, splits, b->nrows, tiles,
+                        (size_t)total, hpb, (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp,
+                        QKV, d->ldQKV, out};
+    dim3 grid((unsigned)(d->nh / hpb), (unsigned)tiles * nr, (unsigned)splits);
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
     if (d->hd == HD_) {                                                                   \
@@ -671,9 +713,9 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     if (!launched) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported", d->hd);
     CU_LAUNCH_CHECK("attn_fwd_kernel");
     if (splits > 1 && (run & CU_ATT_COMBINE)) {
-        const unsigned pairs = (unsigned)rows * (unsigned)d->nh;
+        const unsigned pairs = (unsigned)total * (unsigned)d->nh;
         attn_combine_kernel<<<(pairs + COMBINE_WARPS - 1) / COMBINE_WARPS, COMBINE_WARPS * 32, 0, st>>>(
-            Op, Mp, Lp, QKV, d->ldQKV, out, prm, rows, d->nh, d->hd, splits);
+            Op, Mp, Lp, QKV, d->ldQKV, out, prm, total, rows, d->nh, d->hd, splits);
         CU_LAUNCH_CHECK("attn_combine_kernel");
     }
     return 0;

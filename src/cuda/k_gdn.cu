@@ -47,14 +47,43 @@
 #define GDN_C CU_GDN_CHUNK
 #define PREP_THREADS 256
 
+/* The rows of a batch: blockIdx.z is the row, and every kernel first moves its pointers to that
+ * row's part of the packed arrays, so the rest of it reads as the forward of one chunk of `bucket`
+ * tokens. Row r's tokens start at token r bucket; its blocks of 64 tokens at block r ncb
+ * (ncb = ceil(bucket / 64): a row never shares a block with another). */
+struct gdn_batch_args {
+    size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena (bytes) */
+    int bucket, ncb;
+};
+
+/* The scratch arrays moved to the row's tokens (tok0) and blocks (blk0 = row ncb). */
+__device__ __forceinline__ void gdn_scratch_row(cu_gdn_scratch &s, size_t tok0, size_t blk0, int nk, int nv, int DK,
+                                                int DV) {
+    const size_t nb = blk0 * nv; /* blocks x heads */
+    if (s.Qn) { /* the chunked path */
+        s.Qn += tok0 * nk * DK;
+        s.Kn += tok0 * nk * DK;
+        s.Vn += tok0 * nv * DV;
+        s.W += nb * GDN_C * CU_GDN_LDW(DK);
+        s.UT += nb * DV * CU_GDN_LDU;
+        s.Qg += nb * GDN_C * DK;
+        s.Kp += nb * GDN_C * CU_GDN_LDW(DK);
+        s.Pm += nb * GDN_C * GDN_C;
+        s.glast += nb;
+        s.Sc += nb * DV * DK;
+        s.dT += nb * DV * GDN_C;
+    }
+}
+
 /* ---- kernel A0: the causal conv + SiLU and the q / k L2 norms, one block per token --------------- */
 
 struct gdn_conv_args {
     const bf16 *P;
     int ldP;
-    const bf16 *conv_state; /* [K-1][C] */
+    const bf16 *conv_state; /* [K-1][C]: set per row from its arena */
     const float *conv_w;    /* [C][K] */
-    const cu_chunk_params *prm;
+    const cu_chunk_params *prm; /* the batch's rows; per row: its own */
+    gdn_batch_args bt;
     int nk, nv, K, C;
     int dk, dv, DK, DV; /* real and padded head dims */
     cu_gdn_scratch scr;
@@ -80,8 +109,15 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
     constexpr int NX = TT + KC - 1, NW = CONV_THREADS / 32;
     __shared__ float red[NW][TT];
     const int t0 = blockIdx.x * TT, seg = blockIdx.y;
+    a.prm += blockIdx.z;
     const int len = a.prm->len;
-    if (t0 >= len) return;
+    if (t0 >= len) return; /* also every block of a padding row */
+    {
+        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
+        a.P += tok0 * a.ldP;
+        a.conv_state = (const bf16 *)(a.prm->gdn + a.bt.conv_off);
+        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, a.DK, a.DV);
+    }
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int i = 2 * tid; /* this thread's first channel in the segment */
     const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
@@ -173,10 +209,10 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
 
 /* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K), with 4 tokens a block on short
  * chunks. */
-static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, cudaStream_t st,
-                           squad_err *err) {
+static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, unsigned nrows,
+                           cudaStream_t st, squad_err *err) {
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
-    const dim3 grid((rows + tt - 1) / tt, n_seg);
+    const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
@@ -201,6 +237,7 @@ struct gdn_prep_args {
     int ldP;
     const float *A_log, *dt_bias;
     const cu_chunk_params *prm;
+    gdn_batch_args bt;
     int nk, nv, C;
     int dk, dv; /* real head dims (<= DK, DV) */
     cu_gdn_scratch scr;
@@ -247,8 +284,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
+    a.prm += blockIdx.z;
     const int len = a.prm->len;
     const int t0 = c * GDN_C;
+    /* a block wholly past the row's tokens (a padding row's every block): the scan never reads it,
+     * the output kernel writes its zeros without it */
+    if (t0 >= len) return;
+    {
+        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
+        a.P += tok0 * a.ldP;
+        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
+    }
     const size_t blk = (size_t)c * a.nv + h;
     const int dv = a.dv;
 
@@ -530,9 +576,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
 /* ---- kernel B: the recurrence; one block per (value head, 16 rows of S^T), sequential over blocks */
 
 struct gdn_scan_args {
-    float *S; /* [nv][DV][DK] (padded) */
+    float *S; /* [nv][DV][DK] (padded): set per row from its arena */
     const cu_chunk_params *prm;
-    int nv, rows;
+    gdn_batch_args bt;
+    int nk, nv, rows; /* rows: the bucket */
     cu_gdn_scratch scr;
 };
 
@@ -595,7 +642,11 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
     const int rg = w / KS, kq = w % KS;
     const int r = lane >> 2, cc = lane & 3;
     const int kofs = kq * DKH;
+    a.prm += blockIdx.z;
     const int len = a.prm->len;
+    if (len < 1) return; /* a padding row: no state to touch */
+    a.S = (float *)(a.prm->gdn + a.bt.s_off);
+    gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     const int nc = (a.rows + GDN_C - 1) / GDN_C;
     int nreal = (len + GDN_C - 1) / GDN_C;
     if (nreal > nc) nreal = nc;
@@ -750,11 +801,12 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
 struct gdn_out_args {
     const bf16 *P;
     int ldP;
-    bf16 *conv_state; /* [K-1][C], moved on to the chunk's end */
+    bf16 *conv_state; /* [K-1][C], moved on to the chunk's end: set per row from its arena */
     const float *norm_w;
     bf16 *Y; /* [rows][nv dv] */
     const cu_chunk_params *prm;
-    int nv, dv, K, C, rows;
+    gdn_batch_args bt;
+    int nk, nv, dv, K, C, rows; /* rows: the bucket */
     float eps;
     cu_gdn_scratch scr;
 };
@@ -791,9 +843,23 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT, h = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
+    a.prm += blockIdx.z;
     const int len = a.prm->len, dv = a.dv;
     const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
     const size_t blk = (size_t)c * a.nv + h;
+    {
+        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
+        a.P += tok0 * a.ldP;
+        a.Y += tok0 * a.nv * dv;
+        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
+    }
+    if (len < 1) { /* a padding row: zeros for out_proj, no state */
+        const int tend = min(a.rows, t0 + R);
+        for (int e = tid; e < (tend - t0) * dv; e += NT)
+            a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+        return;
+    }
+    a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
 
     /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
     cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * NT + tid,
@@ -949,8 +1015,8 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* The scratch layout: lays the arrays out from `base` (an address; 0 to only count) into s and
  * returns the bytes used, so the size and the binding cannot disagree. */
-static size_t gdn_scratch_layout(cu_gdn_scratch *s, uintptr_t base, const cu_gdn_dims *d, int rows) {
-    const size_t nb = (size_t)((rows + GDN_C - 1) / GDN_C) * d->nv;
+static size_t gdn_scratch_layout(cu_gdn_scratch *s, uintptr_t base, const cu_gdn_dims *d, int rows, int blocks) {
+    const size_t nb = (size_t)blocks * d->nv;
     const size_t DK = cu_gdn_pad(d->dk), DV = cu_gdn_pad(d->dv);
     uintptr_t p = base;
     memset(s, 0, sizeof *s);
@@ -979,13 +1045,13 @@ static size_t gdn_scratch_layout(cu_gdn_scratch *s, uintptr_t base, const cu_gdn
     return (size_t)(p - base);
 }
 
-size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int rows) {
+size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int tokens, int blocks) {
     cu_gdn_scratch s;
-    return gdn_scratch_layout(&s, 0, d, rows);
+    return gdn_scratch_layout(&s, 0, d, tokens, blocks);
 }
 
-void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int rows) {
-    (void)gdn_scratch_layout(s, (uintptr_t)base, d, rows);
+void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int tokens, int blocks) {
+    (void)gdn_scratch_layout(s, (uintptr_t)base, d, tokens, blocks);
 }
 
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
@@ -1011,42 +1077,48 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
                       d->dv);
 }
 
-int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, void *conv_state_v, const float *conv_w, const float *A_log,
-                   const float *dt_bias, const float *norm_w, float *S, void *Yv, const cu_gdn_scratch *scr,
-                   const cu_chunk_params *prm, int rows, cudaStream_t st, squad_err *err) {
+int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const float *conv_w, const float *A_log,
+                   const float *dt_bias, const float *norm_w, size_t s_off, void *Yv, const cu_gdn_scratch *scr,
+                   const cu_batch *b, cudaStream_t st, squad_err *err) {
     if (d->f32)
-        return cu_gdn_forward_exact(d, (const float *)Pv, (float *)conv_state_v, conv_w, A_log, dt_bias, norm_w, S,
-                                    (float *)Yv, scr, prm, rows, st, err);
+        return cu_gdn_forward_exact(d, (const float *)Pv, conv_off, conv_w, A_log, dt_bias, norm_w, s_off, (float *)Yv,
+                                    scr, b, st, err);
     const bf16 *P = (const bf16 *)Pv;
-    bf16 *conv_state = (bf16 *)conv_state_v, *Y = (bf16 *)Yv;
+    bf16 *Y = (bf16 *)Yv;
+    const int rows = b->bucket; /* each row's kernels see one chunk of the bucket */
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
     const int nc = (rows + GDN_C - 1) / GDN_C;
+    const unsigned nr = (unsigned)b->nrows;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    gdn_conv_args ca = {P, d->ldP, conv_state, conv_w, prm, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
-    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, prm, d->nk, d->nv, C, d->dk, d->dv, *scr};
-    gdn_scan_args sa = {S, prm, d->nv, rows, *scr};
-    gdn_out_args oa = {P, d->ldP, conv_state, norm_w, Y, prm, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
+    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
+    gdn_conv_args ca = {P, d->ldP, NULL, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
+    gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
+    gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
-    const bool short_rows = rows <= d->short_rows;
+    const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if (run & CU_GDN_CONV)                                                                                     \
-            if (int rc_ = launch_gdn_conv(ca, rows, short_rows, 2 * d->nk + d->nv, st, err)) return rc_;           \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_rows, 2 * d->nk + d->nv, nr, st, err)) return rc_;       \
         if (run & CU_GDN_PREP) {                                                                                   \
-            gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);      \
+            gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv, nr), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);  \
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
         }                                                                                                          \
         if (run & CU_GDN_SCAN) {                                                                                   \
-            gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV), scan_smem<DK_, DV_>::NWARP * 32, \
+            gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV, nr),                           \
+                                        scan_smem<DK_, DV_>::NWARP * 32,                                           \
                                         scan_smem<DK_, DV_>::bytes, st>>>(sa);                                     \
             CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
         }                                                                                                          \
         if ((run & CU_GDN_OUT) && short_rows) {                                                                    \
-            gdn_out_kernel<DK_, DV_, OUT_RT_SHORT><<<dim3(nc * (OUT_TILES / OUT_RT_SHORT), d->nv), 64 * OUT_RT_SHORT,\
+            gdn_out_kernel<DK_, DV_, OUT_RT_SHORT><<<dim3(nc * (OUT_TILES / OUT_RT_SHORT), d->nv, nr),             \
+                                                     64 * OUT_RT_SHORT,                                            \
                                                      out_smem<DK_, DV_, OUT_RT_SHORT>::bytes, st>>>(oa);           \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
         } else if (run & CU_GDN_OUT) {                                                                             \
-            gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (OUT_TILES / OUT_RT_LONG), d->nv), 64 * OUT_RT_LONG,  \
+            gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (OUT_TILES / OUT_RT_LONG), d->nv, nr),               \
+                                                    64 * OUT_RT_LONG,                                              \
                                                     out_smem<DK_, DV_, OUT_RT_LONG>::bytes, st>>>(oa);             \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
         }                                                                                                          \

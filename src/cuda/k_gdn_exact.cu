@@ -14,6 +14,8 @@
  *    moved on to the chunk's end (prep, which read it, has finished).
  * The state keeps the natural layout S [nv][dk][dv]. Sequential over tokens, so slower than the
  * chunked form; its value is fp32 arithmetic throughout (the fixtures' precision).
+ * A batch: blockIdx.z is the row; each kernel first moves its pointers to the row's tokens and its
+ * slot's state (ex_row), and a padding row (len 0) touches no state.
  */
 #include "cuda_internal.cuh"
 
@@ -25,15 +27,36 @@
 struct gdn_exact_args {
     const float *P;
     int ldP;
-    float *conv_state; /* [K-1][C] */
+    float *conv_state; /* [K-1][C]: the row's, set by ex_row */
     const float *conv_w, *A_log, *dt_bias, *norm_w;
-    float *S; /* [nv][dk][dv] */
+    float *S; /* [nv][dk][dv]: the row's, set by ex_row */
     float *Y; /* [rows][nv dv] */
-    const cu_chunk_params *prm;
-    int nk, nv, dk, dv, K, C, rows;
+    const cu_chunk_params *prm; /* the batch's rows, then the row's own */
+    size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena */
+    int nk, nv, dk, dv, K, C, rows; /* rows: the bucket */
     float eps;
     cu_gdn_scratch scr;
 };
+
+/* a's pointers moved to row blockIdx.z: its tokens, its scratch rows, its slot's state. Returns its len. */
+__device__ __forceinline__ int ex_row(gdn_exact_args &a) {
+    const size_t tok0 = (size_t)blockIdx.z * a.rows;
+    a.prm += blockIdx.z;
+    a.P += tok0 * a.ldP;
+    a.Y += tok0 * a.nv * a.dv;
+    a.scr.q += tok0 * a.nk * a.dk;
+    a.scr.k += tok0 * a.nk * a.dk;
+    a.scr.v += tok0 * a.nv * a.dv;
+    a.scr.o += tok0 * a.nv * a.dv;
+    a.scr.dec += tok0 * a.nv;
+    a.scr.beta += tok0 * a.nv;
+    const int len = a.prm->len;
+    if (len > 0) {
+        a.S = (float *)(a.prm->gdn + a.s_off);
+        a.conv_state = (float *)(a.prm->gdn + a.conv_off);
+    }
+    return len;
+}
 
 __device__ static float conv_at(const gdn_exact_args &a, int t, int c) {
     const int Km1 = a.K - 1;
@@ -48,7 +71,9 @@ __device__ static float conv_at(const gdn_exact_args &a, int t, int c) {
 
 __global__ void __launch_bounds__(EX_PREP_THREADS) gdn_exact_prep_kernel(gdn_exact_args a) {
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const bool valid = t < a.prm->len;
+    const int len = ex_row(a);
+    if (len < 1) return; /* a padding row: nothing reads its scratch */
+    const bool valid = t < len;
     const int dk = a.dk;
     /* q and k heads: one warp per head */
     for (int hh = w; hh < 2 * a.nk; hh += EX_PREP_THREADS / 32) {
@@ -96,7 +121,8 @@ __global__ void __launch_bounds__(32) gdn_exact_scan_kernel(gdn_exact_args a) {
     const int j = blockIdx.y * 32 + lane;
     const bool ok = j < a.dv;
     const int dk = a.dk, hk = h / (a.nv / a.nk);
-    const int len = a.prm->len;
+    const int len = ex_row(a);
+    if (len < 1) return;
     float S[DKP];
     float *Sh = a.S + (size_t)h * dk * a.dv;
 #pragma unroll
@@ -134,7 +160,7 @@ __global__ void __launch_bounds__(32) gdn_exact_scan_kernel(gdn_exact_args a) {
 
 __global__ void __launch_bounds__(EX_PREP_THREADS) gdn_exact_norm_kernel(gdn_exact_args a) {
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int len = a.prm->len, dv = a.dv;
+    const int len = ex_row(a), dv = a.dv;
     for (int h = w; h < a.nv; h += EX_PREP_THREADS / 32) {
         const float *o = a.scr.o + (size_t)t * a.nv * dv + (size_t)h * dv;
         float *y = a.Y + (size_t)t * a.nv * dv + (size_t)h * dv;
@@ -153,21 +179,23 @@ __global__ void __launch_bounds__(EX_PREP_THREADS) gdn_exact_norm_kernel(gdn_exa
         }
     }
     /* the conv state moves on */
-    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, blockIdx.x * EX_PREP_THREADS + threadIdx.x,
+    if (len > 0)
+        cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, blockIdx.x * EX_PREP_THREADS + threadIdx.x,
                         gridDim.x * EX_PREP_THREADS);
 }
 
-int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, float *conv_state, const float *conv_w,
-                         const float *A_log, const float *dt_bias, const float *norm_w, float *S, float *Y,
-                         const cu_gdn_scratch *scr, const cu_chunk_params *prm, int rows, cudaStream_t st,
-                         squad_err *err) {
+int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, size_t conv_off, const float *conv_w,
+                         const float *A_log, const float *dt_bias, const float *norm_w, size_t s_off, float *Y,
+                         const cu_gdn_scratch *scr, const cu_batch *b, cudaStream_t st, squad_err *err) {
     if (d->dk > EX_MAX_DK) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA exact: dk %d > %d", d->dk, EX_MAX_DK);
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
-    gdn_exact_args a = {P, d->ldP, conv_state, conv_w, A_log, dt_bias, norm_w, S, Y, prm,
+    const int rows = b->bucket;
+    const unsigned nr = (unsigned)b->nrows;
+    gdn_exact_args a = {P, d->ldP, NULL, conv_w, A_log, dt_bias, norm_w, NULL, Y, b->prm, s_off, conv_off,
                         d->nk, d->nv, d->dk, d->dv, d->K, C, rows, d->eps, *scr};
-    gdn_exact_prep_kernel<<<rows, EX_PREP_THREADS, 0, st>>>(a);
+    gdn_exact_prep_kernel<<<dim3((unsigned)rows, 1, nr), EX_PREP_THREADS, 0, st>>>(a);
     CU_LAUNCH_CHECK("gdn_exact_prep_kernel");
-    const dim3 grid((unsigned)d->nv, (unsigned)((d->dv + 31) / 32));
+    const dim3 grid((unsigned)d->nv, (unsigned)((d->dv + 31) / 32), nr);
     const int DKP = cu_gdn_pad(d->dk);
     if (DKP <= 16)
         gdn_exact_scan_kernel<16><<<grid, 32, 0, st>>>(a);
@@ -178,7 +206,7 @@ int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, float *conv_state
     else
         gdn_exact_scan_kernel<128><<<grid, 32, 0, st>>>(a);
     CU_LAUNCH_CHECK("gdn_exact_scan_kernel");
-    gdn_exact_norm_kernel<<<rows, EX_PREP_THREADS, 0, st>>>(a);
+    gdn_exact_norm_kernel<<<dim3((unsigned)rows, 1, nr), EX_PREP_THREADS, 0, st>>>(a);
     CU_LAUNCH_CHECK("gdn_exact_norm_kernel");
     return 0;
 }

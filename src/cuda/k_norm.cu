@@ -6,8 +6,9 @@
  * Design: the residual stream h stays fp32 on the device; every GEMM input is bf16 (the fast path)
  * or fp32 (the exact path; the kernels are templated on the activation type). Residual adds
  * happen in the cuBLASLt epilogue (beta = 1 into h), so a norm kernel is the only pass between two
- * GEMMs. One block per token row; sums in fp32. The letter kernel runs one block per slot and
- * never touches the full vocabulary: only the rows of E named by the chunk's letters.
+ * GEMMs. One block per token row; sums in fp32. These kernels see a batch as one run of tokens (rows
+ * of a batch sit at a uniform stride), except the letter kernel, which runs one block per (slot,
+ * row) and never touches the full vocabulary: only the rows of E named by the row's letters.
  * The plain host references (cu_ref_rmsnorm, cu_ref_silu_mul) are in cuda_test_ref.cu (tests only).
  */
 #include "cuda_internal.cuh"
@@ -31,12 +32,12 @@ __device__ static float block_sum(float v, float *red) {
 
 template <typename A>
 __global__ void __launch_bounds__(NORM_THREADS) embed_rmsnorm_kernel(const bf16 *__restrict__ E,
-                                                                     const cu_chunk_params *__restrict__ prm,
+                                                                     const int *__restrict__ ids,
                                                                      float *__restrict__ h, A *__restrict__ x,
                                                                      const float *__restrict__ w, int H, float eps) {
     __shared__ float red[NORM_THREADS / 32];
     const int t = blockIdx.x;
-    const bf16 *e = E + (size_t)prm->ids[t] * H;
+    const bf16 *e = E + (size_t)ids[t] * H;
     float *hr = h + (size_t)t * H;
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
@@ -125,93 +126,100 @@ __global__ void silu_mul_f32_kernel(const float *__restrict__ gu, float *__restr
     out[(size_t)t * I + i] = g / (1.f + expf(-g)) * u;
 }
 
-/* One block per slot; xn (the normed row) in dynamic shared memory. */
+/* Blocks sharing a row's slots: a block per slot for a row alone (every slot at once), fewer per row
+ * as the rows grow (a hit has a handful of slots), never fewer than LETTER_MIN_BLOCKS. */
+#define LETTER_MIN_BLOCKS 4
+
+/* Blocks per row taking its slots in turn; xn (the normed row) in dynamic shared memory. */
 __global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float *__restrict__ h,
                                                                     const float *__restrict__ w,
-                                                                    const bf16 *__restrict__ E,
-                                                                    const cu_chunk_params *__restrict__ prm,
+                                                                    const bf16 *__restrict__ E, cu_batch b,
                                                                     float *__restrict__ probs, int H, float eps) {
     extern __shared__ float xn[];
     __shared__ float red[NORM_THREADS / 32];
     __shared__ float logit[CU_MAX_LETTERS];
-    const int s = blockIdx.x;
-    const int n_slots = prm->n_slots;
-    if (s >= n_slots) return;
+    const int row = blockIdx.y;
+    const int n_slots = b.prm[row].len > 0 ? b.prm[row].n_slots : 0;
+    const cu_row_answers *prm = b.ans + row;
     const int nl = prm->n_letters;
-    const float *hr = h + (size_t)prm->slots[s] * H;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
-        float v = hr[i];
-        ss += v * v;
-    }
-    ss = block_sum(ss, red);
-    const float r = rsqrtf(ss / (float)H + eps);
-    for (int i = threadIdx.x; i < H; i += NORM_THREADS) xn[i] = hr[i] * r * (1.f + w[i]);
-    __syncthreads();
-    /* warp wp takes letters wp, wp + NW, ...: all of its rows' loads are issued before any sum, 16
-     * bytes a lane (H a multiple of 256), so a slot costs about one round trip to the embedding
-     * rows, not one per letter and 32-element step */
-    constexpr int NW = NORM_THREADS / 32, LPW = (CU_MAX_LETTERS + NW - 1) / NW;
-    const int wp = threadIdx.x >> 5, l = threadIdx.x & 31;
-    float d[LPW];
+    /* a few blocks a row take its slots in turn (a hit has a handful; the grid serves any count) */
+    for (int s = blockIdx.x; s < n_slots; s += gridDim.x) {
+        const float *hr = h + ((size_t)row * b.bucket + prm->slots[s]) * H;
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+            float v = hr[i];
+            ss += v * v;
+        }
+        ss = block_sum(ss, red);
+        const float r = rsqrtf(ss / (float)H + eps);
+        for (int i = threadIdx.x; i < H; i += NORM_THREADS) xn[i] = hr[i] * r * (1.f + w[i]);
+        __syncthreads();
+        /* warp wp takes letters wp, wp + NW, ...: all of its rows' loads are issued before any sum, 16
+         * bytes a lane (H a multiple of 256), so a slot costs about one round trip to the embedding
+         * rows, not one per letter and 32-element step */
+        constexpr int NW = NORM_THREADS / 32, LPW = (CU_MAX_LETTERS + NW - 1) / NW;
+        const int wp = threadIdx.x >> 5, l = threadIdx.x & 31;
+        float d[LPW];
 #pragma unroll
-    for (int q = 0; q < LPW; q++) d[q] = 0.f;
-    if (H % 256 == 0) {
-        for (int i = 8 * l; i < H; i += 256) {
-            uint4 ev[LPW];
+        for (int q = 0; q < LPW; q++) d[q] = 0.f;
+        if (H % 256 == 0) {
+            for (int i = 8 * l; i < H; i += 256) {
+                uint4 ev[LPW];
+#pragma unroll
+                for (int q = 0; q < LPW; q++) {
+                    const int j = wp + q * NW;
+                    ev[q] = j < nl ? *(const uint4 *)(E + (size_t)prm->letters[j] * H + i) : make_uint4(0, 0, 0, 0);
+                }
+                const float4 x0 = *(const float4 *)(xn + i), x1 = *(const float4 *)(xn + i + 4);
+                const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int q = 0; q < LPW; q++) {
+                    const __nv_bfloat162 *e2 = (const __nv_bfloat162 *)&ev[q];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const float2 ef = __bfloat1622float2(e2[u]);
+                        d[q] += xv[2 * u] * ef.x + xv[2 * u + 1] * ef.y;
+                    }
+                }
+            }
+        } else {
 #pragma unroll
             for (int q = 0; q < LPW; q++) {
                 const int j = wp + q * NW;
-                ev[q] = j < nl ? *(const uint4 *)(E + (size_t)prm->letters[j] * H + i) : make_uint4(0, 0, 0, 0);
-            }
-            const float4 x0 = *(const float4 *)(xn + i), x1 = *(const float4 *)(xn + i + 4);
-            const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-            for (int q = 0; q < LPW; q++) {
-                const __nv_bfloat162 *e2 = (const __nv_bfloat162 *)&ev[q];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const float2 ef = __bfloat1622float2(e2[u]);
-                    d[q] += xv[2 * u] * ef.x + xv[2 * u + 1] * ef.y;
-                }
+                if (j >= nl) break;
+                const bf16 *e = E + (size_t)prm->letters[j] * H;
+                for (int i = l; i < H; i += 32) d[q] += xn[i] * __bfloat162float(e[i]);
             }
         }
-    } else {
 #pragma unroll
         for (int q = 0; q < LPW; q++) {
-            const int j = wp + q * NW;
-            if (j >= nl) break;
-            const bf16 *e = E + (size_t)prm->letters[j] * H;
-            for (int i = l; i < H; i += 32) d[q] += xn[i] * __bfloat162float(e[i]);
+            const float dq = cu_warp_sum(d[q]);
+            if (l == 0 && wp + q * NW < nl) logit[wp + q * NW] = dq;
         }
-    }
-#pragma unroll
-    for (int q = 0; q < LPW; q++) {
-        const float s = cu_warp_sum(d[q]);
-        if (l == 0 && wp + q * NW < nl) logit[wp + q * NW] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int no = prm->nopts[s];
-        if (no > nl) no = nl;
-        if (no < 1) no = 1;
-        float m = -INFINITY;
-        for (int j = 0; j < no; j++) m = fmaxf(m, logit[j]);
-        float z = 0.f;
-        for (int j = 0; j < no; j++) z += expf(logit[j] - m);
-        float *p = probs + (size_t)s * CU_MAX_LETTERS;
-        for (int j = 0; j < CU_MAX_LETTERS; j++) p[j] = j < no ? expf(logit[j] - m) / z : 0.f;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int no = prm->nopts[s];
+            if (no > nl) no = nl;
+            if (no < 1) no = 1;
+            float m = -INFINITY;
+            for (int j = 0; j < no; j++) m = fmaxf(m, logit[j]);
+            float z = 0.f;
+            for (int j = 0; j < no; j++) z += expf(logit[j] - m);
+            float *p = probs + ((size_t)row * CU_MAX_SLOTS + s) * CU_MAX_LETTERS;
+            for (int j = 0; j < CU_MAX_LETTERS; j++) p[j] = j < no ? expf(logit[j] - m) / z : 0.f;
+        }
     }
 }
 
 /* ---- launchers ---------------------------------------------------------------------------------- */
 
-int cu_embed_rmsnorm(const bf16 *E, const cu_chunk_params *prm, float *h, void *x, const float *w, int rows, int H,
-                     float eps, int f32, cudaStream_t st, squad_err *err) {
+int cu_embed_rmsnorm(const bf16 *E, const cu_batch *b, float *h, void *x, const float *w, int H, float eps, int f32,
+                     cudaStream_t st, squad_err *err) {
+    const int rows = b->nrows * b->bucket;
     if (f32)
-        embed_rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, st>>>(E, prm, h, (float *)x, w, H, eps);
+        embed_rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, st>>>(E, b->ids, h, (float *)x, w, H, eps);
     else
-        embed_rmsnorm_kernel<bf16><<<rows, NORM_THREADS, 0, st>>>(E, prm, h, (bf16 *)x, w, H, eps);
+        embed_rmsnorm_kernel<bf16><<<rows, NORM_THREADS, 0, st>>>(E, b->ids, h, (bf16 *)x, w, H, eps);
     CU_LAUNCH_CHECK("embed_rmsnorm_kernel");
     return 0;
 }
@@ -240,9 +248,14 @@ int cu_silu_mul(const void *gu, void *out, int rows, int I, int f32, cudaStream_
     return 0;
 }
 
-int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_chunk_params *prm, float *probs, int H,
-                    float eps, cudaStream_t st, squad_err *err) {
-    letter_probs_kernel<<<CU_MAX_SLOTS, NORM_THREADS, (size_t)H * sizeof(float), st>>>(h, w, E, prm, probs, H, eps);
+int cu_letter_probs(const float *h, const float *w, const bf16 *E, const cu_batch *b, int max_slots, float *probs,
+                    int H, float eps, cudaStream_t st, squad_err *err) {
+    if (max_slots < 1) return 0;
+    int per_row = CU_MAX_SLOTS / b->nrows;
+    if (per_row < LETTER_MIN_BLOCKS) per_row = LETTER_MIN_BLOCKS;
+    if (per_row > max_slots) per_row = max_slots;
+    const dim3 grid((unsigned)per_row, (unsigned)b->nrows);
+    letter_probs_kernel<<<grid, NORM_THREADS, (size_t)H * sizeof(float), st>>>(h, w, E, *b, probs, H, eps);
     CU_LAUNCH_CHECK("letter_probs_kernel");
     return 0;
 }

@@ -5,9 +5,11 @@
  *
  * Design: three kernels, enqueued after the chunk's forward (graph replay or eager) and only for a
  * chunk that asks, so a chunk that does not ask runs exactly what it ran before.
- *  1. vocab_norm: one block per slot: the slot's final-normed row xn (the letter kernel's formula,
- *     fp32) to a small buffer, and the letters' logits (fp32 dot products with the bf16 rows, as the
- *     letter kernel) reduced to letters_lse.
+ *  1. vocab_norm: one block per (slot, row) of the batch's rows that ask (prm[r].vocab_base >= 0):
+ *     the slot's final-normed row xn (the letter kernel's formula, fp32) to a small buffer at the
+ *     slot's figure index vocab_base + i, and the letters' logits (fp32 dot products with the bf16
+ *     rows, as the letter kernel) reduced to letters_lse. The slots of every asking row form one
+ *     list, so one pass over the embedding serves up to a group of slots of several rows.
  *  2. vocab_partial: blocks over ranges of the vocabulary. A block keeps the rows xn of up to
  *     CU_VOCAB_GROUP slots in shared memory; each warp walks its block's vocabulary rows, every lane
  *     reading 16 bytes of a row at a time, so each embedding row is read once for all of the group's
@@ -52,15 +54,19 @@ __device__ __forceinline__ vocab_acc acc_merge(vocab_acc a, vocab_acc b) {
 __global__ void __launch_bounds__(VOCAB_THREADS) vocab_norm_kernel(const float *__restrict__ h,
                                                                    const float *__restrict__ w,
                                                                    const bf16 *__restrict__ E,
-                                                                   const cu_chunk_params *__restrict__ prm,
-                                                                   float *__restrict__ xn_out,
-                                                                   squad_slot_vocab *__restrict__ out, int H,
+                                                                   cu_batch b, float *__restrict__ xn_all,
+                                                                   squad_slot_vocab *__restrict__ out_all, int H,
                                                                    float eps) {
     extern __shared__ float xn[];
     __shared__ float red[VOCAB_WARPS];
     __shared__ float logit[CU_MAX_LETTERS];
-    const int s = blockIdx.x;
-    const float *hr = h + (size_t)prm->slots[s] * H;
+    const int s = blockIdx.x, row = blockIdx.y;
+    const cu_chunk_params *rp = b.prm + row;
+    if (rp->vocab_base < 0 || rp->len < 1 || s >= rp->n_slots) return;
+    const cu_row_answers *prm = b.ans + row;
+    float *xn_out = xn_all + (size_t)rp->vocab_base * H;
+    squad_slot_vocab *out = out_all + rp->vocab_base;
+    const float *hr = h + ((size_t)row * b.bucket + prm->slots[s]) * H;
     const int wp = threadIdx.x >> 5, l = threadIdx.x & 31;
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += VOCAB_THREADS) ss += hr[i] * hr[i];
@@ -237,11 +243,12 @@ int cu_vocab_blocks(int V, int n_sm) {
     return by_sm < by_rows ? by_sm : by_rows;
 }
 
-int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_chunk_params *prm, int n_slots, int V,
-             int H, float eps, float *xn, void *parts, int n_blocks, squad_slot_vocab *out, cudaStream_t st,
-             squad_err *err) {
-    if (n_slots < 1) return 0;
-    vocab_norm_kernel<<<n_slots, VOCAB_THREADS, (size_t)H * sizeof(float), st>>>(h, final_norm, E, prm, xn, out, H, eps);
+int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_batch *b, int max_row_slots,
+             int n_slots, int V, int H, float eps, float *xn, void *parts, int n_blocks, squad_slot_vocab *out,
+             cudaStream_t st, squad_err *err) {
+    if (n_slots < 1 || max_row_slots < 1) return 0;
+    const dim3 ngrid((unsigned)max_row_slots, (unsigned)b->nrows);
+    vocab_norm_kernel<<<ngrid, VOCAB_THREADS, (size_t)H * sizeof(float), st>>>(h, final_norm, E, *b, xn, out, H, eps);
     CU_LAUNCH_CHECK("vocab_norm_kernel");
     const bool vec = H % 256 == 0;
     const int group = cu_vocab_group(H);
