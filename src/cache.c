@@ -265,6 +265,11 @@ static int lookup_route(const squad_cache *c, const int32_t *ids, int n, int rou
 
 int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) { return lookup_route(c, ids, n, -1); }
 
+int squad_cache_restorable(const squad_cache *c, const squad_row *row, int route) {
+    if (!squad_cache_eligible(c, row)) return 0;
+    return lookup_route(c, row->ids, align_down(row->state_len, c->opts.align), route);
+}
+
 /* ---- LRU and eviction ------------------------------------------------------------------------ */
 
 static cache_ckpt *ckpt_of(squad_lru_node *n) { return SQUAD_LRU_ENTRY(n, cache_ckpt, lru); }
