@@ -325,8 +325,10 @@ static int step_until(squad_engine *e, const row_wait *waits, int n, squad_err *
             if (err) *err = step_err;
         }
         if (left == 0) { /* idle with rows unfinished: cannot happen; never spin */
-            for (int i = 0; i < n; i++) open -= !waits[i].finished;
-            if (open) return squad_fail(err, SQUAD_E_BACKEND, "the scheduler went idle with %d rows unanswered", open);
+            int unanswered = 0;
+            for (int i = 0; i < n; i++) unanswered += !waits[i].finished;
+            if (unanswered)
+                return squad_fail(err, SQUAD_E_BACKEND, "the scheduler went idle with %d rows unanswered", unanswered);
         }
     }
 }
