@@ -300,14 +300,15 @@ int squad_engine_pending(const squad_engine *e) { return squad_sched_pending(&e-
 typedef struct row_wait {
     int finished;
     int rc;
-    squad_err *err; /* NULL: not wanted */
+    squad_err *err; /* where its error goes: the caller's, or own */
+    squad_err own;
 } row_wait;
 
 static void row_waited(void *ctx, int rc, const squad_err *err) {
     row_wait *w = ctx;
     w->finished = 1;
     w->rc = rc;
-    if (w->err && rc) *w->err = *err;
+    if (rc) *w->err = *err;
 }
 
 /* Steps until every waited row finished. A failed step has ended the rows in flight (theirs among
@@ -336,7 +337,9 @@ static int step_until(squad_engine *e, const row_wait *waits, int n, squad_err *
 int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
                           squad_err *err) {
     memset(out, 0, sizeof *out);
-    row_wait w = {0, 0, err};
+    row_wait w;
+    memset(&w, 0, sizeof w);
+    w.err = err ? err : &w.own;
     int rc = squad_engine_submit(e, row, opts, out, row_waited, &w, err);
     if (rc) return rc;
     squad_err step_err = {0};
@@ -354,8 +357,8 @@ int squad_engine_score_batch(squad_engine *e, const squad_row *rows, int n_rows,
     row_wait *waits = squad_calloc((size_t)n_rows + 1, sizeof *waits, err);
     if (!waits) return SQUAD_E_NOMEM;
     for (int i = 0; i < n_rows; i++) {
-        squad_err *row_err = errs ? &errs[i] : NULL;
-        if (row_err) memset(row_err, 0, sizeof *row_err);
+        squad_err *row_err = errs ? &errs[i] : &waits[i].own;
+        memset(row_err, 0, sizeof *row_err);
         waits[i].err = row_err;
         squad_err submit_err = {0};
         const int rc = squad_engine_submit(e, &rows[i], opts, &outs[i], row_waited, &waits[i], &submit_err);
@@ -363,7 +366,7 @@ int squad_engine_score_batch(squad_engine *e, const squad_row *rows, int n_rows,
             memset(&outs[i], 0, sizeof outs[i]);
             waits[i].finished = 1;
             waits[i].rc = rc;
-            if (row_err) *row_err = submit_err;
+            *row_err = submit_err;
         }
     }
     squad_err step_err = {0};
@@ -373,8 +376,7 @@ int squad_engine_score_batch(squad_engine *e, const squad_row *rows, int n_rows,
         if (rcs) rcs[i] = waits[i].rc;
         if (waits[i].rc && !first_rc) {
             first_rc = waits[i].rc;
-            if (err && errs) *err = errs[i];
-            else if (err) squad_fail(err, first_rc, "row %d failed", i);
+            if (err) *err = *waits[i].err;
         }
     }
     free(waits);

@@ -11,7 +11,8 @@
  *     still pending in an in-flight row's open plan (a kept bound of that plan, at most as deep as
  *     the tokens the two rows share, deeper than what the cache could restore now) waits for that
  *     plan's commit instead of computing the same prefix again, and rows behind it may go first:
- *     a request's questions about a new page compute the page once.
+ *     a request's questions about a new page compute the page once. Likewise a row whose exact
+ *     twin is in flight waits for the memo to hold the twin's answer.
  *  2. Packing. Every row in flight wants its next chunk: from its position to its next target (the
  *     plan's next bound while in the prefix, so that every chunk end lands on a bound; the row's end
  *     after it), at most the longest chunk (max_chunk, or batch_tokens when smaller). The step's
@@ -234,9 +235,22 @@ static int shared_tokens(const squad_row *a, const squad_row *b, int n) {
     return i;
 }
 
-/* 1 when a queued row should wait: an in-flight row's open plan will commit a checkpoint of the
- * prefix the row shares with it, deeper than what the cache can restore for the row now. */
+/* 1 when two rows are the same request (what the memo's key covers). */
+static int same_request(const squad_row *a, const squad_row *b) {
+    return a->n_ids == b->n_ids && a->n_slots == b->n_slots && a->n_letters == b->n_letters &&
+           a->state_len == b->state_len && a->specialist == b->specialist &&
+           !memcmp(a->ids, b->ids, (size_t)a->n_ids * sizeof *a->ids) &&
+           !memcmp(a->slots, b->slots, (size_t)a->n_slots * sizeof *a->slots) &&
+           !memcmp(a->nopts, b->nopts, (size_t)a->n_slots * sizeof *a->nopts) &&
+           !memcmp(a->letters, b->letters, (size_t)a->n_letters * sizeof *a->letters);
+}
+
+/* 1 when a queued row should wait: its exact twin is in flight (the memo answers it once the twin
+ * is done), or an in-flight row's open plan will commit a checkpoint of the prefix the row shares
+ * with it, deeper than what the cache can restore for the row now. */
 static int must_wait(squad_engine *e, const squad_sched_row *r) {
+    for (int i = 0; e->memo && i < e->sched.max_rows; i++)
+        if (e->sched.slots[i] && same_request(&r->row, &e->sched.slots[i]->row)) return 1;
     if (!e->cache || !squad_cache_eligible(e->cache, &r->row)) return 0;
     const int route = e->sp ? r->forced : 0;
     const int align = e->opts.cache.align;
