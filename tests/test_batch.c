@@ -286,6 +286,35 @@ static void check_shared_restore(void) {
     squad_engine_free(e);
 }
 
+/* ---- a long cold row riding with hits: cut to what they leave ---------------------------------- */
+
+static void check_long_row_cut(void) {
+    enum { N_HITS = 3, Q = 40, BUDGET = 256 };
+    static trow cold, warm, hits[N_HITS];
+    static int32_t state[640], fresh[1500];
+    g_rng = 555;
+    fill_random(state, 640, 0, g_V - 1);
+    fill_random(fresh, 1500, 0, g_V - 1);
+    make_row(&cold, fresh, 1500, 1500, 20, 1);
+    make_row(&warm, state, 640, 640, 10, 1);
+    for (int i = 0; i < N_HITS; i++) make_row(&hits[i], state, 640, 640, Q, 2);
+    squad_engine *e = engine_new(g_m, 8, BUDGET, (size_t)64 << 20, NULL);
+    if (!e) return;
+    squad_err err = {0};
+    squad_result wr, cr, hr[N_HITS];
+    CHECK(squad_engine_score(e, &warm.row, &wr, &err) == 0);
+    ended ce = {0}, he[N_HITS] = {{0}};
+    CHECK(squad_engine_submit(e, &cold.row, NULL, &cr, on_done, &ce, &err) == 0); /* first in */
+    for (int i = 0; i < N_HITS; i++) CHECK(squad_engine_submit(e, &hits[i].row, NULL, &hr[i], on_done, &he[i], &err) == 0);
+    /* one step: each hit's whole question, and the cold row what is left, cut to 64s */
+    CHECK(squad_engine_step(e, &err) == 1);
+    for (int i = 0; i < N_HITS; i++) CHECK(he[i].calls == 1 && he[i].rc == 0 && hr[i].computed == Q);
+    CHECKF(cr.computed == (BUDGET - N_HITS * Q) / 64 * 64, "the cold row ran %d tokens", cr.computed);
+    while (squad_engine_pending(e) > 0) CHECK(squad_engine_step(e, &err) >= 0);
+    CHECK(ce.calls == 1 && ce.rc == 0 && cr.computed == cold.row.n_ids);
+    squad_engine_free(e);
+}
+
 /* ---- a new state shared by rows in flight: computed once ------------------------------------- */
 
 static void check_shared_prefix_once(void) {
@@ -558,6 +587,7 @@ int main(void) {
     check_mix(8, 96, (size_t)64 << 20, n, 3, "8 rows, 96 tokens a step");
     check_mix(3, 0, pressure_budget(), n, 4, "3 rows, eviction pressure");
     check_shared_restore();
+    check_long_row_cut();
     check_shared_prefix_once();
     check_failures();
     check_specialists();
