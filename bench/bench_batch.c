@@ -314,7 +314,7 @@ int main(int argc, char **argv) {
                 const double floor_ms = flop_ms > byte_ms ? flop_ms : byte_ms;
                 char vs[32] = "-";
                 if (one > 0) snprintf(vs, sizeof vs, "%.2fx", n * one / t);
-                printf("| %s | %d | %d | %.1f | %.1f | %s | %d | %.2f | %.2f | %.1fx |\n", shared ? "shared" : "distinct",
+                printf("| %s | %d | %d | %.1f | %.3g | %s | %d | %.2f | %.2f | %.1fx |\n", shared ? "shared" : "distinct",
                        q, n, 1e3 * t, n / t, vs, steps, flop_ms, byte_ms, 1e3 * t / floor_ms);
                 fflush(stdout);
             }
