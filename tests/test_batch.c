@@ -434,6 +434,18 @@ static void check_failures(void) {
 
 /* ---- specialists ------------------------------------------------------------------------------ */
 
+/* A forward that refuses a batch mixing routes (as a backend without segmented adapters may),
+ * before touching any state. */
+static int g_refused;
+static int refusing_forward(squad_backend *be, const squad_chunk *ck, int n, squad_err *err) {
+    for (int i = 1; i < n; i++)
+        if (ck[i].route != ck[0].route) {
+            g_refused++;
+            return squad_fail(err, SQUAD_E_UNSUPPORTED, "a batch of %d routes", 2);
+        }
+    return g_forward(be, ck, n, err);
+}
+
 /* The router's features of a row, from a copy of the model cut at router.layer. */
 static void features(const squad_specialists *sp, const squad_row *row, squad_router_feat *f) {
     squad_model cut = *g_m;
@@ -526,10 +538,17 @@ static void check_specialists(void) {
     int routes_seen[3] = {0, 0, 0};
     for (int i = 0; i < N; i++) routes_seen[ref[i].route] = 1;
     CHECKF(routes_seen[0] && routes_seen[1] && routes_seen[2], "the rows route to only some labels");
-    for (int mixed = 1; mixed >= 0; mixed--) {
+    /* mixed 1: one forward for all routes; 0: the scheduler runs one route at a time; -1: the
+     * backend says it mixes them but refuses (SQUAD_E_UNSUPPORTED), and the step runs them apart */
+    for (int mixed = 1; mixed >= -1; mixed--) {
         squad_engine *e = engine_new(g_m, 8, 0, (size_t)64 << 20, sp);
         if (!e) break;
-        e->be->mixed_routes = mixed; /* 0: the scheduler runs one route at a time */
+        e->be->mixed_routes = mixed != 0;
+        g_refused = 0;
+        if (mixed < 0) {
+            g_forward = e->be->forward;
+            e->be->forward = refusing_forward;
+        }
         squad_row in[N];
         for (int i = 0; i < N; i++) in[i] = rows[i].row;
         int rcs[N];
@@ -546,9 +565,14 @@ static void check_specialists(void) {
         }
         squad_cache_stats st;
         squad_engine_cache_stats(e, &st);
-        printf("specialists (mixed_routes %d): %d rows, %llu mispredictions, worst %.3g\n", mixed, N,
+        printf("specialists (%s): %d rows, %llu mispredictions, worst %.3g\n",
+               mixed > 0 ? "mixed routes" : mixed == 0 ? "one route at a time" : "mixed batches refused", N,
                (unsigned long long)st.mispredictions, worst);
         CHECK(st.mispredictions > 0); /* the first rows guess the trunk; two ranges route elsewhere */
+        if (mixed < 0) {
+            CHECK(g_refused > 0);
+            e->be->forward = g_forward;
+        }
         char why[256] = "";
         CHECKF(squad_cache_check(e->cache, why, sizeof why) == 0, "%s", why);
         squad_engine_free(e);
