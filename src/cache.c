@@ -31,8 +31,10 @@
  *  - LRU and budget: checkpoints sit on one list, least recently used first. Every byte held
  *    counts: GDN blobs, K / V blobs, token copies, block entries, the structures and both indexes'
  *    bucket arrays. Before each allocation the least recently used checkpoints not pinned by an
- *    open plan are evicted to make room, and after a row the total is brought within the budget
- *    (what open plans pin may hold it above the budget until they close). A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
+ *    open plan are evicted to make room; when what open plans pin leaves too little, nothing is
+ *    allocated (that checkpoint is not kept), so the bytes held stay within the budget however
+ *    many plans are open (only the indexes' buckets, growing at a commit, may pass it, and are
+ *    brought back right after). A group (its K / V, tokens and block entries) is freed with its last checkpoint. A row
  *    keeps only as many of its new checkpoints (the deepest first) as fit the budget on their own,
  *    so a budget too small for one checkpoint caches nothing and still answers the row.
  *
@@ -265,6 +267,11 @@ static int lookup_route(const squad_cache *c, const int32_t *ids, int n, int rou
 
 int squad_cache_lookup(const squad_cache *c, const int32_t *ids, int n) { return lookup_route(c, ids, n, -1); }
 
+int squad_cache_restorable(const squad_cache *c, const squad_row *row, int route) {
+    if (!squad_cache_eligible(c, row)) return 0;
+    return lookup_route(c, row->ids, align_down(row->state_len, c->opts.align), route);
+}
+
 /* ---- LRU and eviction ------------------------------------------------------------------------ */
 
 static cache_ckpt *ckpt_of(squad_lru_node *n) { return SQUAD_LRU_ENTRY(n, cache_ckpt, lru); }
@@ -304,18 +311,22 @@ static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
 }
 
 /* Evicts least recently used checkpoints until `need` more bytes fit the budget, leaving those of
- * pinned groups (an open plan restored from one, reads its K / V, or adds checkpoints to it). */
-static void make_room(squad_cache *c, size_t need) {
+ * pinned groups (an open plan restored from one, reads its K / V, or adds checkpoints to it).
+ * 1 when they fit then, 0 when what is pinned leaves too little: the caller allocates nothing, so
+ * the bytes held never pass the budget however many plans are open. */
+static int make_room(squad_cache *c, size_t need) {
     cache_ckpt *k = ckpt_of(c->lru.oldest);
     while (k && bytes_held(c) + need > c->opts.budget_bytes) {
         cache_ckpt *next = ckpt_of(k->lru.next); /* an unpinned group cannot own it once k is gone */
         if (k->group->pins == 0) ckpt_evict(c, k);
         k = next;
     }
+    return bytes_held(c) + need <= c->opts.budget_bytes;
 }
 
-/* After a row: least recently used first until the bytes held are within the budget. */
-static void evict_to_budget(squad_cache *c) { make_room(c, 0); }
+/* After a row, and after a commit (whose index buckets may have grown): least recently used first
+ * until the bytes held are within the budget. */
+static void evict_to_budget(squad_cache *c) { (void)make_room(c, 0); }
 
 /* ---- lifetime -------------------------------------------------------------------------------- */
 
@@ -494,7 +505,7 @@ void *squad_cache_plan_blob(squad_cache *c, squad_cache_plan *pl, int i, const s
     if (i < pl->first_kept || i >= pl->n_bounds || pl->pending[i].gdn) return NULL;
     cache_pending *pc = &pl->pending[i];
     pc->pos = pl->bounds[i];
-    make_room(c, ckpt_cost(c));
+    if (!make_room(c, ckpt_cost(c))) return NULL; /* what open plans pin leaves no room */
     if (c->feat_dim > 0) {
         pc->feat = calloc((size_t)c->feat_dim, sizeof(double));
         if (!pc->feat) return NULL;
@@ -521,7 +532,7 @@ static cache_group *group_new(squad_cache *c, const squad_row *row, int p, int r
     squad_backend *be = c->be;
     squad_err alloc_err = {0};
     const int n_blocks = p / c->opts.align;
-    make_room(c, group_cost(c, p));
+    if (!make_room(c, group_cost(c, p))) return NULL;
     cache_group *g = calloc(1, sizeof *g);
     int32_t *ids = malloc((size_t)p * sizeof *ids);
     block_entry *blocks = calloc((size_t)n_blocks, sizeof *blocks);
@@ -640,6 +651,7 @@ void squad_cache_commit_end(squad_cache *c, squad_cache_plan *pl, int saved) {
     } else if (pl->share) {
         commit(c, pl, pl->share);
     }
+    evict_to_budget(c); /* the indexes' buckets may have grown; what the plan pins stays */
 }
 
 void squad_cache_plan_close(squad_cache *c, squad_cache_plan *pl, squad_plan_end how, const squad_row *row,

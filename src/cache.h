@@ -112,6 +112,11 @@ typedef enum {
 void squad_cache_plan_close(squad_cache *cache, squad_cache_plan *plan, squad_plan_end how, const squad_row *row,
                             uint64_t computed, squad_result *out);
 
+/* The deepest position a plan for the row would restore now (route >= 0: that route's
+ * checkpoints; < 0: any route), 0 when none; touches neither the LRU order nor the counters (the
+ * scheduler asks it to decide whether a row waits for another row's pending checkpoint). */
+int squad_cache_restorable(const squad_cache *cache, const squad_row *row, int route);
+
 /* The number of open plans holding a pin on the group of the checkpoint at pos whose tokens equal
  * ids[0, pos) (-1: no such checkpoint); for tests. */
 int squad_cache_pins(const squad_cache *cache, const int32_t *ids, int pos);

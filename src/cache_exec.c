@@ -12,8 +12,11 @@
  * wrong guess closes the plan as a retry and runs the row again under a plan for the router's
  * route. A failure anywhere abandons the plan (its pins and pending blobs go back).
  *
- * The cache never calls the backend's compute or the engine: this file is the only place where a
- * plan meets the model, which is what lets several plans be open at once later.
+ * The cache never calls the backend's compute or the engine. The steps that touch a sequence slot
+ * (restore, save at a bound, commit) are shared with the engine's scheduler (scheduler.c), which
+ * runs them for every row in flight, each on its own slot, between batched steps;
+ * squad_cache_exec strings them together for one row on slot 0 with a span runner, which is how
+ * the cache's policy is tested against a fake backend without a model.
  */
 #include "cache_exec.h"
 
@@ -22,53 +25,55 @@
 #include "cache_internal.h"
 #include "util.h"
 
-/* The working state to the plan's checkpoint (or a row start), with its router features.
- * load_gdn overwrites all that reset would clear, so a restore skips the reset (on the GPU a 19 MB
+/* load_gdn overwrites all that reset would clear, so a restore skips the reset (on the GPU a 19 MB
  * memset per hit, on the CPU a 20 MB one for the 0.8B shapes). */
-static int restore(squad_backend *be, const squad_cache_plan *pl, squad_cache_routing *rt, int feat_dim,
-                   squad_err *err) {
-    if (rt && pl->gdn) {
-        memcpy(rt->feat->sum, pl->feat, (size_t)feat_dim * sizeof(double));
-        rt->feat->count = pl->feat_count;
-    } else if (rt) {
-        squad_router_feat_reset(rt->feat);
+int squad_cache_restore(squad_backend *be, int seq, const squad_cache_plan *pl, squad_router_feat *feat,
+                        squad_err *err) {
+    if (feat && pl->gdn) {
+        memcpy(feat->sum, pl->feat, (size_t)feat->dim * sizeof(double));
+        feat->count = pl->feat_count;
+    } else if (feat) {
+        squad_router_feat_reset(feat);
     }
-    if (!pl->gdn) return be->reset(be, 0, err);
-    int rc = be->load_gdn(be, 0, pl->gdn, err);
+    if (!pl->gdn) return be->reset(be, seq, err);
+    int rc = be->load_gdn(be, seq, pl->gdn, err);
     if (rc) return rc;
-    return be->load_kv(be, 0, pl->kv, pl->kv_positions, pl->c0, err);
+    return be->load_kv(be, seq, pl->kv, pl->kv_positions, pl->c0, err);
 }
 
-/* The prefix [c0, p) bound by bound, saving the GDN part at each kept bound (pending). A blob the
- * cache cannot give only means that checkpoint is not kept; a failed save fails the row. */
+/* A blob the cache cannot give only means that checkpoint is not kept; a failed save fails the
+ * row. */
+int squad_cache_save_bound(squad_cache *c, squad_backend *be, int seq, squad_cache_plan *pl, int i,
+                           const squad_router_feat *feat, squad_err *err) {
+    if (i < pl->first_kept) return 0;
+    void *blob = squad_cache_plan_blob(c, pl, i, feat);
+    int rc = blob ? be->save_gdn(be, seq, blob, err) : 0;
+    if (rc) squad_cache_plan_drop(c, pl, i);
+    return rc;
+}
+
+int squad_cache_commit(squad_cache *c, squad_backend *be, int seq, const squad_row *row, squad_cache_plan *pl,
+                       squad_err *err) {
+    void *kv;
+    int n;
+    squad_cache_commit_begin(c, pl, row, &kv, &n);
+    const int rc = kv ? be->save_kv(be, seq, kv, n, err) : 0;
+    squad_cache_commit_end(c, pl, rc);
+    return rc;
+}
+
+/* The prefix [c0, p) bound by bound, saving the GDN part at each kept bound (pending). */
 static int run_prefix(squad_cache *c, squad_backend *be, squad_span_fn run, void *ctx, const squad_row *row,
                       squad_cache_plan *pl, const squad_router_feat *feat, squad_result *out, squad_err *err) {
     int s = pl->c0;
     for (int i = 0; i < pl->n_bounds; i++) {
         const int b = pl->bounds[i];
         int rc = run(ctx, row, s, b, out, err);
+        if (!rc) rc = squad_cache_save_bound(c, be, 0, pl, i, feat, err);
         if (rc) return rc;
-        if (i >= pl->first_kept) {
-            void *blob = squad_cache_plan_blob(c, pl, i, feat);
-            if (blob && (rc = be->save_gdn(be, 0, blob, err)) != 0) {
-                squad_cache_plan_drop(c, pl, i);
-                return rc;
-            }
-        }
         s = b;
     }
     return 0;
-}
-
-/* The plan's pending checkpoints join the cache, with the working state's K / V of [0, p) when
- * they need a new group. */
-static int commit(squad_cache *c, squad_backend *be, const squad_row *row, squad_cache_plan *pl, squad_err *err) {
-    void *kv;
-    int n;
-    squad_cache_commit_begin(c, pl, row, &kv, &n);
-    const int rc = kv ? be->save_kv(be, 0, kv, n, err) : 0;
-    squad_cache_commit_end(c, pl, rc);
-    return rc;
 }
 
 int squad_cache_exec(squad_cache *c, squad_backend *be, squad_span_fn run, void *ctx, const squad_row *row,
@@ -92,15 +97,15 @@ int squad_cache_exec(squad_cache *c, squad_backend *be, squad_span_fn run, void 
         out->route = pl.route;
         if (rt) *rt->run_route = pl.route;
         const int guessed = route < 0;
-        rc = restore(be, &pl, rt, feat_dim, err);
+        rc = squad_cache_restore(be, 0, &pl, rt ? rt->feat : NULL, err);
         if (!rc) rc = run_prefix(c, be, run, ctx, row, &pl, rt ? rt->feat : NULL, out, err);
-        if (!rc && !guessed) rc = commit(c, be, row, &pl, err);
+        if (!rc && !guessed) rc = squad_cache_commit(c, be, 0, row, &pl, err);
         if (!rc) rc = run(ctx, row, pl.p, row->n_ids, out, err);
         int decided = pl.route;
         if (!rc && guessed) {
             decided = rt->decide(rt->ctx, err);
             if (decided < 0) rc = decided;
-            else if (decided == pl.route) rc = commit(c, be, row, &pl, err);
+            else if (decided == pl.route) rc = squad_cache_commit(c, be, 0, row, &pl, err);
         }
         computed += (uint64_t)(row->n_ids - pl.c0);
         if (!rc && decided != pl.route) { /* a misprediction: again under the router's route */

@@ -5,7 +5,9 @@
  * executes its plans on a backend: restore the planned checkpoint (or reset), run the prefix's
  * spans through a span runner, save the GDN blobs at the planned positions and the new group's
  * K / V, run the question, and, with specialists, confirm the guessed route or plan a second pass.
- * The span runner is squad_engine_run_span in production and a stand-in in tests, so the cache's
+ * The steps that touch a sequence slot are exported for the engine's scheduler (scheduler.c),
+ * which runs every row in flight through them between batched steps; squad_cache_exec strings
+ * them together for one row on slot 0 with a span runner (a stand-in in tests), so the cache's
  * policy can be checked with a fake backend and no model.
  */
 #ifndef SQUAD_CACHE_EXEC_H
@@ -15,6 +17,20 @@
 #include "cache.h"
 #include "specialists.h"
 #include "squad.h"
+
+/* The plan's checkpoint into slot seq (load_gdn, then load_kv up to c0), or a reset when it
+ * starts cold; feat (NULL without specialists) gets the checkpoint's router features, or zero. */
+int squad_cache_restore(squad_backend *be, int seq, const squad_cache_plan *plan, squad_router_feat *feat,
+                        squad_err *err);
+/* Slot seq holds [0, plan->bounds[i]): when bounds[i] is kept, its GDN part is saved into a blob
+ * the cache hands out (pending; none when memory is short: not kept). Fails only when the save
+ * does (the blob is dropped). */
+int squad_cache_save_bound(squad_cache *cache, squad_backend *be, int seq, squad_cache_plan *plan, int i,
+                           const squad_router_feat *feat, squad_err *err);
+/* The plan's pending checkpoints join the cache, with slot seq's K / V of [0, p) when they need a
+ * new group (the slot must still hold [0, p): nothing past p written, or only positions from p on). */
+int squad_cache_commit(squad_cache *cache, squad_backend *be, int seq, const squad_row *row, squad_cache_plan *plan,
+                       squad_err *err);
 
 /* Runs row->ids[start, end) from the backend's working state (which holds [0, start)); answers
  * the row's slots inside the span into out and adds end - start to out->computed. */

@@ -1,28 +1,16 @@
 /*
- * engine.c — the engine: validates rows, picks the path (memo, state cache, plain) and runs spans
- * of a row through the backend in chunks.
+ * engine.c — the engine: validates rows, answers exact repeats from the memo, and hands the other
+ * rows to the batching scheduler (scheduler.c), which runs them in batched steps through the state
+ * cache or down the plain path; what is left here is the bookkeeping around a row (the router's
+ * view, the memo, the counters).
  *
- * The plain path resets the backend's working state and runs the whole row in chunks of at most
- * be->max_chunk tokens; because every chunk continues from the state the previous one left, any
- * split gives the same answer (up to round-off). On the cached path the cache plans the row
- * (cache.c: the checkpoint to restore, the positions to checkpoint) and the executor
- * (cache_exec.c) runs the plan: it restores instead of resetting and runs the rest through
- * squad_engine_run_span.
+ * Every way in is the scheduler: squad_engine_submit queues a row, squad_engine_step runs one
+ * batched step, and squad_engine_score_ex / squad_engine_score_batch are submit plus steps until
+ * their rows are done. With max_rows 1 that is one row at a time, chunk by chunk, as a caller
+ * without batching would run it.
  *
- * Per-call options (squad_score_opts) live on the engine while the call runs (e->call), so the
- * span runner the executor calls sees them: the cancel callback is polled before every chunk
- * of either path, and a row that wants the full-vocabulary figures passes a vocab array with
- * each chunk that has slots (chunks without slots, and rows that do not ask, pay nothing).
- * A cancelled row leaves the backend's working state half-run, which is harmless: every row
- * starts with a reset or a restore.
- *
- * Specialists (docs/specialists.md): every chunk runs with a route (e->run_route) and returns its
- * router features, which the engine adds to the row's accumulator (e->feat). A row runs with a
- * guessed route: the forced one (squad_row.specialist), else, on the cached path, the route of
- * the checkpoint it restores, else the last row's route. After the last chunk the router decides;
- * a wrong guess (a misprediction) runs the row again with the right route (on the cached path from
- * that route's deepest checkpoint, cache_exec.c; off it from the start). The router runs on forced rows
- * too, so every answer carries the router's probabilities.
+ * Specialists (docs/specialists.md): each row in flight has its own route and router features;
+ * scheduler.c runs the guess, the router's decision and a misprediction's second pass.
  */
 #include "engine.h"
 
@@ -31,7 +19,6 @@
 #include <string.h>
 
 #include "cache.h"
-#include "cache_exec.h"
 #include "memo.h"
 #include "model.h"
 #include "specialists.h"
@@ -112,8 +99,6 @@ static int engine_specialists(squad_engine *e, squad_err *err) {
     if (sp->hidden != e->model->cfg.hidden_size)
         return squad_fail(err, SQUAD_E_INVALID, "specialists %s were loaded for another model", sp->dir);
     e->sp = sp;
-    if (squad_router_feat_init(&e->feat, sp->hidden, err)) return SQUAD_E_NOMEM;
-    if (!(e->chunk_sum = squad_calloc((size_t)sp->hidden, sizeof *e->chunk_sum, err))) return SQUAD_E_NOMEM;
     if (e->cache && squad_cache_set_feat_dim(e->cache, sp->hidden, err)) return SQUAD_E_INVALID;
     return 0;
 }
@@ -168,6 +153,7 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
         if (!e->memo) goto fail;
     }
     if (e->opts.specialists && engine_specialists(e, err)) goto fail;
+    if (squad_sched_init(&e->sched, e->be, &e->opts, err)) goto fail;
     return e;
 fail:
     squad_engine_free(e);
@@ -176,16 +162,10 @@ fail:
 
 void squad_engine_free(squad_engine *e) {
     if (!e) return;
-    while (e->jobs_head) {
-        squad_engine_job *j = e->jobs_head;
-        e->jobs_head = j->next;
-        free(j);
-    }
+    squad_sched_free(e); /* rows still taken in are dropped (their plans first) */
     squad_memo_free(e->memo);
     squad_cache_free(e->cache);
     if (e->be) e->be->destroy(e->be);
-    squad_router_feat_free(&e->feat);
-    free(e->chunk_sum);
     free(e);
 }
 
@@ -247,88 +227,7 @@ int squad_engine_row_check(const squad_engine *e, const squad_row *r, squad_err 
 
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err) {
-    squad_backend *be = e->be;
-    const squad_score_opts *call = e->call;
-    const int want_vocab = call && call->want_vocab;
-    float probs[SQUAD_MAX_SLOTS_PER_ROW][SQUAD_MAX_LETTERS];
-    squad_slot_vocab vocab[SQUAD_MAX_SLOTS_PER_ROW];
-    int slot = 0; /* the row's first slot not yet answered */
-    while (slot < row->n_slots && row->slots[slot] < start) slot++;
-    for (int s = start; s < end;) {
-        if (call && call->cancelled && call->cancelled(call->cancel_ctx))
-            return squad_fail(err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", s, row->n_ids);
-        int len = end - s < be->max_chunk ? end - s : be->max_chunk;
-        squad_chunk ck;
-        memset(&ck, 0, sizeof ck);
-        ck.ids = row->ids + s;
-        ck.start = s;
-        ck.len = len;
-        ck.letters = row->letters;
-        ck.n_letters = row->n_letters;
-        int first = slot;
-        while (slot < row->n_slots && row->slots[slot] < s + len) {
-            ck.slots[ck.n_slots] = row->slots[slot] - s;
-            ck.nopts[ck.n_slots] = row->nopts[slot];
-            ck.n_slots++;
-            slot++;
-        }
-        if (want_vocab && ck.n_slots) ck.vocab = vocab;
-        if (e->sp) {
-            ck.route = e->run_route;
-            ck.router_sum = e->chunk_sum;
-        }
-        ck.probs = ck.n_slots ? &probs[0][0] : NULL;
-        int rc = be->forward(be, &ck, 1, err);
-        if (rc) return rc;
-        if (e->sp) squad_router_feat_add_dsum(&e->feat, e->chunk_sum, len);
-        for (int i = 0; i < ck.n_slots; i++) memcpy(out->probs[first + i], probs[i], sizeof probs[i]);
-        for (int i = 0; ck.vocab && i < ck.n_slots; i++) {
-            out->vocab_lse[first + i] = vocab[i].vocab_lse;
-            out->letters_lse[first + i] = vocab[i].letters_lse;
-            out->top_logit[first + i] = vocab[i].top_logit;
-            out->top_token[first + i] = vocab[i].top_token;
-        }
-        out->computed += len;
-        s += len;
-    }
-    return 0;
-}
-
-/* squad_engine_run_span as the cache executor's span runner. */
-static int engine_span(void *ctx, const squad_row *row, int start, int end, squad_result *out, squad_err *err) {
-    return squad_engine_run_span((squad_engine *)ctx, row, start, end, out, err);
-}
-
-/* The router's route on the running row's features. */
-static int decide_route(void *ctx, squad_err *err) {
-    squad_engine *e = ctx;
-    return squad_router_route(&e->sp->router, &e->feat, NULL, NULL, err);
-}
-
-/* The whole row from a reset, with the route e->run_route. */
-static int run_from_start(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {
-    if (e->sp) squad_router_feat_reset(&e->feat);
-    int rc = e->be->reset(e->be, 0, err);
-    if (!rc) rc = squad_engine_run_span(e, row, 0, row->n_ids, out, err);
-    return rc;
-}
-
-/* forced: the route the row must run with, -1 to let the router decide. */
-static int score_plain(squad_engine *e, const squad_row *row, int forced, squad_result *out, squad_err *err) {
-    e->run_route = forced >= 0 ? forced : e->last_route;
-    int rc = run_from_start(e, row, out, err);
-    if (!rc && e->sp && forced < 0) {
-        const int route = decide_route(e, err);
-        if (route < 0) return route;
-        if (route != e->run_route) { /* a misprediction: the row again with the router's route */
-            e->mispredictions_plain++;
-            e->run_route = route;
-            rc = run_from_start(e, row, out, err);
-        }
-    }
-    out->route = e->run_route;
-    if (!rc) e->plain_rows++; /* a failed or cancelled row is not counted */
-    return rc;
+    return squad_sched_run_span(e, 0, 0, row, start, end, e->call, out, err);
 }
 
 /* label_mass from the two log-sum-exps. A share cannot exceed 1; the round-off between the two
@@ -340,48 +239,40 @@ static void fill_label_mass(squad_result *out) {
     }
 }
 
-static int score_row(squad_engine *e, const squad_row *row, const squad_score_opts *o, squad_result *out,
-                     squad_err *err) {
-    if (e->memo && squad_memo_lookup(e->memo, row, o->want_vocab, out)) {
-        out->reused = row->n_ids;
-        out->computed = 0;
-        out->memo = 1;
-        e->memo_hits++;
-        e->tokens_memo += (uint64_t)row->n_ids;
-        e->route_rows[out->route]++;
-        return 0;
-    }
-    const int forced = e->sp ? row->specialist - 1 : 0;
-    int rc;
-    if (e->cache && squad_cache_eligible(e->cache, row)) {
-        squad_cache_routing rt = {forced, e->last_route, &e->run_route, &e->feat, decide_route, e, 0};
-        rc = squad_cache_exec(e->cache, e->be, engine_span, e, row, o->end_checkpoint_only, o->checkpoints,
-                              o->n_checkpoints, e->sp ? &rt : NULL, out, err);
-    } else {
-        rc = score_plain(e, row, forced, out, err);
-    }
-    if (rc) return rc;
+int squad_engine_memo_answer(squad_engine *e, const squad_row *row, const squad_score_opts *o, squad_result *out) {
+    if (!e->memo || !squad_memo_lookup(e->memo, row, o && o->want_vocab, out)) return 0;
+    out->reused = row->n_ids;
+    out->computed = 0;
+    out->memo = 1;
+    e->memo_hits++;
+    e->tokens_memo += (uint64_t)row->n_ids;
+    e->route_rows[out->route]++;
+    return 1;
+}
+
+int squad_engine_row_answered(squad_engine *e, squad_sched_row *r, squad_err *err) {
+    squad_result *out = r->out;
     if (e->sp) {
         /* the router's view of the row (a forced row's too), from the features of its final pass */
-        int r = squad_router_route(&e->sp->router, &e->feat, NULL, out->route_probs, err);
-        if (r < 0) return r;
+        int rc = squad_router_route(&e->sp->router, &r->feat, NULL, out->route_probs, err);
+        if (rc < 0) return rc;
         out->n_routes = e->sp->router.n_labels;
         e->last_route = out->route;
     }
     e->route_rows[out->route]++;
-    out->n_slots = row->n_slots;
-    if (o->want_vocab) {
+    out->n_slots = r->row.n_slots;
+    if (r->opts.want_vocab) {
         out->has_vocab = 1;
         fill_label_mass(out);
     }
-    if (e->memo) squad_memo_put(e->memo, row, out, NULL); /* a memo that cannot grow just misses later */
+    if (e->memo) squad_memo_put(e->memo, &r->row, out, NULL); /* a memo that cannot grow just misses later */
     return 0;
 }
 
-int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
-                          squad_err *err) {
-    static const squad_score_opts no_opts; /* all zero: squad_engine_score's behaviour */
-    memset(out, 0, sizeof *out);
+/* ---- rows in: submit / step ------------------------------------------------------------------ */
+
+int squad_engine_submit(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
+                        squad_done_fn done, void *ctx, squad_err *err) {
     int rc = squad_engine_row_check(e, row, err);
     if (rc) return rc;
     const int n_routes = e->sp ? e->sp->router.n_labels : 1;
@@ -389,107 +280,111 @@ int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_sco
         return e->sp ? squad_fail(err, SQUAD_E_INVALID, "specialist %d: 0 (the router decides) or 1..%d (a route + 1)",
                                   row->specialist, n_routes)
                      : squad_fail(err, SQUAD_E_INVALID, "the row forces a specialist but the engine has none");
+    memset(out, 0, sizeof *out);
     out->n_slots = row->n_slots;
-    e->call = opts ? opts : &no_opts;
-    rc = score_row(e, row, e->call, out, err);
-    e->call = NULL;
-    if (rc) {
-        const int n_slots = out->n_slots;
-        memset(out, 0, sizeof *out); /* nothing of a failed row is an answer */
-        out->n_slots = n_slots;
+    if (squad_engine_memo_answer(e, row, opts, out)) {
+        if (done) done(ctx, 0, &(squad_err){0});
+        return 0;
     }
-    return rc;
-}
-
-/* ---- several rows: submit / step ------------------------------------------------------------- */
-
-int squad_engine_submit(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
-                        squad_done_fn done, void *ctx, squad_err *err) {
-    int rc = squad_engine_row_check(e, row, err);
-    if (rc) return rc;
-    squad_engine_job *j = squad_calloc(1, sizeof *j, err);
-    if (!j) return SQUAD_E_NOMEM;
-    j->row = *row;
-    if (opts) {
-        j->opts = *opts;
-        j->has_opts = 1;
-    }
-    j->out = out;
-    j->done = done;
-    j->ctx = ctx;
-    if (e->jobs_tail)
-        e->jobs_tail->next = j;
-    else
-        e->jobs_head = j;
-    e->jobs_tail = j;
-    e->jobs_pending++;
+    squad_sched_row *r = squad_sched_row_new(e, row, opts, out, done, ctx, err);
+    if (!r) return SQUAD_E_NOMEM;
+    squad_sched_enqueue(e, r);
     return 0;
 }
 
-int squad_engine_step(squad_engine *e, squad_err *err) {
-    (void)err;
-    squad_engine_job *j = e->jobs_head;
-    if (!j) return 0;
-    e->jobs_head = j->next;
-    if (!e->jobs_head) e->jobs_tail = NULL;
-    e->jobs_pending--;
-    squad_err row_err = {0};
-    const int rc = squad_engine_score_ex(e, &j->row, j->has_opts ? &j->opts : NULL, j->out, &row_err);
-    if (j->done) j->done(j->ctx, rc, &row_err);
-    free(j);
-    return e->jobs_pending;
+int squad_engine_step(squad_engine *e, squad_err *err) { return squad_sched_step(e, err); }
+
+int squad_engine_pending(const squad_engine *e) { return squad_sched_pending(&e->sched); }
+
+/* How one row of a caller waiting for it ended. */
+typedef struct row_wait {
+    int finished;
+    int rc;
+    squad_err *err; /* where its error goes: the caller's, or own */
+    squad_err own;
+} row_wait;
+
+static void row_waited(void *ctx, int rc, const squad_err *err) {
+    row_wait *w = ctx;
+    w->finished = 1;
+    w->rc = rc;
+    if (rc) *w->err = *err;
 }
 
-int squad_engine_pending(const squad_engine *e) { return e->jobs_pending; }
+/* Steps until every waited row finished. A failed step has ended the rows in flight (theirs among
+ * them when they were); rows still queued go on in the next steps. */
+static int step_until(squad_engine *e, const row_wait *waits, int n, squad_err *err) {
+    int step_rc = 0;
+    for (;;) {
+        int open = 0;
+        for (int i = 0; i < n; i++) open += !waits[i].finished;
+        if (!open) return step_rc;
+        squad_err step_err = {0};
+        const int left = squad_engine_step(e, &step_err);
+        if (left < 0 && !step_rc) {
+            step_rc = left;
+            if (err) *err = step_err;
+        }
+        if (left == 0) { /* idle with rows unfinished: cannot happen; never spin */
+            int unanswered = 0;
+            for (int i = 0; i < n; i++) unanswered += !waits[i].finished;
+            if (unanswered)
+                return squad_fail(err, SQUAD_E_BACKEND, "the scheduler went idle with %d rows unanswered", unanswered);
+        }
+    }
+}
 
-typedef struct batch_done_ctx {
-    int *rc;
-    squad_err *err;
-} batch_done_ctx;
-
-static void batch_row_done(void *ctx, int rc, const squad_err *err) {
-    batch_done_ctx *b = ctx;
-    *b->rc = rc;
-    if (b->err) *b->err = *err;
+int squad_engine_score_ex(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
+                          squad_err *err) {
+    memset(out, 0, sizeof *out);
+    row_wait w;
+    memset(&w, 0, sizeof w);
+    w.err = err ? err : &w.own;
+    int rc = squad_engine_submit(e, row, opts, out, row_waited, &w, err);
+    if (rc) return rc;
+    squad_err step_err = {0};
+    rc = step_until(e, &w, 1, &step_err);
+    if (!w.finished) { /* the scheduler failed around it */
+        if (err) *err = step_err;
+        return rc ? rc : SQUAD_E_BACKEND;
+    }
+    return w.rc;
 }
 
 int squad_engine_score_batch(squad_engine *e, const squad_row *rows, int n_rows, const squad_score_opts *opts,
                              squad_result *outs, int *rcs, squad_err *errs, squad_err *err) {
     if (n_rows < 0) return squad_fail(err, SQUAD_E_INVALID, "a batch of %d rows", n_rows);
-    int *rc_buf = squad_calloc((size_t)n_rows + 1, sizeof(int), err);
-    batch_done_ctx *ctx = squad_calloc((size_t)n_rows + 1, sizeof *ctx, err);
-    if (!rc_buf || !ctx) {
-        free(rc_buf);
-        free(ctx);
-        return SQUAD_E_NOMEM;
+    row_wait *waits = squad_calloc((size_t)n_rows + 1, sizeof *waits, err);
+    if (!waits) return SQUAD_E_NOMEM;
+    for (int i = 0; i < n_rows; i++) {
+        squad_err *row_err = errs ? &errs[i] : &waits[i].own;
+        memset(row_err, 0, sizeof *row_err);
+        waits[i].err = row_err;
+        squad_err submit_err = {0};
+        const int rc = squad_engine_submit(e, &rows[i], opts, &outs[i], row_waited, &waits[i], &submit_err);
+        if (rc) { /* refused at once: it fails alone */
+            memset(&outs[i], 0, sizeof outs[i]);
+            waits[i].finished = 1;
+            waits[i].rc = rc;
+            *row_err = submit_err;
+        }
     }
+    squad_err step_err = {0};
+    const int step_rc = step_until(e, waits, n_rows, &step_err);
     int first_rc = 0;
     for (int i = 0; i < n_rows; i++) {
-        ctx[i].rc = &rc_buf[i];
-        ctx[i].err = errs ? &errs[i] : NULL;
-        squad_err row_err = {0};
-        const int rc = squad_engine_submit(e, &rows[i], opts, &outs[i], batch_row_done, &ctx[i], &row_err);
-        if (rc) {
-            memset(&outs[i], 0, sizeof outs[i]);
-            rc_buf[i] = rc;
-            if (errs) errs[i] = row_err;
+        if (rcs) rcs[i] = waits[i].rc;
+        if (waits[i].rc && !first_rc) {
+            first_rc = waits[i].rc;
+            if (err) *err = *waits[i].err;
         }
     }
-    int left;
-    while ((left = squad_engine_step(e, err)) > 0) {
+    free(waits);
+    if (step_rc && !first_rc) {
+        if (err) *err = step_err;
+        return step_rc;
     }
-    int rc = left < 0 ? left : 0;
-    for (int i = 0; i < n_rows; i++) {
-        if (rcs) rcs[i] = rc_buf[i];
-        if (rc_buf[i] && !first_rc) {
-            first_rc = rc_buf[i];
-            if (errs && err) *err = errs[i];
-            else if (err) squad_fail(err, rc_buf[i], "row %d failed", i);
-        }
-    }
-    free(rc_buf);
-    free(ctx);
-    return rc ? rc : first_rc;
+    return first_rc;
 }
 
 int squad_engine_score(squad_engine *e, const squad_row *row, squad_result *out, squad_err *err) {

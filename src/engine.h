@@ -1,16 +1,18 @@
 /*
- * engine.h — the engine object (internal view): a model, a backend, the state cache, the memo.
+ * engine.h — the engine object (internal view): a model, a backend, the state cache, the memo and
+ * the batching scheduler.
  *
- * squad_engine_score_ex (squad.h) validates a row, answers an exact repeat from the memo, sends an
- * eligible row through the state cache and any other row down the plain path (reset, then the
- * whole row in chunks). The cache plans a cached row and the executor (cache_exec.c) runs the plan
- * on the backend, its spans through squad_engine_run_span, which reads the running call's options
- * (cancellation, vocabulary figures) from the engine: one call runs at a time on an engine.
+ * squad_engine_submit (squad.h) validates a row and answers an exact repeat from the memo; the
+ * scheduler (scheduler.c) runs the other rows in batched steps, each row in flight in its own
+ * sequence slot of the backend, through the state cache when eligible, else down the plain path
+ * (reset, then the whole row in chunks). squad_engine_score_ex and squad_engine_score_batch are
+ * submit plus steps until their rows are done, so every row goes through the batched path.
  */
 #ifndef SQUAD_ENGINE_H
 #define SQUAD_ENGINE_H
 
 #include "backend.h"
+#include "scheduler.h"
 #include "specialists.h"
 #include "squad.h"
 
@@ -22,17 +24,6 @@ typedef struct squad_memo squad_memo;
  * allocations, the checkpoint allocations' rounding). */
 #define SQUAD_AUTO_BUDGET_MARGIN_BYTES ((size_t)2 << 30)
 
-/* A row taken in by squad_engine_submit and not yet done. */
-typedef struct squad_engine_job {
-    squad_row row;
-    squad_score_opts opts;
-    int has_opts;
-    squad_result *out;
-    squad_done_fn done;
-    void *ctx;
-    struct squad_engine_job *next;
-} squad_engine_job;
-
 struct squad_engine {
     squad_model *model;
     squad_backend *be;
@@ -43,27 +34,31 @@ struct squad_engine {
     squad_limit limit; /* which of the three bounds max_tokens */
     uint64_t plain_rows;
     uint64_t memo_hits, tokens_memo;
-    const squad_score_opts *call; /* the running call's options (never NULL while a row runs) */
+    /* the options squad_engine_run_span reads (tests drive it directly; NULL: none) */
+    const squad_score_opts *call;
     /* specialists (NULL: none; every row the trunk) */
     const squad_specialists *sp;
-    int last_route;         /* the route of the last row: the guess when no checkpoint gives one */
-    int run_route;          /* the route the running row's chunks run with */
-    squad_router_feat feat; /* the running row's router features, grown chunk by chunk */
-    double *chunk_sum;      /* [hidden]: one chunk's router features from the backend */
+    int last_route;                /* the route of the last row answered: the guess when no
+                                    * checkpoint gives one */
     uint64_t mispredictions_plain; /* second passes of rows off the cache */
     uint64_t route_rows[SQUAD_MAX_ROUTES];
-    /* rows taken in by squad_engine_submit, oldest first */
-    squad_engine_job *jobs_head, *jobs_tail;
-    int jobs_pending;
+    squad_sched sched;             /* the rows taken in (scheduler.c) */
 };
 
-/* Runs row->ids[start, end) from the backend's working state (which must hold [0, start)), in
- * chunks of at most be->max_chunk tokens; the row's slots inside [start, end) are answered into out
- * (out->probs indexed by the row's slot index, and the full-vocabulary figures when the running
- * call asks for them). out->computed grows by end - start. With specialists the chunks run with
- * e->run_route and add their router features to e->feat. Before every chunk the running call's
- * cancel callback is polled: SQUAD_E_CANCELLED when it says stop. */
+/* Runs row->ids[start, end) on sequence slot 0 from the backend's working state there (which must
+ * hold [0, start)), in chunks of at most the scheduler's chunk length, with the trunk's route; the
+ * row's slots inside [start, end) are answered into out (out->probs indexed by the row's slot
+ * index, and the full-vocabulary figures when e->call asks for them). out->computed grows by
+ * end - start. e->call's cancel callback is polled before every chunk. For tests of chunk splits:
+ * the engine's own rows go through the scheduler. */
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err);
+
+/* The scheduler's calls back into the engine. */
+/* 1 when the memo answers the row (out filled, the counters counted), else 0. */
+int squad_engine_memo_answer(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out);
+/* A row's last pass is done (out holds its answers and route): the router's view, the route and
+ * memo bookkeeping, the vocabulary figures' label mass. 0, or a negative code with err filled. */
+int squad_engine_row_answered(squad_engine *e, squad_sched_row *r, squad_err *err);
 
 #endif /* SQUAD_ENGINE_H */

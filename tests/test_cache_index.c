@@ -801,8 +801,9 @@ static void test_plan_shared(void) {
     CHECK(f.live_bytes == 0 && f.violations == 0);
 }
 
-/* Eviction pressure while a plan is in flight: rows of other states through a budget of about one
- * state evict everything but the pinned checkpoint's group, whose blobs the plan then restores. */
+/* Eviction pressure while a plan is in flight: rows of other states through a budget of about two
+ * states evict everything but the pinned checkpoint's group (whose blobs the plan then restores)
+ * and the state they make beside it; the bytes held never pass the budget. */
 static void test_plan_pressure(void) {
     fake f;
     fake_init(&f);
@@ -820,7 +821,7 @@ static void test_plan_pressure(void) {
     const size_t one_state = st.bytes_held;
     squad_cache_free(probe);
 
-    o.budget_bytes = one_state + one_state / 2;
+    o.budget_bytes = 2 * one_state + one_state / 4;
     squad_cache *c = squad_cache_new(&f.be, &o, &err);
     score(c, &f, &a.row, &r);
     make_row(&b, state, 1200, 9, 2);
@@ -831,6 +832,10 @@ static void test_plan_pressure(void) {
         make_row(&t, other, 900 + 64 * k, 6, 1);
         score(c, &f, &t.row, &r);
         check_open(c, &f, 0, "a row under a pinned plan");
+        squad_cache_get_stats(c, &st);
+        CHECKF(st.bytes_held <= st.budget_bytes, "held %zu > budget %zu under a pinned plan", st.bytes_held,
+               st.budget_bytes);
+        CHECK(r.cache_written > 0); /* room beside the pinned state */
         CHECK(squad_cache_lookup(c, a.ids, 1200) == 1152);
         CHECK(squad_cache_pins(c, a.ids, 1152) == 1);
     }
@@ -838,7 +843,27 @@ static void test_plan_pressure(void) {
     CHECK(st.evicted > 0);
     plan_run(c, &f, &b.row, &x, &r);
     squad_cache_plan_close(c, &x, SQUAD_PLAN_DONE, &b.row, (uint64_t)(b.row.n_ids - x.c0), &r);
-    check_accounting(c, &f, "the pinned plan closed"); /* within the budget again */
+    check_accounting(c, &f, "the pinned plan closed");
+    squad_cache_free(c);
+
+    /* a budget of one and a half states: beside the pinned one another state does not fit, so it
+     * is not kept (rather than held past the budget until the plan closes) */
+    o.budget_bytes = one_state + one_state / 2;
+    c = squad_cache_new(&f.be, &o, &err);
+    score(c, &f, &a.row, &r);
+    CHECK(squad_cache_plan_open(c, &b.row, 0, 0, 0, &x, &err) == 0 && x.c0 == 1152);
+    random_tokens(other, MAX_ROW);
+    make_row(&t, other, 1200, 6, 1);
+    score(c, &f, &t.row, &r);
+    check_open(c, &f, 0, "a state that does not fit beside a pinned one");
+    squad_cache_get_stats(c, &st);
+    CHECK(r.cache_written == 0 && st.bytes_held <= st.budget_bytes);
+    CHECK(squad_cache_lookup(c, a.ids, 1200) == 1152 && squad_cache_lookup(c, t.ids, 1200) == 0);
+    plan_run(c, &f, &b.row, &x, &r);
+    squad_cache_plan_close(c, &x, SQUAD_PLAN_DONE, &b.row, (uint64_t)(b.row.n_ids - x.c0), &r);
+    score(c, &f, &t.row, &r); /* unpinned now: the older state makes room */
+    CHECK(r.cache_written > 0 && squad_cache_lookup(c, t.ids, 1200) == 1152);
+    check_accounting(c, &f, "after the pinned plan");
     squad_cache_free(c);
     CHECK(f.live_bytes == 0 && f.violations == 0);
 }

@@ -27,6 +27,9 @@
 #define TOL_CPU_EXACT_REF 1e-4     /* against transformers (fp32 forward, float64 softmax) */
 #define TOL_CPU_EXACT_CHUNKED 1e-5 /* any split of a row into chunks against one pass */
 #define TOL_CPU_EXACT_CACHED 1e-4  /* cached against uncached, and cached against the references */
+/* Rows run batched (several in flight, chunks cut by the step's budget) against the same rows one
+ * at a time: only where chunks are cut differs, as in CHUNKED. */
+#define TOL_CPU_EXACT_BATCHED 1e-5
 #define TOL_CPU_BF16_REF 0.1       /* measured up to 3.6e-2 on the fixtures (AVX2); a gross-error bound */
 #define TOL_CPU_BF16_EXACT 0.1     /* bf16 against exact on the same rows (the same measurement) */
 /* A slot's letter probabilities sum to 1 (float rounding of the softmax over a few letters). */

@@ -222,13 +222,13 @@ int cmd_ask(int argc, char **argv) {
                                                     * a row past the engine's gets its clear error */
     double t_engine = squad_now_seconds(); /* engine creation is setup, not the request's cost */
     const int forced = a.specialist && strcmp(a.specialist, "auto") ? squad_specialists_find(s.sp, a.specialist) + 1 : 0;
-    for (int i = 0; i < s.rows.n_rows; i++) {
-        s.rows.rows[i].specialist = forced;
-        if ((rc = squad_engine_score(s.engine, &s.rows.rows[i], &s.results[i], &err)) < 0) {
-            rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
-            ask_free(&s);
-            return rc;
-        }
+    for (int i = 0; i < s.rows.n_rows; i++) s.rows.rows[i].specialist = forced;
+    /* all the request's questions together: they share the state, which the first computes and
+     * checkpoints and the others restore (docs/batching.md) */
+    if ((rc = squad_engine_score_batch(s.engine, s.rows.rows, s.rows.n_rows, NULL, s.results, NULL, NULL, &err)) < 0) {
+        rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
+        ask_free(&s);
+        return rc;
     }
     double ms = 1000.0 * (build_s + (squad_now_seconds() - t_engine));
     rc = print_answers(&s, ms);

@@ -25,7 +25,12 @@ const char CLI_ENGINE_OPTIONS_HELP[] =
     "  --max-adapters N         with --specialists: adapters resident at once, the rest loaded on\n"
     "                           demand, least recently used out first (default 0: all)\n"
     "  --max-tokens N           the longest row (default 0: the model's max_position_embeddings),\n"
-    "                           lowered when the device cannot hold its K / V; memory follows the rows\n";
+    "                           lowered when the device cannot hold its K / V; memory follows the rows\n"
+    "  --max-rows N             rows in flight at once, batched together, each in its own sequence\n"
+    "                           slot (default 0: the backend's slots; 1: one row at a time)\n"
+    "  --batch-tokens N         tokens one batched step runs, all its rows' chunks together (default 0:\n"
+    "                           the backend's largest batch); a long row is cut to what the short ones\n"
+    "                           leave (docs/batching.md)\n";
 
 int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *out) {
     if (!text) {
@@ -90,6 +95,12 @@ int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
     } else if (!strcmp(a, "--max-tokens")) {
         if (cli_parse_int(a, val, 0, INT32_MAX, &v)) return -1;
         o->max_tokens = (int)v;
+    } else if (!strcmp(a, "--max-rows")) {
+        if (cli_parse_int(a, val, 0, 1L << 16, &v)) return -1;
+        o->max_rows = (int)v;
+    } else if (!strcmp(a, "--batch-tokens")) {
+        if (cli_parse_int(a, val, 0, INT32_MAX, &v)) return -1;
+        o->batch_tokens = (int)v;
     } else if (!strcmp(a, "--max-slots")) {
         if (cli_parse_int(a, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return -1;
         o->cache.max_slots = (int)v;

@@ -12,8 +12,8 @@
 int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *out);
 
 /* If argv[*i] is an engine option (--device, --threads, --precision, --cache-mb, --stride, --tail,
- * --align, --min-prefix, --max-slots, --max-tokens, --precapture, --max-adapters), consumes it (and its value) into opts and
- * returns 1; returns 0 when it is not one; -1 on a bad value (message on stderr). */
+ * --align, --min-prefix, --max-slots, --max-tokens, --precapture, --max-adapters, --max-rows,
+ * --batch-tokens), consumes it (and its value) into opts and returns 1; returns 0 when it is not one; -1 on a bad value (message on stderr). */
 int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *opts);
 
 /* When the engine's longest row is lower than asked because the device's memory could not hold

@@ -2,6 +2,10 @@
  * score.c — `squad score`: rows as JSON lines in (a file or stdin), one JSON line out per row, in
  * order (docs/design.md section 9). A bad row gets {"error": "..."} on its line and the rest go on.
  * Exit 0 when every row succeeded, 1 when some failed, 2 for usage or model errors.
+ *
+ * Rows are read SCORE_BATCH_ROWS at a time and answered together by squad_engine_score_batch
+ * (batched steps: rows in flight share each pass over the weights, docs/batching.md); a window's
+ * lines are written in input order once it is answered.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -17,6 +21,10 @@
 #include "rows.h"
 #include "squad.h"
 
+/* Rows read before they are answered together: enough to fill the engine's slots many times over,
+ * few enough that memory and the first answer's latency stay small. */
+#define SCORE_BATCH_ROWS 256
+
 static void score_help(FILE *f) {
     fprintf(f,
             "usage: squad score --model DIR [--rows FILE] [options]\n"
@@ -28,6 +36,7 @@ static void score_help(FILE *f) {
             "and writes one JSON line per row, in order:\n"
             "  {\"probs\": [[...], ...], \"reused\": R, \"computed\": C}   (with --specialists also \"route\": \"label\")\n"
             "or {\"error\": \"...\"} for a bad row (the rest still run). Blank lines are skipped.\n"
+            "Rows are answered %d at a time in batched steps (--max-rows, --batch-tokens).\n"
             "Exit status: 0 every row answered, 1 some rows failed, 2 usage or model error.\n"
             "\n"
             "options:\n"
@@ -37,7 +46,7 @@ static void score_help(FILE *f) {
             "                           LoRA adapter for the upper layers\n"
             "  --stats                  print the cache statistics as JSON on stderr at the end\n"
             "%s",
-            CLI_ENGINE_OPTIONS_HELP);
+            SCORE_BATCH_ROWS, CLI_ENGINE_OPTIONS_HELP);
 }
 
 /* One output line: the row's answer or its error (answer_json.h: the server writes the same). */
@@ -73,6 +82,70 @@ static int is_blank(const char *s) {
     for (; *s; s++)
         if (!isspace((unsigned char)*s)) return 0;
     return 1;
+}
+
+/* One window of input lines: each parsed into a row, or its error. */
+typedef struct score_window {
+    int n;
+    squad_row_buf rb[SCORE_BATCH_ROWS];
+    int parsed[SCORE_BATCH_ROWS]; /* 1: rb holds the row */
+    squad_row rows[SCORE_BATCH_ROWS];
+    int index[SCORE_BATCH_ROWS]; /* rows[k] is line index[k] of the window */
+    squad_result res[SCORE_BATCH_ROWS];
+    int rcs[SCORE_BATCH_ROWS];
+    squad_err errs[SCORE_BATCH_ROWS]; /* per line: a parse error, or the row's */
+} score_window;
+
+/* Parses one line into the window's next entry (its error kept when it is bad). */
+static void window_add(score_window *w, const char *line, size_t len, const squad_specialists *sp) {
+    const int i = w->n++;
+    squad_err *err = &w->errs[i];
+    memset(err, 0, sizeof *err);
+    int rc = squad_row_parse_json(&w->rb[i], line, len, NULL, 0, err);
+    if (!rc && w->rb[i].specialist) { /* a label to its route (+ 1: squad_row.specialist) */
+        const int route = squad_specialists_find(sp, w->rb[i].specialist);
+        if (route < 0) {
+            snprintf(err->msg, sizeof err->msg,
+                     sp ? "unknown specialist '%.100s'" : "\"specialist\" '%.100s' needs --specialists",
+                     w->rb[i].specialist);
+            rc = SQUAD_E_INVALID;
+            squad_row_buf_free(&w->rb[i]);
+        }
+        if (!rc) w->rb[i].row.specialist = route + 1;
+    }
+    w->parsed[i] = !rc;
+}
+
+/* Answers the window's rows in one batch and writes every line in order; 1 when some line failed. */
+static int window_flush(score_window *w, squad_engine *engine, const squad_specialists *sp) {
+    int n_rows = 0, failed = 0;
+    for (int i = 0; i < w->n; i++)
+        if (w->parsed[i]) {
+            w->rows[n_rows] = w->rb[i].row;
+            w->index[n_rows++] = i;
+        }
+    squad_err err = {0};
+    squad_err *row_errs = malloc(sizeof(squad_err) * (size_t)(n_rows > 0 ? n_rows : 1));
+    if (!row_errs) {
+        fprintf(stderr, "squad score: out of memory\n");
+        return 1;
+    }
+    squad_engine_score_batch(engine, w->rows, n_rows, NULL, w->res, w->rcs, row_errs, &err);
+    for (int k = 0; k < n_rows; k++) w->errs[w->index[k]] = row_errs[k];
+    free(row_errs);
+    for (int i = 0, k = 0; i < w->n; i++) {
+        const int ok = w->parsed[i] && w->rcs[k] == 0;
+        if (ok) print_line(&w->rb[i].row, &w->res[k], sp, NULL);
+        else print_line(NULL, NULL, NULL, w->errs[i].msg);
+        failed |= !ok;
+        if (w->parsed[i]) {
+            squad_row_buf_free(&w->rb[i]);
+            k++;
+        }
+    }
+    fflush(stdout);
+    w->n = 0;
+    return failed;
 }
 
 int cmd_score(int argc, char **argv) {
@@ -141,39 +214,19 @@ int cmd_score(int argc, char **argv) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
-    squad_result *res = malloc(sizeof *res);
-    if (!res) {
+    score_window *w = calloc(1, sizeof *w);
+    if (!w) {
         fprintf(stderr, "squad score: out of memory\n");
         failed = -1;
     }
-    while (res && (n = getline(&line, &cap, in)) >= 0) {
+    while (w && (n = getline(&line, &cap, in)) >= 0) {
         if (is_blank(line)) continue;
-        squad_row_buf rb;
-        err.code = 0;
-        int rc = squad_row_parse_json(&rb, line, (size_t)n, NULL, 0, &err);
-        if (!rc && rb.specialist) { /* a label to its route (+ 1: squad_row.specialist) */
-            const int route = squad_specialists_find(sp, rb.specialist);
-            if (route < 0) {
-                snprintf(err.msg, sizeof err.msg, sp ? "unknown specialist '%.100s'" : "\"specialist\" '%.100s' needs --specialists",
-                         rb.specialist);
-                rc = SQUAD_E_INVALID;
-                squad_row_buf_free(&rb);
-            }
-            if (!rc) rb.row.specialist = route + 1;
-        }
-        if (!rc) {
-            rc = squad_engine_score(engine, &rb.row, res, &err);
-            if (!rc) print_line(&rb.row, res, sp, NULL);
-            squad_row_buf_free(&rb);
-        }
-        if (rc) {
-            print_line(NULL, NULL, NULL, err.msg);
-            failed = 1;
-        }
-        fflush(stdout);
+        window_add(w, line, (size_t)n, sp);
+        if (w->n == SCORE_BATCH_ROWS) failed |= window_flush(w, engine, sp);
     }
+    if (w && w->n) failed |= window_flush(w, engine, sp);
     free(line);
-    free(res);
+    free(w);
     if (stats) print_stats(engine);
     squad_engine_free(engine);
     squad_specialists_free(sp);

@@ -1,0 +1,565 @@
+/*
+ * scheduler.c — the engine's batching scheduler: continuous batching of rows over the backend's
+ * sequence slots (docs/batching.md; interface in scheduler.h).
+ *
+ * Rows taken in (squad_engine_submit) wait in a FIFO queue. At most max_rows of them are *in
+ * flight*, each owning one sequence slot of the backend. A step (squad_sched_step):
+ *
+ *  1. Admission. Queued rows take the free slots, oldest first. A row on the state cache's path
+ *     opens its plan (cache.h) now, in that order, and restores its checkpoint into its slot (or
+ *     resets it); a plain row resets its slot. A queued row whose deepest useful checkpoint is
+ *     still pending in an in-flight row's open plan (a kept bound of that plan, at most as deep as
+ *     the tokens the two rows share, deeper than what the cache could restore now) waits for that
+ *     plan's commit instead of computing the same prefix again, and rows behind it may go first:
+ *     a request's questions about a new page compute the page once. Likewise a row whose exact
+ *     twin is in flight waits for the memo to hold the twin's answer.
+ *  2. Packing. Every row in flight wants its next chunk: from its position to its next target (the
+ *     plan's next bound while in the prefix, so that every chunk end lands on a bound; the row's end
+ *     after it), at most the longest chunk (max_chunk, or batch_tokens when smaller). The step's
+ *     token budget (batch_tokens) goes first to rows passed over SCHED_STARVE_STEPS steps in a
+ *     row, then to the shortest wants (the hits' questions), whole; the rows left over are *cut* to what remains of the budget, rounded down
+ *     to SCHED_CUT_ALIGN tokens, oldest first. So a long cold row never holds the short rows
+ *     riding with it for more than one chunk: it takes what the short ones leave.
+ *  3. Forward. One be->forward over every packed chunk (or one per route when the backend cannot
+ *     mix routes, or refuses a mixed batch with SQUAD_E_UNSUPPORTED).
+ *  4. Advance. Each row copies its chunk's answers and router features, moves its position, and
+ *     steps its state machine: at a kept bound it saves the GDN part into the plan's blob; at p,
+ *     a certain route (forced, or no specialists) commits the plan (slot's K / V of [0, p)); at the
+ *     row's end a guessed route is decided by the router: a confirmed guess commits, a wrong one
+ *     closes the plan as RETRY and the row runs again in its slot from the router's route's
+ *     deepest checkpoint (off the cache: from a reset). A finished row closes its plan, is
+ *     answered (engine.c: router probabilities, memo, counters), frees its slot and calls done.
+ *
+ * Every row's chunks continue its own slot's state, so batching changes where a row's chunks are
+ * cut (round-off only: docs/design.md section 5) and nothing else. The cancel callback is polled
+ * for every queued row and before each step a row takes part in; a cancelled or failing row ends
+ * alone (its plan abandoned: pending checkpoints dropped, pins released; its slot freed). A failed
+ * forward ends every row in flight with its error, and the engine stays usable.
+ */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache_exec.h"
+#include "engine.h"
+#include "util.h"
+
+/* A cut row's chunk is a multiple of this many tokens (the cache's align and the CUDA delta
+ * rule's block), and a budget left over smaller than it cuts nothing. */
+#define SCHED_CUT_ALIGN 64
+/* A row the budget passed over this many steps in a row goes first at the next step. */
+#define SCHED_STARVE_STEPS 2
+
+static int min_int(int a, int b) { return a < b ? a : b; }
+
+/* ---- setup ----------------------------------------------------------------------------------- */
+
+int squad_sched_init(squad_sched *s, const squad_backend *be, const squad_engine_opts *o, squad_err *err) {
+    memset(s, 0, sizeof *s);
+    if (o->max_rows < 0) return squad_fail(err, SQUAD_E_INVALID, "max_rows %d: 0 (the backend's) or more", o->max_rows);
+    if (o->batch_tokens < 0)
+        return squad_fail(err, SQUAD_E_INVALID, "batch_tokens %d: 0 (the backend's) or more", o->batch_tokens);
+    s->max_rows = o->max_rows > 0 && o->max_rows < be->max_seqs ? o->max_rows : be->max_seqs;
+    s->batch_tokens = o->batch_tokens > 0 && o->batch_tokens < be->max_batch_tokens ? o->batch_tokens
+                                                                                      : be->max_batch_tokens;
+    if (s->max_rows < 1 || min_int(be->max_chunk, s->batch_tokens) < 1)
+        return squad_fail(err, SQUAD_E_BACKEND, "the %s backend has %d slots and %d-token batches", be->name,
+                          be->max_seqs, be->max_batch_tokens);
+    s->slots = squad_calloc((size_t)s->max_rows, sizeof *s->slots, err);
+    s->batch = squad_calloc((size_t)s->max_rows, sizeof *s->batch, err);
+    s->chunks = squad_calloc((size_t)s->max_rows, sizeof *s->chunks, err);
+    s->sub = squad_calloc((size_t)s->max_rows, sizeof *s->sub, err);
+    s->want = squad_calloc((size_t)s->max_rows, sizeof *s->want, err);
+    s->got = squad_calloc((size_t)s->max_rows, sizeof *s->got, err);
+    s->routed = squad_calloc((size_t)s->max_rows, sizeof *s->routed, err);
+    if (!s->slots || !s->batch || !s->chunks || !s->sub || !s->want || !s->got || !s->routed) return SQUAD_E_NOMEM;
+    return 0;
+}
+
+static void row_free(squad_sched_row *r) {
+    if (!r) return;
+    squad_router_feat_free(&r->feat);
+    free(r->chunk_sum);
+    free(r);
+}
+
+squad_sched_row *squad_sched_row_new(squad_engine *e, const squad_row *row, const squad_score_opts *opts,
+                                     squad_result *out, squad_done_fn done, void *ctx, squad_err *err) {
+    squad_sched_row *r = squad_calloc(1, sizeof *r, err);
+    if (!r) return NULL;
+    r->row = *row;
+    if (opts) r->opts = *opts;
+    r->out = out;
+    r->done = done;
+    r->ctx = ctx;
+    r->seq = -1;
+    r->forced = e->sp ? row->specialist - 1 : 0;
+    if (e->sp) {
+        if (squad_router_feat_init(&r->feat, e->sp->hidden, err) ||
+            !(r->chunk_sum = squad_calloc((size_t)e->sp->hidden, sizeof *r->chunk_sum, err))) {
+            row_free(r);
+            return NULL;
+        }
+    }
+    return r;
+}
+
+void squad_sched_enqueue(squad_engine *e, squad_sched_row *r) {
+    squad_sched *s = &e->sched;
+    r->next = NULL;
+    if (s->queue_tail) s->queue_tail->next = r;
+    else s->queue_head = r;
+    s->queue_tail = r;
+    s->n_queued++;
+}
+
+int squad_sched_pending(const squad_sched *s) { return s->n_queued + s->n_flight; }
+
+/* ---- ending a row ---------------------------------------------------------------------------- */
+
+static void plan_close(squad_engine *e, squad_sched_row *r, squad_plan_end how) {
+    if (!r->plan_open) return;
+    r->plan_open = 0;
+    squad_cache_plan_close(e->cache, &r->plan, how, &r->row, r->computed, r->out);
+}
+
+static void slot_free(squad_engine *e, squad_sched_row *r) {
+    if (r->seq < 0) return;
+    e->sched.slots[r->seq] = NULL;
+    e->sched.n_flight--;
+    r->seq = -1;
+}
+
+/* The row leaves (answered when rc is 0, else failed alone): plan, slot, callback, memory. */
+static void row_end(squad_engine *e, squad_sched_row *r, int rc, const squad_err *why) {
+    squad_err err = {0};
+    if (why) err = *why;
+    plan_close(e, r, rc ? SQUAD_PLAN_FAILED : SQUAD_PLAN_DONE);
+    if (!rc) {
+        if (!r->cached) e->plain_rows++;
+        rc = squad_engine_row_answered(e, r, &err);
+    }
+    if (rc) { /* nothing of a failed row is an answer */
+        memset(r->out, 0, sizeof *r->out);
+        r->out->n_slots = r->row.n_slots;
+        if (!err.code) err.code = rc;
+    }
+    slot_free(e, r);
+    if (r->done) r->done(r->ctx, rc, &err);
+    row_free(r);
+}
+
+static int cancelled(const squad_sched_row *r) { return r->opts.cancelled && r->opts.cancelled(r->opts.cancel_ctx); }
+
+static void row_cancel(squad_engine *e, squad_sched_row *r) {
+    squad_err err = {0};
+    squad_fail(&err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", r->seq >= 0 ? r->pos : 0,
+               r->row.n_ids);
+    row_end(e, r, SQUAD_E_CANCELLED, &err);
+}
+
+void squad_sched_free(squad_engine *e) {
+    squad_sched *s = &e->sched;
+    for (int i = 0; s->slots && i < s->max_rows; i++) {
+        squad_sched_row *r = s->slots[i];
+        if (!r) continue;
+        plan_close(e, r, SQUAD_PLAN_FAILED);
+        row_free(r);
+    }
+    while (s->queue_head) {
+        squad_sched_row *r = s->queue_head;
+        s->queue_head = r->next;
+        row_free(r);
+    }
+    free(s->slots);
+    free(s->batch);
+    free(s->chunks);
+    free(s->sub);
+    free(s->want);
+    free(s->got);
+    free(s->routed);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- starting a pass ------------------------------------------------------------------------- */
+
+static int first_slot_from(const squad_row *row, int pos) {
+    int i = 0;
+    while (i < row->n_slots && row->slots[i] < pos) i++;
+    return i;
+}
+
+/* A pass of the row in its slot: on the cache's path, a plan (route < 0: guess) and its restore;
+ * else a reset. route: the route the pass must run with (-1: the router decides afterwards). */
+static int pass_start(squad_engine *e, squad_sched_row *r, int route, squad_err *err) {
+    squad_backend *be = e->be;
+    squad_router_feat *feat = e->sp ? &r->feat : NULL;
+    r->guessed = e->sp && route < 0;
+    r->committed = 0;
+    r->bound = 0;
+    if (r->cached) {
+        const int want = e->sp ? route : 0;
+        int rc = squad_cache_plan_open_at(e->cache, &r->row, r->opts.end_checkpoint_only, r->opts.checkpoints,
+                                          r->opts.n_checkpoints, want, e->last_route, &r->plan, err);
+        if (rc) return rc;
+        r->plan_open = 1;
+        r->route = r->plan.route;
+        r->pos = r->plan.c0;
+        r->out->reused = r->plan.c0;
+        rc = squad_cache_restore(be, r->seq, &r->plan, feat, err);
+        if (rc) return rc;
+        if (r->plan.n_bounds == 0 && !r->guessed) { /* a hit on a certain route: nothing to commit */
+            rc = squad_cache_commit(e->cache, be, r->seq, &r->row, &r->plan, err);
+            if (rc) return rc;
+            r->committed = 1;
+        }
+    } else {
+        r->route = route >= 0 ? route : e->last_route;
+        r->pos = 0;
+        if (feat) squad_router_feat_reset(feat);
+        int rc = be->reset(be, r->seq, err);
+        if (rc) return rc;
+    }
+    r->out->route = r->route;
+    r->next_slot = first_slot_from(&r->row, r->pos);
+    return 0;
+}
+
+/* ---- admission ------------------------------------------------------------------------------- */
+
+/* The tokens two rows share from the start, up to n. */
+static int shared_tokens(const squad_row *a, const squad_row *b, int n) {
+    int i = 0;
+    while (i < n && a->ids[i] == b->ids[i]) i++;
+    return i;
+}
+
+/* 1 when two rows are the same request (what the memo's key covers). */
+static int same_request(const squad_row *a, const squad_row *b) {
+    return a->n_ids == b->n_ids && a->n_slots == b->n_slots && a->n_letters == b->n_letters &&
+           a->state_len == b->state_len && a->specialist == b->specialist &&
+           !memcmp(a->ids, b->ids, (size_t)a->n_ids * sizeof *a->ids) &&
+           !memcmp(a->slots, b->slots, (size_t)a->n_slots * sizeof *a->slots) &&
+           !memcmp(a->nopts, b->nopts, (size_t)a->n_slots * sizeof *a->nopts) &&
+           !memcmp(a->letters, b->letters, (size_t)a->n_letters * sizeof *a->letters);
+}
+
+/* 1 when a queued row should wait: its exact twin is in flight (the memo answers it once the twin
+ * is done), or an in-flight row's open plan will commit a checkpoint of the prefix the row shares
+ * with it, deeper than what the cache can restore for the row now. */
+static int must_wait(squad_engine *e, const squad_sched_row *r) {
+    for (int i = 0; e->memo && i < e->sched.max_rows; i++)
+        if (e->sched.slots[i] && same_request(&r->row, &e->sched.slots[i]->row)) return 1;
+    if (!e->cache || !squad_cache_eligible(e->cache, &r->row)) return 0;
+    const int route = e->sp ? r->forced : 0;
+    const int align = e->opts.cache.align;
+    const int p = r->row.state_len - r->row.state_len % align;
+    int have = -1; /* looked up once, and only when some plan could give more */
+    const squad_sched *s = &e->sched;
+    for (int i = 0; i < s->max_rows; i++) {
+        const squad_sched_row *o = s->slots[i];
+        if (!o || !o->plan_open || o->committed) continue;
+        if (route >= 0 && o->route != route) continue; /* its checkpoints will be of another route */
+        const squad_cache_plan *pl = &o->plan;
+        if (pl->first_kept >= pl->n_bounds) continue; /* it keeps nothing */
+        const int shared = shared_tokens(&r->row, &o->row, min_int(p, pl->p));
+        int deepest = 0;
+        for (int b = pl->n_bounds - 1; b >= pl->first_kept; b--)
+            if (pl->bounds[b] <= shared) {
+                deepest = pl->bounds[b];
+                break;
+            }
+        if (deepest == 0) continue;
+        if (have < 0) have = squad_cache_restorable(e->cache, &r->row, route);
+        if (deepest > have) return 1;
+    }
+    return 0;
+}
+
+/* The row into a free slot: its first pass starts. A row the memo answers now leaves at once. */
+static void row_start(squad_engine *e, squad_sched_row *r, int seq) {
+    squad_sched *s = &e->sched;
+    if (squad_engine_memo_answer(e, &r->row, &r->opts, r->out)) { /* a twin answered while it queued */
+        if (r->done) r->done(r->ctx, 0, &(squad_err){0});
+        row_free(r);
+        return;
+    }
+    r->seq = seq;
+    r->order = s->joined++;
+    r->skipped = 0;
+    s->slots[seq] = r;
+    s->n_flight++;
+    r->cached = e->cache && squad_cache_eligible(e->cache, &r->row);
+    squad_err err = {0};
+    const int rc = pass_start(e, r, r->forced, &err);
+    if (rc) row_end(e, r, rc, &err);
+}
+
+/* Queued rows into free slots, oldest first; a row that must wait, or finds no slot, stays queued
+ * (polled for a cancel there, so a caller gone does not hold its place). */
+static void admit(squad_engine *e) {
+    squad_sched *s = &e->sched;
+    squad_sched_row **link = &s->queue_head, *prev = NULL;
+    while (*link) {
+        squad_sched_row *r = *link;
+        const int go = s->n_flight < s->max_rows && !must_wait(e, r);
+        if (!go && !cancelled(r)) {
+            prev = r;
+            link = &r->next;
+            continue;
+        }
+        *link = r->next; /* out of the queue: into a slot, or cancelled */
+        if (s->queue_tail == r) s->queue_tail = prev;
+        s->n_queued--;
+        r->next = NULL;
+        if (!go) {
+            row_cancel(e, r);
+            continue;
+        }
+        int seq = 0;
+        while (s->slots[seq]) seq++;
+        row_start(e, r, seq);
+    }
+}
+
+/* ---- packing --------------------------------------------------------------------------------- */
+
+/* The step's budget and the longest chunk, from the backend's limits as they are now. */
+static int batch_tokens(const squad_engine *e) { return min_int(e->sched.batch_tokens, e->be->max_batch_tokens); }
+static int chunk_cap(const squad_engine *e) { return min_int(e->be->max_chunk, batch_tokens(e)); }
+
+/* Where the row's next chunk must stop: the plan's next bound in the prefix, else the row's end. */
+static int chunk_target(const squad_sched_row *r) {
+    if (r->cached && r->bound < r->plan.n_bounds) return r->plan.bounds[r->bound];
+    return r->row.n_ids;
+}
+
+/* The chunk of `len` tokens from the row's position, on its slot, with its answer slots. */
+static void fill_chunk(squad_engine *e, squad_sched_row *r, int len, squad_chunk *ck) {
+    const squad_row *row = &r->row;
+    memset(ck, 0, sizeof *ck);
+    ck->seq = r->seq;
+    ck->ids = row->ids + r->pos;
+    ck->start = r->pos;
+    ck->len = len;
+    ck->letters = row->letters;
+    ck->n_letters = row->n_letters;
+    r->ck_first = r->next_slot;
+    for (int i = r->next_slot; i < row->n_slots && row->slots[i] < r->pos + len; i++) {
+        ck->slots[ck->n_slots] = row->slots[i] - r->pos;
+        ck->nopts[ck->n_slots] = row->nopts[i];
+        ck->n_slots++;
+    }
+    r->ck_n = ck->n_slots;
+    r->ck_len = len;
+    if (r->opts.want_vocab && ck->n_slots) ck->vocab = r->vocab;
+    if (e->sp) {
+        ck->route = r->route;
+        ck->router_sum = r->chunk_sum;
+    }
+    ck->probs = ck->n_slots ? &r->probs[0][0] : NULL;
+}
+
+/* Orders candidates: starved rows first, then the shortest wants, then the oldest. */
+static int before(const squad_sched_row *a, int wa, const squad_sched_row *b, int wb) {
+    const int sa = a->skipped >= SCHED_STARVE_STEPS, sb = b->skipped >= SCHED_STARVE_STEPS;
+    if (sa != sb) return sa;
+    if (wa != wb) return wa < wb;
+    return a->order < b->order;
+}
+
+/* Picks this step's chunks (the policy in the header comment); returns how many. */
+static int pack(squad_engine *e) {
+    squad_sched *s = &e->sched;
+    squad_sched_row **cand = s->batch;
+    int *want = s->want, *got = s->got;
+    const int cap = chunk_cap(e);
+    int n = 0;
+    for (int i = 0; i < s->max_rows; i++) {
+        squad_sched_row *r = s->slots[i];
+        if (!r) continue;
+        /* insertion by the order above */
+        const int w = min_int(chunk_target(r) - r->pos, cap);
+        int j = n++;
+        for (; j > 0 && before(r, w, cand[j - 1], want[j - 1]); j--) {
+            cand[j] = cand[j - 1];
+            want[j] = want[j - 1];
+        }
+        cand[j] = r;
+        want[j] = w;
+    }
+    int left = batch_tokens(e);
+    for (int j = 0; j < n; j++) { /* whole wants while they fit (the first always does) */
+        got[j] = want[j] <= left ? want[j] : 0;
+        left -= got[j];
+    }
+    for (int pass_left = 1; pass_left && left >= SCHED_CUT_ALIGN;) { /* cuts, oldest first */
+        int oldest = -1;
+        for (int j = 0; j < n; j++)
+            if (!got[j] && (oldest < 0 || cand[j]->order < cand[oldest]->order)) oldest = j;
+        if (oldest < 0) break;
+        got[oldest] = left - left % SCHED_CUT_ALIGN;
+        left -= got[oldest];
+        pass_left = got[oldest] > 0;
+    }
+    int m = 0;
+    for (int j = 0; j < n; j++) {
+        squad_sched_row *r = cand[j];
+        if (!got[j]) {
+            r->skipped++;
+            continue;
+        }
+        r->skipped = 0;
+        if (cancelled(r)) { /* polled before each step the row takes part in */
+            row_cancel(e, r);
+            continue;
+        }
+        fill_chunk(e, r, got[j], &s->chunks[m]);
+        cand[m++] = r;
+    }
+    return m;
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+/* The chunks one route at a time (a backend that cannot mix them in one batch). */
+static int forward_by_route(squad_engine *e, int n, squad_err *err) {
+    squad_sched *s = &e->sched;
+    unsigned char *done = s->routed;
+    memset(done, 0, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        int m = 0;
+        for (int j = i; j < n; j++)
+            if (!done[j] && s->chunks[j].route == s->chunks[i].route) {
+                s->sub[m++] = s->chunks[j];
+                done[j] = 1;
+            }
+        int rc = e->be->forward(e->be, s->sub, m, err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int forward(squad_engine *e, int n, squad_err *err) {
+    squad_sched *s = &e->sched;
+    int mixed = 0;
+    for (int i = 1; i < n; i++) mixed |= s->chunks[i].route != s->chunks[0].route;
+    if (mixed && !e->be->mixed_routes) return forward_by_route(e, n, err);
+    int rc = e->be->forward(e->be, s->chunks, n, err);
+    /* a backend may refuse a mix it cannot run (before any state changed): one route at a time */
+    if (rc == SQUAD_E_UNSUPPORTED && mixed) rc = forward_by_route(e, n, err);
+    return rc;
+}
+
+/* ---- advancing ------------------------------------------------------------------------------- */
+
+/* The chunk's answers into the row's result, its router features into the row's. */
+static void take_chunk(squad_engine *e, squad_sched_row *r) {
+    squad_result *out = r->out;
+    for (int i = 0; i < r->ck_n; i++) {
+        const int k = r->ck_first + i;
+        memcpy(out->probs[k], r->probs[i], sizeof r->probs[i]);
+        if (r->opts.want_vocab) {
+            out->vocab_lse[k] = r->vocab[i].vocab_lse;
+            out->letters_lse[k] = r->vocab[i].letters_lse;
+            out->top_logit[k] = r->vocab[i].top_logit;
+            out->top_token[k] = r->vocab[i].top_token;
+        }
+    }
+    if (r->chunk_sum) squad_router_feat_add_dsum(&r->feat, r->chunk_sum, r->ck_len);
+    r->next_slot = r->ck_first + r->ck_n;
+    r->pos += r->ck_len;
+    r->computed += (uint64_t)r->ck_len;
+    out->computed += r->ck_len;
+}
+
+/* The row's pass reached its end: the router confirms or overturns a guess. Returns 1 when the row
+ * is answered, 0 when it runs again (a misprediction), negative on failure. */
+static int pass_end(squad_engine *e, squad_sched_row *r, squad_err *err) {
+    int decided = r->route;
+    if (r->guessed) {
+        decided = squad_router_route(&e->sp->router, &r->feat, NULL, NULL, err);
+        if (decided < 0) return decided;
+    }
+    if (decided == r->route) {
+        if (r->cached && !r->committed) {
+            int rc = squad_cache_commit(e->cache, e->be, r->seq, &r->row, &r->plan, err);
+            if (rc) return rc;
+            r->committed = 1;
+        }
+        return 1;
+    }
+    /* a misprediction: again with the router's route, in the same slot */
+    if (r->cached) plan_close(e, r, SQUAD_PLAN_RETRY);
+    else e->mispredictions_plain++;
+    int rc = pass_start(e, r, decided, err);
+    return rc ? rc : 0;
+}
+
+/* After the row's chunk ran: its state machine one step on. */
+static void advance(squad_engine *e, squad_sched_row *r) {
+    squad_err err = {0};
+    int rc = 0;
+    take_chunk(e, r);
+    if (r->cached && r->bound < r->plan.n_bounds && r->pos == r->plan.bounds[r->bound]) {
+        rc = squad_cache_save_bound(e->cache, e->be, r->seq, &r->plan, r->bound, e->sp ? &r->feat : NULL, &err);
+        r->bound++;
+        if (!rc && r->bound == r->plan.n_bounds && !r->guessed) { /* at p on a certain route */
+            rc = squad_cache_commit(e->cache, e->be, r->seq, &r->row, &r->plan, &err);
+            r->committed = !rc;
+        }
+    }
+    if (!rc && r->pos == r->row.n_ids) {
+        rc = pass_end(e, r, &err);
+        if (rc == 1) {
+            row_end(e, r, 0, NULL);
+            return;
+        }
+    }
+    if (rc) row_end(e, r, rc, &err);
+}
+
+int squad_sched_step(squad_engine *e, squad_err *err) {
+    squad_sched *s = &e->sched;
+    admit(e);
+    const int n = pack(e);
+    if (n == 0) return squad_sched_pending(s);
+    const int rc = forward(e, n, err);
+    if (rc) { /* the backend failed: every row in flight ends with its error */
+        for (int i = 0; i < s->max_rows; i++)
+            if (s->slots[i]) row_end(e, s->slots[i], rc, err);
+        return rc;
+    }
+    for (int i = 0; i < n; i++) advance(e, s->batch[i]);
+    return squad_sched_pending(s);
+}
+
+/* ---- one row, one span (squad_engine_run_span) ------------------------------------------------ */
+
+int squad_sched_run_span(squad_engine *e, int seq, int route, const squad_row *row, int start, int end,
+                         const squad_score_opts *opts, squad_result *out, squad_err *err) {
+    squad_sched_row *r = squad_calloc(1, sizeof *r, err);
+    if (!r) return SQUAD_E_NOMEM;
+    r->row = *row;
+    if (opts) r->opts = *opts;
+    r->out = out;
+    r->seq = seq;
+    r->route = route; /* and no chunk_sum: no router features */
+    r->pos = start;
+    r->next_slot = first_slot_from(row, start);
+    int rc = 0;
+    while (!rc && r->pos < end) {
+        if (cancelled(r)) {
+            rc = squad_fail(err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", r->pos, row->n_ids);
+            break;
+        }
+        squad_chunk ck;
+        fill_chunk(e, r, min_int(end - r->pos, chunk_cap(e)), &ck);
+        rc = e->be->forward(e->be, &ck, 1, err);
+        if (!rc) take_chunk(e, r);
+    }
+    free(r);
+    return rc;
+}

@@ -1,0 +1,95 @@
+/*
+ * scheduler.h — the engine's batching scheduler (internal): rows taken in by squad_engine_submit
+ * wait in a FIFO queue, run in flight each in a sequence slot of the backend, and advance together
+ * in batched steps. src/scheduler.c's header comment is the design; docs/batching.md the whole
+ * story.
+ */
+#ifndef SQUAD_SCHEDULER_H
+#define SQUAD_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "cache.h"
+#include "specialists.h"
+#include "squad.h"
+
+typedef struct squad_engine squad_engine;
+
+/* One row from submit to done: the caller's request, then its state machine while in flight. */
+typedef struct squad_sched_row {
+    /* the caller's (arrays and *out borrowed until done is called) */
+    squad_row row;
+    squad_score_opts opts; /* zero when the caller gave none */
+    squad_result *out;
+    squad_done_fn done;
+    void *ctx;
+    int forced; /* the route every pass must run with; -1: the router decides */
+
+    /* specialists: the row's router features, grown chunk by chunk, and one chunk's sum */
+    squad_router_feat feat;
+    double *chunk_sum;
+
+    /* in flight */
+    int seq;          /* its sequence slot; -1 while queued */
+    uint64_t order;   /* when it joined the rows in flight (older rows are cut last) */
+    int cached;       /* on the state cache's path (else the plain path) */
+    int plan_open;
+    squad_cache_plan plan; /* the cache's plan of this pass (its address is on the cache's list) */
+    int committed;    /* the plan's checkpoints joined the cache (or it had none to commit) */
+    int route;        /* the route this pass runs with */
+    int guessed;      /* 1 while the route is a guess the router has still to confirm */
+    int pos;          /* the next token to run: the slot holds [0, pos) */
+    int bound;        /* the plan's next bound (the prefix phase while bound < plan.n_bounds) */
+    int next_slot;    /* the row's first answer slot not yet answered */
+    uint64_t computed; /* tokens run over every pass (the cache's row count) */
+    int skipped;      /* consecutive steps the token budget gave it nothing */
+
+    /* this step's chunk: its length and the row's slots it answers */
+    int ck_len, ck_first, ck_n;
+    float probs[SQUAD_MAX_SLOTS_PER_ROW][SQUAD_MAX_LETTERS];
+    squad_slot_vocab vocab[SQUAD_MAX_SLOTS_PER_ROW];
+
+    struct squad_sched_row *next; /* the queue */
+} squad_sched_row;
+
+typedef struct squad_sched {
+    int max_rows;     /* rows in flight at once: min(max_rows option, the backend's slots) */
+    int batch_tokens; /* tokens one step runs, all its chunks together; the longest chunk is the
+                       * smaller of it and the backend's max_chunk */
+    squad_sched_row **slots; /* [max_rows]: the row in each sequence slot, NULL when free */
+    int n_flight;
+    squad_sched_row *queue_head, *queue_tail;
+    int n_queued;
+    uint64_t joined; /* rows that have joined the rows in flight (their order) */
+    /* one step's scratch, [max_rows] each */
+    squad_sched_row **batch;
+    squad_chunk *chunks;
+    squad_chunk *sub; /* one route's chunks when a backend cannot mix routes */
+    int *want, *got;  /* each candidate's wanted and granted tokens */
+    unsigned char *routed; /* chunks already run, when they run one route at a time */
+} squad_sched;
+
+/* The scheduler of an engine whose backend is be: opts->max_rows and opts->batch_tokens (0: the
+ * backend's; more than it has: what it has; negative: refused). */
+int squad_sched_init(squad_sched *s, const squad_backend *be, const squad_engine_opts *opts, squad_err *err);
+/* Drops every row still taken in (their plans abandoned, done not called) and the scratch. */
+void squad_sched_free(squad_engine *e);
+
+/* A row for the queue (validated by the caller): NULL and err when memory is short. */
+squad_sched_row *squad_sched_row_new(squad_engine *e, const squad_row *row, const squad_score_opts *opts,
+                                     squad_result *out, squad_done_fn done, void *ctx, squad_err *err);
+void squad_sched_enqueue(squad_engine *e, squad_sched_row *r);
+
+/* One batched step (squad_engine_step's contract). */
+int squad_sched_step(squad_engine *e, squad_err *err);
+int squad_sched_pending(const squad_sched *s);
+
+/* Runs row->ids[start, end) on sequence slot `seq` in chunks of at most the longest chunk with
+ * `route` (no router features), answering the row's slots in the span into out; polls opts'
+ * cancel callback and asks for the vocabulary figures as opts says (opts may be NULL). The
+ * one-row span runner of squad_engine_run_span. */
+int squad_sched_run_span(squad_engine *e, int seq, int route, const squad_row *row, int start, int end,
+                         const squad_score_opts *opts, squad_result *out, squad_err *err);
+
+#endif /* SQUAD_SCHEDULER_H */
