@@ -14,11 +14,11 @@
  * [0, start + len) (save_kv concatenating the blob's positions and the slot's own), and the first
  * chunk's residual stream (squad_cpu_backend_hidden).
  *
- * Exactness. The packed GEMM sums each output in one order for any number of rows; a GEMM of at
- * most 4 rows takes the DOT form (a GEMV), which sums in another. So a chunk must equal its
- * reference bit for bit when it and its reference took the same form (both more than 4 rows in
- * their forward, or both at most 4), for the chunk and for its prefix; otherwise the two differ by
- * fp32 round-off: probabilities within TOL_CPU_EXACT_CHUNKED (exact) or TOL_CPU_BF16_EXACT (bf16).
+ * Exactness: every comparison is bit for bit, in both precisions. The backend gives each token the
+ * arithmetic it gets alone: the packed GEMM sums each output in one order for any number of rows,
+ * and chunks of at most CPU_GEMM_DOT_MAX_T tokens (which alone take the GEMM's DOT form) take that
+ * form inside a batch too; so the random batches include such chunks, alone and mixed with long
+ * ones.
  *
  * Also: specialists chunks of different routes (and the trunk) in one batch against each alone
  * (probabilities, states, router sums); a chunk starting before the end of the positions its slot
@@ -39,6 +39,7 @@
 #include <time.h>
 
 #include "backend.h"
+#include "cpu/gemm.h"
 #include "model.h"
 #include "specialists.h"
 #include "specialists_synth.h"
@@ -189,14 +190,10 @@ static int restore(squad_backend *be, int seq, const state *s) {
     return rc;
 }
 
-/* The GEMMs of a forward of T rows take the DOT form when T <= 4 (gemm.c's DOT_MAX_T). */
-static int same_gemm_form(int t_alone, int t_batch) { return (t_alone <= 4) == (t_batch <= 4); }
-
-/* Compares chunk t of a batch (probs, vocab, the slot's state) with the chunk alone. bitwise:
- * identical expected; otherwise within tol. */
+/* Compares chunk t of a batch (probs, vocab, router sum, the slot's state; the residual stream when
+ * it is the batch's first chunk) with the chunk alone: identical. */
 static void compare_alone(const squad_model *m, squad_precision prec, const squad_specialists *sp, squad_backend *batch,
-                          test_chunk *t, int bitwise, int first, const float *hidden_first) {
-    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_CPU_EXACT_CHUNKED : TOL_CPU_BF16_EXACT;
+                          test_chunk *t, int first, const float *hidden_first) {
     squad_backend *be = new_backend(m, prec, sp);
     if (!be) return;
     squad_err err = {0};
@@ -216,31 +213,22 @@ static void compare_alone(const squad_model *m, squad_precision prec, const squa
         double worst = 0;
         for (int i = 0; i < ck->n_slots * SQUAD_MAX_LETTERS; i++)
             worst = fmax(worst, fabs((double)t->probs[i] - alone.probs[i]));
-        if (bitwise) {
-            CHECKF(memcmp(t->probs, alone.probs, sizeof(float) * (size_t)ck->n_slots * SQUAD_MAX_LETTERS) == 0,
-                   "chunk [%d, %d) on slot %d: probabilities differ from alone by %g", t->start, end, t->seq, worst);
-            CHECKF(state_equal(be, &sa, &sb), "chunk [%d, %d) on slot %d: state differs from alone by %g", t->start,
-                   end, t->seq, state_diff(be, &sa, &sb));
-            for (int s = 0; ck->vocab && s < ck->n_slots; s++)
-                CHECK(memcmp(&t->vocab[s], &alone.vocab[s], sizeof(squad_slot_vocab)) == 0);
-            if (ck->router_sum)
-                CHECK(memcmp(t->router, alone.router, sizeof(double) * (size_t)m->cfg.hidden_size) == 0);
-            if (first) {
-                float h[1024];
-                int differ = 0;
-                for (int q = 0; q < t->len && !differ; q++)
-                    differ = squad_cpu_backend_hidden(be, q, h, &err) != 0 ||
-                             memcmp(h, hidden_first + (size_t)q * m->cfg.hidden_size,
-                                    sizeof(float) * (size_t)m->cfg.hidden_size) != 0;
-                CHECKF(!differ, "the first chunk's residual stream differs from alone");
-            }
-        } else {
-            CHECKF(worst <= tol, "chunk [%d, %d) on slot %d (another GEMM form): %g from alone", t->start, end, t->seq,
-                   worst);
-            for (int s = 0; ck->vocab && s < ck->n_slots; s++) {
-                CHECK(fabs(t->vocab[s].vocab_lse - alone.vocab[s].vocab_lse) <=
-                      TOL_VOCAB_EXACT_CHUNKED * fabs(alone.vocab[s].vocab_lse) + 1e-6);
-            }
+        CHECKF(memcmp(t->probs, alone.probs, sizeof(float) * (size_t)ck->n_slots * SQUAD_MAX_LETTERS) == 0,
+               "chunk [%d, %d) on slot %d: probabilities differ from alone by %g", t->start, end, t->seq, worst);
+        CHECKF(state_equal(be, &sa, &sb), "chunk [%d, %d) on slot %d: state differs from alone by %g", t->start,
+               end, t->seq, state_diff(be, &sa, &sb));
+        for (int s = 0; ck->vocab && s < ck->n_slots; s++)
+            CHECK(memcmp(&t->vocab[s], &alone.vocab[s], sizeof(squad_slot_vocab)) == 0);
+        if (ck->router_sum)
+            CHECK(memcmp(t->router, alone.router, sizeof(double) * (size_t)m->cfg.hidden_size) == 0);
+        if (first) {
+            float h[1024];
+            int differ = 0;
+            for (int q = 0; q < t->len && !differ; q++)
+                differ = squad_cpu_backend_hidden(be, q, h, &err) != 0 ||
+                         memcmp(h, hidden_first + (size_t)q * m->cfg.hidden_size,
+                                sizeof(float) * (size_t)m->cfg.hidden_size) != 0;
+            CHECKF(!differ, "the first chunk's residual stream differs from alone");
         }
     }
     state_free(&sa);
@@ -332,17 +320,16 @@ static void random_round(const squad_model *m, squad_precision prec, int round) 
     for (int q = 0; !rc && hidden && q < tc[0].len; q++) rc = squad_cpu_backend_hidden(be, q, hidden + (size_t)q * H, &err);
     CHECK(rc == 0);
     if (doc_copy) CHECK(memcmp(doc_copy, doc_state.kv, be->kv_bytes_per_pos * (size_t)doc_len) == 0); /* only read */
-    int bitwise_all = 1;
+    int n_short = 0;
     for (int i = 0; !rc && i < n; i++) {
-        test_chunk *t = &tc[i];
-        const int bitwise = same_gemm_form(t->len, T) && (t->how != PREFIX_COMPUTED || same_gemm_form(t->start, t_pre));
-        bitwise_all &= bitwise;
-        compare_alone(m, prec, NULL, be, t, bitwise, i == 0, hidden);
+        n_short += tc[i].len <= CPU_GEMM_DOT_MAX_T;
+        compare_alone(m, prec, NULL, be, &tc[i], i == 0, hidden);
     }
     if (n_shared) CHECK(memcmp(doc_copy, doc_state.kv, be->kv_bytes_per_pos * (size_t)doc_len) == 0);
-    printf("  round %2d (%s): %d chunks, %4d tokens, %d computed prefixes, %d readers of one blob%s\n", round,
-           prec == SQUAD_PRECISION_EXACT ? "exact" : "bf16", n, T, n_pre, n_shared,
-           bitwise_all ? ", every chunk bit for bit" : ", some chunks to round-off (GEMM form)");
+    printf("  round %2d (%s): %d chunks (%d of at most %d tokens), %4d tokens, %d prefixes computed in a batch of "
+           "%d tokens, %d readers of one blob\n",
+           round, prec == SQUAD_PRECISION_EXACT ? "exact" : "bf16", n, n_short, CPU_GEMM_DOT_MAX_T, T, n_pre, t_pre,
+           n_shared);
     free(hidden);
     for (int i = 0; i < n; i++) {
         free(tc[i].ids);
@@ -581,7 +568,7 @@ static void mixed_routes(void) {
         float *hidden = malloc(sizeof(float) * (size_t)m->cfg.hidden_size * (size_t)tc[0].len);
         for (int q = 0; !rc && q < tc[0].len; q++)
             rc = squad_cpu_backend_hidden(be, q, hidden + (size_t)q * m->cfg.hidden_size, &err);
-        for (int i = 0; !rc && i < n; i++) compare_alone(m, SQUAD_PRECISION_EXACT, sp, be, &tc[i], 1, i == 0, hidden);
+        for (int i = 0; !rc && i < n; i++) compare_alone(m, SQUAD_PRECISION_EXACT, sp, be, &tc[i], i == 0, hidden);
         /* the routes did matter: route 1's chunk differs from the same chunk on the trunk */
         printf("  specialists: %d chunks of routes 0..%d in one batch, each equal to it alone\n", n,
                sp->router.n_labels - 1);

@@ -29,9 +29,9 @@
  * ops (norms, gates, SiLU, RoPE at each token's own position) are spread over the pool in blocks
  * of tokens. Every token's arithmetic is the same whatever else is in the batch: the packed GEMM
  * sums each output in one fixed order for any T, the per-chunk ops see only their chunk, and the
- * per-token ops work row by row; so a chunk's answers and new state equal those of the chunk run
- * alone bit for bit, except where a GEMM of at most CPU_GEMM_DOT_MAX_T rows takes the DOT path
- * (see layer_gemm).
+ * per-token ops work row by row; chunks of at most CPU_GEMM_DOT_MAX_T tokens, which alone take
+ * the GEMM's DOT form, are packed last and take it in the batch too (layer_gemm). So a chunk's
+ * answers and new state equal those of the chunk run alone bit for bit, in both precisions.
  *
  * The delta rule runs token by token (op_delta_rule): its result does not depend on where chunks
  * start, so any split of a row gives bit-for-bit the same state; the blocked WY form
@@ -132,17 +132,19 @@ typedef struct cpu_backend {
     long attn_scratch_floats;
     /* scratch, [max_batch_tokens] rows each */
     float *h, *x, *qkv, *conv_out, *z, *gate_a, *gate_b, *g, *beta, *o, *qg, *kk, *vv, *att, *mlp_gate, *mlp_up;
-    int *pos; /* [max_batch_tokens]: each row's absolute position in its row */
+    int *pos;          /* [max_batch_tokens]: each row's absolute position in its row */
+    int *chunk_of_row; /* [max_batch_tokens]: the chunk each row belongs to */
     /* the running batch: its chunks, each one's first row, slot and (for the running layer) adapter;
      * first_task: per chunk, its first task of the running per-chunk pool job (prefix sums) */
     const squad_chunk *ck;
     int n_chunks, T;
+    int T_long; /* rows of the chunks longer than CPU_GEMM_DOT_MAX_T (packed first) */
     int *off;
     cpu_seq **cseq;
     const squad_adapter **lora;
     int *first_task;
     int lora_layer;
-    int last_len; /* tokens of the first chunk of the last batch (rows [0, last_len) of h) */
+    int last_off, last_len; /* the first chunk of the last batch: rows [last_off, + last_len) of h */
     /* the full-vocabulary pass: normed slot rows [CPU_VOCAB_ROWS][H], one step's logits
      * [CPU_VOCAB_ROWS][CPU_VOCAB_BLOCK], the reduction tasks' results */
     float *vocab_xn, *vocab_z;
@@ -415,7 +417,7 @@ static void row_task_run(void *ctx, int task, int n_tasks) {
     switch (j->op) {
     case ROW_EMBED:
         for (int t = t0; t < t1; t++) {
-            const int i = chunk_of_task(c, t); /* first_task holds the chunks' first rows here */
+            const int i = c->chunk_of_row[t];
             const uint16_t *e = c->m->embed.w + (long)c->ck[i].ids[t - c->off[i]] * H;
             float *hr = c->h + (long)t * H;
             for (int k = 0; k < H; k++) hr[k] = squad_bf16_to_f32(e[k]);
@@ -463,11 +465,17 @@ static void rows_run(cpu_backend *c, row_op op, const squad_layer_weights *L) {
 /* ---- projections ----------------------------------------------------------------------------- */
 
 /* A layer GEMM over all the batch's rows. The packed algorithm sums each output in the same order
- * for any T, the DOT form (T <= 4, a GEMV: W streamed once) in another; AUTO picks by T, so a
- * batch's tokens equal the same tokens run alone bit for bit when both sides have more than 4 rows
- * (and to fp32 round-off, ~1e-7 relative, otherwise). */
+ * for any T, the DOT form (T <= CPU_GEMM_DOT_MAX_T: a GEMV, W streamed once) in another; a chunk
+ * that short alone takes the DOT form, so the batch packs such chunks last (rows [T_long, T)) and
+ * runs them through the DOT form on their own: every chunk then gets the arithmetic it gets alone,
+ * bit for bit, for one more pass over W when the batch mixes short and long chunks. */
 static void layer_gemm(cpu_backend *c, float *y, const float *x, const squad_mat *W, int accumulate) {
-    cpu_gemm_bf16(c->pool, y, x, W->w, c->T, W->rows, W->cols, accumulate, c->prec);
+    const int N = W->rows, K = W->cols, tail = c->T - c->T_long;
+    if (c->T_long)
+        cpu_gemm_bf16_algo(c->pool, y, x, W->w, c->T_long, N, K, accumulate, c->prec, CPU_GEMM_ALGO_AUTO);
+    if (tail)
+        cpu_gemm_bf16_algo(c->pool, y + (size_t)c->T_long * N, x + (size_t)c->T_long * K, W->w, tail, N, K, accumulate,
+                           c->prec, CPU_GEMM_ALGO_DOT);
 }
 
 typedef struct lora_job {
@@ -723,15 +731,15 @@ static void vocab_figures(cpu_backend *c) {
     if (n) vocab_pass(c, n, out);
 }
 
-/* t indexes the tokens of the first chunk of the last batch: they are rows [0, len) of the packed
- * token dimension. */
+/* t indexes the tokens of the first chunk of the last batch (chunks[0], whatever rows of the packed
+ * token dimension it took). */
 int squad_cpu_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err) {
     if (!be || !be->name || strcmp(be->name, "cpu") != 0)
         return squad_fail(err, SQUAD_E_INVALID, "not a CPU backend");
     const cpu_backend *c = (const cpu_backend *)be;
     if (t < 0 || t >= c->last_len) return squad_fail(err, SQUAD_E_INVALID, "token %d is outside the last chunk", t);
     const int H = c->m->cfg.hidden_size;
-    memcpy(out, c->h + (long)t * H, sizeof(float) * (size_t)H);
+    memcpy(out, c->h + (long)(c->last_off + t) * H, sizeof(float) * (size_t)H);
     return 0;
 }
 
@@ -792,11 +800,6 @@ static int prepare_slots(cpu_backend *c, squad_err *err) {
     return 0;
 }
 
-static int first_row_count(const cpu_backend *c, int i, const void *arg) {
-    (void)arg;
-    return c->ck[i].len;
-}
-
 /* A batch: validated as a whole (each chunk, distinct slots, the token budget), then run packed. */
 static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
     cpu_backend *c = impl_of(be);
@@ -822,13 +825,18 @@ static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunk
     c->T = (int)tokens;
     int rc = prepare_slots(c, err);
     if (rc) return rc;
-    for (int i = 0, r = 0; i < n_chunks; i++) {
-        c->off[i] = r;
-        for (int t = 0; t < chunks[i].len; t++) c->pos[r + t] = chunks[i].start + t;
-        r += chunks[i].len;
+    /* the token dimension: chunks longer than CPU_GEMM_DOT_MAX_T first, then the short ones */
+    int r = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) c->T_long = r;
+        for (int i = 0; i < n_chunks; i++) {
+            if ((chunks[i].len > CPU_GEMM_DOT_MAX_T) != (pass == 0)) continue;
+            c->off[i] = r;
+            for (int t = 0; t < chunks[i].len; t++) c->pos[r + t] = chunks[i].start + t, c->chunk_of_row[r + t] = i;
+            r += chunks[i].len;
+        }
     }
 
-    chunk_tasks(c, first_row_count, NULL); /* ROW_EMBED maps rows to chunks through first_task */
     rows_run(c, ROW_EMBED, NULL);
     const squad_specialists *sp = c->sp;
     for (int l = 0; l < cfg->num_layers; l++) {
@@ -858,6 +866,7 @@ static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunk
                             m->final_norm, cfg->rms_eps, m->lm_head.w, H, ck->letters, ck->n_letters, ck->nopts[s]);
         c->cseq[i]->n_pos = ck->start + ck->len;
     }
+    c->last_off = c->off[0];
     c->last_len = chunks[0].len;
     vocab_figures(c);
     return 0;
@@ -884,6 +893,7 @@ static void cpu_destroy(squad_backend *be) {
     free(c->conv_kc);
     free(c->inv_freq);
     free(c->pos);
+    free(c->chunk_of_row);
     free(c->off);
     free(c->cseq);
     free(c->lora);
@@ -968,8 +978,9 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     c->lora = squad_calloc((size_t)seqs, sizeof(squad_adapter *), err);
     c->first_task = squad_calloc((size_t)seqs + 1, sizeof(int), err);
     c->pos = squad_calloc((size_t)rows, sizeof(int), err);
+    c->chunk_of_row = squad_calloc((size_t)rows, sizeof(int), err);
     c->inv_freq = squad_calloc((size_t)cfg->rotary_dim / 2 + 1, sizeof(float), err);
-    if (!c->seqs || !c->off || !c->cseq || !c->lora || !c->first_task || !c->pos || !c->inv_freq) goto fail;
+    if (!c->seqs || !c->off || !c->cseq || !c->lora || !c->first_task || !c->pos || !c->chunk_of_row || !c->inv_freq) goto fail;
     op_rope_inv_freq(c->inv_freq, cfg->rope_theta, cfg->rotary_dim);
     c->attn_scratch_floats = op_attention_scratch_floats(cfg->num_heads, cfg->num_kv_heads, cfg->head_dim,
                                                          CPU_ATTN_QUERY_BLOCK);
