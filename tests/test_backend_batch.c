@@ -28,7 +28,8 @@
  *
  * `test_backend_batch --bench MODEL_DIR [--threads N] [--reps R] [--precision bf16|exact]` times
  * batches of 1 / 4 / 8 hits of 128 tokens on one cached 4096-token state (restore + forward;
- * medians, wall and CPU time), against the same hits one at a time (bench/RESULTS.md).
+ * medians, wall and CPU time), against the same hits one at a time (bench/RESULTS.md); --batch-tokens
+ * caps the tokens of one forward (default: the backend's max_batch_tokens).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -609,7 +610,7 @@ static double median(double *v, int n) {
  * most max_batch_tokens (batched) or one forward each (one at a time). Seconds into *wall, *cpu
  * (CPU time per thread), *restore (wall of the restores). */
 static int bench_hits(squad_backend *be, const state *st, const int32_t *q_ids, int n, int q, int batched, int threads,
-                      double *wall, double *cpu, double *restore_s) {
+                      int batch_tokens, double *wall, double *cpu, double *restore_s) {
     squad_err err = {0};
     const double w0 = wall_now(), c0 = cpu_now();
     int rc = 0;
@@ -634,7 +635,7 @@ static int bench_hits(squad_backend *be, const state *st, const int32_t *q_ids, 
         ck[i].n_letters = N_LETTERS;
         ck[i].probs = probs[i];
     }
-    const int per = batched ? be->max_batch_tokens / q : 1;
+    const int per = batched ? batch_tokens / q : 1;
     for (int i = 0; i < n && !rc; i += per) rc = be->forward(be, ck + i, n - i < per ? n - i : per, &err);
     *wall = wall_now() - w0;
     *cpu = (cpu_now() - c0) / threads;
@@ -644,18 +645,20 @@ static int bench_hits(squad_backend *be, const state *st, const int32_t *q_ids, 
 
 static int bench_main(int argc, char **argv) {
     const char *dir = NULL;
-    int threads = 2, reps = 3, state_len = 4096, q = 128;
+    int threads = 2, reps = 3, state_len = 4096, q = 128, batch_tokens = 0;
     squad_precision prec = SQUAD_PRECISION_BF16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bench") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--state") && i + 1 < argc) state_len = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch-tokens") && i + 1 < argc) batch_tokens = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc)
             prec = !strcmp(argv[++i], "exact") ? SQUAD_PRECISION_EXACT : SQUAD_PRECISION_BF16;
     }
     if (!dir || reps < 1 || reps > 64) {
-        fprintf(stderr, "usage: test_backend_batch --bench MODEL_DIR [--threads N] [--reps R] [--state N] [--precision bf16|exact]\n");
+        fprintf(stderr, "usage: test_backend_batch --bench MODEL_DIR [--threads N] [--reps R] [--state N] "
+                        "[--precision bf16|exact] [--batch-tokens N]\n");
         return 2;
     }
     squad_err err = {0};
@@ -673,6 +676,8 @@ static int bench_main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
+    if (batch_tokens <= 0 || batch_tokens > be->max_batch_tokens) batch_tokens = be->max_batch_tokens;
+    if (batch_tokens < q) batch_tokens = q;
     const int V = m->cfg.vocab_size;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(state_len + 8 * q));
     for (int i = 0; i < state_len + 8 * q; i++) ids[i] = rnd(V);
@@ -693,7 +698,7 @@ static int bench_main(int argc, char **argv) {
     }
     printf("{\"state\": %d, \"state_s\": %.1f, \"threads\": %d, \"precision\": \"%s\", \"max_batch_tokens\": %d, "
            "\"kv_bytes_per_pos\": %zu}\n",
-           state_len, wall_now() - t0, threads, prec == SQUAD_PRECISION_EXACT ? "exact" : "bf16", be->max_batch_tokens,
+           state_len, wall_now() - t0, threads, prec == SQUAD_PRECISION_EXACT ? "exact" : "bf16", batch_tokens,
            be->kv_bytes_per_pos);
     const int counts[3] = {1, 4, 8};
     for (int k = 0; k < 3 && !rc; k++) {
@@ -701,9 +706,10 @@ static int bench_main(int argc, char **argv) {
         for (int batched = 1; batched >= (n > 1 ? 0 : 1) && !rc; batched--) {
             double wall[64], cpu[64], rest[64];
             double w, c, r;
-            rc = bench_hits(be, &st, ids + state_len, n, q, batched, threads, &w, &c, &r); /* warm-up */
+            rc = bench_hits(be, &st, ids + state_len, n, q, batched, threads, batch_tokens, &w, &c, &r); /* warm-up */
             for (int i = 0; i < reps && !rc; i++)
-                rc = bench_hits(be, &st, ids + state_len, n, q, batched, threads, &wall[i], &cpu[i], &rest[i]);
+                rc = bench_hits(be, &st, ids + state_len, n, q, batched, threads, batch_tokens, &wall[i], &cpu[i],
+                                &rest[i]);
             if (rc) break;
             const double mw = median(wall, reps), mc = median(cpu, reps), mr = median(rest, reps);
             printf("{\"hits\": %d, \"question\": %d, \"mode\": \"%s\", \"median_wall_ms\": %.1f, "
