@@ -41,7 +41,7 @@
 
 /* T at or below which AUTO takes the DOT path: W is streamed once either way, and the packed path
  * would pad the x tile (measured: the two meet near T = 4). */
-#define DOT_MAX_T 4
+#define DOT_MAX_T CPU_GEMM_DOT_MAX_T
 /* W rows one DOT kernel call handles: their partial sums share each load of x. */
 #define DOT_ROWS 4
 /* W rows per DOT task (a multiple of DOT_ROWS): K x 64 rows x 2 bytes stays in L2 across all t. */

@@ -40,6 +40,11 @@ int cpu_gemm_reserve(cpu_pool *pool, int max_T, int max_K, squad_err *err);
 /* The test oracle: plain loops with double accumulation (x in fp32 as given: the EXACT result). */
 void cpu_gemm_bf16_ref(float *y, const float *x, const uint16_t *W, int T, int N, int K, int accumulate);
 
+/* AUTO takes the DOT form for T at or below this, the packed one above. The two sum each output in
+ * different orders; within one form an output's arithmetic does not depend on T (nor on the other
+ * rows), which is what lets the backend batch rows and keep every row's result bit for bit. */
+#define CPU_GEMM_DOT_MAX_T 4
+
 /* Which algorithm a call uses; AUTO picks by shape. Tests and benchmarks force the others. */
 typedef enum cpu_gemm_algo {
     CPU_GEMM_ALGO_AUTO = 0,

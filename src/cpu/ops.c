@@ -556,9 +556,8 @@ long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens) {
     return rows * hd + rows * OP_ATTN_KEY_TILE + 2 * rows;
 }
 
-OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
-                                     const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
-                                     float *scratch) {
+OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, int q_head_stride, const op_kv *kv,
+                                     int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch) {
     int group = nh / nkv, kv_stride = nkv * hd;
     int rows = (t1 - t0) * group;
     float scale = 1.0f / sqrtf((float)hd);
@@ -571,6 +570,8 @@ OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, 
     int end = pos0 + t1; /* keys the last query sees */
     for (int k0 = 0; k0 < end; k0 += OP_ATTN_KEY_TILE) {
         int k1 = k0 + OP_ATTN_KEY_TILE < end ? k0 + OP_ATTN_KEY_TILE : end;
+        /* the tile's first key and value (a tile lies in one piece of kv) */
+        const float *Kt = op_kv_keys(kv, k0, kv_stride), *Vt = op_kv_values(kv, k0, kv_stride);
         for (int r = 0; r < rows; r++) {
             int t = t0 + r / group, j = kvh * group + r % group;
             int n_keys = pos0 + t + 1; /* causal: keys [0, pos0 + t] */
@@ -580,7 +581,7 @@ OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, 
             float *s_r = sc + (long)r * OP_ATTN_KEY_TILE;
             float tile_max = -INFINITY;
             for (int p = k0; p < kend; p++) {
-                float d = vdot(qr, K + (long)p * kv_stride + (long)kvh * hd, hd) * scale;
+                float d = vdot(qr, Kt + (long)(p - k0) * kv_stride + (long)kvh * hd, hd) * scale;
                 s_r[p - k0] = d;
                 if (d > tile_max) tile_max = d;
             }
@@ -594,7 +595,7 @@ OPS_HOT static void attention_group_c(float *out, const float *q, int q_stride, 
             for (int p = k0; p < kend; p++) {
                 float e = expf(s_r[p - k0] - m_new);
                 den[r] += e;
-                const float *vp = V + (long)p * kv_stride + (long)kvh * hd;
+                const float *vp = Vt + (long)(p - k0) * kv_stride + (long)kvh * hd;
                 for (int i = 0; i < hd; i++) a[i] += e * vp[i];
             }
             mx[r] = m_new;
@@ -721,9 +722,8 @@ OPS_AVX2 static void attn_transpose_keys(float *kt, const float *K, long kv_stri
     }
 }
 
-OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stride, int q_head_stride, const float *K,
-                                          const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
-                                          float *scratch) {
+OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stride, int q_head_stride, const op_kv *kv,
+                                          int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch) {
     int group = nh / nkv, kv_stride = nkv * hd;
     int rows = (t1 - t0) * group;
     float scale = 1.0f / sqrtf((float)hd);
@@ -738,17 +738,19 @@ OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stri
         den[r] = 0.0f;
     }
     memset(acc, 0, sizeof(float) * (size_t)rows * (size_t)hd);
-    const float *Kh = K + (long)kvh * hd, *Vh = V + (long)kvh * hd;
     int end = pos0 + t1;
     for (int k0 = 0; k0 < end; k0 += OP_ATTN_KEY_TILE) {
         int k1 = k0 + OP_ATTN_KEY_TILE < end ? k0 + OP_ATTN_KEY_TILE : end;
+        /* the tile's first key and value of this kv head (a tile lies in one piece of kv) */
+        const float *Kt = op_kv_keys(kv, k0, kv_stride) + (long)kvh * hd;
+        const float *Vt = op_kv_values(kv, k0, kv_stride) + (long)kvh * hd;
         int first_row = 0; /* rows before it see no key of this tile (causal) */
         while (first_row < rows && pos0 + t0 + first_row / group + 1 <= k0) first_row++;
         int ntile = k1 - k0, nsub = (ntile + ATTN_SUB - 1) / ATTN_SUB * ATTN_SUB;
         /* 1. scores for every row of the task that sees the tile */
         for (int c0 = 0; c0 < ntile; c0 += ATTN_SUB) {
             int n = ntile - c0 < ATTN_SUB ? ntile - c0 : ATTN_SUB;
-            attn_transpose_keys(kt, Kh + (long)(k0 + c0) * kv_stride, kv_stride, n, hd);
+            attn_transpose_keys(kt, Kt + (long)c0 * kv_stride, kv_stride, n, hd);
             for (int r0 = first_row; r0 < rows; r0 += ATTN_MR) {
                 float *s0 = sc + (long)r0 * OP_ATTN_KEY_TILE + c0;
                 for (int m = 0; m < ATTN_MR; m++) {
@@ -803,7 +805,7 @@ OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stri
                 }
                 if (r0 + ATTN_MR > rows) memcpy(dummy, acc + (long)r0 * hd + d0, sizeof dummy);
                 /* ntile, not nsub: V past the tile's end may not exist */
-                attn_pv_6x16(arow, prow, Vh + (long)k0 * kv_stride + d0, kv_stride, ntile);
+                attn_pv_6x16(arow, prow, Vt + d0, kv_stride, ntile);
             }
         }
     }
@@ -817,17 +819,29 @@ OPS_AVX2 static void attention_group_avx2(float *out, const float *q, int q_stri
 }
 #endif
 
-void op_attention_group_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride, const float *K,
-                            const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
-                            float *scratch) {
+void op_attention_group_kv_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride,
+                               const op_kv *kv, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                               float *scratch) {
 #if OPS_X86
     if (isa == CPU_ISA_AVX2 && hd % 16 == 0 && hd <= ATTN_MAX_HD) {
-        attention_group_avx2(out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+        attention_group_avx2(out, q, q_stride, q_head_stride, kv, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
         return;
     }
 #endif
     (void)isa;
-    attention_group_c(out, q, q_stride, q_head_stride, K, V, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+    attention_group_c(out, q, q_stride, q_head_stride, kv, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+}
+
+void op_attention_group_kv(float *out, const float *q, int q_stride, int q_head_stride, const op_kv *kv, int pos0,
+                           int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch) {
+    op_attention_group_kv_isa(ops_isa(), out, q, q_stride, q_head_stride, kv, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
+}
+
+void op_attention_group_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride, const float *K,
+                            const float *V, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                            float *scratch) {
+    const op_kv kv = {NULL, NULL, 0, K, V};
+    op_attention_group_kv_isa(isa, out, q, q_stride, q_head_stride, &kv, pos0, nh, nkv, hd, kvh, t0, t1, scratch);
 }
 
 void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,

@@ -81,6 +81,27 @@ void op_attention(float *out, const float *q, int q_stride, int q_head_stride, c
 void op_attention_group(float *out, const float *q, int q_stride, int q_head_stride, const float *K, const float *V,
                         int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch);
 long op_attention_scratch_floats(int nh, int nkv, int hd, int max_tokens);
+/* K / V of one attention layer in two pieces: positions [0, split) are rows of K0 / V0 (a restored
+ * checkpoint read in place), positions from split on rows of K1 / V1 counted from split (the
+ * slot's own K / V). split is a multiple of OP_ATTN_KEY_TILE, so every key tile lies in one piece
+ * and a query's arithmetic is the same as over one contiguous K / V. Rows are nkv hd floats. */
+typedef struct op_kv {
+    const float *K0, *V0;
+    int split;
+    const float *K1, *V1;
+} op_kv;
+static inline const float *op_kv_keys(const op_kv *kv, int pos, int row) {
+    return pos < kv->split ? kv->K0 + (long)pos * row : kv->K1 + (long)(pos - kv->split) * row;
+}
+static inline const float *op_kv_values(const op_kv *kv, int pos, int row) {
+    return pos < kv->split ? kv->V0 + (long)pos * row : kv->V1 + (long)(pos - kv->split) * row;
+}
+/* op_attention_group over K / V in two pieces (the same results as over their concatenation). */
+void op_attention_group_kv(float *out, const float *q, int q_stride, int q_head_stride, const op_kv *kv, int pos0,
+                           int nh, int nkv, int hd, int kvh, int t0, int t1, float *scratch);
+void op_attention_group_kv_isa(cpu_isa isa, float *out, const float *q, int q_stride, int q_head_stride,
+                               const op_kv *kv, int pos0, int nh, int nkv, int hd, int kvh, int t0, int t1,
+                               float *scratch);
 /* op_attention_group at a given level (tests): CPU_ISA_AVX2 takes the register-blocked kernels
  * (hd a multiple of 16, <= 512), every other level the portable loops. op_attention_group uses
  * the CPU's level lowered by SQUAD_CPU_ISA. */
