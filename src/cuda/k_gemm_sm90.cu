@@ -47,10 +47,10 @@
 #define SM90_SMEM_BUDGET (200 * 1024) /* of the 227 KB a block may have */
 #define SM90_MAX_STAGES 8
 #define SM90_ALIGN 1024     /* the 128-byte swizzle repeats every 8 rows: tiles start on 1024 bytes */
-#define SM90_SPLITS_MAX 8
+#define SM90_SPLITS_MAX 16
 #define SM90_MIN_KB_PER_SPLIT 2 /* a K slice shorter than this spends more on its epilogue than it saves */
 #define SM90_SMS_GUESS 132      /* blocks that fill an H100 / H200 (the candidates' split limit only) */
-static const int SM90_SPLIT_CHOICES[] = {1, 2, 3, 4, 6, 8};
+static const int SM90_SPLIT_CHOICES[] = {1, 2, 3, 4, 6, 8, 12, 16};
 #define SM90_N_SPLIT_CHOICES ((int)(sizeof SM90_SPLIT_CHOICES / sizeof SM90_SPLIT_CHOICES[0]))
 
 template <int WG, int NT>
