@@ -11,6 +11,8 @@
  * untouched, and inside it where the bf16 epilogue must write every element (NaN fails the check).
  * The reference accumulates in float64 and is computed once per (shape, M) for both epilogues.
  *
+ * Also: the plan file round trip of an sm_90a choice beside a cuBLASLt one.
+ *
  * Run: gpu_test_gemm (from the build folder; exits 77 without a GPU). SQUAD_GPU_TEST_QUICK=1 (the
  * sanitizer runs): M = 7 and 100 only, no timing. SQUAD_GEMM_TEST_TIME=0: no timing. On a GPU without
  * the sm_90a kernel (any compute capability but 9.0) only the cuBLASLt cases run, and it says so.
@@ -193,6 +195,31 @@ static void time_shapes(squad_gemm_test *t) {
     }
 }
 
+/* The plan file keeps an sm_90a choice beside a cuBLASLt one, the latter in the form older files
+ * have (5 numbers and 8 hex words), so files written before the kernel existed still read. */
+static void test_plan_file(void) {
+    char path[512], why[256] = "";
+    snprintf(path, sizeof path, "%s/gemm-plans.txt", test_tmpdir());
+    setenv("SQUAD_GEMM_PLANS", path, 1);
+    CHECKF(squad_gemm_test_plan_file(why, sizeof why) == 0, "plan file: %s", why);
+    unsetenv("SQUAD_GEMM_PLANS");
+    int n = 0, old_form = 0, sm90 = 0;
+    char **lines = test_read_lines(path, &n);
+    CHECKF(n == 3, "plan file: %d lines, want a header and 2 records", n);
+    for (int i = 1; i < n; i++) {
+        int tokens = 0, in = 0;
+        for (const char *c = lines[i]; *c; c++) {
+            const int sp = *c == ' ' || *c == '\n';
+            if (!sp && !in) tokens++;
+            in = !sp;
+        }
+        if (tokens == 13 && !strstr(lines[i], "sm90a")) old_form++;
+        if (tokens == 9 && strstr(lines[i], " sm90a ")) sm90++;
+    }
+    CHECKF(old_form == 1 && sm90 == 1, "plan file: %d cuBLASLt lines in the old form, %d sm90a lines", old_form, sm90);
+    test_free_lines(lines, n);
+}
+
 int main(void) {
     if (squad_cuda_device_count() <= 0) {
         printf("gpu_test_gemm: no CUDA device, skipped\n");
@@ -207,6 +234,7 @@ int main(void) {
     if (!squad_gemm_test_has_sm90(t))
         printf("gpu_test_gemm: the sm_90a kernel does not run on this GPU (compute capability 9.0 only): "
                "cuBLASLt cases only\n");
+    test_plan_file();
     rng r = {0x2545f4914f6cdd1dull};
     const int n = test_shapes(t, &r, quick);
     printf("gpu_test_gemm: %d path runs checked\n", n);

@@ -278,3 +278,51 @@ extern "C" int squad_gemm_test_time(squad_gemm_test *t, int what, int M, int N, 
     gt_free(&b);
     return rc;
 }
+
+/* ---- the plan file ---- */
+
+static int rec_same(const cu_plan_rec *a, const cu_plan_rec *b) {
+    if (a->M != b->M || a->N != b->N || a->K != b->K || a->acc != b->acc || a->f32 != b->f32 || a->kind != b->kind)
+        return 0;
+    if (a->kind == CU_GEMM_SM90)
+        return a->cfg.wg == b->cfg.wg && a->cfg.nt == b->cfg.nt && a->cfg.splits == b->cfg.splits;
+    return !memcmp(&a->algo, &b->algo, sizeof a->algo);
+}
+
+extern "C" int squad_gemm_test_plan_file(char *why, size_t why_len) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        snprintf(why, why_len, "no device");
+        return -1;
+    }
+    cu_plan_rec r[2];
+    memset(r, 0, sizeof r);
+    r[0].M = 32, r[0].N = 1024, r[0].K = 2048, r[0].acc = 1, r[0].kind = CU_GEMM_LT;
+    unsigned char *w = (unsigned char *)&r[0].algo;
+    for (size_t i = 0; i < sizeof r[0].algo; i++) w[i] = (unsigned char)(i * 37 + 11);
+    r[1].M = 128, r[1].N = 8224, r[1].K = 1024, r[1].acc = 0, r[1].kind = CU_GEMM_SM90;
+    r[1].cfg.wg = 2, r[1].cfg.nt = 2, r[1].cfg.splits = 3;
+    cu_plan_store a;
+    cu_plan_store_init(&a, dev, 1u << 20);
+    if (!a.enabled) {
+        cu_plan_store_free(&a);
+        snprintf(why, why_len, "the store is off (SQUAD_GEMM_PLANS unset or the device unknown)");
+        return -1;
+    }
+    cu_plan_store_add(&a, &r[0]);
+    cu_plan_store_add(&a, &r[1]);
+    cu_plan_store_free(&a);
+    cu_plan_store b;
+    cu_plan_store_init(&b, dev, 1u << 20);
+    int ok = 1;
+    for (int i = 0; i < 2 && ok; i++) {
+        const cu_plan_rec *f = cu_plan_store_find(&b, r[i].M, r[i].N, r[i].K, r[i].acc, r[i].f32);
+        if (!f || !rec_same(f, &r[i])) {
+            snprintf(why, why_len, "record %d (%s) %s after a write and a read", i, i ? "sm90a" : "cuBLASLt",
+                     f ? "differs" : "is missing");
+            ok = 0;
+        }
+    }
+    cu_plan_store_free(&b);
+    return ok ? 0 : -1;
+}

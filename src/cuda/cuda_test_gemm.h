@@ -41,6 +41,11 @@ enum { SQUAD_GEMM_TIME_LT = 0, SQUAD_GEMM_TIME_SM90 = 1, SQUAD_GEMM_TIME_TUNED =
 int squad_gemm_test_time(squad_gemm_test *t, int what, int M, int N, int K, int acc, const int *cfg, int *chosen,
                          double *us, squad_err *err);
 
+/* The plan file (SQUAD_GEMM_PLANS, which the caller points at a fresh path): a cuBLASLt record and an
+ * sm_90a record written by one store and read back by another. 0 when both come back equal, else
+ * -1 with the reason in why. */
+int squad_gemm_test_plan_file(char *why, size_t why_len);
+
 #ifdef __cplusplus
 }
 #endif
