@@ -275,6 +275,7 @@ typedef struct cu_gemm_ctx {
     /* the sm_90a small-M kernel (k_gemm_sm90.cu) */
     int sm90;            /* its cubin runs on this GPU (compute capability 9.0 exactly) */
     int sm90_off;        /* the tuning leaves it out (set by a caller, e.g. to time cuBLASLt alone) */
+    int sm90_sms;        /* the GPU's multiprocessors (how far its candidates split K) */
     int *sm90_cnt;       /* per-tile arrival counters of its split-K reduction (zero between calls) */
     void *sm90_encode;   /* the driver's cuTensorMapEncodeTiled */
 } cu_gemm_ctx;

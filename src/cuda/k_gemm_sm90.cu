@@ -49,7 +49,6 @@
 #define SM90_ALIGN 1024     /* the 128-byte swizzle repeats every 8 rows: tiles start on 1024 bytes */
 #define SM90_SPLITS_MAX 16
 #define SM90_MIN_KB_PER_SPLIT 2 /* a K slice shorter than this spends more on its epilogue than it saves */
-#define SM90_SMS_GUESS 132      /* blocks that fill an H100 / H200 (the candidates' split limit only) */
 static const int SM90_SPLIT_CHOICES[] = {1, 2, 3, 4, 6, 8, 12, 16};
 #define SM90_N_SPLIT_CHOICES ((int)(sizeof SM90_SPLIT_CHOICES / sizeof SM90_SPLIT_CHOICES[0]))
 
@@ -304,7 +303,7 @@ int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm
             if (c.splits > 1) {
                 if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
                 /* no more splitting once the unsplit tiles already fill the GPU twice over */
-                if (gr.gx * gr.gz * (c.splits - 1) >= 2 * SM90_SMS_GUESS) continue;
+                if (gr.gx * gr.gz * (c.splits - 1) >= 2 * g->sm90_sms) continue;
             }
             out[n++] = c;
         }
@@ -326,6 +325,7 @@ int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
     CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     if (major != 9 || minor != 0) return 0; /* an sm_90a cubin loads on compute capability 9.0 only */
+    CU_TRY(cudaDeviceGetAttribute(&g->sm90_sms, cudaDevAttrMultiProcessorCount, dev));
     void *fn = NULL;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
