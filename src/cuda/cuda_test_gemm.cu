@@ -3,7 +3,7 @@
  * sm_90a kernel in a given configuration, cuBLASLt, the tuning's choice) for tests/gpu_test_gemm.c.
  *
  * Design: one object holds a stream and three GEMM contexts, none with a plan file: `lt` (cuBLASLt
- * only, untuned: the heuristic's first choice, and the sm_90a kernel's workspace and counters),
+ * only, untuned: the heuristic's first choice; it also runs the sm_90a kernel in a given configuration),
  * `lt_tuned` (the tuning without the sm_90a kernel) and `all` (the tuning as the backend runs it).
  * Every call allocates its device buffers, checks every CUDA call and frees what it made.
  */

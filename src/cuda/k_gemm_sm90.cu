@@ -1,8 +1,9 @@
 /*
  * k_gemm_sm90.cu — the projections of a short chunk (a cache hit's 32-512 tokens) on Hopper's own
  * instructions: TMA (cp.async.bulk.tensor) streams the weights and the tokens into shared memory,
- * wgmma multiplies them. Offered to k_gemm.cu's tuning as one more candidate per shape, so
- * cuBLASLt still runs every shape where it is faster.
+ * wgmma multiplies them, and a thread-block cluster sums the slices of a split K through distributed
+ * shared memory. Offered to k_gemm.cu's tuning as one more candidate per shape, so cuBLASLt still
+ * runs every shape where it is faster.
  *
  * Why: with M tokens in the tens or hundreds, a projection is a pass over its weight matrix (a
  * 1024 x 6144 bf16 weight is 12.6 MB, ~3 us at the H200's 4.2 TB/s), and cuBLASLt's kernels, made for
@@ -12,19 +13,25 @@
  *
  * Design:
  *   - A block: WG consumer warpgroups (64 weight rows each; two share every token tile, halving the
- *     tokens' L2 traffic) and NT token sub-tiles of 64 (NT * 64 tokens, up to 256), over a slice of
- *     K (split K: grid.y). Grid: weight-row tiles x K slices x token tiles.
- *   - Pipeline: STAGES shared-memory stages of 64 k (one 128-byte swizzle row of bf16) each; thread
- *     0 issues both tiles of a stage by TMA (128-byte swizzle, out-of-range rows and k zero-filled),
- *     completing on that stage's mbarrier; every warpgroup waits on it, runs 4 x NT wgmma
- *     m64n64k16, waits for them, and after a block barrier thread 0 refills the stage STAGES steps
- *     ahead. STAGES - 1 loads are in flight while a stage is multiplied.
- *   - Epilogue from the accumulators (row = weight row, column = token): bf16 store, or fp32 added
- *     into the residual. With K split, each block writes its partial tile to the workspace in
- *     register order (coalesced), and the last block of a tile to arrive (a per-tile counter) sums
- *     the partials in slice order and applies the epilogue: the result's bits do not depend on which
- *     block finishes first, so a configuration always gives the same bits (the GEMM plan file's
- *     promise). The last block resets the counter for the next call.
+ *     tokens' L2 traffic), NT token sub-tiles of 64 (NT * 64 tokens, up to 256), and one producer
+ *     warp, over a slice of K. Grid: weight-row tiles x K slices x token tiles; the K slices of a
+ *     tile form one cluster (up to 8 blocks, the portable cluster size).
+ *   - Pipeline: STAGES shared-memory stages of 64 k (one 128-byte swizzle row of bf16) each, each with
+ *     a "full" mbarrier (the TMA's bytes landed) and an "empty" one (every consumer warp is done with
+ *     it). The producer warp's lane 0 loads both tiles of a stage by TMA (128-byte swizzle,
+ *     out-of-range rows and k zero-filled) as soon as the stage is empty; the consumers issue the
+ *     stage's 4 x NT wgmma m64n64k16 as one group, then wait only for the previous group
+ *     (wgmma.wait_group 1) and release its stage. No block barrier in the loop: one group of wgmma
+ *     and STAGES - 1 loads stay in flight. The small tiles (WG 1, NT <= 2) keep their stages within
+ *     ~100 KB so two blocks share a multiprocessor.
+ *   - Epilogue: the accumulators go (fragment order -> [token][row], rows padded so the stores are
+ *     free of bank conflicts) into the block's own shared memory, reused from the stages. With K
+ *     split, after a cluster barrier each block of the cluster sums a share of the tile over all the
+ *     cluster's blocks' shared memory (in slice order: the bits do not depend on timing, so a
+ *     configuration always gives the same bits, the GEMM plan file's promise), and a second cluster
+ *     barrier keeps every block's shared memory alive until its readers are done. Then 4 consecutive
+ *     rows of one token per thread: a 16-byte fp32 read-add-write into the residual or an 8-byte bf16
+ *     store, several of them in flight per thread (element stores where N or Y is not aligned).
  *   - Build: this file alone is compiled for sm_90a (-gencode arch=compute_90a,code=sm_90a; see
  *     CMakeLists.txt), and its device code is guarded by __CUDA_ARCH_FEAT_SM90_ALL so it also
  *     compiles, to nothing, for any other target. At run time cu_sm90_init uses it only on compute
@@ -32,24 +39,31 @@
  *     the same cubin reports that the Hopper code is in it.
  * The tensor maps are made per call on the host (cuTensorMapEncodeTiled through the runtime's
  * driver entry point, so nothing links libcuda) and passed as __grid_constant__ parameters, which a
- * captured graph keeps.
+ * captured graph keeps; the launch (cudaLaunchKernelEx with the cluster's shape) is captured the same.
  */
 #include "cuda_internal.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
+
+namespace cg = cooperative_groups;
 
 #define SM90_BK 64          /* k per stage: 64 bf16 = one 128-byte swizzle row */
 #define SM90_ROWS 64        /* weight rows per consumer warpgroup (wgmma's M) */
 #define SM90_TOK 64         /* tokens per sub-tile (wgmma's N) */
 #define SM90_ROW_BYTES 128  /* a tile row in shared memory: SM90_BK bf16 */
-#define SM90_SMEM_BUDGET (200 * 1024) /* of the 227 KB a block may have */
+#define SM90_SMEM_BIG (200 * 1024)  /* stages of the large tiles: one block a multiprocessor */
+#define SM90_SMEM_SMALL (100 * 1024) /* stages of the small tiles: two blocks a multiprocessor */
 #define SM90_MAX_STAGES 8
 #define SM90_ALIGN 1024     /* the 128-byte swizzle repeats every 8 rows: tiles start on 1024 bytes */
-#define SM90_SPLITS_MAX 16
+#define SM90_PAD 4          /* floats after each token's row of the staged output tile (banks) */
+#define SM90_SPLITS_MAX 8   /* K slices = the blocks of a cluster (the portable cluster size) */
 #define SM90_MIN_KB_PER_SPLIT 2 /* a K slice shorter than this spends more on its epilogue than it saves */
-static const int SM90_SPLIT_CHOICES[] = {1, 2, 3, 4, 6, 8, 12, 16};
+#define SM90_GROUP_1 8      /* 16-byte outputs in flight per thread, K unsplit */
+#define SM90_GROUP_S 2      /* the same with K split (each reads one partial per slice) */
+static const int SM90_SPLIT_CHOICES[] = {1, 2, 3, 4, 6, 8};
 #define SM90_N_SPLIT_CHOICES ((int)(sizeof SM90_SPLIT_CHOICES / sizeof SM90_SPLIT_CHOICES[0]))
 
 template <int WG, int NT>
@@ -57,17 +71,23 @@ struct sm90_shape {
     static constexpr int a_bytes = WG * SM90_ROWS * SM90_ROW_BYTES;
     static constexpr int b_bytes = NT * SM90_TOK * SM90_ROW_BYTES;
     static constexpr int stage_bytes = a_bytes + b_bytes;
-    static constexpr int stages =
-        SM90_SMEM_BUDGET / stage_bytes < SM90_MAX_STAGES ? SM90_SMEM_BUDGET / stage_bytes : SM90_MAX_STAGES;
-    static constexpr int smem = stages * stage_bytes + SM90_ALIGN; /* + room to align the start */
-    static constexpr int threads = 128 * WG;
-    static constexpr int regs = NT * 32; /* accumulators per thread */
+    static constexpr bool small = WG == 1 && NT <= 2;
+    static constexpr int budget = small ? SM90_SMEM_SMALL : SM90_SMEM_BIG;
+    static constexpr int stages = budget / stage_bytes < SM90_MAX_STAGES ? budget / stage_bytes : SM90_MAX_STAGES;
+    static constexpr int rows = WG * SM90_ROWS;  /* weight rows of the block's tile */
+    static constexpr int toks = NT * SM90_TOK;   /* tokens of the block's tile */
+    static constexpr int ld = rows + SM90_PAD;   /* floats per token in the staged output tile */
+    static constexpr int out_bytes = toks * ld * (int)sizeof(float);
+    static constexpr int pipe_bytes = stages * stage_bytes;
+    static constexpr int smem = (pipe_bytes > out_bytes ? pipe_bytes : out_bytes) + SM90_ALIGN; /* + alignment */
+    static constexpr int consumers = 128 * WG;
+    static constexpr int threads = consumers + 32; /* + the producer warp */
+    static constexpr int min_blocks = small ? 2 : 1;
+    static_assert(stages >= 2, "at least two pipeline stages");
 };
 
 typedef struct sm90_args {
     void *Y;      /* [M][N]: bf16 (acc 0) or fp32 (acc 1, added into) */
-    float *part;  /* split K: [tiles][splits][regs][threads] partial tiles */
-    int *cnt;     /* split K: [tiles] arrivals */
     int M, N, K, acc;
     int kb_per_split; /* k blocks (of SM90_BK) per K slice */
 } sm90_args;
@@ -88,9 +108,17 @@ __device__ __forceinline__ uint64_t sm90_desc(uint32_t saddr) {
 
 __device__ __forceinline__ void sm90_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void sm90_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void sm90_wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+/* Waits until at most N of this warp's committed wgmma groups are still running. */
+template <int N>
+__device__ __forceinline__ void sm90_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 /* Keeps the compiler from moving an accumulator's use across the asynchronous wgmma's wait. */
 __device__ __forceinline__ void sm90_fence_reg(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+
+__device__ __forceinline__ void sm90_mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cu_smem_addr(bar)) : "memory");
+}
 
 /* D[64][64] += A[64][16] B[16][64]: A (weights) and B (tokens) both K-major in shared memory, fp32
  * accumulators in the m64nNk16 fragment layout. */
@@ -120,6 +148,76 @@ __device__ __forceinline__ void sm90_tma_2d(void *smem, const CUtensorMap *map, 
         "l"((uint64_t)map), "r"(x), "r"(y), "r"(cu_smem_addr(bar))
         : "memory");
 }
+
+__device__ __forceinline__ void sm90_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+/* The output of one tile: the consumer thread ct of nthr writes 4 consecutive rows of one token per
+ * item, items [beg, end) of the tile's (token, row / 4) grid, G items in flight at a time. Each item
+ * is the sum over the cluster's `splits` staged tiles src[0..splits) in that order (SRC >= splits,
+ * a compile-time bound so the loads are all issued before the first add). vec: N and Y allow the
+ * 16-byte (fp32) or 8-byte (bf16) accesses; otherwise element by element. */
+template <int G, int SRC, int RQ, int LD>
+__device__ __forceinline__ void sm90_out(const sm90_args &a, const float *const (&src)[SRC], int splits, int row0,
+                                         int tok0, int beg, int end, int ct, int nthr, bool vec) {
+    float *Yf = (float *)a.Y;
+    bf16 *Yb = (bf16 *)a.Y;
+    for (int base = beg + ct; base < end; base += G * nthr) {
+        float4 p[G][SRC], y[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int idx = base + g * nthr;
+            if (idx >= end) continue;
+            const int tl = idx / RQ, r4 = idx - tl * RQ, row = row0 + 4 * r4;
+            const int off = tl * LD + 4 * r4;
+#pragma unroll
+            for (int q = 0; q < SRC; q++)
+                if (q < splits) p[g][q] = *(const float4 *)(src[q] + off);
+            if (a.acc && vec && row < a.N) y[g] = *(const float4 *)(Yf + (size_t)(tok0 + tl) * a.N + row);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int idx = base + g * nthr;
+            if (idx >= end) continue;
+            const int tl = idx / RQ, r4 = idx - tl * RQ, row = row0 + 4 * r4;
+            if (row >= a.N) continue;
+            float4 v = p[g][0];
+#pragma unroll
+            for (int q = 1; q < SRC; q++)
+                if (q < splits) {
+                    v.x += p[g][q].x;
+                    v.y += p[g][q].y;
+                    v.z += p[g][q].z;
+                    v.w += p[g][q].w;
+                }
+            const size_t o = (size_t)(tok0 + tl) * a.N + row;
+            if (vec) { /* N % 4 == 0: row < N means all 4 rows are */
+                if (a.acc) {
+                    float4 r = y[g];
+                    r.x += v.x;
+                    r.y += v.y;
+                    r.z += v.z;
+                    r.w += v.w;
+                    *(float4 *)(Yf + o) = r;
+                } else {
+                    uint2 u;
+                    u.x = cu_pack_bf16(v.x, v.y);
+                    u.y = cu_pack_bf16(v.z, v.w);
+                    *(uint2 *)(Yb + o) = u;
+                }
+            } else {
+                const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    if (row + k < a.N) {
+                        if (a.acc) Yf[o + k] += e[k];
+                        else Yb[o + k] = __float2bfloat16(e[k]);
+                    }
+            }
+        }
+    }
+}
 #endif
 
 /* Writes 1 when this cubin holds the Hopper code (the guard above was on when it was compiled). */
@@ -132,34 +230,29 @@ __global__ void k_sm90_probe(int *out) {
 }
 
 template <int WG, int NT>
-__global__ void __launch_bounds__(128 * WG, 1)
+__global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT>::min_blocks)
     k_gemm_sm90(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmX, const sm90_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef sm90_shape<WG, NT> S;
     extern __shared__ uint8_t sm90_smem_raw[];
-    __shared__ uint64_t full[S::stages];
-    __shared__ int is_last;
+    __shared__ uint64_t full[S::stages], empty[S::stages];
     const uint32_t mis = cu_smem_addr(sm90_smem_raw) & (SM90_ALIGN - 1);
     uint8_t *smem = sm90_smem_raw + (mis ? SM90_ALIGN - mis : 0);
 
-    const int tid = threadIdx.x;
-    const int row0 = blockIdx.x * (WG * SM90_ROWS), tok0 = blockIdx.z * (NT * SM90_TOK);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int row0 = blockIdx.x * S::rows, tok0 = blockIdx.z * S::toks;
     const int nkb_all = (a.K + SM90_BK - 1) / SM90_BK;
     const int kb0 = blockIdx.y * a.kb_per_split;
     const int nkb = min(a.kb_per_split, nkb_all - kb0); /* >= 1: the host sizes the slices */
 
     if (tid == 0) {
-        for (int s = 0; s < S::stages; s++) cu_mbar_init(&full[s], 1);
+        for (int s = 0; s < S::stages; s++) {
+            cu_mbar_init(&full[s], 1);
+            cu_mbar_init(&empty[s], 4 * WG); /* one arrival per consumer warp */
+        }
         cu_mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0)
-        for (int i = 0; i < S::stages && i < nkb; i++) {
-            uint8_t *st = smem + i * S::stage_bytes;
-            cu_mbar_expect_tx(&full[i], S::stage_bytes);
-            sm90_tma_2d(st, &tmW, (kb0 + i) * SM90_BK, row0, &full[i]);
-            sm90_tma_2d(st + S::a_bytes, &tmX, (kb0 + i) * SM90_BK, tok0, &full[i]);
-        }
 
     float acc[NT][32];
 #pragma unroll
@@ -167,90 +260,93 @@ __global__ void __launch_bounds__(128 * WG, 1)
 #pragma unroll
         for (int r = 0; r < 32; r++) acc[t][r] = 0.f;
 
-    const int wg = tid >> 7;
-    for (int i = 0; i < nkb; i++) {
-        const int s = i % S::stages;
-        cu_mbar_wait(&full[s], (unsigned)(i / S::stages) & 1u);
-        const uint32_t sa = cu_smem_addr(smem + s * S::stage_bytes) + wg * (SM90_ROWS * SM90_ROW_BYTES);
-        const uint32_t sb = cu_smem_addr(smem + s * S::stage_bytes + S::a_bytes);
-        sm90_wgmma_fence();
+    if (warp == 4 * WG) {
+        /* the producer: stage i % STAGES gets k block i once its previous contents are consumed */
+        if (lane == 0) {
+            sm90_prefetch_map(&tmW);
+            sm90_prefetch_map(&tmX);
+            for (int i = 0; i < nkb; i++) {
+                const int s = i % S::stages;
+                if (i >= S::stages) cu_mbar_wait(&empty[s], (unsigned)(i / S::stages - 1) & 1u);
+                uint8_t *st = smem + s * S::stage_bytes;
+                const int kx = (kb0 + i) * SM90_BK;
+                cu_mbar_expect_tx(&full[s], S::stage_bytes);
+                sm90_tma_2d(st, &tmW, kx, row0, &full[s]);
+                sm90_tma_2d(st + S::a_bytes, &tmX, kx, tok0, &full[s]);
+            }
+        }
+        __syncwarp();
+    } else {
+        const int wg = warp >> 2;
+        for (int i = 0; i < nkb; i++) {
+            const int s = i % S::stages;
+            cu_mbar_wait(&full[s], (unsigned)(i / S::stages) & 1u);
+            const uint32_t sa = cu_smem_addr(smem + s * S::stage_bytes) + wg * (SM90_ROWS * SM90_ROW_BYTES);
+            const uint32_t sb = cu_smem_addr(smem + s * S::stage_bytes + S::a_bytes);
+            sm90_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < SM90_BK / 16; kk++)
+            for (int kk = 0; kk < SM90_BK / 16; kk++)
 #pragma unroll
-            for (int t = 0; t < NT; t++)
-                sm90_wgmma_m64n64k16(acc[t], sm90_desc(sa + kk * 32),
-                                     sm90_desc(sb + t * (SM90_TOK * SM90_ROW_BYTES) + kk * 32));
-        sm90_wgmma_commit();
-        sm90_wgmma_wait0();
+                for (int t = 0; t < NT; t++)
+                    sm90_wgmma_m64n64k16(acc[t], sm90_desc(sa + kk * 32),
+                                         sm90_desc(sb + t * (SM90_TOK * SM90_ROW_BYTES) + kk * 32));
+            sm90_wgmma_commit();
+            sm90_wgmma_wait<1>(); /* the previous stage's group is done: its stage is free */
+            if (i > 0 && lane == 0) sm90_mbar_arrive(&empty[(i - 1) % S::stages]);
+        }
+        sm90_wgmma_wait<0>();
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int r = 0; r < 32; r++) sm90_fence_reg(acc[t][r]);
-        __syncthreads(); /* every warpgroup is done reading stage s */
-        if (tid == 0 && i + S::stages < nkb) {
-            uint8_t *st = smem + s * S::stage_bytes;
-            const int kx = (kb0 + i + S::stages) * SM90_BK;
-            cu_mbar_expect_tx(&full[s], S::stage_bytes);
-            sm90_tma_2d(st, &tmW, kx, row0, &full[s]);
-            sm90_tma_2d(st + S::a_bytes, &tmX, kx, tok0, &full[s]);
-        }
     }
-
-    const int splits = gridDim.y;
-    if (splits > 1) {
-        const int tile = blockIdx.z * gridDim.x + blockIdx.x;
-        const size_t tile_elems = (size_t)S::regs * S::threads;
-        float *mine = a.part + ((size_t)tile * splits + blockIdx.y) * tile_elems + tid;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int r = 0; r < 32; r++) mine[(size_t)(t * 32 + r) * S::threads] = acc[t][r];
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) is_last = atomicAdd(&a.cnt[tile], 1) == splits - 1;
-        __syncthreads();
-        if (!is_last) return;
-        __threadfence();
-        const float *base = a.part + (size_t)tile * splits * tile_elems + tid;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int r = 0; r < 32; r++) {
-                float v = 0.f;
-                for (int s = 0; s < splits; s++) v += __ldcg(base + s * tile_elems + (size_t)(t * 32 + r) * S::threads);
-                acc[t][r] = v;
-            }
-        if (tid == 0) a.cnt[tile] = 0; /* ready for the next call */
-    }
+    __syncthreads(); /* every load landed and every wgmma is done: the stages become the output tile */
 
     /* accumulator (t, r = 4 j + 2 h + c) of lane l in warp w of warpgroup wg: weight row
-     * wg 64 + w 16 + l / 4 + 8 h, token t 64 + 8 j + 2 (l % 4) + c */
-    const int w = (tid >> 5) & 3, l = tid & 31;
-    const int rbase = row0 + wg * SM90_ROWS + w * 16 + (l >> 2), cbase = tok0 + 2 * (l & 3);
+     * wg 64 + w 16 + l / 4 + 8 h, token t 64 + 8 j + 2 (l % 4) + c; staged as T[token][row] */
+    float *T = (float *)smem;
+    if (warp < 4 * WG) {
+        const int rl = (warp >> 2) * SM90_ROWS + (warp & 3) * 16 + (lane >> 2), cl = 2 * (lane & 3);
 #pragma unroll
-    for (int t = 0; t < NT; t++)
+        for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+            for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+                for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int row = rbase + 8 * h, tok = cbase + t * SM90_TOK + 8 * j + c;
-                    if (row >= a.N || tok >= a.M) continue;
-                    const size_t o = (size_t)tok * a.N + row;
-                    const float v = acc[t][4 * j + 2 * h + c];
-                    if (a.acc) ((float *)a.Y)[o] += v;
-                    else ((bf16 *)a.Y)[o] = __float2bfloat16(v);
-                }
+                    for (int c = 0; c < 2; c++)
+                        T[(t * SM90_TOK + 8 * j + cl + c) * S::ld + rl + 8 * h] = acc[t][4 * j + 2 * h + c];
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    const int splits = (int)gridDim.y; /* the cluster: this tile's K slices */
+    cluster.sync(); /* every slice's tile is staged (and visible to the cluster) */
+
+    if (warp < 4 * WG) {
+        const int vt = min(S::toks, a.M - tok0); /* tokens of this tile that exist */
+        const int items = vt * (S::rows / 4);
+        const int rank = (int)cluster.block_rank();
+        const int beg = (int)((long long)items * rank / splits), end = (int)((long long)items * (rank + 1) / splits);
+        const bool vec = (a.N & 3) == 0 && ((uintptr_t)a.Y & (a.acc ? 15u : 7u)) == 0;
+        if (splits == 1) {
+            const float *const src[1] = {T};
+            sm90_out<SM90_GROUP_1, 1, S::rows / 4, S::ld>(a, src, 1, row0, tok0, beg, end, tid, S::consumers, vec);
+        } else {
+            const float *src[SM90_SPLITS_MAX];
+#pragma unroll
+            for (int q = 0; q < SM90_SPLITS_MAX; q++) src[q] = cluster.map_shared_rank(T, q < splits ? q : 0);
+            sm90_out<SM90_GROUP_S, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
+                                                                          S::consumers, vec);
+        }
+    }
+    if (splits > 1) cluster.sync(); /* no block leaves while the cluster still reads its tile */
 #endif
 }
 
 /* ---- host ------------------------------------------------------------------------------------ */
 
 typedef struct sm90_grid {
-    int gx, gy, gz;      /* weight-row tiles, K slices, token tiles */
+    int gx, gy, gz;      /* weight-row tiles, K slices (the cluster), token tiles */
     int kb_per_split;
-    size_t part_bytes;   /* split K's workspace */
 } sm90_grid;
 
 static int cfg_known(const cu_sm90_cfg *c) {
@@ -267,7 +363,6 @@ static sm90_grid grid_of(const cu_sm90_cfg *c, int M, int N, int K) {
     g.gz = (M + c->nt * SM90_TOK - 1) / (c->nt * SM90_TOK);
     g.kb_per_split = (nkb + c->splits - 1) / c->splits;
     g.gy = (nkb + g.kb_per_split - 1) / g.kb_per_split;
-    g.part_bytes = g.gy > 1 ? (size_t)g.gx * g.gz * g.gy * (c->wg * SM90_ROWS) * (c->nt * SM90_TOK) * sizeof(float) : 0;
     return g;
 }
 
@@ -276,17 +371,11 @@ static int shape_ok(const cu_gemm_ctx *g, int M, int N, int K, int f32) {
     return g->sm90 && !f32 && M >= 1 && M <= CU_SM90_MAX_M && N >= 1 && K >= 8 && K % 8 == 0;
 }
 
-static int grid_fits(const cu_gemm_ctx *g, const sm90_grid *gr) {
-    if (gr->gy == 1) return 1;
-    return gr->gx * gr->gz <= CU_SM90_COUNTERS && gr->part_bytes <= g->ws_bytes && g->ws != NULL;
-}
-
 int cu_sm90_usable(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, const void *Y, int M,
                    int N, int K, int f32) {
     if (!shape_ok(g, M, N, K, f32) || !cfg_known(c)) return 0;
     if (((uintptr_t)W & 15) || ((uintptr_t)X & 15) || !Y) return 0; /* TMA's global addresses */
-    const sm90_grid gr = grid_of(c, M, N, K);
-    return grid_fits(g, &gr);
+    return 1;
 }
 
 int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm90_cfg *out, int max) {
@@ -299,7 +388,7 @@ int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm
         for (int i = 0; i < SM90_N_SPLIT_CHOICES && n < max; i++) {
             const cu_sm90_cfg c = {wg, nt, SM90_SPLIT_CHOICES[i]};
             const sm90_grid gr = grid_of(&c, M, N, K);
-            if (gr.gy != c.splits || !grid_fits(g, &gr)) continue; /* a duplicate, or too large */
+            if (gr.gy != c.splits) continue; /* a duplicate of a smaller split */
             if (c.splits > 1) {
                 if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
                 /* no more splitting once the unsplit tiles already fill the GPU twice over */
@@ -338,13 +427,13 @@ int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
         (void)cudaGetLastError(); /* no loadable image of the kernels: cuBLASLt only */
         return 0;
     }
-    /* the counters, and one more int for the probe's answer */
-    CU_TRY(cudaMalloc(&g->sm90_cnt, sizeof(int) * (CU_SM90_COUNTERS + 1)));
-    CU_TRY(cudaMemset(g->sm90_cnt, 0, sizeof(int) * (CU_SM90_COUNTERS + 1)));
-    k_sm90_probe<<<1, 1>>>(g->sm90_cnt + CU_SM90_COUNTERS);
+    /* one int: the probe's answer (the split-K sum needs no counters: it stays inside a cluster) */
+    CU_TRY(cudaMalloc(&g->sm90_cnt, sizeof(int)));
+    CU_TRY(cudaMemset(g->sm90_cnt, 0, sizeof(int)));
+    k_sm90_probe<<<1, 1>>>(g->sm90_cnt);
     CU_LAUNCH_CHECK("k_sm90_probe");
     int has = 0;
-    CU_TRY(cudaMemcpy(&has, g->sm90_cnt + CU_SM90_COUNTERS, sizeof has, cudaMemcpyDeviceToHost));
+    CU_TRY(cudaMemcpy(&has, g->sm90_cnt, sizeof has, cudaMemcpyDeviceToHost));
     g->sm90_encode = fn;
     g->sm90 = has == 1;
     return 0;
@@ -373,11 +462,23 @@ static int make_map(const cu_gemm_ctx *g, CUtensorMap *m, const void *base, int 
     return 0;
 }
 
+/* One launch: the grid with the K slices of a tile as one cluster (a cluster of one when K is not split). */
 template <int WG, int NT>
-static void launch(const sm90_grid *gr, const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
-                   cudaStream_t st) {
-    k_gemm_sm90<WG, NT><<<dim3(gr->gx, gr->gy, gr->gz), sm90_shape<WG, NT>::threads, sm90_shape<WG, NT>::smem, st>>>(
-        *mw, *mx, *a);
+static cudaError_t launch(const sm90_grid *gr, const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
+                          cudaStream_t st) {
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = (unsigned)gr->gy;
+    at[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)gr->gx, (unsigned)gr->gy, (unsigned)gr->gz);
+    lc.blockDim = dim3(sm90_shape<WG, NT>::threads);
+    lc.dynamicSmemBytes = sm90_shape<WG, NT>::smem;
+    lc.stream = st;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a);
 }
 
 int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M, int N,
@@ -392,18 +493,17 @@ int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, cons
     if ((rc = make_map(g, &mx, X, M, K, c->nt * SM90_TOK, err))) return rc;
     sm90_args a;
     a.Y = Y;
-    a.part = (float *)g->ws;
-    a.cnt = g->sm90_cnt;
     a.M = M, a.N = N, a.K = K, a.acc = acc ? 1 : 0;
     a.kb_per_split = gr.kb_per_split;
+    cudaError_t e;
     switch (c->wg * 8 + c->nt) {
-    case 9: launch<1, 1>(&gr, &mw, &mx, &a, st); break;
-    case 10: launch<1, 2>(&gr, &mw, &mx, &a, st); break;
-    case 12: launch<1, 4>(&gr, &mw, &mx, &a, st); break;
-    case 17: launch<2, 1>(&gr, &mw, &mx, &a, st); break;
-    case 18: launch<2, 2>(&gr, &mw, &mx, &a, st); break;
-    default: launch<2, 4>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (2, 4) */
+    case 9: e = launch<1, 1>(&gr, &mw, &mx, &a, st); break;
+    case 10: e = launch<1, 2>(&gr, &mw, &mx, &a, st); break;
+    case 12: e = launch<1, 4>(&gr, &mw, &mx, &a, st); break;
+    case 17: e = launch<2, 1>(&gr, &mw, &mx, &a, st); break;
+    case 18: e = launch<2, 2>(&gr, &mw, &mx, &a, st); break;
+    default: e = launch<2, 4>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (2, 4) */
     }
-    CU_LAUNCH_CHECK("k_gemm_sm90");
+    if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     return 0;
 }
