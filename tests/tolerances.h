@@ -100,6 +100,12 @@
 #define TOL_KERNEL_BF16_KV 1e-2        /* K / V in bf16 */
 #define TOL_KERNEL_BF16 5e-3           /* rmsnorm, silu_mul, the bf16 GEMM with a bf16 output */
 #define TOL_KERNEL_GEMM_ACC 1e-5       /* the bf16 GEMM added into an fp32 residual (the residual dominates) */
+/* The projections' GEMM paths (tests/gpu_test_gemm.c: the sm_90a kernel in every configuration the
+ * tuning times, and cuBLASLt) against a float64-accumulated reference on the same bf16 inputs. */
+#define TOL_GEMM_SM90_BF16 5e-3 /* bf16 output: its rounding alone is up to 2^-9 relative, ~1.1e-3 rms */
+#define TOL_GEMM_SM90_ACC 1e-3  /* fp32 output added into a residual, judged on (Y - R0) against the
+                                 * product so the residual cannot hide an error; fp32 accumulation over
+                                 * K <= 3584 is far below this, a wrong tile is O(1) */
 
 /* ---- loading (tests/test_model.c): F16 checkpoint matrices converted to bf16, against BF16 ---- */
 #define TOL_MODEL_F16_LOAD 1e-7

@@ -270,17 +270,27 @@ __device__ __forceinline__ float cu_warp_max(float v) {
  * acc = 1: D fp32 and beta 1 with C = D (the residual add fused into the epilogue). Exact path
  * (f32 = 1): W, X and D fp32, fp32 compute (no TF32). A plan (descriptors + the heuristic's
  * algorithm) is made once per shape and kept, so graph captures reuse it. */
+/* A configuration of the sm_90a small-M kernel (k_gemm_sm90.cu): wg consumer warpgroups of 64
+ * weight rows each, nt token sub-tiles of 64 per block, K split in `splits` parts. */
+typedef struct cu_sm90_cfg {
+    int wg, nt, splits;
+} cu_sm90_cfg;
+enum { CU_GEMM_LT = 0, CU_GEMM_SM90 = 1 }; /* who runs a plan: cuBLASLt or the sm_90a kernel */
 typedef struct cu_gemm_plan {
     int M, N, K, acc, f32;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo; /* always valid: the fallback when the sm_90a kernel cannot take a call */
+    int kind;                  /* CU_GEMM_LT or CU_GEMM_SM90 (then cfg) */
+    cu_sm90_cfg cfg;
 } cu_gemm_plan;
 /* The algorithms the tuning chose, kept in a text file across processes (gemm_plans.cu), so that a
  * later process runs the same algorithm for each shape (the same bits) and skips the tuning. */
 typedef struct cu_plan_rec {
     int M, N, K, acc, f32;
+    int kind; /* CU_GEMM_LT: algo; CU_GEMM_SM90: cfg */
     cublasLtMatmulAlgo_t algo;
+    cu_sm90_cfg cfg;
 } cu_plan_rec;
 typedef struct cu_plan_store {
     int enabled;     /* a path is known and SQUAD_GEMM_PLANS is not "off" */
@@ -312,11 +322,35 @@ typedef struct cu_gemm_ctx {
     int n_plans, cap_plans;
     int tune; /* new plans time the heuristic's candidates (their outputs must be scratch) */
     cu_plan_store store; /* tuned plans across processes (on after cu_gemm_init; store.enabled = 0 turns it off) */
+    /* the sm_90a small-M kernel (k_gemm_sm90.cu) */
+    int sm90;            /* its cubin runs on this GPU (compute capability 9.0 exactly) */
+    int sm90_off;        /* the tuning leaves it out (set by a caller, e.g. to time cuBLASLt alone) */
+    int sm90_sms;        /* the GPU's multiprocessors (how far its candidates split K) */
+    int *sm90_cnt;       /* per-tile arrival counters of its split-K reduction (zero between calls) */
+    void *sm90_encode;   /* the driver's cuTensorMapEncodeTiled */
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
 int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N, int K, int acc, int f32,
             cudaStream_t st, squad_err *err);
+
+/* ---- the sm_90a small-M projection kernel (k_gemm_sm90.cu) ----
+ * Y^T = W X^T on wgmma with the weights as the A operand and the tokens as N, both streamed by TMA;
+ * the same operands and epilogues as cu_gemm's bf16 path (acc = 0: Y bf16; acc = 1: Y fp32 +=). */
+#define CU_SM90_MAX_M 512      /* the tokens of a hit's chunk; larger chunks stay on cuBLASLt */
+#define CU_SM90_MAX_CFGS 32
+#define CU_SM90_COUNTERS 4096  /* arrival counters: the most tiles a split-K call may have */
+/* Finds out whether the kernel runs here (sets g->sm90) and makes its counters; a GPU without it is
+ * not an error. */
+int cu_sm90_init(cu_gemm_ctx *g, squad_err *err);
+void cu_sm90_free(cu_gemm_ctx *g);
+/* The configurations worth timing for a shape (0 when the kernel does not take it). */
+int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm90_cfg *out, int max);
+/* The kernel takes this call (shape, configuration, 16-byte aligned operands, workspace). */
+int cu_sm90_usable(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, const void *Y, int M,
+                   int N, int K, int f32);
+int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M, int N,
+                 int K, int acc, cudaStream_t st, squad_err *err);
 
 /* ---- kernel launchers (host) ----------------------------------------------------------------- */
 

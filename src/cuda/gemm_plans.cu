@@ -12,7 +12,9 @@
  * header (format, GPU name, compute capability, multiprocessors, cuBLASLt, CUDA runtime and
  * workspace size); each further line one shape: "M N K acc f32" and the algorithm's eight opaque
  * 64-bit words in hex (cublasLtMatmulAlgo_t is plain data, meaningful to the same cuBLASLt on the
- * same GPU, which the header pins). A file with another header, a malformed line or too many lines
+ * same GPU, which the header pins), or, where the tuning chose the sm_90a kernel (k_gemm_sm90.cu),
+ * "M N K acc f32 sm90a WG NT SPLITS" (its configuration). Files written before that second form
+ * existed read as they did. A file with another header, a malformed line or too many lines
  * is ignored as a whole and replaced by the next write. k_gemm.cu still checks every stored
  * algorithm with cublasLtMatmulAlgoCheck before using it. Writes go to a temporary file renamed
  * over the old one, so a concurrent reader sees the old file or the new one, never half of one;
@@ -31,6 +33,7 @@
 #define PLANS_FILE "squad/gemm-plans.txt"
 #define PLANS_MAX_RECS 4096 /* a real model has a few dozen shapes; more means a damaged file */
 #define PLANS_LINE_BYTES 512
+#define PLANS_SM90_TAG "sm90a" /* a line of the sm_90a kernel's configuration */
 #define ALGO_WORDS ((int)(sizeof(cublasLtMatmulAlgo_t) / sizeof(uint64_t)))
 static_assert(sizeof(cublasLtMatmulAlgo_t) % sizeof(uint64_t) == 0, "the algorithm is stored as 64-bit words");
 
@@ -85,10 +88,23 @@ static int push(cu_plan_store *s, const cu_plan_rec *r) {
 /* One shape line; 0 when it parses completely. */
 static int parse_line(const char *line, cu_plan_rec *r) {
     int used = 0;
+    memset(r, 0, sizeof *r);
     if (sscanf(line, "%d %d %d %d %d%n", &r->M, &r->N, &r->K, &r->acc, &r->f32, &used) != 5) return -1;
     if (r->M < 1 || r->N < 1 || r->K < 1 || ((r->acc | r->f32) & ~1) != 0) return -1;
-    uint64_t w[ALGO_WORDS];
     const char *p = line + used;
+    while (*p == ' ') p++;
+    if (!strncmp(p, PLANS_SM90_TAG " ", sizeof PLANS_SM90_TAG)) {
+        int n2 = 0;
+        r->kind = CU_GEMM_SM90;
+        if (sscanf(p + sizeof PLANS_SM90_TAG, "%d %d %d%n", &r->cfg.wg, &r->cfg.nt, &r->cfg.splits, &n2) != 3)
+            return -1;
+        if (r->cfg.wg < 1 || r->cfg.nt < 1 || r->cfg.splits < 1) return -1; /* the kernel checks the rest */
+        p += sizeof PLANS_SM90_TAG + n2;
+        while (*p == ' ' || *p == '\n' || *p == '\r') p++;
+        return *p ? -1 : 0;
+    }
+    r->kind = CU_GEMM_LT;
+    uint64_t w[ALGO_WORDS];
     for (int i = 0; i < ALGO_WORDS; i++) {
         char *end = NULL;
         errno = 0;
@@ -170,7 +186,10 @@ static void write_file(const cu_plan_store *s) {
         uint64_t w[ALGO_WORDS];
         memcpy(w, &r->algo, sizeof w);
         ok = fprintf(f, "%d %d %d %d %d", r->M, r->N, r->K, r->acc, r->f32) > 0;
-        for (int j = 0; ok && j < ALGO_WORDS; j++) ok = fprintf(f, " %016llx", (unsigned long long)w[j]) > 0;
+        if (r->kind == CU_GEMM_SM90)
+            ok = ok && fprintf(f, " " PLANS_SM90_TAG " %d %d %d", r->cfg.wg, r->cfg.nt, r->cfg.splits) > 0;
+        else
+            for (int j = 0; ok && j < ALGO_WORDS; j++) ok = fprintf(f, " %016llx", (unsigned long long)w[j]) > 0;
         ok = ok && fputc('\n', f) != EOF;
     }
     ok = fflush(f) == 0 && ok;

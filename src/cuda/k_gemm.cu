@@ -21,6 +21,11 @@
  * (checked by cublasLtMatmulAlgoCheck) instead of tuning: every process on the same GPU model and
  * library versions runs the same algorithms, hence gives the same bits, and only the first tunes.
  * Plans made without tuning take the heuristic's first choice, which is deterministic.
+ *
+ * On compute capability 9.0 the tuning also times the sm_90a small-M kernel (k_gemm_sm90.cu) in its
+ * configurations for the shape, on the same rotated weights, and keeps it where it is the fastest;
+ * the plan store records that choice like an algorithm. A plan that chose it still holds the
+ * heuristic's algorithm, which runs any call the kernel cannot take (unaligned operands).
  */
 #include "cuda_internal.cuh"
 
@@ -51,7 +56,7 @@ int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
     int dev = 0;
     CU_TRY(cudaGetDevice(&dev));
     cu_plan_store_init(&g->store, dev, g->ws_bytes);
-    return 0;
+    return cu_sm90_init(g, err);
 }
 
 static void plan_free(cu_gemm_plan *p) {
@@ -67,6 +72,7 @@ void cu_gemm_free(cu_gemm_ctx *g) {
     if (g->ws) cudaFree(g->ws);
     if (g->rot) cudaFree(g->rot);
     if (g->lt) cublasLtDestroy(g->lt);
+    cu_sm90_free(g);
     cu_plan_store_free(&g->store);
     memset(g, 0, sizeof *g);
 }
@@ -117,20 +123,30 @@ static int ensure_rotation(cu_gemm_ctx *g, cudaStream_t st, squad_err *err) {
     return 0;
 }
 
-/* One tuning candidate: a cuBLASLt algorithm. */
-static int run_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const void *W,
-                         const void *X, void *Y, cudaStream_t st) {
+/* One tuning candidate: a cuBLASLt algorithm or a configuration of the sm_90a kernel. */
+typedef struct gemm_cand {
+    int kind; /* CU_GEMM_LT: algo; CU_GEMM_SM90: cfg */
+    cublasLtMatmulAlgo_t algo;
+    cu_sm90_cfg cfg;
+} gemm_cand;
+
+static int run_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const gemm_cand *c, const void *W, const void *X,
+                         void *Y, cudaStream_t st) {
+    if (c->kind == CU_GEMM_SM90) {
+        squad_err e = {0};
+        return cu_sm90_gemm(g, &c->cfg, W, X, Y, p->M, p->N, p->K, p->acc, st, &e) == 0;
+    }
     const float alpha = 1.f, beta = p->acc ? 1.f : 0.f;
-    return cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, algo, g->ws,
+    return cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &c->algo, g->ws,
                           g->ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
 }
 
 /* Milliseconds per call of a candidate, GEMM_TUNE_CALLS calls back to back in one graph, each on the
  * next copy of the weights in g->rot (W itself when one copy does not fit); negative when the
  * candidate refuses these operands. *ev_fail is set when CUDA itself fails. */
-static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasLtMatmulAlgo_t *algo, const void *W,
-                            const void *X, void *Y, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int *ev_fail) {
-    if (!run_candidate(g, p, algo, W, X, Y, st)) {
+static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const gemm_cand *c, const void *W, const void *X,
+                            void *Y, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int *ev_fail) {
+    if (!run_candidate(g, p, c, W, X, Y, st)) {
         (void)cudaGetLastError(); /* a refused launch leaves its error behind */
         return -1.f;
     }
@@ -145,7 +161,7 @@ static float time_candidate(cu_gemm_ctx *g, const cu_gemm_plan *p, const cublasL
     int ok = 1;
     for (int i = 0; i < GEMM_TUNE_CALLS; i++) {
         const void *Wi = n_rot ? (const void *)((const char *)g->rot + (size_t)(i % n_rot) * w_bytes) : W;
-        ok &= run_candidate(g, p, algo, Wi, X, Y, st);
+        ok &= run_candidate(g, p, c, Wi, X, Y, st);
     }
     const cudaError_t ec = cudaStreamEndCapture(st, &graph);
     cudaGraphExec_t ex = NULL;
@@ -183,7 +199,9 @@ static void remember(cu_gemm_ctx *g, const cu_gemm_plan *p) {
     cu_plan_rec r;
     memset(&r, 0, sizeof r);
     r.M = p->M, r.N = p->N, r.K = p->K, r.acc = p->acc, r.f32 = p->f32;
+    r.kind = p->kind;
     r.algo = p->algo;
+    r.cfg = p->cfg;
     cu_plan_store_add(&g->store, &r);
 }
 
@@ -204,7 +222,7 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
                                                             &g->ws_bytes, sizeof g->ws_bytes);
     /* the heuristic's results, then room for the split-K variants */
     cublasLtMatmulHeuristicResult_t res[GEMM_CANDIDATES];
-    cublasLtMatmulAlgo_t cand[GEMM_CANDIDATES + GEMM_SPLITK_BASES * GEMM_N_SPLITK_WAYS];
+    gemm_cand cand[GEMM_CANDIDATES + GEMM_SPLITK_BASES * GEMM_N_SPLITK_WAYS + CU_SM90_MAX_CFGS];
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     const int tune = g->tune && cudaStreamIsCapturing(st, &cap) == cudaSuccess && cap == cudaStreamCaptureStatusNone;
     int n = 0;
@@ -218,20 +236,38 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
     if (n < 1)
         return cu_err(err, SQUAD_E_BACKEND, "cuBLASLt: no algorithm for %d x %d x %d", p->M, p->N, p->K);
     p->algo = res[0].algo;
-    /* a shape tuned before (by this process or an earlier one): its algorithm again */
+    p->kind = CU_GEMM_LT;
+    /* a shape tuned before (by this process or an earlier one): its choice again */
     const cu_plan_rec *stored = cu_plan_store_find(&g->store, p->M, p->N, p->K, p->acc, p->f32);
-    if (stored && algo_usable(g, p, &stored->algo)) {
+    if (stored && stored->kind == CU_GEMM_LT && algo_usable(g, p, &stored->algo)) {
         p->algo = stored->algo;
+        return 0;
+    }
+    if (stored && stored->kind == CU_GEMM_SM90 && cu_sm90_usable(g, &stored->cfg, W, X, Y, p->M, p->N, p->K, p->f32)) {
+        p->kind = CU_GEMM_SM90;
+        p->cfg = stored->cfg;
         return 0;
     }
     if (!tune) return 0;
     int nc = 0;
+    memset(cand, 0, sizeof cand);
     for (int i = 0; i < n; i++)
-        if (res[i].state == CUBLAS_STATUS_SUCCESS) cand[nc++] = res[i].algo;
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) cand[nc++].algo = res[i].algo;
     for (int i = 0; i < n && i < GEMM_SPLITK_BASES; i++)
         for (int w = 0; w < GEMM_N_SPLITK_WAYS && res[i].state == CUBLAS_STATUS_SUCCESS; w++)
-            if (p->K / GEMM_SPLITK_WAYS[w] >= 256 && splitk_variant(g, p, &res[i].algo, GEMM_SPLITK_WAYS[w], &cand[nc]))
+            if (p->K / GEMM_SPLITK_WAYS[w] >= 256 &&
+                splitk_variant(g, p, &res[i].algo, GEMM_SPLITK_WAYS[w], &cand[nc].algo))
                 nc++;
+    if (!g->sm90_off) {
+        cu_sm90_cfg cfgs[CU_SM90_MAX_CFGS];
+        const int ns = cu_sm90_candidates(g, p->M, p->N, p->K, p->f32, cfgs, CU_SM90_MAX_CFGS);
+        for (int i = 0; i < ns; i++)
+            if (cu_sm90_usable(g, &cfgs[i], W, X, Y, p->M, p->N, p->K, p->f32)) {
+                cand[nc].kind = CU_GEMM_SM90;
+                cand[nc].cfg = cfgs[i];
+                nc++;
+            }
+    }
     if (nc <= 1) {
         remember(g, p);
         return 0;
@@ -251,7 +287,9 @@ static int plan_make(cu_gemm_ctx *g, cu_gemm_plan *p, const void *W, const void 
         const float ms = time_candidate(g, p, &cand[i], W, X, Y, st, e0, e1, &ev_fail);
         if (ms < 0.f || ms >= best) continue;
         best = ms;
-        p->algo = cand[i];
+        p->kind = cand[i].kind;
+        if (cand[i].kind == CU_GEMM_SM90) p->cfg = cand[i].cfg;
+        else p->algo = cand[i].algo;
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
@@ -295,6 +333,8 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
         }
         g->n_plans++;
     }
+    if (p->kind == CU_GEMM_SM90 && cu_sm90_usable(g, &p->cfg, W, X, Y, M, N, K, f32))
+        return cu_sm90_gemm(g, &p->cfg, W, X, Y, M, N, K, acc, st, err);
     const float alpha = 1.f, beta = acc ? 1.f : 0.f;
     LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->la, X, p->lb, &beta, Y, p->lc, Y, p->lc, &p->algo, g->ws,
                           g->ws_bytes, st));

@@ -1,0 +1,509 @@
+/*
+ * k_gemm_sm90.cu — the projections of a short chunk (a cache hit's 32-512 tokens) on Hopper's own
+ * instructions: TMA (cp.async.bulk.tensor) streams the weights and the tokens into shared memory,
+ * wgmma multiplies them, and a thread-block cluster sums the slices of a split K through distributed
+ * shared memory. Offered to k_gemm.cu's tuning as one more candidate per shape, so cuBLASLt still
+ * runs every shape where it is faster.
+ *
+ * Why: with M tokens in the tens or hundreds, a projection is a pass over its weight matrix (a
+ * 1024 x 6144 bf16 weight is 12.6 MB, ~3 us at the H200's 4.2 TB/s), and cuBLASLt's kernels, made for
+ * large M, took 5.5-8.1 us. Here the weights are wgmma's A operand (64 rows a warpgroup) and the
+ * tokens its N dimension (64 a sub-tile), i.e. the kernel computes Y^T = W X^T, so the big operand
+ * fills the M = 64 side every instruction needs and a short chunk wastes no weight bytes.
+ *
+ * Design:
+ *   - A block: WG consumer warpgroups (64 weight rows each; two share every token tile, halving the
+ *     tokens' L2 traffic), NT token sub-tiles of 64 (NT * 64 tokens, up to 256), and one producer
+ *     warp, over a slice of K. Grid: weight-row tiles x K slices x token tiles; the K slices of a
+ *     tile form one cluster (up to 8 blocks, the portable cluster size).
+ *   - Pipeline: STAGES shared-memory stages of 64 k (one 128-byte swizzle row of bf16) each, each with
+ *     a "full" mbarrier (the TMA's bytes landed) and an "empty" one (every consumer warp is done with
+ *     it). The producer warp's lane 0 loads both tiles of a stage by TMA (128-byte swizzle,
+ *     out-of-range rows and k zero-filled) as soon as the stage is empty; the consumers issue the
+ *     stage's 4 x NT wgmma m64n64k16 as one group, then wait only for the previous group
+ *     (wgmma.wait_group 1) and release its stage. No block barrier in the loop: one group of wgmma
+ *     and STAGES - 1 loads stay in flight. The small tiles (WG 1, NT <= 2) keep their stages within
+ *     ~100 KB so two blocks share a multiprocessor.
+ *   - Epilogue: the accumulators go (fragment order -> [token][row], rows padded so the stores are
+ *     free of bank conflicts) into the block's own shared memory, reused from the stages. With K
+ *     split, after a cluster barrier each block of the cluster sums a share of the tile over all the
+ *     cluster's blocks' shared memory (in slice order: the bits do not depend on timing, so a
+ *     configuration always gives the same bits, the GEMM plan file's promise), and a second cluster
+ *     barrier keeps every block's shared memory alive until its readers are done. Then 4 consecutive
+ *     rows of one token per thread: a 16-byte fp32 read-add-write into the residual or an 8-byte bf16
+ *     store, several of them in flight per thread (element stores where N or Y is not aligned).
+ *   - Build: this file alone is compiled for sm_90a (-gencode arch=compute_90a,code=sm_90a; see
+ *     CMakeLists.txt), and its device code is guarded by __CUDA_ARCH_FEAT_SM90_ALL so it also
+ *     compiles, to nothing, for any other target. At run time cu_sm90_init uses it only on compute
+ *     capability 9.0 (the only GPUs an sm_90a cubin loads on), and only after a probe kernel from
+ *     the same cubin reports that the Hopper code is in it.
+ * The tensor maps are made per call on the host (cuTensorMapEncodeTiled through the runtime's
+ * driver entry point, so nothing links libcuda) and passed as __grid_constant__ parameters, which a
+ * captured graph keeps; the launch (cudaLaunchKernelEx with the cluster's shape) is captured the same.
+ */
+#include "cuda_internal.cuh"
+
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+
+namespace cg = cooperative_groups;
+
+#define SM90_BK 64          /* k per stage: 64 bf16 = one 128-byte swizzle row */
+#define SM90_ROWS 64        /* weight rows per consumer warpgroup (wgmma's M) */
+#define SM90_TOK 64         /* tokens per sub-tile (wgmma's N) */
+#define SM90_ROW_BYTES 128  /* a tile row in shared memory: SM90_BK bf16 */
+#define SM90_SMEM_BIG (200 * 1024)  /* stages of the large tiles: one block a multiprocessor */
+#define SM90_SMEM_SMALL (100 * 1024) /* stages of the small tiles: two blocks a multiprocessor */
+#define SM90_MAX_STAGES 8
+#define SM90_ALIGN 1024     /* the 128-byte swizzle repeats every 8 rows: tiles start on 1024 bytes */
+#define SM90_PAD 4          /* floats after each token's row of the staged output tile (banks) */
+#define SM90_SPLITS_MAX 8   /* K slices = the blocks of a cluster (the portable cluster size) */
+#define SM90_MIN_KB_PER_SPLIT 2 /* a K slice shorter than this spends more on its epilogue than it saves */
+#define SM90_GROUP_1 8      /* 16-byte outputs in flight per thread, K unsplit */
+#define SM90_GROUP_S 2      /* the same with K split (each reads one partial per slice) */
+static const int SM90_SPLIT_CHOICES[] = {1, 2, 3, 4, 6, 8};
+#define SM90_N_SPLIT_CHOICES ((int)(sizeof SM90_SPLIT_CHOICES / sizeof SM90_SPLIT_CHOICES[0]))
+
+template <int WG, int NT>
+struct sm90_shape {
+    static constexpr int a_bytes = WG * SM90_ROWS * SM90_ROW_BYTES;
+    static constexpr int b_bytes = NT * SM90_TOK * SM90_ROW_BYTES;
+    static constexpr int stage_bytes = a_bytes + b_bytes;
+    static constexpr bool small = WG == 1 && NT <= 2;
+    static constexpr int budget = small ? SM90_SMEM_SMALL : SM90_SMEM_BIG;
+    static constexpr int stages = budget / stage_bytes < SM90_MAX_STAGES ? budget / stage_bytes : SM90_MAX_STAGES;
+    static constexpr int rows = WG * SM90_ROWS;  /* weight rows of the block's tile */
+    static constexpr int toks = NT * SM90_TOK;   /* tokens of the block's tile */
+    static constexpr int ld = rows + SM90_PAD;   /* floats per token in the staged output tile */
+    static constexpr int out_bytes = toks * ld * (int)sizeof(float);
+    static constexpr int pipe_bytes = stages * stage_bytes;
+    static constexpr int smem = (pipe_bytes > out_bytes ? pipe_bytes : out_bytes) + SM90_ALIGN; /* + alignment */
+    static constexpr int consumers = 128 * WG;
+    static constexpr int threads = consumers + 32; /* + the producer warp */
+    static constexpr int min_blocks = small ? 2 : 1;
+    static_assert(stages >= 2, "at least two pipeline stages");
+};
+
+typedef struct sm90_args {
+    void *Y;      /* [M][N]: bf16 (acc 0) or fp32 (acc 1, added into) */
+    int M, N, K, acc;
+    int kb_per_split; /* k blocks (of SM90_BK) per K slice */
+} sm90_args;
+
+/* ---- device code (sm_90a only) ---------------------------------------------------------------- */
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* A shared-memory matrix descriptor for a K-major tile stored with the 128-byte swizzle: rows of
+ * 128 bytes, 8-row groups 1024 bytes apart (the stride offset); the leading offset is unused in
+ * this layout (1 by convention). Stepping k by 16 within the swizzle row adds 32 bytes. */
+__device__ __forceinline__ uint64_t sm90_desc(uint32_t saddr) {
+    uint64_t d = (uint64_t)((saddr & 0x3FFFFu) >> 4);
+    d |= (uint64_t)1 << 16;
+    d |= (uint64_t)(1024 >> 4) << 32;
+    d |= (uint64_t)1 << 62;
+    return d;
+}
+
+__device__ __forceinline__ void sm90_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void sm90_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Waits until at most N of this warp's committed wgmma groups are still running. */
+template <int N>
+__device__ __forceinline__ void sm90_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Keeps the compiler from moving an accumulator's use across the asynchronous wgmma's wait. */
+__device__ __forceinline__ void sm90_fence_reg(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+
+__device__ __forceinline__ void sm90_mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cu_smem_addr(bar)) : "memory");
+}
+
+/* D[64][64] += A[64][16] B[16][64]: A (weights) and B (tokens) both K-major in shared memory, fp32
+ * accumulators in the m64nNk16 fragment layout. */
+__device__ __forceinline__ void sm90_wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(1)
+        : "memory");
+}
+
+/* A 2-D tile (box) of a tensor map into shared memory, counted on bar; x is the inner (k) coordinate. */
+__device__ __forceinline__ void sm90_tma_2d(void *smem, const CUtensorMap *map, int x, int y, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(cu_smem_addr(smem)),
+        "l"((uint64_t)map), "r"(x), "r"(y), "r"(cu_smem_addr(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void sm90_prefetch_map(const CUtensorMap *map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
+}
+
+/* The output of one tile: the consumer thread ct of nthr writes 4 consecutive rows of one token per
+ * item, items [beg, end) of the tile's (token, row / 4) grid, G items in flight at a time. Each item
+ * is the sum over the cluster's `splits` staged tiles src[0..splits) in that order (SRC >= splits,
+ * a compile-time bound so the loads are all issued before the first add). vec: N and Y allow the
+ * 16-byte (fp32) or 8-byte (bf16) accesses; otherwise element by element. */
+template <int G, int SRC, int RQ, int LD>
+__device__ __forceinline__ void sm90_out(const sm90_args &a, const float *const (&src)[SRC], int splits, int row0,
+                                         int tok0, int beg, int end, int ct, int nthr, bool vec) {
+    float *Yf = (float *)a.Y;
+    bf16 *Yb = (bf16 *)a.Y;
+    for (int base = beg + ct; base < end; base += G * nthr) {
+        float4 p[G][SRC], y[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int idx = base + g * nthr;
+            if (idx >= end) continue;
+            const int tl = idx / RQ, r4 = idx - tl * RQ, row = row0 + 4 * r4;
+            const int off = tl * LD + 4 * r4;
+#pragma unroll
+            for (int q = 0; q < SRC; q++)
+                if (q < splits) p[g][q] = *(const float4 *)(src[q] + off);
+            if (a.acc && vec && row < a.N) y[g] = *(const float4 *)(Yf + (size_t)(tok0 + tl) * a.N + row);
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int idx = base + g * nthr;
+            if (idx >= end) continue;
+            const int tl = idx / RQ, r4 = idx - tl * RQ, row = row0 + 4 * r4;
+            if (row >= a.N) continue;
+            float4 v = p[g][0];
+#pragma unroll
+            for (int q = 1; q < SRC; q++)
+                if (q < splits) {
+                    v.x += p[g][q].x;
+                    v.y += p[g][q].y;
+                    v.z += p[g][q].z;
+                    v.w += p[g][q].w;
+                }
+            const size_t o = (size_t)(tok0 + tl) * a.N + row;
+            if (vec) { /* N % 4 == 0: row < N means all 4 rows are */
+                if (a.acc) {
+                    float4 r = y[g];
+                    r.x += v.x;
+                    r.y += v.y;
+                    r.z += v.z;
+                    r.w += v.w;
+                    *(float4 *)(Yf + o) = r;
+                } else {
+                    uint2 u;
+                    u.x = cu_pack_bf16(v.x, v.y);
+                    u.y = cu_pack_bf16(v.z, v.w);
+                    *(uint2 *)(Yb + o) = u;
+                }
+            } else {
+                const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+                    if (row + k < a.N) {
+                        if (a.acc) Yf[o + k] += e[k];
+                        else Yb[o + k] = __float2bfloat16(e[k]);
+                    }
+            }
+        }
+    }
+}
+#endif
+
+/* Writes 1 when this cubin holds the Hopper code (the guard above was on when it was compiled). */
+__global__ void k_sm90_probe(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+template <int WG, int NT>
+__global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT>::min_blocks)
+    k_gemm_sm90(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmX, const sm90_args a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef sm90_shape<WG, NT> S;
+    extern __shared__ uint8_t sm90_smem_raw[];
+    __shared__ uint64_t full[S::stages], empty[S::stages];
+    const uint32_t mis = cu_smem_addr(sm90_smem_raw) & (SM90_ALIGN - 1);
+    uint8_t *smem = sm90_smem_raw + (mis ? SM90_ALIGN - mis : 0);
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int row0 = blockIdx.x * S::rows, tok0 = blockIdx.z * S::toks;
+    const int nkb_all = (a.K + SM90_BK - 1) / SM90_BK;
+    const int kb0 = blockIdx.y * a.kb_per_split;
+    const int nkb = min(a.kb_per_split, nkb_all - kb0); /* >= 1: the host sizes the slices */
+
+    if (tid == 0) {
+        for (int s = 0; s < S::stages; s++) {
+            cu_mbar_init(&full[s], 1);
+            cu_mbar_init(&empty[s], 4 * WG); /* one arrival per consumer warp */
+        }
+        cu_mbar_init_fence();
+    }
+    __syncthreads();
+
+    float acc[NT][32];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int r = 0; r < 32; r++) acc[t][r] = 0.f;
+
+    if (warp == 4 * WG) {
+        /* the producer: stage i % STAGES gets k block i once its previous contents are consumed */
+        if (lane == 0) {
+            sm90_prefetch_map(&tmW);
+            sm90_prefetch_map(&tmX);
+            for (int i = 0; i < nkb; i++) {
+                const int s = i % S::stages;
+                if (i >= S::stages) cu_mbar_wait(&empty[s], (unsigned)(i / S::stages - 1) & 1u);
+                uint8_t *st = smem + s * S::stage_bytes;
+                const int kx = (kb0 + i) * SM90_BK;
+                cu_mbar_expect_tx(&full[s], S::stage_bytes);
+                sm90_tma_2d(st, &tmW, kx, row0, &full[s]);
+                sm90_tma_2d(st + S::a_bytes, &tmX, kx, tok0, &full[s]);
+            }
+        }
+        __syncwarp();
+    } else {
+        const int wg = warp >> 2;
+        for (int i = 0; i < nkb; i++) {
+            const int s = i % S::stages;
+            cu_mbar_wait(&full[s], (unsigned)(i / S::stages) & 1u);
+            const uint32_t sa = cu_smem_addr(smem + s * S::stage_bytes) + wg * (SM90_ROWS * SM90_ROW_BYTES);
+            const uint32_t sb = cu_smem_addr(smem + s * S::stage_bytes + S::a_bytes);
+            sm90_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < SM90_BK / 16; kk++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    sm90_wgmma_m64n64k16(acc[t], sm90_desc(sa + kk * 32),
+                                         sm90_desc(sb + t * (SM90_TOK * SM90_ROW_BYTES) + kk * 32));
+            sm90_wgmma_commit();
+            sm90_wgmma_wait<1>(); /* the previous stage's group is done: its stage is free */
+            if (i > 0 && lane == 0) sm90_mbar_arrive(&empty[(i - 1) % S::stages]);
+        }
+        sm90_wgmma_wait<0>();
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int r = 0; r < 32; r++) sm90_fence_reg(acc[t][r]);
+    }
+    __syncthreads(); /* every load landed and every wgmma is done: the stages become the output tile */
+
+    /* accumulator (t, r = 4 j + 2 h + c) of lane l in warp w of warpgroup wg: weight row
+     * wg 64 + w 16 + l / 4 + 8 h, token t 64 + 8 j + 2 (l % 4) + c; staged as T[token][row] */
+    float *T = (float *)smem;
+    if (warp < 4 * WG) {
+        const int rl = (warp >> 2) * SM90_ROWS + (warp & 3) * 16 + (lane >> 2), cl = 2 * (lane & 3);
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        T[(t * SM90_TOK + 8 * j + cl + c) * S::ld + rl + 8 * h] = acc[t][4 * j + 2 * h + c];
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    const int splits = (int)gridDim.y; /* the cluster: this tile's K slices */
+    cluster.sync(); /* every slice's tile is staged (and visible to the cluster) */
+
+    if (warp < 4 * WG) {
+        const int vt = min(S::toks, a.M - tok0); /* tokens of this tile that exist */
+        const int items = vt * (S::rows / 4);
+        const int rank = (int)cluster.block_rank();
+        const int beg = (int)((long long)items * rank / splits), end = (int)((long long)items * (rank + 1) / splits);
+        const bool vec = (a.N & 3) == 0 && ((uintptr_t)a.Y & (a.acc ? 15u : 7u)) == 0;
+        if (splits == 1) {
+            const float *const src[1] = {T};
+            sm90_out<SM90_GROUP_1, 1, S::rows / 4, S::ld>(a, src, 1, row0, tok0, beg, end, tid, S::consumers, vec);
+        } else {
+            const float *src[SM90_SPLITS_MAX];
+#pragma unroll
+            for (int q = 0; q < SM90_SPLITS_MAX; q++) src[q] = cluster.map_shared_rank(T, q < splits ? q : 0);
+            sm90_out<SM90_GROUP_S, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
+                                                                          S::consumers, vec);
+        }
+    }
+    if (splits > 1) cluster.sync(); /* no block leaves while the cluster still reads its tile */
+#endif
+}
+
+/* ---- host ------------------------------------------------------------------------------------ */
+
+typedef struct sm90_grid {
+    int gx, gy, gz;      /* weight-row tiles, K slices (the cluster), token tiles */
+    int kb_per_split;
+} sm90_grid;
+
+static int cfg_known(const cu_sm90_cfg *c) {
+    return (c->wg == 1 || c->wg == 2) && (c->nt == 1 || c->nt == 2 || c->nt == 4) && c->splits >= 1 &&
+           c->splits <= SM90_SPLITS_MAX;
+}
+
+/* The grid of a configuration; the K slices as even as whole k blocks allow (a requested split
+ * that would leave a slice empty becomes fewer slices). */
+static sm90_grid grid_of(const cu_sm90_cfg *c, int M, int N, int K) {
+    sm90_grid g;
+    const int nkb = (K + SM90_BK - 1) / SM90_BK;
+    g.gx = (N + c->wg * SM90_ROWS - 1) / (c->wg * SM90_ROWS);
+    g.gz = (M + c->nt * SM90_TOK - 1) / (c->nt * SM90_TOK);
+    g.kb_per_split = (nkb + c->splits - 1) / c->splits;
+    g.gy = (nkb + g.kb_per_split - 1) / g.kb_per_split;
+    return g;
+}
+
+static int shape_ok(const cu_gemm_ctx *g, int M, int N, int K, int f32) {
+    /* K % 8: the tensor maps' row strides are multiples of 16 bytes */
+    return g->sm90 && !f32 && M >= 1 && M <= CU_SM90_MAX_M && N >= 1 && K >= 8 && K % 8 == 0;
+}
+
+int cu_sm90_usable(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, const void *Y, int M,
+                   int N, int K, int f32) {
+    if (!shape_ok(g, M, N, K, f32) || !cfg_known(c)) return 0;
+    if (((uintptr_t)W & 15) || ((uintptr_t)X & 15) || !Y) return 0; /* TMA's global addresses */
+    return 1;
+}
+
+int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm90_cfg *out, int max) {
+    if (!shape_ok(g, M, N, K, f32)) return 0;
+    /* the fewest token sub-tiles covering M (at most 4: larger M takes several token tiles) */
+    const int need = (M + SM90_TOK - 1) / SM90_TOK;
+    const int nt = need <= 1 ? 1 : need <= 2 ? 2 : 4;
+    int n = 0;
+    for (int wg = 1; wg <= 2; wg++)
+        for (int i = 0; i < SM90_N_SPLIT_CHOICES && n < max; i++) {
+            const cu_sm90_cfg c = {wg, nt, SM90_SPLIT_CHOICES[i]};
+            const sm90_grid gr = grid_of(&c, M, N, K);
+            if (gr.gy != c.splits) continue; /* a duplicate of a smaller split */
+            if (c.splits > 1) {
+                if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
+                /* no more splitting once the unsplit tiles already fill the GPU twice over */
+                if (gr.gx * gr.gz * (c.splits - 1) >= 2 * g->sm90_sms) continue;
+            }
+            out[n++] = c;
+        }
+    return n;
+}
+
+template <int WG, int NT>
+static cudaError_t set_smem() {
+    return cudaFuncSetAttribute(k_gemm_sm90<WG, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                sm90_shape<WG, NT>::smem);
+}
+
+int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
+    g->sm90 = 0;
+    const char *off = getenv("SQUAD_GEMM_SM90"); /* "0": cuBLASLt only (an experiment switch) */
+    if (off && off[0] == '0') return 0;
+    int dev = 0, major = 0, minor = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) return 0; /* an sm_90a cubin loads on compute capability 9.0 only */
+    CU_TRY(cudaDeviceGetAttribute(&g->sm90_sms, cudaDevAttrMultiProcessorCount, dev));
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (set_smem<1, 1>() != cudaSuccess || set_smem<1, 2>() != cudaSuccess || set_smem<1, 4>() != cudaSuccess ||
+        set_smem<2, 1>() != cudaSuccess || set_smem<2, 2>() != cudaSuccess || set_smem<2, 4>() != cudaSuccess) {
+        (void)cudaGetLastError(); /* no loadable image of the kernels: cuBLASLt only */
+        return 0;
+    }
+    /* one int: the probe's answer (the split-K sum needs no counters: it stays inside a cluster) */
+    CU_TRY(cudaMalloc(&g->sm90_cnt, sizeof(int)));
+    CU_TRY(cudaMemset(g->sm90_cnt, 0, sizeof(int)));
+    k_sm90_probe<<<1, 1>>>(g->sm90_cnt);
+    CU_LAUNCH_CHECK("k_sm90_probe");
+    int has = 0;
+    CU_TRY(cudaMemcpy(&has, g->sm90_cnt, sizeof has, cudaMemcpyDeviceToHost));
+    g->sm90_encode = fn;
+    g->sm90 = has == 1;
+    return 0;
+}
+
+void cu_sm90_free(cu_gemm_ctx *g) {
+    if (g->sm90_cnt) cudaFree(g->sm90_cnt);
+    g->sm90_cnt = NULL;
+    g->sm90 = 0;
+}
+
+/* A row-major [rows][K] bf16 matrix as a tensor map of (SM90_BK x box_rows) tiles, 128-byte swizzle. */
+static int make_map(const cu_gemm_ctx *g, CUtensorMap *m, const void *base, int rows, int K, int box_rows,
+                    squad_err *err) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)g->sm90_encode;
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)K * sizeof(bf16)};
+    const cuuint32_t box[2] = {SM90_BK, (cuuint32_t)box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r = encode(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, elem,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return cu_err(err, SQUAD_E_BACKEND, "CUDA: cuTensorMapEncodeTiled (%d x %d, box %d) failed (%d)", rows, K,
+                      box_rows, (int)r);
+    return 0;
+}
+
+/* One launch: the grid with the K slices of a tile as one cluster (a cluster of one when K is not split). */
+template <int WG, int NT>
+static cudaError_t launch(const sm90_grid *gr, const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
+                          cudaStream_t st) {
+    cudaLaunchAttribute at[1] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = (unsigned)gr->gy;
+    at[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)gr->gx, (unsigned)gr->gy, (unsigned)gr->gz);
+    lc.blockDim = dim3(sm90_shape<WG, NT>::threads);
+    lc.dynamicSmemBytes = sm90_shape<WG, NT>::smem;
+    lc.stream = st;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a);
+}
+
+int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M, int N,
+                 int K, int acc, cudaStream_t st, squad_err *err) {
+    if (!cu_sm90_usable(g, c, W, X, Y, M, N, K, 0))
+        return cu_err(err, SQUAD_E_BACKEND, "sm_90a GEMM: %d x %d x %d (wg %d, nt %d, splits %d) not supported here",
+                      M, N, K, c->wg, c->nt, c->splits);
+    const sm90_grid gr = grid_of(c, M, N, K);
+    CUtensorMap mw, mx;
+    int rc;
+    if ((rc = make_map(g, &mw, W, N, K, c->wg * SM90_ROWS, err))) return rc;
+    if ((rc = make_map(g, &mx, X, M, K, c->nt * SM90_TOK, err))) return rc;
+    sm90_args a;
+    a.Y = Y;
+    a.M = M, a.N = N, a.K = K, a.acc = acc ? 1 : 0;
+    a.kb_per_split = gr.kb_per_split;
+    cudaError_t e;
+    switch (c->wg * 8 + c->nt) {
+    case 9: e = launch<1, 1>(&gr, &mw, &mx, &a, st); break;
+    case 10: e = launch<1, 2>(&gr, &mw, &mx, &a, st); break;
+    case 12: e = launch<1, 4>(&gr, &mw, &mx, &a, st); break;
+    case 17: e = launch<2, 1>(&gr, &mw, &mx, &a, st); break;
+    case 18: e = launch<2, 2>(&gr, &mw, &mx, &a, st); break;
+    default: e = launch<2, 4>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (2, 4) */
+    }
+    if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
+    return 0;
+}
