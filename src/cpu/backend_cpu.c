@@ -907,8 +907,17 @@ static void cpu_destroy(squad_backend *be) {
     free(c);
 }
 
+/* Scratch activations: not zeroed (every row a forward reads it wrote first), so the pages of rows
+ * past the batches actually run are never touched and cost no resident memory: a single row of 512
+ * tokens uses what it used before max_batch_tokens grew. */
 static float *scratch_rows(int rows, int width, squad_err *err) {
-    return squad_aligned_alloc(sizeof(float) * (size_t)rows * (size_t)(width > 0 ? width : 1), err);
+    void *p = NULL;
+    const size_t bytes = sizeof(float) * (size_t)rows * (size_t)(width > 0 ? width : 1);
+    if (posix_memalign(&p, 64, bytes) != 0) {
+        squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes of scratch activations)", bytes);
+        return NULL;
+    }
+    return p;
 }
 
 squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engine_opts *opts, int max_context,
