@@ -36,16 +36,16 @@
  *  - Full-vocabulary figures (a chunk with vocab): k_vocab.cu's three kernels, enqueued after the
  *    replay on the same stream and only for such a chunk; the graphs do not contain them, so a
  *    chunk that does not ask runs what it ran before.
- *  - Specialists (opts->specialists): every adapter's A and B^T (fp32) are uploaded to one of
- *    `max_adapters` resident slots on demand, the least recently used slot giving way; a device
- *    table holds one cu_lora_entry per (slot, layer, projection) and a device word the chunk's
- *    slot (0: the trunk), written before each replay. In the layers from `split` on, every
- *    projection some adapter adapts gets k_lora.cu's two kernels after its shared GEMM, adding
- *    s B (A x) into the GEMM's output columns (a fused in-projection: the projection's column
- *    offset; out / o / down: straight into the residual h). They read the slot and the entry at
- *    replay, so one graph serves every route. The router's feature sum (the fp32 h entering
- *    router.layer, normalised and summed in double on the device) is in every graph too, and is
- *    copied back only for a chunk that asks for it.
+ *  - Specialists (opts->specialists): every adapter's A and B (bf16, or fp32 on the exact path, in
+ *    k_lora.cuh's layout) are uploaded to one of `max_adapters` resident slots on demand, the least
+ *    recently used slot giving way; a device table holds one cu_lora_entry per (slot, layer,
+ *    projection) and a device array each token's slot (0: the trunk, padding), written before each
+ *    replay. In the layers from `split` on, every GEMM output with a projection some adapter adapts
+ *    gets one k_lora.cu launch after the GEMM, adding s B (A x) into the output's columns (a fused
+ *    in-projection: each adapted part at its column offset; out / o / down: straight into the
+ *    residual h). It reads the slots and the entries at replay, so one graph serves every route.
+ *    The router's feature sum (the fp32 h entering router.layer, normalised and summed in double
+ *    on the device) is in every graph too, and is copied back only for a chunk that asks for it.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs chunks eagerly (debugging, sanitizers).
  */
@@ -162,13 +162,14 @@ typedef struct cu_be {
     int n_lora_slots;                  /* max_adapters, or every specialist */
     cu_lora_entry *lora_table;         /* device [n_lora_slots][nl][SQUAD_PROJ_COUNT] */
     cu_lora_entry *lora_table_host;    /* its host copy */
-    int *lora_slot_dev, *lora_slot_host; /* the chunk's slot + 1 (0: the trunk); host pinned */
+    int *lora_token_slot_dev, *lora_token_slot_host; /* [max_chunk]: each token's slot + 1 (0: the trunk,
+                                                          padding); host pinned */
     int *slot_route;                   /* [n_lora_slots]: the route each slot holds, -1: none */
     unsigned long long *slot_used;     /* [n_lora_slots]: the clock of its last use */
-    void **slot_buf;                   /* [n_lora_slots]: its A / B^T buffer (not in allocs) */
+    void **slot_buf;                   /* [n_lora_slots]: its A / B buffer (not in allocs) */
     unsigned long long lora_clock, adapter_uploads;
     int lora_out[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* out of an adapted projection, 0: none adapts it */
-    float *lora_u;                     /* [max_chunk][largest rank] */
+    int lora_max_r;                    /* the largest rank of any adapter */
     float *router_inv;                 /* [max_chunk] */
     double *router_dev, *router_host;  /* [H]; host pinned */
 
@@ -337,17 +338,17 @@ static int ensure_kv(cu_be *cb, int need, squad_err *err) {
 
 /* ---- specialists: resident adapters ------------------------------------------------------------ */
 
-/* Uploads route's adapter into slot s (k_lora.cuh's layout: per adapted projection A [r][in] then
- * B^T [r][out], fp32, in one buffer) and rewrites the slot's table entries. The stream is drained
- * first, so no replay still reads the buffer or the entries being replaced. */
+/* Uploads route's adapter into slot s (k_lora.cuh's layout, cu_lora_pack: per adapted projection
+ * A then B, bf16, or fp32 on the exact path, in one buffer) and rewrites the slot's table entries.
+ * The stream is drained first, so no replay still reads the buffer or the entries being replaced. */
 static int lora_upload(cu_be *cb, int s, int route, squad_err *err) {
     const squad_specialists *sp = cb->sp;
     const squad_adapter *a = &sp->adapters[route];
-    size_t floats = 0;
+    size_t bytes = 0;
     for (int l = sp->split; l < cb->nl; l++)
         for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
             const squad_lora_proj *lp = &a->proj[l][p];
-            if (lp->A) floats += (size_t)lp->r * ((size_t)lp->in + (size_t)lp->out);
+            if (lp->A) bytes += cu_lora_pack_bytes(lp->r, lp->in, lp->out, cb->f32);
         }
     CU_TRY(cudaStreamSynchronize(cb->st));
     cu_lora_entry *tab = cb->lora_table_host + (size_t)s * cb->lora_stride;
@@ -357,36 +358,27 @@ static int lora_upload(cu_be *cb, int s, int route, squad_err *err) {
         cudaFree(cb->slot_buf[s]);
         cb->slot_buf[s] = NULL;
     }
-    float *host = (float *)malloc((floats ? floats : 1) * sizeof(float));
+    unsigned char *host = (unsigned char *)malloc(bytes ? bytes : 16);
     if (!host) return cu_err(err, SQUAD_E_NOMEM, "out of memory (staging adapter '%s')", a->label);
     void *buf = NULL;
-    cudaError_t e = cudaMalloc(&buf, (floats ? floats : 1) * sizeof(float));
+    cudaError_t e = cudaMalloc(&buf, bytes ? bytes : 16);
     if (e != cudaSuccess) {
         cudaGetLastError();
         free(host);
         return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
                       "CUDA backend: no device memory for adapter '%s' (%.1f MB): %s", a->label,
-                      (double)floats * sizeof(float) / (1 << 20), cudaGetErrorString(e));
+                      (double)bytes / (1 << 20), cudaGetErrorString(e));
     }
     size_t at = 0;
     for (int l = sp->split; l < cb->nl; l++)
         for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
             const squad_lora_proj *lp = &a->proj[l][p];
             if (!lp->A) continue;
-            const size_t na = (size_t)lp->r * lp->in, nb = (size_t)lp->r * lp->out;
-            memcpy(host + at, lp->A, na * sizeof(float));
-            for (int o = 0; o < lp->out; o++) /* B [out][r] -> B^T [r][out] */
-                for (int k = 0; k < lp->r; k++) host[at + na + (size_t)k * lp->out + o] = lp->B[(size_t)o * lp->r + k];
-            cu_lora_entry *en = &tab[(size_t)l * SQUAD_PROJ_COUNT + p];
-            en->A = (const float *)buf + at;
-            en->Bt = (const float *)buf + at + na;
-            en->r = lp->r;
-            en->in = lp->in;
-            en->out = lp->out;
-            en->scale = a->scale;
-            at += na + nb;
+            cu_lora_pack(lp->A, lp->B, lp->r, lp->in, lp->out, a->scale, cb->f32, host + at, (const char *)buf + at,
+                         &tab[(size_t)l * SQUAD_PROJ_COUNT + p]);
+            at += cu_lora_pack_bytes(lp->r, lp->in, lp->out, cb->f32);
         }
-    e = cudaMemcpyAsync(buf, host, floats * sizeof(float), cudaMemcpyHostToDevice, cb->st);
+    e = cudaMemcpyAsync(buf, host, bytes, cudaMemcpyHostToDevice, cb->st);
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(cb->lora_table + (size_t)s * cb->lora_stride, tab, sizeof *tab * (size_t)cb->lora_stride,
                             cudaMemcpyHostToDevice, cb->st);
@@ -471,11 +463,11 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if (!cb->lora_table_host || !cb->slot_route || !cb->slot_used || !cb->slot_buf)
         return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
-    if ((rc = dalloc(cb, (void **)&cb->lora_slot_dev, sizeof(int), MEM_SCRATCH, err))) return rc;
-    CU_TRY(cudaMallocHost((void **)&cb->lora_slot_host, sizeof(int)));
-    *cb->lora_slot_host = 0;
     const size_t R = (size_t)cb->max_chunk;
-    if ((rc = dalloc(cb, (void **)&cb->lora_u, R * (size_t)max_r * sizeof(float), MEM_SCRATCH, err))) return rc;
+    if ((rc = dalloc(cb, (void **)&cb->lora_token_slot_dev, R * sizeof(int), MEM_SCRATCH, err))) return rc;
+    CU_TRY(cudaMallocHost((void **)&cb->lora_token_slot_host, R * sizeof(int)));
+    memset(cb->lora_token_slot_host, 0, R * sizeof(int));
+    cb->lora_max_r = max_r;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->H * sizeof(double), MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->H * sizeof(double)));
@@ -485,27 +477,51 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
 
 /* ---- the forward of one chunk (enqueued on cb->st; captured into a graph or run eagerly) -------- */
 
-/* The low-rank term of projection p of layer l (k_lora.cu), when specialists are loaded and some
- * adapter adapts that projection: x [rows][ldx] the projection's input, y [rows][ldy] its output,
- * the projection's columns from yoff. Left out of the GEMM plan making (its outputs are scratch). */
+/* The low-rank terms of the GEMM output y [rows][ldy] of layer l whose columns from off[i] are
+ * projection ids[i] (i < n), computed from its input x [rows][ldx], in one k_lora.cu launch: the
+ * parts some adapter adapts, when specialists are loaded and l is from split on. Left out of the
+ * GEMM plan making (its outputs are scratch). */
+static int enqueue_lora_site(cu_be *cb, int l, const int *ids, const int *off, int n, const void *x, int ldx,
+                             int x_f32, void *y, int ldy, int y_f32, int rows, squad_err *err) {
+    if (!cb->sp || cb->gemm.tune || l < cb->sp->split) return 0;
+    cu_lora_site site;
+    memset(&site, 0, sizeof site);
+    site.stride = cb->lora_stride;
+    site.n_slots = cb->n_lora_slots;
+    site.max_rank = cb->lora_max_r;
+    for (int i = 0; i < n; i++) {
+        const int p = ids[i];
+        if (!cb->lora_out[l][p]) continue;
+        if (site.n_parts == CU_LORA_MAX_PARTS)
+            return cu_err(err, SQUAD_E_INVALID, "CUDA backend: more than %d adapted parts in one projection",
+                          CU_LORA_MAX_PARTS);
+        site.col[site.n_parts] = cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p;
+        site.yoff[site.n_parts] = off[i];
+        site.out[site.n_parts] = cb->lora_out[l][p];
+        site.n_parts++;
+    }
+    if (site.n_parts == 0) return 0;
+    return cu_lora(&site, cb->lora_token_slot_dev, x, ldx, x_f32, y, ldy, y_f32, rows, cb->n_sm, cb->st, err);
+}
+
+/* The low-rank term of projection p of layer l alone: x [rows][ldx] its input, y [rows][ldy] its
+ * output, the projection's columns from yoff. */
 static int enqueue_lora(cu_be *cb, int l, int p, const void *x, int ldx, int x_f32, void *y, int ldy, int yoff,
                         int y_f32, int rows, squad_err *err) {
-    if (!cb->sp || cb->gemm.tune || l < cb->sp->split || !cb->lora_out[l][p]) return 0;
-    return cu_lora(cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p, cb->lora_stride, cb->lora_slot_dev, cb->prm_dev,
-                   x, ldx, x_f32, y, ldy, yoff, y_f32, cb->lora_out[l][p], cb->lora_u, rows, cb->st, err);
+    return enqueue_lora_site(cb, l, &p, &yoff, 1, x, ldx, x_f32, y, ldy, y_f32, rows, err);
 }
 
 /* The low-rank terms of a fused in-projection (GDN: qkv | z | b | a; attention: q | k | v; the MLP:
- * gate | up): each adapted part adds into its own columns of proj. */
+ * gate | up) from x into proj, each adapted part into its own columns, in one launch. */
 static int enqueue_lora_fused(cu_be *cb, int l, const int *ids, const int *widths, int n, int ldy, int rows,
                               squad_err *err) {
-    int off = 0;
+    int off[CU_LORA_MAX_PARTS], at = 0;
+    if (n > CU_LORA_MAX_PARTS) return cu_err(err, SQUAD_E_INVALID, "CUDA backend: %d fused parts", n);
     for (int i = 0; i < n; i++) {
-        const int rc = enqueue_lora(cb, l, ids[i], cb->x, cb->H, cb->f32, cb->proj, ldy, off, cb->f32, rows, err);
-        if (rc) return rc;
-        off += widths[i];
+        off[i] = at;
+        at += widths[i];
     }
-    return 0;
+    return enqueue_lora_site(cb, l, ids, off, n, cb->x, cb->H, cb->f32, cb->proj, ldy, cb->f32, rows, err);
 }
 
 /* The kernel groups of cb->parts, in forward order. With every group this is the forward; with a
@@ -692,12 +708,13 @@ static int be_forward(squad_backend *be, const squad_chunk *ch, float *probs, sq
     const int bi = chunk_bucket(ch->len);
     const int si = span_bucket(cb, ch->start + ch->len);
     const int rows = CHUNK_BUCKETS[bi];
-    if (cb->sp) { /* the route's adapter resident, its slot to the device word the kernels read */
+    if (cb->sp) { /* the route's adapter resident, its slot to the real tokens' entries the kernels read */
         int slot = 0;
         const int rc = lora_select(cb, ch->route, &slot, err);
         if (rc) return rc;
-        *cb->lora_slot_host = slot;
-        CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
+        for (int t = 0; t < rows; t++) cb->lora_token_slot_host[t] = t < ch->len ? slot : 0;
+        CU_TRY(cudaMemcpyAsync(cb->lora_token_slot_dev, cb->lora_token_slot_host, (size_t)rows * sizeof(int),
+                               cudaMemcpyHostToDevice, cb->st));
     }
     if (ch->start < cb->kv_split) { /* a chunk that rewrites read-in-place positions: copy the blob first */
         const int rc = materialize_kv(cb, err);
@@ -864,7 +881,7 @@ static void be_destroy(squad_backend *be) {
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
-        if (cb->lora_slot_host) cudaFreeHost(cb->lora_slot_host);
+        if (cb->lora_token_slot_host) cudaFreeHost(cb->lora_token_slot_host);
         if (cb->router_host) cudaFreeHost(cb->router_host);
         for (int s = 0; cb->slot_buf && s < cb->n_lora_slots; s++)
             if (cb->slot_buf[s]) cudaFree(cb->slot_buf[s]);
