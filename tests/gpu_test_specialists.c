@@ -689,8 +689,8 @@ static void test_auto_device(void) {
 /* ---- the low-rank kernel against its host reference ------------------------------------------ */
 
 /* Error bounds of the kernel against the double reference, relative to |ref| + the term's absolute
- * magnitude (scale sum_k |B| sum_i |A| |x|): bf16 rounds u once (2^-9) and y once (2^-9), fp32
- * sums of up to ~1000 products stay far below 1e-5 of the absolute sum. */
+ * magnitude (scale sum_k |B| sum_i |A| |x|): bf16 rounds u once (2^-9) and a bf16 y once (2^-9);
+ * with fp32 x, u and y, sums of up to ~1000 products stay below 1e-5 of the absolute sum. */
 #define LORA_TOL_BF16 (3.0 / 512.0)
 #define LORA_TOL_EXACT 1e-5
 
@@ -813,9 +813,9 @@ static void lora_case_run(const lora_case *c, int x_f32, int y_f32) {
         squad_err err = {0};
         const int rc = squad_cuda_test_lora(&a, &err);
         CHECKF(rc == 0, "lora rows %d in %d: %s", c->rows, c->in, err.msg);
-        const double tol = x_f32 ? LORA_TOL_EXACT : LORA_TOL_BF16;
+        const double tol = x_f32 && y_f32 ? LORA_TOL_EXACT : LORA_TOL_BF16; /* bf16 anywhere: its rounding */
         double worst = 0;
-        int changed = 0, moved = 0;
+        int changed = 0, moved = 0, n_adapted = 0;
         for (int t = 0; rc == 0 && t < c->rows; t++) {
             const int s = ts[t] - 1;
             for (int col = 0; col < a.ldy; col++) {
@@ -830,13 +830,15 @@ static void lora_case_run(const lora_case *c, int x_f32, int y_f32) {
                 const double e = fabs((double)got[i] - ref[i]) / (tol * (fabs(ref[i]) + mag[i]) + 1e-30);
                 if (!(e <= worst)) worst = e;
                 moved += got[i] != y0[i];
+                n_adapted++;
             }
         }
         CHECKF(rc != 0 || changed == 0, "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: %d values outside the adapted "
                "rows and columns changed", c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, changed);
         CHECKF(rc != 0 || worst <= 1.0, "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: error %.3g of the bound",
                c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, worst);
-        CHECKF(rc != 0 || moved > 0, "lora rows %d: nothing was added", c->rows);
+        /* (a single value could keep its bf16 rounding by chance) */
+        CHECKF(rc != 0 || n_adapted < 8 || moved > 0, "lora rows %d: nothing was added", c->rows);
     } else {
         CHECK(!"out of memory");
     }
@@ -862,9 +864,12 @@ static void test_lora_kernel(void) {
         for (int m = 0; m < 4; m++) lora_case_run(&CASES[k], MODES[m][0], MODES[m][1]);
 }
 
-/* The launches' cost on the 0.8B shapes, printed (the lead's numbers for bench/RESULTS.md). */
+/* The launches' cost on the 0.8B shapes, printed (numbers for bench/RESULTS.md): the default grid,
+ * then a sweep of k_lora.cu's two grid settings (through their environment overrides) on a hit's
+ * question lengths. */
 static void bench_lora_kernel(void) {
     static const int ROWS[] = {32, 128, 512, 4096}, RANKS[] = {4, 16, 64};
+    static const char *const PER_SM[] = {"1", "2", "4"}, *const IN_PER_CW[] = {"0", "2", "4", "8"};
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
         for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
             squad_err err = {0};
@@ -872,10 +877,25 @@ static void bench_lora_kernel(void) {
             const int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, 0, &us, &err);
             const int rc2 = rc ? rc : squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, 1, &us_trunk, &err);
             CHECKF(rc == 0 && rc2 == 0, "bench_lora: %s", err.msg);
-            printf("lora bench: rows %4d rank %2d: %.2f us a GDN layer (4 launches), %.2f us with trunk tokens only; "
-                   "x 12 layers = %.1f us\n",
+            printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer (4 launches), %6.2f us with trunk tokens "
+                   "only; x 12 layers = %7.1f us\n",
                    ROWS[i], RANKS[j], us, us_trunk, 12 * us);
         }
+    for (int rows = 32; rows <= 128; rows *= 4)
+        for (size_t a = 0; a < sizeof PER_SM / sizeof PER_SM[0]; a++)
+            for (size_t b = 0; b < sizeof IN_PER_CW / sizeof IN_PER_CW[0]; b++) {
+                setenv("SQUAD_LORA_GRID_PER_SM", PER_SM[a], 1);
+                setenv("SQUAD_LORA_IN_PER_CW", IN_PER_CW[b], 1);
+                squad_err err = {0};
+                double us = -1;
+                const int rc = squad_cuda_bench_lora(rows, 16, 12, 0, &us, &err);
+                CHECKF(rc == 0, "bench_lora: %s", err.msg);
+                printf("lora sweep: rows %3d rank 16 SQUAD_LORA_GRID_PER_SM=%s SQUAD_LORA_IN_PER_CW=%s: %7.2f us a "
+                       "GDN layer\n",
+                       rows, PER_SM[a], IN_PER_CW[b], us);
+            }
+    unsetenv("SQUAD_LORA_GRID_PER_SM");
+    unsetenv("SQUAD_LORA_IN_PER_CW");
 }
 
 int main(void) {

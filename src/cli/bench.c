@@ -177,13 +177,16 @@ static int time_wrong_guess(const bench_ctx *c, int state, int suffix, const int
     for (int a = 0; !rc && got < c->reps && a < WRONG_GUESS_ATTEMPTS * c->reps; a++) {
         const int x = other_route(last_route, n_routes);
         double t_ms, t_cpu;
-        fill_ids(ids, state, c->vocab, 7000u + (unsigned)a);
-        fill_ids(ids + state, suffix, c->vocab, 8000u + (unsigned)a);
+        /* states never seen before, by any case of this run: a state cached under the router's
+         * route by an earlier sample would make the second pass a restore */
+        const unsigned seed = ((unsigned)suffix << 12) + (unsigned)a;
+        fill_ids(ids, state, c->vocab, 0x40000000u + seed);
+        fill_ids(ids + state, suffix, c->vocab, 0x50000000u + seed);
         row.specialist = x + 1; /* the state cached under x alone */
         if ((rc = score_timed(c->e, &row, res, &t_ms, &t_cpu))) break;
         last_route = router_argmax(res);
         if (last_route == x) continue; /* the router agrees with x on this state: draw another */
-        fill_ids(ids + state, suffix, c->vocab, 9000u + (unsigned)a);
+        fill_ids(ids + state, suffix, c->vocab, 0x60000000u + seed);
         row.specialist = 0;
         const uint64_t miss0 = mispredictions(c->e);
         if ((rc = score_timed(c->e, &row, res, &ms[got], &cpu[got]))) break;

@@ -9,8 +9,9 @@
  * The down product is recomputed by every column chunk of a token tile. That is the price of one
  * launch instead of two (no grid-wide barrier between the products), and it is small: the rank is
  * small, so u costs rank / chunk-width of the up product's work per block, and x and A come from
- * L2. The grid aims at LORA_BLOCKS_PER_SM blocks an SM: short chunks (a cache hit's question) get
- * narrow column chunks and many blocks, long chunks wide ones and few recomputations.
+ * L2. The grid aims at LORA_GRID_PER_SM blocks an SM: short chunks (a cache hit's question) get
+ * narrow column chunks and many blocks, long chunks wide ones and few recomputations; a floor on
+ * the chunk width keeps the recomputation in proportion where `in` is large (out_proj, down_proj).
  *
  * Per-token routes: a block reads its tokens' slots; for each distinct slot among them (one in a
  * row's tile, two where two rows meet) it runs both products with the rows of other slots zeroed
@@ -32,6 +33,8 @@
  */
 #include "k_lora.cuh"
 
+#include <stdlib.h>
+
 extern "C" {
 #include "specialists.h"
 }
@@ -42,7 +45,13 @@ extern "C" {
 #define LORA_RCH 32           /* rank columns of u per down pass: 4 n8 tiles per warp */
 #define LORA_LDP (LORA_RCH + 8) /* row stride of the down partials (floats): float2 stores conflict-free */
 #define LORA_CW_STEP 64       /* column chunks are multiples of this: one n8 tile per warp */
-#define LORA_BLOCKS_PER_SM 2  /* the grid's aim */
+#define LORA_MIN_BLOCKS 2     /* blocks an SM can hold (caps the registers at 128) */
+/* The grid: about LORA_GRID_PER_SM blocks an SM, but column chunks no narrower than the input row
+ * width / LORA_IN_PER_CW, so a block's up product is not dwarfed by the down product it repeats
+ * (and the repeated reads of x and A stay a small multiple of one pass). Both can be overridden
+ * for experiments by SQUAD_LORA_GRID_PER_SM and SQUAD_LORA_IN_PER_CW (0: no such floor). */
+#define LORA_GRID_PER_SM 1
+#define LORA_IN_PER_CW 4
 #define LORA_SMEM_DEFAULT (48 * 1024) /* dynamic shared memory above this needs the attribute */
 #define ROUTER_THREADS 256
 
@@ -124,7 +133,7 @@ static __device__ __forceinline__ uint32_t lora_x_pair(const bf16 *x, int ldx, i
 }
 
 template <typename Y>
-__global__ void __launch_bounds__(LORA_THREADS, LORA_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
     k_lora_mma(cu_lora_site site, lora_grid g, const int *token_slot, const bf16 *x, int ldx, int xpair, Y *y,
                int ldy, int rows) {
     extern __shared__ __align__(16) unsigned char lora_smem[];
@@ -224,7 +233,7 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_BLOCKS_PER_SM)
 /* ---- the exact path: fp32 x and entries ----------------------------------------------------------- */
 
 template <typename Y>
-__global__ void __launch_bounds__(LORA_THREADS, LORA_BLOCKS_PER_SM)
+__global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
     k_lora_f32(cu_lora_site site, lora_grid g, const int *token_slot, const float *x, int ldx, Y *y, int ldy,
                int rows) {
     extern __shared__ __align__(16) unsigned char lora_smem[];
@@ -315,13 +324,24 @@ void cu_lora_pack(const float *A, const float *B, int r, int in, int out, float 
     en->scale = scale;
 }
 
-/* The column chunks: about LORA_BLOCKS_PER_SM blocks an SM over the token tiles, chunks a multiple
- * of LORA_CW_STEP wide; returns the number of chunks. */
-static int lora_make_grid(const cu_lora_site *site, int tiles, int n_sm, lora_grid *g) {
+/* An experiment's override from the environment, else def. */
+static int lora_env(const char *name, int def, int lo, int hi) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    const int n = atoi(v);
+    return n < lo ? lo : n > hi ? hi : n;
+}
+
+/* The column chunks (the grid's y) for rows of width `in` split into `tiles` token tiles; returns
+ * the number of chunks. */
+static int lora_make_grid(const cu_lora_site *site, int tiles, int in, int n_sm, lora_grid *g) {
+    const int per_sm = lora_env("SQUAD_LORA_GRID_PER_SM", LORA_GRID_PER_SM, 1, 64);
+    const int in_per_cw = lora_env("SQUAD_LORA_IN_PER_CW", LORA_IN_PER_CW, 0, 1 << 20);
     int total = 0;
     for (int p = 0; p < site->n_parts; p++) total += site->out[p];
-    const int want = (LORA_BLOCKS_PER_SM * (n_sm > 0 ? n_sm : 1) + tiles - 1) / tiles;
+    const int want = (per_sm * (n_sm > 0 ? n_sm : 1) + tiles - 1) / tiles;
     g->cw = lora_round((total + want - 1) / want, LORA_CW_STEP);
+    if (in_per_cw > 0) g->cw = max(g->cw, lora_round((in + in_per_cw - 1) / in_per_cw, LORA_CW_STEP));
     g->chunk0[0] = 0;
     for (int p = 0; p < site->n_parts; p++) g->chunk0[p + 1] = g->chunk0[p] + (site->out[p] + g->cw - 1) / g->cw;
     for (int p = site->n_parts + 1; p <= CU_LORA_MAX_PARTS; p++) g->chunk0[p] = g->chunk0[site->n_parts];
@@ -351,7 +371,7 @@ int cu_lora(const cu_lora_site *site, const int *token_slot, const void *x, int 
                           site->yoff[p] + site->out[p], ldy);
     const int tiles = (rows + LORA_TM - 1) / LORA_TM;
     lora_grid g;
-    const dim3 grid((unsigned)tiles, (unsigned)lora_make_grid(site, tiles, n_sm, &g));
+    const dim3 grid((unsigned)tiles, (unsigned)lora_make_grid(site, tiles, ldx, n_sm, &g));
     if (!x_f32) {
         const int xpair = !(ldx & 1) && !((uintptr_t)x & 3);
         const size_t smem = sizeof(float) * LORA_WARPS * LORA_TM * LORA_LDP +

@@ -63,7 +63,7 @@ typedef struct cu_lora_site {
  * and nothing else of y is read or written. x is [rows][ldx] activations (fp32 when x_f32, else
  * bf16: the tensor-core path, whose entries must be bf16); y is [rows][ldy] (fp32 when y_f32, else
  * bf16). A bf16 x needs bf16 entries and an fp32 x fp32 entries (the backend packs one layout).
- * n_sm sizes the grid. */
+ * n_sm, the device's SMs, sizes the grid (k_lora.cu: LORA_GRID_PER_SM, LORA_IN_PER_CW). */
 int cu_lora(const cu_lora_site *site, const int *token_slot, const void *x, int ldx, int x_f32, void *y, int ldy,
             int y_f32, int rows, int n_sm, cudaStream_t st, squad_err *err);
 
