@@ -30,6 +30,7 @@
  *    leaves alone, slot-0 rows and out-of-range slots. Poison: x past `in` and the slot-0 rows' x
  *    are NaN, y's columns between parts are NaN; everything the kernel must not change must come
  *    back bit for bit. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes.
+ *    SQUAD_GPU_TEST_LORA_ONLY=1 stops after these (for compute-sanitizer runs of the kernel).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -738,7 +739,8 @@ static void lora_case_run(const lora_case *c, int x_f32, int y_f32) {
         off += c->out[p] + c->gap;
     }
     a.ldy = off;
-    uint64_t seed = (uint64_t)c->rows * 7919u + (uint64_t)c->in * 104729u + (uint64_t)c->rank[0] * 31u + (uint64_t)c->n_parts;
+    uint64_t seed = (uint64_t)c->rows * 7919u + (uint64_t)c->in * 104729u + (uint64_t)c->rank[0] * 31u +
+                    (uint64_t)c->n_parts;
     float *mats[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS][2];
     float *absm[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS][2];
     memset(mats, 0, sizeof mats);
@@ -822,7 +824,8 @@ static void lora_case_run(const lora_case *c, int x_f32, int y_f32) {
                 const size_t i = (size_t)t * a.ldy + col;
                 int adapted = 0;
                 for (int p = 0; p < c->n_parts; p++)
-                    if (col >= a.yoff[p] && col < a.yoff[p] + a.out[p]) adapted = s >= 0 && s < c->n_slots && a.r[s][p] > 0;
+                    if (col >= a.yoff[p] && col < a.yoff[p] + a.out[p])
+                        adapted = s >= 0 && s < c->n_slots && a.r[s][p] > 0;
                 if (!adapted) {
                     changed += !same_bits(got[i], y0[i]);
                     continue;
@@ -833,8 +836,10 @@ static void lora_case_run(const lora_case *c, int x_f32, int y_f32) {
                 n_adapted++;
             }
         }
-        CHECKF(rc != 0 || changed == 0, "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: %d values outside the adapted "
-               "rows and columns changed", c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, changed);
+        CHECKF(rc != 0 || changed == 0,
+               "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: %d values outside the adapted rows and "
+               "columns changed",
+               c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, changed);
         CHECKF(rc != 0 || worst <= 1.0, "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: error %.3g of the bound",
                c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, worst);
         /* (a single value could keep its bf16 rounding by chance) */
@@ -925,6 +930,13 @@ int main(void) {
     }
     test_lora_kernel();
     if (!getenv("SQUAD_GPU_TEST_QUICK")) bench_lora_kernel();
+    if (getenv("SQUAD_GPU_TEST_LORA_ONLY")) { /* the kernel alone, e.g. under compute-sanitizer */
+        squad_specialists_free(g_sp);
+        squad_model_free(g_m);
+        free(mdir);
+        free(sdir);
+        return test_summary("gpu_test_specialists");
+    }
     if (g_sp) {
         CHECK(g_sp->split == 2 && g_sp->router.layer == 2 && g_sp->router.n_labels == N_ROUTES);
         make_rows();

@@ -545,6 +545,12 @@ typedef struct lora_bench_site {
     int in, n_parts, out[CU_LORA_MAX_PARTS], y_f32;
 } lora_bench_site;
 
+/* A value in [-0.5, 0.5) from a 32-bit LCG. */
+static float bench_uniform(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) * 0x1p-24f - 0.5f;
+}
+
 static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, double *us, squad_err *err) {
     static const lora_bench_site SITES[LB_SITES] = {
         {LB_H, 4, {LB_QKV, LB_Z, LB_NV, LB_NV}, 0}, /* in-projection -> proj (bf16) */
@@ -566,9 +572,9 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, dou
     float *xh = (float *)malloc(sizeof(float) * (size_t)rows * max_in);
     int rc = A && B && host && tab && slots && xh ? 0 : cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     uint32_t seed = 12345u;
-    for (int i = 0; !rc && i < rank * max_in; i++) A[i] = ((seed = seed * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
-    for (int i = 0; !rc && i < rank * max_out; i++) B[i] = ((seed = seed * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
-    for (int i = 0; !rc && i < rows * max_in; i++) xh[i] = ((seed = seed * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
+    for (int i = 0; !rc && i < rank * max_in; i++) A[i] = bench_uniform(&seed);
+    for (int i = 0; !rc && i < rank * max_out; i++) B[i] = bench_uniform(&seed);
+    for (int i = 0; !rc && i < rows * max_in; i++) xh[i] = bench_uniform(&seed);
     for (int t = 0; !rc && t < rows; t++) slots[t] = trunk ? 0 : 1;
     void *dbuf = NULL, *dx = NULL, *dproj = NULL, *dh = NULL;
     cu_lora_entry *dtab = NULL;
@@ -588,7 +594,8 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, dou
     if (!rc) rc = talloc(b, &dh, sizeof(float) * (size_t)rows * LB_H, err);
     cudaError_t e = cudaSuccess;
     if (!rc) e = cudaMemcpy(dbuf, host, bytes, cudaMemcpyHostToDevice);
-    if (!rc && e == cudaSuccess) e = cudaMemcpy(dtab, tab, sizeof(cu_lora_entry) * (size_t)n_entries, cudaMemcpyHostToDevice);
+    if (!rc && e == cudaSuccess)
+        e = cudaMemcpy(dtab, tab, sizeof(cu_lora_entry) * (size_t)n_entries, cudaMemcpyHostToDevice);
     if (!rc && e == cudaSuccess) e = cudaMemcpy(dslot, slots, sizeof(int) * (size_t)rows, cudaMemcpyHostToDevice);
     free(A), free(B), free(host), free(tab), free(slots), free(xh);
     if (rc) return rc;

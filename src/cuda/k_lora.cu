@@ -44,6 +44,7 @@ extern "C" {
 #define LORA_WARPS (LORA_THREADS / 32)
 #define LORA_RCH 32           /* rank columns of u per down pass: 4 n8 tiles per warp */
 #define LORA_LDP (LORA_RCH + 8) /* row stride of the down partials (floats): float2 stores conflict-free */
+#define LORA_UP_GROUP 4       /* n8 column tiles a warp runs at once in the up product */
 #define LORA_CW_STEP 64       /* column chunks are multiples of this: one n8 tile per warp */
 #define LORA_MIN_BLOCKS 2     /* blocks an SM can hold (caps the registers at 128) */
 /* The grid: about LORA_GRID_PER_SM blocks an SM, but column chunks no narrower than the input row
@@ -178,7 +179,8 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
 #pragma unroll
             for (int j = 0; j < LORA_RCH / 8; j++)
                 if (j < nj) {
-                    *reinterpret_cast<float2 *>(&pw[gq * LORA_LDP + 8 * j + 2 * tq]) = make_float2(acc[j][0], acc[j][1]);
+                    *reinterpret_cast<float2 *>(&pw[gq * LORA_LDP + 8 * j + 2 * tq]) =
+                        make_float2(acc[j][0], acc[j][1]);
                     *reinterpret_cast<float2 *>(&pw[(gq + 8) * LORA_LDP + 8 * j + 2 * tq]) =
                         make_float2(acc[j][2], acc[j][3]);
                 }
@@ -194,37 +196,49 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
             }
             __syncthreads();
         }
-        /* 2. y += scale B u over the block's columns, n8 tiles shared by the warps */
+        /* 2. y += scale B u over the block's columns: LORA_UP_GROUP n8 tiles a warp at a time
+         * (tiles warp, warp + 8, ...: narrow chunks still spread over the warps), their B loads in
+         * flight together, then their y loads, then the stores */
         const int nt = (cend - cbeg + 7) / 8, nks2 = rp / 16, yo = pt.yoff;
         const int lim = min(cend, e.out);
-        for (int tile = warp; tile < nt; tile += LORA_WARPS) {
-            const int bcol = cbeg + tile * 8 + gq; /* the B row this lane loads */
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int base = 0; base < nt; base += LORA_WARPS * LORA_UP_GROUP) {
+            float acc[LORA_UP_GROUP][4] = {};
             for (int ks = 0; ks < nks2; ks++) {
                 const int k = ks * 16 + 2 * tq;
-                uint32_t a[4];
+                uint32_t a[4], b[LORA_UP_GROUP][2];
                 a[0] = *reinterpret_cast<const uint32_t *>(&U[gq * ldu + k]);
                 a[1] = *reinterpret_cast<const uint32_t *>(&U[(gq + 8) * ldu + k]);
                 a[2] = *reinterpret_cast<const uint32_t *>(&U[gq * ldu + k + 8]);
                 a[3] = *reinterpret_cast<const uint32_t *>(&U[(gq + 8) * ldu + k + 8]);
-                uint32_t b0 = 0, b1 = 0;
-                if (bcol < lim) {
-                    const bf16 *br = B + (size_t)bcol * rp + k;
-                    b0 = *reinterpret_cast<const uint32_t *>(br);
-                    b1 = *reinterpret_cast<const uint32_t *>(br + 8);
+#pragma unroll
+                for (int q = 0; q < LORA_UP_GROUP; q++) {
+                    const int bcol = cbeg + (base + warp + LORA_WARPS * q) * 8 + gq; /* this lane's B row */
+                    b[q][0] = b[q][1] = 0;
+                    if (bcol < lim) {
+                        const bf16 *br = B + (size_t)bcol * rp + k;
+                        b[q][0] = *reinterpret_cast<const uint32_t *>(br);
+                        b[q][1] = *reinterpret_cast<const uint32_t *>(br + 8);
+                    }
                 }
-                cu_mma16816(acc, a, b0, b1);
-            }
-            const int c0 = cbeg + tile * 8 + 2 * tq;
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int lr = gq + 8 * h;
-                if (!((mine >> lr) & 1u)) continue;
-                Y *py = y + (size_t)(t0 + lr) * ldy + yo;
-#pragma unroll
-                for (int q = 0; q < 2; q++)
-                    if (c0 + q < lim) cu_st(py + c0 + q, cu_ld(py + c0 + q) + e.scale * acc[2 * h + q]);
+                for (int q = 0; q < LORA_UP_GROUP; q++) cu_mma16816(acc[q], a, b[q][0], b[q][1]);
             }
+            float yv[LORA_UP_GROUP][4];
+#pragma unroll
+            for (int q = 0; q < LORA_UP_GROUP; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) { /* acc[q][i]: row gq + 8 (i / 2), column c0 + i % 2 */
+                    const int lr = gq + 8 * (i / 2), c = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq + i % 2;
+                    yv[q][i] = (mine >> lr) & 1u && c < lim ? cu_ld(y + (size_t)(t0 + lr) * ldy + yo + c) : 0.0f;
+                }
+#pragma unroll
+            for (int q = 0; q < LORA_UP_GROUP; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int lr = gq + 8 * (i / 2), c = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq + i % 2;
+                    if ((mine >> lr) & 1u && c < lim)
+                        cu_st(y + (size_t)(t0 + lr) * ldy + yo + c, yv[q][i] + e.scale * acc[q][i]);
+                }
         }
         __syncthreads(); /* U and the partials are the next slot's */
     }
