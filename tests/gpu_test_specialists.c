@@ -901,6 +901,17 @@ static void bench_lora_kernel(void) {
             }
     unsetenv("SQUAD_LORA_GRID_PER_SM");
     unsetenv("SQUAD_LORA_IN_PER_CW");
+    static const char *const CW_MAX[] = {"256", "512", "1024", "2048", "0"};
+    for (int rows = 512; rows <= 4096; rows *= 8)
+        for (size_t a = 0; a < sizeof CW_MAX / sizeof CW_MAX[0]; a++) {
+            setenv("SQUAD_LORA_CW_MAX", CW_MAX[a], 1);
+            squad_err err = {0};
+            double us = -1;
+            const int rc = squad_cuda_bench_lora(rows, 16, 12, 0, &us, &err);
+            CHECKF(rc == 0, "bench_lora: %s", err.msg);
+            printf("lora sweep: rows %4d rank 16 SQUAD_LORA_CW_MAX=%s: %7.2f us a GDN layer\n", rows, CW_MAX[a], us);
+        }
+    unsetenv("SQUAD_LORA_CW_MAX");
 }
 
 int main(void) {

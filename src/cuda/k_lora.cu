@@ -49,10 +49,13 @@ extern "C" {
 #define LORA_MIN_BLOCKS 2     /* blocks an SM can hold (caps the registers at 128) */
 /* The grid: about LORA_GRID_PER_SM blocks an SM, but column chunks no narrower than the input row
  * width / LORA_IN_PER_CW, so a block's up product is not dwarfed by the down product it repeats
- * (and the repeated reads of x and A stay a small multiple of one pass). Both can be overridden
- * for experiments by SQUAD_LORA_GRID_PER_SM and SQUAD_LORA_IN_PER_CW (0: no such floor). */
+ * (and the repeated reads of x and A stay a small multiple of one pass), and no wider than
+ * LORA_CW_MAX, so a long chunk (many token tiles, few column chunks) still has enough blocks in
+ * flight for its y read-modify-write. Each can be overridden for experiments by
+ * SQUAD_LORA_GRID_PER_SM, SQUAD_LORA_IN_PER_CW and SQUAD_LORA_CW_MAX (0: no such floor / cap). */
 #define LORA_GRID_PER_SM 1
 #define LORA_IN_PER_CW 4
+#define LORA_CW_MAX 1024
 #define LORA_SMEM_DEFAULT (48 * 1024) /* dynamic shared memory above this needs the attribute */
 #define ROUTER_THREADS 256
 
@@ -351,11 +354,13 @@ static int lora_env(const char *name, int def, int lo, int hi) {
 static int lora_make_grid(const cu_lora_site *site, int tiles, int in, int n_sm, lora_grid *g) {
     const int per_sm = lora_env("SQUAD_LORA_GRID_PER_SM", LORA_GRID_PER_SM, 1, 64);
     const int in_per_cw = lora_env("SQUAD_LORA_IN_PER_CW", LORA_IN_PER_CW, 0, 1 << 20);
+    const int cw_max = lora_env("SQUAD_LORA_CW_MAX", LORA_CW_MAX, 0, 1 << 20);
     int total = 0;
     for (int p = 0; p < site->n_parts; p++) total += site->out[p];
     const int want = (per_sm * (n_sm > 0 ? n_sm : 1) + tiles - 1) / tiles;
     g->cw = lora_round((total + want - 1) / want, LORA_CW_STEP);
     if (in_per_cw > 0) g->cw = max(g->cw, lora_round((in + in_per_cw - 1) / in_per_cw, LORA_CW_STEP));
+    if (cw_max > 0) g->cw = max(LORA_CW_STEP, min(g->cw, lora_round(cw_max, LORA_CW_STEP)));
     g->chunk0[0] = 0;
     for (int p = 0; p < site->n_parts; p++) g->chunk0[p + 1] = g->chunk0[p] + (site->out[p] + g->cw - 1) / g->cw;
     for (int p = site->n_parts + 1; p <= CU_LORA_MAX_PARTS; p++) g->chunk0[p] = g->chunk0[site->n_parts];
