@@ -42,9 +42,10 @@ extern "C" {
 #define LORA_TM 16            /* tokens per block: the mma's M */
 #define LORA_THREADS 256
 #define LORA_WARPS (LORA_THREADS / 32)
-#define LORA_RCH 32           /* rank columns of u per down pass: 4 n8 tiles per warp */
+#define LORA_RCH 16           /* rank columns of u per down pass: 2 n8 tiles per warp (rank 16: one pass) */
 #define LORA_LDP (LORA_RCH + 8) /* row stride of the down partials (floats): float2 stores conflict-free */
 #define LORA_UP_GROUP 4       /* n8 column tiles a warp runs at once in the up product */
+#define LORA_KB 8             /* k-steps of the down product a warp loads before its mmas */
 #define LORA_CW_STEP 64       /* column chunks are multiples of this: one n8 tile per warp */
 #define LORA_MIN_BLOCKS 2     /* blocks an SM can hold (caps the registers at 128) */
 /* The grid: about LORA_GRID_PER_SM blocks an SM, but column chunks no narrower than the input row
@@ -162,21 +163,33 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
         for (int k0 = 0; k0 < rp; k0 += LORA_RCH) {
             const int nj = min(LORA_RCH, rp - k0) / 8;
             float acc[LORA_RCH / 8][4] = {};
-#pragma unroll 4 /* loads of later steps in flight while the first wait on L2 */
-            for (int ks = warp; ks < nks; ks += LORA_WARPS) {
-                const int k = ks * 16 + 2 * tq;
-                uint32_t a[4];
-                a[0] = lora_x_pair(x, ldx, ra, rows, k, e.in, xpair);
-                a[1] = lora_x_pair(x, ldx, rb, rows, k, e.in, xpair);
-                a[2] = lora_x_pair(x, ldx, ra, rows, k + 8, e.in, xpair);
-                a[3] = lora_x_pair(x, ldx, rb, rows, k + 8, e.in, xpair);
+            /* LORA_KB k-steps a warp: every x and A fragment of them loaded into registers before
+             * the first mma, so a warp waits on memory once per LORA_KB steps, not once a step */
+            for (int kb = warp; kb < nks; kb += LORA_WARPS * LORA_KB) {
+                uint32_t a[LORA_KB][4], bA[LORA_KB][LORA_RCH / 8][2];
 #pragma unroll
-                for (int j = 0; j < LORA_RCH / 8; j++)
-                    if (j < nj) {
-                        const bf16 *ar = A + (size_t)(k0 + 8 * j + gq) * lda + k;
-                        cu_mma16816(acc[j], a, *reinterpret_cast<const uint32_t *>(ar),
-                                    *reinterpret_cast<const uint32_t *>(ar + 8));
+                for (int q = 0; q < LORA_KB; q++) {
+                    const int ks = kb + q * LORA_WARPS, k = ks * 16 + 2 * tq;
+                    const bool on = ks < nks;
+                    a[q][0] = on ? lora_x_pair(x, ldx, ra, rows, k, e.in, xpair) : 0u;
+                    a[q][1] = on ? lora_x_pair(x, ldx, rb, rows, k, e.in, xpair) : 0u;
+                    a[q][2] = on ? lora_x_pair(x, ldx, ra, rows, k + 8, e.in, xpair) : 0u;
+                    a[q][3] = on ? lora_x_pair(x, ldx, rb, rows, k + 8, e.in, xpair) : 0u;
+#pragma unroll
+                    for (int j = 0; j < LORA_RCH / 8; j++) {
+                        bA[q][j][0] = bA[q][j][1] = 0u;
+                        if (on && j < nj) {
+                            const bf16 *ar = A + (size_t)(k0 + 8 * j + gq) * lda + k;
+                            bA[q][j][0] = *reinterpret_cast<const uint32_t *>(ar);
+                            bA[q][j][1] = *reinterpret_cast<const uint32_t *>(ar + 8);
+                        }
                     }
+                }
+#pragma unroll
+                for (int q = 0; q < LORA_KB; q++)
+#pragma unroll
+                    for (int j = 0; j < LORA_RCH / 8; j++)
+                        if (kb + q * LORA_WARPS < nks && j < nj) cu_mma16816(acc[j], a[q], bA[q][j][0], bA[q][j][1]);
             }
             float *pw = part + warp * LORA_TM * LORA_LDP;
 #pragma unroll
@@ -200,11 +213,19 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
             __syncthreads();
         }
         /* 2. y += scale B u over the block's columns: LORA_UP_GROUP n8 tiles a warp at a time
-         * (tiles warp, warp + 8, ...: narrow chunks still spread over the warps), their B loads in
-         * flight together, then their y loads, then the stores */
+         * (tiles warp, warp + 8, ...: narrow chunks still spread over the warps), their y loads and
+         * B loads in flight together, then the mmas, then the stores */
         const int nt = (cend - cbeg + 7) / 8, nks2 = rp / 16, yo = pt.yoff;
         const int lim = min(cend, e.out);
         for (int base = 0; base < nt; base += LORA_WARPS * LORA_UP_GROUP) {
+            float yv[LORA_UP_GROUP][4]; /* y first: its loads and B's in flight together */
+#pragma unroll
+            for (int q = 0; q < LORA_UP_GROUP; q++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) { /* acc[q][i]: row gq + 8 (i / 2), column c0 + i % 2 */
+                    const int lr = gq + 8 * (i / 2), c = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq + i % 2;
+                    yv[q][i] = (mine >> lr) & 1u && c < lim ? cu_ld(y + (size_t)(t0 + lr) * ldy + yo + c) : 0.0f;
+                }
             float acc[LORA_UP_GROUP][4] = {};
             for (int ks = 0; ks < nks2; ks++) {
                 const int k = ks * 16 + 2 * tq;
@@ -226,14 +247,6 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
 #pragma unroll
                 for (int q = 0; q < LORA_UP_GROUP; q++) cu_mma16816(acc[q], a, b[q][0], b[q][1]);
             }
-            float yv[LORA_UP_GROUP][4];
-#pragma unroll
-            for (int q = 0; q < LORA_UP_GROUP; q++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) { /* acc[q][i]: row gq + 8 (i / 2), column c0 + i % 2 */
-                    const int lr = gq + 8 * (i / 2), c = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq + i % 2;
-                    yv[q][i] = (mine >> lr) & 1u && c < lim ? cu_ld(y + (size_t)(t0 + lr) * ldy + yo + c) : 0.0f;
-                }
 #pragma unroll
             for (int q = 0; q < LORA_UP_GROUP; q++)
 #pragma unroll
