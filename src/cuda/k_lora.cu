@@ -137,10 +137,20 @@ static __device__ __forceinline__ uint32_t lora_x_pair(const bf16 *x, int ldx, i
     return lo | hi << 16;
 }
 
+/* Two adjacent y values as one access (ypair: every pair the kernel touches is aligned for it). */
+static __device__ __forceinline__ float2 lora_ld2(const bf16 *p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+static __device__ __forceinline__ float2 lora_ld2(const float *p) { return *reinterpret_cast<const float2 *>(p); }
+static __device__ __forceinline__ void lora_st2(bf16 *p, float2 v) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v.x, v.y);
+}
+static __device__ __forceinline__ void lora_st2(float *p, float2 v) { *reinterpret_cast<float2 *>(p) = v; }
+
 template <typename Y>
 __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
     k_lora_mma(cu_lora_site site, lora_grid g, const int *token_slot, const bf16 *x, int ldx, int xpair, Y *y,
-               int ldy, int rows) {
+               int ldy, int ypair, int rows) {
     extern __shared__ __align__(16) unsigned char lora_smem[];
     float *part = reinterpret_cast<float *>(lora_smem);        /* [LORA_WARPS][LORA_TM][LORA_LDP] */
     bf16 *U = reinterpret_cast<bf16 *>(part + LORA_WARPS * LORA_TM * LORA_LDP); /* [LORA_TM][ldu] */
@@ -218,13 +228,25 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
         const int nt = (cend - cbeg + 7) / 8, nks2 = rp / 16, yo = pt.yoff;
         const int lim = min(cend, e.out);
         for (int base = 0; base < nt; base += LORA_WARPS * LORA_UP_GROUP) {
-            float yv[LORA_UP_GROUP][4]; /* y first: its loads and B's in flight together */
+            /* y first: its loads and B's in flight together; a lane's two adjacent columns
+             * (acc[q][2 h], acc[q][2 h + 1]: row gq + 8 h, columns c0, c0 + 1) as one access when
+             * ypair allows */
+            float yv[LORA_UP_GROUP][4];
 #pragma unroll
             for (int q = 0; q < LORA_UP_GROUP; q++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) { /* acc[q][i]: row gq + 8 (i / 2), column c0 + i % 2 */
-                    const int lr = gq + 8 * (i / 2), c = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq + i % 2;
-                    yv[q][i] = (mine >> lr) & 1u && c < lim ? cu_ld(y + (size_t)(t0 + lr) * ldy + yo + c) : 0.0f;
+                for (int h = 0; h < 2; h++) {
+                    const int lr = gq + 8 * h, c0 = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq;
+                    const Y *py = y + (size_t)(t0 + lr) * ldy + yo + c0;
+                    const bool on = (mine >> lr) & 1u;
+                    if (on && ypair && c0 + 1 < lim) {
+                        const float2 v = lora_ld2(py);
+                        yv[q][2 * h] = v.x;
+                        yv[q][2 * h + 1] = v.y;
+                    } else {
+                        yv[q][2 * h] = on && c0 < lim ? cu_ld(py) : 0.0f;
+                        yv[q][2 * h + 1] = on && c0 + 1 < lim ? cu_ld(py + 1) : 0.0f;
+                    }
                 }
             float acc[LORA_UP_GROUP][4] = {};
             for (int ks = 0; ks < nks2; ks++) {
@@ -250,10 +272,18 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
 #pragma unroll
             for (int q = 0; q < LORA_UP_GROUP; q++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int lr = gq + 8 * (i / 2), c = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq + i % 2;
-                    if ((mine >> lr) & 1u && c < lim)
-                        cu_st(y + (size_t)(t0 + lr) * ldy + yo + c, yv[q][i] + e.scale * acc[q][i]);
+                for (int h = 0; h < 2; h++) {
+                    const int lr = gq + 8 * h, c0 = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq;
+                    Y *py = y + (size_t)(t0 + lr) * ldy + yo + c0;
+                    if (!((mine >> lr) & 1u)) continue;
+                    const float v0 = yv[q][2 * h] + e.scale * acc[q][2 * h];
+                    const float v1 = yv[q][2 * h + 1] + e.scale * acc[q][2 * h + 1];
+                    if (ypair && c0 + 1 < lim) {
+                        lora_st2(py, make_float2(v0, v1));
+                    } else {
+                        if (c0 < lim) cu_st(py, v0);
+                        if (c0 + 1 < lim) cu_st(py + 1, v1);
+                    }
                 }
         }
         __syncthreads(); /* U and the partials are the next slot's */
@@ -406,13 +436,17 @@ int cu_lora(const cu_lora_site *site, const int *token_slot, const void *x, int 
     const dim3 grid((unsigned)tiles, (unsigned)lora_make_grid(site, tiles, ldx, n_sm, &g));
     if (!x_f32) {
         const int xpair = !(ldx & 1) && !((uintptr_t)x & 3);
+        /* y pairs: even ldy and part offsets (column chunks start at multiples of LORA_CW_STEP), y
+         * aligned for two values */
+        int ypair = !(ldy & 1) && !((uintptr_t)y & (y_f32 ? 7 : 3));
+        for (int p = 0; p < site->n_parts; p++) ypair = ypair && !(site->yoff[p] & 1);
         const size_t smem = sizeof(float) * LORA_WARPS * LORA_TM * LORA_LDP +
                             sizeof(bf16) * LORA_TM * (size_t)(lora_round(site->max_rank, 16) + 8);
         if (y_f32)
             return lora_launch(k_lora_mma<float>, "k_lora_mma", grid, smem, st, err, *site, g, token_slot,
-                               (const bf16 *)x, ldx, xpair, (float *)y, ldy, rows);
+                               (const bf16 *)x, ldx, xpair, (float *)y, ldy, ypair, rows);
         return lora_launch(k_lora_mma<bf16>, "k_lora_mma", grid, smem, st, err, *site, g, token_slot, (const bf16 *)x,
-                           ldx, xpair, (bf16 *)y, ldy, rows);
+                           ldx, xpair, (bf16 *)y, ldy, ypair, rows);
     }
     const size_t smem = sizeof(float) * LORA_TM * (size_t)site->max_rank;
     if (y_f32)
