@@ -23,6 +23,11 @@
  * up product, whose n8 column tiles the warps share. Operands are loaded straight from global
  * memory in the fragments' layout: A [rp][lda] and B [out][rp] are zero-padded to multiples of 16
  * by cu_lora_pack, so only x needs guards (its tail past `in`, rows past the chunk).
+ * At a hit's few tokens the launch is latency-bound (the work is tiny), so the kernel counts
+ * dependent trips to memory, not bytes: the slots and the block's entries come in one round (a
+ * warp each); a warp loads the x and A fragments of LORA_KB down-product steps before their mmas;
+ * the up product loads y with B (as pairs where aligned). A rank-16 site is then about three
+ * rounds: slots and entries, x and A, y and B.
  * The exact path (fp32 x, fp32 entries) keeps fp32 FMAs in the arithmetic of the earlier
  * per-token kernels: u[t][k] as lane-strided partial sums reduced with shuffles, y as a sum over k
  * in order.
@@ -45,6 +50,8 @@ extern "C" {
 #define LORA_RCH 16           /* rank columns of u per down pass: 2 n8 tiles per warp (rank 16: one pass) */
 #define LORA_LDP (LORA_RCH + 8) /* row stride of the down partials (floats): float2 stores conflict-free */
 #define LORA_UP_GROUP 4       /* n8 column tiles a warp runs at once in the up product */
+#define LORA_SMEM_ENTRIES 32  /* slots whose entries a block reads from shared memory */
+static_assert(LORA_THREADS >= 32 + LORA_SMEM_ENTRIES, "lora_load_slots: a warp of slot loads, then the entries");
 #define LORA_KB 8             /* k-steps of the down product a warp loads before its mmas */
 #define LORA_CW_STEP 64       /* column chunks are multiples of this: one n8 tile per warp */
 #define LORA_MIN_BLOCKS 2     /* blocks an SM can hold (caps the registers at 128) */
@@ -94,21 +101,33 @@ static __device__ __forceinline__ lora_part lora_block_part(const cu_lora_site &
     return r;
 }
 
-/* The tile's token slots into ts (0 past rows or outside [1, n_slots]); returns the mask of tiles
- * rows with a slot. Every thread gets the same mask. */
-static __device__ __forceinline__ unsigned lora_load_slots(int *ts, const int *token_slot, int t0, int rows,
-                                                           int n_slots) {
+/* The tile's token slots into ts (0 past rows or outside [1, n_slots]) and, in the same memory
+ * round, the block's part's entries of the first LORA_SMEM_ENTRIES slots into ents (a second
+ * warp loads them while the first loads the slots, so reading a slot's entry is no second
+ * dependent trip to global memory); returns the mask of the tile's rows with a slot. Every thread
+ * gets the same mask. */
+static __device__ __forceinline__ unsigned lora_load_slots(int *ts, cu_lora_entry *ents, const lora_part &pt,
+                                                           const cu_lora_site &site, const int *token_slot, int t0,
+                                                           int rows) {
     if (threadIdx.x < LORA_TM) {
         const int t = t0 + (int)threadIdx.x;
         const int s = t < rows ? token_slot[t] : 0;
-        ts[threadIdx.x] = s >= 1 && s <= n_slots ? s : 0;
+        ts[threadIdx.x] = s >= 1 && s <= site.n_slots ? s : 0;
     }
+    const int i = (int)threadIdx.x - 32;
+    if (i >= 0 && i < min(site.n_slots, LORA_SMEM_ENTRIES)) ents[i] = pt.col[(size_t)i * site.stride];
     __syncthreads();
     unsigned todo = 0;
 #pragma unroll
     for (int i = 0; i < LORA_TM; i++)
         if (ts[i] > 0) todo |= 1u << i;
     return todo;
+}
+
+/* Slot s's entry of the block's part (s >= 1). */
+static __device__ __forceinline__ cu_lora_entry lora_entry(const cu_lora_entry *ents, const lora_part &pt,
+                                                           const cu_lora_site &site, int s) {
+    return s <= LORA_SMEM_ENTRIES ? ents[s - 1] : pt.col[(size_t)(s - 1) * site.stride];
 }
 
 /* The next slot of the tile to run (the lowest row's of todo) and the mask of its rows, taken out
@@ -155,17 +174,18 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
     float *part = reinterpret_cast<float *>(lora_smem);        /* [LORA_WARPS][LORA_TM][LORA_LDP] */
     bf16 *U = reinterpret_cast<bf16 *>(part + LORA_WARPS * LORA_TM * LORA_LDP); /* [LORA_TM][ldu] */
     __shared__ int ts[LORA_TM];
+    __shared__ cu_lora_entry ents[LORA_SMEM_ENTRIES];
     const int ldu = lora_round(site.max_rank, 16) + 8; /* row stride: u fragment loads conflict-free */
     const int t0 = (int)blockIdx.x * LORA_TM;
     const lora_part pt = lora_block_part(site, g);
     const int cbeg = pt.cbeg, cend = pt.cend;
-    unsigned todo = lora_load_slots(ts, token_slot, t0, rows, site.n_slots);
+    unsigned todo = lora_load_slots(ts, ents, pt, site, token_slot, t0, rows);
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int ra = t0 + gq, rb = t0 + gq + 8;
     while (todo) {
         unsigned mine;
         const int s = lora_next_slot(ts, &todo, &mine);
-        const cu_lora_entry e = pt.col[(size_t)(s - 1) * site.stride];
+        const cu_lora_entry e = lora_entry(ents, pt, site, s);
         if (e.r <= 0 || e.f32) continue;
         const int rp = lora_round(e.r, 16), lda = lora_round(e.in, 16), nks = lda / 16;
         const bf16 *A = static_cast<const bf16 *>(e.A), *B = static_cast<const bf16 *>(e.B);
@@ -299,16 +319,17 @@ __global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
     extern __shared__ __align__(16) unsigned char lora_smem[];
     float *U = reinterpret_cast<float *>(lora_smem); /* [LORA_TM][max_rank] */
     __shared__ int ts[LORA_TM];
+    __shared__ cu_lora_entry ents[LORA_SMEM_ENTRIES];
     const int ldu = site.max_rank;
     const int t0 = (int)blockIdx.x * LORA_TM, nrow = min(LORA_TM, rows - t0);
     const lora_part pt = lora_block_part(site, g);
     const int cbeg = pt.cbeg, cend = pt.cend;
-    unsigned todo = lora_load_slots(ts, token_slot, t0, rows, site.n_slots);
+    unsigned todo = lora_load_slots(ts, ents, pt, site, token_slot, t0, rows);
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
     while (todo) {
         unsigned mine;
         const int s = lora_next_slot(ts, &todo, &mine);
-        const cu_lora_entry e = pt.col[(size_t)(s - 1) * site.stride];
+        const cu_lora_entry e = lora_entry(ents, pt, site, s);
         if (e.r <= 0 || !e.f32) continue;
         const float *A = static_cast<const float *>(e.A), *Bt = static_cast<const float *>(e.B);
         /* 1. u[t][k]: a warp per rank row, the tile's tokens at once */
