@@ -162,19 +162,26 @@ static int fwd(squad_backend *be, const squad_row *row, int start, int len, int 
     return rc;
 }
 
-static squad_backend *new_backend(int cuda, squad_precision prec, const squad_specialists *sp, int max_adapters) {
+/* batch_tokens: a forward's token budget (0: the options' default). */
+static squad_backend *new_backend_tokens(int cuda, squad_precision prec, const squad_specialists *sp, int max_adapters,
+                                         int batch_tokens) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.threads = 2;
     o.precision = prec;
     o.specialists = sp;
     o.max_adapters = max_adapters;
+    if (batch_tokens > 0) o.batch_tokens = batch_tokens;
     squad_err err = {0};
     squad_backend *be = cuda ? squad_cuda_backend_new(g_m, &o, MAX_CONTEXT, &err)
                              : squad_cpu_backend_new(g_m, &o, MAX_CONTEXT, &err);
     CHECKF(be != NULL, "%s backend: %s", cuda ? "CUDA" : "CPU", err.msg);
     if (be) CHECKF(be->specialists == (sp != NULL), "%s backend: specialists %d", be->name, be->specialists);
     return be;
+}
+
+static squad_backend *new_backend(int cuda, squad_precision prec, const squad_specialists *sp, int max_adapters) {
+    return new_backend_tokens(cuda, prec, sp, max_adapters, 0);
 }
 
 /* The router features' worst absolute difference, as means over n tokens. */
@@ -328,7 +335,7 @@ static void test_mixed_batch(squad_precision prec) {
     probs_t alone[N_ROWS][N_ROUTES][2], got[MIX_N][2];
     double *asum = calloc((size_t)N_ROWS * N_ROUTES * H, sizeof(double));
     double *bsum = calloc((size_t)MIX_N * H, sizeof(double));
-    squad_backend *be = asum && bsum ? new_backend(1, prec, g_sp, 0) : NULL;
+    squad_backend *be = asum && bsum ? new_backend_tokens(1, prec, g_sp, 0, MIX_N * n) : NULL;
     CHECK(be != NULL);
     if (!be) goto done;
     CHECKF(be->mixed_routes == 1, "mixed_routes %d", be->mixed_routes);
@@ -368,7 +375,7 @@ static void test_mixed_batch(squad_precision prec) {
            PREC_NAME[!exact], MIX_N, worst, worst_feat);
     be->destroy(be);
     /* one adapter slot: two specialist routes in one batch do not fit */
-    be = new_backend(1, prec, g_sp, 1);
+    be = new_backend_tokens(1, prec, g_sp, 1, MIX_N * n);
     if (!be) goto done;
     for (int c = 0; c < 2; c++) {
         CHECK(be->reset(be, c, &err) == 0);
