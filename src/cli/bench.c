@@ -7,7 +7,8 @@
  * the process's peak RSS. Token ids are deterministic pseudo-random ids within the vocabulary.
  * With --specialists every row runs routed (or forced to --specialist LABEL): run the same cases
  * without it for the trunk alone. --wrong-guess adds hits whose guessed route the router overturns
- * (time_wrong_guess says how they are made).
+ * (time_wrong_guess says how they are made). --batch-routes N adds N hits scored as one batch, of
+ * one route and of mixed routes (time_route_batch).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -43,6 +44,9 @@ static void bench_help(FILE *f) {
             "                     guessed route is wrong: each sample's state cached under one route, its\n"
             "                     question routed by the router to another (a second pass; the line's\n"
             "                     \"mispredicted\" counts them)\n"
+            "  --batch-routes N   with --specialists and --state: also time N hits on the state scored as one\n"
+            "                     batch, every row forced to the first specialist, then the rows' routes\n"
+            "                     cycling over the trunk and every specialist (mixed routes in one batch)\n"
             "%s",
             CLI_ENGINE_OPTIONS_HELP);
 }
@@ -207,6 +211,64 @@ static int time_wrong_guess(const bench_ctx *c, int state, int suffix, const int
     return rc;
 }
 
+/* A batch of n hits on one state (--batch-routes N): the state cached under every route first
+ * (untimed; a state's checkpoints belong to the route they ran with), then n rows of that state
+ * and a fresh question each scored together with squad_engine_score_batch, every row forced to
+ * route 1 ("one route") or row i to route i mod the routes ("mixed routes": the trunk and each
+ * specialist in one batch). Wall time of the batch; questions/s of the median. */
+static int time_route_batch(const bench_ctx *c, int state, int suffix, int n, int mixed, const int32_t *letters) {
+    const int len = state + suffix, n_routes = squad_specialists_count(c->sp);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)len * (size_t)n);
+    squad_row *rows = calloc((size_t)n, sizeof *rows);
+    squad_result *res = calloc((size_t)n, sizeof *res);
+    double *ms = calloc((size_t)c->reps, sizeof(double));
+    int32_t slot = len - 1, nopt = BENCH_LETTERS;
+    int rc = ids && rows && res && ms ? 0 : -1;
+    for (int i = 0; !rc && i < n; i++) {
+        int32_t *r = ids + (size_t)i * len;
+        fill_ids(r, state, c->vocab, 4242);
+        rows[i] = (squad_row){r, len, &slot, &nopt, 1, letters, BENCH_LETTERS, state, mixed ? i % n_routes + 1 : 2};
+    }
+    squad_err err = {0};
+    for (int rt = 0; !rc && rt < n_routes; rt++) { /* the state under each route */
+        squad_row w = rows[0];
+        w.specialist = rt + 1;
+        fill_ids(ids + state, suffix, c->vocab, 77u + (unsigned)rt);
+        if (squad_engine_score(c->e, &w, &res[0], &err)) rc = -1;
+    }
+    for (int rep = -1; !rc && rep < c->reps; rep++) { /* rep -1: the untimed warm-up */
+        for (int i = 0; i < n; i++)
+            fill_ids(ids + (size_t)i * len + state, suffix, c->vocab, 0x70000000u + ((unsigned)(rep + 1) << 10) + (unsigned)i);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (squad_engine_score_batch(c->e, rows, n, NULL, res, NULL, NULL, &err)) rc = -1;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        if (rep >= 0) ms[rep] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+    }
+    if (rc) fprintf(stderr, "squad bench: %s\n", err.msg[0] ? err.msg : "out of memory");
+    if (!rc) {
+        qsort(ms, (size_t)c->reps, sizeof(double), cmp_double);
+        const double med = ms[c->reps / 2];
+        int reused = 0, routes = 0;
+        unsigned seen[(SQUAD_MAX_ROUTES + 31) / 32] = {0}; /* the routes the rows ran with */
+        for (int i = 0; i < n; i++) {
+            reused += res[i].reused >= state;
+            const int rt = res[i].route;
+            if (rt >= 0 && rt < SQUAD_MAX_ROUTES && !(seen[rt / 32] >> (rt % 32) & 1u)) {
+                seen[rt / 32] |= 1u << (rt % 32);
+                routes++;
+            }
+        }
+        printf("{\"case\": \"batch %d hits, %s: state %d + question %d\", \"rows\": %d, \"routes\": %d, "
+               "\"rows_reusing_state\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"questions_per_s\": %.1f, "
+               "\"device\": \"%s\", \"precision\": \"%s\", \"peak_rss_mb\": %ld}\n",
+               n, mixed ? "mixed routes" : "one route", state, suffix, n, routes, reused, med, ms[0], n / (med / 1e3), squad_engine_device(c->e), c->precision, peak_rss_mb());
+        fflush(stdout);
+    }
+    free(ids), free(rows), free(res), free(ms);
+    return rc;
+}
+
 static void fill_ids(int32_t *ids, int n, int vocab, unsigned seed) {
     unsigned long long s = seed * 0x9E3779B97F4A7C15ULL + 1;
     for (int i = 0; i < n; i++) {
@@ -221,6 +283,7 @@ int cmd_bench(int argc, char **argv) {
     int suffixes[BENCH_MAX_LENGTHS] = {32, 128, 512}, n_suffixes = 3;
     long reps = 3, state = 0;
     int wrong_guess = 0;
+    long batch_routes = 0;
     squad_engine_opts opts;
     squad_engine_opts_default(&opts);
     for (int i = 1; i < argc; i++) {
@@ -238,6 +301,8 @@ int cmd_bench(int argc, char **argv) {
             spec_dir = argv[++i];
         } else if (!strcmp(a, "--wrong-guess")) {
             wrong_guess = 1;
+        } else if (!strcmp(a, "--batch-routes") && val) {
+            if (cli_parse_int(a, argv[++i], 1, 256, &batch_routes)) return 2;
         } else if (!strcmp(a, "--specialist") && val) {
             spec_label = argv[++i];
         } else if (!strcmp(a, "--lengths") && val) {
@@ -267,6 +332,11 @@ int cmd_bench(int argc, char **argv) {
     int forced = 0; /* squad_row.specialist */
     if ((spec_label || wrong_guess) && !spec_dir) {
         fprintf(stderr, "squad bench: %s needs --specialists DIR\n", spec_label ? "--specialist" : "--wrong-guess");
+        squad_model_free(m);
+        return 2;
+    }
+    if (batch_routes && (!spec_dir || spec_label || state == 0)) {
+        fprintf(stderr, "squad bench: --batch-routes needs --specialists, --state and no --specialist\n");
         squad_model_free(m);
         return 2;
     }
@@ -320,6 +390,7 @@ int cmd_bench(int argc, char **argv) {
     /* hits: the state cached by a first row, then each question length */
     if (!rc && state > 0) {
         if (opts.cache.budget_bytes == 0) opts.cache.budget_bytes = (size_t)1024 << 20;
+        if (batch_routes > opts.max_rows) opts.max_rows = (int)batch_routes; /* the whole batch in flight */
         e = squad_engine_new(m, &opts, &err);
         if (!e) {
             fprintf(stderr, "squad bench: %s\n", err.msg);
@@ -353,6 +424,12 @@ int cmd_bench(int argc, char **argv) {
             const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
             rc = time_wrong_guess(&c, (int)state, suffixes[k], letters);
         }
+        /* a batch of one route against a batch mixing the trunk and every specialist */
+        for (int k = 0; k < n_suffixes && !rc && batch_routes; k++)
+            for (int mixed = 0; mixed <= 1 && !rc; mixed++) {
+                const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
+                rc = time_route_batch(&c, (int)state, suffixes[k], (int)batch_routes, mixed, letters);
+            }
         squad_engine_free(e);
     }
     squad_specialists_free(sp);
