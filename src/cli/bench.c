@@ -237,8 +237,10 @@ static int time_route_batch(const bench_ctx *c, int state, int suffix, int n, in
         if (squad_engine_score(c->e, &w, &res[0], &err)) rc = -1;
     }
     for (int rep = -1; !rc && rep < c->reps; rep++) { /* rep -1: the untimed warm-up */
-        for (int i = 0; i < n; i++)
-            fill_ids(ids + (size_t)i * len + state, suffix, c->vocab, 0x70000000u + ((unsigned)(rep + 1) << 10) + (unsigned)i);
+        for (int i = 0; i < n; i++) {
+            const unsigned seed = 0x70000000u + ((unsigned)(rep + 1) << 10) + (unsigned)i;
+            fill_ids(ids + (size_t)i * len + state, suffix, c->vocab, seed);
+        }
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
         if (squad_engine_score_batch(c->e, rows, n, NULL, res, NULL, NULL, &err)) rc = -1;
@@ -262,7 +264,8 @@ static int time_route_batch(const bench_ctx *c, int state, int suffix, int n, in
         printf("{\"case\": \"batch %d hits, %s: state %d + question %d\", \"rows\": %d, \"routes\": %d, "
                "\"rows_reusing_state\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"questions_per_s\": %.1f, "
                "\"device\": \"%s\", \"precision\": \"%s\", \"peak_rss_mb\": %ld}\n",
-               n, mixed ? "mixed routes" : "one route", state, suffix, n, routes, reused, med, ms[0], n / (med / 1e3), squad_engine_device(c->e), c->precision, peak_rss_mb());
+               n, mixed ? "mixed routes" : "one route", state, suffix, n, routes, reused, med, ms[0], n / (med / 1e3),
+               squad_engine_device(c->e), c->precision, peak_rss_mb());
         fflush(stdout);
     }
     free(ids), free(rows), free(res), free(ms);

@@ -625,8 +625,8 @@ static cu_batch batch_of(const cu_be *cb, int nrows, int bucket) { return cu_bat
  * projection ids[i] (i < n), computed from its input x [rows][ldx], in one k_lora.cu launch: the
  * parts some adapter adapts, when specialists are loaded and l is from split on. Left out of the
  * GEMM plan making (its outputs are scratch). */
-static int enqueue_lora_site(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *off, int n, const void *x, int ldx,
-                             int x_f32, void *y, int ldy, int y_f32, squad_err *err) {
+static int enqueue_lora_site(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *off, int n,
+                             const void *x, int ldx, int x_f32, void *y, int ldy, int y_f32, squad_err *err) {
     if (!cb->sp || cb->gemm.tune || l < cb->sp->split) return 0;
     cu_lora_site site;
     memset(&site, 0, sizeof site);
@@ -650,8 +650,8 @@ static int enqueue_lora_site(cu_be *cb, const cu_batch *b, int l, const int *ids
 
 /* The low-rank term of projection p of layer l alone: x [rows][ldx] its input, y [rows][ldy] its
  * output, the projection's columns from yoff. */
-static int enqueue_lora(cu_be *cb, const cu_batch *b, int l, int p, const void *x, int ldx, int x_f32, void *y, int ldy, int yoff,
-                        int y_f32, squad_err *err) {
+static int enqueue_lora(cu_be *cb, const cu_batch *b, int l, int p, const void *x, int ldx, int x_f32, void *y,
+                        int ldy, int yoff, int y_f32, squad_err *err) {
     return enqueue_lora_site(cb, b, l, &p, &yoff, 1, x, ldx, x_f32, y, ldy, y_f32, err);
 }
 
