@@ -10,6 +10,10 @@
  *    all slots give the same answers, with the uploads counted; the graph count stays what the
  *    first chunk made whatever the route; the row in two chunks sums the same router features;
  *    bad routes are refused and the backend stays usable.
+ *  - A mixed-route batch: the three rows under routes 0 1 2 2 0 1 in one forward (per-token
+ *    adapter slots) against each (row, route) run alone: the same answers and router features, and
+ *    not another route's answer; with one adapter slot two specialist routes in one batch are
+ *    refused with SQUAD_E_UNSUPPORTED, the trunk with one specialist runs.
  *  - The engine on the same model, the router refitted (from the CPU backend's features) so three
  *    rows sharing a prefix route to three labels: uncached and cached, rows whose guess is right,
  *    rows whose guess is wrong (the two-pass path, on purpose), forced rows and memo repeats, with
@@ -21,6 +25,16 @@
  *    and the same argmax wherever the reference answer's top two do. Cached against uncached
  *    within TOL_CUDA_*_CACHED.
  *  - --device auto with specialists picks the GPU.
+ *  - The low-rank kernel alone (k_lora.cu through cuda_test_api.h) against its double-precision
+ *    host reference, on both paths (bf16 x on the tensor cores with bf16 or fp32 y; fp32 x and y):
+ *    ranks 1, 4, 16, 64 and 100, token counts that are not multiples of the 16-token tile (1, 37,
+ *    130), output widths that are not multiples of the column tiles (1, 3, 70, 300), `in` that is
+ *    odd or not a multiple of 16, one to four parts with unadapted columns between them, up to
+ *    three adapters whose rows alternate inside one chunk (per-token routes), a part one adapter
+ *    leaves alone, slot-0 rows and out-of-range slots. Poison: x past `in` and the slot-0 rows' x
+ *    are NaN, y's columns between parts are NaN; everything the kernel must not change must come
+ *    back bit for bit. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes.
+ *    SQUAD_GPU_TEST_LORA_ONLY=1 stops after these (for compute-sanitizer runs of the kernel).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -45,6 +59,7 @@
 
 #ifdef SQUAD_HAVE_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_test_api.h"
 
 #define FIXTURE "tests/fixtures/specialists"
 #define PREFIX 160
@@ -147,19 +162,26 @@ static int fwd(squad_backend *be, const squad_row *row, int start, int len, int 
     return rc;
 }
 
-static squad_backend *new_backend(int cuda, squad_precision prec, const squad_specialists *sp, int max_adapters) {
+/* batch_tokens: a forward's token budget (0: the options' default). */
+static squad_backend *new_backend_tokens(int cuda, squad_precision prec, const squad_specialists *sp, int max_adapters,
+                                         int batch_tokens) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.threads = 2;
     o.precision = prec;
     o.specialists = sp;
     o.max_adapters = max_adapters;
+    if (batch_tokens > 0) o.batch_tokens = batch_tokens;
     squad_err err = {0};
     squad_backend *be = cuda ? squad_cuda_backend_new(g_m, &o, MAX_CONTEXT, &err)
                              : squad_cpu_backend_new(g_m, &o, MAX_CONTEXT, &err);
     CHECKF(be != NULL, "%s backend: %s", cuda ? "CUDA" : "CPU", err.msg);
     if (be) CHECKF(be->specialists == (sp != NULL), "%s backend: specialists %d", be->name, be->specialists);
     return be;
+}
+
+static squad_backend *new_backend(int cuda, squad_precision prec, const squad_specialists *sp, int max_adapters) {
+    return new_backend_tokens(cuda, prec, sp, max_adapters, 0);
 }
 
 /* The router features' worst absolute difference, as means over n tokens. */
@@ -273,6 +295,106 @@ static void test_backend(squad_precision prec) {
     free(cpu_sum);
     free(sum);
     free(sum2);
+}
+
+/* ---- rows of different routes in one forward ---- */
+
+#define MIX_N 6 /* chunks in the mixed batch: every row under two routes, all three routes present */
+
+/* Row k as one whole chunk on sequence slot seq with route (both slots answered into probs). */
+static void row_chunk(squad_chunk *ck, int k, int seq, int route, probs_t *probs, double *rsum) {
+    const squad_row *row = &g_rows[k].row;
+    memset(ck, 0, sizeof *ck);
+    ck->seq = seq;
+    ck->ids = row->ids;
+    ck->len = row->n_ids;
+    ck->letters = row->letters;
+    ck->n_letters = row->n_letters;
+    ck->route = route;
+    ck->router_sum = rsum;
+    ck->n_slots = row->n_slots;
+    for (int i = 0; i < row->n_slots; i++) {
+        ck->slots[i] = row->slots[i];
+        ck->nopts[i] = row->nopts[i];
+    }
+    ck->probs = &probs[0][0];
+}
+
+/* A batch whose rows run three routes (per-token adapter slots in one forward) against each row
+ * run alone with its route on the same backend: the same answers and router features; each
+ * batched answer is its own route's, not a neighbour's. With one adapter slot a batch of two
+ * specialist routes is refused with SQUAD_E_UNSUPPORTED (the engine then splits it by route) and
+ * one of the trunk and a specialist runs. */
+static void test_mixed_batch(squad_precision prec) {
+    const int exact = prec == SQUAD_PRECISION_EXACT;
+    const double tol = exact ? TOL_CUDA_EXACT_CPU : TOL_CUDA_BF16_CACHED;
+    const double ftol = exact ? TOL_CUDA_EXACT_ROUTER_FEAT : TOL_CUDA_BF16_ROUTER_FEAT;
+    const int H = g_m->cfg.hidden_size, n = g_rows[0].row.n_ids;
+    static const int mix_row[MIX_N] = {0, 1, 2, 0, 1, 2}, mix_route[MIX_N] = {0, 1, 2, 2, 0, 1};
+    squad_err err = {0};
+    probs_t alone[N_ROWS][N_ROUTES][2], got[MIX_N][2];
+    double *asum = calloc((size_t)N_ROWS * N_ROUTES * H, sizeof(double));
+    double *bsum = calloc((size_t)MIX_N * H, sizeof(double));
+    squad_backend *be = asum && bsum ? new_backend_tokens(1, prec, g_sp, 0, MIX_N * n) : NULL;
+    CHECK(be != NULL);
+    if (!be) goto done;
+    CHECKF(be->mixed_routes == 1, "mixed_routes %d", be->mixed_routes);
+    for (int k = 0; k < N_ROWS; k++)
+        for (int r = 0; r < N_ROUTES; r++) {
+            squad_chunk ck;
+            row_chunk(&ck, k, 0, r, alone[k][r], asum + ((size_t)k * N_ROUTES + r) * H);
+            CHECK(be->reset(be, 0, &err) == 0);
+            CHECKF(be->forward(be, &ck, 1, &err) == 0, "[%s] row %d route %d alone: %s", PREC_NAME[!exact], k, r,
+                   err.msg);
+        }
+    squad_chunk ch[MIX_N];
+    for (int c = 0; c < MIX_N; c++) {
+        CHECK(be->reset(be, c, &err) == 0);
+        row_chunk(&ch[c], mix_row[c], c, mix_route[c], got[c], bsum + (size_t)c * H);
+    }
+    int rc = be->forward(be, ch, MIX_N, &err);
+    CHECKF(rc == 0, "[%s] mixed batch: %s", PREC_NAME[!exact], err.msg);
+    double worst = 0, worst_feat = 0;
+    for (int c = 0; !rc && c < MIX_N; c++) {
+        const int k = mix_row[c], r = mix_route[c];
+        const int32_t *nopts = g_rows[k].row.nopts;
+        const double d = max_diff(alone[k][r], got[c], nopts, 2);
+        const double fd = feat_diff(bsum + (size_t)c * H, asum + ((size_t)k * N_ROUTES + r) * H, H, n);
+        if (d > worst) worst = d;
+        if (fd > worst_feat) worst_feat = fd;
+        CHECKF(d <= tol, "[%s] mixed batch: row %d route %d %g from alone", PREC_NAME[!exact], k, r, d);
+        CHECKF(fd <= ftol, "[%s] mixed batch: row %d route %d router features %g", PREC_NAME[!exact], k, r, fd);
+        for (int o = 0; o < N_ROUTES; o++) { /* not another route's answer */
+            const double sep = max_diff(alone[k][r], alone[k][o], nopts, 2);
+            if (o != r && sep > 4 * tol)
+                CHECKF(max_diff(alone[k][o], got[c], nopts, 2) > 2 * tol,
+                       "[%s] mixed batch: row %d route %d answered as route %d", PREC_NAME[!exact], k, r, o);
+        }
+    }
+    printf("[%s] mixed batch of %d rows, routes 0 1 2 2 0 1: |batched - alone| %.3g, router features %.3g\n",
+           PREC_NAME[!exact], MIX_N, worst, worst_feat);
+    be->destroy(be);
+    /* one adapter slot: two specialist routes in one batch do not fit */
+    be = new_backend_tokens(1, prec, g_sp, 1, MIX_N * n);
+    if (!be) goto done;
+    for (int c = 0; c < 2; c++) {
+        CHECK(be->reset(be, c, &err) == 0);
+        row_chunk(&ch[c], c, c, c + 1, got[c], NULL);
+    }
+    CHECK(be->forward(be, ch, 2, &err) == SQUAD_E_UNSUPPORTED);
+    for (int c = 0; c < 2; c++) { /* the trunk and one specialist do */
+        CHECK(be->reset(be, c, &err) == 0);
+        row_chunk(&ch[c], c, c, c, got[c], NULL);
+    }
+    rc = be->forward(be, ch, 2, &err);
+    CHECKF(rc == 0, "[%s] one slot, routes 0 and 1: %s", PREC_NAME[!exact], err.msg);
+    for (int c = 0; !rc && c < 2; c++)
+        CHECKF(max_diff(alone[c][c], got[c], g_rows[c].row.nopts, 2) <= tol, "[%s] one slot: row %d route %d",
+               PREC_NAME[!exact], c, c);
+    be->destroy(be);
+done:
+    free(asum);
+    free(bsum);
 }
 
 /* ---- the engine: routing and the state cache ---- */
@@ -676,6 +798,233 @@ static void test_auto_device(void) {
     squad_engine_free(e);
 }
 
+/* ---- the low-rank kernel against its host reference ------------------------------------------ */
+
+/* Error bounds of the kernel against the double reference, relative to |ref| + the term's absolute
+ * magnitude (scale sum_k |B| sum_i |A| |x|): bf16 rounds u once (2^-9) and a bf16 y once (2^-9);
+ * with fp32 x, u and y, sums of up to ~1000 products stay below 1e-5 of the absolute sum. */
+#define LORA_TOL_BF16 (3.0 / 512.0)
+#define LORA_TOL_EXACT 1e-5
+
+typedef struct lora_case {
+    int rows, in, ldx, n_parts, out[CU_REF_LORA_MAX_PARTS], gap, n_slots, rank[3];
+} lora_case;
+
+static float lora_rnd(uint64_t *s) { return (float)((double)(rng_next(s) & 0xffffff) / 16777216.0) * 2.0f - 1.0f; }
+
+static float round_bf16(float v) { return squad_bf16_to_f32(squad_f32_to_bf16(v)); }
+
+static int same_bits(float a, float b) { return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof a) == 0; }
+
+/* The token slots of a chunk: runs of 5, 11, 2 and 20 tokens cycling through slots 1..n_slots and 0,
+ * one token of slot n_slots + 1 (not resident: nothing added), the last 3 rows padding. */
+static void lora_slots(int *ts, int rows, int n_slots) {
+    static const int RUN[4] = {5, 11, 2, 20};
+    int t = 0, run = 0, slot = 1;
+    while (t < rows) {
+        for (int i = 0; i < RUN[run % 4] && t < rows; i++) ts[t++] = slot;
+        run++;
+        slot = (slot + 1) % (n_slots + 1);
+    }
+    if (rows == 1) ts[0] = 1;
+    if (rows > 8) ts[7] = n_slots + 1;
+    for (int t2 = rows > 4 ? rows - 3 : rows; t2 < rows; t2++) ts[t2] = 0;
+}
+
+/* One case in one mode (x_f32, y_f32): the adapted values within the bound, everything else as it was. */
+static void lora_case_run(const lora_case *c, int x_f32, int y_f32) {
+    const int bf = !x_f32; /* bf16 entries and x */
+    cu_ref_lora_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = c->rows;
+    a.in = c->in;
+    a.ldx = c->ldx;
+    a.n_parts = c->n_parts;
+    a.n_slots = c->n_slots;
+    a.x_f32 = x_f32;
+    a.y_f32 = y_f32;
+    int off = c->gap;
+    for (int p = 0; p < c->n_parts; p++) {
+        a.yoff[p] = off;
+        a.out[p] = c->out[p];
+        off += c->out[p] + c->gap;
+    }
+    a.ldy = off;
+    uint64_t seed = (uint64_t)c->rows * 7919u + (uint64_t)c->in * 104729u + (uint64_t)c->rank[0] * 31u +
+                    (uint64_t)c->n_parts;
+    float *mats[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS][2];
+    float *absm[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS][2];
+    memset(mats, 0, sizeof mats);
+    memset(absm, 0, sizeof absm);
+    for (int s = 0; s < c->n_slots; s++) {
+        a.scale[s] = 0.5f + 0.25f * (float)s;
+        for (int p = 0; p < c->n_parts; p++) {
+            /* the second adapter leaves the last part of a multi-part site alone */
+            const int r = s == 1 && c->n_parts > 1 && p == c->n_parts - 1 ? 0 : c->rank[s];
+            a.r[s][p] = r;
+            if (!r) continue;
+            const size_t na = (size_t)r * c->in, nb = (size_t)c->out[p] * r;
+            float *A = malloc(sizeof(float) * na), *B = malloc(sizeof(float) * nb);
+            float *aA = malloc(sizeof(float) * na), *aB = malloc(sizeof(float) * nb);
+            if (!A || !B || !aA || !aB) {
+                CHECK(!"out of memory");
+                free(A), free(B), free(aA), free(aB);
+                a.r[s][p] = 0;
+                continue;
+            }
+            for (size_t i = 0; i < na; i++) {
+                A[i] = lora_rnd(&seed) / sqrtf((float)c->in);
+                if (bf) A[i] = round_bf16(A[i]);
+                aA[i] = fabsf(A[i]);
+            }
+            for (size_t i = 0; i < nb; i++) {
+                B[i] = lora_rnd(&seed) / (float)r;
+                if (bf) B[i] = round_bf16(B[i]);
+                aB[i] = fabsf(B[i]);
+            }
+            mats[s][p][0] = A, mats[s][p][1] = B, absm[s][p][0] = aA, absm[s][p][1] = aB;
+            a.A[s][p] = A, a.B[s][p] = B;
+        }
+    }
+    const size_t nx = (size_t)c->rows * c->ldx, ny = (size_t)c->rows * a.ldy;
+    int *ts = malloc(sizeof(int) * (size_t)c->rows);
+    float *x = malloc(sizeof(float) * nx), *ax = malloc(sizeof(float) * nx);
+    float *y0 = malloc(sizeof(float) * ny), *ref = malloc(sizeof(float) * ny), *got = malloc(sizeof(float) * ny);
+    float *mag = calloc(ny, sizeof(float));
+    if (ts && x && ax && y0 && ref && got && mag) {
+        lora_slots(ts, c->rows, c->n_slots);
+        for (int t = 0; t < c->rows; t++)
+            for (int i = 0; i < c->ldx; i++) {
+                float v = lora_rnd(&seed);
+                if (bf) v = round_bf16(v);
+                /* never read: past `in`, and the rows no adapter runs (padding may hold anything) */
+                const int routed = ts[t] >= 1 && ts[t] <= c->n_slots;
+                x[(size_t)t * c->ldx + i] = i >= c->in || !routed ? NAN : v;
+                ax[(size_t)t * c->ldx + i] = fabsf(v);
+            }
+        for (size_t i = 0; i < ny; i++) {
+            const int col = (int)(i % (size_t)a.ldy);
+            int in_part = 0;
+            for (int p = 0; p < c->n_parts; p++) in_part |= col >= a.yoff[p] && col < a.yoff[p] + a.out[p];
+            float v = lora_rnd(&seed) * 4.0f;
+            if (!y_f32) v = round_bf16(v);
+            y0[i] = in_part ? v : NAN;
+        }
+        memcpy(ref, y0, sizeof(float) * ny);
+        memcpy(got, y0, sizeof(float) * ny);
+        a.token_slot = ts;
+        a.x = x;
+        a.y = ref;
+        cu_ref_lora(&a);
+        cu_ref_lora_args m = a; /* the term's absolute magnitude: |A|, |B|, |x|, y = 0 */
+        for (int s = 0; s < c->n_slots; s++)
+            for (int p = 0; p < c->n_parts; p++) m.A[s][p] = absm[s][p][0], m.B[s][p] = absm[s][p][1];
+        m.x = ax;
+        m.y = mag;
+        cu_ref_lora(&m);
+        a.y = got;
+        squad_err err = {0};
+        const int rc = squad_cuda_test_lora(&a, &err);
+        CHECKF(rc == 0, "lora rows %d in %d: %s", c->rows, c->in, err.msg);
+        const double tol = x_f32 && y_f32 ? LORA_TOL_EXACT : LORA_TOL_BF16; /* bf16 anywhere: its rounding */
+        double worst = 0;
+        int changed = 0, moved = 0, n_adapted = 0;
+        for (int t = 0; rc == 0 && t < c->rows; t++) {
+            const int s = ts[t] - 1;
+            for (int col = 0; col < a.ldy; col++) {
+                const size_t i = (size_t)t * a.ldy + col;
+                int adapted = 0;
+                for (int p = 0; p < c->n_parts; p++)
+                    if (col >= a.yoff[p] && col < a.yoff[p] + a.out[p])
+                        adapted = s >= 0 && s < c->n_slots && a.r[s][p] > 0;
+                if (!adapted) {
+                    changed += !same_bits(got[i], y0[i]);
+                    continue;
+                }
+                const double e = fabs((double)got[i] - ref[i]) / (tol * (fabs(ref[i]) + mag[i]) + 1e-30);
+                if (!(e <= worst)) worst = e;
+                moved += got[i] != y0[i];
+                n_adapted++;
+            }
+        }
+        CHECKF(rc != 0 || changed == 0,
+               "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: %d values outside the adapted rows and "
+               "columns changed",
+               c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, changed);
+        CHECKF(rc != 0 || worst <= 1.0, "lora rows %d in %d parts %d rank %d x_f32 %d y_f32 %d: error %.3g of the bound",
+               c->rows, c->in, c->n_parts, c->rank[0], x_f32, y_f32, worst);
+        /* (a single value could keep its bf16 rounding by chance) */
+        CHECKF(rc != 0 || n_adapted < 8 || moved > 0, "lora rows %d: nothing was added", c->rows);
+    } else {
+        CHECK(!"out of memory");
+    }
+    for (int s = 0; s < CU_REF_LORA_MAX_SLOTS; s++)
+        for (int p = 0; p < CU_REF_LORA_MAX_PARTS; p++)
+            for (int k = 0; k < 2; k++) free(mats[s][p][k]), free(absm[s][p][k]);
+    free(ts), free(x), free(ax), free(y0), free(ref), free(got), free(mag);
+}
+
+static void test_lora_kernel(void) {
+    static const lora_case CASES[] = {
+        /* rows, in, ldx, parts, outs, gap, slots, ranks */
+        {1, 64, 64, 1, {1}, 0, 1, {1}},
+        {37, 64, 64, 1, {300}, 2, 2, {4, 16}},
+        {130, 1024, 1024, 4, {200, 70, 3, 3}, 5, 3, {16, 4, 1}},
+        {37, 37, 40, 2, {65, 129}, 1, 2, {64, 16}},
+        {16, 33, 33, 1, {70}, 0, 1, {16}},
+        {130, 200, 208, 3, {90, 33, 1}, 3, 3, {100, 64, 4}},
+        {9, 48, 48, 2, {8, 64}, 0, 2, {17, 1}},
+    };
+    static const int MODES[4][2] = {{0, 0}, {0, 1}, {1, 1}, {1, 0}}; /* (x_f32, y_f32) */
+    for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++)
+        for (int m = 0; m < 4; m++) lora_case_run(&CASES[k], MODES[m][0], MODES[m][1]);
+}
+
+/* The launches' cost on the 0.8B shapes, printed (numbers for bench/RESULTS.md): the default grid,
+ * then a sweep of k_lora.cu's two grid settings (through their environment overrides) on a hit's
+ * question lengths. */
+static void bench_lora_kernel(void) {
+    static const int ROWS[] = {32, 128, 512, 4096}, RANKS[] = {4, 16, 64};
+    static const char *const PER_SM[] = {"1", "2", "4"}, *const IN_PER_CW[] = {"0", "2", "4", "8"};
+    for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
+        for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
+            squad_err err = {0};
+            double us = -1, us_trunk = -1;
+            const int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, 0, &us, &err);
+            const int rc2 = rc ? rc : squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, 1, &us_trunk, &err);
+            CHECKF(rc == 0 && rc2 == 0, "bench_lora: %s", err.msg);
+            printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer (4 launches), %6.2f us with trunk tokens "
+                   "only; x 12 layers = %7.1f us\n",
+                   ROWS[i], RANKS[j], us, us_trunk, 12 * us);
+        }
+    for (int rows = 32; rows <= 128; rows *= 4)
+        for (size_t a = 0; a < sizeof PER_SM / sizeof PER_SM[0]; a++)
+            for (size_t b = 0; b < sizeof IN_PER_CW / sizeof IN_PER_CW[0]; b++) {
+                setenv("SQUAD_LORA_GRID_PER_SM", PER_SM[a], 1);
+                setenv("SQUAD_LORA_IN_PER_CW", IN_PER_CW[b], 1);
+                squad_err err = {0};
+                double us = -1;
+                const int rc = squad_cuda_bench_lora(rows, 16, 12, 0, &us, &err);
+                CHECKF(rc == 0, "bench_lora: %s", err.msg);
+                printf("lora sweep: rows %3d rank 16 SQUAD_LORA_GRID_PER_SM=%s SQUAD_LORA_IN_PER_CW=%s: %7.2f us a "
+                       "GDN layer\n",
+                       rows, PER_SM[a], IN_PER_CW[b], us);
+            }
+    unsetenv("SQUAD_LORA_GRID_PER_SM");
+    unsetenv("SQUAD_LORA_IN_PER_CW");
+    static const char *const CW_MAX[] = {"256", "512", "1024", "2048", "0"};
+    for (int rows = 512; rows <= 4096; rows *= 8)
+        for (size_t a = 0; a < sizeof CW_MAX / sizeof CW_MAX[0]; a++) {
+            setenv("SQUAD_LORA_CW_MAX", CW_MAX[a], 1);
+            squad_err err = {0};
+            double us = -1;
+            const int rc = squad_cuda_bench_lora(rows, 16, 12, 0, &us, &err);
+            CHECKF(rc == 0, "bench_lora: %s", err.msg);
+            printf("lora sweep: rows %4d rank 16 SQUAD_LORA_CW_MAX=%s: %7.2f us a GDN layer\n", rows, CW_MAX[a], us);
+        }
+    unsetenv("SQUAD_LORA_CW_MAX");
+}
+
 int main(void) {
     if (squad_cuda_device_count() <= 0 || !squad_cuda_device_usable()) {
         printf("gpu_test_specialists: no usable CUDA device, skipped\n");
@@ -701,11 +1050,23 @@ int main(void) {
         g_sp = squad_specialists_load(g_m, sdir, &err);
         CHECKF(g_sp != NULL, "%s", err.msg);
     }
+    test_lora_kernel();
+    if (!getenv("SQUAD_GPU_TEST_QUICK")) bench_lora_kernel();
+    if (getenv("SQUAD_GPU_TEST_LORA_ONLY")) { /* the kernel alone, e.g. under compute-sanitizer */
+        squad_specialists_free(g_sp);
+        squad_model_free(g_m);
+        free(mdir);
+        free(sdir);
+        return test_summary("gpu_test_specialists");
+    }
     if (g_sp) {
         CHECK(g_sp->split == 2 && g_sp->router.layer == 2 && g_sp->router.n_labels == N_ROUTES);
         make_rows();
         const squad_precision precs[2] = {SQUAD_PRECISION_EXACT, SQUAD_PRECISION_BF16};
-        for (int p = 0; p < 2; p++) test_backend(precs[p]);
+        for (int p = 0; p < 2; p++) {
+            test_backend(precs[p]);
+            test_mixed_batch(precs[p]);
+        }
         build_references();
         for (int p = 0; p < 2; p++) {
             engine_uncached(precs[p]);

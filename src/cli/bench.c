@@ -6,7 +6,9 @@
  * repeats --reps times; the median, min and tokens/s are printed as one JSON line per case, with
  * the process's peak RSS. Token ids are deterministic pseudo-random ids within the vocabulary.
  * With --specialists every row runs routed (or forced to --specialist LABEL): run the same cases
- * without it for the trunk alone.
+ * without it for the trunk alone. --wrong-guess adds hits whose guessed route the router overturns
+ * (time_wrong_guess says how they are made). --batch-routes N adds N hits scored as one batch, of
+ * one route and of mixed routes (time_route_batch).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -38,6 +40,13 @@ static void bench_help(FILE *f) {
             "  --suffix S,...     question lengths for the hit cases (default 32,128,512)\n"
             "  --specialists DIR  run every row with these specialists (the router decides)\n"
             "  --specialist LABEL with --specialists: force every row to this label\n"
+            "  --wrong-guess      with --specialists (the router deciding) and --state: also time hits whose\n"
+            "                     guessed route is wrong: each sample's state cached under one route, its\n"
+            "                     question routed by the router to another (a second pass; the line's\n"
+            "                     \"mispredicted\" counts them)\n"
+            "  --batch-routes N   with --specialists and --state: also time N hits on the state scored as one\n"
+            "                     batch, every row forced to the first specialist, then the rows' routes\n"
+            "                     cycling over the trunk and every specialist (mixed routes in one batch)\n"
             "%s",
             CLI_ENGINE_OPTIONS_HELP);
 }
@@ -67,54 +76,200 @@ static long peak_rss_mb(void) {
 
 static void fill_ids(int32_t *ids, int n, int vocab, unsigned seed);
 
-/* Times one row reps times and prints the case line. With question != NULL, the question_len ids
- * there are refilled before each repetition, so every repetition is a new question (no memo hit). */
-static int time_row(squad_engine *e, const char *kind, const squad_row *row, int computed_tokens, int reps,
-                    int32_t *question, int question_len, int vocab, int threads, const char *precision) {
-    double *ms = calloc((size_t)reps, sizeof(double));
-    double *cpu = calloc((size_t)reps, sizeof(double));
-    squad_result *res = malloc(sizeof *res);
-    if (!ms || !res || !cpu) {
-        free(ms), free(res), free(cpu);
-        return -1;
-    }
-    squad_err err = {0};
-    int reused = 0, computed = 0;
-    /* one untimed warm-up, as llama-bench does: the first pass pays the weights' page faults and
-     * the threads' start, which no later row of a running engine pays */
-    if (question) fill_ids(question, question_len, vocab, 999u);
-    if (squad_engine_score(e, row, res, &err)) {
-        fprintf(stderr, "squad bench: %s\n", err.msg);
-        free(ms), free(res), free(cpu);
-        return -1;
-    }
-    for (int r = 0; r < reps; r++) {
-        if (question) fill_ids(question, question_len, vocab, 1000u + (unsigned)r);
-        struct timespec a, b, ca, cb;
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ca);
-        clock_gettime(CLOCK_MONOTONIC, &a);
-        if (squad_engine_score(e, row, res, &err)) {
-            fprintf(stderr, "squad bench: %s\n", err.msg);
-            free(ms), free(res), free(cpu);
-            return -1;
-        }
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cb);
-        ms[r] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
-        cpu[r] = (cb.tv_sec - ca.tv_sec) * 1e3 + (cb.tv_nsec - ca.tv_nsec) * 1e-6;
-        reused = res->reused, computed = res->computed;
-    }
-    qsort(ms, (size_t)reps, sizeof(double), cmp_double);
-    qsort(cpu, (size_t)reps, sizeof(double), cmp_double);
-    double med = ms[reps / 2];
+/* What every case line carries besides its timings. */
+typedef struct bench_ctx {
+    squad_engine *e;
+    const squad_specialists *sp; /* NULL: the trunk alone */
+    int vocab, threads, reps;
+    const char *precision;
+} bench_ctx;
+
+static uint64_t mispredictions(squad_engine *e) {
+    squad_cache_stats st;
+    squad_engine_cache_stats(e, &st);
+    return st.mispredictions;
+}
+
+/* Sorts the n samples and prints the case line: median / min wall ms, tokens/s of the median, the
+ * median CPU ms per thread, and with specialists the last row's route and how many of the timed
+ * rows mispredicted (ran a second pass). */
+static void print_case(const bench_ctx *c, const char *kind, const squad_row *row, int computed_tokens, double *ms,
+                       double *cpu, int n, const squad_result *last, int mispredicted) {
+    qsort(ms, (size_t)n, sizeof(double), cmp_double);
+    qsort(cpu, (size_t)n, sizeof(double), cmp_double);
+    const double med = ms[n / 2];
     /* process CPU time over the threads: on a shared machine wall time measures the neighbours too */
     printf("{\"case\": \"%s\", \"tokens\": %d, \"computed\": %d, \"reused\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, "
-           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", \"peak_rss_mb\": %ld}\n",
-           kind, row->n_ids, computed, reused, med, ms[0], computed_tokens / (med / 1e3), cpu[reps / 2] / threads,
-           squad_engine_device(e), precision, peak_rss_mb());
+           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", ",
+           kind, row->n_ids, last->computed, last->reused, med, ms[0], computed_tokens / (med / 1e3),
+           cpu[n / 2] / c->threads, squad_engine_device(c->e), c->precision);
+    if (c->sp)
+        printf("\"route\": \"%s\", \"mispredicted\": %d, \"timed\": %d, ", squad_specialists_label(c->sp, last->route),
+               mispredicted, n);
+    printf("\"peak_rss_mb\": %ld}\n", peak_rss_mb());
     fflush(stdout);
-    free(ms), free(res), free(cpu);
+}
+
+/* Scores row once, its wall and process CPU milliseconds into *ms and *cpu. */
+static int score_timed(squad_engine *e, const squad_row *row, squad_result *res, double *ms, double *cpu) {
+    squad_err err = {0};
+    struct timespec a, b, ca, cb;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ca);
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    if (squad_engine_score(e, row, res, &err)) {
+        fprintf(stderr, "squad bench: %s\n", err.msg);
+        return -1;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cb);
+    *ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+    *cpu = (cb.tv_sec - ca.tv_sec) * 1e3 + (cb.tv_nsec - ca.tv_nsec) * 1e-6;
     return 0;
+}
+
+/* Times one row reps times and prints the case line. With question != NULL, the question_len ids
+ * there are refilled before each repetition, so every repetition is a new question (no memo hit). */
+static int time_row(const bench_ctx *c, const char *kind, const squad_row *row, int computed_tokens,
+                    int32_t *question, int question_len) {
+    double *ms = calloc((size_t)c->reps, sizeof(double));
+    double *cpu = calloc((size_t)c->reps, sizeof(double));
+    squad_result *res = malloc(sizeof *res);
+    int rc = ms && res && cpu ? 0 : -1;
+    /* one untimed warm-up, as llama-bench does: the first pass pays the weights' page faults and
+     * the threads' start, which no later row of a running engine pays */
+    if (question) fill_ids(question, question_len, c->vocab, 999u);
+    double w_ms, w_cpu;
+    if (!rc) rc = score_timed(c->e, row, res, &w_ms, &w_cpu);
+    const uint64_t miss0 = rc ? 0 : mispredictions(c->e);
+    for (int r = 0; r < c->reps && !rc; r++) {
+        if (question) fill_ids(question, question_len, c->vocab, 1000u + (unsigned)r);
+        rc = score_timed(c->e, row, res, &ms[r], &cpu[r]);
+    }
+    if (!rc) print_case(c, kind, row, computed_tokens, ms, cpu, c->reps, res, (int)(mispredictions(c->e) - miss0));
+    free(ms), free(res), free(cpu);
+    return rc;
+}
+
+/* The route (0-based) the router gave the highest probability in res (the lowest on a tie). */
+static int router_argmax(const squad_result *res) {
+    int best = 0;
+    for (int r = 1; r < res->n_routes; r++)
+        if (res->route_probs[r] > res->route_probs[best]) best = r;
+    return best;
+}
+
+/* A route other than avoid, for caching a state under it: label 1, or 2 when the router chose 1. */
+static int other_route(int avoid, int n_routes) { return avoid == 1 ? (n_routes > 2 ? 2 : 0) : 1; }
+
+/* The hit whose guessed route is wrong (docs/specialists.md, "Routing a row"). Per attempt, a new
+ * state of `state` tokens is cached by a row forced to a route X (untimed), then a new question on
+ * that state is scored with the router deciding (timed). Only X has checkpoints there, so X is the
+ * guess; when the router picks another route Y, the first pass is dropped and the row runs again
+ * under Y from Y's deepest checkpoint, which is none: the row start. X is chosen unlike the router's
+ * last decision; an attempt that does not mispredict (the engine's counter says) is not a sample,
+ * and another state is drawn, up to WRONG_GUESS_ATTEMPTS x reps attempts. */
+#define WRONG_GUESS_ATTEMPTS 4
+static int time_wrong_guess(const bench_ctx *c, int state, int suffix, const int32_t *letters) {
+    const int n = state + suffix, n_routes = squad_specialists_count(c->sp);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+    double *ms = calloc((size_t)c->reps, sizeof(double));
+    double *cpu = calloc((size_t)c->reps, sizeof(double));
+    squad_result *res = malloc(sizeof *res);
+    int rc = ids && ms && cpu && res ? 0 : -1, got = 0, last_route = 1;
+    int32_t slot = n - 1, nopt = BENCH_LETTERS;
+    squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, state, 0};
+    for (int a = 0; !rc && got < c->reps && a < WRONG_GUESS_ATTEMPTS * c->reps; a++) {
+        const int x = other_route(last_route, n_routes);
+        double t_ms, t_cpu;
+        /* states never seen before, by any case of this run: a state cached under the router's
+         * route by an earlier sample would make the second pass a restore */
+        const unsigned seed = ((unsigned)suffix << 12) + (unsigned)a;
+        fill_ids(ids, state, c->vocab, 0x40000000u + seed);
+        fill_ids(ids + state, suffix, c->vocab, 0x50000000u + seed);
+        row.specialist = x + 1; /* the state cached under x alone */
+        if ((rc = score_timed(c->e, &row, res, &t_ms, &t_cpu))) break;
+        last_route = router_argmax(res);
+        if (last_route == x) continue; /* the router agrees with x on this state: draw another */
+        fill_ids(ids + state, suffix, c->vocab, 0x60000000u + seed);
+        row.specialist = 0;
+        const uint64_t miss0 = mispredictions(c->e);
+        if ((rc = score_timed(c->e, &row, res, &ms[got], &cpu[got]))) break;
+        last_route = res->route;
+        if (mispredictions(c->e) == miss0 + 1) got++;
+    }
+    if (!rc && got == 0) {
+        fprintf(stderr, "squad bench: no wrong guess in %d attempts (the router gives every state route %s)\n",
+                WRONG_GUESS_ATTEMPTS * c->reps, squad_specialists_label(c->sp, last_route));
+        rc = -1;
+    }
+    if (!rc) {
+        char kind[96];
+        snprintf(kind, sizeof kind, "hit wrong guess state %d + question %d", state, suffix);
+        print_case(c, kind, &row, suffix, ms, cpu, got, res, got);
+    }
+    free(ids), free(ms), free(cpu), free(res);
+    return rc;
+}
+
+/* A batch of n hits on one state (--batch-routes N): the state cached under every route first
+ * (untimed; a state's checkpoints belong to the route they ran with), then n rows of that state
+ * and a fresh question each scored together with squad_engine_score_batch, every row forced to
+ * route 1 ("one route") or row i to route i mod the routes ("mixed routes": the trunk and each
+ * specialist in one batch). Wall time of the batch; questions/s of the median. */
+static int time_route_batch(const bench_ctx *c, int state, int suffix, int n, int mixed, const int32_t *letters) {
+    const int len = state + suffix, n_routes = squad_specialists_count(c->sp);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)len * (size_t)n);
+    squad_row *rows = calloc((size_t)n, sizeof *rows);
+    squad_result *res = calloc((size_t)n, sizeof *res);
+    double *ms = calloc((size_t)c->reps, sizeof(double));
+    int32_t slot = len - 1, nopt = BENCH_LETTERS;
+    int rc = ids && rows && res && ms ? 0 : -1;
+    for (int i = 0; !rc && i < n; i++) {
+        int32_t *r = ids + (size_t)i * len;
+        fill_ids(r, state, c->vocab, 4242);
+        rows[i] = (squad_row){r, len, &slot, &nopt, 1, letters, BENCH_LETTERS, state, mixed ? i % n_routes + 1 : 2};
+    }
+    squad_err err = {0};
+    for (int rt = 0; !rc && rt < n_routes; rt++) { /* the state under each route */
+        squad_row w = rows[0];
+        w.specialist = rt + 1;
+        fill_ids(ids + state, suffix, c->vocab, 77u + (unsigned)rt);
+        if (squad_engine_score(c->e, &w, &res[0], &err)) rc = -1;
+    }
+    for (int rep = -1; !rc && rep < c->reps; rep++) { /* rep -1: the untimed warm-up */
+        for (int i = 0; i < n; i++) {
+            const unsigned seed = 0x70000000u + ((unsigned)(rep + 1) << 10) + (unsigned)i;
+            fill_ids(ids + (size_t)i * len + state, suffix, c->vocab, seed);
+        }
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (squad_engine_score_batch(c->e, rows, n, NULL, res, NULL, NULL, &err)) rc = -1;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        if (rep >= 0) ms[rep] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+    }
+    if (rc) fprintf(stderr, "squad bench: %s\n", err.msg[0] ? err.msg : "out of memory");
+    if (!rc) {
+        qsort(ms, (size_t)c->reps, sizeof(double), cmp_double);
+        const double med = ms[c->reps / 2];
+        int reused = 0, routes = 0;
+        unsigned seen[(SQUAD_MAX_ROUTES + 31) / 32] = {0}; /* the routes the rows ran with */
+        for (int i = 0; i < n; i++) {
+            reused += res[i].reused >= state;
+            const int rt = res[i].route;
+            if (rt >= 0 && rt < SQUAD_MAX_ROUTES && !(seen[rt / 32] >> (rt % 32) & 1u)) {
+                seen[rt / 32] |= 1u << (rt % 32);
+                routes++;
+            }
+        }
+        printf("{\"case\": \"batch %d hits, %s: state %d + question %d\", \"rows\": %d, \"routes\": %d, "
+               "\"rows_reusing_state\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, \"questions_per_s\": %.1f, "
+               "\"device\": \"%s\", \"precision\": \"%s\", \"peak_rss_mb\": %ld}\n",
+               n, mixed ? "mixed routes" : "one route", state, suffix, n, routes, reused, med, ms[0], n / (med / 1e3),
+               squad_engine_device(c->e), c->precision, peak_rss_mb());
+        fflush(stdout);
+    }
+    free(ids), free(rows), free(res), free(ms);
+    return rc;
 }
 
 static void fill_ids(int32_t *ids, int n, int vocab, unsigned seed) {
@@ -130,6 +285,8 @@ int cmd_bench(int argc, char **argv) {
     int lengths[BENCH_MAX_LENGTHS] = {512, 2048}, n_lengths = 2;
     int suffixes[BENCH_MAX_LENGTHS] = {32, 128, 512}, n_suffixes = 3;
     long reps = 3, state = 0;
+    int wrong_guess = 0;
+    long batch_routes = 0;
     squad_engine_opts opts;
     squad_engine_opts_default(&opts);
     for (int i = 1; i < argc; i++) {
@@ -145,6 +302,10 @@ int cmd_bench(int argc, char **argv) {
             model_dir = argv[++i];
         } else if (!strcmp(a, "--specialists") && val) {
             spec_dir = argv[++i];
+        } else if (!strcmp(a, "--wrong-guess")) {
+            wrong_guess = 1;
+        } else if (!strcmp(a, "--batch-routes") && val) {
+            if (cli_parse_int(a, argv[++i], 1, 256, &batch_routes)) return 2;
         } else if (!strcmp(a, "--specialist") && val) {
             spec_label = argv[++i];
         } else if (!strcmp(a, "--lengths") && val) {
@@ -172,8 +333,18 @@ int cmd_bench(int argc, char **argv) {
     }
     squad_specialists *sp = NULL;
     int forced = 0; /* squad_row.specialist */
-    if (spec_label && !spec_dir) {
-        fprintf(stderr, "squad bench: --specialist needs --specialists DIR\n");
+    if ((spec_label || wrong_guess) && !spec_dir) {
+        fprintf(stderr, "squad bench: %s needs --specialists DIR\n", spec_label ? "--specialist" : "--wrong-guess");
+        squad_model_free(m);
+        return 2;
+    }
+    if (batch_routes && (!spec_dir || spec_label || state == 0)) {
+        fprintf(stderr, "squad bench: --batch-routes needs --specialists, --state and no --specialist\n");
+        squad_model_free(m);
+        return 2;
+    }
+    if (wrong_guess && (spec_label || state == 0)) {
+        fprintf(stderr, "squad bench: --wrong-guess needs --state and the router deciding (no --specialist)\n");
         squad_model_free(m);
         return 2;
     }
@@ -214,13 +385,15 @@ int cmd_bench(int argc, char **argv) {
         fill_ids(ids, n, vocab, (unsigned)n);
         int32_t slot = n - 1, nopt = BENCH_LETTERS;
         squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1, forced};
-        rc = time_row(e, "cold", &row, n, (int)reps, NULL, 0, vocab, threads, precision);
+        const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
+        rc = time_row(&c, "cold", &row, n, NULL, 0);
         free(ids);
     }
     squad_engine_free(e);
     /* hits: the state cached by a first row, then each question length */
     if (!rc && state > 0) {
         if (opts.cache.budget_bytes == 0) opts.cache.budget_bytes = (size_t)1024 << 20;
+        if (batch_routes > opts.max_rows) opts.max_rows = (int)batch_routes; /* the whole batch in flight */
         e = squad_engine_new(m, &opts, &err);
         if (!e) {
             fprintf(stderr, "squad bench: %s\n", err.msg);
@@ -245,10 +418,21 @@ int cmd_bench(int argc, char **argv) {
             free(res);
             char kind[64];
             snprintf(kind, sizeof kind, "hit state %ld + question %d", state, suffixes[k]);
-            if (!rc) rc = time_row(e, kind, &row, suffixes[k], (int)reps, ids + state, suffixes[k], vocab, threads,
-                                    precision);
+            const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
+            if (!rc) rc = time_row(&c, kind, &row, suffixes[k], ids + state, suffixes[k]);
             free(ids);
         }
+        /* with the router deciding: the same questions when the guess is wrong */
+        for (int k = 0; k < n_suffixes && !rc && sp && !forced && wrong_guess; k++) {
+            const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
+            rc = time_wrong_guess(&c, (int)state, suffixes[k], letters);
+        }
+        /* a batch of one route against a batch mixing the trunk and every specialist */
+        for (int k = 0; k < n_suffixes && !rc && batch_routes; k++)
+            for (int mixed = 0; mixed <= 1 && !rc; mixed++) {
+                const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
+                rc = time_route_batch(&c, (int)state, suffixes[k], (int)batch_routes, mixed, letters);
+            }
         squad_engine_free(e);
     }
     squad_specialists_free(sp);

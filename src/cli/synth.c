@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "specialists.h"
 #include "specialists_synth.h"
 #include "synth.h"
 #include "util.h"
@@ -16,7 +17,8 @@
 static void synth_help(FILE *f) {
     fprintf(f,
             "usage: squad synth --preset NAME --out DIR [--seed N] [--tokenizer FILE]\n"
-            "                   [--layout causal|conditional] [--dtype bf16|f16|f32] [--specialists SDIR]\n"
+            "                   [--layout causal|conditional] [--dtype bf16|f16|f32]\n"
+            "                   [--specialists SDIR [--spec-rank N]]\n"
             "\n"
             "Writes a random Qwen3.5 text checkpoint in the Hugging Face layout: DIR/config.json and\n"
             "DIR/model.safetensors (DIR is created when missing). The same preset, seed, layout, dtype and\n"
@@ -35,8 +37,9 @@ static void synth_help(FILE *f) {
             "                     tensors model.language_model.layers.N... (no vision weights)\n"
             "  --dtype T          bf16 (default), f16 or f32; all hold the same bf16-rounded values\n"
             "  --specialists SDIR also a random specialists directory for the model (docs/specialists.md):\n"
-            "                     labels trunk / e2e / nav, LoRA adapters of rank 4 on the upper half of\n"
-            "                     the layers, the router reading the state entering the first adapted layer\n"
+            "                     labels trunk / e2e / nav, LoRA adapters (lora_alpha 8) on the upper half\n"
+            "                     of the layers, the router reading the state entering the first adapted layer\n"
+            "  --spec-rank N      the adapters' LoRA rank, 1..1024 (default 4)\n"
             "  -h, --help         this text\n"
             "\n"
             "presets:\n");
@@ -70,6 +73,7 @@ int cmd_synth(int argc, char **argv) {
     squad_synth_opts o;
     memset(&o, 0, sizeof o);
     const char *spec_dir = NULL;
+    long spec_rank = 0; /* 0: squad_spec_synth_defaults' rank */
     o.layout = SQUAD_SYNTH_CAUSAL;
     o.dtype = ST_BF16;
     for (int i = 1; i < argc; i++) {
@@ -79,7 +83,7 @@ int cmd_synth(int argc, char **argv) {
             return 0;
         }
         if (strcmp(a, "--preset") && strcmp(a, "--out") && strcmp(a, "--seed") && strcmp(a, "--tokenizer") &&
-            strcmp(a, "--layout") && strcmp(a, "--dtype") && strcmp(a, "--specialists")) {
+            strcmp(a, "--layout") && strcmp(a, "--dtype") && strcmp(a, "--specialists") && strcmp(a, "--spec-rank")) {
             fprintf(stderr, "squad synth: unknown option '%s'\n\n", a);
             synth_help(stderr);
             return 2;
@@ -91,6 +95,15 @@ int cmd_synth(int argc, char **argv) {
             o.out_dir = v;
         } else if (!strcmp(a, "--specialists")) {
             spec_dir = v;
+        } else if (!strcmp(a, "--spec-rank")) {
+            char *end;
+            errno = 0;
+            spec_rank = strtol(v, &end, 10);
+            if (errno || *end || end == v || spec_rank < 1 || spec_rank > SQUAD_LORA_MAX_RANK) {
+                fprintf(stderr, "squad synth: --spec-rank wants an integer in [1, %d], got '%s'\n", SQUAD_LORA_MAX_RANK,
+                        v);
+                return 2;
+            }
         } else if (!strcmp(a, "--tokenizer")) {
             o.tokenizer = v;
         } else if (!strcmp(a, "--seed")) {
@@ -120,6 +133,10 @@ int cmd_synth(int argc, char **argv) {
             }
         }
     }
+    if (spec_rank && !spec_dir) {
+        fprintf(stderr, "squad synth: --spec-rank needs --specialists SDIR\n");
+        return 2;
+    }
     if (!o.preset || !o.out_dir) {
         fprintf(stderr, "squad synth: --preset and --out are required\n\n");
         synth_help(stderr);
@@ -144,11 +161,12 @@ int cmd_synth(int argc, char **argv) {
         so.out_dir = spec_dir;
         so.seed = o.seed;
         so.layout = o.layout;
+        if (spec_rank) so.rank = (int)spec_rank;
         if (squad_spec_synth_write(&cfg, &so, &err) != 0) {
             fprintf(stderr, "squad synth: %s\n", err.msg);
             return 2;
         }
-        fprintf(stderr, "squad synth: wrote specialists %s\n", spec_dir);
+        fprintf(stderr, "squad synth: wrote specialists %s (rank %d)\n", spec_dir, so.rank);
     }
     return 0;
 }

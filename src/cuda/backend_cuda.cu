@@ -46,15 +46,19 @@
  *  - Full-vocabulary figures (chunks with vocab): k_vocab.cu's kernels, enqueued after a replay on
  *    the same stream and only when one of its rows asks; the slots of every asking row form one
  *    list, so one pass over the embedding serves a group of slots of several rows.
- *  - Specialists (opts->specialists): every adapter's A and B^T (fp32) are uploaded to one of
- *    `max_adapters` resident slots on demand, the least recently used slot giving way; a device
- *    table holds one cu_lora_entry per (slot, layer, projection) and a device word the batch's
- *    adapter slot (0: the trunk), written before each forward. One forward runs one route
- *    (mixed_routes 0: a batch mixing routes is refused, and the engine runs each route's chunks as
- *    a batch of their own). In the layers from `split` on, every projection some adapter adapts
- *    gets k_lora.cu's two kernels after its shared GEMM over every token of the replay. The
- *    router's feature sums (per row, the fp32 h entering router.layer) are in every graph and
- *    copied back only for rows that ask.
+ *  - Specialists (opts->specialists): every adapter's A and B (bf16, or fp32 on the exact path, in
+ *    k_lora.cuh's layout) are uploaded to one of `max_adapters` resident slots on demand, the least
+ *    recently used slot giving way; a device table holds one cu_lora_entry per (slot, layer,
+ *    projection). Each packed token's adapter slot (0: the trunk, padding) rides in the batch
+ *    parameters (cu_batch.token_slot), so rows of different routes share one forward
+ *    (mixed_routes 1); a batch whose routes do not all fit the resident slots is refused with
+ *    SQUAD_E_UNSUPPORTED and the engine runs it route by route. In the layers from `split` on,
+ *    every GEMM output with a projection some adapter adapts gets one k_lora.cu launch after the
+ *    GEMM, adding s B (A x) into the output's columns (a fused in-projection: each adapted part at
+ *    its column offset; out / o / down: straight into the residual h). It reads the slots and the
+ *    entries at replay, so one graph serves every route and every mix of routes. The router's
+ *    feature sums (per row, the fp32 h entering router.layer) are in every graph and copied back
+ *    only for rows that ask.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs batches eagerly (debugging, sanitizers).
  */
@@ -204,13 +208,12 @@ typedef struct cu_be {
     int n_lora_slots;                  /* max_adapters, or every specialist */
     cu_lora_entry *lora_table;         /* device [n_lora_slots][nl][SQUAD_PROJ_COUNT] */
     cu_lora_entry *lora_table_host;    /* its host copy */
-    int *lora_slot_dev, *lora_slot_host; /* the forward's slot + 1 (0: the trunk); host pinned */
     int *slot_route;                   /* [n_lora_slots]: the route each slot holds, -1: none */
     unsigned long long *slot_used;     /* [n_lora_slots]: the clock of its last use */
-    void **slot_buf;                   /* [n_lora_slots]: its A / B^T buffer (not in allocs) */
+    void **slot_buf;                   /* [n_lora_slots]: its A / B buffer (not in allocs) */
     unsigned long long lora_clock, adapter_uploads;
     int lora_out[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* out of an adapted projection, 0: none adapts it */
-    float *lora_u;                     /* [tok_cap][largest rank] */
+    int lora_max_r;                    /* the largest rank of any adapter */
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
@@ -443,17 +446,17 @@ static int seq_kv(cu_be *cb, cu_seq *q, int need, squad_err *err) {
 
 /* ---- specialists: resident adapters ------------------------------------------------------------ */
 
-/* Uploads route's adapter into slot s (k_lora.cuh's layout: per adapted projection A [r][in] then
- * B^T [r][out], fp32, in one buffer) and rewrites the slot's table entries. The stream is drained
- * first, so no replay still reads the buffer or the entries being replaced. */
+/* Uploads route's adapter into slot s (k_lora.cuh's layout, cu_lora_pack: per adapted projection
+ * A then B, bf16, or fp32 on the exact path, in one buffer) and rewrites the slot's table entries.
+ * The stream is drained first, so no replay still reads the buffer or the entries being replaced. */
 static int lora_upload(cu_be *cb, int s, int route, squad_err *err) {
     const squad_specialists *sp = cb->sp;
     const squad_adapter *a = &sp->adapters[route];
-    size_t floats = 0;
+    size_t bytes = 0;
     for (int l = sp->split; l < cb->nl; l++)
         for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
             const squad_lora_proj *lp = &a->proj[l][p];
-            if (lp->A) floats += (size_t)lp->r * ((size_t)lp->in + (size_t)lp->out);
+            if (lp->A) bytes += cu_lora_pack_bytes(lp->r, lp->in, lp->out, cb->f32);
         }
     CU_TRY(cudaStreamSynchronize(cb->st));
     cu_lora_entry *tab = cb->lora_table_host + (size_t)s * cb->lora_stride;
@@ -463,36 +466,27 @@ static int lora_upload(cu_be *cb, int s, int route, squad_err *err) {
         cudaFree(cb->slot_buf[s]);
         cb->slot_buf[s] = NULL;
     }
-    float *host = (float *)malloc((floats ? floats : 1) * sizeof(float));
+    unsigned char *host = (unsigned char *)malloc(bytes ? bytes : 16);
     if (!host) return cu_err(err, SQUAD_E_NOMEM, "out of memory (staging adapter '%s')", a->label);
     void *buf = NULL;
-    cudaError_t e = cudaMalloc(&buf, (floats ? floats : 1) * sizeof(float));
+    cudaError_t e = cudaMalloc(&buf, bytes ? bytes : 16);
     if (e != cudaSuccess) {
         cudaGetLastError();
         free(host);
         return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
                       "CUDA backend: no device memory for adapter '%s' (%.1f MB): %s", a->label,
-                      (double)floats * sizeof(float) / (1 << 20), cudaGetErrorString(e));
+                      (double)bytes / (1 << 20), cudaGetErrorString(e));
     }
     size_t at = 0;
     for (int l = sp->split; l < cb->nl; l++)
         for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
             const squad_lora_proj *lp = &a->proj[l][p];
             if (!lp->A) continue;
-            const size_t na = (size_t)lp->r * lp->in, nb = (size_t)lp->r * lp->out;
-            memcpy(host + at, lp->A, na * sizeof(float));
-            for (int o = 0; o < lp->out; o++) /* B [out][r] -> B^T [r][out] */
-                for (int k = 0; k < lp->r; k++) host[at + na + (size_t)k * lp->out + o] = lp->B[(size_t)o * lp->r + k];
-            cu_lora_entry *en = &tab[(size_t)l * SQUAD_PROJ_COUNT + p];
-            en->A = (const float *)buf + at;
-            en->Bt = (const float *)buf + at + na;
-            en->r = lp->r;
-            en->in = lp->in;
-            en->out = lp->out;
-            en->scale = a->scale;
-            at += na + nb;
+            cu_lora_pack(lp->A, lp->B, lp->r, lp->in, lp->out, a->scale, cb->f32, host + at, (const char *)buf + at,
+                         &tab[(size_t)l * SQUAD_PROJ_COUNT + p]);
+            at += cu_lora_pack_bytes(lp->r, lp->in, lp->out, cb->f32);
         }
-    e = cudaMemcpyAsync(buf, host, floats * sizeof(float), cudaMemcpyHostToDevice, cb->st);
+    e = cudaMemcpyAsync(buf, host, bytes, cudaMemcpyHostToDevice, cb->st);
     if (e == cudaSuccess)
         e = cudaMemcpyAsync(cb->lora_table + (size_t)s * cb->lora_stride, tab, sizeof *tab * (size_t)cb->lora_stride,
                             cudaMemcpyHostToDevice, cb->st);
@@ -529,6 +523,41 @@ static int lora_select(cu_be *cb, int route, int *slot, squad_err *err) {
     if (rc) return rc;
     cb->slot_used[victim] = cb->lora_clock;
     *slot = victim + 1;
+    return 0;
+}
+
+/* Every route of a batch resident at once, each chunk's slot (+ 1, 0: the trunk) in lora_at[]
+ * (stage_replay writes it into every token of the chunk: cu_batch.token_slot). A batch with more
+ * distinct specialist routes than resident slots is refused with SQUAD_E_UNSUPPORTED before any
+ * upload (the engine then runs it route by route). Within the limit no route of the batch evicts
+ * another: each selection stamps its slot with a newer clock than any slot used before the batch,
+ * so the least recently used slot is never one this batch already chose. */
+static int lora_resident(cu_be *cb, const squad_chunk *chunks, int n, squad_err *err) {
+    int distinct = 0;
+    for (int c = 0; c < n; c++) {
+        if (chunks[c].route == 0) continue;
+        int seen = 0;
+        for (int d = 0; d < c && !seen; d++) seen = chunks[d].route == chunks[c].route;
+        distinct += !seen;
+    }
+    if (distinct > cb->n_lora_slots)
+        return cu_err(err, SQUAD_E_UNSUPPORTED,
+                      "CUDA forward: a batch of %d specialist routes with %d resident adapter slots (max_adapters): "
+                      "run it in parts",
+                      distinct, cb->n_lora_slots);
+    for (int c = 0; c < n; c++) {
+        int slot = 0;
+        for (int d = 0; d < c; d++)
+            if (chunks[d].route == chunks[c].route) {
+                slot = cb->lora_at[d];
+                break;
+            }
+        if (!slot && chunks[c].route != 0) {
+            const int rc = lora_select(cb, chunks[c].route, &slot, err);
+            if (rc) return rc;
+        }
+        cb->lora_at[c] = slot;
+    }
     return 0;
 }
 
@@ -577,11 +606,8 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if (!cb->lora_table_host || !cb->slot_route || !cb->slot_used || !cb->slot_buf)
         return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
-    if ((rc = dalloc(cb, (void **)&cb->lora_slot_dev, sizeof(int), MEM_SCRATCH, err))) return rc;
-    CU_TRY(cudaMallocHost((void **)&cb->lora_slot_host, sizeof(int)));
-    *cb->lora_slot_host = 0;
     const size_t R = (size_t)cb->tok_cap;
-    if ((rc = dalloc(cb, (void **)&cb->lora_u, R * (size_t)max_r * sizeof(float), MEM_SCRATCH, err))) return rc;
+    cb->lora_max_r = max_r;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
         return rc;
@@ -595,29 +621,51 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
 /* The batch view of the parameter buffer for a replay of `nrows` rows of `bucket` tokens. */
 static cu_batch batch_of(const cu_be *cb, int nrows, int bucket) { return cu_batch_at(cb->prm_dev, nrows, bucket); }
 
-/* The low-rank term of projection p of layer l (k_lora.cu), when specialists are loaded and some
- * adapter adapts that projection: x [rows][ldx] the projection's input, y [rows][ldy] its output,
- * the projection's columns from yoff; over every token of the replay (b->all). Left out of the
+/* The low-rank terms of the GEMM output y [rows][ldy] of layer l whose columns from off[i] are
+ * projection ids[i] (i < n), computed from its input x [rows][ldx], in one k_lora.cu launch: the
+ * parts some adapter adapts, when specialists are loaded and l is from split on. Left out of the
  * GEMM plan making (its outputs are scratch). */
+static int enqueue_lora_site(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *off, int n,
+                             const void *x, int ldx, int x_f32, void *y, int ldy, int y_f32, squad_err *err) {
+    if (!cb->sp || cb->gemm.tune || l < cb->sp->split) return 0;
+    cu_lora_site site;
+    memset(&site, 0, sizeof site);
+    site.stride = cb->lora_stride;
+    site.n_slots = cb->n_lora_slots;
+    site.max_rank = cb->lora_max_r;
+    for (int i = 0; i < n; i++) {
+        const int p = ids[i];
+        if (!cb->lora_out[l][p]) continue;
+        if (site.n_parts == CU_LORA_MAX_PARTS)
+            return cu_err(err, SQUAD_E_INVALID, "CUDA backend: more than %d adapted parts in one projection",
+                          CU_LORA_MAX_PARTS);
+        site.col[site.n_parts] = cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p;
+        site.yoff[site.n_parts] = off[i];
+        site.out[site.n_parts] = cb->lora_out[l][p];
+        site.n_parts++;
+    }
+    if (site.n_parts == 0) return 0;
+    return cu_lora(&site, b->token_slot, x, ldx, x_f32, y, ldy, y_f32, b->nrows * b->bucket, cb->n_sm, cb->st, err);
+}
+
+/* The low-rank term of projection p of layer l alone: x [rows][ldx] its input, y [rows][ldy] its
+ * output, the projection's columns from yoff. */
 static int enqueue_lora(cu_be *cb, const cu_batch *b, int l, int p, const void *x, int ldx, int x_f32, void *y,
                         int ldy, int yoff, int y_f32, squad_err *err) {
-    if (!cb->sp || cb->gemm.tune || l < cb->sp->split || !cb->lora_out[l][p]) return 0;
-    return cu_lora(cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p, cb->lora_stride, cb->lora_slot_dev, b->all, x,
-                   ldx, x_f32, y, ldy, yoff, y_f32, cb->lora_out[l][p], cb->lora_u, b->nrows * b->bucket, cb->st,
-                   err);
+    return enqueue_lora_site(cb, b, l, &p, &yoff, 1, x, ldx, x_f32, y, ldy, y_f32, err);
 }
 
 /* The low-rank terms of a fused in-projection (GDN: qkv | z | b | a; attention: q | k | v; the MLP:
- * gate | up): each adapted part adds into its own columns of proj. */
+ * gate | up) from x into proj, each adapted part into its own columns, in one launch. */
 static int enqueue_lora_fused(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *widths, int n, int ldy,
                               squad_err *err) {
-    int off = 0;
+    int off[CU_LORA_MAX_PARTS], at = 0;
+    if (n > CU_LORA_MAX_PARTS) return cu_err(err, SQUAD_E_INVALID, "CUDA backend: %d fused parts", n);
     for (int i = 0; i < n; i++) {
-        const int rc = enqueue_lora(cb, b, l, ids[i], cb->x, cb->H, cb->f32, cb->proj, ldy, off, cb->f32, err);
-        if (rc) return rc;
-        off += widths[i];
+        off[i] = at;
+        at += widths[i];
     }
-    return 0;
+    return enqueue_lora_site(cb, b, l, ids, off, n, cb->x, cb->H, cb->f32, cb->proj, ldy, cb->f32, err);
 }
 
 /* The kernel groups of cb->parts, in forward order, for a replay of rows bucket rbi, length bucket
@@ -813,7 +861,7 @@ static int check_chunk(const cu_be *cb, const squad_chunk *ch, int k, squad_err 
     return 0;
 }
 
-/* The whole batch checked: sizes, each chunk, no slot twice, the token budget, one route. */
+/* The whole batch checked: sizes, each chunk, no slot twice, the token budget. */
 static int check_batch(cu_be *cb, const squad_chunk *chunks, int n, squad_err *err) {
     if (!chunks || n < 1 || n > cb->max_seqs)
         return cu_err(err, SQUAD_E_INVALID, "CUDA forward: a batch of %d chunks (1..%d)", n, cb->max_seqs);
@@ -829,11 +877,6 @@ static int check_batch(cu_be *cb, const squad_chunk *chunks, int n, squad_err *e
         }
         cb->seq_mark[ch->seq] = 1;
         tokens += ch->len;
-        if (ch->route != chunks[0].route)
-            rc = cu_err(err, SQUAD_E_UNSUPPORTED,
-                        "CUDA forward: one batch mixes the routes %d and %d (mixed_routes is 0: run each route's "
-                        "chunks as a batch of their own)",
-                        chunks[0].route, ch->route);
     }
     if (!rc && tokens > cb->tok_cap)
         rc = cu_err(err, SQUAD_E_INVALID, "CUDA forward: a batch of %ld tokens (at most %d)", tokens, cb->tok_cap);
@@ -1026,19 +1069,7 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
     cb->last_len = 0;
     if ((rc = prepare_slots(cb, chunks, n_chunks, err))) return rc;
     be->kv_positions = kv_positions_held(cb);
-    if (cb->sp) { /* the routes' adapters resident (one route a batch: mixed_routes 0); the slot to the device
-                     word the LoRA kernels read, and per chunk for the per-token slots (cu_batch.token_slot) */
-        for (int c = 0; c < n_chunks; c++) {
-            int slot = 0;
-            if (c > 0 && chunks[c].route == chunks[0].route)
-                slot = cb->lora_at[0];
-            else if ((rc = lora_select(cb, chunks[c].route, &slot, err)))
-                return rc;
-            cb->lora_at[c] = slot;
-        }
-        *cb->lora_slot_host = cb->lora_at[0];
-        CU_TRY(cudaMemcpyAsync(cb->lora_slot_dev, cb->lora_slot_host, sizeof(int), cudaMemcpyHostToDevice, cb->st));
-    }
+    if (cb->sp && (rc = lora_resident(cb, chunks, n_chunks, err))) return rc;
     plan_buckets(cb, chunks, n_chunks);
     replay_order(cb, n_chunks);
     int p0 = 0, n_replays = 0, vocab_next = 0;
@@ -1202,7 +1233,6 @@ static void be_destroy(squad_backend *be) {
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
-        if (cb->lora_slot_host) cudaFreeHost(cb->lora_slot_host);
         if (cb->router_host) cudaFreeHost(cb->router_host);
         for (int s = 0; cb->slot_buf && s < cb->n_lora_slots; s++)
             if (cb->slot_buf[s]) cudaFree(cb->slot_buf[s]);
@@ -1524,7 +1554,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->max_chunk = cb->max_chunk;
     be->max_batch_tokens = cb->tok_cap;
     be->max_seqs = cb->max_seqs;
-    be->mixed_routes = 0; /* one route per forward (the adapter slot word) */
+    be->mixed_routes = 1; /* per-token adapter slots (cu_batch.token_slot) */
     be->gdn_snapshot_bytes = cb->gdn_bytes;
     be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
     be->specialists = cb->sp != NULL;

@@ -5,6 +5,7 @@
  */
 #include "cuda_internal.cuh"
 #include "cuda_test_api.h"
+#include "k_lora.cuh"
 
 #include <stdlib.h>
 
@@ -260,6 +261,75 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
 extern "C" int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err) {
     tbufs b = {{0}, 0};
     const int rc = test_attn(&b, a, err);
+    tfree(&b);
+    return rc;
+}
+
+/* ---- the specialists' low-rank term ---- */
+
+static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
+    if (a->n_parts < 1 || a->n_parts > CU_REF_LORA_MAX_PARTS || a->n_slots < 1 || a->n_slots > CU_REF_LORA_MAX_SLOTS ||
+        a->rows < 1 || a->in < 1 || a->ldx < a->in || a->ldy < 1)
+        return cu_err(err, SQUAD_E_INVALID, "test_lora: bad shape");
+    const int f32 = a->x_f32 != 0, np = a->n_parts;
+    size_t bytes = 0;
+    int max_r = 1;
+    for (int s = 0; s < a->n_slots; s++)
+        for (int p = 0; p < np; p++)
+            if (a->r[s][p] > 0) {
+                bytes += cu_lora_pack_bytes(a->r[s][p], a->in, a->out[p], f32);
+                if (a->r[s][p] > max_r) max_r = a->r[s][p];
+            }
+    cu_lora_entry tab[CU_REF_LORA_MAX_SLOTS * CU_REF_LORA_MAX_PARTS]; /* [slot][part] */
+    memset(tab, 0, sizeof tab);
+    void *dbuf;
+    int rc = talloc(b, &dbuf, bytes, err);
+    if (rc) return rc;
+    unsigned char *host = (unsigned char *)malloc(bytes ? bytes : 16);
+    if (!host) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    size_t at = 0;
+    for (int s = 0; s < a->n_slots; s++)
+        for (int p = 0; p < np; p++) {
+            const int r = a->r[s][p];
+            if (r < 1) continue;
+            cu_lora_pack(a->A[s][p], a->B[s][p], r, a->in, a->out[p], a->scale[s], f32, host + at, (char *)dbuf + at,
+                         &tab[s * np + p]);
+            at += cu_lora_pack_bytes(r, a->in, a->out[p], f32);
+        }
+    const cudaError_t e = cudaMemcpy(dbuf, host, bytes, cudaMemcpyHostToDevice);
+    free(host);
+    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    cu_lora_entry *dtab;
+    int *dslot;
+    void *dx, *dy;
+    if ((rc = talloc(b, (void **)&dtab, sizeof tab, err))) return rc;
+    CU_TRY(cudaMemcpy(dtab, tab, sizeof tab, cudaMemcpyHostToDevice));
+    if ((rc = talloc(b, (void **)&dslot, sizeof(int) * (size_t)a->rows, err))) return rc;
+    CU_TRY(cudaMemcpy(dslot, a->token_slot, sizeof(int) * (size_t)a->rows, cudaMemcpyHostToDevice));
+    if ((rc = up_act(b, &dx, a->x, (size_t)a->rows * a->ldx, f32, err))) return rc;
+    if ((rc = up_act(b, &dy, a->y, (size_t)a->rows * a->ldy, a->y_f32, err))) return rc;
+    cu_lora_site site;
+    memset(&site, 0, sizeof site);
+    for (int p = 0; p < np; p++) {
+        site.col[p] = dtab + p;
+        site.yoff[p] = a->yoff[p];
+        site.out[p] = a->out[p];
+    }
+    site.n_parts = np;
+    site.stride = np;
+    site.n_slots = a->n_slots;
+    site.max_rank = max_r;
+    int dev = 0, n_sm = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    if ((rc = cu_lora(&site, dslot, dx, a->ldx, f32, dy, a->ldy, a->y_f32, a->rows, n_sm, 0, err))) return rc;
+    CU_TRY(cudaDeviceSynchronize());
+    return down_act(a->y, dy, (size_t)a->rows * a->ldy, a->y_f32, err);
+}
+
+extern "C" int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err) {
+    tbufs b = {{0}, 0};
+    const int rc = test_lora(&b, a, err);
     tfree(&b);
     return rc;
 }
@@ -721,6 +791,141 @@ extern "C" int squad_cuda_test_attn_batch(const cu_ref_attn_args *rows, int n, i
                                           squad_err *err) {
     tbufs b = {{0}, 0};
     const int rc = test_attn_batch(&b, rows, n, nrows, padding_zero, err);
+    tfree(&b);
+    return rc;
+}
+
+/* ---- the specialists' low-rank launches, timed ---- */
+
+/* The 0.8B preset's Gated DeltaNet layer (docs/design.md section 4): hidden 1024, qkv 6144, z 2048,
+ * b and a 16, out_proj's input 2048, intermediate 3584. */
+#define LB_H 1024
+#define LB_QKV 6144
+#define LB_Z 2048
+#define LB_NV 16
+#define LB_VD 2048
+#define LB_I 3584
+#define LB_SITES 4
+#define LB_REPS 20
+
+typedef struct lora_bench_site {
+    int in, n_parts, out[CU_LORA_MAX_PARTS], y_f32;
+} lora_bench_site;
+
+/* A value in [-0.5, 0.5) from a 32-bit LCG. */
+static float bench_uniform(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)(*s >> 8) * 0x1p-24f - 0.5f;
+}
+
+static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, double *us, squad_err *err) {
+    static const lora_bench_site SITES[LB_SITES] = {
+        {LB_H, 4, {LB_QKV, LB_Z, LB_NV, LB_NV}, 0}, /* in-projection -> proj (bf16) */
+        {LB_VD, 1, {LB_H}, 1},                      /* out_proj -> h (fp32) */
+        {LB_H, 2, {LB_I, LB_I}, 0},                 /* gate | up -> proj */
+        {LB_I, 1, {LB_H}, 1},                       /* down_proj -> h */
+    };
+    const int per_layer = LB_SITES * CU_LORA_MAX_PARTS, n_entries = n_layers * per_layer;
+    size_t bytes = 0, at = 0;
+    for (int j = 0; j < LB_SITES; j++)
+        for (int p = 0; p < SITES[j].n_parts; p++) bytes += cu_lora_pack_bytes(rank, SITES[j].in, SITES[j].out[p], 0);
+    bytes *= (size_t)n_layers;
+    int max_in = LB_I, max_out = LB_QKV;
+    float *A = (float *)malloc(sizeof(float) * (size_t)rank * max_in);
+    float *B = (float *)malloc(sizeof(float) * (size_t)rank * max_out);
+    unsigned char *host = (unsigned char *)malloc(bytes);
+    cu_lora_entry *tab = (cu_lora_entry *)calloc((size_t)n_entries, sizeof(cu_lora_entry));
+    int *slots = (int *)malloc(sizeof(int) * (size_t)rows);
+    float *xh = (float *)malloc(sizeof(float) * (size_t)rows * max_in);
+    int rc = A && B && host && tab && slots && xh ? 0 : cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    uint32_t seed = 12345u;
+    for (int i = 0; !rc && i < rank * max_in; i++) A[i] = bench_uniform(&seed);
+    for (int i = 0; !rc && i < rank * max_out; i++) B[i] = bench_uniform(&seed);
+    for (int i = 0; !rc && i < rows * max_in; i++) xh[i] = bench_uniform(&seed);
+    for (int t = 0; !rc && t < rows; t++) slots[t] = trunk ? 0 : 1;
+    void *dbuf = NULL, *dx = NULL, *dproj = NULL, *dh = NULL;
+    cu_lora_entry *dtab = NULL;
+    int *dslot = NULL;
+    if (!rc) rc = talloc(b, &dbuf, bytes, err);
+    for (int l = 0; !rc && l < n_layers; l++)
+        for (int j = 0; j < LB_SITES; j++)
+            for (int p = 0; p < SITES[j].n_parts; p++) {
+                cu_lora_pack(A, B, rank, SITES[j].in, SITES[j].out[p], 0.5f, 0, host + at, (char *)dbuf + at,
+                             &tab[l * per_layer + j * CU_LORA_MAX_PARTS + p]);
+                at += cu_lora_pack_bytes(rank, SITES[j].in, SITES[j].out[p], 0);
+            }
+    if (!rc) rc = talloc(b, (void **)&dtab, sizeof(cu_lora_entry) * (size_t)n_entries, err);
+    if (!rc) rc = talloc(b, (void **)&dslot, sizeof(int) * (size_t)rows, err);
+    if (!rc) rc = up_act(b, &dx, xh, (size_t)rows * max_in, 0, err);
+    if (!rc) rc = talloc(b, &dproj, sizeof(bf16) * (size_t)rows * (LB_QKV + LB_Z + 2 * LB_NV), err);
+    if (!rc) rc = talloc(b, &dh, sizeof(float) * (size_t)rows * LB_H, err);
+    cudaError_t e = cudaSuccess;
+    if (!rc) e = cudaMemcpy(dbuf, host, bytes, cudaMemcpyHostToDevice);
+    if (!rc && e == cudaSuccess)
+        e = cudaMemcpy(dtab, tab, sizeof(cu_lora_entry) * (size_t)n_entries, cudaMemcpyHostToDevice);
+    if (!rc && e == cudaSuccess) e = cudaMemcpy(dslot, slots, sizeof(int) * (size_t)rows, cudaMemcpyHostToDevice);
+    free(A), free(B), free(host), free(tab), free(slots), free(xh);
+    if (rc) return rc;
+    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    int dev = 0, n_sm = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    cudaStream_t st = NULL;
+    CU_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t graph = NULL;
+    e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    for (int l = 0; e == cudaSuccess && !rc && l < n_layers; l++)
+        for (int j = 0; j < LB_SITES && !rc; j++) {
+            cu_lora_site site;
+            memset(&site, 0, sizeof site);
+            int off = 0, ldy = 0;
+            for (int p = 0; p < SITES[j].n_parts; p++) ldy += SITES[j].out[p];
+            for (int p = 0; p < SITES[j].n_parts; p++) {
+                site.col[p] = dtab + l * per_layer + j * CU_LORA_MAX_PARTS + p;
+                site.yoff[p] = off;
+                site.out[p] = SITES[j].out[p];
+                off += SITES[j].out[p];
+            }
+            site.n_parts = SITES[j].n_parts;
+            site.stride = n_entries;
+            site.n_slots = 1;
+            site.max_rank = rank;
+            rc = cu_lora(&site, dslot, dx, SITES[j].in, 0, SITES[j].y_f32 ? dh : dproj, ldy, SITES[j].y_f32, rows, n_sm,
+                         st, err);
+        }
+    const cudaError_t ec = e == cudaSuccess ? cudaStreamEndCapture(st, &graph) : e;
+    cudaGraphExec_t exec = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = 0.f;
+    e = rc ? cudaSuccess : ec;
+    if (!rc && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (!rc && e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (!rc && e == cudaSuccess) e = cudaEventCreate(&e1);
+    if (!rc && e == cudaSuccess) e = cudaGraphLaunch(exec, st); /* warm-up */
+    if (!rc && e == cudaSuccess) e = cudaEventRecord(e0, st);
+    for (int r = 0; !rc && e == cudaSuccess && r < LB_REPS; r++) e = cudaGraphLaunch(exec, st);
+    if (!rc && e == cudaSuccess) e = cudaEventRecord(e1, st);
+    if (!rc && e == cudaSuccess) e = cudaEventSynchronize(e1);
+    if (!rc && e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamSynchronize(st);
+    cudaStreamDestroy(st);
+    if (rc) return rc;
+    if (e != cudaSuccess) return cu_fail(err, "lora benchmark", e, __FILE__, __LINE__);
+    *us = 1e3 * ms / LB_REPS / n_layers;
+    return 0;
+}
+
+extern "C" int squad_cuda_bench_lora(int rows, int rank, int n_layers, int trunk, double *us_per_layer,
+                                     squad_err *err) {
+    *us_per_layer = -1.0;
+    if (rows < 1 || rank < 1 || rank > 1024 || n_layers < 1 || n_layers > 64)
+        return cu_err(err, SQUAD_E_INVALID, "bench_lora: rows %d, rank %d, layers %d", rows, rank, n_layers);
+    tbufs b = {{0}, 0};
+    const int rc = bench_lora(&b, rows, rank, n_layers, trunk, us_per_layer, err);
     tfree(&b);
     return rc;
 }

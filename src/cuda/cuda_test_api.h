@@ -56,6 +56,38 @@ typedef struct cu_ref_attn_args {
 void cu_ref_attn(const cu_ref_attn_args *a);
 int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);
 
+/* ---- the specialists' low-rank term of one GEMM output (k_lora.cu) ---- */
+#define CU_REF_LORA_MAX_PARTS 4
+#define CU_REF_LORA_MAX_SLOTS 4
+typedef struct cu_ref_lora_args {
+    int rows;    /* tokens (a bucket's rows) */
+    int in, ldx; /* x [rows][ldx], its first `in` columns the projections' input */
+    int ldy;     /* y [rows][ldy] */
+    int n_parts; /* adapted projections in y: part p is columns [yoff[p], yoff[p] + out[p]) */
+    int yoff[CU_REF_LORA_MAX_PARTS], out[CU_REF_LORA_MAX_PARTS];
+    int n_slots;                                           /* resident adapters */
+    int r[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS];  /* ranks; 0: the adapter leaves the part alone */
+    float scale[CU_REF_LORA_MAX_SLOTS];
+    const float *A[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS]; /* [r][in] */
+    const float *B[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS]; /* [out][r] */
+    const int *token_slot; /* [rows]: slot + 1, or 0 (the trunk, padding) */
+    const float *x;        /* [rows][ldx] */
+    float *y;              /* [rows][ldy]: in / out */
+    int x_f32, y_f32;      /* device: fp32 x and entries (the exact path) or bf16 (tensor cores); y's type */
+} cu_ref_lora_args;
+/* y[t][yoff[p] + o] += scale[s] sum_k B[s][p][o][k] sum_i A[s][p][k][i] x[t][i] for every token
+ * whose slot s + 1 is in [1, n_slots] and part p with r[s][p] > 0, in double. */
+void cu_ref_lora(const cu_ref_lora_args *a);
+/* The same through cu_lora (the adapters packed by cu_lora_pack; x and y uploaded in their types,
+ * so a bf16 test rounds x, A, B and y to bf16 first). */
+int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
+/* Microseconds per layer of the low-rank launches of n_layers Gated DeltaNet layers of the 0.8B
+ * shapes (in-projection qkv | z | b | a, out_proj, gate | up, down_proj; bf16), rank `rank`, for a
+ * chunk of `rows` tokens all of one adapter (trunk: all slot 0, the launches' fixed cost), replayed
+ * as one CUDA graph. The adapters (n_layers x ~1.9 MB at rank 16) stay in L2 here, where the
+ * forward's weights would flush them: a lower bound on the forward's cost. */
+int squad_cuda_bench_lora(int rows, int rank, int n_layers, int trunk, double *us_per_layer, squad_err *err);
+
 /* ---- small ops ---- */
 void cu_ref_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps);
 void cu_ref_silu_mul(const float *gu, float *out, int rows, int I);

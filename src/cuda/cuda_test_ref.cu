@@ -170,3 +170,35 @@ extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
             out[(size_t)t * I + i] = (float)(g / (1.0 + exp(-g)) * u);
         }
 }
+
+/* ---- the specialists' low-rank term ------------------------------------------------------------- */
+
+extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
+    int max_r = 1;
+    for (int s = 0; s < a->n_slots; s++)
+        for (int p = 0; p < a->n_parts; p++)
+            if (a->r[s][p] > max_r) max_r = a->r[s][p];
+    double *u = (double *)malloc(sizeof(double) * (size_t)max_r);
+    if (!u) return;
+    for (int t = 0; t < a->rows; t++) {
+        const int s = a->token_slot[t] - 1;
+        if (s < 0 || s >= a->n_slots) continue;
+        const float *xt = a->x + (size_t)t * a->ldx;
+        for (int p = 0; p < a->n_parts; p++) {
+            const int r = a->r[s][p];
+            if (r < 1) continue;
+            for (int k = 0; k < r; k++) {
+                double d = 0;
+                for (int i = 0; i < a->in; i++) d += (double)a->A[s][p][(size_t)k * a->in + i] * xt[i];
+                u[k] = d;
+            }
+            float *yt = a->y + (size_t)t * a->ldy + a->yoff[p];
+            for (int o = 0; o < a->out[p]; o++) {
+                double d = 0;
+                for (int k = 0; k < r; k++) d += (double)a->B[s][p][(size_t)o * r + k] * u[k];
+                yt[o] = (float)((double)yt[o] + (double)a->scale[s] * d);
+            }
+        }
+    }
+    free(u);
+}
