@@ -52,9 +52,10 @@
  *
  * Specialists (opts->specialists): in the layers from `split` on, every projection a chunk's route
  * adapts gets its low-rank term right after the shared GEMM, y[t] += s B (A x[t]) over that
- * chunk's rows only, in the arithmetic of squad_lora_apply_ref (double sums over the adapter's
- * fp32 weights). Chunks of different routes share one batch (mixed_routes): the shared weights are
- * never touched. Each chunk's router sum is taken from its rows of h as they enter router.layer.
+ * chunk's rows only: double sums over the adapter's fp32 weights, a block of tokens at a time
+ * (cpu_lora_apply, src/cpu/lora.c; within rounding of squad_lora_apply_ref, and each token's
+ * result independent of the rows beside it). Chunks of different routes share one batch
+ * (mixed_routes): the shared weights are never touched. Each chunk's router sum is taken from its rows of h as they enter router.layer.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -66,6 +67,7 @@
 #include "../specialists.h"
 #include "../util.h"
 #include "gemm.h"
+#include "lora.h"
 #include "ops.h"
 #include "pool.h"
 
@@ -504,7 +506,7 @@ static void lora_task_run(void *ctx, int task, int n_tasks) {
     const squad_lora_proj *p = &a->proj[c->lora_layer][l->proj_id];
     const int t0 = c->off[i] + blk * CPU_LORA_TOKENS, end = c->off[i] + c->ck[i].len;
     const int t1 = t0 + CPU_LORA_TOKENS < end ? t0 + CPU_LORA_TOKENS : end;
-    for (int t = t0; t < t1; t++) squad_lora_apply_ref(p, a->scale, l->x + (size_t)t * p->in, l->y + (size_t)t * p->out);
+    cpu_lora_apply(cpu_pool_isa(c->pool), p, a->scale, l->x + (size_t)t0 * p->in, l->y + (size_t)t0 * p->out, t1 - t0);
 }
 
 /* A projection of the running layer over all rows: y = W x (or y += W x), then each chunk's
