@@ -87,7 +87,7 @@ int main(void) {
     static const int ranks[] = {1, 2, 3, 5, 16, 17};
     static const int ins[] = {1, 3, 4, 7, 33, 1027};
     static const int outs[] = {1, 7, 8, 9, 33};
-    static const int ns[] = {1, 3, 4, 5, 16};
+    static const int ns[] = {1, 3, 4, 5, 16, 21};
     cpu_isa isas[2] = {CPU_ISA_SCALAR, cpu_detect_isa() >= CPU_ISA_AVX2 ? CPU_ISA_AVX2 : CPU_ISA_SCALAR};
     unsigned seed = 1;
     for (int ii = 0; ii < 2; ii++)
@@ -96,6 +96,11 @@ int main(void) {
                 for (size_t c = 0; c < sizeof outs / sizeof *outs; c++)
                     for (size_t d = 0; d < sizeof ns / sizeof *ns; d++)
                         check_shape(isas[ii], ranks[a], ins[b], outs[c], ns[d], seed++);
+    /* large ranks, up to the largest the loader takes (u on the stack at its bound) */
+    for (int ii = 0; ii < 2; ii++) {
+        check_shape(isas[ii], 300, 9, 11, 6, seed++);
+        check_shape(isas[ii], SQUAD_LORA_MAX_RANK, 5, 3, 5, seed++);
+    }
     check_isas_agree();
     check_unadapted();
     return test_summary("test_cpu_lora");
