@@ -15,6 +15,9 @@
 #   racecheck  compute-sanitizer racecheck on gpu_test_batch (quick)                -> racecheck.log
 #   bench      squad synth --preset qwen3.5-0.8b, bench_gpu --batch (N = 1, 4, 16, 64 hits of 32 and
 #              128 tokens on one and on N cached 4096-token states)              -> bench_batch.log
+#   ablate     (not by default) bench_gpu --batch --ablate: each batch graph (16 x 32 and 16 x 128 hits
+#              on one and on 16 cached states, 1 x 128) with one kernel group left out at a time, the
+#              restores and the forward's host side; the shares table at the end -> batch_ablate.log
 # summary.log lists each step's exit status and time.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -70,10 +73,14 @@ if has racecheck; then
     step "racecheck gpu_test_batch (quick)" 480 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
 fi
+if { has bench || has ablate; } && [ ! -e "$MODEL/model.safetensors" ]; then
+    step "synth qwen3.5-0.8b" 180 "$OUT/bench_batch.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
+fi
+if has ablate; then
+    step "bench_gpu --batch --ablate" 480 "$OUT/batch_ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
+        --ablate --reps "${BENCH_REPS:-20}"
+fi
 if has bench; then
-    if [ ! -e "$MODEL/model.safetensors" ]; then
-        step "synth qwen3.5-0.8b" 180 "$OUT/bench_batch.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
-    fi
     step "bench_gpu --batch" 480 "$OUT/bench_batch.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
         --reps "${BENCH_REPS:-30}"
 fi

@@ -1559,8 +1559,8 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
 
 /* ---- for the ablation timing (src/cuda/ablate.cu, in the internal library: not part of libsquad) ---- */
 
-int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine,
-                        cu_ablation *a, squad_err *err) {
+int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                        int want_engine, cu_ablation *a, squad_err *err) {
     memset(a, 0, sizeof *a);
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
         return cu_err(err, SQUAD_E_INVALID, "ablation: not a CUDA backend");
@@ -1568,44 +1568,59 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
     if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
         return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
     if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
-    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
-    /* a chunk on slot 0 (no slots, no blob) */
-    int *ids = (int *)malloc((size_t)len * sizeof(int));
-    if (!ids) return cu_err(err, SQUAD_E_NOMEM, "out of memory (ablation ids)");
+    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), bucket = CHUNK_BUCKETS[bi];
+    if (nrows < 1 || nrows > cb->max_seqs || nrows > max_rows_of(cb, bi))
+        return cu_err(err, SQUAD_E_INVALID, "ablation: %d rows of %d tokens (at most %d)", nrows, len,
+                      max_rows_of(cb, bi) < cb->max_seqs ? max_rows_of(cb, bi) : cb->max_seqs);
+    const int rbi = row_bucket(nrows);
+    int *ids = (int *)malloc((size_t)nrows * len * sizeof(int));
+    squad_chunk *ch = (squad_chunk *)calloc((size_t)nrows, sizeof *ch);
+    int *order = (int *)malloc((size_t)nrows * sizeof(int));
+    if (!ids || !ch || !order) {
+        free(ids), free(ch), free(order);
+        return cu_err(err, SQUAD_E_NOMEM, "out of memory (ablation ids)");
+    }
     /* distinct pseudo-random tokens, as a real question has (the graph's time barely depends on
      * them: 1.680 against 1.689 ms on the 4096+128 hit with every id 0) */
     uint32_t x = 12345u;
-    for (int t = 0; t < len; t++) {
+    for (int t = 0; t < nrows * len; t++) {
         x = x * 1664525u + 1013904223u;
         ids[t] = (int)((x >> 8) % (uint32_t)cb->V);
     }
-    squad_chunk ch;
-    memset(&ch, 0, sizeof ch);
-    ch.ids = ids;
-    ch.start = start;
-    ch.len = len;
-    cb->seqs[0].kv_split = 0;
-    cb->seqs[0].kv_src = NULL;
-    cb->lora_at[0] = 0; /* the trunk */
-    int rc = prepare_slots(cb, &ch, 1, err);
+    for (int r = 0; r < nrows; r++) {
+        ch[r].seq = r;
+        ch[r].ids = ids + (size_t)r * len;
+        ch[r].start = start;
+        ch[r].len = len;
+        cb->seqs[r].kv_split = 0;
+        cb->seqs[r].kv_src = NULL;
+        cb->lora_at[r] = 0; /* the trunk */
+        order[r] = r;
+    }
+    /* row 0's own K / V first (it may move as it grows), then the rows reading it in place */
+    int rc = prepare_slots(cb, ch, 1, err);
+    for (int r = 1; r < nrows && !rc && shared && start > 0; r++) {
+        cb->seqs[r].kv_src = cb->seqs[0].kv;
+        cb->seqs[r].kv_split = start;
+    }
+    if (!rc && nrows > 1) rc = prepare_slots(cb, ch + 1, nrows - 1, err);
     be->kv_positions = kv_positions_held(cb);
     if (!rc) {
-        const int order = 0;
         int nv = 0, mv = 0;
-        const size_t bytes = stage_replay(cb, cb->prm_host, &ch, &order, 1, 1, rows, &nv, &mv);
+        const size_t bytes = stage_replay(cb, cb->prm_host, ch, order, nrows, ROW_BUCKETS[rbi], bucket, &nv, &mv);
         rc = upload_params(cb, cb->prm_host, bytes, err);
     }
-    free(ids);
-    if (!rc) rc = capture_batch(cb, bi, 0, si, parts, &a->graph, err);
-    if (!rc && want_engine) rc = get_graph(cb, bi, 0, si, err);
+    if (!rc) rc = capture_batch(cb, bi, rbi, si, parts, &a->graph, err);
+    if (!rc && want_engine) rc = get_graph(cb, bi, rbi, si, err);
+    free(ids), free(ch), free(order);
     if (rc) {
         if (a->graph) cudaGraphExecDestroy(a->graph);
         a->graph = NULL;
         return rc;
     }
     a->st = cb->st;
-    a->rows = rows;
-    a->engine = want_engine ? cb->graphs[bi][0][si] : NULL;
+    a->rows = bucket;
+    a->engine = want_engine ? cb->graphs[bi][rbi][si] : NULL;
     return 0;
 }
 

@@ -478,11 +478,13 @@ typedef struct cu_ablation {
     cudaGraphExec_t engine; /* with want_engine: the backend's own graph of that bucket and span (the
                                backend's; not to be destroyed) */
 } cu_ablation;
-/* Writes the parameters of a chunk [start, start + len) (pseudo-random ids, no slots), captures its
+/* Writes the parameters of a batch of nrows chunks [start, start + len) on slots 0 .. nrows - 1
+ * (pseudo-random ids, no answer slots; with `shared` rows 1 .. read [0, start) in place from row 0's
+ * K / V, as hits restored from one cached state do, else each row reads its own), captures its
  * forward with only `parts` (SQUAD_CUDA_PART_*), and with want_engine captures (or finds) the
  * engine's graph of the same shape. */
-int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine, cu_ablation *a,
-                        squad_err *err);
+int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                        int want_engine, cu_ablation *a, squad_err *err);
 /* The parameters' host-to-device copy forward makes before each replay (timed with it). */
 int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err);
 
