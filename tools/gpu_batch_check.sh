@@ -17,7 +17,9 @@
 #              128 tokens on one and on N cached 4096-token states)              -> bench_batch.log
 #   ablate     (not by default) bench_gpu --batch --ablate: each batch graph (16 x 32 and 16 x 128 hits
 #              on one and on 16 cached states, 1 x 128) with one kernel group left out at a time, the
-#              restores and the forward's host side; the shares table at the end -> batch_ablate.log
+#              restores and the forward's host side; the shares table at the end -> batch_ablate.log;
+#              with ABLATE_ENVS="A=1 A=2,B=3 ..." once more per space-separated item, its comma-separated
+#              assignments in the environment (experiment switches, docs/cuda.md)
 # summary.log lists each step's exit status and time.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -77,8 +79,13 @@ if { has bench || has ablate; } && [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench_batch.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
 if has ablate; then
-    step "bench_gpu --batch --ablate" 480 "$OUT/batch_ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
+    step "bench_gpu --batch --ablate" 300 "$OUT/batch_ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
         --ablate --reps "${BENCH_REPS:-20}"
+    for item in ${ABLATE_ENVS:-}; do
+        echo "== ${item//,/ }" >>"$OUT/batch_ablate.log"
+        step "bench_gpu --batch --ablate (${item//,/ })" 120 "$OUT/batch_ablate.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" \
+            --model "$MODEL" --batch --ablate --reps "${BENCH_REPS:-20}"
+    done
 fi
 if has bench; then
     step "bench_gpu --batch" 480 "$OUT/bench_batch.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
