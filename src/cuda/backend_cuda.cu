@@ -123,6 +123,10 @@ typedef struct cu_layer {
 /* A sequence slot: one row in flight (the top of the file). */
 typedef struct cu_seq {
     unsigned char *gdn; /* the GDN arena (gdn_bytes), NULL until the slot's first use */
+    /* load_gdn's blob, not copied: the next forward reads the slot's starting GDN state from it
+     * and writes the chunk's final state into the arena (cu_chunk_params.gdn_in), so a restore
+     * moves no bytes; NULL once a forward ran (the arena holds the state) or after reset */
+    const unsigned char *gdn_src;
     void *kv;           /* own K / V: positions from kv_split on, kv_cap of them; grows (moves) */
     int kv_cap;
     /* load_kv reads a cache blob in place: positions [0, kv_split) are kv_src's (the blob stays
@@ -928,6 +932,7 @@ static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chun
         p->kv_src = q->kv_split > 0 ? q->kv_src : NULL;
         p->kv_work = q->kv;
         p->gdn = q->gdn;
+        p->gdn_in = q->gdn_src;
         p->kv_split = q->kv_split;
         p->start = ch->start;
         p->len = ch->len;
@@ -1057,6 +1062,8 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
         }
         p0 = g;
     }
+    /* every row's forward wrote its whole GDN state into its arena: a restored blob is read no more */
+    for (int c = 0; c < n_chunks; c++) cb->seqs[chunks[c].seq].gdn_src = NULL;
     CU_TRY(cudaStreamSynchronize(cb->st));
     const size_t row_floats = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS;
     for (int c = 0; c < n_chunks; c++) {
@@ -1097,8 +1104,9 @@ static int be_reset(squad_backend *be, int seq, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
     cu_seq *q = &cb->seqs[seq];
-    q->kv_split = 0; /* the blob read in place is no longer ours to read */
+    q->kv_split = 0; /* the blobs read in place are no longer ours to read */
     q->kv_src = NULL;
+    q->gdn_src = NULL;
     const int fresh = q->gdn == NULL;
     int rc = seq_arena(cb, q, err); /* a new arena is zeroed already */
     if (rc) return rc;
@@ -1112,7 +1120,9 @@ static int be_save_gdn(squad_backend *be, int seq, void *dst, squad_err *err) {
     cu_seq *q = &cb->seqs[seq];
     int rc = seq_arena(cb, q, err); /* a slot never used holds the zero state */
     if (rc) return rc;
-    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(dst, q->gdn, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    const void *src = q->gdn_src ? (const void *)q->gdn_src : (const void *)q->gdn; /* restored, not yet run */
+    if (cb->gdn_bytes && src != dst)
+        CU_TRY(cudaMemcpyAsync(dst, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
@@ -1120,9 +1130,12 @@ static int be_load_gdn(squad_backend *be, int seq, const void *src, squad_err *e
     cu_be *cb = impl_of(be);
     if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
     cu_seq *q = &cb->seqs[seq];
-    int rc = seq_arena(cb, q, err);
+    if (cb->gdn_bytes && !src) return cu_err(err, SQUAD_E_INVALID, "CUDA load_gdn: no blob");
+    int rc = seq_arena(cb, q, err); /* where the next forward writes the state it reads from src */
     if (rc) return rc;
-    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(q->gdn, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    /* no copy: the slot's next forward starts from the blob (cu_seq.gdn_src), which must stay valid
+     * until then (the engine's plan pins the checkpoint it restored until the row ends) */
+    q->gdn_src = cb->gdn_bytes ? (const unsigned char *)src : NULL;
     return 0;
 }
 

@@ -55,14 +55,25 @@ typedef struct cu_chunk_params {
     /* The row's slot's GDN arena: every GDN layer's S, then the conv inputs (the layers' offsets
      * are kernel arguments, the same in every slot). */
     unsigned char *gdn;
+    /* The GDN state the chunk starts from, when not the arena's own: a cache blob a restore named
+     * (load_gdn records it instead of copying it into the arena; the arena's layout). The kernels
+     * read S and the conv inputs from here and write the chunk's final state into the arena, all
+     * of it, so the restore costs no copy. NULL: the arena holds the state (cu_gdn_in). */
+    const unsigned char *gdn_in;
     int kv_split;
     int start; /* absolute position of token 0 */
     int len;   /* real tokens; positions [len, bucket) are padding; 0: a padding row */
     int n_slots;    /* answer slots of this row (their values in cu_row_answers) */
     int vocab_base; /* its first slot's index among the replay's full-vocabulary slots; -1: none */
-    int pad_[1];    /* 16-byte multiple */
+    int pad_[3];    /* 16-byte multiple */
 } cu_chunk_params;
 static_assert(sizeof(cu_chunk_params) % 16 == 0, "rows stay 16-byte aligned");
+#ifdef __CUDACC__
+/* Where a row's GDN state is read from: the restored blob, else its arena. */
+__device__ __forceinline__ const unsigned char *cu_gdn_in(const cu_chunk_params *p) {
+    return p->gdn_in ? p->gdn_in : p->gdn;
+}
+#endif
 
 /* A row's answer slots (read only by the letter and vocabulary kernels). */
 typedef struct cu_row_answers {
@@ -166,10 +177,11 @@ __device__ __forceinline__ float cu_sigmoid(float x) { return 1.0f / (1.0f + __e
 
 /* The GDN conv state [K-1][C] moves on to the chunk's end: new[j] = [old | P][len + j] for the
  * channels ch = first, first + stride, ...; all loads of a channel before its stores (no round trip
- * per value). Run after everything that reads the old state (both GDN paths' last kernel). */
+ * per value). old is conv_in (the arena's own, or a restored blob's: cu_gdn_in), new goes to the
+ * arena's conv_state. Run after everything that reads the old state (both GDN paths' last kernel). */
 template <typename A>
-__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *P, int ldP, int C, int K, int len,
-                                                    int first, int stride) {
+__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *conv_in, const A *P, int ldP, int C,
+                                                    int K, int len, int first, int stride) {
     const int Km1 = K - 1;
     for (int ch = first; ch < C; ch += stride) {
         A v[CU_MAX_CONV_K];
@@ -177,7 +189,7 @@ __device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *P, i
         for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
             if (j < Km1) {
                 const int src = len + j;
-                v[j] = src < Km1 ? conv_state[(size_t)src * C + ch] : P[(size_t)(src - Km1) * ldP + ch];
+                v[j] = src < Km1 ? conv_in[(size_t)src * C + ch] : P[(size_t)(src - Km1) * ldP + ch];
             }
 #pragma unroll
         for (int j = 0; j < CU_MAX_CONV_K - 1; j++)

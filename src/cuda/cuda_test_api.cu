@@ -561,6 +561,11 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if ((rc = talloc_poison(b, &P, tokens * a->ldP * es, err))) return rc; /* padding rows never read */
     if ((rc = talloc_poison(b, &Y, tokens * a->nv * a->dv * es, err))) return rc;
     if ((rc = talloc(b, &ar, arena * (size_t)n, err))) return rc;
+    /* odd rows start from a restored blob (cu_chunk_params.gdn_in) over a NaN arena: the kernels
+     * must read the blob and write every byte of the state into the arena */
+    void *blobs;
+    if ((rc = talloc(b, &blobs, arena * (size_t)n, err))) return rc;
+    CU_TRY(cudaMemset(ar, 0xff, arena * (size_t)n));
     if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
     if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
     if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
@@ -570,7 +575,8 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if (!St || !prm) rc = cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     for (int r = 0; r < n && !rc; r++) { /* row r: its P, its arena (S transposed as the kernels keep it) */
         const cu_ref_gdn_args *q = &rows[r];
-        unsigned char *arr = (unsigned char *)ar + (size_t)r * arena;
+        unsigned char *own = (unsigned char *)ar + (size_t)r * arena;
+        unsigned char *arr = r % 2 ? (unsigned char *)blobs + (size_t)r * arena : own; /* the state's start */
         rc = put_act((char *)P + (size_t)r * bucket * a->ldP * es, q->P, (size_t)bucket * a->ldP, ex, err);
         if (!rc) rc = put_act(arr + conv_off, q->conv_state, conv_n, ex, err);
         for (int h = 0; h < a->nv; h++)
@@ -583,7 +589,8 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
             if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
         }
         prm[r].len = q->len;
-        prm[r].gdn = arr;
+        prm[r].gdn = own;
+        prm[r].gdn_in = arr != own ? arr : NULL;
     }
     cu_batch bt;
     const int blocks = nrows * ((bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK);

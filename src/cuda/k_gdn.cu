@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
     {
         const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
         a.P += tok0 * a.ldP;
-        a.conv_state = (const bf16 *)(a.prm->gdn + a.bt.conv_off);
+        a.conv_state = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
         gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, a.DK, a.DV);
     }
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -646,6 +646,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
     const int len = a.prm->len;
     if (len < 1) return; /* a padding row: no state to touch */
     a.S = (float *)(a.prm->gdn + a.bt.s_off);
+    const float *S_in = (const float *)(cu_gdn_in(a.prm) + a.bt.s_off); /* a restored blob's, or a.S */
     gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     const int nc = (a.rows + GDN_C - 1) / GDN_C;
     int nreal = (len + GDN_C - 1) / GDN_C;
@@ -663,12 +664,13 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
     float *Sh = a.S + (size_t)h * DV * DK;
+    const float *Sh_in = S_in + (size_t)h * DV * DK;
     const int nl = 16 * rg + r; /* row inside the block's slice */
     const int n0 = n_base + nl;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-        const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
-        const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
+        const float2 lo = *(const float2 *)(Sh_in + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
+        const float2 hi = *(const float2 *)(Sh_in + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
         Sacc[j][0] = lo.x;
         Sacc[j][1] = lo.y;
         Sacc[j][2] = hi.x;
@@ -862,8 +864,8 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
 
     /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
-    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * NT + tid,
-                        gridDim.x * gridDim.y * NT);
+    cu_conv_state_shift(a.conv_state, (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off), a.P, a.ldP, a.C, a.K, len,
+                        (blockIdx.x * gridDim.y + h) * NT + tid, gridDim.x * gridDim.y * NT);
     const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
         for (int e = tid; e < (tend - t0) * dv; e += NT)
