@@ -407,6 +407,9 @@ typedef struct cu_gdn_dims {
                               timing (ablate.cu) leaves some out */
     int short_rows;        /* chunks of at most this many rows take the conv and out kernels spread
                               for short chunks (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS overrides) */
+    int scan_rg;           /* the scan's row groups of 16 S^T rows a block: 1, 2 or 4 (more rows a
+                              block: fewer copies of W and K' for a batch of many rows); 0: 1
+                              (SQUAD_GDN_SCAN_RG sets it, an experiment) */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };

@@ -599,10 +599,11 @@ struct gdn_scan_args {
 #ifndef SQUAD_SCAN_RG
 #define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2, and measured faster */
 #endif
-template <int DK, int DV>
+/* RG_: the row groups a launch asks for (cu_gdn_dims.scan_rg), bounded by DV / 16 */
+template <int DK, int DV, int RG_ = SQUAD_SCAN_RG>
 struct scan_smem {
     static constexpr int KS = DK >= 64 ? (SQUAD_SCAN_KS < DK / 32 ? SQUAD_SCAN_KS : DK / 32) : 1;
-    static constexpr int RG = DV >= 32 ? SQUAD_SCAN_RG : 1;
+    static constexpr int RG = RG_ * 16 <= DV ? RG_ : (DV >= 32 ? DV / 16 : 1);
     static constexpr int BV = 16 * RG;                /* S^T rows (dv) per block */
     static constexpr int NWARP = RG * KS;
     static constexpr int LDW = CU_GDN_LDW(DK);        /* W and K' rows [64][DK] */
@@ -619,19 +620,19 @@ struct scan_smem {
 };
 
 /* One thread: block blk's W, K' and this block's U^T rows into a stage, counted on its barrier. */
-template <int DK, int DV>
+template <int DK, int DV, int RG_>
 __device__ __forceinline__ void scan_fetch(unsigned char *st, uint64_t *bar, const cu_gdn_scratch &scr, size_t blk,
                                            int n_base) {
-    typedef scan_smem<DK, DV> SM;
+    typedef scan_smem<DK, DV, RG_> SM;
     cu_mbar_expect_tx(bar, 2 * SM::w_bytes + SM::u_bytes);
     cu_bulk_g2s(st + SM::w_off, scr.W + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
     cu_bulk_g2s(st + SM::k_off, scr.Kp + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
     cu_bulk_g2s(st + SM::u_off, scr.UT + (blk * DV + n_base) * SM::LDU, SM::u_bytes, bar);
 }
 
-template <int DK, int DV>
-__global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
-    typedef scan_smem<DK, DV> SM;
+template <int DK, int DV, int RG_>
+__global__ void __launch_bounds__(scan_smem<DK, DV, RG_>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
+    typedef scan_smem<DK, DV, RG_> SM;
     constexpr int KS = SM::KS;
     constexpr int DKH = DK / KS;  /* this warp's dk columns */
     constexpr int NJ = DKH / 8;   /* n-tiles of S^T along them */
@@ -659,7 +660,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
         cu_mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0 && nreal > 0) scan_fetch<DK, DV>(smem, &bar[0], a.scr, (size_t)h, n_base);
+    if (tid == 0 && nreal > 0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
@@ -702,7 +703,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
         cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
         __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
         if (tid == 0 && ci + 1 < nreal)
-            scan_fetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr, (size_t)(ci + 1) * a.nv + h,
+            scan_fetch<DK, DV, RG_>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr, (size_t)(ci + 1) * a.nv + h,
                                n_base);
         const float gl = a.scr.glast[blk];
 
@@ -1063,8 +1064,12 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (DKP == DK_ && DVP == DV_) {                                                                                 \
         CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)prep_smem<DK_, DV_>::bytes));                                              \
-        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
-                                    (int)scan_smem<DK_, DV_>::bytes));                                              \
+        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
+                                    (int)scan_smem<DK_, DV_, 1>::bytes));                                           \
+        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
+                                    (int)scan_smem<DK_, DV_, 2>::bytes));                                           \
+        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
+                                    (int)scan_smem<DK_, DV_, 4>::bytes));                                           \
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_LONG>,                                            \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_LONG>::bytes));                                  \
@@ -1077,6 +1082,13 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
 #undef GDN_INIT
     return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
                       d->dv);
+}
+
+/* The scan with RG_ row groups a block: value heads x (DV / 16 RG) slices x rows. */
+template <int DK, int DV, int RG_>
+static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, cudaStream_t st) {
+    typedef scan_smem<DK, DV, RG_> SM;
+    gdn_scan_kernel<DK, DV, RG_><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
 }
 
 int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const float *conv_w, const float *A_log,
@@ -1099,6 +1111,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
+    const int scan_rg = d->scan_rg;
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if (run & CU_GDN_CONV)                                                                                     \
@@ -1108,9 +1121,12 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
         }                                                                                                          \
         if (run & CU_GDN_SCAN) {                                                                                   \
-            gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV, nr),                           \
-                                        scan_smem<DK_, DV_>::NWARP * 32,                                           \
-                                        scan_smem<DK_, DV_>::bytes, st>>>(sa);                                     \
+            if (scan_rg == 4)                                                                                      \
+                launch_gdn_scan<DK_, DV_, 4>(sa, d->nv, nr, st);                                                   \
+            else if (scan_rg == 2)                                                                                 \
+                launch_gdn_scan<DK_, DV_, 2>(sa, d->nv, nr, st);                                                   \
+            else                                                                                                   \
+                launch_gdn_scan<DK_, DV_, 1>(sa, d->nv, nr, st);                                                   \
             CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
         }                                                                                                          \
         if ((run & CU_GDN_OUT) && short_rows) {                                                                    \
