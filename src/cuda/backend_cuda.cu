@@ -1609,6 +1609,7 @@ int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int
         ch[r].len = len;
         cb->seqs[r].kv_split = 0;
         cb->seqs[r].kv_src = NULL;
+        cb->seqs[r].gdn_src = NULL; /* each row's GDN state from its own arena */
         cb->lora_at[r] = 0; /* the trunk */
         order[r] = r;
     }

@@ -494,8 +494,9 @@ typedef struct cu_ablation {
                                backend's; not to be destroyed) */
 } cu_ablation;
 /* Writes the parameters of a batch of nrows chunks [start, start + len) on slots 0 .. nrows - 1
- * (pseudo-random ids, no answer slots; with `shared` rows 1 .. read [0, start) in place from row 0's
- * K / V, as hits restored from one cached state do, else each row reads its own), captures its
+ * (pseudo-random ids, no answer slots; each row's GDN state from its own arena; with `shared` rows
+ * 1 .. read [0, start) in place from row 0's K / V, as hits restored from one cached state do, else
+ * each row reads its own), captures its
  * forward with only `parts` (SQUAD_CUDA_PART_*), and with want_engine captures (or finds) the
  * engine's graph of the same shape. */
 int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
