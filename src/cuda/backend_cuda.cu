@@ -1353,6 +1353,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.short_rows = sr ? atoi(sr) : CU_GDN_SHORT_ROWS;
     const char *rg = getenv("SQUAD_GDN_SCAN_RG");
     cb->gd.scan_rg = rg ? atoi(rg) : 0;
+    cb->gd.n_sm = cb->n_sm;
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;

@@ -408,8 +408,10 @@ typedef struct cu_gdn_dims {
     int short_rows;        /* chunks of at most this many rows take the conv and out kernels spread
                               for short chunks (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS overrides) */
     int scan_rg;           /* the scan's row groups of 16 S^T rows a block: 1, 2 or 4 (more rows a
-                              block: fewer copies of W and K' for a batch of many rows); 0: 1
-                              (SQUAD_GDN_SCAN_RG sets it, an experiment) */
+                              block: fewer copies of W and K' and fewer, fuller blocks for a batch
+                              of many rows); 0: chosen per launch from n_sm (SQUAD_GDN_SCAN_RG
+                              fixes it, an experiment) */
+    int n_sm;              /* the GPU's SMs, for that choice (0: one row group) */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };

@@ -1084,6 +1084,19 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
                       d->dv);
 }
 
+/* The scan's row groups a block: as fixed, else the most that still give every SM a block. Two
+ * scan blocks fit an SM whatever the count (shared memory), so one row group leaves a batch of
+ * many rows with 2-warp blocks in many waves, each block copying its head's W and K' for 16 S^T
+ * rows; four make 8-warp blocks in a quarter of the waves and a quarter of the copies. A single
+ * row keeps one (its 128 blocks are one wave already). */
+static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
+    if (d->scan_rg == 1 || d->scan_rg == 2 || d->scan_rg == 4) return d->scan_rg;
+    const long blocks1 = (long)d->nv * (DVP / 16) * nrows; /* with one row group */
+    for (int rg = 4; rg > 1; rg /= 2)
+        if (d->n_sm > 0 && 16 * rg <= DVP && blocks1 / rg >= d->n_sm) return rg;
+    return 1;
+}
+
 /* The scan with RG_ row groups a block: value heads x (DV / 16 RG) slices x rows. */
 template <int DK, int DV, int RG_>
 static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, cudaStream_t st) {
@@ -1111,7 +1124,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
-    const int scan_rg = d->scan_rg;
+    const int scan_rg = gdn_scan_rg(d, nr, DVP);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if (run & CU_GDN_CONV)                                                                                     \
