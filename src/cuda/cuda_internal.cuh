@@ -405,8 +405,10 @@ typedef struct cu_gdn_dims {
     int f32;               /* the exact path (k_gdn_exact.cu): fp32 P, conv state, Y; S [nv][dk][dv] */
     unsigned stages;       /* the bf16 path's kernels that run (CU_GDN_*); 0: all. Only the ablation
                               timing (ablate.cu) leaves some out */
-    int short_rows;        /* chunks of at most this many rows take the conv and out kernels spread
-                              for short chunks (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS overrides) */
+    int short_rows;        /* batches of at most this many tokens take the conv and out kernels
+                              spread for short chunks, and the conv also every batch whose rows
+                              (bucket) are that short (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS
+                              overrides) */
     int scan_rg;           /* the scan's row groups of 16 S^T rows a block: 1, 2 or 4 (more rows a
                               block: fewer copies of W and K' and fewer, fuller blocks for a batch
                               of many rows); 0: chosen per launch from n_sm (SQUAD_GDN_SCAN_RG

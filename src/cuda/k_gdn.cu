@@ -1084,15 +1084,17 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
                       d->dv);
 }
 
-/* The scan's row groups a block: as fixed, else the most that still give every SM a block. Two
+/* The scan's row groups a block: as fixed, else two when that still gives every SM a block. Two
  * scan blocks fit an SM whatever the count (shared memory), so one row group leaves a batch of
  * many rows with 2-warp blocks in many waves, each block copying its head's W and K' for 16 S^T
- * rows; four make 8-warp blocks in a quarter of the waves and a quarter of the copies. A single
- * row keeps one (its 128 blocks are one wave already). */
+ * rows. Measured on 16 rows of 32 / 128 tokens (0.8B, H200), the scan's share: 1 row group
+ * 0.52 / 0.74 ms, 2 0.47 / 0.66-0.70, 4 0.50 / 0.75; a single row keeps one (its 128 blocks are
+ * one wave already; 2 took 0.104 ms against 0.089). */
+#define GDN_SCAN_RG_MAX 2
 static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
     if (d->scan_rg == 1 || d->scan_rg == 2 || d->scan_rg == 4) return d->scan_rg;
     const long blocks1 = (long)d->nv * (DVP / 16) * nrows; /* with one row group */
-    for (int rg = 4; rg > 1; rg /= 2)
+    for (int rg = GDN_SCAN_RG_MAX; rg > 1; rg /= 2)
         if (d->n_sm > 0 && 16 * rg <= DVP && blocks1 / rg >= d->n_sm) return rg;
     return 1;
 }
@@ -1124,11 +1126,15 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
+    /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
+     * (16 rows of 128 tokens: 0.60-0.70 ms of conv against 0.86 with 16 tokens a block; the out
+     * kernel's one-tile blocks are slower there, 0.70-0.79 against 0.51, so it keeps the total) */
+    const bool short_conv = short_rows || rows <= d->short_rows;
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if (run & CU_GDN_CONV)                                                                                     \
-            if (int rc_ = launch_gdn_conv(ca, rows, short_rows, 2 * d->nk + d->nv, nr, st, err)) return rc_;       \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, st, err)) return rc_;       \
         if (run & CU_GDN_PREP) {                                                                                   \
             gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv, nr), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);  \
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
