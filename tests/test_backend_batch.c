@@ -497,7 +497,8 @@ static void bad_batches(const squad_model *m) {
         switch (kind) {
         case 0: b[2].seq = 0, what = "a slot twice"; break;
         case 1:
-            b[0].len = b[1].len = be->max_chunk, b[2].len = be->max_batch_tokens - 2 * be->max_chunk + 1;
+            b[0].len = b[1].len = (be->max_batch_tokens + 1) / 3;
+            b[2].len = be->max_batch_tokens + 1 - 2 * b[0].len;
             what = "one token past max_batch_tokens";
             break;
         case 2: b[1].ids = bad_ids, what = "an id past the vocabulary"; break;

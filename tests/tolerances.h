@@ -47,6 +47,9 @@
 #define TOL_CUDA_EXACT_CACHED 0.01   /* cached against uncached; a saved and restored state against one pass */
 /* Against the fp32 references (transformers, the CPU exact backend): a gross-error bound only. */
 #define TOL_CUDA_BF16_REF 0.25
+/* CUDA bf16 against the CPU backend (bf16) on random batches of long rows (gpu_test_batch): both
+ * paths round activations at different points, and the random models amplify it (0.45 seen). */
+#define TOL_CUDA_BF16_CPU_BATCH 0.5
 #define TOL_CUDA_BF16_CHUNKED 0.25   /* chunked against one pass on the bf16 path */
 #define TOL_CUDA_BF16_CACHED 0.01    /* cached against uncached: the same kernels, so as tight as exact */
 #define TOL_CUDA_BF16_CACHED_WIDE 0.05 /* cached against uncached where the cached path cuts other chunks
