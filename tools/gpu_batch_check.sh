@@ -7,7 +7,8 @@
 #             gpu_test_kernels bench_gpu squad" tools/gpu_run.sh --prepare     HERE (fills .carry/)
 #   tools/gpu_batch_check.sh OUTDIR                                           THERE (carry [".carry"])
 #
-# Steps (STEPS="batch tests memcheck racecheck bench" by default), each bounded by a timeout:
+# Steps (STEPS="batch tests memcheck racecheck bench" by default), each bounded by a timeout, the
+# timings (ablate, bench) before the slower checks (tests, memcheck, racecheck):
 #   batch      gpu_test_batch                                  -> batch.log
 #   tests      gpu_test_kernels, gpu_test_backend, gpu_test_specialists, gpu_test_repro, gpu_test_long
 #                                                              -> tests.log
@@ -62,19 +63,6 @@ fi
 if has batch; then
     step "gpu_test_batch" 420 "$OUT/batch.log" $RUNENV "$BIN/gpu_test_batch"
 fi
-if has tests; then
-    for t in gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_repro gpu_test_long; do
-        [ -x "$BIN/$t" ] && step "$t" 480 "$OUT/tests.log" $RUNENV "$BIN/$t"
-    done
-fi
-if has memcheck; then
-    step "memcheck gpu_test_batch (quick)" 480 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
-        compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_batch"
-fi
-if has racecheck; then
-    step "racecheck gpu_test_batch (quick)" 480 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
-fi
 if { has bench || has ablate; } && [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench_batch.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
@@ -90,6 +78,19 @@ fi
 if has bench; then
     step "bench_gpu --batch" 480 "$OUT/bench_batch.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
         --reps "${BENCH_REPS:-30}"
+fi
+if has tests; then
+    for t in gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_repro gpu_test_long; do
+        [ -x "$BIN/$t" ] && step "$t" 480 "$OUT/tests.log" $RUNENV "$BIN/$t"
+    done
+fi
+if has memcheck; then
+    step "memcheck gpu_test_batch (quick)" 480 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
+        compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_batch"
+fi
+if has racecheck; then
+    step "racecheck gpu_test_batch (quick)" 480 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
 fi
 log "done"
 exit 0
