@@ -599,8 +599,11 @@ struct gdn_scan_args {
 #ifndef SQUAD_SCAN_RG
 #define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2, and measured faster */
 #endif
-/* RG_: the row groups a launch asks for (cu_gdn_dims.scan_rg), bounded by DV / 16 */
-template <int DK, int DV, int RG_ = SQUAD_SCAN_RG>
+/* RG_: the row groups a launch asks for (cu_gdn_dims.scan_rg), bounded by DV / 16. NS_: the
+ * stages of W, K' and U^T in shared memory: 2 (the next block's arrive while this one computes),
+ * or 1 for rows of one block of 64 tokens (nothing to prefetch): half the shared memory, so more
+ * blocks share an SM (a batch of short rows runs thousands of scan blocks). */
+template <int DK, int DV, int RG_ = SQUAD_SCAN_RG, int NS_ = 2>
 struct scan_smem {
     static constexpr int KS = DK >= 64 ? (SQUAD_SCAN_KS < DK / 32 ? SQUAD_SCAN_KS : DK / 32) : 1;
     static constexpr int RG = RG_ * 16 <= DV ? RG_ : (DV >= 32 ? DV / 16 : 1);
@@ -613,7 +616,8 @@ struct scan_smem {
     static constexpr size_t k_off = w_off + w_bytes;
     static constexpr size_t u_off = k_off + w_bytes;
     static constexpr size_t stage = u_off + u_bytes;
-    static constexpr size_t x_off = 2 * stage; /* partial deltas [NWARP][8 float4][32 lanes] */
+    static constexpr int NS = NS_;
+    static constexpr size_t x_off = NS * stage; /* partial deltas [NWARP][8 float4][32 lanes] */
     static constexpr size_t bar_off = x_off + (KS > 1 ? (size_t)NWARP * 8 * 32 * 16 : 0); /* 2 barriers */
     static constexpr size_t bytes = bar_off + 2 * sizeof(uint64_t);
     static_assert(w_bytes % 16 == 0 && u_bytes % 16 == 0 && stage % 16 == 0, "bulk copies move 16-byte units");
@@ -623,16 +627,16 @@ struct scan_smem {
 template <int DK, int DV, int RG_>
 __device__ __forceinline__ void scan_fetch(unsigned char *st, uint64_t *bar, const cu_gdn_scratch &scr, size_t blk,
                                            int n_base) {
-    typedef scan_smem<DK, DV, RG_> SM;
+    typedef scan_smem<DK, DV, RG_> SM; /* the stage's layout (not the stage count) */
     cu_mbar_expect_tx(bar, 2 * SM::w_bytes + SM::u_bytes);
     cu_bulk_g2s(st + SM::w_off, scr.W + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
     cu_bulk_g2s(st + SM::k_off, scr.Kp + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
     cu_bulk_g2s(st + SM::u_off, scr.UT + (blk * DV + n_base) * SM::LDU, SM::u_bytes, bar);
 }
 
-template <int DK, int DV, int RG_>
-__global__ void __launch_bounds__(scan_smem<DK, DV, RG_>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
-    typedef scan_smem<DK, DV, RG_> SM;
+template <int DK, int DV, int RG_, int NS_>
+__global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
+    typedef scan_smem<DK, DV, RG_, NS_> SM;
     constexpr int KS = SM::KS;
     constexpr int DKH = DK / KS;  /* this warp's dk columns */
     constexpr int NJ = DKH / 8;   /* n-tiles of S^T along them */
@@ -1057,6 +1061,37 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
     (void)gdn_scratch_layout(s, (uintptr_t)base, d, tokens, blocks);
 }
 
+/* The scan with RG_ row groups a block: value heads x (DV / 16 RG) slices x rows; one stage when
+ * the rows are one block of 64 tokens (nc == 1: nothing to prefetch, scan_smem). */
+template <int DK, int DV, int RG_>
+static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, int nc, cudaStream_t st) {
+    typedef scan_smem<DK, DV, RG_, 2> SM;
+    typedef scan_smem<DK, DV, RG_, 1> SM1;
+    if (nc == 1)
+        gdn_scan_kernel<DK, DV, RG_, 1><<<dim3(nv, DV / SM1::BV, nr), SM1::NWARP * 32, SM1::bytes, st>>>(sa);
+    else
+        gdn_scan_kernel<DK, DV, RG_, 2><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
+}
+
+/* The shared memory every scan instantiation of (DK, DV) may take. */
+template <int DK, int DV, int RG_>
+static cudaError_t scan_attr() {
+    cudaError_t e = cudaFuncSetAttribute(gdn_scan_kernel<DK, DV, RG_, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)scan_smem<DK, DV, RG_, 1>::bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gdn_scan_kernel<DK, DV, RG_, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)scan_smem<DK, DV, RG_, 2>::bytes);
+    return e;
+}
+template <int DK, int DV>
+static int scan_init(squad_err *err) {
+    cudaError_t e = scan_attr<DK, DV, 1>();
+    if (e == cudaSuccess) e = scan_attr<DK, DV, 2>();
+    if (e == cudaSuccess) e = scan_attr<DK, DV, 4>();
+    CU_TRY(e);
+    return 0;
+}
+
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (d->f32) return 0;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
@@ -1064,12 +1099,7 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (DKP == DK_ && DVP == DV_) {                                                                                 \
         CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)prep_smem<DK_, DV_>::bytes));                                              \
-        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
-                                    (int)scan_smem<DK_, DV_, 1>::bytes));                                           \
-        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
-                                    (int)scan_smem<DK_, DV_, 2>::bytes));                                           \
-        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
-                                    (int)scan_smem<DK_, DV_, 4>::bytes));                                           \
+        if (int rc_ = scan_init<DK_, DV_>(err)) return rc_;                                                      \
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_LONG>,                                            \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_LONG>::bytes));                                  \
@@ -1099,12 +1129,6 @@ static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
     return 1;
 }
 
-/* The scan with RG_ row groups a block: value heads x (DV / 16 RG) slices x rows. */
-template <int DK, int DV, int RG_>
-static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, cudaStream_t st) {
-    typedef scan_smem<DK, DV, RG_> SM;
-    gdn_scan_kernel<DK, DV, RG_><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
-}
 
 int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const float *conv_w, const float *A_log,
                    const float *dt_bias, const float *norm_w, size_t s_off, void *Yv, const cu_gdn_scratch *scr,
@@ -1141,11 +1165,11 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
         }                                                                                                          \
         if (run & CU_GDN_SCAN) {                                                                                   \
             if (scan_rg == 4)                                                                                      \
-                launch_gdn_scan<DK_, DV_, 4>(sa, d->nv, nr, st);                                                   \
+                launch_gdn_scan<DK_, DV_, 4>(sa, d->nv, nr, nc, st);                                                   \
             else if (scan_rg == 2)                                                                                 \
-                launch_gdn_scan<DK_, DV_, 2>(sa, d->nv, nr, st);                                                   \
+                launch_gdn_scan<DK_, DV_, 2>(sa, d->nv, nr, nc, st);                                                   \
             else                                                                                                   \
-                launch_gdn_scan<DK_, DV_, 1>(sa, d->nv, nr, st);                                                   \
+                launch_gdn_scan<DK_, DV_, 1>(sa, d->nv, nr, nc, st);                                                   \
             CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
         }                                                                                                          \
         if ((run & CU_GDN_OUT) && short_rows) {                                                                    \
