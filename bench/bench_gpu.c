@@ -7,6 +7,8 @@
  *   bench_gpu --model DIR --ablate [--reps N]          (each kernel group's share of a chunk's graph)
  *   bench_gpu --model DIR --long [--reps N]            (long rows: cold and hits at 32k / 64k / 128k)
  *   bench_gpu --model DIR --batch [--reps N]           (N = 1 .. 64 concurrent hits in one batched forward)
+ *   bench_gpu --model DIR --batch --ablate [--reps N]  (each kernel group's share of a batched step, restores
+ *                                                       and host included)
  *
  * Cases: cold rows of 512, 2048, 4096 and 8192 tokens (an engine without a cache: every token
  * computed); hits: a 4096-token state cached once, then rows of that state plus a fresh 32-, 128-
@@ -300,7 +302,8 @@ static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *
 #ifdef SQUAD_HAVE_CUDA
 /* --batch: N concurrent hits in one forward through the backend (its sequence slots and batched
  * forward, without the engine): N = 1, 4, 16, 64 questions of 32 and 128 tokens, each on a cached
- * 4096-token state restored into its own slot (reset, load_gdn, load_kv read in place), on one
+ * 4096-token state restored into its own slot as the engine restores (squad_cache_restore: load_gdn,
+ * which overwrites all a reset would clear, and load_kv, read in place), on one
  * state shared by every row and on N different states. Per repetition: the restores, then one
  * forward of the N chunks (fresh pseudo-random questions), p50 of reps after two warm-ups; timed
  * with and without the restores (a device synchronisation between them). Floors: N x the FLOPs of
@@ -382,10 +385,9 @@ static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
                         k->probs = probs + (size_t)i * SQUAD_MAX_LETTERS;
                     }
                     const double ts = squad_now_seconds();
-                    for (int i = 0; i < N && !rc; i++) {
+                    for (int i = 0; i < N && !rc; i++) { /* squad_cache_restore's steps: no reset */
                         const int s = shared ? 0 : i;
-                        rc = be->reset(be, i, &err);
-                        if (!rc) rc = be->load_gdn(be, i, G[s], &err);
+                        rc = be->load_gdn(be, i, G[s], &err);
                         if (!rc) rc = be->load_kv(be, i, KV[s], STATE_LEN, STATE_LEN, &err);
                     }
                     cudaDeviceSynchronize();
@@ -427,6 +429,198 @@ static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
 }
 #endif
 
+#ifdef SQUAD_HAVE_CUDA
+/* The ablation's kernel-group sets: the whole graph, then each group (and each mixer kernel) left
+ * out, then the GEMMs alone and nothing (the graph's empty skeleton). */
+enum { SET_ALL, SET_NO_GEMM, SET_NO_GDN, SET_NO_GDN_CONV, SET_NO_GDN_PREP, SET_NO_GDN_SCAN, SET_NO_GDN_OUT,
+       SET_NO_ATTN, SET_NO_ATT_PREP, SET_NO_ATT_FWD, SET_NO_ATT_COMBINE, SET_NO_NORM, SET_NO_SILU, SET_GEMM_ONLY,
+       SET_NOTHING, N_SETS };
+static const struct {
+    const char *name;
+    unsigned parts;
+} SETS[N_SETS] = {{"all", SQUAD_CUDA_PART_ALL},
+                  {"- GEMMs", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GEMM},
+                  {"- GDN", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN},
+                  {"- gdn conv", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_CONV},
+                  {"- gdn prep", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_PREP},
+                  {"- gdn scan", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_SCAN},
+                  {"- gdn out", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_OUT},
+                  {"- attention", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATTN},
+                  {"- att prep", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_PREP},
+                  {"- att fwd", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_FWD},
+                  {"- att combine", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_COMBINE},
+                  {"- norms", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_NORM},
+                  {"- silu*up", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_SILU},
+                  {"GEMMs only", SQUAD_CUDA_PART_GEMM},
+                  {"nothing", 0}};
+#endif
+
+#ifdef SQUAD_HAVE_CUDA
+/* --batch --ablate: where a batched step's time goes. For each case (N rows of Q-token questions on
+ * cached 4096-token states: one state shared by every row, or N), the batch's graph replayed with
+ * one kernel group left out at a time (squad_cuda_time_batch_parts: a group's share is the whole
+ * graph's time minus the time without it), then the step through the backend as batch_bench runs
+ * it: the restores (load_gdn, load_kv of every row, waited for) and the forward on the host
+ * (checks, staging, the parameters' upload, the replay, the probabilities back). Host overhead is
+ * the forward's wall time less the graph's GPU time. */
+#define ABL_BATCH_STATES 16
+static const struct {
+    int n, q, shared;
+} ABL_BATCH_CASES[] = {{1, 128, 1}, {16, 32, 1}, {16, 32, 0}, {16, 128, 1}, {16, 128, 0}};
+
+/* One case's restore and forward through the backend (p50 of reps): restores from G / KV (state i
+ * of row i, or state 0 for every row), then the forward of n Q-token chunks with one answer slot. */
+static int abl_batch_step(squad_backend *be, void **G, void **KV, int n, int q, int shared, int reps, int V,
+                          double *restore_ms, double *forward_ms, squad_err *err) {
+    double *ta = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n * q), letters[N_LETTERS];
+    float *probs = malloc(sizeof(float) * (size_t)n * SQUAD_MAX_LETTERS);
+    squad_chunk *ck = calloc((size_t)n, sizeof *ck);
+    int rc = ta && tb && ids && probs && ck ? 0 : SQUAD_E_NOMEM;
+    if (rc) snprintf(err->msg, sizeof err->msg, "out of memory");
+    for (int i = 0; i < N_LETTERS; i++) letters[i] = 32 + 3 * i;
+    for (int r = -2; r < reps && !rc; r++) {
+        fill(ids, n * q, V);
+        for (int i = 0; i < n; i++) {
+            squad_chunk *k = &ck[i];
+            memset(k, 0, sizeof *k);
+            k->seq = i;
+            k->ids = ids + (size_t)i * q;
+            k->start = STATE_LEN;
+            k->len = q;
+            k->n_slots = 1;
+            k->slots[0] = q - 1;
+            k->nopts[0] = N_LETTERS;
+            k->letters = letters;
+            k->n_letters = N_LETTERS;
+            k->probs = probs + (size_t)i * SQUAD_MAX_LETTERS;
+        }
+        const double t0 = squad_now_seconds();
+        for (int i = 0; i < n && !rc; i++) { /* squad_cache_restore's steps: no reset */
+            const int s = shared ? 0 : i;
+            rc = be->load_gdn(be, i, G[s], err);
+            if (!rc) rc = be->load_kv(be, i, KV[s], STATE_LEN, STATE_LEN, err);
+        }
+        if (!rc && cudaDeviceSynchronize() != cudaSuccess) rc = SQUAD_E_BACKEND;
+        const double t1 = squad_now_seconds();
+        if (!rc) rc = be->forward(be, ck, n, err);
+        const double t2 = squad_now_seconds();
+        if (r >= 0) {
+            ta[r] = (t1 - t0) * 1e3;
+            tb[r] = (t2 - t1) * 1e3;
+        }
+    }
+    if (!rc) {
+        *restore_ms = median_of(ta, reps);
+        *forward_ms = median_of(tb, reps);
+    }
+    free(ta), free(tb), free(ids), free(probs), free(ck);
+    return rc;
+}
+
+static int batch_ablate(squad_model *m, int reps) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precision = SQUAD_PRECISION_DEFAULT;
+    o.max_rows = BATCH_MAX_N;
+    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q;
+    squad_err err = {0};
+    squad_backend *be = squad_cuda_backend_new(m, &o, 8192, &err);
+    if (!be) {
+        fprintf(stderr, "bench_gpu --batch --ablate: %s\n", err.msg);
+        return 1;
+    }
+    /* the cached states: rows of STATE_LEN pseudo-random tokens run on slot 0 and saved (real
+     * values: zeros can time differently) */
+    void *G[ABL_BATCH_STATES] = {0}, *KV[ABL_BATCH_STATES] = {0};
+    int32_t *state_ids = malloc(sizeof(int32_t) * STATE_LEN);
+    int rc = state_ids ? 0 : SQUAD_E_NOMEM;
+    for (int s = 0; s < ABL_BATCH_STATES && !rc; s++) {
+        G[s] = be->alloc(be, be->gdn_snapshot_bytes, &err);
+        KV[s] = G[s] ? be->alloc(be, (size_t)STATE_LEN * be->kv_bytes_per_pos, &err) : NULL;
+        if (!KV[s]) rc = SQUAD_E_NOMEM;
+        fill(state_ids, STATE_LEN, m->cfg.vocab_size);
+        squad_chunk ch;
+        memset(&ch, 0, sizeof ch);
+        ch.ids = state_ids;
+        ch.len = STATE_LEN;
+        if (!rc) rc = be->reset(be, 0, &err);
+        if (!rc) rc = squad_backend_forward1(be, &ch, NULL, &err);
+        if (!rc) rc = be->save_gdn(be, 0, G[s], &err);
+        if (!rc) rc = be->save_kv(be, 0, KV[s], STATE_LEN, &err);
+    }
+    free(state_ids);
+    printf("\nbatch ablation: each case's batch graph replayed (median of %d), kernel groups left out (GPU ms)\n", reps);
+    printf("| case |");
+    for (int j = 0; j < N_SETS; j++) printf(" %s |", SETS[j].name);
+    printf(" engine graph | graph + params (host) | restore (host) | forward (host) |\n| --- |");
+    for (int j = 0; j < N_SETS + 4; j++) printf(" ---: |");
+    printf("\n");
+    const int n_cases = (int)(sizeof ABL_BATCH_CASES / sizeof ABL_BATCH_CASES[0]);
+    double t[sizeof ABL_BATCH_CASES / sizeof ABL_BATCH_CASES[0]][N_SETS];
+    double eng[sizeof ABL_BATCH_CASES / sizeof ABL_BATCH_CASES[0]], prm[sizeof ABL_BATCH_CASES / sizeof ABL_BATCH_CASES[0]];
+    double rst[sizeof ABL_BATCH_CASES / sizeof ABL_BATCH_CASES[0]], fwd[sizeof ABL_BATCH_CASES / sizeof ABL_BATCH_CASES[0]];
+    for (int i = 0; i < n_cases && !rc; i++) {
+        const int n = ABL_BATCH_CASES[i].n, q = ABL_BATCH_CASES[i].q, sh = ABL_BATCH_CASES[i].shared;
+        printf("| %d x %d on %s |", n, q, sh ? "one state" : "N states");
+        for (int j = 0; j < N_SETS && !rc; j++) {
+            squad_cuda_timing tm;
+            rc = squad_cuda_time_batch_parts(be, n, sh, STATE_LEN, q, SETS[j].parts, reps, &tm, &err);
+            if (rc) break;
+            t[i][j] = tm.gpu_ms;
+            if (j == SET_ALL) eng[i] = tm.engine_gpu_ms, prm[i] = tm.params_wall_ms;
+            printf(" %.3f |", tm.gpu_ms);
+        }
+        if (!rc) rc = abl_batch_step(be, G, KV, n, q, sh, reps, m->cfg.vocab_size, &rst[i], &fwd[i], &err);
+        if (!rc) printf(" %.3f | %.3f | %.3f | %.3f |\n", eng[i], prm[i], rst[i], fwd[i]);
+        fflush(stdout);
+    }
+    if (!rc) { /* the shares: a group's time is the whole graph's less the graph without it */
+        static const struct {
+            const char *name;
+            int set;
+        } groups[] = {{"GEMMs", SET_NO_GEMM},        {"GDN (all four)", SET_NO_GDN}, {"gdn conv", SET_NO_GDN_CONV},
+                      {"gdn prep", SET_NO_GDN_PREP}, {"gdn scan", SET_NO_GDN_SCAN},  {"gdn out", SET_NO_GDN_OUT},
+                      {"attention (all three)", SET_NO_ATTN}, {"att prep", SET_NO_ATT_PREP},
+                      {"att fwd", SET_NO_ATT_FWD},   {"att combine", SET_NO_ATT_COMBINE}, {"norms", SET_NO_NORM},
+                      {"silu*up", SET_NO_SILU}};
+        printf("\nbatched step's shares (ms, and %% of restore + forward on the host)\n| part |");
+        for (int i = 0; i < n_cases; i++)
+            printf(" %d x %d %s |", ABL_BATCH_CASES[i].n, ABL_BATCH_CASES[i].q, ABL_BATCH_CASES[i].shared ? "one" : "N");
+        printf("\n| --- |");
+        for (int i = 0; i < n_cases; i++) printf(" ---: |");
+        printf("\n");
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+            printf("| %s |", groups[g].name);
+            for (int i = 0; i < n_cases; i++) {
+                const double d = t[i][SET_ALL] - t[i][groups[g].set];
+                printf(" %.3f (%.0f%%) |", d, 100 * d / (rst[i] + fwd[i]));
+            }
+            printf("\n");
+        }
+        printf("| graph skeleton (nothing) |");
+        for (int i = 0; i < n_cases; i++) printf(" %.3f (%.0f%%) |", t[i][SET_NOTHING], 100 * t[i][SET_NOTHING] / (rst[i] + fwd[i]));
+        printf("\n| whole graph (GPU) |");
+        for (int i = 0; i < n_cases; i++) printf(" %.3f (%.0f%%) |", t[i][SET_ALL], 100 * t[i][SET_ALL] / (rst[i] + fwd[i]));
+        printf("\n| host: forward - graph |");
+        for (int i = 0; i < n_cases; i++) printf(" %.3f (%.0f%%) |", fwd[i] - eng[i], 100 * (fwd[i] - eng[i]) / (rst[i] + fwd[i]));
+        printf("\n| restore |");
+        for (int i = 0; i < n_cases; i++) printf(" %.3f (%.0f%%) |", rst[i], 100 * rst[i] / (rst[i] + fwd[i]));
+        printf("\n| restore + forward: questions/s |");
+        for (int i = 0; i < n_cases; i++) printf(" %.3f ms: %.0f/s |", rst[i] + fwd[i], ABL_BATCH_CASES[i].n / ((rst[i] + fwd[i]) * 1e-3));
+        printf("\n");
+    }
+    if (rc) fprintf(stderr, "bench_gpu --batch --ablate: %s\n", err.msg);
+    for (int s = 0; s < ABL_BATCH_STATES; s++) {
+        be->release(be, G[s]);
+        be->release(be, KV[s]);
+    }
+    be->destroy(be);
+    return rc ? 1 : 0;
+}
+#endif
+
 /* --ablate: each case's chunk graph replayed with one kernel group left out at a time, so each group's
  * cost inside the real graph is the full time minus the time without it. */
 static int ablate(squad_model *m, int reps) {
@@ -442,40 +636,21 @@ static int ablate(squad_model *m, int reps) {
         int start, len;
     } cases[] = {{"hit 4096+32", STATE_LEN, 32}, {"hit 4096+128", STATE_LEN, 128}, {"hit 4096+512", STATE_LEN, 512},
                  {"cold 2048", 0, 2048},        {"cold 4096", 0, 4096}};
-    static const struct {
-        const char *name;
-        unsigned parts;
-    } sets[] = {{"all", SQUAD_CUDA_PART_ALL},
-                {"- GEMMs", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GEMM},
-                {"- GDN", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN},
-                {"- gdn conv", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_CONV},
-                {"- gdn prep", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_PREP},
-                {"- gdn scan", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_SCAN},
-                {"- gdn out", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_GDN_OUT},
-                {"- attention", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATTN},
-                {"- att prep", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_PREP},
-                {"- att fwd", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_FWD},
-                {"- att combine", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_ATT_COMBINE},
-                {"- norms", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_NORM},
-                {"- silu*up", SQUAD_CUDA_PART_ALL & ~SQUAD_CUDA_PART_SILU},
-                {"GEMMs only", SQUAD_CUDA_PART_GEMM},
-                {"nothing", 0}};
-    const int n_sets = (int)(sizeof sets / sizeof sets[0]);
     printf("\nablation: one chunk's graph replayed (median of %d), kernel groups left out (ms; max chunk %d)\n",
            reps, e->be->max_chunk);
     printf("| chunk |");
-    for (int j = 0; j < n_sets; j++) printf(" %s |", sets[j].name);
+    for (int j = 0; j < N_SETS; j++) printf(" %s |", SETS[j].name);
     printf(" all, on the host |\n| --- |");
-    for (int j = 0; j < n_sets; j++) printf(" ---: |");
+    for (int j = 0; j < N_SETS; j++) printf(" ---: |");
     printf(" --- |\n");
     int rc = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !rc; i++) {
         if (cases[i].len > e->be->max_chunk) continue;
         printf("| %s |", cases[i].name);
         squad_cuda_timing all = {0, 0, 0, 0, 0, 0};
-        for (int j = 0; j < n_sets && !rc; j++) {
+        for (int j = 0; j < N_SETS && !rc; j++) {
             squad_cuda_timing tm;
-            rc = squad_cuda_time_parts(e->be, cases[i].start, cases[i].len, sets[j].parts, reps, &tm, &err);
+            rc = squad_cuda_time_parts(e->be, cases[i].start, cases[i].len, SETS[j].parts, reps, &tm, &err);
             if (!rc) printf(" %.3f |", tm.gpu_ms);
             if (!rc && j == 0) all = tm;
         }
@@ -666,6 +841,16 @@ int main(int argc, char **argv) {
     printf("model %s loaded in %.2f s (H %d, %d layers, vocab %d)\n", model_dir, squad_now_seconds() - tl,
            m->cfg.hidden_size, m->cfg.num_layers, m->cfg.vocab_size);
     const int vocab = m->cfg.vocab_size;
+    if (do_ablate && do_batch) {
+#ifdef SQUAD_HAVE_CUDA
+        const int rc = batch_ablate(m, reps);
+#else
+        const int rc = 1;
+        fprintf(stderr, "bench_gpu --batch --ablate: built without CUDA\n");
+#endif
+        squad_model_free(m);
+        return rc;
+    }
     if (do_ablate) {
         const int rc = ablate(m, reps);
         squad_model_free(m);

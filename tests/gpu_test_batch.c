@@ -395,7 +395,8 @@ static double rel_err(const float *a, const float *ref, size_t n) {
 #define MIX_ROWS 6
 
 /* n rows of a GDN layer (lens[r] real tokens of a bucket) batched in nrows: against each row alone
- * (bit for bit) and the host reference. */
+ * (bit for bit) and the host reference. The odd rows start from a restored blob over a NaN arena
+ * (squad_cuda_test_gdn_batch), so reading the blob and writing all of the state is checked too. */
 static void test_gdn_rows(rng *g, int nk, int nv, int dk, int dv, int bucket, const int *lens, int n, int nrows,
                           int exact) {
     const int K = 4, C = 2 * nk * dk + nv * dv;

@@ -7,7 +7,8 @@
 #             gpu_test_kernels bench_gpu squad" tools/gpu_run.sh --prepare     HERE (fills .carry/)
 #   tools/gpu_batch_check.sh OUTDIR                                           THERE (carry [".carry"])
 #
-# Steps (STEPS="batch tests memcheck racecheck bench" by default), each bounded by a timeout:
+# Steps (STEPS="batch tests memcheck racecheck bench" by default), each bounded by a timeout, the
+# timings (ablate, bench) before the slower checks (tests, memcheck, racecheck):
 #   batch      gpu_test_batch                                  -> batch.log
 #   tests      gpu_test_kernels, gpu_test_backend, gpu_test_specialists, gpu_test_repro, gpu_test_long
 #                                                              -> tests.log
@@ -15,6 +16,11 @@
 #   racecheck  compute-sanitizer racecheck on gpu_test_batch (quick)                -> racecheck.log
 #   bench      squad synth --preset qwen3.5-0.8b, bench_gpu --batch (N = 1, 4, 16, 64 hits of 32 and
 #              128 tokens on one and on N cached 4096-token states)              -> bench_batch.log
+#   ablate     (not by default) bench_gpu --batch --ablate: each batch graph (16 x 32 and 16 x 128 hits
+#              on one and on 16 cached states, 1 x 128) with one kernel group left out at a time, the
+#              restores and the forward's host side; the shares table at the end -> batch_ablate.log;
+#              with ABLATE_ENVS="A=1 A=2,B=3 ..." once more per space-separated item, its comma-separated
+#              assignments in the environment (experiment switches, docs/cuda.md)
 # summary.log lists each step's exit status and time.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,6 +63,22 @@ fi
 if has batch; then
     step "gpu_test_batch" 420 "$OUT/batch.log" $RUNENV "$BIN/gpu_test_batch"
 fi
+if { has bench || has ablate; } && [ ! -e "$MODEL/model.safetensors" ]; then
+    step "synth qwen3.5-0.8b" 180 "$OUT/bench_batch.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
+fi
+if has ablate; then
+    step "bench_gpu --batch --ablate" 300 "$OUT/batch_ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
+        --ablate --reps "${BENCH_REPS:-20}"
+    for item in ${ABLATE_ENVS:-}; do
+        echo "== ${item//,/ }" >>"$OUT/batch_ablate.log"
+        step "bench_gpu --batch --ablate (${item//,/ })" 120 "$OUT/batch_ablate.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" \
+            --model "$MODEL" --batch --ablate --reps "${BENCH_REPS:-20}"
+    done
+fi
+if has bench; then
+    step "bench_gpu --batch" 480 "$OUT/bench_batch.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
+        --reps "${BENCH_REPS:-30}"
+fi
 if has tests; then
     for t in gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_repro gpu_test_long; do
         [ -x "$BIN/$t" ] && step "$t" 480 "$OUT/tests.log" $RUNENV "$BIN/$t"
@@ -69,13 +91,6 @@ fi
 if has racecheck; then
     step "racecheck gpu_test_batch (quick)" 480 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
-fi
-if has bench; then
-    if [ ! -e "$MODEL/model.safetensors" ]; then
-        step "synth qwen3.5-0.8b" 180 "$OUT/bench_batch.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
-    fi
-    step "bench_gpu --batch" 480 "$OUT/bench_batch.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
-        --reps "${BENCH_REPS:-30}"
 fi
 log "done"
 exit 0

@@ -16,13 +16,15 @@
 # Steps there, in this order (STEPS="env tests repro profile bench hf memcheck racecheck" by default; each
 # bounded by a timeout):
 #   env        GPU, driver, libraries found                       -> summary.log
-#   tests      gpu_test_kernels, gpu_test_backend, gpu_test_specialists
-#                                                  -> test_kernels.log, test_backend.log, test_specialists.log
+#   tests      gpu_test_kernels, gpu_test_backend, gpu_test_specialists, gpu_test_batch (batched rows
+#              against the same rows alone and against the CPU)
+#                                                  -> test_kernels.log, test_backend.log, test_specialists.log,
+#                                                     test_batch.log
 #   repro      gpu_test_repro: the same rows bit for bit in two processes through the GEMM plan file
 #              (it sets its own SQUAD_GEMM_PLANS)                  -> test_repro.log
-#   memcheck   compute-sanitizer memcheck on both tests (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM
-#              cases, fewer backend rows) -> memcheck.log
-#   racecheck  compute-sanitizer racecheck on gpu_test_kernels (quick) -> racecheck.log
+#   memcheck   compute-sanitizer memcheck on gpu_test_kernels, gpu_test_backend and gpu_test_batch
+#              (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM cases, fewer rows) -> memcheck.log
+#   racecheck  compute-sanitizer racecheck on gpu_test_kernels and gpu_test_batch (quick) -> racecheck.log
 #   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
 #              4096+128 hit on the 0.8B preset (graph nodes, so tuned GEMMs), summed per kernel
 #              (tools/ncu_summary.py) -> profile.log. ncu flushes the caches before each kernel
@@ -32,6 +34,10 @@
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
 #              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
 #              comma-separated assignments in the environment (experiment switches, docs/cuda.md) -> bench_ab.log
+#   batch      (not by default) bench_gpu --batch: N = 1, 4, 16, 64 concurrent hits of 32 and 128 tokens
+#              on one and on N cached 4096-token states, one batched forward each -> batch.log; with
+#              BATCH_ABLATE=1 also bench_gpu --batch --ablate (each batch graph with one kernel group
+#              left out at a time, the restores and the host side) -> batch_ablate.log
 #   ablate     (not by default) bench_gpu --ablate: each chunk graph with one kernel group left out at a
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
@@ -64,7 +70,7 @@ set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=$ROOT/.carry
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_repro gpu_test_long bench_gpu bench_server"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_long bench_gpu bench_server"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -158,13 +164,14 @@ if has tests; then
     step "gpu_test_kernels" 240 "$OUT/test_kernels.log" $RUNENV "$BIN/gpu_test_kernels"
     step "gpu_test_backend" 420 "$OUT/test_backend.log" $RUNENV "$BIN/gpu_test_backend"
     step "gpu_test_specialists" 300 "$OUT/test_specialists.log" $RUNENV "$BIN/gpu_test_specialists"
+    step "gpu_test_batch" 420 "$OUT/test_batch.log" $RUNENV "$BIN/gpu_test_batch"
 fi
 if has repro; then
     step "gpu_test_repro" 300 "$OUT/test_repro.log" $RUNENV "$BIN/gpu_test_repro"
 fi
 BW=4300
 TF=790
-if { has profile || has bench || has ablate || has longbench; } && [ ! -e "$MODEL/model.safetensors" ]; then
+if { has profile || has bench || has batch || has ablate || has longbench; } && [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
 if has profile; then
@@ -206,6 +213,13 @@ EOF
         step "bench_gpu (${item//,/ })" 300 "$OUT/bench_ab.log" $RUNENV ${item//,/ } "$BIN/bench_gpu" --model "$MODEL" \
             --reps "${BENCH_REPS:-20}" --bw "$BW" --tflops "$TF"
     done
+fi
+if has batch; then
+    step "bench_gpu --batch" 480 "$OUT/batch.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch --reps "${BATCH_REPS:-30}"
+    if [ "${BATCH_ABLATE:-0}" = 1 ]; then
+        step "bench_gpu --batch --ablate" 480 "$OUT/batch_ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --batch \
+            --ablate --reps "${BENCH_REPS:-20}"
+    fi
 fi
 if has ablate; then
     step "bench_gpu --ablate" 300 "$OUT/ablate.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --ablate --reps "${BENCH_REPS:-20}"
@@ -259,9 +273,11 @@ fi
 if has memcheck; then
     step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
     step "memcheck gpu_test_backend (quick)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_backend"
+    step "memcheck gpu_test_batch (quick)" 480 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_batch"
 fi
 if has racecheck; then
     step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
+    step "racecheck gpu_test_batch (quick)" 480 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
 fi
 log "done"
 exit 0

@@ -1,7 +1,8 @@
 /*
- * ablate.cu — squad_cuda_time_parts (ablate.h): graph replays of a chunk with kernel groups left
- * out, timed on the GPU and on the host. In the internal library (squadinternal), not libsquad: the
- * product never times itself this way, but the kernel work needs the figures.
+ * ablate.cu — squad_cuda_time_parts and squad_cuda_time_batch_parts (ablate.h): graph replays of a
+ * chunk, or of a batch of chunks, with kernel groups left out, timed on the GPU and on the host. In
+ * the internal library (squadinternal), not libsquad: the product never times itself this way, but
+ * the kernel work needs the figures.
  *
  * Design: backend_cuda.cu exposes just enough (cu_ablation_prepare: the parameters of a synthetic
  * chunk, a graph of the chosen groups, the engine's own graph of the same shape) and everything
@@ -65,12 +66,17 @@ static cudaError_t time_replays(squad_backend *be, const cu_ablation *a, cudaGra
 
 extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps,
                                      squad_cuda_timing *out, squad_err *err) {
+    return squad_cuda_time_batch_parts(be, 1, 0, start, len, parts, reps, out, err);
+}
+
+extern "C" int squad_cuda_time_batch_parts(squad_backend *be, int nrows, int shared, int start, int len,
+                                           unsigned parts, int reps, squad_cuda_timing *out, squad_err *err) {
     if (reps < 1 || reps > ABLATE_MAX_REPS)
         return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: %d repetitions (1..%d)", reps, ABLATE_MAX_REPS);
     memset(out, 0, sizeof *out);
     const int whole = parts == SQUAD_CUDA_PART_ALL;
     cu_ablation a;
-    int rc = cu_ablation_prepare(be, start, len, parts, whole, &a, err);
+    int rc = cu_ablation_prepare(be, nrows, shared, start, len, parts, whole, &a, err);
     if (rc) return rc;
     float *buf = (float *)malloc(sizeof(float) * 3 * (size_t)reps);
     cudaError_t e = buf ? time_replays(be, &a, a.graph, 0, reps, buf, out) : cudaErrorMemoryAllocation;

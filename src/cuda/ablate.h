@@ -30,6 +30,12 @@ typedef struct squad_cuda_timing {
 } squad_cuda_timing;
 int squad_cuda_time_parts(squad_backend *be, int start, int len, unsigned parts, int reps, squad_cuda_timing *out,
                           squad_err *err);
+/* The same for a batch: nrows chunks [start, start + len) on sequence slots 0 .. nrows - 1 in one
+ * replay (the rows bucket of nrows), with `shared` every row reading the K / V below start in place
+ * from row 0's (hits on one cached state), else each from its own (hits on nrows states). The slots'
+ * state is garbage afterwards: reset them before their next forward. */
+int squad_cuda_time_batch_parts(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                                int reps, squad_cuda_timing *out, squad_err *err);
 
 #ifdef __cplusplus
 }

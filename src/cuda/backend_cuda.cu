@@ -127,6 +127,10 @@ typedef struct cu_layer {
 /* A sequence slot: one row in flight (the top of the file). */
 typedef struct cu_seq {
     unsigned char *gdn; /* the GDN arena (gdn_bytes), NULL until the slot's first use */
+    /* load_gdn's blob, not copied: the next forward reads the slot's starting GDN state from it
+     * and writes the chunk's final state into the arena (cu_chunk_params.gdn_in), so a restore
+     * moves no bytes; NULL once a forward ran (the arena holds the state) or after reset */
+    const unsigned char *gdn_src;
     void *kv;           /* own K / V: positions from kv_split on, kv_cap of them; grows (moves) */
     int kv_cap;
     /* load_kv reads a cache blob in place: positions [0, kv_split) are kv_src's (the blob stays
@@ -971,6 +975,7 @@ static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chun
         p->kv_src = q->kv_split > 0 ? q->kv_src : NULL;
         p->kv_work = q->kv;
         p->gdn = q->gdn;
+        p->gdn_in = q->gdn_src;
         p->kv_split = q->kv_split;
         p->start = ch->start;
         p->len = ch->len;
@@ -1088,6 +1093,8 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
         }
         p0 = g;
     }
+    /* every row's forward wrote its whole GDN state into its arena: a restored blob is read no more */
+    for (int c = 0; c < n_chunks; c++) cb->seqs[chunks[c].seq].gdn_src = NULL;
     CU_TRY(cudaStreamSynchronize(cb->st));
     const size_t row_floats = (size_t)CU_MAX_SLOTS * CU_MAX_LETTERS;
     for (int c = 0; c < n_chunks; c++) {
@@ -1128,8 +1135,9 @@ static int be_reset(squad_backend *be, int seq, squad_err *err) {
     cu_be *cb = impl_of(be);
     if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
     cu_seq *q = &cb->seqs[seq];
-    q->kv_split = 0; /* the blob read in place is no longer ours to read */
+    q->kv_split = 0; /* the blobs read in place are no longer ours to read */
     q->kv_src = NULL;
+    q->gdn_src = NULL;
     const int fresh = q->gdn == NULL;
     int rc = seq_arena(cb, q, err); /* a new arena is zeroed already */
     if (rc) return rc;
@@ -1143,7 +1151,9 @@ static int be_save_gdn(squad_backend *be, int seq, void *dst, squad_err *err) {
     cu_seq *q = &cb->seqs[seq];
     int rc = seq_arena(cb, q, err); /* a slot never used holds the zero state */
     if (rc) return rc;
-    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(dst, q->gdn, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    const void *src = q->gdn_src ? (const void *)q->gdn_src : (const void *)q->gdn; /* restored, not yet run */
+    if (cb->gdn_bytes && src != dst)
+        CU_TRY(cudaMemcpyAsync(dst, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
     return 0;
 }
 
@@ -1151,9 +1161,12 @@ static int be_load_gdn(squad_backend *be, int seq, const void *src, squad_err *e
     cu_be *cb = impl_of(be);
     if (check_seq(cb, seq, err)) return SQUAD_E_INVALID;
     cu_seq *q = &cb->seqs[seq];
-    int rc = seq_arena(cb, q, err);
+    if (cb->gdn_bytes && !src) return cu_err(err, SQUAD_E_INVALID, "CUDA load_gdn: no blob");
+    int rc = seq_arena(cb, q, err); /* where the next forward writes the state it reads from src */
     if (rc) return rc;
-    if (cb->gdn_bytes) CU_TRY(cudaMemcpyAsync(q->gdn, src, cb->gdn_bytes, cudaMemcpyDeviceToDevice, cb->st));
+    /* no copy: the slot's next forward starts from the blob (cu_seq.gdn_src), which must stay valid
+     * until then (the engine's plan pins the checkpoint it restored until the row ends) */
+    q->gdn_src = cb->gdn_bytes ? (const unsigned char *)src : NULL;
     return 0;
 }
 
@@ -1368,6 +1381,9 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.f32 = cb->f32;
     const char *sr = getenv("SQUAD_GDN_SHORT_ROWS");
     cb->gd.short_rows = sr ? atoi(sr) : CU_GDN_SHORT_ROWS;
+    const char *rg = getenv("SQUAD_GDN_SCAN_RG");
+    cb->gd.scan_rg = rg ? atoi(rg) : 0;
+    cb->gd.n_sm = cb->n_sm;
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;
@@ -1589,8 +1605,8 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
 
 /* ---- for the ablation timing (src/cuda/ablate.cu, in the internal library: not part of libsquad) ---- */
 
-int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine,
-                        cu_ablation *a, squad_err *err) {
+int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                        int want_engine, cu_ablation *a, squad_err *err) {
     memset(a, 0, sizeof *a);
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
         return cu_err(err, SQUAD_E_INVALID, "ablation: not a CUDA backend");
@@ -1598,44 +1614,60 @@ int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, i
     if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
         return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
     if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
-    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), rows = CHUNK_BUCKETS[bi];
-    /* a chunk on slot 0 (no slots, no blob) */
-    int *ids = (int *)malloc((size_t)len * sizeof(int));
-    if (!ids) return cu_err(err, SQUAD_E_NOMEM, "out of memory (ablation ids)");
+    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), bucket = CHUNK_BUCKETS[bi];
+    if (nrows < 1 || nrows > cb->max_seqs || nrows > max_rows_of(cb, bi))
+        return cu_err(err, SQUAD_E_INVALID, "ablation: %d rows of %d tokens (at most %d)", nrows, len,
+                      max_rows_of(cb, bi) < cb->max_seqs ? max_rows_of(cb, bi) : cb->max_seqs);
+    const int rbi = row_bucket(nrows);
+    int *ids = (int *)malloc((size_t)nrows * len * sizeof(int));
+    squad_chunk *ch = (squad_chunk *)calloc((size_t)nrows, sizeof *ch);
+    int *order = (int *)malloc((size_t)nrows * sizeof(int));
+    if (!ids || !ch || !order) {
+        free(ids), free(ch), free(order);
+        return cu_err(err, SQUAD_E_NOMEM, "out of memory (ablation ids)");
+    }
     /* distinct pseudo-random tokens, as a real question has (the graph's time barely depends on
      * them: 1.680 against 1.689 ms on the 4096+128 hit with every id 0) */
     uint32_t x = 12345u;
-    for (int t = 0; t < len; t++) {
+    for (int t = 0; t < nrows * len; t++) {
         x = x * 1664525u + 1013904223u;
         ids[t] = (int)((x >> 8) % (uint32_t)cb->V);
     }
-    squad_chunk ch;
-    memset(&ch, 0, sizeof ch);
-    ch.ids = ids;
-    ch.start = start;
-    ch.len = len;
-    cb->seqs[0].kv_split = 0;
-    cb->seqs[0].kv_src = NULL;
-    cb->lora_at[0] = 0; /* the trunk */
-    int rc = prepare_slots(cb, &ch, 1, err);
+    for (int r = 0; r < nrows; r++) {
+        ch[r].seq = r;
+        ch[r].ids = ids + (size_t)r * len;
+        ch[r].start = start;
+        ch[r].len = len;
+        cb->seqs[r].kv_split = 0;
+        cb->seqs[r].kv_src = NULL;
+        cb->seqs[r].gdn_src = NULL; /* each row's GDN state from its own arena */
+        cb->lora_at[r] = 0; /* the trunk */
+        order[r] = r;
+    }
+    /* row 0's own K / V first (it may move as it grows), then the rows reading it in place */
+    int rc = prepare_slots(cb, ch, 1, err);
+    for (int r = 1; r < nrows && !rc && shared && start > 0; r++) {
+        cb->seqs[r].kv_src = cb->seqs[0].kv;
+        cb->seqs[r].kv_split = start;
+    }
+    if (!rc && nrows > 1) rc = prepare_slots(cb, ch + 1, nrows - 1, err);
     be->kv_positions = kv_positions_held(cb);
     if (!rc) {
-        const int order = 0;
         int nv = 0, mv = 0;
-        const size_t bytes = stage_replay(cb, cb->prm_host, &ch, &order, 1, 1, rows, &nv, &mv);
+        const size_t bytes = stage_replay(cb, cb->prm_host, ch, order, nrows, ROW_BUCKETS[rbi], bucket, &nv, &mv);
         rc = upload_params(cb, cb->prm_host, bytes, err);
     }
-    free(ids);
-    if (!rc) rc = capture_batch(cb, bi, 0, si, parts, &a->graph, err);
-    if (!rc && want_engine) rc = get_graph(cb, bi, 0, si, err);
+    if (!rc) rc = capture_batch(cb, bi, rbi, si, parts, &a->graph, err);
+    if (!rc && want_engine) rc = get_graph(cb, bi, rbi, si, err);
+    free(ids), free(ch), free(order);
     if (rc) {
         if (a->graph) cudaGraphExecDestroy(a->graph);
         a->graph = NULL;
         return rc;
     }
     a->st = cb->st;
-    a->rows = rows;
-    a->engine = want_engine ? cb->graphs[bi][0][si] : NULL;
+    a->rows = bucket;
+    a->engine = want_engine ? cb->graphs[bi][rbi][si] : NULL;
     return 0;
 }
 

@@ -55,14 +55,25 @@ typedef struct cu_chunk_params {
     /* The row's slot's GDN arena: every GDN layer's S, then the conv inputs (the layers' offsets
      * are kernel arguments, the same in every slot). */
     unsigned char *gdn;
+    /* The GDN state the chunk starts from, when not the arena's own: a cache blob a restore named
+     * (load_gdn records it instead of copying it into the arena; the arena's layout). The kernels
+     * read S and the conv inputs from here and write the chunk's final state into the arena, all
+     * of it, so the restore costs no copy. NULL: the arena holds the state (cu_gdn_in). */
+    const unsigned char *gdn_in;
     int kv_split;
     int start; /* absolute position of token 0 */
     int len;   /* real tokens; positions [len, bucket) are padding; 0: a padding row */
     int n_slots;    /* answer slots of this row (their values in cu_row_answers) */
     int vocab_base; /* its first slot's index among the replay's full-vocabulary slots; -1: none */
-    int pad_[1];    /* 16-byte multiple */
+    int pad_[3];    /* 16-byte multiple */
 } cu_chunk_params;
 static_assert(sizeof(cu_chunk_params) % 16 == 0, "rows stay 16-byte aligned");
+#ifdef __CUDACC__
+/* Where a row's GDN state is read from: the restored blob, else its arena. */
+__device__ __forceinline__ const unsigned char *cu_gdn_in(const cu_chunk_params *p) {
+    return p->gdn_in ? p->gdn_in : p->gdn;
+}
+#endif
 
 /* A row's answer slots (read only by the letter and vocabulary kernels). */
 typedef struct cu_row_answers {
@@ -166,10 +177,11 @@ __device__ __forceinline__ float cu_sigmoid(float x) { return 1.0f / (1.0f + __e
 
 /* The GDN conv state [K-1][C] moves on to the chunk's end: new[j] = [old | P][len + j] for the
  * channels ch = first, first + stride, ...; all loads of a channel before its stores (no round trip
- * per value). Run after everything that reads the old state (both GDN paths' last kernel). */
+ * per value). old is conv_in (the arena's own, or a restored blob's: cu_gdn_in), new goes to the
+ * arena's conv_state. Run after everything that reads the old state (both GDN paths' last kernel). */
 template <typename A>
-__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *P, int ldP, int C, int K, int len,
-                                                    int first, int stride) {
+__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *conv_in, const A *P, int ldP, int C,
+                                                    int K, int len, int first, int stride) {
     const int Km1 = K - 1;
     for (int ch = first; ch < C; ch += stride) {
         A v[CU_MAX_CONV_K];
@@ -177,7 +189,7 @@ __device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *P, i
         for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
             if (j < Km1) {
                 const int src = len + j;
-                v[j] = src < Km1 ? conv_state[(size_t)src * C + ch] : P[(size_t)(src - Km1) * ldP + ch];
+                v[j] = src < Km1 ? conv_in[(size_t)src * C + ch] : P[(size_t)(src - Km1) * ldP + ch];
             }
 #pragma unroll
         for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
@@ -393,8 +405,15 @@ typedef struct cu_gdn_dims {
     int f32;               /* the exact path (k_gdn_exact.cu): fp32 P, conv state, Y; S [nv][dk][dv] */
     unsigned stages;       /* the bf16 path's kernels that run (CU_GDN_*); 0: all. Only the ablation
                               timing (ablate.cu) leaves some out */
-    int short_rows;        /* chunks of at most this many rows take the conv and out kernels spread
-                              for short chunks (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS overrides) */
+    int short_rows;        /* batches of at most this many tokens take the conv and out kernels
+                              spread for short chunks, and the conv also every batch whose rows
+                              (bucket) are that short (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS
+                              overrides) */
+    int scan_rg;           /* the scan's row groups of 16 S^T rows a block: 1, 2 or 4 (more rows a
+                              block: fewer copies of W and K' and fewer, fuller blocks for a batch
+                              of many rows); 0: chosen per launch from n_sm (SQUAD_GDN_SCAN_RG
+                              fixes it, an experiment) */
+    int n_sm;              /* the GPU's SMs, for that choice (0: one row group) */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
@@ -478,11 +497,14 @@ typedef struct cu_ablation {
     cudaGraphExec_t engine; /* with want_engine: the backend's own graph of that bucket and span (the
                                backend's; not to be destroyed) */
 } cu_ablation;
-/* Writes the parameters of a chunk [start, start + len) (pseudo-random ids, no slots), captures its
+/* Writes the parameters of a batch of nrows chunks [start, start + len) on slots 0 .. nrows - 1
+ * (pseudo-random ids, no answer slots; each row's GDN state from its own arena; with `shared` rows
+ * 1 .. read [0, start) in place from row 0's K / V, as hits restored from one cached state do, else
+ * each row reads its own), captures its
  * forward with only `parts` (SQUAD_CUDA_PART_*), and with want_engine captures (or finds) the
  * engine's graph of the same shape. */
-int cu_ablation_prepare(squad_backend *be, int start, int len, unsigned parts, int want_engine, cu_ablation *a,
-                        squad_err *err);
+int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                        int want_engine, cu_ablation *a, squad_err *err);
 /* The parameters' host-to-device copy forward makes before each replay (timed with it). */
 int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err);
 

@@ -107,7 +107,7 @@ static int down_act(float *h, const void *d, size_t n, int f32, squad_err *err) 
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     const int ex = a->exact != 0;
     const char *sr = getenv("SQUAD_GDN_SHORT_ROWS"); /* as the backend reads it */
-    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS};
+    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS, 0, 0};
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     int rc = cu_gdn_init(&d, err);
     if (rc) return rc;
@@ -616,7 +616,7 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     const cu_ref_gdn_args *a = &rows[0];
     const int ex = a->exact != 0, bucket = a->rows;
     const char *sr = getenv("SQUAD_GDN_SHORT_ROWS");
-    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS};
+    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS, 0, 0};
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     if (n < 1 || nrows < n) return cu_err(err, SQUAD_E_INVALID, "test: %d rows in a batch of %d", n, nrows);
     int rc = cu_gdn_init(&d, err);
@@ -631,6 +631,11 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if ((rc = talloc_poison(b, &P, tokens * a->ldP * es, err))) return rc; /* padding rows never read */
     if ((rc = talloc_poison(b, &Y, tokens * a->nv * a->dv * es, err))) return rc;
     if ((rc = talloc(b, &ar, arena * (size_t)n, err))) return rc;
+    /* odd rows start from a restored blob (cu_chunk_params.gdn_in) over a NaN arena: the kernels
+     * must read the blob and write every byte of the state into the arena */
+    void *blobs;
+    if ((rc = talloc(b, &blobs, arena * (size_t)n, err))) return rc;
+    CU_TRY(cudaMemset(ar, 0xff, arena * (size_t)n));
     if ((rc = up_f32(b, &cw, a->conv_w, (size_t)C * a->K, err))) return rc;
     if ((rc = up_f32(b, &Al, a->A_log, a->nv, err))) return rc;
     if ((rc = up_f32(b, &dt, a->dt_bias, a->nv, err))) return rc;
@@ -640,7 +645,8 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if (!St || !prm) rc = cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     for (int r = 0; r < n && !rc; r++) { /* row r: its P, its arena (S transposed as the kernels keep it) */
         const cu_ref_gdn_args *q = &rows[r];
-        unsigned char *arr = (unsigned char *)ar + (size_t)r * arena;
+        unsigned char *own = (unsigned char *)ar + (size_t)r * arena;
+        unsigned char *arr = r % 2 ? (unsigned char *)blobs + (size_t)r * arena : own; /* the state's start */
         rc = put_act((char *)P + (size_t)r * bucket * a->ldP * es, q->P, (size_t)bucket * a->ldP, ex, err);
         if (!rc) rc = put_act(arr + conv_off, q->conv_state, conv_n, ex, err);
         for (int h = 0; h < a->nv; h++)
@@ -653,21 +659,46 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
             if (e != cudaSuccess) rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
         }
         prm[r].len = q->len;
-        prm[r].gdn = arr;
+        prm[r].gdn = own;
+        prm[r].gdn_in = arr != own ? arr : NULL;
     }
     cu_batch bt;
     const int blocks = nrows * ((bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK);
     if (!rc) rc = batch_params(b, &bt, prm, n, nrows, bucket, err);
     if (!rc) rc = talloc_poison(b, &scr, cu_gdn_scratch_bytes(&d, (int)tokens, blocks), err);
+    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block: every
+     * count must give the same bytes (outputs and every arena), from the same starting arenas; the
+     * default (1) runs last and its results are the ones returned */
+    static const int SCAN_RGS[] = {2, 4, 1};
+    const int n_rg = ex ? 1 : (int)(sizeof SCAN_RGS / sizeof SCAN_RGS[0]);
+    const size_t ybytes = tokens * a->nv * a->dv * es, abytes = arena * (size_t)n;
+    void *ar0 = NULL;
+    unsigned char *hbuf = NULL; /* [2][ybytes + abytes]: the first count's bytes, then this one's */
+    if (!rc && n_rg > 1) {
+        rc = talloc(b, &ar0, abytes, err);
+        if (!rc && !(hbuf = (unsigned char *)malloc(2 * (ybytes + abytes))))
+            rc = cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+        if (!rc) CU_TRY(cudaMemcpy(ar0, ar, abytes, cudaMemcpyDeviceToDevice));
+    }
     cu_gdn_scratch s;
-    if (!rc) {
-        cu_gdn_scratch_bind(&s, scr, &d, (int)tokens, blocks);
+    if (!rc) cu_gdn_scratch_bind(&s, scr, &d, (int)tokens, blocks);
+    for (int k = ex ? n_rg - 1 : 0; k < n_rg && !rc; k++) {
+        d.scan_rg = ex ? 0 : SCAN_RGS[k];
+        if (n_rg > 1) CU_TRY(cudaMemcpy(ar, ar0, abytes, cudaMemcpyDeviceToDevice));
         rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &bt, 0, err);
+        if (!rc) {
+            const cudaError_t e = cudaDeviceSynchronize();
+            if (e != cudaSuccess) rc = cu_fail(err, "cudaDeviceSynchronize", e, __FILE__, __LINE__);
+        }
+        if (rc || n_rg == 1) break;
+        unsigned char *hy = hbuf + (k ? ybytes + abytes : 0), *ha = hy + ybytes;
+        CU_TRY(cudaMemcpy(hy, Y, ybytes, cudaMemcpyDeviceToHost));
+        CU_TRY(cudaMemcpy(ha, ar, abytes, cudaMemcpyDeviceToHost));
+        if (k > 0 && memcmp(hbuf, hy, ybytes + abytes) != 0)
+            rc = cu_err(err, SQUAD_E_BACKEND, "test: the GDN scan with %d row groups a block differs from %d",
+                        SCAN_RGS[k], SCAN_RGS[0]);
     }
-    if (!rc) {
-        const cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) rc = cu_fail(err, "cudaDeviceSynchronize", e, __FILE__, __LINE__);
-    }
+    free(hbuf);
     for (int r = 0; r < n && !rc; r++) {
         const cu_ref_gdn_args *q = &rows[r];
         const unsigned char *arr = (const unsigned char *)ar + (size_t)r * arena;

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
     {
         const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
         a.P += tok0 * a.ldP;
-        a.conv_state = (const bf16 *)(a.prm->gdn + a.bt.conv_off);
+        a.conv_state = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
         gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, a.DK, a.DV);
     }
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -599,10 +599,14 @@ struct gdn_scan_args {
 #ifndef SQUAD_SCAN_RG
 #define SQUAD_SCAN_RG 1 /* row groups of 16 per block: 1 gives twice the blocks of 2, and measured faster */
 #endif
-template <int DK, int DV>
+/* RG_: the row groups a launch asks for (cu_gdn_dims.scan_rg), bounded by DV / 16. NS_: the
+ * stages of W, K' and U^T in shared memory: 2 (the next block's arrive while this one computes),
+ * or 1 for rows of one block of 64 tokens (nothing to prefetch): half the shared memory, so more
+ * blocks share an SM (a batch of short rows runs thousands of scan blocks). */
+template <int DK, int DV, int RG_ = SQUAD_SCAN_RG, int NS_ = 2>
 struct scan_smem {
     static constexpr int KS = DK >= 64 ? (SQUAD_SCAN_KS < DK / 32 ? SQUAD_SCAN_KS : DK / 32) : 1;
-    static constexpr int RG = DV >= 32 ? SQUAD_SCAN_RG : 1;
+    static constexpr int RG = RG_ * 16 <= DV ? RG_ : (DV >= 32 ? DV / 16 : 1);
     static constexpr int BV = 16 * RG;                /* S^T rows (dv) per block */
     static constexpr int NWARP = RG * KS;
     static constexpr int LDW = CU_GDN_LDW(DK);        /* W and K' rows [64][DK] */
@@ -612,26 +616,27 @@ struct scan_smem {
     static constexpr size_t k_off = w_off + w_bytes;
     static constexpr size_t u_off = k_off + w_bytes;
     static constexpr size_t stage = u_off + u_bytes;
-    static constexpr size_t x_off = 2 * stage; /* partial deltas [NWARP][8 float4][32 lanes] */
+    static constexpr int NS = NS_;
+    static constexpr size_t x_off = NS * stage; /* partial deltas [NWARP][8 float4][32 lanes] */
     static constexpr size_t bar_off = x_off + (KS > 1 ? (size_t)NWARP * 8 * 32 * 16 : 0); /* 2 barriers */
     static constexpr size_t bytes = bar_off + 2 * sizeof(uint64_t);
     static_assert(w_bytes % 16 == 0 && u_bytes % 16 == 0 && stage % 16 == 0, "bulk copies move 16-byte units");
 };
 
 /* One thread: block blk's W, K' and this block's U^T rows into a stage, counted on its barrier. */
-template <int DK, int DV>
+template <int DK, int DV, int RG_>
 __device__ __forceinline__ void scan_fetch(unsigned char *st, uint64_t *bar, const cu_gdn_scratch &scr, size_t blk,
                                            int n_base) {
-    typedef scan_smem<DK, DV> SM;
+    typedef scan_smem<DK, DV, RG_> SM; /* the stage's layout (not the stage count) */
     cu_mbar_expect_tx(bar, 2 * SM::w_bytes + SM::u_bytes);
     cu_bulk_g2s(st + SM::w_off, scr.W + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
     cu_bulk_g2s(st + SM::k_off, scr.Kp + blk * GDN_C * SM::LDW, SM::w_bytes, bar);
     cu_bulk_g2s(st + SM::u_off, scr.UT + (blk * DV + n_base) * SM::LDU, SM::u_bytes, bar);
 }
 
-template <int DK, int DV>
-__global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
-    typedef scan_smem<DK, DV> SM;
+template <int DK, int DV, int RG_, int NS_>
+__global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
+    typedef scan_smem<DK, DV, RG_, NS_> SM;
     constexpr int KS = SM::KS;
     constexpr int DKH = DK / KS;  /* this warp's dk columns */
     constexpr int NJ = DKH / 8;   /* n-tiles of S^T along them */
@@ -646,6 +651,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
     const int len = a.prm->len;
     if (len < 1) return; /* a padding row: no state to touch */
     a.S = (float *)(a.prm->gdn + a.bt.s_off);
+    const float *S_in = (const float *)(cu_gdn_in(a.prm) + a.bt.s_off); /* a restored blob's, or a.S */
     gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     const int nc = (a.rows + GDN_C - 1) / GDN_C;
     int nreal = (len + GDN_C - 1) / GDN_C;
@@ -658,17 +664,18 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
         cu_mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0 && nreal > 0) scan_fetch<DK, DV>(smem, &bar[0], a.scr, (size_t)h, n_base);
+    if (tid == 0 && nreal > 0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
     float *Sh = a.S + (size_t)h * DV * DK;
+    const float *Sh_in = S_in + (size_t)h * DV * DK;
     const int nl = 16 * rg + r; /* row inside the block's slice */
     const int n0 = n_base + nl;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-        const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
-        const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
+        const float2 lo = *(const float2 *)(Sh_in + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
+        const float2 hi = *(const float2 *)(Sh_in + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
         Sacc[j][0] = lo.x;
         Sacc[j][1] = lo.y;
         Sacc[j][2] = hi.x;
@@ -700,7 +707,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV>::NWARP * 32) gdn_scan_kernel
         cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
         __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
         if (tid == 0 && ci + 1 < nreal)
-            scan_fetch<DK, DV>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr, (size_t)(ci + 1) * a.nv + h,
+            scan_fetch<DK, DV, RG_>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr, (size_t)(ci + 1) * a.nv + h,
                                n_base);
         const float gl = a.scr.glast[blk];
 
@@ -862,8 +869,8 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
 
     /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
-    cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, (blockIdx.x * gridDim.y + h) * NT + tid,
-                        gridDim.x * gridDim.y * NT);
+    cu_conv_state_shift(a.conv_state, (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off), a.P, a.ldP, a.C, a.K, len,
+                        (blockIdx.x * gridDim.y + h) * NT + tid, gridDim.x * gridDim.y * NT);
     const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
         for (int e = tid; e < (tend - t0) * dv; e += NT)
@@ -1054,6 +1061,37 @@ void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, in
     (void)gdn_scratch_layout(s, (uintptr_t)base, d, tokens, blocks);
 }
 
+/* The scan with RG_ row groups a block: value heads x (DV / 16 RG) slices x rows; one stage when
+ * the rows are one block of 64 tokens (nc == 1: nothing to prefetch, scan_smem). */
+template <int DK, int DV, int RG_>
+static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, int nc, cudaStream_t st) {
+    typedef scan_smem<DK, DV, RG_, 2> SM;
+    typedef scan_smem<DK, DV, RG_, 1> SM1;
+    if (nc == 1)
+        gdn_scan_kernel<DK, DV, RG_, 1><<<dim3(nv, DV / SM1::BV, nr), SM1::NWARP * 32, SM1::bytes, st>>>(sa);
+    else
+        gdn_scan_kernel<DK, DV, RG_, 2><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
+}
+
+/* The shared memory every scan instantiation of (DK, DV) may take. */
+template <int DK, int DV, int RG_>
+static cudaError_t scan_attr() {
+    cudaError_t e = cudaFuncSetAttribute(gdn_scan_kernel<DK, DV, RG_, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)scan_smem<DK, DV, RG_, 1>::bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(gdn_scan_kernel<DK, DV, RG_, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)scan_smem<DK, DV, RG_, 2>::bytes);
+    return e;
+}
+template <int DK, int DV>
+static int scan_init(squad_err *err) {
+    cudaError_t e = scan_attr<DK, DV, 1>();
+    if (e == cudaSuccess) e = scan_attr<DK, DV, 2>();
+    if (e == cudaSuccess) e = scan_attr<DK, DV, 4>();
+    CU_TRY(e);
+    return 0;
+}
+
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (d->f32) return 0;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
@@ -1061,8 +1099,7 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (DKP == DK_ && DVP == DV_) {                                                                                 \
         CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
                                     (int)prep_smem<DK_, DV_>::bytes));                                              \
-        CU_TRY(cudaFuncSetAttribute(gdn_scan_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
-                                    (int)scan_smem<DK_, DV_>::bytes));                                              \
+        if (int rc_ = scan_init<DK_, DV_>(err)) return rc_;                                                      \
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_LONG>,                                            \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_LONG>::bytes));                                  \
@@ -1076,6 +1113,22 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: linear attention head dims dk %d, dv %d not supported", d->dk,
                       d->dv);
 }
+
+/* The scan's row groups a block: as fixed, else two when that still gives every SM a block. Two
+ * scan blocks fit an SM whatever the count (shared memory), so one row group leaves a batch of
+ * many rows with 2-warp blocks in many waves, each block copying its head's W and K' for 16 S^T
+ * rows. Measured on 16 rows of 32 / 128 tokens (0.8B, H200), the scan's share: 1 row group
+ * 0.52 / 0.74 ms, 2 0.47 / 0.66-0.70, 4 0.50 / 0.75; a single row keeps one (its 128 blocks are
+ * one wave already; 2 took 0.104 ms against 0.089). */
+#define GDN_SCAN_RG_MAX 2
+static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
+    if (d->scan_rg == 1 || d->scan_rg == 2 || d->scan_rg == 4) return d->scan_rg;
+    const long blocks1 = (long)d->nv * (DVP / 16) * nrows; /* with one row group */
+    for (int rg = GDN_SCAN_RG_MAX; rg > 1; rg /= 2)
+        if (d->n_sm > 0 && 16 * rg <= DVP && blocks1 / rg >= d->n_sm) return rg;
+    return 1;
+}
+
 
 int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const float *conv_w, const float *A_log,
                    const float *dt_bias, const float *norm_w, size_t s_off, void *Yv, const cu_gdn_scratch *scr,
@@ -1097,18 +1150,26 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
+    /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
+     * (16 rows of 128 tokens: 0.60-0.70 ms of conv against 0.86 with 16 tokens a block; the out
+     * kernel's one-tile blocks are slower there, 0.70-0.79 against 0.51, so it keeps the total) */
+    const bool short_conv = short_rows || rows <= d->short_rows;
+    const int scan_rg = gdn_scan_rg(d, nr, DVP);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if (run & CU_GDN_CONV)                                                                                     \
-            if (int rc_ = launch_gdn_conv(ca, rows, short_rows, 2 * d->nk + d->nv, nr, st, err)) return rc_;       \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, st, err)) return rc_;       \
         if (run & CU_GDN_PREP) {                                                                                   \
             gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv, nr), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);  \
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
         }                                                                                                          \
         if (run & CU_GDN_SCAN) {                                                                                   \
-            gdn_scan_kernel<DK_, DV_><<<dim3(d->nv, DV_ / scan_smem<DK_, DV_>::BV, nr),                           \
-                                        scan_smem<DK_, DV_>::NWARP * 32,                                           \
-                                        scan_smem<DK_, DV_>::bytes, st>>>(sa);                                     \
+            if (scan_rg == 4)                                                                                      \
+                launch_gdn_scan<DK_, DV_, 4>(sa, d->nv, nr, nc, st);                                                   \
+            else if (scan_rg == 2)                                                                                 \
+                launch_gdn_scan<DK_, DV_, 2>(sa, d->nv, nr, nc, st);                                                   \
+            else                                                                                                   \
+                launch_gdn_scan<DK_, DV_, 1>(sa, d->nv, nr, nc, st);                                                   \
             CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
         }                                                                                                          \
         if ((run & CU_GDN_OUT) && short_rows) {                                                                    \

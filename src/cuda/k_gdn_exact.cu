@@ -28,6 +28,8 @@ struct gdn_exact_args {
     const float *P;
     int ldP;
     float *conv_state; /* [K-1][C]: the row's, set by ex_row */
+    const float *conv_in; /* the conv inputs the chunk starts from (cu_gdn_in: a restored blob's, or conv_state) */
+    const float *S_in;    /* the S the chunk starts from (likewise) */
     const float *conv_w, *A_log, *dt_bias, *norm_w;
     float *S; /* [nv][dk][dv]: the row's, set by ex_row */
     float *Y; /* [rows][nv dv] */
@@ -54,6 +56,8 @@ __device__ __forceinline__ int ex_row(gdn_exact_args &a) {
     if (len > 0) {
         a.S = (float *)(a.prm->gdn + a.s_off);
         a.conv_state = (float *)(a.prm->gdn + a.conv_off);
+        a.S_in = (const float *)(cu_gdn_in(a.prm) + a.s_off);
+        a.conv_in = (const float *)(cu_gdn_in(a.prm) + a.conv_off);
     }
     return len;
 }
@@ -63,7 +67,7 @@ __device__ static float conv_at(const gdn_exact_args &a, int t, int c) {
     double s = 0;
     for (int j = 0; j < a.K; j++) {
         const int tau = t - Km1 + j;
-        const float x = tau >= 0 ? a.P[(size_t)tau * a.ldP + c] : a.conv_state[(size_t)(Km1 + tau) * a.C + c];
+        const float x = tau >= 0 ? a.P[(size_t)tau * a.ldP + c] : a.conv_in[(size_t)(Km1 + tau) * a.C + c];
         s += (double)a.conv_w[(size_t)c * a.K + j] * x;
     }
     return (float)(s / (1.0 + exp(-s)));
@@ -125,8 +129,9 @@ __global__ void __launch_bounds__(32) gdn_exact_scan_kernel(gdn_exact_args a) {
     if (len < 1) return;
     float S[DKP];
     float *Sh = a.S + (size_t)h * dk * a.dv;
+    const float *Sh_in = a.S_in + (size_t)h * dk * a.dv;
 #pragma unroll
-    for (int i = 0; i < DKP; i++) S[i] = ok && i < dk ? Sh[(size_t)i * a.dv + j] : 0.f;
+    for (int i = 0; i < DKP; i++) S[i] = ok && i < dk ? Sh_in[(size_t)i * a.dv + j] : 0.f;
     for (int t = 0; t < len; t++) {
         const float *kt = a.scr.k + (size_t)t * a.nk * dk + (size_t)hk * dk;
         const float *qt = a.scr.q + (size_t)t * a.nk * dk + (size_t)hk * dk;
@@ -180,7 +185,7 @@ __global__ void __launch_bounds__(EX_PREP_THREADS) gdn_exact_norm_kernel(gdn_exa
     }
     /* the conv state moves on */
     if (len > 0)
-        cu_conv_state_shift(a.conv_state, a.P, a.ldP, a.C, a.K, len, blockIdx.x * EX_PREP_THREADS + threadIdx.x,
+        cu_conv_state_shift(a.conv_state, a.conv_in, a.P, a.ldP, a.C, a.K, len, blockIdx.x * EX_PREP_THREADS + threadIdx.x,
                         gridDim.x * EX_PREP_THREADS);
 }
 
@@ -191,7 +196,7 @@ int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, size_t conv_off, 
     const int C = 2 * d->nk * d->dk + d->nv * d->dv;
     const int rows = b->bucket;
     const unsigned nr = (unsigned)b->nrows;
-    gdn_exact_args a = {P, d->ldP, NULL, conv_w, A_log, dt_bias, norm_w, NULL, Y, b->prm, s_off, conv_off,
+    gdn_exact_args a = {P, d->ldP, NULL, NULL, NULL, conv_w, A_log, dt_bias, norm_w, NULL, Y, b->prm, s_off, conv_off,
                         d->nk, d->nv, d->dk, d->dv, d->K, C, rows, d->eps, *scr};
     gdn_exact_prep_kernel<<<dim3((unsigned)rows, 1, nr), EX_PREP_THREADS, 0, st>>>(a);
     CU_LAUNCH_CHECK("gdn_exact_prep_kernel");
