@@ -12,8 +12,8 @@
  * fills the M = 64 side every instruction needs and a short chunk wastes no weight bytes.
  *
  * Design:
- *   - A block: WG consumer warpgroups (64 weight rows each; two share every token tile, halving the
- *     tokens' L2 traffic), NT token sub-tiles of 64 (NT * 64 tokens, up to 256), and one producer
+ *   - A block: WG consumer warpgroups (64 weight rows each; 2 or 4 share every token tile, cutting the
+ *     tokens' L2 traffic as much), NT token sub-tiles of 64 (NT * 64 tokens, up to 256), and one producer
  *     warp, over a slice of K. Grid: weight-row tiles x K slices x token tiles; the K slices of a
  *     tile form one cluster (up to 8 blocks, the portable cluster size).
  *   - Pipeline: STAGES shared-memory stages of 64 k (one 128-byte swizzle row of bf16) each, each with
@@ -83,6 +83,8 @@ struct sm90_shape {
     static constexpr int consumers = 128 * WG;
     static constexpr int threads = consumers + 32; /* + the producer warp */
     static constexpr int min_blocks = small ? 2 : 1;
+    /* outputs in flight per thread in the split epilogue: 4 warpgroups (544 threads) get 96 registers */
+    static constexpr int group_split = WG == 4 ? 1 : SM90_GROUP_S;
     static_assert(stages >= 2, "at least two pipeline stages");
 };
 
@@ -334,8 +336,8 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
             const float *src[SM90_SPLITS_MAX];
 #pragma unroll
             for (int q = 0; q < SM90_SPLITS_MAX; q++) src[q] = cluster.map_shared_rank(T, q < splits ? q : 0);
-            sm90_out<SM90_GROUP_S, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
-                                                                          S::consumers, vec);
+            sm90_out<S::group_split, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
+                                                                            S::consumers, vec);
         }
     }
     if (splits > 1) cluster.sync(); /* no block leaves while the cluster still reads its tile */
@@ -350,8 +352,8 @@ typedef struct sm90_grid {
 } sm90_grid;
 
 static int cfg_known(const cu_sm90_cfg *c) {
-    return (c->wg == 1 || c->wg == 2) && (c->nt == 1 || c->nt == 2 || c->nt == 4) && c->splits >= 1 &&
-           c->splits <= SM90_SPLITS_MAX;
+    const int nt_ok = c->nt == 1 || c->nt == 2 || (c->nt == 4 && c->wg <= 2); /* (4, 4): too many registers */
+    return (c->wg == 1 || c->wg == 2 || c->wg == 4) && nt_ok && c->splits >= 1 && c->splits <= SM90_SPLITS_MAX;
 }
 
 /* The grid of a configuration; the K slices as even as whole k blocks allow (a requested split
@@ -380,22 +382,29 @@ int cu_sm90_usable(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, co
 
 int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm90_cfg *out, int max) {
     if (!shape_ok(g, M, N, K, f32)) return 0;
-    /* the fewest token sub-tiles covering M (at most 4: larger M takes several token tiles) */
+    /* the fewest token sub-tiles covering M (at most 4: larger M takes several token tiles), and half
+     * as many (twice the token tiles: more blocks without splitting K, the weights' second read
+     * from L2) */
     const int need = (M + SM90_TOK - 1) / SM90_TOK;
-    const int nt = need <= 1 ? 1 : need <= 2 ? 2 : 4;
+    const int nt_max = need <= 1 ? 1 : need <= 2 ? 2 : 4;
     int n = 0;
-    for (int wg = 1; wg <= 2; wg++)
-        for (int i = 0; i < SM90_N_SPLIT_CHOICES && n < max; i++) {
-            const cu_sm90_cfg c = {wg, nt, SM90_SPLIT_CHOICES[i]};
-            const sm90_grid gr = grid_of(&c, M, N, K);
-            if (gr.gy != c.splits) continue; /* a duplicate of a smaller split */
-            if (c.splits > 1) {
-                if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
-                /* no more splitting once the unsplit tiles already fill the GPU twice over */
-                if (gr.gx * gr.gz * (c.splits - 1) >= 2 * g->sm90_sms) continue;
+    for (int nt = nt_max; nt >= 1 && nt * 2 >= nt_max; nt /= 2)
+        for (int wg = 1; wg <= 4; wg *= 2)
+            for (int i = 0; i < SM90_N_SPLIT_CHOICES && n < max; i++) {
+                const cu_sm90_cfg c = {wg, nt, SM90_SPLIT_CHOICES[i]};
+                if (!cfg_known(&c)) continue;
+                const sm90_grid gr = grid_of(&c, M, N, K);
+                if (gr.gy != c.splits) continue; /* a duplicate of a smaller split */
+                /* 4 warpgroups (a quarter of the tokens' reads from L2) only where the widest split
+                 * still fills the GPU */
+                if (wg == 4 && gr.gx * gr.gz * SM90_SPLITS_MAX < g->sm90_sms) continue;
+                if (c.splits > 1) {
+                    if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
+                    /* no more splitting once the unsplit tiles already fill the GPU twice over */
+                    if (gr.gx * gr.gz * (c.splits - 1) >= 2 * g->sm90_sms) continue;
+                }
+                out[n++] = c;
             }
-            out[n++] = c;
-        }
     return n;
 }
 
@@ -423,7 +432,8 @@ int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
         return 0;
     }
     if (set_smem<1, 1>() != cudaSuccess || set_smem<1, 2>() != cudaSuccess || set_smem<1, 4>() != cudaSuccess ||
-        set_smem<2, 1>() != cudaSuccess || set_smem<2, 2>() != cudaSuccess || set_smem<2, 4>() != cudaSuccess) {
+        set_smem<2, 1>() != cudaSuccess || set_smem<2, 2>() != cudaSuccess || set_smem<2, 4>() != cudaSuccess ||
+        set_smem<4, 1>() != cudaSuccess || set_smem<4, 2>() != cudaSuccess) {
         (void)cudaGetLastError(); /* no loadable image of the kernels: cuBLASLt only */
         return 0;
     }
@@ -502,7 +512,9 @@ int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, cons
     case 12: e = launch<1, 4>(&gr, &mw, &mx, &a, st); break;
     case 17: e = launch<2, 1>(&gr, &mw, &mx, &a, st); break;
     case 18: e = launch<2, 2>(&gr, &mw, &mx, &a, st); break;
-    default: e = launch<2, 4>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (2, 4) */
+    case 20: e = launch<2, 4>(&gr, &mw, &mx, &a, st); break;
+    case 33: e = launch<4, 1>(&gr, &mw, &mx, &a, st); break;
+    default: e = launch<4, 2>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (4, 2) */
     }
     if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     return 0;
