@@ -24,6 +24,10 @@
  *     (wgmma.wait_group 1) and release its stage. No block barrier in the loop: one group of wgmma
  *     and STAGES - 1 loads stay in flight. The small tiles (WG 1, NT <= 2) keep their stages within
  *     ~100 KB so two blocks share a multiprocessor.
+ *   - Launch with a programmatic dependency on the previous kernel of the stream: the blocks start
+ *     as that kernel's blocks exit and load their first stages' weights at once; the tokens, and
+ *     every access to Y, wait (griddepcontrol.wait) until that kernel is complete. So the weights
+ *     must not be written by the kernel just before (they are model weights, written once).
  *   - Epilogue: the accumulators go (fragment order -> [token][row], rows padded so the stores are
  *     free of bank conflicts) into the block's own shared memory, reused from the stages. With K
  *     split, after a cluster barrier each block of the cluster sums a share of the tile over all the
@@ -151,6 +155,12 @@ __device__ __forceinline__ void sm90_tma_2d(void *smem, const CUtensorMap *map, 
         : "memory");
 }
 
+/* Programmatic dependent launch: waits for the grid before this one in the stream (complete, its
+ * memory visible; at once when launched without the attribute). No kernel here triggers its
+ * dependents early, so this grid starts launching as the previous one's blocks exit: the overlap a
+ * forward's GEMM gets after any kernel, and no more in the back-to-back timings. */
+__device__ __forceinline__ void sm90_grid_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 __device__ __forceinline__ void sm90_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
@@ -267,7 +277,17 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
         if (lane == 0) {
             sm90_prefetch_map(&tmW);
             sm90_prefetch_map(&tmX);
-            for (int i = 0; i < nkb; i++) {
+            /* the first stages' weights before the previous grid is done (nothing writes weights),
+             * their tokens after it (it may have written them) */
+            const int pre = min(S::stages, nkb);
+            for (int i = 0; i < pre; i++) {
+                cu_mbar_expect_tx(&full[i], S::stage_bytes);
+                sm90_tma_2d(smem + i * S::stage_bytes, &tmW, (kb0 + i) * SM90_BK, row0, &full[i]);
+            }
+            sm90_grid_wait();
+            for (int i = 0; i < pre; i++)
+                sm90_tma_2d(smem + i * S::stage_bytes + S::a_bytes, &tmX, (kb0 + i) * SM90_BK, tok0, &full[i]);
+            for (int i = pre; i < nkb; i++) {
                 const int s = i % S::stages;
                 if (i >= S::stages) cu_mbar_wait(&empty[s], (unsigned)(i / S::stages - 1) & 1u);
                 uint8_t *st = smem + s * S::stage_bytes;
@@ -303,6 +323,7 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
             for (int r = 0; r < 32; r++) sm90_fence_reg(acc[t][r]);
     }
     __syncthreads(); /* every load landed and every wgmma is done: the stages become the output tile */
+    sm90_grid_wait(); /* (done long ago: the producer waited before loading tokens) orders Y's accesses */
 
     /* accumulator (t, r = 4 j + 2 h + c) of lane l in warp w of warpgroup wg: weight row
      * wg 64 + w 16 + l / 4 + 8 h, token t 64 + 8 j + 2 (l % 4) + c; staged as T[token][row] */
@@ -476,17 +497,22 @@ static int make_map(const cu_gemm_ctx *g, CUtensorMap *m, const void *base, int 
 template <int WG, int NT>
 static cudaError_t launch(const sm90_grid *gr, const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
                           cudaStream_t st) {
-    cudaLaunchAttribute at[1] = {};
+    cudaLaunchAttribute at[2] = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = 1;
     at[0].val.clusterDim.y = (unsigned)gr->gy;
     at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization; /* see sm90_grid_wait */
+    at[1].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)gr->gx, (unsigned)gr->gy, (unsigned)gr->gz);
     lc.blockDim = dim3(sm90_shape<WG, NT>::threads);
     lc.dynamicSmemBytes = sm90_shape<WG, NT>::smem;
     lc.stream = st;
     lc.attrs = at;
+    lc.numAttrs = 2;
+    if (cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
     lc.numAttrs = 1;
     return cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a);
 }
