@@ -12,8 +12,8 @@
  * fills the M = 64 side every instruction needs and a short chunk wastes no weight bytes.
  *
  * Design:
- *   - A block: WG consumer warpgroups (64 weight rows each; two share every token tile, halving the
- *     tokens' L2 traffic), NT token sub-tiles of 64 (NT * 64 tokens, up to 256), and one producer
+ *   - A block: WG consumer warpgroups (64 weight rows each; 2 or 4 share every token tile, cutting the
+ *     tokens' L2 traffic as much), NT token sub-tiles of 64 (NT * 64 tokens, up to 256), and one producer
  *     warp, over a slice of K. Grid: weight-row tiles x K slices x token tiles; the K slices of a
  *     tile form one cluster (up to 8 blocks, the portable cluster size).
  *   - Pipeline: STAGES shared-memory stages of 64 k (one 128-byte swizzle row of bf16) each, each with
@@ -24,6 +24,10 @@
  *     (wgmma.wait_group 1) and release its stage. No block barrier in the loop: one group of wgmma
  *     and STAGES - 1 loads stay in flight. The small tiles (WG 1, NT <= 2) keep their stages within
  *     ~100 KB so two blocks share a multiprocessor.
+ *   - Launch with a programmatic dependency on the previous kernel of the stream: the blocks start
+ *     as that kernel's blocks exit and load their first stages' weights at once; the tokens, and
+ *     every access to Y, wait (griddepcontrol.wait) until that kernel is complete. So the weights
+ *     must not be written by the kernel just before (they are model weights, written once).
  *   - Epilogue: the accumulators go (fragment order -> [token][row], rows padded so the stores are
  *     free of bank conflicts) into the block's own shared memory, reused from the stages. With K
  *     split, after a cluster barrier each block of the cluster sums a share of the tile over all the
@@ -83,6 +87,8 @@ struct sm90_shape {
     static constexpr int consumers = 128 * WG;
     static constexpr int threads = consumers + 32; /* + the producer warp */
     static constexpr int min_blocks = small ? 2 : 1;
+    /* outputs in flight per thread in the split epilogue: 4 warpgroups (544 threads) get 96 registers */
+    static constexpr int group_split = WG == 4 ? 1 : SM90_GROUP_S;
     static_assert(stages >= 2, "at least two pipeline stages");
 };
 
@@ -148,6 +154,12 @@ __device__ __forceinline__ void sm90_tma_2d(void *smem, const CUtensorMap *map, 
         "l"((uint64_t)map), "r"(x), "r"(y), "r"(cu_smem_addr(bar))
         : "memory");
 }
+
+/* Programmatic dependent launch: waits for the grid before this one in the stream (complete, its
+ * memory visible; at once when launched without the attribute). No kernel here triggers its
+ * dependents early, so this grid starts launching as the previous one's blocks exit: the overlap a
+ * forward's GEMM gets after any kernel, and no more in the back-to-back timings. */
+__device__ __forceinline__ void sm90_grid_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 __device__ __forceinline__ void sm90_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
@@ -265,7 +277,17 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
         if (lane == 0) {
             sm90_prefetch_map(&tmW);
             sm90_prefetch_map(&tmX);
-            for (int i = 0; i < nkb; i++) {
+            /* the first stages' weights before the previous grid is done (nothing writes weights),
+             * their tokens after it (it may have written them) */
+            const int pre = min(S::stages, nkb);
+            for (int i = 0; i < pre; i++) {
+                cu_mbar_expect_tx(&full[i], S::stage_bytes);
+                sm90_tma_2d(smem + i * S::stage_bytes, &tmW, (kb0 + i) * SM90_BK, row0, &full[i]);
+            }
+            sm90_grid_wait();
+            for (int i = 0; i < pre; i++)
+                sm90_tma_2d(smem + i * S::stage_bytes + S::a_bytes, &tmX, (kb0 + i) * SM90_BK, tok0, &full[i]);
+            for (int i = pre; i < nkb; i++) {
                 const int s = i % S::stages;
                 if (i >= S::stages) cu_mbar_wait(&empty[s], (unsigned)(i / S::stages - 1) & 1u);
                 uint8_t *st = smem + s * S::stage_bytes;
@@ -301,6 +323,7 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
             for (int r = 0; r < 32; r++) sm90_fence_reg(acc[t][r]);
     }
     __syncthreads(); /* every load landed and every wgmma is done: the stages become the output tile */
+    sm90_grid_wait(); /* (done long ago: the producer waited before loading tokens) orders Y's accesses */
 
     /* accumulator (t, r = 4 j + 2 h + c) of lane l in warp w of warpgroup wg: weight row
      * wg 64 + w 16 + l / 4 + 8 h, token t 64 + 8 j + 2 (l % 4) + c; staged as T[token][row] */
@@ -334,8 +357,8 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
             const float *src[SM90_SPLITS_MAX];
 #pragma unroll
             for (int q = 0; q < SM90_SPLITS_MAX; q++) src[q] = cluster.map_shared_rank(T, q < splits ? q : 0);
-            sm90_out<SM90_GROUP_S, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
-                                                                          S::consumers, vec);
+            sm90_out<S::group_split, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
+                                                                            S::consumers, vec);
         }
     }
     if (splits > 1) cluster.sync(); /* no block leaves while the cluster still reads its tile */
@@ -350,8 +373,8 @@ typedef struct sm90_grid {
 } sm90_grid;
 
 static int cfg_known(const cu_sm90_cfg *c) {
-    return (c->wg == 1 || c->wg == 2) && (c->nt == 1 || c->nt == 2 || c->nt == 4) && c->splits >= 1 &&
-           c->splits <= SM90_SPLITS_MAX;
+    const int nt_ok = c->nt == 1 || c->nt == 2 || (c->nt == 4 && c->wg <= 2); /* (4, 4): too many registers */
+    return (c->wg == 1 || c->wg == 2 || c->wg == 4) && nt_ok && c->splits >= 1 && c->splits <= SM90_SPLITS_MAX;
 }
 
 /* The grid of a configuration; the K slices as even as whole k blocks allow (a requested split
@@ -380,22 +403,29 @@ int cu_sm90_usable(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, co
 
 int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm90_cfg *out, int max) {
     if (!shape_ok(g, M, N, K, f32)) return 0;
-    /* the fewest token sub-tiles covering M (at most 4: larger M takes several token tiles) */
+    /* the fewest token sub-tiles covering M (at most 4: larger M takes several token tiles), and half
+     * as many (twice the token tiles: more blocks without splitting K, the weights' second read
+     * from L2) */
     const int need = (M + SM90_TOK - 1) / SM90_TOK;
-    const int nt = need <= 1 ? 1 : need <= 2 ? 2 : 4;
+    const int nt_max = need <= 1 ? 1 : need <= 2 ? 2 : 4;
     int n = 0;
-    for (int wg = 1; wg <= 2; wg++)
-        for (int i = 0; i < SM90_N_SPLIT_CHOICES && n < max; i++) {
-            const cu_sm90_cfg c = {wg, nt, SM90_SPLIT_CHOICES[i]};
-            const sm90_grid gr = grid_of(&c, M, N, K);
-            if (gr.gy != c.splits) continue; /* a duplicate of a smaller split */
-            if (c.splits > 1) {
-                if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
-                /* no more splitting once the unsplit tiles already fill the GPU twice over */
-                if (gr.gx * gr.gz * (c.splits - 1) >= 2 * g->sm90_sms) continue;
+    for (int nt = nt_max; nt >= 1 && nt * 2 >= nt_max; nt /= 2)
+        for (int wg = 1; wg <= 4; wg *= 2)
+            for (int i = 0; i < SM90_N_SPLIT_CHOICES && n < max; i++) {
+                const cu_sm90_cfg c = {wg, nt, SM90_SPLIT_CHOICES[i]};
+                if (!cfg_known(&c)) continue;
+                const sm90_grid gr = grid_of(&c, M, N, K);
+                if (gr.gy != c.splits) continue; /* a duplicate of a smaller split */
+                /* 4 warpgroups (a quarter of the tokens' reads from L2) only where the widest split
+                 * still fills the GPU */
+                if (wg == 4 && gr.gx * gr.gz * SM90_SPLITS_MAX < g->sm90_sms) continue;
+                if (c.splits > 1) {
+                    if (gr.kb_per_split < SM90_MIN_KB_PER_SPLIT) continue;
+                    /* no more splitting once the unsplit tiles already fill the GPU twice over */
+                    if (gr.gx * gr.gz * (c.splits - 1) >= 2 * g->sm90_sms) continue;
+                }
+                out[n++] = c;
             }
-            out[n++] = c;
-        }
     return n;
 }
 
@@ -423,7 +453,8 @@ int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
         return 0;
     }
     if (set_smem<1, 1>() != cudaSuccess || set_smem<1, 2>() != cudaSuccess || set_smem<1, 4>() != cudaSuccess ||
-        set_smem<2, 1>() != cudaSuccess || set_smem<2, 2>() != cudaSuccess || set_smem<2, 4>() != cudaSuccess) {
+        set_smem<2, 1>() != cudaSuccess || set_smem<2, 2>() != cudaSuccess || set_smem<2, 4>() != cudaSuccess ||
+        set_smem<4, 1>() != cudaSuccess || set_smem<4, 2>() != cudaSuccess) {
         (void)cudaGetLastError(); /* no loadable image of the kernels: cuBLASLt only */
         return 0;
     }
@@ -466,17 +497,22 @@ static int make_map(const cu_gemm_ctx *g, CUtensorMap *m, const void *base, int 
 template <int WG, int NT>
 static cudaError_t launch(const sm90_grid *gr, const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
                           cudaStream_t st) {
-    cudaLaunchAttribute at[1] = {};
+    cudaLaunchAttribute at[2] = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = 1;
     at[0].val.clusterDim.y = (unsigned)gr->gy;
     at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization; /* see sm90_grid_wait */
+    at[1].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3((unsigned)gr->gx, (unsigned)gr->gy, (unsigned)gr->gz);
     lc.blockDim = dim3(sm90_shape<WG, NT>::threads);
     lc.dynamicSmemBytes = sm90_shape<WG, NT>::smem;
     lc.stream = st;
     lc.attrs = at;
+    lc.numAttrs = 2;
+    if (cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
     lc.numAttrs = 1;
     return cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a);
 }
@@ -502,7 +538,9 @@ int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, cons
     case 12: e = launch<1, 4>(&gr, &mw, &mx, &a, st); break;
     case 17: e = launch<2, 1>(&gr, &mw, &mx, &a, st); break;
     case 18: e = launch<2, 2>(&gr, &mw, &mx, &a, st); break;
-    default: e = launch<2, 4>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (2, 4) */
+    case 20: e = launch<2, 4>(&gr, &mw, &mx, &a, st); break;
+    case 33: e = launch<4, 1>(&gr, &mw, &mx, &a, st); break;
+    default: e = launch<4, 2>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (4, 2) */
     }
     if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     return 0;
