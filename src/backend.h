@@ -41,7 +41,10 @@
  *  - save_gdn / load_gdn: every GDN layer's S and conv inputs, gdn_snapshot_bytes in all;
  *  - save_kv / load_kv: K / V of positions [0, n) of every attention layer, n * kv_bytes_per_pos.
  * A blob given to load_kv must stay valid until the next reset() or load_kv() of that slot (a
- * backend may read it in place instead of copying, and several slots may read one blob at once).
+ * backend may read it in place instead of copying, and several slots may read one blob at once);
+ * one given to load_gdn until the slot's next forward(), reset() or load_gdn() (a backend may read
+ * the starting state from it in that forward instead of copying it first). The engine keeps the
+ * restored checkpoint pinned while its row is in flight, which covers both.
  *
  * Every function returns 0 or a negative squad error code with err filled; none prints or exits.
  */
