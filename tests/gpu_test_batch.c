@@ -755,6 +755,10 @@ int main(void) {
     }
     const int quick = getenv("SQUAD_GPU_TEST_QUICK") && atoi(getenv("SQUAD_GPU_TEST_QUICK")) > 0;
     test_mixers(quick);
+    /* SQUAD_GPU_TEST_MIXERS_ONLY=1: the batched kernels alone (what racecheck needs to see, in a
+     * time it can afford) */
+    if (getenv("SQUAD_GPU_TEST_MIXERS_ONLY") && atoi(getenv("SQUAD_GPU_TEST_MIXERS_ONLY")) > 0)
+        return test_summary("gpu_test_batch");
     test_preset("tiny", 7, SQUAD_PRECISION_EXACT, quick ? 3 : 8);
     test_preset("tiny", 7, SQUAD_PRECISION_BF16, quick ? 3 : 8);
     if (!quick) test_preset("tiny-hd256", 8, SQUAD_PRECISION_BF16, 6);
