@@ -94,7 +94,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     srv_req *r = *con_cls;
-    if (r) srv_req_end(r);
+    if (r) srv_req_end(r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     *con_cls = NULL;
 }
 

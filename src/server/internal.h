@@ -115,8 +115,12 @@ int srv_req_prepare(srv_req *r);
 int srv_req_submit(srv_req *r);
 /* Renders the answer of a finished job. */
 void srv_req_finish(srv_req *r);
-/* Metrics, the log line, and frees r. */
-void srv_req_end(srv_req *r);
+/* Metrics, the log line, and frees r. delivered 0: the transport could not hand the answer over
+ * (its client had gone), so the request is counted as SRV_STATUS_CLIENT_CLOSED whatever answer
+ * was ready: when the client's leaving is noticed (by the scheduler's cancel check, or only at the
+ * send) must not change what /metrics says. */
+#define SRV_STATUS_CLIENT_CLOSED 499 /* nginx's "client closed request" */
+void srv_req_end(srv_req *r, int delivered);
 
 void srv_log(squad_server *srv, const char *fmt, ...) SQUAD_PRINTF(2, 3);
 

@@ -1041,9 +1041,10 @@ void srv_req_finish(srv_req *r) {
     else finish_dapi(r);
 }
 
-void srv_req_end(srv_req *r) {
+void srv_req_end(srv_req *r, int delivered) {
     squad_server *srv = r->srv;
     double dt = squad_now_seconds() - r->t0;
+    if (!delivered && r->status) r->status = SRV_STATUS_CLIENT_CLOSED;
     if (r->status) srv_metrics_request(&srv->metrics, r->ep, r->status, dt);
     if (srv->opts.log_requests || r->status >= 500)
     {
@@ -1117,7 +1118,7 @@ int squad_server_handle(squad_server *srv, const char *method, const char *path,
     *resp_len = r->resp_len;
     *content_type = r->ctype ? r->ctype : CT_JSON;
     r->resp = NULL;
-    srv_req_end(r);
+    srv_req_end(r, 1);
     pthread_cond_destroy(&cond);
     pthread_mutex_destroy(&lock);
     return 0;
