@@ -227,6 +227,9 @@ int squad_engine_submit(squad_engine *engine, const squad_row *row, const squad_
 int squad_engine_step(squad_engine *engine, squad_err *err);
 /* Rows taken in and not yet done. */
 int squad_engine_pending(const squad_engine *engine);
+/* The batching limits the engine took: rows in flight at once (max_rows, capped by the backend's
+ * sequence slots) and tokens a step (batch_tokens, capped by the backend's largest batch). */
+void squad_engine_batching(const squad_engine *engine, int *max_rows, int *batch_tokens);
 
 /* Specialists (docs/specialists.md): a router and LoRA adapters over the model's upper layers,
  * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor

@@ -296,6 +296,11 @@ int squad_engine_step(squad_engine *e, squad_err *err) { return squad_sched_step
 
 int squad_engine_pending(const squad_engine *e) { return squad_sched_pending(&e->sched); }
 
+void squad_engine_batching(const squad_engine *e, int *max_rows, int *batch_tokens) {
+    if (max_rows) *max_rows = e->sched.max_rows;
+    if (batch_tokens) *batch_tokens = e->sched.batch_tokens;
+}
+
 /* How one row of a caller waiting for it ended. */
 typedef struct row_wait {
     int finished;

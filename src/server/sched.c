@@ -16,7 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
 #include "util.h"
 
 /* How often the sweeper answers waiting jobs whose deadline passed or whose client left. */
@@ -167,18 +166,6 @@ static void publish_engine_stats(srv_sched *s) {
         sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
                   "are counted in squad_cache_uncacheable_total (raise --cache-mb to cache them)",
                   (double)st.budget_bytes / (1 << 20));
-}
-
-/* The engine's batching limits: max_rows the option capped by the backend's sequence slots (the
- * slots when the option is 0), batch_tokens the option capped by the backend's largest batch (the
- * largest when 0). The public API does not say them, so they are read from the engine's backend
- * here, in one place. */
-static void engine_limits(const squad_engine *e, const squad_engine_opts *opts, int *max_rows, int *batch_tokens) {
-    const squad_backend *be = e->be;
-    const int slots = be->max_seqs > 0 ? be->max_seqs : 1;
-    *max_rows = opts->max_rows > 0 && opts->max_rows < slots ? opts->max_rows : slots;
-    *batch_tokens = opts->batch_tokens > 0 && opts->batch_tokens < be->max_batch_tokens ? opts->batch_tokens
-                                                                                      : be->max_batch_tokens;
 }
 
 /* ---- rows in and out of the engine ----------------------------------------------------------- */
@@ -440,7 +427,7 @@ static void *sched_main(void *arg) {
         e = NULL;
     }
     if (e) {
-        engine_limits(e, &s->opts, &s->max_rows, &s->batch_tokens);
+        squad_engine_batching(e, &s->max_rows, &s->batch_tokens);
         s->room = s->max_rows + SRV_LOOKAHEAD_ROWS;
     }
     pthread_mutex_lock(&s->lock);
