@@ -1020,7 +1020,10 @@ void srv_req_finish(srv_req *r) {
     case SRV_JOB_TIMEOUT:
         fail_req(r, 503, NULL, "the request took longer than --timeout (%g s) waiting and running", r->srv->opts.timeout_s);
         return;
-    case SRV_JOB_CANCELLED: fail_req(r, 503, NULL, "the request was cancelled: its client disconnected"); return;
+    case SRV_JOB_CANCELLED:
+        r->client_left = 1;
+        fail_req(r, 503, NULL, "the request was cancelled: its client disconnected");
+        return;
     case SRV_JOB_SHUTDOWN: fail_req(r, 503, NULL, "the server is shutting down"); return;
     case SRV_JOB_FAILED:
     default: fail_req(r, 500, NULL, "the engine failed: %s", r->errs[0].msg); return;
@@ -1044,7 +1047,7 @@ void srv_req_finish(srv_req *r) {
 void srv_req_end(srv_req *r, int delivered) {
     squad_server *srv = r->srv;
     double dt = squad_now_seconds() - r->t0;
-    if (!delivered && r->status) r->status = SRV_STATUS_CLIENT_CLOSED;
+    if ((!delivered || r->client_left) && r->status) r->status = SRV_STATUS_CLIENT_CLOSED;
     if (r->status) srv_metrics_request(&srv->metrics, r->ep, r->status, dt);
     if (srv->opts.log_requests || r->status >= 500)
     {
