@@ -81,7 +81,7 @@ struct srv_req {
     int retry_after; /* seconds; 0: no header */
     const char *allow; /* for 405 */
     int memo_hit;
-    int client_left; /* the scheduler stopped the job because its client had disconnected */
+    int client_left; /* its client had disconnected when the job ended (srv_req_finish) */
     int sent; /* the answer was handed to the transport */
     /* the work */
     srv_job job;
@@ -116,8 +116,8 @@ int srv_req_prepare(srv_req *r);
 int srv_req_submit(srv_req *r);
 /* Renders the answer of a finished job. */
 void srv_req_finish(srv_req *r);
-/* Metrics, the log line, and frees r. A request whose client had gone (the scheduler's cancel
- * check saw it leave, or delivered 0: the transport could not hand the answer over) is counted as
+/* Metrics, the log line, and frees r. A request whose client had gone (its socket at end-of-file
+ * when the job ended, or delivered 0: the transport could not hand the answer over) is counted as
  * SRV_STATUS_CLIENT_CLOSED whatever answer was ready: whether the answer to a departed client
  * still fits into the socket's buffer must not change what /metrics says. */
 #define SRV_STATUS_CLIENT_CLOSED 499 /* nginx's "client closed request" */

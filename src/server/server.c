@@ -1015,6 +1015,8 @@ static void finish_dapi(srv_req *r) {
 
 void srv_req_finish(srv_req *r) {
     srv_job *j = &r->job;
+    /* however the job ended (even a timeout, or an answer), a client already gone is counted so */
+    if (client_gone(r)) r->client_left = 1;
     switch (j->status) {
     case SRV_JOB_OK: break;
     case SRV_JOB_TIMEOUT:
