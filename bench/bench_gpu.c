@@ -313,6 +313,37 @@ static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *
 static const int BATCH_N[] = {1, 4, 16, 64};
 static const int BATCH_Q[] = {32, 128};
 
+/* The N chunks of a batched step: row i on slot i, a question of q tokens (ids[i q, (i + 1) q))
+ * after the cached state, one answer slot at its last token, probabilities into probs[i]. */
+static void batch_chunks(squad_chunk *ck, int n, int q, const int32_t *ids, const int32_t *letters, float *probs) {
+    for (int i = 0; i < n; i++) {
+        squad_chunk *k = &ck[i];
+        memset(k, 0, sizeof *k);
+        k->seq = i;
+        k->ids = ids + (size_t)i * q;
+        k->start = STATE_LEN;
+        k->len = q;
+        k->n_slots = 1;
+        k->slots[0] = q - 1;
+        k->nopts[0] = N_LETTERS;
+        k->letters = letters;
+        k->n_letters = N_LETTERS;
+        k->probs = probs + (size_t)i * SQUAD_MAX_LETTERS;
+    }
+}
+
+/* The rows' restores as squad_cache_restore does them (no reset): slot i from state 0 (shared)
+ * or state i. */
+static int batch_restore(squad_backend *be, int n, int shared, void *const *G, void *const *KV, squad_err *err) {
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        const int s = shared ? 0 : i;
+        rc = be->load_gdn(be, i, G[s], err);
+        if (!rc) rc = be->load_kv(be, i, KV[s], STATE_LEN, STATE_LEN, err);
+    }
+    return rc;
+}
+
 static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
     const squad_config *c = &m->cfg;
     squad_engine_opts o;
@@ -370,26 +401,9 @@ static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
                 if (N == 1 && !shared) continue; /* the same case */
                 for (int r = -2; r < reps && !rc; r++) {
                     fill(q_ids, N * Q, V);
-                    for (int i = 0; i < N; i++) {
-                        squad_chunk *k = &ck[i];
-                        memset(k, 0, sizeof *k);
-                        k->seq = i;
-                        k->ids = q_ids + (size_t)i * Q;
-                        k->start = STATE_LEN;
-                        k->len = Q;
-                        k->n_slots = 1;
-                        k->slots[0] = Q - 1;
-                        k->nopts[0] = N_LETTERS;
-                        k->letters = letters;
-                        k->n_letters = N_LETTERS;
-                        k->probs = probs + (size_t)i * SQUAD_MAX_LETTERS;
-                    }
+                    batch_chunks(ck, N, Q, q_ids, letters, probs);
                     const double ts = squad_now_seconds();
-                    for (int i = 0; i < N && !rc; i++) { /* squad_cache_restore's steps: no reset */
-                        const int s = shared ? 0 : i;
-                        rc = be->load_gdn(be, i, G[s], &err);
-                        if (!rc) rc = be->load_kv(be, i, KV[s], STATE_LEN, STATE_LEN, &err);
-                    }
+                    rc = batch_restore(be, N, shared, G, KV, &err);
                     cudaDeviceSynchronize();
                     const double tm = squad_now_seconds();
                     if (!rc) rc = be->forward(be, ck, N, &err);
@@ -481,26 +495,9 @@ static int abl_batch_step(squad_backend *be, void **G, void **KV, int n, int q, 
     for (int i = 0; i < N_LETTERS; i++) letters[i] = 32 + 3 * i;
     for (int r = -2; r < reps && !rc; r++) {
         fill(ids, n * q, V);
-        for (int i = 0; i < n; i++) {
-            squad_chunk *k = &ck[i];
-            memset(k, 0, sizeof *k);
-            k->seq = i;
-            k->ids = ids + (size_t)i * q;
-            k->start = STATE_LEN;
-            k->len = q;
-            k->n_slots = 1;
-            k->slots[0] = q - 1;
-            k->nopts[0] = N_LETTERS;
-            k->letters = letters;
-            k->n_letters = N_LETTERS;
-            k->probs = probs + (size_t)i * SQUAD_MAX_LETTERS;
-        }
+        batch_chunks(ck, n, q, ids, letters, probs);
         const double t0 = squad_now_seconds();
-        for (int i = 0; i < n && !rc; i++) { /* squad_cache_restore's steps: no reset */
-            const int s = shared ? 0 : i;
-            rc = be->load_gdn(be, i, G[s], err);
-            if (!rc) rc = be->load_kv(be, i, KV[s], STATE_LEN, STATE_LEN, err);
-        }
+        rc = batch_restore(be, n, shared, G, KV, err);
         if (!rc && cudaDeviceSynchronize() != cudaSuccess) rc = SQUAD_E_BACKEND;
         const double t1 = squad_now_seconds();
         if (!rc) rc = be->forward(be, ck, n, err);
