@@ -8,6 +8,10 @@
 #   tools/gpu_run.sh --prepare-fla GITDIR   HERE: .fla/ for the hf_fla step (below).
 #   tools/gpu_run.sh OUTDIR        THERE (the run tool, carry [".carry"]): runs everything below and
 #                                  writes at most 8 logs into OUTDIR.
+# GPU_CARRY=.carry-NAME (both sides) keeps a second carried build beside .carry (a branch's, say), so
+# one call can run two builds. --prepare packs the folder's binaries, libraries and tokenizer into
+# one xz archive, unpacked there before the steps: the binaries share their CUDA code (an sm_90a
+# cubin each, ~14 MB), so nine of them travel as a few MB instead of ~120 (the run tool carries 64).
 #
 # Why carry binaries: the GPU machine has CUDA 13 and Python but not the Debian -dev packages the
 # build needs (pkg-config, jansson, PCRE2, utf8proc, libmicrohttpd), and builds there cost device
@@ -70,7 +74,8 @@
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-CARRY=$ROOT/.carry
+CARRY=${GPU_CARRY:-.carry}
+case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
 BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_long bench_gpu bench_server"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
@@ -114,8 +119,9 @@ if [ "${1:-}" = "--prepare" ]; then
     # the real Qwen tokenizer for the server steps (git-ignored test data, fetched by make)
     cp third_party/qwen3/tokenizer.json "$CARRY/tokenizer.json"
     git rev-parse HEAD >"$CARRY/COMMIT"
-    du -sh "$CARRY"
     ls "$CARRY/lib"
+    (cd "$CARRY" && strip bin/* && tar -cf - bin lib tokenizer.json | xz -9 -T2 >pack.tar.xz && rm -rf bin lib tokenizer.json)
+    du -sh "$CARRY"
     exit 0
 fi
 
@@ -150,6 +156,9 @@ step() { # step NAME TIMEOUT LOGFILE CMD...
     return $rc
 }
 
+if [ -e "$CARRY/pack.tar.xz" ] && [ ! -d "$BIN" ]; then
+    xz -dc "$CARRY/pack.tar.xz" | tar -x -C "$CARRY" || { log "could not unpack $CARRY/pack.tar.xz"; exit 2; }
+fi
 log "gpu_run.sh: steps [$STEPS], carried build of $(cat "$CARRY/COMMIT" 2>/dev/null || echo '?'), tree $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 if has env; then
     { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; uname -r
