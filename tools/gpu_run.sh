@@ -68,6 +68,8 @@
 #              --max-rows) against --max-rows 1, memo-answered requests; BATCH_ONLY=1 in the
 #              environment: only the batched against one-at-a-time comparison (BATCH_LEVEL, BATCH_ROWS
 #              as tools/bench_server.sh reads them)
+#   hftrace    (not by default, after serveload) tools/hf_trace.py: the trace's rows through transformers +
+#              flash-linear-attention (.fla carried) with a prefix cache, one row at a time -> hf_trace.log
 #   specfix    (not by default) tools/make_specialist_fixtures.py -> specfix.tgz, specfix.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
@@ -272,6 +274,18 @@ if has serveload; then
     step "bench_server.sh (cuda)" 560 "$OUT/serveload.log" env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR \
         PRESET=qwen3.5-0.8b SERVE_ARGS="--device cuda" STEPS=${TRACE_STEPS:-6} MEMO_REQUESTS=${MEMO_REQUESTS:-100000} \
         bash tools/bench_server.sh "$BIN"
+fi
+if has hftrace; then
+    # the earlier runtime's setup on the agent trace's rows (tools/hf_trace.py), on the model and trace
+    # the serveload step made (run it first, in the same call)
+    tm=$(ls -d "$BIN"/bench-data/qwen3.5-0.8b-qwen-tokenizer 2>/dev/null | head -1)
+    tt=$(ls -t "$BIN"/bench-data/server-trace-*.jsonl 2>/dev/null | head -1)
+    if [ -n "$tm" ] && [ -n "$tt" ]; then
+        step "hf_trace" 420 "$OUT/hf_trace.log" env PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/.fla" \
+            python3 tools/hf_trace.py --model "$tm" --trace "$tt" --concurrency "${BATCH_LEVEL:-32}" ${HF_TRACE_ARGS:-}
+    else
+        log "hftrace: no bench-data model / trace under $BIN (run the serveload step first)"
+    fi
 fi
 if has specfix; then
     # the specialists' reference fixtures (transformers + peft live on this machine, not on the
