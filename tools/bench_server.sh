@@ -16,7 +16,9 @@
 # SEED (1), THREADS (engine CPU threads, 1), MEMO_REQUESTS (200000), MEMO_LEVELS (1,8,32,128),
 # BATCH_LEVEL (32), BATCH_ROWS (the batched server's --max-rows; default: the engine's default),
 # BATCH_ROUNDS (1; more: pairs of runs in alternating order, the ratio of the means), BATCH_ONLY (1:
-# only part 2), SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the
+# only part 2), WARMUP_SEED (part 2: before the measured trace, each server first answers the trace of
+# this seed, unmeasured: a server past its first requests, its lazily captured CUDA graphs made and
+# its GEMMs tuned, with nothing in its cache or memo that the measured trace repeats), SERVE_ARGS (more `squad serve` options, e.g. "--device cuda" on the
 # GPU machine).
 set -euo pipefail
 BUILD=${1:?usage: bash tools/bench_server.sh BUILD_DIR}
@@ -33,6 +35,7 @@ BATCH_LEVEL=${BATCH_LEVEL:-32}
 BATCH_ROWS=${BATCH_ROWS:-}
 BATCH_ONLY=${BATCH_ONLY:-0}
 BATCH_ROUNDS=${BATCH_ROUNDS:-1}
+WARMUP_SEED=${WARMUP_SEED:-}
 cd "$(dirname "$0")/.."
 SQUAD="$BUILD/squad"
 BENCH="$BUILD/bench_server"
@@ -69,6 +72,12 @@ start_server() {
   echo "bench_server.sh: the server did not become ready" >&2; cat "$LOG" >&2; exit 1
 }
 
+WARMUP_TRACE=""
+if [ -n "$WARMUP_SEED" ]; then
+  WARMUP_TRACE="$DATA/server-trace-s$WARMUP_SEED-$SESSIONS-$LIVE-$STEPS-v$VOCAB.jsonl"
+  [ -f "$WARMUP_TRACE" ] || python3 bench/agent_trace.py --seed "$WARMUP_SEED" --sessions "$SESSIONS" --live "$LIVE" \
+    --steps "$STEPS" --vocab "$VOCAB" --out "$WARMUP_TRACE"
+fi
 TRACE_ABOUT="$(wc -l < "$TRACE") rows ($SESSIONS sessions, $LIVE live, $STEPS steps), preset $PRESET, engine threads $THREADS"
 if [ "$BATCH_ONLY" != 1 ]; then
 echo "== agent trace: $TRACE_ABOUT"
@@ -93,7 +102,7 @@ print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step" % (b["max_rows"
       rows["sum"] / rows["count"] if rows["count"] else 0))'
 }
 echo "== batching: agent trace ($TRACE_ABOUT) at concurrency $BATCH_LEVEL, batched against one row at a time," \
-  "$BATCH_ROUNDS round(s), the order alternating"
+  "$BATCH_ROUNDS round(s), the order alternating${WARMUP_SEED:+, each server warmed up by the trace of seed $WARMUP_SEED first}"
 BATCHED_ARGS=()
 [ -n "$BATCH_ROWS" ] && BATCHED_ARGS=(--max-rows "$BATCH_ROWS")
 RESULT="$(mktemp)"
@@ -102,6 +111,9 @@ trap 'stop_server; rm -f "$LOG" "$RESULT"' EXIT
 batch_run() { # batch_run batched|one HEADER(1: print the table's head)
   if [ "$1" = batched ]; then start_server "${BATCHED_ARGS[@]}"; label=batched
   else start_server --max-rows 1; label="one at a time"; fi
+  if [ -n "$WARMUP_TRACE" ]; then
+    "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$WARMUP_TRACE" --concurrency "$BATCH_LEVEL" >/dev/null
+  fi
   if [ "$2" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label"
   else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label" | tail -n +3; fi |
     tee -a "$RESULT"

@@ -279,7 +279,7 @@ if has hftrace; then
     # the earlier runtime's setup on the agent trace's rows (tools/hf_trace.py), on the model and trace
     # the serveload step made (run it first, in the same call)
     tm=$(ls -d "$BIN"/bench-data/qwen3.5-0.8b-qwen-tokenizer 2>/dev/null | head -1)
-    tt=$(ls -t "$BIN"/bench-data/server-trace-*.jsonl 2>/dev/null | head -1)
+    tt=$(ls -t "$BIN"/bench-data/server-trace-s"${SEED:-1}"-*.jsonl 2>/dev/null | head -1)
     if [ -n "$tm" ] && [ -n "$tt" ]; then
         step "hf_trace" 420 "$OUT/hf_trace.log" env PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/.fla" \
             python3 tools/hf_trace.py --model "$tm" --trace "$tt" --concurrency "${BATCH_LEVEL:-32}" ${HF_TRACE_ARGS:-}
