@@ -231,6 +231,15 @@ int squad_engine_pending(const squad_engine *engine);
  * sequence slots) and tokens a step (batch_tokens, capped by the backend's largest batch). */
 void squad_engine_batching(const squad_engine *engine, int *max_rows, int *batch_tokens);
 
+/* What the engine's device has done that an operator may want to see. On CUDA: the chunk graphs
+ * captured so far (the single-row ones at start; a batch shape's on its first step, which that step
+ * waits for) and the seconds spent capturing them. Zeros on the CPU. */
+typedef struct squad_device_stats {
+    int graphs;
+    double capture_s;
+} squad_device_stats;
+void squad_engine_device_stats(const squad_engine *engine, squad_device_stats *out);
+
 /* Specialists (docs/specialists.md): a router and LoRA adapters over the model's upper layers,
  * loaded from a directory holding squad-specialists.json. Loading validates every file and tensor
  * against the model; anything squad cannot apply exactly is refused with a message naming the

@@ -19,6 +19,9 @@
 #include <string.h>
 
 #include "cache.h"
+#ifdef SQUAD_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "memo.h"
 #include "model.h"
 #include "specialists.h"
@@ -299,6 +302,19 @@ int squad_engine_pending(const squad_engine *e) { return squad_sched_pending(&e-
 void squad_engine_batching(const squad_engine *e, int *max_rows, int *batch_tokens) {
     if (max_rows) *max_rows = e->sched.max_rows;
     if (batch_tokens) *batch_tokens = e->sched.batch_tokens;
+}
+
+void squad_engine_device_stats(const squad_engine *e, squad_device_stats *out) {
+    memset(out, 0, sizeof *out);
+#ifdef SQUAD_HAVE_CUDA
+    squad_cuda_info info;
+    if (!strcmp(e->be->name, "cuda") && squad_cuda_backend_info(e->be, &info) == 0) {
+        out->graphs = info.graphs;
+        out->capture_s = info.capture_s;
+    }
+#else
+    (void)e;
+#endif
 }
 
 /* How one row of a caller waiting for it ended. */

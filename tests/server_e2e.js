@@ -872,6 +872,7 @@ async function batchFigures(S) {
     steps: one('squad_engine_steps_total'), maxRows: one('squad_engine_max_rows'), batchTokens: one('squad_engine_batch_tokens'),
     inFlight: one('squad_rows_in_flight'), running: one('squad_rows_running'), cancelled: one('squad_jobs_cancelled_total'),
     timeout: one('squad_jobs_timeout_total'), rows: histo('squad_engine_step_rows'), tokens: histo('squad_engine_step_tokens'),
+    graphs: one('squad_device_graphs'), captureS: one('squad_device_graph_capture_seconds_total'),
     stats: st && st.batching,
   };
 }
@@ -890,6 +891,9 @@ function checkBatchFigures(what, before, after, maxRows) {
   C.eq(after.rows.buckets[String(maxRows)], after.rows.count, `${what}: no step ran more than --max-rows rows`);
   C.ok(after.rows.sum <= after.steps * maxRows, `${what}: rows per step sum <= steps x --max-rows`, [after.rows.sum, after.steps]);
   C.eq([after.inFlight, after.running], [0, 0], `${what}: idle: squad_rows_in_flight and squad_rows_running 0`);
+  // the tests' server runs on the CPU: no CUDA graphs, and both places say so
+  C.eq([after.graphs, after.captureS, after.stats.graphs, after.stats.graph_capture_s], [0, 0, 0, 0],
+    `${what}: CUDA graph figures 0 on the CPU in /metrics and /v1/stats`);
 }
 
 // The same requests, all at once, twice (new states, then their cached ones), on --max-rows 1 and on

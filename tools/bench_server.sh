@@ -92,14 +92,19 @@ done
 echo
 fi
 
-# The server's batching limits as it reports them (GET /v1/stats "batching").
+# The server's batching limits as it reports them (GET /v1/stats "batching"); $1: the graphs count
+# before the measured trace (graphs_now), so the CUDA graphs its steps waited for are told apart.
 batching_of() {
   curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c '
 import json, sys
 b = json.load(sys.stdin)["batching"]
 rows = b["rows_per_step"]
-print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step" % (b["max_rows"], b["batch_tokens"], b["steps"],
-      rows["sum"] / rows["count"] if rows["count"] else 0))'
+print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step; CUDA graphs %d (%d captured during the measured trace), "
+      "%.2f s capturing" % (b["max_rows"], b["batch_tokens"], b["steps"], rows["sum"] / rows["count"] if rows["count"] else 0,
+      b.get("graphs", 0), b.get("graphs", 0) - int(sys.argv[1]), b.get("graph_capture_s", 0)))' "$1"
+}
+graphs_now() {
+  curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c 'import json, sys; print(json.load(sys.stdin)["batching"].get("graphs", 0))'
 }
 echo "== batching: agent trace ($TRACE_ABOUT) at concurrency $BATCH_LEVEL, batched against one row at a time," \
   "$BATCH_ROUNDS round(s), the order alternating${WARMUP_SEED:+, each server warmed up by the trace of seed $WARMUP_SEED first}"
@@ -114,10 +119,11 @@ batch_run() { # batch_run batched|one HEADER(1: print the table's head)
   if [ -n "$WARMUP_TRACE" ]; then
     "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$WARMUP_TRACE" --concurrency "$BATCH_LEVEL" >/dev/null
   fi
+  G0=$(graphs_now)
   if [ "$2" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label"
   else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label" | tail -n +3; fi |
     tee -a "$RESULT"
-  if [ "$1" = batched ]; then ABOUT_BATCHED=$(batching_of); else ABOUT_ONE=$(batching_of); fi
+  if [ "$1" = batched ]; then ABOUT_BATCHED=$(batching_of "$G0"); else ABOUT_ONE=$(batching_of "$G0"); fi
   stop_server
 }
 for round in $(seq 1 "$BATCH_ROUNDS"); do

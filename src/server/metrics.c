@@ -31,6 +31,11 @@ static void counter(squad_buf *b, const char *name, const char *help, uint64_t v
     squad_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, v);
 }
 
+/* A counter whose value is not a whole number (seconds). */
+static void counter_f(squad_buf *b, const char *name, const char *help, double v) {
+    squad_buf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %.9g\n", name, help, name, name, v);
+}
+
 static void gauge(squad_buf *b, const char *name, const char *help, double v) {
     squad_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
@@ -115,6 +120,10 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     gauge(b, "squad_engine_max_rows", "Rows the engine runs at once (--max-rows).", v->sched.max_rows);
     gauge(b, "squad_engine_batch_tokens", "Tokens one engine step runs at most (--batch-tokens).", v->sched.batch_tokens);
     counter(b, "squad_engine_steps_total", "Batched engine steps that ran rows.", v->sched.steps);
+    gauge(b, "squad_device_graphs", "CUDA chunk graphs captured (a batch shape's on its first step).",
+          v->sched.device_stats.graphs);
+    counter_f(b, "squad_device_graph_capture_seconds_total", "Seconds spent capturing CUDA chunk graphs.",
+              v->sched.device_stats.capture_s);
     histogram(b, "squad_engine_step_rows", "Rows one engine step ran.", SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket,
               (double)v->sched.step_rows_sum);
     histogram(b, "squad_engine_step_tokens", "Tokens one engine step computed.", SRV_STEP_TOKENS_BOUNDS,
@@ -201,7 +210,8 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
     histogram_json(b, SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket, (double)v->sched.step_rows_sum);
     squad_buf_puts(b, ", \"tokens_per_step\": ");
     histogram_json(b, SRV_STEP_TOKENS_BOUNDS, v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
-    squad_buf_puts(b, "}");
+    squad_buf_printf(b, ", \"graphs\": %d, \"graph_capture_s\": %.3f}", v->sched.device_stats.graphs,
+                     v->sched.device_stats.capture_s);
     squad_buf_printf(b,
                      ", \"request_memo\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
                      ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}",

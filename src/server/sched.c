@@ -155,13 +155,20 @@ static void publish_engine_stats(srv_sched *s) {
     int n_routes = s->opts.specialists ? squad_specialists_count(s->opts.specialists) : 0;
     if (n_routes > SQUAD_MAX_ROUTES) n_routes = SQUAD_MAX_ROUTES;
     for (int i = 0; i < n_routes; i++) routes[i] = squad_engine_route_rows(s->engine, i);
+    squad_device_stats dev;
+    squad_engine_device_stats(s->engine, &dev);
     pthread_mutex_lock(&s->lock);
     uint64_t before = s->stats.cache.uncacheable;
+    const int graphs_before = s->stats.device_stats.graphs;
     s->stats.cache = st;
+    s->stats.device_stats = dev;
     s->stats.n_routes = n_routes;
     memcpy(s->stats.route_rows, routes, sizeof routes);
     s->stats.rows_in_flight = s->in_flight;
     pthread_mutex_unlock(&s->lock);
+    if (graphs_before > 0 && dev.graphs > graphs_before)
+        sched_log(s, "captured %d CUDA graph(s) for a new batch shape (%d in all, %.2f s capturing so far)",
+                  dev.graphs - graphs_before, dev.graphs, dev.capture_s);
     if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
         sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
                   "are counted in squad_cache_uncacheable_total (raise --cache-mb to cache them)",

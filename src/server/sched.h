@@ -110,6 +110,7 @@ typedef struct srv_sched_stats {
     int n_routes;            /* with specialists: routes (the trunk included); 0 without */
     uint64_t route_rows[SQUAD_MAX_ROUTES]; /* rows the engine answered per route */
     char device[16];
+    squad_device_stats device_stats; /* the engine's, after its last step */
 } srv_sched_stats;
 
 /* What the scheduler's owner learns from the engine once it exists (on the scheduler thread, before
