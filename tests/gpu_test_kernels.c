@@ -362,6 +362,10 @@ int main(void) {
         {4, 2, 32, 8, 128, 300, 100, 300},
         {2, 1, 64, 32, 16, 1000, 16, 957},
         {8, 2, 256, 64, 128, 1500, 128, 1500},
+        /* a prefix ending on a key tile's edge with the row's own keys over several tiles, and hd
+         * 16 (whose copy passes cover more rows than a tile has) over a prefix */
+        {4, 2, 32, 8, 192, 256, 170, 256},
+        {4, 4, 16, 4, 96, 130, 90, 130},
     };
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);

@@ -157,28 +157,69 @@ struct att_smem {
     static constexpr size_t bytes = q_tile + (size_t)ATT_STAGES * 2 * kv_tile;
 };
 
+/* Where a K / V tile comes from: the row's own K / V (key j at index j - split) and, for keys below
+ * split, the cache blob read in place (key j at index j; the own buffer again when split is 0). */
+struct att_kv_src {
+    const bf16 *Kc, *Vc; /* own */
+    const bf16 *Kb, *Vb; /* blob */
+    size_t stride;       /* elements between positions */
+    int split;
+};
+
+/* Which 16-byte pieces of a K / V tile a thread copies: piece tid % SEG of the key rows
+ * tid / SEG + p RP, p < PASSES (a fixed column and a fixed stride, so a tile costs one address
+ * computation and PASSES adds; with HD 16 a pass covers more rows than a tile has and the threads
+ * past the tile's last row copy nothing). The Q tile is copied the same way (its rows: Q_PASSES). */
 template <int HD>
-__device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, const bf16 *blob, int split, size_t stride,
-                                            int kb, int k_hi, int kvh, int tid) {
-    constexpr int LD = HD + 8, SEG = HD / 8;
-    for (int e = tid; e < CU_ATT_BN * SEG; e += ATT_THREADS) {
-        const int i = e / SEG, s = e % SEG;
-        const int j = kb + i;
-        const bool ok = j < k_hi;
-        /* keys below split: the blob's position j; from split on: the row's own index j - split (a key
-         * past k_hi is not read: any valid address) */
-        const bf16 *src = !ok ? base : j < split ? blob + (size_t)j * stride : base + (size_t)(j - split) * stride;
-        src += (size_t)kvh * HD + 8 * s;
-        cu_cp_async16(dst + i * LD + 8 * s, src, ok ? 16 : 0);
+struct att_lanes {
+    static constexpr int LD = HD + 8;
+    static constexpr int SEG = HD / 8;
+    static constexpr int RP = ATT_THREADS / SEG;
+    static constexpr int PASSES = (CU_ATT_BN + RP - 1) / RP;
+    static constexpr int Q_PASSES = (ATT_ROWS + RP - 1) / RP;
+    static_assert(ATT_THREADS % SEG == 0, "a thread's piece is the same in every row");
+};
+
+/* The K and V tile of keys [kb, kb + BN) into Ks / Vs (rows at or past k_hi zero-filled). A tile
+ * wholly inside the key range and on one side of split (all but a block's last tile and the one
+ * that crosses a hit's split) takes the plain path: no per-key choice. dst: the thread's first
+ * piece in the tile (i0 LD + 8 piece); col: its first element in a key row (kvh HD + 8 piece). */
+template <int HD>
+__device__ __forceinline__ void att_load_kv(bf16 *Ks, bf16 *Vs, const att_kv_src &src, int kb, int k_hi, int i0,
+                                            int dst, int col) {
+    typedef att_lanes<HD> L;
+    if (L::RP > CU_ATT_BN && i0 >= CU_ATT_BN) return;
+    const int split = src.split;
+    if (kb + CU_ATT_BN <= k_hi && (kb >= split || kb + CU_ATT_BN <= split)) {
+        const bool own = kb >= split;
+        const size_t r0 = (size_t)((own ? kb - split : kb) + i0) * src.stride + col;
+        const bf16 *k = (own ? src.Kc : src.Kb) + r0, *v = (own ? src.Vc : src.Vb) + r0;
+        const size_t step = (size_t)L::RP * src.stride;
+#pragma unroll
+        for (int p = 0; p < L::PASSES; p++) {
+            cu_cp_async16(Ks + dst + p * L::RP * L::LD, k + p * step, 16);
+            cu_cp_async16(Vs + dst + p * L::RP * L::LD, v + p * step, 16);
+        }
+        return;
+    }
+#pragma unroll
+    for (int p = 0; p < L::PASSES; p++) {
+        const int j = kb + i0 + p * L::RP;
+        const bool ok = j < k_hi, blob = j < split;
+        /* a key past k_hi is not read (zero fill): any valid address */
+        const size_t r = (size_t)(!ok ? 0 : blob ? j : j - split) * src.stride + col;
+        const bf16 *k = (ok && blob ? src.Kb : src.Kc) + r, *v = (ok && blob ? src.Vb : src.Vc) + r;
+        cu_cp_async16(Ks + dst + p * L::RP * L::LD, k, ok ? 16 : 0);
+        cu_cp_async16(Vs + dst + p * L::RP * L::LD, v, ok ? 16 : 0);
     }
 }
 
 /* Row i of a block's Q tile (warp i / 16, its row i % 16) is token t0 + 16 (warp % tpw) + i % 16 of
- * head h0 + warp / tpw, tpw = ATT_WARPS / hpb warps per head. */
-__device__ __forceinline__ void att_row(int i, int t0, int h0, int tpw, int *t, int *h) {
+ * head h0 + warp / tpw, tpw = ATT_WARPS / hpb = 2^tpw_sh warps per head. */
+__device__ __forceinline__ void att_row(int i, int t0, int h0, int tpw, int tpw_sh, int *t, int *h) {
     const int wi = i >> 4;
-    *t = t0 + 16 * (wi % tpw) + (i & 15);
-    *h = h0 + wi / tpw;
+    *t = t0 + 16 * (wi & (tpw - 1)) + (i & 15);
+    *h = h0 + (wi >> tpw_sh);
 }
 
 template <int HD>
@@ -204,8 +245,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         a.Lp += tok0 * a.nh;
     }
     const int start = a.prm->start, len = a.prm->len;
-    const int tpw = ATT_WARPS / a.hpb; /* warps (of 16 tokens) per head */
-    const int bt = 16 * tpw;           /* tokens per block */
+    const int tpw = ATT_WARPS / a.hpb; /* warps (of 16 tokens) per head: a power of two */
+    const int tpw_sh = __ffs(tpw) - 1;
+    const int bt = 16 * tpw; /* tokens per block */
     const int t0 = qt * bt, h0 = hg * a.hpb;
     int k_lo = 0, k_hi = 0;
     if (t0 < len) {
@@ -218,14 +260,14 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         if (a.splits == 1) {
             for (int e = tid; e < ATT_ROWS * HD; e += ATT_THREADS) {
                 int t, h;
-                att_row(e / HD, t0, h0, tpw, &t, &h);
+                att_row(e / HD, t0, h0, tpw, tpw_sh, &t, &h);
                 if (t < a.rows) a.out[((size_t)t * a.nh + h) * HD + e % HD] = __float2bfloat16(0.f);
             }
             return;
         }
         if (tid < ATT_ROWS) {
             int t, h;
-            att_row(tid, t0, h0, tpw, &t, &h);
+            att_row(tid, t0, h0, tpw, tpw_sh, &t, &h);
             if (t < a.rows) {
                 const size_t i = ((size_t)sp * a.total + t) * a.nh + h;
                 a.Mp[i] = -INFINITY;
@@ -236,34 +278,43 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     }
     const int kvh = h0 / (a.nh / a.nkv);
     /* keys below split: the cache blob read in place (never dereferenced when split is 0) */
-    const int split = a.prm->kv_split;
-    const bf16 *const Kc = (const bf16 *)a.prm->kv_work + a.wko, *const Vc = (const bf16 *)a.prm->kv_work + a.wvo;
-    const bf16 *Kb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : Kc;
-    const bf16 *Vb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : Vc;
+    att_kv_src kv;
+    kv.split = a.prm->kv_split;
+    kv.stride = a.kv_stride;
+    kv.Kc = (const bf16 *)a.prm->kv_work + a.wko;
+    kv.Vc = (const bf16 *)a.prm->kv_work + a.wvo;
+    kv.Kb = kv.split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : kv.Kc;
+    kv.Vb = kv.split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : kv.Vc;
+
+    /* this thread's piece of every tile (att_lanes) */
+    typedef att_lanes<HD> LN;
+    const int i0 = tid / LN::SEG, piece = tid % LN::SEG;
+    const int kv_dst = i0 * LD + 8 * piece, kv_col = kvh * HD + 8 * piece;
 
     /* Q tile (rows past the bucket are zero) and the first K / V tiles: one cp.async group */
-    for (int e = tid; e < ATT_ROWS * (HD / 8); e += ATT_THREADS) {
-        const int i = e / (HD / 8), s = e % (HD / 8);
+#pragma unroll
+    for (int p = 0; p < LN::Q_PASSES; p++) {
+        const int i = i0 + p * LN::RP;
+        if (LN::RP * LN::Q_PASSES > ATT_ROWS && i >= ATT_ROWS) break;
         int t, h;
-        att_row(i, t0, h0, tpw, &t, &h);
+        att_row(i, t0, h0, tpw, tpw_sh, &t, &h);
         const bool ok = t < a.rows;
-        const bf16 *src = a.Qb + ((size_t)(ok ? t : 0) * a.nh + h) * HD + 8 * s;
-        cu_cp_async16(Qs + i * LD + 8 * s, src, ok ? 16 : 0);
+        const bf16 *src = a.Qb + ((size_t)(ok ? t : 0) * a.nh + h) * HD + 8 * piece;
+        cu_cp_async16(Qs + i * LD + 8 * piece, src, ok ? 16 : 0);
     }
     {
         bf16 *K0 = (bf16 *)(smem + SM::q_tile);
-        att_load_kv<HD>(K0, Kc, Kb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
-        att_load_kv<HD>(K0 + CU_ATT_BN * LD, Vc, Vb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD>(K0, K0 + CU_ATT_BN * LD, kv, k_lo, k_hi, i0, kv_dst, kv_col);
     }
     cu_cp_async_commit();
 
     const int r = lane >> 2, c = lane & 3;
-    const int h = h0 + w / tpw;
-    const int row0 = t0 + 16 * (w % tpw) + r, row1 = row0 + 8;
+    const int h = h0 + (w >> tpw_sh);
+    const int row0 = t0 + 16 * (w & (tpw - 1)) + r, row1 = row0 + 8;
     /* exclusive key limits of the two rows this lane holds, and of the warp's last row */
     const int lim0 = min(k_hi, start + min(row0, len - 1) + 1);
     const int lim1 = min(k_hi, start + min(row1, len - 1) + 1);
-    const int wt0 = t0 + 16 * (w % tpw); /* the warp's first token; all past the bucket: no work */
+    const int wt0 = t0 + 16 * (w & (tpw - 1)); /* the warp's first token; all past the bucket: no work */
     const int limw = wt0 >= a.rows ? k_lo : min(k_hi, start + min(wt0 + 15, len - 1) + 1);
     const int limf = min(k_hi, start + min(wt0, len - 1) + 1); /* keys below it: unmasked for every row */
     float O[HD / 8][4];
@@ -279,8 +330,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         __syncthreads();
         if (kb + CU_ATT_BN < k_hi) {
             bf16 *Kn = (bf16 *)(smem + SM::q_tile + (size_t)(stage ^ 1) * 2 * SM::kv_tile);
-            att_load_kv<HD>(Kn, Kc, Kb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
-            att_load_kv<HD>(Kn + CU_ATT_BN * LD, Vc, Vb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD>(Kn, Kn + CU_ATT_BN * LD, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
             cu_cp_async_commit();
         }
         /* every key of this tile is past the warp's rows (causal): it would change nothing; the
