@@ -33,15 +33,11 @@
  * A padding row (len 0) writes zeros and touches no K / V.
  * The host reference the tests compare with, cu_ref_attn, is in cuda_test_ref.cu (tests only).
  */
-#include "cuda_internal.cuh"
+#include "k_attn.cuh"
 
 #include <math.h>
 #include <stdlib.h>
 
-#define ATT_WARPS 8 /* attn_fwd: each warp takes 16 query rows (tokens of one head) */
-#define ATT_THREADS (32 * ATT_WARPS)
-#define ATT_ROWS (16 * ATT_WARPS) /* query rows (token, head) per attn_fwd block */
-#define ATT_STAGES 2              /* K / V tiles in shared memory: the next loads while this one runs */
 #define ATT_BLOCKS_PER_SM 1       /* resident attn_fwd blocks per SM at hd 256 (registers, shared memory) */
 #define ATT_SPLIT_MIN_KEYS 256
 #define ATT_SPLIT_MAX 64
@@ -128,25 +124,6 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
 
 /* ---- 2. flash attention over [cache | chunk], one split of the keys ------------------------------ */
 
-struct attn_fwd_args {
-    const bf16 *Qb;
-    ptrdiff_t wko, wvo; /* this layer's K and V in the working buffer prm->kv_work */
-    ptrdiff_t bko, bvo; /* this layer's K and V in the blob prm->kv_src (keys below prm->kv_split) */
-    size_t kv_stride;
-    const cu_chunk_params *prm; /* the batch's rows */
-    int rows, nh, nkv, splits;  /* rows: tokens per row (the bucket) */
-    int nrows, tiles;           /* rows of the batch; query tiles per row */
-    size_t total;               /* tokens of the batch: the partials' stride between splits */
-    int hpb;          /* query heads per block (they share one kv head); ATT_WARPS / hpb warps of 16 tokens each */
-    float scale_log2; /* hd^-1/2 * log2(e) */
-    float *Op;        /* [splits][rows][nh][hd] */
-    float *Mp, *Lp;   /* [splits][rows][nh] */
-    /* splits == 1: the block writes out = O / l * sigmoid(gate) itself (no partials, no combine) */
-    const bf16 *QKV;
-    int ld;
-    bf16 *out; /* [rows][nh hd] */
-};
-
 /* Shared memory: Q [ATT_ROWS][LD], then ATT_STAGES x (K [BN][LD], V [BN][LD]); LD pads a row by 16
  * bytes so the 8 rows of an ldmatrix land in distinct banks. hd 256: 66 KB + 2 x 66 KB = 198 KB. */
 template <int HD>
@@ -157,71 +134,6 @@ struct att_smem {
     static constexpr size_t bytes = q_tile + (size_t)ATT_STAGES * 2 * kv_tile;
 };
 
-/* Where a K / V tile comes from: the row's own K / V (key j at index j - split) and, for keys below
- * split, the cache blob read in place (key j at index j; the own buffer again when split is 0). */
-struct att_kv_src {
-    const bf16 *Kc, *Vc; /* own */
-    const bf16 *Kb, *Vb; /* blob */
-    size_t stride;       /* elements between positions */
-    int split;
-};
-
-/* Which 16-byte pieces of a K / V tile a thread copies: piece tid % SEG of the key rows
- * tid / SEG + p RP, p < PASSES (a fixed column and a fixed stride, so a tile costs one address
- * computation and PASSES adds; with HD 16 a pass covers more rows than a tile has and the threads
- * past the tile's last row copy nothing). The Q tile is copied the same way (its rows: Q_PASSES). */
-template <int HD>
-struct att_lanes {
-    static constexpr int LD = HD + 8;
-    static constexpr int SEG = HD / 8;
-    static constexpr int RP = ATT_THREADS / SEG;
-    static constexpr int PASSES = (CU_ATT_BN + RP - 1) / RP;
-    static constexpr int Q_PASSES = (ATT_ROWS + RP - 1) / RP;
-    static_assert(ATT_THREADS % SEG == 0, "a thread's piece is the same in every row");
-};
-
-/* The K and V tile of keys [kb, kb + BN) into Ks / Vs (rows at or past k_hi zero-filled). A tile
- * wholly inside the key range and on one side of split (all but a block's last tile and the one
- * that crosses a hit's split) takes the plain path: no per-key choice. dst: the thread's first
- * piece in the tile (i0 LD + 8 piece); col: its first element in a key row (kvh HD + 8 piece). */
-template <int HD>
-__device__ __forceinline__ void att_load_kv(bf16 *Ks, bf16 *Vs, const att_kv_src &src, int kb, int k_hi, int i0,
-                                            int dst, int col) {
-    typedef att_lanes<HD> L;
-    if (L::RP > CU_ATT_BN && i0 >= CU_ATT_BN) return;
-    const int split = src.split;
-    if (kb + CU_ATT_BN <= k_hi && (kb >= split || kb + CU_ATT_BN <= split)) {
-        const bool own = kb >= split;
-        const size_t r0 = (size_t)((own ? kb - split : kb) + i0) * src.stride + col;
-        const bf16 *k = (own ? src.Kc : src.Kb) + r0, *v = (own ? src.Vc : src.Vb) + r0;
-        const size_t step = (size_t)L::RP * src.stride;
-#pragma unroll
-        for (int p = 0; p < L::PASSES; p++) {
-            cu_cp_async16(Ks + dst + p * L::RP * L::LD, k + p * step, 16);
-            cu_cp_async16(Vs + dst + p * L::RP * L::LD, v + p * step, 16);
-        }
-        return;
-    }
-#pragma unroll
-    for (int p = 0; p < L::PASSES; p++) {
-        const int j = kb + i0 + p * L::RP;
-        const bool ok = j < k_hi, blob = j < split;
-        /* a key past k_hi is not read (zero fill): any valid address */
-        const size_t r = (size_t)(!ok ? 0 : blob ? j : j - split) * src.stride + col;
-        const bf16 *k = (ok && blob ? src.Kb : src.Kc) + r, *v = (ok && blob ? src.Vb : src.Vc) + r;
-        cu_cp_async16(Ks + dst + p * L::RP * L::LD, k, ok ? 16 : 0);
-        cu_cp_async16(Vs + dst + p * L::RP * L::LD, v, ok ? 16 : 0);
-    }
-}
-
-/* Row i of a block's Q tile (warp i / 16, its row i % 16) is token t0 + 16 (warp % tpw) + i % 16 of
- * head h0 + warp / tpw, tpw = ATT_WARPS / hpb = 2^tpw_sh warps per head. */
-__device__ __forceinline__ void att_row(int i, int t0, int h0, int tpw, int tpw_sh, int *t, int *h) {
-    const int wi = i >> 4;
-    *t = t0 + 16 * (wi & (tpw - 1)) + (i & 15);
-    *h = h0 + (wi >> tpw_sh);
-}
-
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args a) {
     typedef att_smem<HD> SM;
@@ -229,65 +141,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     constexpr int LD = SM::LD;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;
-    /* blockIdx.x: the head group (fastest, so a kv head's groups run side by side); blockIdx.y
-     * counts query tiles from the last: the longest key ranges start first (causal balance). */
-    /* blockIdx.y = (tiles from the last) x nrows + row: every row's last tile first */
-    const int hg = blockIdx.x, row = blockIdx.y % a.nrows, qt = a.tiles - 1 - blockIdx.y / a.nrows, sp = blockIdx.z;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    a.prm += row;
-    {
-        const size_t tok0 = (size_t)row * a.rows;
-        a.Qb += tok0 * a.nh * HD;
-        a.QKV += tok0 * a.ld;
-        a.out += tok0 * a.nh * HD;
-        a.Op += tok0 * a.nh * HD;
-        a.Mp += tok0 * a.nh;
-        a.Lp += tok0 * a.nh;
-    }
-    const int start = a.prm->start, len = a.prm->len;
-    const int tpw = ATT_WARPS / a.hpb; /* warps (of 16 tokens) per head: a power of two */
-    const int tpw_sh = __ffs(tpw) - 1;
-    const int bt = 16 * tpw; /* tokens per block */
-    const int t0 = qt * bt, h0 = hg * a.hpb;
-    int k_lo = 0, k_hi = 0;
-    if (t0 < len) {
-        const int kend = start + min(t0 + bt, len);
-        const int per = ((kend + a.splits - 1) / a.splits + CU_ATT_BN - 1) / CU_ATT_BN * CU_ATT_BN;
-        k_lo = sp * per;
-        k_hi = min(kend, k_lo + per);
-    }
-    if (k_lo >= k_hi) { /* nothing for this split: an empty partial (or zeros, written directly) */
-        if (a.splits == 1) {
-            for (int e = tid; e < ATT_ROWS * HD; e += ATT_THREADS) {
-                int t, h;
-                att_row(e / HD, t0, h0, tpw, tpw_sh, &t, &h);
-                if (t < a.rows) a.out[((size_t)t * a.nh + h) * HD + e % HD] = __float2bfloat16(0.f);
-            }
-            return;
-        }
-        if (tid < ATT_ROWS) {
-            int t, h;
-            att_row(tid, t0, h0, tpw, tpw_sh, &t, &h);
-            if (t < a.rows) {
-                const size_t i = ((size_t)sp * a.total + t) * a.nh + h;
-                a.Mp[i] = -INFINITY;
-                a.Lp[i] = 0.f;
-            }
-        }
-        return;
-    }
+    att_block b;
+    if (!att_begin<HD>(a, b)) return;
+    const int start = b.start, len = b.len, tpw = b.tpw, tpw_sh = b.tpw_sh, t0 = b.t0, h0 = b.h0;
+    const int k_lo = b.k_lo, k_hi = b.k_hi;
     const int kvh = h0 / (a.nh / a.nkv);
-    /* keys below split: the cache blob read in place (never dereferenced when split is 0) */
-    att_kv_src kv;
-    kv.split = a.prm->kv_split;
-    kv.stride = a.kv_stride;
-    kv.Kc = (const bf16 *)a.prm->kv_work + a.wko;
-    kv.Vc = (const bf16 *)a.prm->kv_work + a.wvo;
-    kv.Kb = kv.split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : kv.Kc;
-    kv.Vb = kv.split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : kv.Vc;
+    const att_kv_src kv = att_sources(a);
 
     /* this thread's piece of every tile (att_lanes) */
     typedef att_lanes<HD> LN;
+    constexpr int DSTEP = LN::RP * LD;
     const int i0 = tid / LN::SEG, piece = tid % LN::SEG;
     const int kv_dst = i0 * LD + 8 * piece, kv_col = kvh * HD + 8 * piece;
 
@@ -304,7 +168,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     }
     {
         bf16 *K0 = (bf16 *)(smem + SM::q_tile);
-        att_load_kv<HD>(K0, K0 + CU_ATT_BN * LD, kv, k_lo, k_hi, i0, kv_dst, kv_col);
+        att_load_kv<HD, DSTEP>(K0, K0 + CU_ATT_BN * LD, kv, k_lo, k_hi, i0, kv_dst, kv_col);
     }
     cu_cp_async_commit();
 
@@ -330,7 +194,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         __syncthreads();
         if (kb + CU_ATT_BN < k_hi) {
             bf16 *Kn = (bf16 *)(smem + SM::q_tile + (size_t)(stage ^ 1) * 2 * SM::kv_tile);
-            att_load_kv<HD>(Kn, Kn + CU_ATT_BN * LD, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
+            att_load_kv<HD, DSTEP>(Kn, Kn + CU_ATT_BN * LD, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
             cu_cp_async_commit();
         }
         /* every key of this tile is past the warp's rows (causal): it would change nothing; the
@@ -420,53 +284,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
                 cu_mma16816(O[2 * np + 1], pa[ks], vb[2], vb[3]);
             }
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (a.splits == 1) { /* finish here: normalise, gate, bf16 */
-        const int rw[2] = {row0, row1};
-        const float il[2] = {l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f};
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int t = rw[hh];
-            if (t >= a.rows) continue;
-            const bool real = t < len;
-            const bf16 *gate = a.QKV + (size_t)t * a.ld + (size_t)h * 2 * HD + HD;
-            bf16 *o = a.out + ((size_t)t * a.nh + h) * HD;
-#pragma unroll
-            for (int j = 0; j < HD / 8; j++) {
-                const int d = 8 * j + 2 * c;
-                float v0 = 0.f, v1 = 0.f;
-                if (real) {
-                    v0 = O[j][2 * hh] * il[hh] * cu_sigmoid(__bfloat162float(gate[d]));
-                    v1 = O[j][2 * hh + 1] * il[hh] * cu_sigmoid(__bfloat162float(gate[d + 1]));
-                }
-                *(uint32_t *)(o + d) = cu_pack_bf16(v0, v1);
-            }
-        }
-        return;
-    }
-    if (row0 < a.rows) {
-        const size_t i = ((size_t)sp * a.total + row0) * a.nh + h;
-        float *o = a.Op + i * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][0], O[j][1]);
-        if (c == 0) {
-            a.Mp[i] = m0;
-            a.Lp[i] = l0;
-        }
-    }
-    if (row1 < a.rows) {
-        const size_t i = ((size_t)sp * a.total + row1) * a.nh + h;
-        float *o = a.Op + i * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][2], O[j][3]);
-        if (c == 0) {
-            a.Mp[i] = m1;
-            a.Lp[i] = l1;
-        }
-    }
+    att_finish<HD>(a, b, O, m0, m1, l0, l1, row0, row1, h, c);
 }
 
 /* ---- 3. merge the splits, * sigmoid(gate): one warp per (token, head) -------------------------- */
