@@ -480,17 +480,29 @@ int cu_attn_supported(const cu_attn_dims *d) {
     return 0;
 }
 
-int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
+/* The wgmma forward is an experiment switch for now: SQUAD_ATT_SM90=1 asks for it (where it runs). */
+static int att_sm90_wanted(void) {
+    const char *e = getenv("SQUAD_ATT_SM90");
+    return e && e[0] == '1';
+}
+
+int cu_attn_init(cu_attn_dims *d, squad_err *err) {
+    d->sm90 = 0;
     if (d->f32) return 0;
+    int found = 0;
 #define ATT_INIT(HD_)                                                                                              \
     if (d->hd == HD_) {                                                                                            \
         CU_TRY(cudaFuncSetAttribute(attn_fwd_kernel<HD_>, cudaFuncAttributeMaxDynamicSharedMemorySize,             \
                                     (int)att_smem<HD_>::bytes));                                                   \
-        return 0;                                                                                                  \
+        found = 1;                                                                                                 \
     }
     ATT_SHAPES(ATT_INIT)
 #undef ATT_INIT
-    return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)", d->hd);
+    if (!found)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)",
+                      d->hd);
+    if (cu_attn_sm90_takes(d->hd) && att_sm90_wanted()) return cu_attn_sm90_probe(&d->sm90, err);
+    return 0;
 }
 
 /* Query heads per attn_fwd block: the largest power of two <= ATT_WARPS that divides the GQA group
@@ -573,7 +585,12 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
     if (d->hd == HD_) {                                                                   \
-        if (run & CU_ATT_FWD) attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa); \
+        if (!(run & CU_ATT_FWD)) {                                                        \
+        } else if (d->sm90 && cu_attn_sm90_takes(HD_)) {                                  \
+            cu_attn_sm90_launch(&fa, grid, st);                                           \
+        } else {                                                                          \
+            attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa);    \
+        }                                                                                 \
         launched = 1;                                                                     \
     }
     ATT_SHAPES(ATT_RUN)

@@ -237,4 +237,13 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
     }
 }
 
+/* ---- k_attn_sm90.cu: the forward on wgmma (sm_90a) ---- */
+/* Whether the wgmma forward runs here (*ok: compute capability 9.0 and this build's sm_90a cubin
+ * loads); sets its shared-memory limit when it does. */
+int cu_attn_sm90_probe(int *ok, squad_err *err);
+/* Whether it takes this head_dim. */
+int cu_attn_sm90_takes(int hd);
+/* attn_fwd's launch, on wgmma (same grid, same arguments, same outputs). */
+void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, cudaStream_t st);
+
 #endif
