@@ -369,13 +369,14 @@ int main(void) {
     };
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);
-    /* the bf16 forward on wgmma (head_dim 256 on an H100 / H200 class GPU): the same cases */
-    setenv("SQUAD_ATT_SM90", "1", 1);
-    {
+    /* the bf16 forward on wgmma (head_dim 256 on an H100 / H200 class GPU), both variants: the same
+     * cases */
+    for (int v = 1; v <= 2; v++) {
+        setenv("SQUAD_ATT_SM90", v == 1 ? "1" : "2", 1);
         squad_err err = {0};
         const int on = squad_cuda_test_attn_sm90(256, &err);
         CHECKF(on >= 0, "squad_cuda_test_attn_sm90: %s", err.msg);
-        printf("attention forward on wgmma (SQUAD_ATT_SM90=1): %s\n", on == 1 ? "runs here" : "not on this GPU");
+        printf("attention forward on wgmma (SQUAD_ATT_SM90=%d): %s\n", v, on == 1 ? "runs here" : "not on this GPU");
         if (on == 1)
             for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], 0);
     }

@@ -272,7 +272,7 @@ extern "C" int squad_cuda_test_attn_sm90(int hd, squad_err *err) {
     d.hd = hd;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: head_dim %d not supported", hd);
     const int rc = cu_attn_init(&d, err);
-    return rc ? -1 : d.sm90;
+    return rc ? -1 : d.sm90 != 0;
 }
 
 /* ---- the specialists' low-rank term ---- */

@@ -480,10 +480,13 @@ int cu_attn_supported(const cu_attn_dims *d) {
     return 0;
 }
 
-/* The wgmma forward is an experiment switch for now: SQUAD_ATT_SM90=1 asks for it (where it runs). */
+/* The wgmma forward is an experiment switch for now: SQUAD_ATT_SM90=1 (P V once P is whole) or 2
+ * (P V slice by slice) asks for it, where it runs; 0 or unset: mma.sync. */
 static int att_sm90_wanted(void) {
     const char *e = getenv("SQUAD_ATT_SM90");
-    return e && e[0] == '1';
+    if (!e) return 0;
+    const int v = atoi(e);
+    return v == CU_ATT_SM90_WHOLE || v == CU_ATT_SM90_SLICED ? v : 0;
 }
 
 int cu_attn_init(cu_attn_dims *d, squad_err *err) {
@@ -501,8 +504,12 @@ int cu_attn_init(cu_attn_dims *d, squad_err *err) {
     if (!found)
         return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)",
                       d->hd);
-    if (cu_attn_sm90_takes(d->hd) && att_sm90_wanted()) return cu_attn_sm90_probe(&d->sm90, err);
-    return 0;
+    const int want = cu_attn_sm90_takes(d->hd) ? att_sm90_wanted() : 0;
+    if (!want) return 0;
+    int ok = 0;
+    const int rc = cu_attn_sm90_probe(&ok, err);
+    d->sm90 = ok ? want : 0;
+    return rc;
 }
 
 /* Query heads per attn_fwd block: the largest power of two <= ATT_WARPS that divides the GQA group
@@ -587,7 +594,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     if (d->hd == HD_) {                                                                   \
         if (!(run & CU_ATT_FWD)) {                                                        \
         } else if (d->sm90 && cu_attn_sm90_takes(HD_)) {                                  \
-            cu_attn_sm90_launch(&fa, grid, st);                                           \
+            cu_attn_sm90_launch(&fa, grid, d->sm90, st);                                  \
         } else {                                                                          \
             attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa);    \
         }                                                                                 \

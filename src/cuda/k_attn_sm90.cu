@@ -54,6 +54,7 @@ __device__ __forceinline__ void ats_commit() { asm volatile("wgmma.commit_group.
 __device__ __forceinline__ void ats_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 /* Keeps the compiler from moving an accumulator's use above the wait. */
 __device__ __forceinline__ void ats_pin(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void ats_pin_r(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
 /* The thread's copies into shared memory, visible to the async proxy (wgmma's operand reads). */
 __device__ __forceinline__ void ats_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -124,6 +125,7 @@ __global__ void k_attn_sm90_probe(int *out) {
 #endif
 }
 
+template <bool SLICED>
 __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = ATS_HD;
@@ -245,18 +247,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
         const float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
         m0 = nm0;
         m1 = nm1;
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            S[j][0] = exp2f(fmaf(S[j][0], a.scale_log2, -u0));
-            S[j][1] = exp2f(fmaf(S[j][1], a.scale_log2, -u0));
-            S[j][2] = exp2f(fmaf(S[j][2], a.scale_log2, -u1));
-            S[j][3] = exp2f(fmaf(S[j][3], a.scale_log2, -u1));
-            s0 += S[j][0] + S[j][1];
-            s1 += S[j][2] + S[j][3];
-        }
-        l0 = l0 * al0 + s0;
-        l1 = l1 * al1 + s1;
         if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* once the maxima settle: skipped */
 #pragma unroll
             for (int j = 0; j < HD / 8; j++) {
@@ -266,24 +256,50 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
                 O[j][3] *= al1;
             }
         }
+        /* P = 2^(S scale - m) in bf16, 16 keys (two n8 column groups of S) a slice; SLICED issues each
+         * slice's P V as soon as it is packed, so the exponentials of the next slices run while the
+         * tensor cores work (each slice's registers stay untouched until the wait below) */
+        float s0 = 0.f, s1 = 0.f;
         uint32_t pa[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
+#pragma unroll
+            for (int j = 2 * ks; j < 2 * ks + 2; j++) {
+                S[j][0] = exp2f(fmaf(S[j][0], a.scale_log2, -u0));
+                S[j][1] = exp2f(fmaf(S[j][1], a.scale_log2, -u0));
+                S[j][2] = exp2f(fmaf(S[j][2], a.scale_log2, -u1));
+                S[j][3] = exp2f(fmaf(S[j][3], a.scale_log2, -u1));
+                s0 += S[j][0] + S[j][1];
+                s1 += S[j][2] + S[j][3];
+            }
             pa[ks][0] = cu_pack_bf16(S[2 * ks][0], S[2 * ks][1]);
             pa[ks][1] = cu_pack_bf16(S[2 * ks][2], S[2 * ks][3]);
             pa[ks][2] = cu_pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
             pa[ks][3] = cu_pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
+            if (SLICED) { /* 16 keys: two 8-row groups of every V panel */
+                ats_fence();
+                ats_pv(O, pa[ks], ats_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
+            }
         }
-        ats_fence();
+        if (!SLICED) {
+            ats_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) /* 16 keys: two 8-row groups of every panel */
-            ats_pv(O, pa[ks], ats_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
+            for (int ks = 0; ks < 4; ks++)
+                ats_pv(O, pa[ks], ats_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
+        }
         ats_commit();
+        l0 = l0 * al0 + s0;
+        l1 = l1 * al1 + s1;
         ats_wait_all();
+        /* the accumulators and the P fragments stay where the wgmma read and wrote them until here */
 #pragma unroll
         for (int j = 0; j < HD / 8; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) ats_pin(O[j][e]);
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ats_pin_r(pa[ks][e]);
     }
     att_finish<HD>(a, b, O, m0, m1, l0, l1, row0, row1, h, c);
 #else
@@ -308,7 +324,10 @@ int cu_attn_sm90_probe(int *ok, squad_err *err) {
     cudaFree(d);
     if (e != cudaSuccess) return cu_fail(err, "k_attn_sm90_probe", e, __FILE__, __LINE__);
     if (h == 1) {
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
+        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    ATS_SMEM));
+        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    ATS_SMEM));
         *ok = 1;
     }
     return 0;
@@ -316,6 +335,9 @@ int cu_attn_sm90_probe(int *ok, squad_err *err) {
 
 int cu_attn_sm90_takes(int hd) { return hd == ATS_HD; }
 
-void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, cudaStream_t st) {
-    attn_fwd_sm90_kernel<<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
+void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, int variant, cudaStream_t st) {
+    if (variant == CU_ATT_SM90_SLICED)
+        attn_fwd_sm90_kernel<true><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
+    else
+        attn_fwd_sm90_kernel<false><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
 }
