@@ -367,6 +367,10 @@ int main(void) {
         {4, 2, 32, 8, 192, 256, 170, 256},
         {4, 4, 16, 4, 96, 130, 90, 130},
     };
+    /* the bf16 forward on mma.sync for every head_dim first (head_dim 256 runs on wgmma by default
+     * where it can) */
+    setenv("SQUAD_ATT_SM90", "0", 1);
+    printf("attention forward on mma.sync (SQUAD_ATT_SM90=0)\n");
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);
     /* the bf16 forward on wgmma (head_dim 256 on an H100 / H200 class GPU), both variants: the same

@@ -24,6 +24,12 @@
  * 3. attn_combine (one warp per token and head, only when the keys were split): merges the splits and
  *    multiplies by sigmoid(gate), bf16 out for o_proj. With one split (long chunks: enough
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
+ *    On compute capability 9.0 with head_dim 256 the same block runs on wgmma instead
+ *    (k_attn_sm90.cu, chosen in cu_attn_init; what the two share is in k_attn.cuh). Each thread
+ *    copies fixed 16-byte pieces of a tile (one column, rows 8 apart at hd 256), so a tile's copies
+ *    cost one address and a few adds; only a block's last tile and the one crossing a hit's split
+ *    choose per key between the blob and the own buffer (per-key choices with branches and
+ *    divisions made batching's attn_fwd 10-25 % slower than the single-row kernel's).
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
  * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
  * A batch: every kernel takes all its rows in one launch (prep, exact: blockIdx.y / .z is the row;
@@ -480,11 +486,13 @@ int cu_attn_supported(const cu_attn_dims *d) {
     return 0;
 }
 
-/* The wgmma forward is an experiment switch for now: SQUAD_ATT_SM90=1 (P V once P is whole) or 2
- * (P V slice by slice) asks for it, where it runs; 0 or unset: mma.sync. */
+/* The bf16 forward runs on wgmma wherever it can (head_dim 256 on compute capability 9.0, this
+ * build's sm_90a code loading); SQUAD_ATT_SM90 (an experiment switch) picks: 0 mma.sync everywhere,
+ * 1 (the default) P V once P is whole, 2 P V slice by slice. */
+#define ATT_SM90_DEFAULT CU_ATT_SM90_WHOLE
 static int att_sm90_wanted(void) {
     const char *e = getenv("SQUAD_ATT_SM90");
-    if (!e) return 0;
+    if (!e || !e[0]) return ATT_SM90_DEFAULT;
     const int v = atoi(e);
     return v == CU_ATT_SM90_WHOLE || v == CU_ATT_SM90_SLICED ? v : 0;
 }

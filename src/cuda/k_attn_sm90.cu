@@ -25,6 +25,14 @@
  *     fences (fence.proxy.async) after its copies land, before the barrier that releases the tile.
  *   - A tile wholly past a warpgroup's rows is skipped by the warpgroup (wgmma is warpgroup-wide);
  *     masked rows inside it are what the per-row limits mask.
+ *   - Order within a tile: S's wgmma group is issued, then the next tile's copies (into the other
+ *     stage), then the wait; P V either as one group once P is packed (CU_ATT_SM90_WHOLE) or slice
+ *     by slice, 16 keys each, so the exponentials of the later slices overlap the earlier slices'
+ *     wgmma (CU_ATT_SM90_SLICED). Registers an in-flight wgmma reads (P) or writes (S, O) are pinned
+ *     (empty asm) until its wait, so the compiler cannot reuse or move them.
+ *   - Both warpgroups still meet at one barrier a tile (the stages are shared): the softmax of one
+ *     does not overlap the other's wgmma by design, only by chance (a producer warp with
+ *     per-stage barriers and ping-pong between the warpgroups is the next step).
  */
 #include "k_attn.cuh"
 
@@ -195,12 +203,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
         cu_cp_async_wait<0>();
         ats_proxy_fence();
         __syncthreads();
-        if (kb + CU_ATT_BN < k_hi) {
-            bf16 *Kn = (bf16 *)(smem + ATS_Q_BYTES + (size_t)(stage ^ 1) * 2 * ATS_KV_TILE);
-            att_load_kv<HD, DSTEP>(Kn, Kn + ATS_KV_TILE / 2, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
-            cu_cp_async_commit();
+        /* S = Q K^T goes to the tensor cores first, then the next tile's copies are issued while it
+         * runs (they fill the other stage); a warpgroup past the tile (causal) only copies */
+        bf16 *const Kn = (bf16 *)(smem + ATS_Q_BYTES + (size_t)(stage ^ 1) * 2 * ATS_KV_TILE);
+        const bool next = kb + CU_ATT_BN < k_hi;
+        if (kb >= limg) { /* the same in the whole warpgroup */
+            if (next) {
+                att_load_kv<HD, DSTEP>(Kn, Kn + ATS_KV_TILE / 2, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
+                cu_cp_async_commit();
+            }
+            continue;
         }
-        if (kb >= limg) continue; /* past the warpgroup's rows (causal) */
         const uint32_t k_base = cu_smem_addr(smem + ATS_Q_BYTES + (size_t)stage * 2 * ATS_KV_TILE);
         const uint32_t v_base = k_base + ATS_KV_TILE;
         float S[8][4];
@@ -214,6 +227,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
                    ats_desc(k_base + (ks >> 2) * ATS_KV_PANEL_BYTES + off, 16, 1024), ks > 0);
         }
         ats_commit();
+        if (next) {
+            att_load_kv<HD, DSTEP>(Kn, Kn + ATS_KV_TILE / 2, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
+            cu_cp_async_commit();
+        }
         ats_wait_all();
 #pragma unroll
         for (int j = 0; j < 8; j++)
