@@ -362,9 +362,31 @@ int main(void) {
         {4, 2, 32, 8, 128, 300, 100, 300},
         {2, 1, 64, 32, 16, 1000, 16, 957},
         {8, 2, 256, 64, 128, 1500, 128, 1500},
+        /* a prefix ending on a key tile's edge with the row's own keys over several tiles, and hd
+         * 16 (whose copy passes cover more rows than a tile has) over a prefix */
+        {4, 2, 32, 8, 192, 256, 170, 256},
+        {4, 4, 16, 4, 96, 130, 90, 130},
     };
+    /* the bf16 forward on mma.sync for every head_dim first (head_dim 256 runs on wgmma by default
+     * where it can) */
+    setenv("SQUAD_ATT_SM90", "0", 1);
+    printf("attention forward on mma.sync (SQUAD_ATT_SM90=0)\n");
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);
+    /* the bf16 forward on wgmma (head_dim 256 on an H100 / H200 class GPU), each variant: the same
+     * cases */
+    for (int v = 1; v <= 3; v++) {
+        char vs[4];
+        snprintf(vs, sizeof vs, "%d", v);
+        setenv("SQUAD_ATT_SM90", vs, 1);
+        squad_err err = {0};
+        const int on = squad_cuda_test_attn_sm90(256, &err);
+        CHECKF(on >= 0, "squad_cuda_test_attn_sm90: %s", err.msg);
+        printf("attention forward on wgmma (SQUAD_ATT_SM90=%d): %s\n", v, on == 1 ? "runs here" : "not on this GPU");
+        if (on == 1)
+            for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], 0);
+    }
+    unsetenv("SQUAD_ATT_SM90");
     test_small(&r);
     test_gemm_shapes(&r);
     return test_summary("gpu_test_kernels");

@@ -468,10 +468,12 @@ typedef struct cu_attn_dims {
     size_t kv_stride; /* elements between positions in the K / V cache (position-major cache) */
     int f32;          /* the exact path: fp32 QKV, K / V cache, q scratch and out; fp32 attention */
     unsigned stages;  /* the bf16 path's kernels that run (CU_ATT_*); 0: all (see cu_gdn_dims.stages) */
+    int sm90;         /* set by cu_attn_init: the forward runs on wgmma (k_attn_sm90.cu; its variant), 0: not */
 } cu_attn_dims;
 enum { CU_ATT_PREP = 1, CU_ATT_FWD = 2, CU_ATT_COMBINE = 4 };
 int cu_attn_supported(const cu_attn_dims *d);
-int cu_attn_init(const cu_attn_dims *d, squad_err *err);
+/* Sets the kernels up for these dims (and d->sm90: whether the forward runs on wgmma). */
+int cu_attn_init(cu_attn_dims *d, squad_err *err);
 /* Splits of the key range for a batch of nrows rows of `bucket` query tokens each and keys up to
  * `span`. */
 int cu_attn_splits(const cu_attn_dims *d, int nrows, int bucket, int span, int n_sm,

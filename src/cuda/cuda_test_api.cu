@@ -265,6 +265,16 @@ extern "C" int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err) {
     return rc;
 }
 
+extern "C" int squad_cuda_test_attn_sm90(int hd, squad_err *err) {
+    cu_attn_dims d;
+    memset(&d, 0, sizeof d);
+    d.nh = d.nkv = 1;
+    d.hd = hd;
+    if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: head_dim %d not supported", hd);
+    const int rc = cu_attn_init(&d, err);
+    return rc ? -1 : d.sm90 != 0;
+}
+
 /* ---- the specialists' low-rank term ---- */
 
 static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {

@@ -55,6 +55,10 @@ typedef struct cu_ref_attn_args {
 } cu_ref_attn_args;
 void cu_ref_attn(const cu_ref_attn_args *a);
 int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);
+/* Whether the bf16 attention forward of head_dim hd runs on wgmma here (k_attn_sm90.cu: the
+ * SQUAD_ATT_SM90 switch as the backend reads it, and a GPU whose sm_90a code loads): 1 or 0, < 0 on
+ * an error. */
+int squad_cuda_test_attn_sm90(int hd, squad_err *err);
 
 /* ---- the specialists' low-rank term of one GEMM output (k_lora.cu) ---- */
 #define CU_REF_LORA_MAX_PARTS 4

@@ -24,6 +24,12 @@
  * 3. attn_combine (one warp per token and head, only when the keys were split): merges the splits and
  *    multiplies by sigmoid(gate), bf16 out for o_proj. With one split (long chunks: enough
  *    blocks already) attn_fwd normalises, gates and writes the output itself.
+ *    On compute capability 9.0 with head_dim 256 the same block runs on wgmma instead
+ *    (k_attn_sm90.cu, chosen in cu_attn_init; what the two share is in k_attn.cuh). Each thread
+ *    copies fixed 16-byte pieces of a tile (one column, rows 8 apart at hd 256), so a tile's copies
+ *    cost one address and a few adds; only a block's last tile and the one crossing a hit's split
+ *    choose per key between the blob and the own buffer (per-key choices with branches and
+ *    divisions made batching's attn_fwd 10-25 % slower than the single-row kernel's).
  * The exact path (precision EXACT) runs attn_prep on fp32 activations and attn_exact (one warp per
  * query row and head, fp32 online softmax over all keys, gate fused) instead of 2 and 3.
  * A batch: every kernel takes all its rows in one launch (prep, exact: blockIdx.y / .z is the row;
@@ -33,15 +39,11 @@
  * A padding row (len 0) writes zeros and touches no K / V.
  * The host reference the tests compare with, cu_ref_attn, is in cuda_test_ref.cu (tests only).
  */
-#include "cuda_internal.cuh"
+#include "k_attn.cuh"
 
 #include <math.h>
 #include <stdlib.h>
 
-#define ATT_WARPS 8 /* attn_fwd: each warp takes 16 query rows (tokens of one head) */
-#define ATT_THREADS (32 * ATT_WARPS)
-#define ATT_ROWS (16 * ATT_WARPS) /* query rows (token, head) per attn_fwd block */
-#define ATT_STAGES 2              /* K / V tiles in shared memory: the next loads while this one runs */
 #define ATT_BLOCKS_PER_SM 1       /* resident attn_fwd blocks per SM at hd 256 (registers, shared memory) */
 #define ATT_SPLIT_MIN_KEYS 256
 #define ATT_SPLIT_MAX 64
@@ -128,25 +130,6 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
 
 /* ---- 2. flash attention over [cache | chunk], one split of the keys ------------------------------ */
 
-struct attn_fwd_args {
-    const bf16 *Qb;
-    ptrdiff_t wko, wvo; /* this layer's K and V in the working buffer prm->kv_work */
-    ptrdiff_t bko, bvo; /* this layer's K and V in the blob prm->kv_src (keys below prm->kv_split) */
-    size_t kv_stride;
-    const cu_chunk_params *prm; /* the batch's rows */
-    int rows, nh, nkv, splits;  /* rows: tokens per row (the bucket) */
-    int nrows, tiles;           /* rows of the batch; query tiles per row */
-    size_t total;               /* tokens of the batch: the partials' stride between splits */
-    int hpb;          /* query heads per block (they share one kv head); ATT_WARPS / hpb warps of 16 tokens each */
-    float scale_log2; /* hd^-1/2 * log2(e) */
-    float *Op;        /* [splits][rows][nh][hd] */
-    float *Mp, *Lp;   /* [splits][rows][nh] */
-    /* splits == 1: the block writes out = O / l * sigmoid(gate) itself (no partials, no combine) */
-    const bf16 *QKV;
-    int ld;
-    bf16 *out; /* [rows][nh hd] */
-};
-
 /* Shared memory: Q [ATT_ROWS][LD], then ATT_STAGES x (K [BN][LD], V [BN][LD]); LD pads a row by 16
  * bytes so the 8 rows of an ldmatrix land in distinct banks. hd 256: 66 KB + 2 x 66 KB = 198 KB. */
 template <int HD>
@@ -158,112 +141,50 @@ struct att_smem {
 };
 
 template <int HD>
-__device__ __forceinline__ void att_load_kv(bf16 *dst, const bf16 *base, const bf16 *blob, int split, size_t stride,
-                                            int kb, int k_hi, int kvh, int tid) {
-    constexpr int LD = HD + 8, SEG = HD / 8;
-    for (int e = tid; e < CU_ATT_BN * SEG; e += ATT_THREADS) {
-        const int i = e / SEG, s = e % SEG;
-        const int j = kb + i;
-        const bool ok = j < k_hi;
-        /* keys below split: the blob's position j; from split on: the row's own index j - split (a key
-         * past k_hi is not read: any valid address) */
-        const bf16 *src = !ok ? base : j < split ? blob + (size_t)j * stride : base + (size_t)(j - split) * stride;
-        src += (size_t)kvh * HD + 8 * s;
-        cu_cp_async16(dst + i * LD + 8 * s, src, ok ? 16 : 0);
-    }
-}
-
-/* Row i of a block's Q tile (warp i / 16, its row i % 16) is token t0 + 16 (warp % tpw) + i % 16 of
- * head h0 + warp / tpw, tpw = ATT_WARPS / hpb warps per head. */
-__device__ __forceinline__ void att_row(int i, int t0, int h0, int tpw, int *t, int *h) {
-    const int wi = i >> 4;
-    *t = t0 + 16 * (wi % tpw) + (i & 15);
-    *h = h0 + wi / tpw;
-}
-
-template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args a) {
     typedef att_smem<HD> SM;
     static_assert(ATT_STAGES == 2, "the tile loop toggles between two K / V stages");
     constexpr int LD = SM::LD;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem;
-    /* blockIdx.x: the head group (fastest, so a kv head's groups run side by side); blockIdx.y
-     * counts query tiles from the last: the longest key ranges start first (causal balance). */
-    /* blockIdx.y = (tiles from the last) x nrows + row: every row's last tile first */
-    const int hg = blockIdx.x, row = blockIdx.y % a.nrows, qt = a.tiles - 1 - blockIdx.y / a.nrows, sp = blockIdx.z;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    a.prm += row;
-    {
-        const size_t tok0 = (size_t)row * a.rows;
-        a.Qb += tok0 * a.nh * HD;
-        a.QKV += tok0 * a.ld;
-        a.out += tok0 * a.nh * HD;
-        a.Op += tok0 * a.nh * HD;
-        a.Mp += tok0 * a.nh;
-        a.Lp += tok0 * a.nh;
-    }
-    const int start = a.prm->start, len = a.prm->len;
-    const int tpw = ATT_WARPS / a.hpb; /* warps (of 16 tokens) per head */
-    const int bt = 16 * tpw;           /* tokens per block */
-    const int t0 = qt * bt, h0 = hg * a.hpb;
-    int k_lo = 0, k_hi = 0;
-    if (t0 < len) {
-        const int kend = start + min(t0 + bt, len);
-        const int per = ((kend + a.splits - 1) / a.splits + CU_ATT_BN - 1) / CU_ATT_BN * CU_ATT_BN;
-        k_lo = sp * per;
-        k_hi = min(kend, k_lo + per);
-    }
-    if (k_lo >= k_hi) { /* nothing for this split: an empty partial (or zeros, written directly) */
-        if (a.splits == 1) {
-            for (int e = tid; e < ATT_ROWS * HD; e += ATT_THREADS) {
-                int t, h;
-                att_row(e / HD, t0, h0, tpw, &t, &h);
-                if (t < a.rows) a.out[((size_t)t * a.nh + h) * HD + e % HD] = __float2bfloat16(0.f);
-            }
-            return;
-        }
-        if (tid < ATT_ROWS) {
-            int t, h;
-            att_row(tid, t0, h0, tpw, &t, &h);
-            if (t < a.rows) {
-                const size_t i = ((size_t)sp * a.total + t) * a.nh + h;
-                a.Mp[i] = -INFINITY;
-                a.Lp[i] = 0.f;
-            }
-        }
-        return;
-    }
+    att_block b;
+    if (!att_begin<HD>(a, b)) return;
+    const int start = b.start, len = b.len, tpw = b.tpw, tpw_sh = b.tpw_sh, t0 = b.t0, h0 = b.h0;
+    const int k_lo = b.k_lo, k_hi = b.k_hi;
     const int kvh = h0 / (a.nh / a.nkv);
-    /* keys below split: the cache blob read in place (never dereferenced when split is 0) */
-    const int split = a.prm->kv_split;
-    const bf16 *const Kc = (const bf16 *)a.prm->kv_work + a.wko, *const Vc = (const bf16 *)a.prm->kv_work + a.wvo;
-    const bf16 *Kb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bko : Kc;
-    const bf16 *Vb = split > 0 ? (const bf16 *)a.prm->kv_src + a.bvo : Vc;
+    const att_kv_src kv = att_sources(a);
+
+    /* this thread's piece of every tile (att_lanes) */
+    typedef att_lanes<HD> LN;
+    constexpr int DSTEP = LN::RP * LD;
+    const int i0 = tid / LN::SEG, piece = tid % LN::SEG;
+    const int kv_dst = i0 * LD + 8 * piece, kv_col = kvh * HD + 8 * piece;
 
     /* Q tile (rows past the bucket are zero) and the first K / V tiles: one cp.async group */
-    for (int e = tid; e < ATT_ROWS * (HD / 8); e += ATT_THREADS) {
-        const int i = e / (HD / 8), s = e % (HD / 8);
+#pragma unroll
+    for (int p = 0; p < LN::Q_PASSES; p++) {
+        const int i = i0 + p * LN::RP;
+        if (LN::RP * LN::Q_PASSES > ATT_ROWS && i >= ATT_ROWS) break;
         int t, h;
-        att_row(i, t0, h0, tpw, &t, &h);
+        att_row(i, t0, h0, tpw, tpw_sh, &t, &h);
         const bool ok = t < a.rows;
-        const bf16 *src = a.Qb + ((size_t)(ok ? t : 0) * a.nh + h) * HD + 8 * s;
-        cu_cp_async16(Qs + i * LD + 8 * s, src, ok ? 16 : 0);
+        const bf16 *src = a.Qb + ((size_t)(ok ? t : 0) * a.nh + h) * HD + 8 * piece;
+        cu_cp_async16(Qs + i * LD + 8 * piece, src, ok ? 16 : 0);
     }
     {
         bf16 *K0 = (bf16 *)(smem + SM::q_tile);
-        att_load_kv<HD>(K0, Kc, Kb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
-        att_load_kv<HD>(K0 + CU_ATT_BN * LD, Vc, Vb, split, a.kv_stride, k_lo, k_hi, kvh, tid);
+        att_load_kv<HD, DSTEP>(K0, K0 + CU_ATT_BN * LD, kv, k_lo, k_hi, i0, kv_dst, kv_col);
     }
     cu_cp_async_commit();
 
     const int r = lane >> 2, c = lane & 3;
-    const int h = h0 + w / tpw;
-    const int row0 = t0 + 16 * (w % tpw) + r, row1 = row0 + 8;
+    const int h = h0 + (w >> tpw_sh);
+    const int row0 = t0 + 16 * (w & (tpw - 1)) + r, row1 = row0 + 8;
     /* exclusive key limits of the two rows this lane holds, and of the warp's last row */
     const int lim0 = min(k_hi, start + min(row0, len - 1) + 1);
     const int lim1 = min(k_hi, start + min(row1, len - 1) + 1);
-    const int wt0 = t0 + 16 * (w % tpw); /* the warp's first token; all past the bucket: no work */
+    const int wt0 = t0 + 16 * (w & (tpw - 1)); /* the warp's first token; all past the bucket: no work */
     const int limw = wt0 >= a.rows ? k_lo : min(k_hi, start + min(wt0 + 15, len - 1) + 1);
     const int limf = min(k_hi, start + min(wt0, len - 1) + 1); /* keys below it: unmasked for every row */
     float O[HD / 8][4];
@@ -279,8 +200,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         __syncthreads();
         if (kb + CU_ATT_BN < k_hi) {
             bf16 *Kn = (bf16 *)(smem + SM::q_tile + (size_t)(stage ^ 1) * 2 * SM::kv_tile);
-            att_load_kv<HD>(Kn, Kc, Kb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
-            att_load_kv<HD>(Kn + CU_ATT_BN * LD, Vc, Vb, split, a.kv_stride, kb + CU_ATT_BN, k_hi, kvh, tid);
+            att_load_kv<HD, DSTEP>(Kn, Kn + CU_ATT_BN * LD, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
             cu_cp_async_commit();
         }
         /* every key of this tile is past the warp's rows (causal): it would change nothing; the
@@ -370,53 +290,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
                 cu_mma16816(O[2 * np + 1], pa[ks], vb[2], vb[3]);
             }
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    if (a.splits == 1) { /* finish here: normalise, gate, bf16 */
-        const int rw[2] = {row0, row1};
-        const float il[2] = {l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f};
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int t = rw[hh];
-            if (t >= a.rows) continue;
-            const bool real = t < len;
-            const bf16 *gate = a.QKV + (size_t)t * a.ld + (size_t)h * 2 * HD + HD;
-            bf16 *o = a.out + ((size_t)t * a.nh + h) * HD;
-#pragma unroll
-            for (int j = 0; j < HD / 8; j++) {
-                const int d = 8 * j + 2 * c;
-                float v0 = 0.f, v1 = 0.f;
-                if (real) {
-                    v0 = O[j][2 * hh] * il[hh] * cu_sigmoid(__bfloat162float(gate[d]));
-                    v1 = O[j][2 * hh + 1] * il[hh] * cu_sigmoid(__bfloat162float(gate[d + 1]));
-                }
-                *(uint32_t *)(o + d) = cu_pack_bf16(v0, v1);
-            }
-        }
-        return;
-    }
-    if (row0 < a.rows) {
-        const size_t i = ((size_t)sp * a.total + row0) * a.nh + h;
-        float *o = a.Op + i * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][0], O[j][1]);
-        if (c == 0) {
-            a.Mp[i] = m0;
-            a.Lp[i] = l0;
-        }
-    }
-    if (row1 < a.rows) {
-        const size_t i = ((size_t)sp * a.total + row1) * a.nh + h;
-        float *o = a.Op + i * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][2], O[j][3]);
-        if (c == 0) {
-            a.Mp[i] = m1;
-            a.Lp[i] = l1;
-        }
-    }
+    att_finish<HD>(a, b, O, m0, m1, l0, l1, row0, row1, h, c);
 }
 
 /* ---- 3. merge the splits, * sigmoid(gate): one warp per (token, head) -------------------------- */
@@ -612,17 +486,38 @@ int cu_attn_supported(const cu_attn_dims *d) {
     return 0;
 }
 
-int cu_attn_init(const cu_attn_dims *d, squad_err *err) {
+/* The bf16 forward runs on wgmma wherever it can (head_dim 256 on compute capability 9.0, this
+ * build's sm_90a code loading); SQUAD_ATT_SM90 (an experiment switch) picks: 0 mma.sync everywhere,
+ * 1 (the default) P V once P is whole, 2 P V slice by slice, 3 one warpgroup's P V a tile later. */
+#define ATT_SM90_DEFAULT CU_ATT_SM90_WHOLE
+static int att_sm90_wanted(void) {
+    const char *e = getenv("SQUAD_ATT_SM90");
+    if (!e || !e[0]) return ATT_SM90_DEFAULT;
+    const int v = atoi(e);
+    return v == CU_ATT_SM90_WHOLE || v == CU_ATT_SM90_SLICED || v == CU_ATT_SM90_LAGGED ? v : 0;
+}
+
+int cu_attn_init(cu_attn_dims *d, squad_err *err) {
+    d->sm90 = 0;
     if (d->f32) return 0;
+    int found = 0;
 #define ATT_INIT(HD_)                                                                                              \
     if (d->hd == HD_) {                                                                                            \
         CU_TRY(cudaFuncSetAttribute(attn_fwd_kernel<HD_>, cudaFuncAttributeMaxDynamicSharedMemorySize,             \
                                     (int)att_smem<HD_>::bytes));                                                   \
-        return 0;                                                                                                  \
+        found = 1;                                                                                                 \
     }
     ATT_SHAPES(ATT_INIT)
 #undef ATT_INIT
-    return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)", d->hd);
+    if (!found)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)",
+                      d->hd);
+    const int want = cu_attn_sm90_takes(d->hd) ? att_sm90_wanted() : 0;
+    if (!want) return 0;
+    int ok = 0;
+    const int rc = cu_attn_sm90_probe(&ok, err);
+    d->sm90 = ok ? want : 0;
+    return rc;
 }
 
 /* Query heads per attn_fwd block: the largest power of two <= ATT_WARPS that divides the GQA group
@@ -705,7 +600,12 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
     if (d->hd == HD_) {                                                                   \
-        if (run & CU_ATT_FWD) attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa); \
+        if (!(run & CU_ATT_FWD)) {                                                        \
+        } else if (d->sm90 && cu_attn_sm90_takes(HD_)) {                                  \
+            cu_attn_sm90_launch(&fa, grid, d->sm90, st);                                  \
+        } else {                                                                          \
+            attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa);    \
+        }                                                                                 \
         launched = 1;                                                                     \
     }
     ATT_SHAPES(ATT_RUN)
