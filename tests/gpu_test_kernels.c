@@ -339,14 +339,18 @@ int main(void) {
         {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
         {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
-    /* the bf16 path twice: every chunk with the long-chunk conv and output kernels, then every chunk
-     * with the short-chunk ones (SQUAD_GDN_SHORT_ROWS, read by the library) */
-    static const char *const short_rows[] = {"0", "1000000"};
-    for (int v = 0; v < 2; v++) {
+    /* the bf16 path four times: every chunk with the long-chunk and the short-chunk conv and output
+     * kernels (SQUAD_GDN_SHORT_ROWS), and the prep whole or split over 2 or 4 blocks a (block, head)
+     * (SQUAD_GDN_PREP_SPLIT, bounded by the head dims), both read by the library */
+    static const char *const short_rows[] = {"0", "1000000", "1000000", "0"}, *const split[] = {"1", "2", "4", "4"};
+    for (int v = 0; v < 4; v++) {
         setenv("SQUAD_GDN_SHORT_ROWS", short_rows[v], 1);
-        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s)\n", v ? "short" : "long", short_rows[v]);
+        setenv("SQUAD_GDN_PREP_SPLIT", split[v], 1);
+        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s), prep split %s\n", v == 1 || v == 2 ? "short" : "long",
+               short_rows[v], split[v]);
         for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 0);
     }
+    unsetenv("SQUAD_GDN_PREP_SPLIT");
     unsetenv("SQUAD_GDN_SHORT_ROWS");
     for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1);
     const attn_case ac[] = {
