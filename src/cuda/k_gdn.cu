@@ -100,6 +100,7 @@ struct gdn_conv_args {
 /* SQUAD_GDN_EXP bits (cu_gdn_dims.exp), each the earlier form of a change, for A / B timing */
 #define GDN_EXP_CONV_FREE 1       /* the conv's registers unbounded (CONV_MIN_BLOCKS) */
 #define GDN_EXP_OUT_SHIFT_FIRST 2 /* the output kernel moves the conv state on before its copies */
+#define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
 #define CONV_MIN_BLOCKS(KC, TT) ((KC) <= 5 ? ((TT) <= CONV_TT_SHORT ? 24 : 16) : ((TT) <= CONV_TT_SHORT ? 16 : 12))
 
 /* Block (x, seg): tokens [TT x, TT (x + 1)) of one head segment (q heads, then k heads, then v
@@ -113,9 +114,92 @@ struct gdn_conv_args {
  * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
  * zero-fills them). TT, the tokens of a block, is 16, or 4 on short chunks (with 16, a hit's 128
  * tokens make 384 blocks of 2 warps each running a 16-token chain: latency-bound). */
+/* The conv + SiLU of tokens [t0, t0 + TT) of a row (its tokens from tok0 in P) for channels ch and
+ * ch + 1 (r0, r1: real), 0 at tokens past len: the KC weights and TT + KC - 1 inputs are all loaded
+ * before any is used (rows before the chunk from conv_in, the row's saved inputs, which only its first
+ * blocks read: NULL elsewhere). Shared by the conv kernel and the fused prep, so both compute the
+ * same bits. */
+template <int KC, int TT>
+__device__ __forceinline__ void conv_tile(const bf16 *P, int ldP, const bf16 *conv_in, int C, const float *conv_w,
+                                          int tok0, int t0, int len, int ch, bool r0, bool r1, float2 (&y)[TT]) {
+    constexpr int NX = TT + KC - 1;
+    float w0[KC], w1[KC];
+#pragma unroll
+    for (int j = 0; j < KC; j++) {
+        w0[j] = r0 ? conv_w[(size_t)ch * KC + j] : 0.f;
+        w1[j] = r1 ? conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
+    }
+    float2 x[NX]; /* x[m]: the inputs at row t0 - (KC - 1) + m */
+    /* one 64-bit base and 32-bit steps from it */
+    const bf16 *Pb = P + (size_t)(tok0 + t0) * ldP + ch;
+#pragma unroll
+    for (int m = 0; m < NX; m++) {
+        const int tau = t0 - (KC - 1) + m;
+        float2 v = make_float2(0.f, 0.f);
+        if (r0 && tau < len) {
+            const bf16 *src = (conv_in == NULL || tau >= 0) ? Pb + (m - (KC - 1)) * ldP
+                                                            : conv_in + (size_t)(KC - 1 + tau) * C + ch;
+            if (r1 && ((ch & 1) == 0)) {
+                v = __bfloat1622float2(*(const __nv_bfloat162 *)src);
+            } else {
+                v.x = __bfloat162float(src[0]);
+                v.y = r1 ? __bfloat162float(src[1]) : 0.f;
+            }
+        }
+        x[m] = v;
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < KC; j++) {
+            a0 += w0[j] * x[t + j].x;
+            a1 += w1[j] * x[t + j].y;
+        }
+        const bool live = t0 + t < len;
+        y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
+    }
+}
+
+/* The TT rows' sums of squares over a warp (each lane's two channels of y) by a halving exchange: at
+ * each step a lane keeps half of its rows and sends the other half to its partner (lane bits
+ * log2 TT .. 1), so 16 sums cost 16 shuffles (16 warp sums would cost 80); the lane bits left (0, and
+ * those above log2 TT + 1 when TT < 16) are summed by plain shuffles. Lane L ends with the sum of row
+ * (L >> 1) & (TT - 1); conv_row_lane says which lanes hold a row's sum. */
+template <int TT>
+__device__ __forceinline__ float conv_row_sums(const float2 (&y)[TT], int lane) {
+    static_assert(TT >= 1 && TT <= 16 && (TT & (TT - 1)) == 0, "the exchange halves a power of two rows");
+    float q[TT];
+#pragma unroll
+    for (int t = 0; t < TT; t++) q[t] = y[t].x * y[t].x + y[t].y * y[t].y;
+#pragma unroll
+    for (int half = TT / 2; half >= 1; half >>= 1) {
+        const bool up = (lane & (2 * half)) != 0; /* keeps the upper half of its rows */
+#pragma unroll
+        for (int k = 0; k < half; k++) {
+            const float send = up ? q[k] : q[k + half], keep = up ? q[k + half] : q[k];
+            q[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * half);
+        }
+    }
+    q[0] += __shfl_xor_sync(0xffffffffu, q[0], 1);
+#pragma unroll
+    for (int m = 2 * TT; m < 32; m <<= 1) q[0] += __shfl_xor_sync(0xffffffffu, q[0], m);
+    return q[0];
+}
+template <int TT>
+__device__ __forceinline__ bool conv_row_lane(int lane) { return (lane & 1) == 0 && (lane & ~(2 * TT - 1)) == 0; }
+/* The L2-norm scale of a row from its two warps' sums (in this order: the same bits everywhere). */
+__device__ __forceinline__ float conv_row_scale(float s0, float s1, float qs) {
+    float ss = 0.f;
+    ss += s0;
+    ss += s1;
+    return rsqrtf(ss + 1e-6f) * qs;
+}
+
 template <int KC, int TT, int MINB>
 __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_args a) {
-    constexpr int NX = TT + KC - 1, NW = CONV_THREADS / 32;
+    constexpr int NW = CONV_THREADS / 32;
+    static_assert(NW == 2, "a row's sum is its two warps' (conv_row_scale)");
     __shared__ float red[NW][TT];
     const int t0 = blockIdx.x * TT, seg = blockIdx.y;
     const cu_chunk_params *prm = a.prm + blockIdx.z;
@@ -135,43 +219,8 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
     /* both channels real, or the first only (odd head dim), or neither */
     const bool r0 = i < size, r1 = i + 1 < size;
     const int ch = base + i;
-    float w0[KC], w1[KC];
-#pragma unroll
-    for (int j = 0; j < KC; j++) {
-        w0[j] = r0 ? a.conv_w[(size_t)ch * KC + j] : 0.f;
-        w1[j] = r1 ? a.conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
-    }
-    float2 x[NX]; /* x[m]: the inputs at row t0 - (KC - 1) + m */
-    /* one 64-bit base and 32-bit steps from it (rows before the chunk come from conv_in) */
-    const bf16 *Pb = a.P + (size_t)(tok0 + t0) * a.ldP + ch;
-#pragma unroll
-    for (int m = 0; m < NX; m++) {
-        const int tau = t0 - (KC - 1) + m;
-        float2 v = make_float2(0.f, 0.f);
-        if (r0 && tau < len) {
-            const bf16 *src = (conv_in == NULL || tau >= 0) ? Pb + (m - (KC - 1)) * a.ldP
-                                                            : conv_in + (size_t)(KC - 1 + tau) * a.C + ch;
-            if (r1 && ((ch & 1) == 0)) {
-                v = __bfloat1622float2(*(const __nv_bfloat162 *)src);
-            } else {
-                v.x = __bfloat162float(src[0]);
-                v.y = r1 ? __bfloat162float(src[1]) : 0.f;
-            }
-        }
-        x[m] = v;
-    }
     float2 y[TT];
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-        float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-        for (int j = 0; j < KC; j++) {
-            a0 += w0[j] * x[t + j].x;
-            a1 += w1[j] * x[t + j].y;
-        }
-        const bool live = t0 + t < len;
-        y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
-    }
+    conv_tile<KC, TT>(a.P, a.ldP, conv_in, a.C, a.conv_w, tok0, t0, len, ch, r0, r1, y);
     if (isv) {
         if (i < pad) {
             float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
@@ -181,28 +230,8 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
         }
         return;
     }
-    /* the TT rows' sums of squares over the warp by a halving exchange: at each step a lane keeps
-     * half of its rows and sends the other half to its partner (lane bits log2 TT .. 1), so 16 sums
-     * cost 16 shuffles (16 warp sums would cost 80); the lane bits left (0, and those above
-     * log2 TT + 1 when TT < 16) are summed by plain shuffles. Lane L ends with the sum of row
-     * (L >> 1) & (TT - 1). */
-    static_assert(TT >= 1 && TT <= 16 && (TT & (TT - 1)) == 0, "the exchange halves a power of two rows");
-    float q[TT];
-#pragma unroll
-    for (int t = 0; t < TT; t++) q[t] = y[t].x * y[t].x + y[t].y * y[t].y;
-#pragma unroll
-    for (int half = TT / 2; half >= 1; half >>= 1) {
-        const bool up = (lane & (2 * half)) != 0; /* keeps the upper half of its rows */
-#pragma unroll
-        for (int k = 0; k < half; k++) {
-            const float send = up ? q[k] : q[k + half], keep = up ? q[k + half] : q[k];
-            q[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * half);
-        }
-    }
-    q[0] += __shfl_xor_sync(0xffffffffu, q[0], 1);
-#pragma unroll
-    for (int m = 2 * TT; m < 32; m <<= 1) q[0] += __shfl_xor_sync(0xffffffffu, q[0], m);
-    if ((lane & 1) == 0 && (lane & ~(2 * TT - 1)) == 0) red[w][(lane >> 1) & (TT - 1)] = q[0];
+    const float q0 = conv_row_sums<TT>(y, lane);
+    if (conv_row_lane<TT>(lane)) red[w][(lane >> 1) & (TT - 1)] = q0;
     __syncthreads();
     if (i < pad) {
         const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
@@ -210,10 +239,7 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             if (t0 + t >= len) break;
-            float ss = 0.f;
-#pragma unroll
-            for (int u = 0; u < NW; u++) ss += red[u][t];
-            const float sc = rsqrtf(ss + 1e-6f) * qs;
+            const float sc = conv_row_scale(red[0][t], red[1][t], qs);
             *(uint32_t *)(dst + (size_t)(tok0 + t0 + t) * a.nk * pad) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
         }
     }
@@ -252,6 +278,7 @@ struct gdn_prep_args {
     const bf16 *P;
     int ldP;
     const float *A_log, *dt_bias;
+    const float *conv_w; /* the fused prep's (conv + gates + prep, FUSE) */
     const cu_chunk_params *prm;
     gdn_batch_args bt;
     int nk, nv, C;
@@ -299,7 +326,14 @@ struct prep_split {
     static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
 };
 
-template <int DK, int DV, int SPLIT>
+/* FUSE: the conv is done here, not by gdn_conv (short chunks, the fused prep: GDN_FUSE_*): q, k and v
+ * of the block computed from P into shared memory by the conv kernel's own arithmetic (conv_tile,
+ * conv_row_sums, its short 4-token tiles), so the same bits, one kernel less and no round trip of
+ * q, k, v through memory. Each split block computes all of k, its q rows and its v columns. */
+#define GDN_FUSE_KC 4   /* the conv kernel size it is built for (the Qwen3.5 models') */
+#define GDN_FUSE_DK 128 /* and the head dims (unpadded) */
+#define GDN_FUSE_DV 128
+template <int DK, int DV, int SPLIT, bool FUSE>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
     typedef prep_split<DK, DV, SPLIT> SP;
@@ -332,6 +366,55 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const size_t blk = (size_t)c * a.nv + h;
     const int dv = a.dv;
 
+    if constexpr (FUSE) { /* q, k, v of this block from P (the conv kernel's arithmetic) */
+        static_assert(DK == GDN_FUSE_DK && DV == GDN_FUSE_DV, "the fused prep's instances");
+        constexpr int KC = GDN_FUSE_KC, TT = CONV_TT_SHORT;
+        const bf16 *cin = c == 0 ? (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off) : NULL;
+        /* v: the split's columns, a thread a pair of channels over TTV tokens (no norm: any tiling
+         * gives the same bits) */
+        {
+            constexpr int VP = SP::UB / 2, VG = PREP_THREADS / VP, TTV = GDN_C / VG;
+            static_assert(VG * TTV == GDN_C, "v tiles cover the block");
+            const int vp = tid % VP, vg = tid / VP, col = sp * SP::UB + 2 * vp;
+            float2 yv[TTV];
+            conv_tile<KC, TTV>(a.P, a.ldP, cin, a.C, a.conv_w, 0, t0 + vg * TTV, len,
+                               2 * a.nk * DK + h * DV + col, true, true, yv);
+#pragma unroll
+            for (int t = 0; t < TTV; t++) *(float2 *)(Vs + (vg * TTV + t) * LDV + col) = yv[t];
+        }
+        /* k (all rows) and q (the split's), normalised: 4-token tiles of 128 channels, one a group of
+         * 64 threads (two warps) as in the conv kernel, their row sums through shared memory
+         * (two buffers: a tile's sums are read before the next barrier but one) */
+        __shared__ float fred[2][PREP_THREADS / 64][2][TT];
+        constexpr int KT = GDN_C / TT, QT = SP::ROWS / TT, NTL = KT + QT;
+        const int g = tid >> 6, wg = (tid >> 5) & 1, i = 2 * (tid & 63);
+        const float qs = rsqrtf((float)a.dk);
+#pragma unroll 1
+        for (int it = 0; it * (PREP_THREADS / 64) < NTL; it++) {
+            const int idx = it * (PREP_THREADS / 64) + g;
+            const bool act = idx < NTL, isk = idx < KT; /* both warp-uniform */
+            const int tt0 = isk ? idx * TT : row0 + (idx - KT) * TT;
+            float2 y[TT];
+            if (act)
+                conv_tile<KC, TT>(a.P, a.ldP, cin, a.C, a.conv_w, 0, t0 + tt0, len, (isk ? a.nk + hk : hk) * DK + i,
+                                  true, true, y);
+            else {
+#pragma unroll
+                for (int t = 0; t < TT; t++) y[t] = make_float2(0.f, 0.f);
+            }
+            const float q0 = conv_row_sums<TT>(y, lane);
+            if (conv_row_lane<TT>(lane)) fred[it & 1][g][wg][(lane >> 1) & (TT - 1)] = q0;
+            __syncthreads();
+            if (act) {
+                bf16 *dst = (isk ? Ks : Qs) + tt0 * LDK + i;
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    const float sc = conv_row_scale(fred[it & 1][g][0][t], fred[it & 1][g][1][t], isk ? 1.f : qs);
+                    *(uint32_t *)(dst + t * LDK) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
+                }
+            }
+        }
+    } else
     /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
     {
         /* Q: the split's rows only; K: all (L needs them); V: the split's U^T columns only */
@@ -1126,24 +1209,44 @@ static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, int nc
         gdn_scan_kernel<DK, DV, RG_, 2><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
 }
 
-/* The prep with `split` blocks a (block, head) (1, 2 or 4, bounded by the head dims: prep_split). */
-template <int DK, int DV>
+/* The prep with `split` blocks a (block, head) (1, 2 or 4, bounded by the head dims: prep_split);
+ * FUSE: the conv too (only the GDN_FUSE_* head dims are instantiated). */
+template <int DK, int DV, bool FUSE>
 static void launch_gdn_prep(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, cudaStream_t st) {
     constexpr size_t sm = prep_smem<DK, DV>::bytes;
     if (split >= 4)
-        gdn_prep_kernel<DK, DV, 4><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS, sm, st>>>(pa);
+        gdn_prep_kernel<DK, DV, 4, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS, sm, st>>>(pa);
     else if (split == 2)
-        gdn_prep_kernel<DK, DV, 2><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS, sm, st>>>(pa);
+        gdn_prep_kernel<DK, DV, 2, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS, sm, st>>>(pa);
     else
-        gdn_prep_kernel<DK, DV, 1><<<dim3(nc, nv, nr), PREP_THREADS, sm, st>>>(pa);
+        gdn_prep_kernel<DK, DV, 1, FUSE><<<dim3(nc, nv, nr), PREP_THREADS, sm, st>>>(pa);
+}
+template <int DK, int DV>
+static void launch_gdn_prep_any(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, bool fused,
+                                cudaStream_t st) {
+    if constexpr (DK == GDN_FUSE_DK && DV == GDN_FUSE_DV)
+        if (fused) return launch_gdn_prep<DK, DV, true>(pa, nc, nv, nr, split, st);
+    launch_gdn_prep<DK, DV, false>(pa, nc, nv, nr, split, st);
+}
+template <int DK, int DV, bool FUSE>
+static int prep_attr(squad_err *err) {
+    constexpr int sm = (int)prep_smem<DK, DV>::bytes;
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    return 0;
 }
 template <int DK, int DV>
 static int prep_init(squad_err *err) {
-    constexpr int sm = (int)prep_smem<DK, DV>::bytes;
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    if (int rc = prep_attr<DK, DV, false>(err)) return rc;
+    if constexpr (DK == GDN_FUSE_DK && DV == GDN_FUSE_DV) return prep_attr<DK, DV, true>(err);
     return 0;
+}
+/* The fused prep serves this layer and launch: short rows (the conv's 4-token tiles, whose bits it
+ * reproduces), the kernel size and head dims it is built for; GDN_EXP_FUSE turns it on. */
+static bool gdn_fused(const cu_gdn_dims *d, bool short_conv) {
+    return (d->exp & GDN_EXP_FUSE) && short_conv && d->K == GDN_FUSE_KC && d->dk == GDN_FUSE_DK &&
+           d->dv == GDN_FUSE_DV;
 }
 
 /* The shared memory every scan instantiation of (DK, DV) may take. */
@@ -1227,7 +1330,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
     const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
     gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
-    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
     gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, d->exp, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
@@ -1239,13 +1342,14 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
     const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr);
     const bool conv_free = (d->exp & GDN_EXP_CONV_FREE) != 0;
+    const bool fused = gdn_fused(d, short_conv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        if (run & CU_GDN_CONV)                                                                                     \
+        if ((run & CU_GDN_CONV) && !fused)                                                                         \
             if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, conv_free, st, err))        \
                 return rc_;                                                                                        \
         if (run & CU_GDN_PREP) {                                                                                   \
-            launch_gdn_prep<DK_, DV_>(pa, nc, d->nv, nr, prep_split, st);                                          \
+            launch_gdn_prep_any<DK_, DV_>(pa, nc, d->nv, nr, prep_split, fused, st);                              \
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
         }                                                                                                          \
         if (run & CU_GDN_SCAN) {                                                                                   \
