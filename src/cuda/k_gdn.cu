@@ -1295,11 +1295,13 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
  * rows. Measured on 16 rows of 32 / 128 tokens (0.8B, H200), the scan's share: 1 row group
  * 0.52 / 0.74 ms, 2 0.47 / 0.66-0.70, 4 0.50 / 0.75; a single row keeps one (its 128 blocks are
  * one wave already; 2 took 0.104 ms against 0.089). */
-/* The prep's split (prep_split): as fixed, else the largest that keeps the blocks within what the
- * GPU holds at once (two an SM), so a short chunk's one wave gets more, shorter blocks and a long
- * chunk keeps one a (block, head). */
-static int gdn_prep_split(const cu_gdn_dims *d, long blocks) {
+/* The prep's split (prep_split): as fixed, else on short launches (short_rows: a hit's question,
+ * a few of them) the largest that keeps the blocks within what the GPU holds at once (two an SM), so
+ * their one wave gets more, shorter blocks; longer launches keep one a (block, head) (not measured
+ * split: left as they were). */
+static int gdn_prep_split(const cu_gdn_dims *d, long blocks, bool short_rows) {
     if (d->prep_split == 1 || d->prep_split == 2 || d->prep_split == 4) return d->prep_split;
+    if (!short_rows) return 1;
     for (int s = PREP_SPLIT_MAX; s > 1; s /= 2)
         if (d->n_sm > 0 && blocks * s <= 2L * d->n_sm) return s;
     return 1;
@@ -1340,7 +1342,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
      * kernel's one-tile blocks are slower there, 0.70-0.79 against 0.51, so it keeps the total) */
     const bool short_conv = short_rows || rows <= d->short_rows;
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
-    const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr);
+    const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr, short_rows);
     const bool conv_free = (d->exp & GDN_EXP_CONV_FREE) != 0;
     const bool fused = gdn_fused(d, short_conv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
