@@ -65,7 +65,15 @@ typedef struct gdn_case {
     int rows1, len1, rows2, len2; /* two chunks, the second continuing the first */
 } gdn_case;
 
-static void test_gdn(rng *r, const gdn_case *c, int exact) {
+/* FNV-1a over bytes: the device outputs' bits, compared between launch variants that must agree */
+static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Returns a hash of the device's outputs (both chunks' Y and states, the conv state). */
+static uint64_t test_gdn(rng *r, const gdn_case *c, int exact) {
     const int C = 2 * c->nk * c->dk + c->nv * c->dv;
     const int ldP = ((C + c->nv * c->dv + 2 * c->nv + 7) & ~7) + 8; /* padded, 8-aligned as the backend has it */
     const size_t nS = (size_t)c->nv * c->dk * c->dv;
@@ -80,6 +88,7 @@ static void test_gdn(rng *r, const gdn_case *c, int exact) {
     memcpy(cs_ref, cs_dev, ((size_t)(c->K - 1) * C + 1) * 4);
     double worst_y = 0, worst_s = 0;
     int pad_ok = 1, conv_ok = 1;
+    uint64_t bits = 1469598103934665603ull;
     for (int chunk = 0; chunk < 2; chunk++) {
         const int rows = chunk ? c->rows2 : c->rows1, len = chunk ? c->len2 : c->len1;
         float *P = randn(r, (size_t)rows * ldP, 1.0, 1);
@@ -102,6 +111,8 @@ static void test_gdn(rng *r, const gdn_case *c, int exact) {
             if (Y[i] != 0.f) pad_ok = 0;
         for (size_t i = 0; i < (size_t)(c->K - 1) * C; i++)
             if (cs_dev[i] != cs_ref[i]) conv_ok = 0;
+        bits = fnv_bytes(bits, Y, sizeof(float) * rows * c->nv * c->dv);
+        bits = fnv_bytes(bits, S_dev, nS * sizeof(float));
         /* continue the next chunk from the reference's state on both sides, so errors don't compound */
         memcpy(S_dev, S_ref, nS * sizeof(float));
         free(P);
@@ -123,6 +134,7 @@ static void test_gdn(rng *r, const gdn_case *c, int exact) {
     free(S_ref);
     free(cs_dev);
     free(cs_ref);
+    return bits;
 }
 
 /* ---- attention ---- */
@@ -339,14 +351,32 @@ int main(void) {
         {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
         {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
-    /* the bf16 path twice: every chunk with the long-chunk conv and output kernels, then every chunk
-     * with the short-chunk ones (SQUAD_GDN_SHORT_ROWS, read by the library) */
-    static const char *const short_rows[] = {"0", "1000000"};
-    for (int v = 0; v < 2; v++) {
+    /* the bf16 path in six launch variants (switches the library reads): the long-chunk or the
+     * short-chunk conv and output kernels (SQUAD_GDN_SHORT_ROWS), the prep whole or split over 2 or
+     * 4 blocks a (block, head) (SQUAD_GDN_PREP_SPLIT, bounded by the head dims), and on short chunks
+     * the conv fused into the prep (SQUAD_GDN_EXP=4; the 0.8B's shapes, the others run unfused).
+     * Each case has the same inputs in every variant, and the variants of one conv tiling must give
+     * the same bits: the splits and the fusion change who computes a value, not how. */
+    static const char *const short_rows[] = {"0", "0", "1000000", "1000000", "1000000", "1000000"};
+    static const char *const split[] = {"1", "4", "1", "2", "4", "4"}, *const fuse[] = {"0", "0", "0", "0", "0", "4"};
+    enum { NV = 6, NC = sizeof gc / sizeof gc[0] };
+    uint64_t bits[NV][NC];
+    for (int v = 0; v < NV; v++) {
         setenv("SQUAD_GDN_SHORT_ROWS", short_rows[v], 1);
-        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s)\n", v ? "short" : "long", short_rows[v]);
-        for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 0);
+        setenv("SQUAD_GDN_PREP_SPLIT", split[v], 1);
+        setenv("SQUAD_GDN_EXP", fuse[v], 1);
+        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s), prep split %s, fused %s\n",
+               short_rows[v][0] == '0' ? "long" : "short", short_rows[v], split[v], fuse[v][0] == '4' ? "yes" : "no");
+        for (int i = 0; i < NC; i++) {
+            rng ri = {0x9e3779b97f4a7c15ull + (uint64_t)i};
+            bits[v][i] = test_gdn(&ri, &gc[i], 0);
+            /* variants 0-1 tile the conv by 16 tokens, 2-5 by 4 */
+            const int first = v < 2 ? 0 : 2;
+            CHECKF(bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v, first);
+        }
     }
+    unsetenv("SQUAD_GDN_EXP");
+    unsetenv("SQUAD_GDN_PREP_SPLIT");
     unsetenv("SQUAD_GDN_SHORT_ROWS");
     for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1);
     const attn_case ac[] = {

@@ -1384,6 +1384,10 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     const char *rg = getenv("SQUAD_GDN_SCAN_RG");
     cb->gd.scan_rg = rg ? atoi(rg) : 0;
     cb->gd.n_sm = cb->n_sm;
+    const char *ps = getenv("SQUAD_GDN_PREP_SPLIT");
+    cb->gd.prep_split = ps ? atoi(ps) : 0;
+    const char *gx = getenv("SQUAD_GDN_EXP");
+    cb->gd.exp = gx ? atoi(gx) : 0;
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;

@@ -413,7 +413,11 @@ typedef struct cu_gdn_dims {
                               block: fewer copies of W and K' and fewer, fuller blocks for a batch
                               of many rows); 0: chosen per launch from n_sm (SQUAD_GDN_SCAN_RG
                               fixes it, an experiment) */
-    int n_sm;              /* the GPU's SMs, for that choice (0: one row group) */
+    int n_sm;              /* the GPU's SMs, for that choice and the prep's split (0: no split) */
+    int prep_split;        /* the prep's blocks a (block of 64 tokens, head): 1, 2 or 4 (bounded by
+                              the head dims); 0: chosen per launch from n_sm, more on short chunks
+                              (SQUAD_GDN_PREP_SPLIT fixes it, an experiment) */
+    int exp;               /* experiment switches (SQUAD_GDN_EXP, a bit mask; 0: the measured choices) */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };

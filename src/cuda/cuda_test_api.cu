@@ -108,6 +108,9 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     const int ex = a->exact != 0;
     const char *sr = getenv("SQUAD_GDN_SHORT_ROWS"); /* as the backend reads it */
     cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS, 0, 0};
+    const char *ps = getenv("SQUAD_GDN_PREP_SPLIT"), *gx = getenv("SQUAD_GDN_EXP"); /* as the backend reads them */
+    d.prep_split = ps ? atoi(ps) : 0; /* no SM count here: 0 is 1 */
+    d.exp = gx ? atoi(gx) : 0;
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     int rc = cu_gdn_init(&d, err);
     if (rc) return rc;
@@ -627,6 +630,9 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     const int ex = a->exact != 0, bucket = a->rows;
     const char *sr = getenv("SQUAD_GDN_SHORT_ROWS");
     cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS, 0, 0};
+    const char *ps = getenv("SQUAD_GDN_PREP_SPLIT"), *gx = getenv("SQUAD_GDN_EXP"); /* as the backend reads them */
+    d.prep_split = ps ? atoi(ps) : 0; /* no SM count here: 0 is 1 */
+    d.exp = gx ? atoi(gx) : 0;
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     if (n < 1 || nrows < n) return cu_err(err, SQUAD_E_INVALID, "test: %d rows in a batch of %d", n, nrows);
     int rc = cu_gdn_init(&d, err);

@@ -17,7 +17,8 @@
  * A0, gdn_conv (a block per 16 tokens, 4 on short chunks, and head segment, a thread per 2 channels): the causal conv over
  *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
  *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
- * A, gdn_prep (grid blocks x heads, all independent, 256 threads): the gates and the cumulative
+ * A, gdn_prep (grid blocks x heads, all independent, 256 threads; on short chunks 2 or 4 blocks a
+ *   (block, head), each with a share of the outputs: prep_split): the gates and the cumulative
  *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
  *   L and P; T = (I + L)^-1 in fp32 by 16 x 16 blocks (substitution on the diagonal, products below);
  *   W and U on the tensor cores with hi + lo bf16 splits of the fp32 operands (plain bf16 there
@@ -80,9 +81,8 @@ __device__ __forceinline__ void gdn_scratch_row(cu_gdn_scratch &s, size_t tok0, 
 struct gdn_conv_args {
     const bf16 *P;
     int ldP;
-    const bf16 *conv_state; /* [K-1][C]: set per row from its arena */
     const float *conv_w;    /* [C][K] */
-    const cu_chunk_params *prm; /* the batch's rows; per row: its own */
+    const cu_chunk_params *prm; /* the batch's rows; per row: its own (its saved conv inputs in its arena) */
     gdn_batch_args bt;
     int nk, nv, K, C;
     int dk, dv, DK, DV; /* real and padded head dims */
@@ -92,6 +92,16 @@ struct gdn_conv_args {
 #define CONV_THREADS 64 /* two channels a thread: a head segment of up to 128 (padded) channels */
 #define CONV_TT_LONG 16 /* tokens per block */
 #define CONV_TT_SHORT 4 /* on short chunks (cu_gdn_dims.short_rows): 4x the blocks, a quarter of the chain */
+/* Blocks an SM the registers must allow: the kernel is bound by load latency, so resident warps
+ * are its speed. Left to itself the compiler took 80 registers at KC 4, TT 16 once the kernel
+ * read its row from the batch (12 blocks an SM instead of 16: a cold row's conv 25 % slower).
+ * Up to KC 5: 16 blocks (64 registers), 24 (40) on short chunks, no spills; KC 6 .. 8 spill
+ * there and get 12 (85) and 16 (64). */
+/* SQUAD_GDN_EXP bits (cu_gdn_dims.exp), each the earlier form of a change, for A / B timing */
+#define GDN_EXP_CONV_FREE 1       /* the conv's registers unbounded (CONV_MIN_BLOCKS) */
+#define GDN_EXP_OUT_SHIFT_FIRST 2 /* the output kernel moves the conv state on before its copies */
+#define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
+#define CONV_MIN_BLOCKS(KC, TT) ((KC) <= 5 ? ((TT) <= CONV_TT_SHORT ? 24 : 16) : ((TT) <= CONV_TT_SHORT ? 16 : 12))
 
 /* Block (x, seg): tokens [TT x, TT (x + 1)) of one head segment (q heads, then k heads, then v
  * heads), a thread per pair of channels (bf16x2 loads). Each thread loads its channels'
@@ -104,41 +114,31 @@ struct gdn_conv_args {
  * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
  * zero-fills them). TT, the tokens of a block, is 16, or 4 on short chunks (with 16, a hit's 128
  * tokens make 384 blocks of 2 warps each running a 16-token chain: latency-bound). */
+/* The conv + SiLU of tokens [t0, t0 + TT) of a row (its tokens from tok0 in P) for channels ch and
+ * ch + 1 (r0, r1: real), 0 at tokens past len: the KC weights and TT + KC - 1 inputs are all loaded
+ * before any is used (rows before the chunk from conv_in, the row's saved inputs, which only its first
+ * blocks read: NULL elsewhere). Shared by the conv kernel and the fused prep, so both compute the
+ * same bits. */
 template <int KC, int TT>
-__global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a) {
-    constexpr int NX = TT + KC - 1, NW = CONV_THREADS / 32;
-    __shared__ float red[NW][TT];
-    const int t0 = blockIdx.x * TT, seg = blockIdx.y;
-    a.prm += blockIdx.z;
-    const int len = a.prm->len;
-    if (t0 >= len) return; /* also every block of a padding row */
-    {
-        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
-        a.P += tok0 * a.ldP;
-        a.conv_state = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
-        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, a.DK, a.DV);
-    }
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    const int i = 2 * tid; /* this thread's first channel in the segment */
-    const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
-    const int size = isv ? a.dv : a.dk, pad = isv ? a.DV : a.DK;
-    const int base = isv ? 2 * a.nk * a.dk + (seg - 2 * a.nk) * a.dv : seg * a.dk;
-    /* both channels real, or the first only (odd head dim), or neither */
-    const bool r0 = i < size, r1 = i + 1 < size;
-    const int ch = base + i;
+__device__ __forceinline__ void conv_tile(const bf16 *P, int ldP, const bf16 *conv_in, int C, const float *conv_w,
+                                          int tok0, int t0, int len, int ch, bool r0, bool r1, float2 (&y)[TT]) {
+    constexpr int NX = TT + KC - 1;
     float w0[KC], w1[KC];
 #pragma unroll
     for (int j = 0; j < KC; j++) {
-        w0[j] = r0 ? a.conv_w[(size_t)ch * KC + j] : 0.f;
-        w1[j] = r1 ? a.conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
+        w0[j] = r0 ? conv_w[(size_t)ch * KC + j] : 0.f;
+        w1[j] = r1 ? conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
     }
     float2 x[NX]; /* x[m]: the inputs at row t0 - (KC - 1) + m */
+    /* one 64-bit base and 32-bit steps from it */
+    const bf16 *Pb = P + (size_t)(tok0 + t0) * ldP + ch;
 #pragma unroll
     for (int m = 0; m < NX; m++) {
         const int tau = t0 - (KC - 1) + m;
         float2 v = make_float2(0.f, 0.f);
         if (r0 && tau < len) {
-            const bf16 *src = tau >= 0 ? a.P + (size_t)tau * a.ldP + ch : a.conv_state + (size_t)(KC - 1 + tau) * a.C + ch;
+            const bf16 *src = (conv_in == NULL || tau >= 0) ? Pb + (m - (KC - 1)) * ldP
+                                                            : conv_in + (size_t)(KC - 1 + tau) * C + ch;
             if (r1 && ((ch & 1) == 0)) {
                 v = __bfloat1622float2(*(const __nv_bfloat162 *)src);
             } else {
@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
         }
         x[m] = v;
     }
-    float2 y[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         float a0 = 0.f, a1 = 0.f;
@@ -160,20 +159,15 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
         const bool live = t0 + t < len;
         y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
     }
-    if (isv) {
-        if (i < pad) {
-            float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
-#pragma unroll
-            for (int t = 0; t < TT; t++)
-                if (t0 + t < len) *(float2 *)(dst + (size_t)(t0 + t) * a.nv * pad) = y[t];
-        }
-        return;
-    }
-    /* the TT rows' sums of squares over the warp by a halving exchange: at each step a lane keeps
-     * half of its rows and sends the other half to its partner (lane bits log2 TT .. 1), so 16 sums
-     * cost 16 shuffles (16 warp sums would cost 80); the lane bits left (0, and those above
-     * log2 TT + 1 when TT < 16) are summed by plain shuffles. Lane L ends with the sum of row
-     * (L >> 1) & (TT - 1). */
+}
+
+/* The TT rows' sums of squares over a warp (each lane's two channels of y) by a halving exchange: at
+ * each step a lane keeps half of its rows and sends the other half to its partner (lane bits
+ * log2 TT .. 1), so 16 sums cost 16 shuffles (16 warp sums would cost 80); the lane bits left (0, and
+ * those above log2 TT + 1 when TT < 16) are summed by plain shuffles. Lane L ends with the sum of row
+ * (L >> 1) & (TT - 1); conv_row_lane says which lanes hold a row's sum. */
+template <int TT>
+__device__ __forceinline__ float conv_row_sums(const float2 (&y)[TT], int lane) {
     static_assert(TT >= 1 && TT <= 16 && (TT & (TT - 1)) == 0, "the exchange halves a power of two rows");
     float q[TT];
 #pragma unroll
@@ -190,7 +184,54 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
     q[0] += __shfl_xor_sync(0xffffffffu, q[0], 1);
 #pragma unroll
     for (int m = 2 * TT; m < 32; m <<= 1) q[0] += __shfl_xor_sync(0xffffffffu, q[0], m);
-    if ((lane & 1) == 0 && (lane & ~(2 * TT - 1)) == 0) red[w][(lane >> 1) & (TT - 1)] = q[0];
+    return q[0];
+}
+template <int TT>
+__device__ __forceinline__ bool conv_row_lane(int lane) { return (lane & 1) == 0 && (lane & ~(2 * TT - 1)) == 0; }
+/* The L2-norm scale of a row from its two warps' sums (in this order: the same bits everywhere). */
+__device__ __forceinline__ float conv_row_scale(float s0, float s1, float qs) {
+    float ss = 0.f;
+    ss += s0;
+    ss += s1;
+    return rsqrtf(ss + 1e-6f) * qs;
+}
+
+template <int KC, int TT, int MINB>
+__global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_args a) {
+    constexpr int NW = CONV_THREADS / 32;
+    static_assert(NW == 2, "a row's sum is its two warps' (conv_row_scale)");
+    __shared__ float red[NW][TT];
+    const int t0 = blockIdx.x * TT, seg = blockIdx.y;
+    const cu_chunk_params *prm = a.prm + blockIdx.z;
+    const int len = prm->len;
+    if (t0 >= len) return; /* also every block of a padding row */
+    /* The row's tokens are found by their index in the batch (tok0 + t), not by moving the pointers
+     * in `a` to the row: moved pointers live in registers for the whole kernel (64 -> 80 registers
+     * at KC 4, TT 16: 12 blocks an SM instead of 16, and a cold row's conv 25 % slower), where
+     * unmoved ones stay kernel parameters. The saved inputs are read only by a row's first blocks. */
+    const int tok0 = blockIdx.z * a.bt.bucket;
+    const bf16 *conv_in = t0 < KC - 1 ? (const bf16 *)(cu_gdn_in(prm) + a.bt.conv_off) : NULL;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int i = 2 * tid; /* this thread's first channel in the segment */
+    const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
+    const int size = isv ? a.dv : a.dk, pad = isv ? a.DV : a.DK;
+    const int base = isv ? 2 * a.nk * a.dk + (seg - 2 * a.nk) * a.dv : seg * a.dk;
+    /* both channels real, or the first only (odd head dim), or neither */
+    const bool r0 = i < size, r1 = i + 1 < size;
+    const int ch = base + i;
+    float2 y[TT];
+    conv_tile<KC, TT>(a.P, a.ldP, conv_in, a.C, a.conv_w, tok0, t0, len, ch, r0, r1, y);
+    if (isv) {
+        if (i < pad) {
+            float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
+#pragma unroll
+            for (int t = 0; t < TT; t++)
+                if (t0 + t < len) *(float2 *)(dst + (size_t)(tok0 + t0 + t) * a.nv * pad) = y[t];
+        }
+        return;
+    }
+    const float q0 = conv_row_sums<TT>(y, lane);
+    if (conv_row_lane<TT>(lane)) red[w][(lane >> 1) & (TT - 1)] = q0;
     __syncthreads();
     if (i < pad) {
         const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
@@ -198,11 +239,8 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             if (t0 + t >= len) break;
-            float ss = 0.f;
-#pragma unroll
-            for (int u = 0; u < NW; u++) ss += red[u][t];
-            const float sc = rsqrtf(ss + 1e-6f) * qs;
-            *(uint32_t *)(dst + (size_t)(t0 + t) * a.nk * pad) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
+            const float sc = conv_row_scale(red[0][t], red[1][t], qs);
+            *(uint32_t *)(dst + (size_t)(tok0 + t0 + t) * a.nk * pad) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
         }
     }
 }
@@ -210,16 +248,20 @@ __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_conv_args a)
 /* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K), with 4 tokens a block on short
  * chunks. */
 static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, unsigned nrows,
-                           cudaStream_t st, squad_err *err) {
+                           bool exp_free, cudaStream_t st, squad_err *err) {
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
     const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
-        if (short_rows)                                                                                            \
-            gdn_conv_kernel<KC_, CONV_TT_SHORT><<<grid, CONV_THREADS, 0, st>>>(ca);                                \
+        if (exp_free && short_rows)                                                                                \
+            gdn_conv_kernel<KC_, CONV_TT_SHORT, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                             \
+        else if (exp_free)                                                                                         \
+            gdn_conv_kernel<KC_, CONV_TT_LONG, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                              \
+        else if (short_rows)                                                                                       \
+            gdn_conv_kernel<KC_, CONV_TT_SHORT, CONV_MIN_BLOCKS(KC_, CONV_TT_SHORT)><<<grid, CONV_THREADS, 0, st>>>(ca); \
         else                                                                                                       \
-            gdn_conv_kernel<KC_, CONV_TT_LONG><<<grid, CONV_THREADS, 0, st>>>(ca);                                 \
+            gdn_conv_kernel<KC_, CONV_TT_LONG, CONV_MIN_BLOCKS(KC_, CONV_TT_LONG)><<<grid, CONV_THREADS, 0, st>>>(ca); \
         break;
         CONV_CASE(1) CONV_CASE(2) CONV_CASE(3) CONV_CASE(4) CONV_CASE(5) CONV_CASE(6) CONV_CASE(7) CONV_CASE(8)
 #undef CONV_CASE
@@ -236,6 +278,7 @@ struct gdn_prep_args {
     const bf16 *P;
     int ldP;
     const float *A_log, *dt_bias;
+    const float *conv_w; /* the fused prep's (conv + gates + prep, FUSE) */
     const cu_chunk_params *prm;
     gdn_batch_args bt;
     int nk, nv, C;
@@ -267,9 +310,33 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t &hi, uin
     lo = cu_pack_bf16(x0 - __low2float(h), x1 - __high2float(h));
 }
 
-template <int DK, int DV>
+/* The prep's split: SPLIT blocks share one (block of 64 tokens, head). Each computes the gates, L
+ * and T = (I + L)^-1 (the block's dependent chain, repeated), and 1 / SPLIT of the rest: P, Gamma Q
+ * and K' by rows, W by columns of dk, U^T by columns of dv. On a short chunk the prep is one wave of
+ * latency-bound blocks (32 for a 128-token question), so more, shorter blocks finish sooner; a long
+ * chunk has blocks enough and keeps 1. Every output element is computed by the same instructions in
+ * the same order whatever the split, so the results are the same bits. A split needs 16 columns of
+ * dk and dv a block (mma tiles), so small heads run fewer (S). */
+#define PREP_SPLIT_MAX 4
+template <int DK, int DV, int SPLIT>
+struct prep_split {
+    static constexpr int S0 = SPLIT < DK / 16 ? SPLIT : DK / 16;
+    static constexpr int S = S0 < DV / 16 ? S0 : DV / 16; /* the split actually run */
+    static constexpr int ROWS = GDN_C / S;                 /* token rows of P, Gamma Q, K' */
+    static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
+};
+
+/* FUSE: the conv is done here, not by gdn_conv (short chunks, the fused prep: GDN_FUSE_*): q, k and v
+ * of the block computed from P into shared memory by the conv kernel's own arithmetic (conv_tile,
+ * conv_row_sums, its short 4-token tiles), so the same bits, one kernel less and no round trip of
+ * q, k, v through memory. Each split block computes all of k, its q rows and its v columns. */
+#define GDN_FUSE_KC 4   /* the conv kernel size it is built for (the Qwen3.5 models') */
+#define GDN_FUSE_DK 128 /* and the head dims (unpadded) */
+#define GDN_FUSE_DV 128
+template <int DK, int DV, int SPLIT, bool FUSE>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
+    typedef prep_split<DK, DV, SPLIT> SP;
     constexpr int LDK = SM::LDK, LDV = SM::LDV, LDL = SM::LDL;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
@@ -280,10 +347,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     float *gam = (float *)(smem + SM::vec_off);
     float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
-    const int c = blockIdx.x, h = blockIdx.y;
+    const int c = blockIdx.x, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
+    const int row0 = sp * SP::ROWS; /* this block's rows of P, Gamma Q, K' */
     a.prm += blockIdx.z;
     const int len = a.prm->len;
     const int t0 = c * GDN_C;
@@ -298,18 +366,69 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const size_t blk = (size_t)c * a.nv + h;
     const int dv = a.dv;
 
+    if constexpr (FUSE) { /* q, k, v of this block from P (the conv kernel's arithmetic) */
+        static_assert(DK == GDN_FUSE_DK && DV == GDN_FUSE_DV, "the fused prep's instances");
+        constexpr int KC = GDN_FUSE_KC, TT = CONV_TT_SHORT;
+        const bf16 *cin = c == 0 ? (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off) : NULL;
+        /* v: the split's columns, a thread a pair of channels over TTV tokens (no norm: any tiling
+         * gives the same bits) */
+        {
+            constexpr int VP = SP::UB / 2, VG = PREP_THREADS / VP, TTV = GDN_C / VG;
+            static_assert(VG * TTV == GDN_C, "v tiles cover the block");
+            const int vp = tid % VP, vg = tid / VP, col = sp * SP::UB + 2 * vp;
+            float2 yv[TTV];
+            conv_tile<KC, TTV>(a.P, a.ldP, cin, a.C, a.conv_w, 0, t0 + vg * TTV, len,
+                               2 * a.nk * DK + h * DV + col, true, true, yv);
+#pragma unroll
+            for (int t = 0; t < TTV; t++) *(float2 *)(Vs + (vg * TTV + t) * LDV + col) = yv[t];
+        }
+        /* k (all rows) and q (the split's), normalised: 4-token tiles of 128 channels, one a group of
+         * 64 threads (two warps) as in the conv kernel, their row sums through shared memory
+         * (two buffers: a tile's sums are read before the next barrier but one) */
+        __shared__ float fred[2][PREP_THREADS / 64][2][TT];
+        constexpr int KT = GDN_C / TT, QT = SP::ROWS / TT, NTL = KT + QT;
+        const int g = tid >> 6, wg = (tid >> 5) & 1, i = 2 * (tid & 63);
+        const float qs = rsqrtf((float)a.dk);
+#pragma unroll 1
+        for (int it = 0; it * (PREP_THREADS / 64) < NTL; it++) {
+            const int idx = it * (PREP_THREADS / 64) + g;
+            const bool act = idx < NTL, isk = idx < KT; /* both warp-uniform */
+            const int tt0 = isk ? idx * TT : row0 + (idx - KT) * TT;
+            float2 y[TT];
+            if (act)
+                conv_tile<KC, TT>(a.P, a.ldP, cin, a.C, a.conv_w, 0, t0 + tt0, len, (isk ? a.nk + hk : hk) * DK + i,
+                                  true, true, y);
+            else {
+#pragma unroll
+                for (int t = 0; t < TT; t++) y[t] = make_float2(0.f, 0.f);
+            }
+            const float q0 = conv_row_sums<TT>(y, lane);
+            if (conv_row_lane<TT>(lane)) fred[it & 1][g][wg][(lane >> 1) & (TT - 1)] = q0;
+            __syncthreads();
+            if (act) {
+                bf16 *dst = (isk ? Ks : Qs) + tt0 * LDK + i;
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    const float sc = conv_row_scale(fred[it & 1][g][0][t], fred[it & 1][g][1][t], isk ? 1.f : qs);
+                    *(uint32_t *)(dst + t * LDK) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
+                }
+            }
+        }
+    } else
     /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
     {
-        constexpr int SK = DK / 8, SV = DV / 4;
+        /* Q: the split's rows only; K: all (L needs them); V: the split's U^T columns only */
+        constexpr int SK = DK / 8, SV = SP::UB / 4;
         for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
             const int t = e / SK, s = e % SK;
             const bool ok = t0 + t < len;
             const size_t src = ((size_t)(ok ? t0 + t : 0) * a.nk + hk) * DK + 8 * s;
-            cu_cp_async16(Qs + t * LDK + 8 * s, a.scr.Qn + src, ok ? 16 : 0);
+            if (SP::S == 1 || (t >= row0 && t < row0 + SP::ROWS))
+                cu_cp_async16(Qs + t * LDK + 8 * s, a.scr.Qn + src, ok ? 16 : 0);
             cu_cp_async16(Ks + t * LDK + 8 * s, a.scr.Kn + src, ok ? 16 : 0);
         }
         for (int e = tid; e < GDN_C * SV; e += PREP_THREADS) {
-            const int t = e / SV, s = e % SV;
+            const int t = e / SV, s = sp * (SP::UB / 4) + e % SV;
             const bool ok = t0 + t < len;
             cu_cp_async16(Vs + t * LDV + 4 * s, a.scr.Vn + ((size_t)(ok ? t0 + t : 0) * a.nv + h) * DV + 4 * s,
                           ok ? 16 : 0);
@@ -350,7 +469,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         Gam[2 * lane + 1] = __expf(g1);
         gsc[2 * lane] = __expf(glast - g0);
         gsc[2 * lane + 1] = __expf(glast - g1);
-        if (lane == 31) a.scr.glast[blk] = __expf(glast);
+        if (lane == 31 && sp == 0) a.scr.glast[blk] = __expf(glast);
     }
     cu_cp_async_wait<0>();
     __syncthreads();
@@ -360,8 +479,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         constexpr int SK = DK / 8;
         bf16 *Qg = a.scr.Qg + blk * GDN_C * DK;
         bf16 *Kp = a.scr.Kp + blk * GDN_C * CU_GDN_LDW(DK);
-        for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
-            const int t = e / SK, s = e % SK;
+        for (int e = tid; e < SP::ROWS * SK; e += PREP_THREADS) {
+            const int t = row0 + e / SK, s = e % SK;
             const uint4 qv = *(const uint4 *)(Qs + t * LDK + 8 * s), kv = *(const uint4 *)(Ks + t * LDK + 8 * s);
             const __nv_bfloat162 *q2 = (const __nv_bfloat162 *)&qv, *k2 = (const __nv_bfloat162 *)&kv;
             uint4 qo, ko;
@@ -382,6 +501,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
      *    (not once per n-tile by scalar loads). */
     {
         const int mt = w >> 1, i0 = 16 * mt + r, i1 = i0 + 8;
+        /* this warp's row tile is among the split's P rows (warp-uniform) */
+        const bool pw = 16 * mt >= row0 && 16 * mt < row0 + SP::ROWS;
         bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C;
         float kk[4][4], qk4[4][4];
 #pragma unroll
@@ -393,9 +514,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
 #pragma unroll
         for (int ks = 0; ks < DK / 16; ks++) {
             const int k0 = 16 * ks + 2 * cc;
-            uint32_t ak[4], aq[4];
+            uint32_t ak[4], aq[4] = {0u, 0u, 0u, 0u};
             cu_ldmatrix_x4(ak, Ks + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
-            cu_ldmatrix_x4(aq, Qs + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
+            if (pw) cu_ldmatrix_x4(aq, Qs + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
 #pragma unroll
             for (int q4 = 0; q4 < 4; q4++) {
                 const int nt = nt0 + q4;
@@ -403,15 +524,17 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                 const uint32_t b0 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0);
                 const uint32_t b1 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0 + 8);
                 cu_mma16816(kk[q4], ak, b0, b1);
-                cu_mma16816(qk4[q4], aq, b0, b1);
+                if (pw) cu_mma16816(qk4[q4], aq, b0, b1);
             }
         }
 #pragma unroll
         for (int q4 = 0; q4 < 4; q4++) {
             const int nt = nt0 + q4, j0 = 8 * nt + 2 * cc;
             if (8 * nt > 16 * mt + 15) { /* above the diagonal: P is 0 there */
-                *(uint32_t *)(Pm + i0 * GDN_C + j0) = 0u;
-                *(uint32_t *)(Pm + i1 * GDN_C + j0) = 0u;
+                if (pw) {
+                    *(uint32_t *)(Pm + i0 * GDN_C + j0) = 0u;
+                    *(uint32_t *)(Pm + i1 * GDN_C + j0) = 0u;
+                }
                 continue;
             }
             const int ii[4] = {i0, i0, i1, i1}, jj[4] = {j0, j0 + 1, j0, j0 + 1};
@@ -423,8 +546,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                 if (cj < ri) Ls[ri * LDL + cj] = bet[ri] * dec * kk[q4][e];
                 pv[e] = dec * qk4[q4][e];
             }
-            *(uint32_t *)(Pm + i0 * GDN_C + j0) = cu_pack_bf16(pv[0], pv[1]);
-            *(uint32_t *)(Pm + i1 * GDN_C + j0) = cu_pack_bf16(pv[2], pv[3]);
+            if (pw) {
+                *(uint32_t *)(Pm + i0 * GDN_C + j0) = cu_pack_bf16(pv[0], pv[1]);
+                *(uint32_t *)(Pm + i1 * GDN_C + j0) = cu_pack_bf16(pv[2], pv[3]);
+            }
         }
     }
     __syncthreads();
@@ -508,9 +633,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         if (tid < GDN_C) sbg[tid] = bet[tid] * Gam[tid];
         __syncthreads();
 
-        /* W: columns [half CW, half CW + CW) of DK, CW = DK / 2 (or all 16 when DK = 16) */
-        constexpr int CW = DK / 2 < 16 ? 16 : DK / 2, NPW = CW / 16;
-        if (half * CW < DK) {
+        /* W: the split's columns [sp WB, (sp + 1) WB) of DK, half CW each, CW = WB / 2 (or all 16
+         * when WB = 16) */
+        constexpr int CW = SP::WB / 2 < 16 ? 16 : SP::WB / 2, NPW = CW / 16;
+        const int wc0 = sp * SP::WB + half * CW; /* this warp's first column */
+        if (half * CW < SP::WB) {
             float acc[2 * NPW][4];
 #pragma unroll
             for (int j = 0; j < 2 * NPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -522,7 +649,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
 #pragma unroll
                 for (int np = 0; np < NPW; np++) {
                     uint32_t kb[4];
-                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + half * CW + 16 * np + (lane >> 4) * 8);
+                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + wc0 + 16 * np + (lane >> 4) * 8);
                     cu_mma16816(acc[2 * np], ah, kb[0], kb[1]);
                     cu_mma16816(acc[2 * np], al, kb[0], kb[1]);
                     cu_mma16816(acc[2 * np + 1], ah, kb[2], kb[3]);
@@ -532,14 +659,15 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
             bf16 *W = a.scr.W + blk * GDN_C * CU_GDN_LDW(DK);
 #pragma unroll
             for (int j = 0; j < 2 * NPW; j++) {
-                const int n = half * CW + 8 * j + 2 * cc;
+                const int n = wc0 + 8 * j + 2 * cc;
                 *(uint32_t *)(W + i0 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][0], acc[j][1]);
                 *(uint32_t *)(W + i1 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][2], acc[j][3]);
             }
         }
         /* U^T: columns [half DV / 2, ...) of DV, B fragments from fp32 V split on the fly */
         {
-            constexpr int CU = DV / 2, NJU = CU / 8;
+            constexpr int CU = SP::UB / 2, NJU = CU / 8;
+            const int uc0 = sp * SP::UB + half * CU; /* this warp's first column */
             float acc[NJU][4];
 #pragma unroll
             for (int j = 0; j < NJU; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -551,7 +679,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
                 const int k0 = 16 * ks + 2 * cc;
 #pragma unroll
                 for (int j = 0; j < NJU; j++) {
-                    const int n = half * CU + 8 * j + r;
+                    const int n = uc0 + 8 * j + r;
                     uint32_t bh0, bl0, bh1, bl1;
                     split_bf16(Vs[k0 * LDV + n], Vs[(k0 + 1) * LDV + n], bh0, bl0);
                     split_bf16(Vs[(k0 + 8) * LDV + n], Vs[(k0 + 9) * LDV + n], bh1, bl1);
@@ -563,7 +691,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
             float *UT = a.scr.UT + blk * DV * CU_GDN_LDU;
 #pragma unroll
             for (int j = 0; j < NJU; j++) {
-                const int n = half * CU + 8 * j + 2 * cc;
+                const int n = uc0 + 8 * j + 2 * cc;
                 UT[n * CU_GDN_LDU + i0] = acc[j][0];
                 UT[(n + 1) * CU_GDN_LDU + i0] = acc[j][1];
                 UT[n * CU_GDN_LDU + i1] = acc[j][2];
@@ -815,6 +943,7 @@ struct gdn_out_args {
     gdn_batch_args bt;
     int nk, nv, dv, K, C, rows; /* rows: the bucket */
     float eps;
+    int exp; /* cu_gdn_dims.exp */
     cu_gdn_scratch scr;
 };
 
@@ -868,11 +997,17 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     }
     a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
 
-    /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some channels */
-    cu_conv_state_shift(a.conv_state, (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off), a.P, a.ldP, a.C, a.K, len,
-                        (blockIdx.x * gridDim.y + h) * NT + tid, gridDim.x * gridDim.y * NT);
+    /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some
+     * channels. Its loads and stores go while the block's operands are on their way (issued
+     * first): done before them, they put a dependent round trip to memory ahead of most blocks'
+     * copies, which a short chunk's one wave of blocks pays in full. */
+    const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
+    const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
+    const bool shift_early = (a.exp & GDN_EXP_OUT_SHIFT_FIRST) != 0;
+    if (shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
     const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
+        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
             a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
@@ -897,6 +1032,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
             cu_cp_async16(Zs + t * SM::LDZ + 8 * s, src, ok ? 16 : 0);
         }
         cu_cp_async_commit();
+        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         cu_cp_async_wait<0>();
         __syncthreads();
     }
@@ -1073,6 +1209,46 @@ static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, int nc
         gdn_scan_kernel<DK, DV, RG_, 2><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
 }
 
+/* The prep with `split` blocks a (block, head) (1, 2 or 4, bounded by the head dims: prep_split);
+ * FUSE: the conv too (only the GDN_FUSE_* head dims are instantiated). */
+template <int DK, int DV, bool FUSE>
+static void launch_gdn_prep(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, cudaStream_t st) {
+    constexpr size_t sm = prep_smem<DK, DV>::bytes;
+    if (split >= 4)
+        gdn_prep_kernel<DK, DV, 4, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS, sm, st>>>(pa);
+    else if (split == 2)
+        gdn_prep_kernel<DK, DV, 2, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS, sm, st>>>(pa);
+    else
+        gdn_prep_kernel<DK, DV, 1, FUSE><<<dim3(nc, nv, nr), PREP_THREADS, sm, st>>>(pa);
+}
+template <int DK, int DV>
+static void launch_gdn_prep_any(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, bool fused,
+                                cudaStream_t st) {
+    if constexpr (DK == GDN_FUSE_DK && DV == GDN_FUSE_DV)
+        if (fused) return launch_gdn_prep<DK, DV, true>(pa, nc, nv, nr, split, st);
+    launch_gdn_prep<DK, DV, false>(pa, nc, nv, nr, split, st);
+}
+template <int DK, int DV, bool FUSE>
+static int prep_attr(squad_err *err) {
+    constexpr int sm = (int)prep_smem<DK, DV>::bytes;
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    return 0;
+}
+template <int DK, int DV>
+static int prep_init(squad_err *err) {
+    if (int rc = prep_attr<DK, DV, false>(err)) return rc;
+    if constexpr (DK == GDN_FUSE_DK && DV == GDN_FUSE_DV) return prep_attr<DK, DV, true>(err);
+    return 0;
+}
+/* The fused prep serves this layer and launch: short rows (the conv's 4-token tiles, whose bits it
+ * reproduces), the kernel size and head dims it is built for; GDN_EXP_FUSE turns it on. */
+static bool gdn_fused(const cu_gdn_dims *d, bool short_conv) {
+    return (d->exp & GDN_EXP_FUSE) && short_conv && d->K == GDN_FUSE_KC && d->dk == GDN_FUSE_DK &&
+           d->dv == GDN_FUSE_DV;
+}
+
 /* The shared memory every scan instantiation of (DK, DV) may take. */
 template <int DK, int DV, int RG_>
 static cudaError_t scan_attr() {
@@ -1097,8 +1273,7 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
 #define GDN_INIT(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                 \
-        CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,          \
-                                    (int)prep_smem<DK_, DV_>::bytes));                                              \
+        if (int rc_ = prep_init<DK_, DV_>(err)) return rc_;                                                      \
         if (int rc_ = scan_init<DK_, DV_>(err)) return rc_;                                                      \
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_LONG>,                                            \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
@@ -1120,6 +1295,18 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
  * rows. Measured on 16 rows of 32 / 128 tokens (0.8B, H200), the scan's share: 1 row group
  * 0.52 / 0.74 ms, 2 0.47 / 0.66-0.70, 4 0.50 / 0.75; a single row keeps one (its 128 blocks are
  * one wave already; 2 took 0.104 ms against 0.089). */
+/* The prep's split (prep_split): as fixed, else on short launches (short_rows: a hit's question,
+ * a few of them) the largest that keeps the blocks within what the GPU holds at once (two an SM), so
+ * their one wave gets more, shorter blocks; longer launches keep one a (block, head) (not measured
+ * split: left as they were). */
+static int gdn_prep_split(const cu_gdn_dims *d, long blocks, bool short_rows) {
+    if (d->prep_split == 1 || d->prep_split == 2 || d->prep_split == 4) return d->prep_split;
+    if (!short_rows) return 1;
+    for (int s = PREP_SPLIT_MAX; s > 1; s /= 2)
+        if (d->n_sm > 0 && blocks * s <= 2L * d->n_sm) return s;
+    return 1;
+}
+
 #define GDN_SCAN_RG_MAX 2
 static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
     if (d->scan_rg == 1 || d->scan_rg == 2 || d->scan_rg == 4) return d->scan_rg;
@@ -1144,10 +1331,10 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const unsigned nr = (unsigned)b->nrows;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
     const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
-    gdn_conv_args ca = {P, d->ldP, NULL, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
-    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
+    gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
-    gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, *scr};
+    gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, d->exp, *scr};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
@@ -1155,12 +1342,16 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
      * kernel's one-tile blocks are slower there, 0.70-0.79 against 0.51, so it keeps the total) */
     const bool short_conv = short_rows || rows <= d->short_rows;
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
+    const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr, short_rows);
+    const bool conv_free = (d->exp & GDN_EXP_CONV_FREE) != 0;
+    const bool fused = gdn_fused(d, short_conv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        if (run & CU_GDN_CONV)                                                                                     \
-            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, st, err)) return rc_;       \
+        if ((run & CU_GDN_CONV) && !fused)                                                                         \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, conv_free, st, err))        \
+                return rc_;                                                                                        \
         if (run & CU_GDN_PREP) {                                                                                   \
-            gdn_prep_kernel<DK_, DV_><<<dim3(nc, d->nv, nr), PREP_THREADS, prep_smem<DK_, DV_>::bytes, st>>>(pa);  \
+            launch_gdn_prep_any<DK_, DV_>(pa, nc, d->nv, nr, prep_split, fused, st);                              \
             CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
         }                                                                                                          \
         if (run & CU_GDN_SCAN) {                                                                                   \
