@@ -488,13 +488,13 @@ int cu_attn_supported(const cu_attn_dims *d) {
 
 /* The bf16 forward runs on wgmma wherever it can (head_dim 256 on compute capability 9.0, this
  * build's sm_90a code loading); SQUAD_ATT_SM90 (an experiment switch) picks: 0 mma.sync everywhere,
- * 1 (the default) P V once P is whole, 2 P V slice by slice, 3 one warpgroup's P V a tile later. */
+ * 1 (the default) P V once P is whole, 2 P V slice by slice. */
 #define ATT_SM90_DEFAULT CU_ATT_SM90_WHOLE
 static int att_sm90_wanted(void) {
     const char *e = getenv("SQUAD_ATT_SM90");
     if (!e || !e[0]) return ATT_SM90_DEFAULT;
     const int v = atoi(e);
-    return v == CU_ATT_SM90_WHOLE || v == CU_ATT_SM90_SLICED || v == CU_ATT_SM90_LAGGED ? v : 0;
+    return v == CU_ATT_SM90_WHOLE || v == CU_ATT_SM90_SLICED ? v : 0;
 }
 
 int cu_attn_init(cu_attn_dims *d, squad_err *err) {

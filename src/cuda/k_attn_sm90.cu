@@ -122,83 +122,6 @@ __device__ __forceinline__ void ats_pv(float (&d)[32][4], const uint32_t (&pa)[4
         : "r"(pa[0]), "r"(pa[1]), "r"(pa[2]), "r"(pa[3]), "l"(dv), "r"(1)
         : "memory");
 }
-
-/* The online softmax of one tile for the lane's rows (mask, running max and sum, O rescaled, P
- * packed into the A fragments of P V's four 16-key slices): attn_fwd's code. */
-__device__ __forceinline__ void ats_softmax(float (&S)[8][4], float (&O)[ATS_HD / 8][4], uint32_t (&pa)[4][4],
-                                            float &m0, float &m1, float &l0, float &l1, float scale_log2,
-                                            bool mask, int kb, int lim0, int lim1, int c) {
-    if (mask) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int key = kb + 8 * j + 2 * c;
-            if (key >= lim0) S[j][0] = -INFINITY;
-            if (key + 1 >= lim0) S[j][1] = -INFINITY;
-            if (key >= lim1) S[j][2] = -INFINITY;
-            if (key + 1 >= lim1) S[j][3] = -INFINITY;
-        }
-    }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
-        mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float nm0 = fmaxf(m0, mx0 * scale_log2), nm1 = fmaxf(m1, mx1 * scale_log2);
-    const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
-    const float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
-    m0 = nm0;
-    m1 = nm1;
-    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < ATS_HD / 8; j++) {
-            O[j][0] *= al0;
-            O[j][1] *= al0;
-            O[j][2] *= al1;
-            O[j][3] *= al1;
-        }
-    }
-    float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        S[j][0] = exp2f(fmaf(S[j][0], scale_log2, -u0));
-        S[j][1] = exp2f(fmaf(S[j][1], scale_log2, -u0));
-        S[j][2] = exp2f(fmaf(S[j][2], scale_log2, -u1));
-        S[j][3] = exp2f(fmaf(S[j][3], scale_log2, -u1));
-        s0 += S[j][0] + S[j][1];
-        s1 += S[j][2] + S[j][3];
-    }
-    l0 = l0 * al0 + s0;
-    l1 = l1 * al1 + s1;
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++) {
-        pa[ks][0] = cu_pack_bf16(S[2 * ks][0], S[2 * ks][1]);
-        pa[ks][1] = cu_pack_bf16(S[2 * ks][2], S[2 * ks][3]);
-        pa[ks][2] = cu_pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
-        pa[ks][3] = cu_pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-    }
-}
-
-/* O += P V for one tile (V at v_base), waited for; O and P stay put until the wait. */
-__device__ __forceinline__ void ats_pv_tile(float (&O)[ATS_HD / 8][4], uint32_t (&pa)[4][4], uint32_t v_base) {
-    ats_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++) ats_pv(O, pa[ks], ats_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
-    ats_commit();
-    ats_wait_all();
-#pragma unroll
-    for (int j = 0; j < ATS_HD / 8; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) ats_pin(O[j][e]);
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) ats_pin_r(pa[ks][e]);
-}
 #endif
 
 /* Writes 1 when this cubin holds the Hopper code (the guard above was on when it was compiled). */
@@ -210,11 +133,10 @@ __global__ void k_attn_sm90_probe(int *out) {
 #endif
 }
 
-template <int MODE>
+template <bool SLICED>
 __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = ATS_HD;
-    constexpr bool SLICED = MODE == CU_ATT_SM90_SLICED;
     extern __shared__ uint8_t ats_raw[];
     const uint32_t mis = cu_smem_addr(ats_raw) & (ATS_ALIGN - 1);
     uint8_t *smem = ats_raw + (mis ? ATS_ALIGN - mis : 0);
@@ -273,58 +195,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
 #pragma unroll
     for (int j = 0; j < HD / 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-
-    if (MODE == CU_ATT_SM90_LAGGED) {
-        /* warpgroup 1 runs a tile's P V at the start of the next tile, while warpgroup 0 computes
-         * that tile's S: the tensor cores see [S of wg 0 | P V of wg 1], then [S of wg 1 | P V of wg
-         * 0], each warpgroup's softmax beside the other's wgmma. A second barrier a tile (B) marks
-         * every P V of the previous tile done before the next copies overwrite its stage. Every
-         * warpgroup computes every tile's S (a tile past its rows is all masked: no effect). */
-        const bool lagged = wg == 1;
-        bool pending = false;
-        uint32_t pa[4][4], v_prev = 0;
-        int stage = 0;
-        for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN, stage ^= 1) {
-            cu_cp_async_wait<0>();
-            ats_proxy_fence();
-            __syncthreads(); /* A: this tile landed, visible to wgmma */
-            if (lagged && pending) ats_pv_tile(O, pa, v_prev);
-            const uint32_t k_base = cu_smem_addr(smem + ATS_Q_BYTES + (size_t)stage * 2 * ATS_KV_TILE);
-            float S[8][4];
-#pragma unroll
-            for (int j = 0; j < 8; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
-            ats_fence();
-#pragma unroll
-            for (int ks = 0; ks < HD / 16; ks++) {
-                const uint32_t off = (ks & 3) * 32;
-                ats_qk(S, ats_desc(q_base + (ks >> 2) * ATS_Q_PANEL_BYTES + off, 16, 1024),
-                       ats_desc(k_base + (ks >> 2) * ATS_KV_PANEL_BYTES + off, 16, 1024), ks > 0);
-            }
-            ats_commit();
-            __syncthreads(); /* B: the previous tile's P V done everywhere: its stage is free */
-            if (kb + CU_ATT_BN < k_hi) {
-                bf16 *Kn = (bf16 *)(smem + ATS_Q_BYTES + (size_t)(stage ^ 1) * 2 * ATS_KV_TILE);
-                att_load_kv<HD, DSTEP>(Kn, Kn + ATS_KV_TILE / 2, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
-                cu_cp_async_commit();
-            }
-            ats_wait_all();
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) ats_pin(S[j][e]);
-            ats_softmax(S, O, pa, m0, m1, l0, l1, a.scale_log2, kb + CU_ATT_BN > limf, kb, lim0, lim1, c);
-            if (lagged) {
-                pending = true;
-                v_prev = k_base + ATS_KV_TILE;
-            } else {
-                ats_pv_tile(O, pa, k_base + ATS_KV_TILE);
-            }
-        }
-        if (lagged && pending) ats_pv_tile(O, pa, v_prev); /* the last tile's stage is not reloaded */
-        att_finish<HD>(a, b, O, m0, m1, l0, l1, row0, row1, h, c);
-        return;
-    }
-    (void)limg;
 
     int stage = 0;
     for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN, stage ^= 1) {
@@ -471,12 +341,10 @@ int cu_attn_sm90_probe(int *ok, squad_err *err) {
     cudaFree(d);
     if (e != cudaSuccess) return cu_fail(err, "k_attn_sm90_probe", e, __FILE__, __LINE__);
     if (h == 1) {
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<CU_ATT_SM90_WHOLE>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<CU_ATT_SM90_SLICED>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<CU_ATT_SM90_LAGGED>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
+        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    ATS_SMEM));
+        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    ATS_SMEM));
         *ok = 1;
     }
     return 0;
@@ -486,9 +354,7 @@ int cu_attn_sm90_takes(int hd) { return hd == ATS_HD; }
 
 void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, int variant, cudaStream_t st) {
     if (variant == CU_ATT_SM90_SLICED)
-        attn_fwd_sm90_kernel<CU_ATT_SM90_SLICED><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
-    else if (variant == CU_ATT_SM90_LAGGED)
-        attn_fwd_sm90_kernel<CU_ATT_SM90_LAGGED><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
+        attn_fwd_sm90_kernel<true><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
     else
-        attn_fwd_sm90_kernel<CU_ATT_SM90_WHOLE><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
+        attn_fwd_sm90_kernel<false><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
 }
