@@ -28,8 +28,9 @@
  *  - The widened GEMM input alone (k_lora.cu's cu_lora_input through cuda_test_api.h: x made by
  *    the norm, SiLU * up or a copy, then each token's u = A x in its slot's columns) against its
  *    double-precision host reference, on both paths (bf16 on the tensor cores; fp32): one to
- *    three slots, rank widths of 5 to 128 (one or two column groups a block), token counts that
- *    are not multiples of the 16-token tile (1, 37, 130, 600), `in` not a multiple of 16 (and, on
+ *    three slots, rank widths of 5 to 128, token counts that are not multiples of the 16-token
+ *    tile (1, 37, 130, 300, 600, 1100, 2200: `in` split over a cluster of 1 to 8 blocks, even and
+ *    uneven slices; column groups of 16, 32 and 64), `in` not a multiple of 16 (and, on
  *    the exact path, odd), tokens of different slots alternating inside one tile, slot-0 rows and
  *    out-of-range slots. The output starts as NaN and every other slot's columns must come back
  *    exactly zero (the GEMM multiplies them by the other slots' B); the copy's source past `in`
@@ -934,6 +935,11 @@ static void test_lora_kernel(void) {
         {1, 130, 3584, 7168, 16, 2, 0},
         {2, 37, 200, 216, 128, 2, 0},
         {2, 16, 2048, 2048, 16, 1, 0},
+        {0, 300, 2048, 2048, 16, 2, 0},
+        /* long chunks: one slice, the wider column groups (32 and 64 columns, the last partial) */
+        {0, 2200, 1024, 1024, 64, 2, 0},
+        {2, 1100, 256, 256, 48, 2, 0},
+        {1, 2200, 512, 1024, 48, 1, 0},
         {2, 37, 37, 40, 20, 3, 1},
         {0, 9, 33, 33, 5, 1, 1},
         {1, 20, 45, 90, 7, 2, 1},

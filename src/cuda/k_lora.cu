@@ -29,6 +29,10 @@
  */
 #include "k_lora.cuh"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 #define LX_TM 16        /* tokens per block: the mma's M */
 #define LX_THREADS 256
 #define LX_WARPS (LX_THREADS / 32)
@@ -36,6 +40,8 @@
 #define LX_KS (LX_KC / 16 / LX_WARPS) /* k-steps of 16 a warp runs per chunk */
 #define LX_XLD (LX_KC + 8) /* the chunk's row stride: fragment loads conflict-free, rows 16-byte aligned */
 #define LX_CW_MAX 64    /* rank columns of a block (8 n8 tiles): the accumulators' registers */
+#define LX_SLICES_MAX 8 /* slices of `in` a tile's blocks split (a cluster: the portable cluster size) */
+#define LX_MIN_SLICE 128 /* the narrowest slice: a k-step for each of the 8 warps */
 #define LX_KC_F32 256   /* k per chunk on the exact path */
 #define LX_CW_F32 16    /* rank columns of a block on the exact path (LX_THREADS / LX_TM) */
 static_assert(LX_KS * 16 * LX_WARPS == LX_KC, "a chunk splits evenly over the warps");
@@ -147,29 +153,62 @@ static __device__ __forceinline__ uint4 lx_make8(const cu_lora_input_args &a, in
     return o;
 }
 
+/* Programmatic dependent launch (the backend launches these kernels with the attribute): the grid
+ * before this one in the stream complete, its memory visible (at once without the attribute).
+ * Nothing it writes may be read, and nothing it reads (the previous GEMM's input is xw) written,
+ * before this. */
+static __device__ __forceinline__ void lx_grid_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+/* Lets the next grid (the GEMM reading xw, which waits for this grid before reading it) start
+ * launching now: its weights' loads overlap this grid. */
+static __device__ __forceinline__ void lx_launch_next() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, 1)
-    k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows) {
+    k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
     constexpr int CW = 8 * NT, RLD = CW + 4; /* the partials' row stride (floats) */
     constexpr int XS_BYTES = LX_TM * LX_XLD * 2, RED_BYTES = LX_WARPS * LX_TM * RLD * 4;
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
+    __shared__ float bsum[LX_TM][CW]; /* the block's u over its slice (read by the cluster's rank 0) */
+    __shared__ float ssp[LX_TM];      /* the norm: the block's sums of squares over its slice */
     __shared__ int ts[LX_TM];
     __shared__ float rinv[LX_TM];
     bf16 *xs = reinterpret_cast<bf16 *>(smem);   /* the chunk of x [LX_TM][LX_XLD] */
     float *red = reinterpret_cast<float *>(smem); /* after the last chunk: [LX_WARPS][LX_TM][RLD] */
+    cg::cluster_group cluster = cg::this_cluster();
+    const int ks = (int)gridDim.z, z = (int)blockIdx.z; /* the cluster: the tile's slices of `in` */
     bf16 *xw = static_cast<bf16 *>(a.xw);
     const bf16 *A = static_cast<const bf16 *>(a.A);
     const int ldw = a.in + a.n_slots * a.R, t0 = (int)blockIdx.x * LX_TM;
     const int c0 = (int)blockIdx.y * CW, c1 = min(c0 + CW, a.R);
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-    const int in16 = lx_round(a.in, 16);
+    const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
+    lx_launch_next();
+    /* the slots come from the host's copy before the graph, A from an upload: both before the wait */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
-    lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
     const bool writer = blockIdx.y == 0;
-    if (!todo && !writer) return;
+    if (!todo && !writer) return; /* the whole cluster: one tile, one column group */
+    lx_grid_wait();
+    if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
     if (a.src == CU_LORA_NORM) {
-        lx_row_scales<1>(rinv, a.h, a.in, a.eps, t0, rows);
-        __syncthreads();
+        /* each slice's sums of squares, then every block sums the cluster's in slice order */
+        for (int row = warp; row < LX_TM; row += LX_WARPS) {
+            const int t = t0 + row;
+            float ss = 0.0f;
+            if (t < rows)
+                for (int i = kb + 4 * lane; i < min(ke, a.in); i += 128) {
+                    const float4 v = *reinterpret_cast<const float4 *>(a.h + (size_t)t * a.in + i);
+                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                }
+            ss = cu_warp_sum(ss);
+            if (lane == 0) ssp[row] = ss;
+        }
+        cluster.sync();
+        if (threadIdx.x < LX_TM) {
+            float ss = 0.0f;
+            for (int q = 0; q < ks; q++) ss += *cluster.map_shared_rank(&ssp[threadIdx.x], q);
+            rinv[threadIdx.x] = rsqrtf(ss / (float)a.in + a.eps);
+        }
+        cluster.sync(); /* rinv is in; no block's ssp is read any more */
     }
     bool first = true;
     for (;;) {
@@ -179,17 +218,18 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
         if (!(first && writer) && !s) break;
         const bf16 *As = s ? A + (size_t)(s - 1) * a.R * a.lda : A;
         float acc[NT][4] = {};
-        for (int k0 = 0; k0 < a.in; k0 += LX_KC) {
-            /* this warp's A fragments of the chunk first: their loads overlap x's */
+        for (int k0 = kb; k0 < ke; k0 += LX_KC) {
+            /* this warp's k-steps of the chunk: j LX_WARPS + warp (a short slice still spreads over
+             * the warps); their A fragments first, so the loads overlap x's */
             uint32_t bfr[LX_KS][NT][2];
 #pragma unroll
             for (int j = 0; j < LX_KS; j++) {
-                const int kg = k0 + (warp * LX_KS + j) * 16 + 2 * tq;
+                const int kg = k0 + (j * LX_WARPS + warp) * 16 + 2 * tq;
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     const int n = c0 + nt * 8 + gq;
                     bfr[j][nt][0] = bfr[j][nt][1] = 0;
-                    if (s && n < c1 && kg < in16) {
+                    if (s && n < c1 && kg < ke) {
                         const bf16 *p = As + (size_t)n * a.lda + kg;
                         bfr[j][nt][0] = *reinterpret_cast<const uint32_t *>(p);
                         bfr[j][nt][1] = *reinterpret_cast<const uint32_t *>(p + 8);
@@ -197,8 +237,10 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
                 }
             }
             /* the chunk of x: units of 8 values, consecutive threads on consecutive k */
+            const int kn = min(LX_KC, ke - k0);
             for (int u = (int)threadIdx.x; u < LX_TM * (LX_KC / 8); u += LX_THREADS) {
                 const int row = u / (LX_KC / 8), kk = (u % (LX_KC / 8)) * 8, k = k0 + kk, t = t0 + row;
+                if (kk >= kn) continue;
                 uint4 v = make_uint4(0, 0, 0, 0);
                 if (t < rows && k < a.in) {
                     v = lx_make8(a, t, k, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
@@ -210,8 +252,8 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
             if (s) {
 #pragma unroll
                 for (int j = 0; j < LX_KS; j++) {
-                    const int kl = (warp * LX_KS + j) * 16 + 2 * tq;
-                    if (k0 + kl >= in16) break;
+                    const int kl = (j * LX_WARPS + warp) * 16 + 2 * tq;
+                    if (k0 + kl >= ke) break;
                     uint32_t af[4];
                     af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
                     af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
@@ -225,7 +267,8 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
         }
         first = false;
         if (!s) break;
-        /* the warps' partials, then their sum in warp order */
+        /* the warps' partials, their sum in warp order (the block's slice), then rank 0 sums the
+         * cluster's slices in order */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             float *pw = red + (size_t)warp * LX_TM * RLD;
@@ -234,14 +277,22 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
         }
         __syncthreads();
         for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
-            const int row = idx / CW, c = idx % CW, t = t0 + row;
-            if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
+            const int row = idx / CW, c = idx % CW;
             float sum = 0.0f;
 #pragma unroll
             for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
-            xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
+            bsum[row][c] = sum;
         }
-        __syncthreads(); /* red is the next slot's chunk */
+        cluster.sync(); /* every slice's bsum is in (and red is free again) */
+        if (z == 0)
+            for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
+                const int row = idx / CW, c = idx % CW, t = t0 + row;
+                if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
+                float sum = 0.0f;
+                for (int q = 0; q < ks; q++) sum += *cluster.map_shared_rank(&bsum[row][c], q);
+                xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
+            }
+        cluster.sync(); /* no block leaves, or moves to the next slot, while rank 0 reads its bsum */
         if (!todo) break;
     }
 }
@@ -319,6 +370,38 @@ static int lx_block_cols(int R, int tiles, int n_sm) {
     return cw == 48 ? LX_CW_MAX : cw; /* 16, 32 or 64: the kernel's instances */
 }
 
+/* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: up to
+ * about one block an SM, each slice at least LX_MIN_SLICE wide. */
+static int lx_slices(int in16, int blocks, int n_sm) {
+    int ks = (n_sm + blocks - 1) / blocks;
+    if (ks > LX_SLICES_MAX) ks = LX_SLICES_MAX;
+    while (ks > 1 && in16 / ks < LX_MIN_SLICE) ks--;
+    return ks < 1 ? 1 : ks;
+}
+
+template <int NT>
+static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, const int *token_slot, int rows,
+                             cudaStream_t st) {
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = grid.z;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization; /* lx_grid_wait */
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = dim3(LX_THREADS);
+    lc.dynamicSmemBytes = 0;
+    lc.stream = st;
+    lc.attrs = at;
+    lc.numAttrs = 2;
+    if (cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice);
+}
+
 static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
 
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
@@ -345,14 +428,14 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
         return cu_err(err, SQUAD_E_UNSUPPORTED,
                       "cu_lora_input: bf16 needs in %% 8 == 0 (%d), R %% 16 == 0 (%d), 16-byte aligned rows", a->in,
                       a->R);
-    const int cw = lx_block_cols(a->R, tiles, n_sm > 0 ? n_sm : 1);
-    const dim3 grid((unsigned)tiles, (unsigned)((a->R + cw - 1) / cw));
-    if (cw == 16)
-        k_lora_input_mma<2><<<grid, LX_THREADS, 0, st>>>(*a, token_slot, rows);
-    else if (cw == 32)
-        k_lora_input_mma<4><<<grid, LX_THREADS, 0, st>>>(*a, token_slot, rows);
-    else
-        k_lora_input_mma<8><<<grid, LX_THREADS, 0, st>>>(*a, token_slot, rows);
+    const int sms = n_sm > 0 ? n_sm : 1, cw = lx_block_cols(a->R, tiles, sms), groups = (a->R + cw - 1) / cw;
+    const int in16 = lx_round(a->in, 16), ks = lx_slices(in16, tiles * groups, sms);
+    const int slice = lx_round((in16 + ks - 1) / ks, 16);
+    const dim3 grid((unsigned)tiles, (unsigned)groups, (unsigned)((in16 + slice - 1) / slice));
+    const cudaError_t e = cw == 16   ? lx_launch<2>(grid, slice, a, token_slot, rows, st)
+                          : cw == 32 ? lx_launch<4>(grid, slice, a, token_slot, rows, st)
+                                     : lx_launch<8>(grid, slice, a, token_slot, rows, st);
+    if (e != cudaSuccess) return cu_fail(err, "k_lora_input_mma (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     CU_LAUNCH_CHECK("k_lora_input_mma");
     return 0;
 }
