@@ -671,6 +671,10 @@ static int widen_layer(cu_be *cb, int l, int *max_ldw, squad_err *err) {
             at += widths[i];
         }
         if (!st->n_parts) continue;
+        if (!cb->f32 && in % 8) /* k_lora.cu's vector loads and stores of x */
+            return cu_err(err, SQUAD_E_UNSUPPORTED,
+                          "specialists on the bf16 path: layer %d's projection input of %d (a multiple of 8 needed)",
+                          l, in);
         st->in = in;
         st->n = k == LORA_IN ? (cb->layers[l].kind == SQUAD_LAYER_LINEAR ? cb->NP : cb->ldQKV) : at;
         st->lda = cu_lora_lda(in);
