@@ -624,7 +624,8 @@ static int site_projs(cu_be *cb, int l, int k, int ids[LORA_MAX_PARTS], int widt
             return 4;
         }
         const int kvd = c->num_kv_heads * c->head_dim;
-        const int id[3] = {SQUAD_PROJ_Q, SQUAD_PROJ_K, SQUAD_PROJ_V}, wd[3] = {c->num_heads * 2 * c->head_dim, kvd, kvd};
+        const int id[3] = {SQUAD_PROJ_Q, SQUAD_PROJ_K, SQUAD_PROJ_V};
+        const int wd[3] = {c->num_heads * 2 * c->head_dim, kvd, kvd};
         memcpy(ids, id, sizeof id), memcpy(widths, wd, sizeof wd);
         return 3;
     }
@@ -738,7 +739,8 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
                     const lora_site *st = &cb->lsite[l][k];
                     const squad_lora_proj *lp = &sp->adapters[route].proj[l][st->proj[i]];
                     if (lp->A && lp->in != st->in)
-                        return cu_err(err, SQUAD_E_INVALID, "specialist '%s': projection %d of layer %d reads %d, not %d",
+                        return cu_err(err, SQUAD_E_INVALID,
+                                      "specialist '%s': projection %d of layer %d reads %d, not %d",
                                       sp->adapters[route].label, st->proj[i], l, lp->in, st->in);
                 }
     cb->slot_route = (int *)malloc(sizeof(int) * (size_t)cb->n_lora_slots);
