@@ -964,6 +964,19 @@ static void bench_lora_kernel(void) {
                    "trunk's producers (3); x 12 layers = +%7.1f us\n",
                    ROWS[i], RANKS[j], us, us_trunk, 12 * (us - us_trunk));
         }
+    /* the slices of `in` a tile's cluster may take (k_lora.cu's lx_slices, SQUAD_LORA_SLICES) */
+    static const char *const SLICES[] = {"1", "2", "4", "8"};
+    for (int rows = 32; rows <= 128; rows *= 4)
+        for (size_t k = 0; k < sizeof SLICES / sizeof SLICES[0]; k++) {
+            setenv("SQUAD_LORA_SLICES", SLICES[k], 1);
+            squad_err err = {0};
+            double us = -1;
+            const int rc = squad_cuda_bench_lora(rows, 16, 12, 0, &us, &err);
+            CHECKF(rc == 0, "bench_lora: %s", err.msg);
+            printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs\n", rows,
+                   SLICES[k], us);
+        }
+    unsetenv("SQUAD_LORA_SLICES");
 }
 
 int main(void) {

@@ -30,6 +30,7 @@
 #include "k_lora.cuh"
 
 #include <cooperative_groups.h>
+#include <stdlib.h>
 
 namespace cg = cooperative_groups;
 
@@ -373,8 +374,11 @@ static int lx_block_cols(int R, int tiles, int n_sm) {
 /* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: up to
  * about one block an SM, each slice at least LX_MIN_SLICE wide. */
 static int lx_slices(int in16, int blocks, int n_sm) {
+    /* SQUAD_LORA_SLICES (1 to LX_SLICES_MAX) caps the slices, for experiments */
+    const char *env = getenv("SQUAD_LORA_SLICES");
+    const int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
     int ks = (n_sm + blocks - 1) / blocks;
-    if (ks > LX_SLICES_MAX) ks = LX_SLICES_MAX;
+    if (ks > cap) ks = cap;
     while (ks > 1 && in16 / ks < LX_MIN_SLICE) ks--;
     return ks < 1 ? 1 : ks;
 }
