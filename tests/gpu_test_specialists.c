@@ -31,8 +31,8 @@
  *    three slots, rank widths of 5 to 128, token counts that are not multiples of the 16-token
  *    tile (1, 37, 130, 300, 600, 1100, 2200: `in` split over a cluster of 1 to 8 blocks, even and
  *    uneven slices; column groups of 16, 32 and 64), `in` not a multiple of 16 (and, on
- *    the exact path, odd), tokens of different slots alternating inside one tile, slot-0 rows and
- *    out-of-range slots. The output starts as NaN and every other slot's columns must come back
+ *    the exact path, odd), tokens of different slots alternating inside one tile, slot-0 rows, a
+ *    tile of slot-0 rows only and out-of-range slots. The output starts as NaN and every other slot's columns must come back
  *    exactly zero (the GEMM multiplies them by the other slots' B); the copy's source past `in`
  *    is NaN. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes against
  *    the trunk's producers. SQUAD_GPU_TEST_LORA_ONLY=1 stops after these (for compute-sanitizer
@@ -823,7 +823,8 @@ static float lora_rnd(uint64_t *s) { return (float)((double)(rng_next(s) & 0xfff
 static float round_bf16(float v) { return squad_bf16_to_f32(squad_f32_to_bf16(v)); }
 
 /* The token slots of a chunk: runs of 5, 11, 2 and 20 tokens cycling through slots 1..n_slots and 0,
- * one token of slot n_slots + 1 (not resident: no adapter), the last 3 rows padding. */
+ * one token of slot n_slots + 1 (not resident: no adapter), a whole 16-token tile of the trunk
+ * (tokens 48-63 of a longer chunk), the last 3 rows padding. */
 static void lora_slots(int *ts, int rows, int n_slots) {
     static const int RUN[4] = {5, 11, 2, 20};
     int t = 0, run = 0, slot = 1;
@@ -834,6 +835,7 @@ static void lora_slots(int *ts, int rows, int n_slots) {
     }
     if (rows == 1) ts[0] = 1;
     if (rows > 8) ts[7] = n_slots + 1;
+    for (int t2 = 48; rows > 64 && t2 < 64; t2++) ts[t2] = 0;
     for (int t2 = rows > 4 ? rows - 3 : rows; t2 < rows; t2++) ts[t2] = 0;
 }
 
@@ -930,6 +932,7 @@ static void test_lora_kernel(void) {
         {0, 1, 64, 64, 16, 1, 0},
         {0, 37, 1024, 1024, 64, 2, 0},
         {0, 130, 1024, 1024, 48, 3, 0},
+        {0, 70, 1024, 1024, 64, 2, 0},
         {0, 600, 1024, 1024, 64, 2, 0},
         {1, 37, 520, 1040, 32, 2, 0},
         {1, 130, 3584, 7168, 16, 2, 0},

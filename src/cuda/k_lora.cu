@@ -187,9 +187,9 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
     /* the slots come from the host's copy before the graph, A from an upload: both before the wait */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
     const bool writer = blockIdx.y == 0;
-    if (!todo && !writer) return; /* the whole cluster: one tile, one column group */
     lx_grid_wait();
     if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+    if (!todo && !writer) return; /* nothing more for the whole cluster (one tile, one column group) */
     if (a.src == CU_LORA_NORM) {
         /* each slice's sums of squares, then every block sums the cluster's in slice order */
         for (int row = warp; row < LX_TM; row += LX_WARPS) {
