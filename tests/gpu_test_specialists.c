@@ -29,12 +29,12 @@
  *    the norm, SiLU * up or a copy, then each token's u = A x in its slot's columns) against its
  *    double-precision host reference, on both paths (bf16 on the tensor cores; fp32): one to
  *    three slots, rank widths of 5 to 128, token counts that are not multiples of the 16-token
- *    tile (1, 37, 130, 300, 600, 1100, 2200: `in` split over a cluster of 1 to 8 blocks, even and
- *    uneven slices; column groups of 16, 32 and 64), `in` not a multiple of 16 (and, on
- *    the exact path, odd), tokens of different slots alternating inside one tile, slot-0 rows, a
- *    tile of slot-0 rows only and out-of-range slots. The output starts as NaN and every other slot's columns must come back
- *    exactly zero (the GEMM multiplies them by the other slots' B); the copy's source past `in`
- *    is NaN. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes against
+ *    tile (1, 37, 70, 130, 300, 600, 1100, 2200: `in` split over a cluster of 1 to 8 blocks, even
+ *    and uneven slices; column groups of 16, 32 and 64), `in` not a multiple of 16 (and, on the
+ *    exact path, odd), tokens of different slots alternating inside one tile, slot-0 rows, a tile
+ *    of slot-0 rows only and out-of-range slots. The output starts as NaN and every other slot's
+ *    columns must come back exactly zero (the GEMM multiplies them by the other slots' B); the
+ *    copy's source past `in` is NaN. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes against
  *    the trunk's producers. SQUAD_GPU_TEST_LORA_ONLY=1 stops after these (for compute-sanitizer
  *    runs of the kernel).
  */
