@@ -95,26 +95,15 @@ static __device__ __forceinline__ void lx_zero_others(T *xw, int ldw, int in, in
     }
 }
 
-/* The norm's row scales of the tile: a warp per two rows, rsqrtf(mean of squares + eps) as the
- * trunk's rmsnorm (k_norm.cu) computes it. */
-template <int VEC>
-static __device__ __forceinline__ void lx_row_scales(float *rinv, const float *h, int in, float eps, int t0,
-                                                     int rows) {
+/* The norm's row scales of the tile on the exact path: a warp per two rows, rsqrtf(mean of squares
+ * + eps) as the trunk's rmsnorm (k_norm.cu) computes it. */
+static __device__ __forceinline__ void lx_row_scales(float *rinv, const float *h, int in, float eps, int t0, int rows) {
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
     for (int row = warp; row < LX_TM; row += LX_WARPS) {
         const int t = t0 + row;
         float ss = 0.0f;
-        if (t < rows) {
-            const float *hr = h + (size_t)t * in;
-            if (VEC) {
-                for (int i = 4 * lane; i < in; i += 128) {
-                    const float4 v = *reinterpret_cast<const float4 *>(hr + i);
-                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-                }
-            } else {
-                for (int i = lane; i < in; i += 32) ss += hr[i] * hr[i];
-            }
-        }
+        if (t < rows)
+            for (int i = lane; i < in; i += 32) ss += h[(size_t)t * in + i] * h[(size_t)t * in + i];
         ss = cu_warp_sum(ss);
         if (lane == 0) rinv[row] = rsqrtf(ss / (float)in + eps);
     }
@@ -324,7 +313,7 @@ __global__ void __launch_bounds__(LX_THREADS) k_lora_input_f32(cu_lora_input_arg
     const bool writer = blockIdx.y == 0;
     if (!todo && !writer) return;
     if (a.src == CU_LORA_NORM) {
-        lx_row_scales<0>(rinv, a.h, a.in, a.eps, t0, rows);
+        lx_row_scales(rinv, a.h, a.in, a.eps, t0, rows);
         __syncthreads();
     }
     const int my_row = (int)threadIdx.x / LX_CW_F32, my_c = c0 + (int)threadIdx.x % LX_CW_F32;
