@@ -2,26 +2,33 @@
  * k_lora.cu — the specialists' kernels (k_lora.cuh): the widened input [x | u] of an adapted GEMM
  * (a "site") and the router's feature sum.
  *
- * Design of cu_lora_input. A block owns a tile of LX_TM tokens and a group of the site's rank
- * columns (cw of the R columns every slot has), and
- *   1. makes x for its tokens chunk by chunk along `in` (LX_KC at a time, from the producer's
- *      inputs: the norm's h and weight, gate | up, or a copy), keeps the chunk in shared memory
- *      and, in the blocks of the first column group, writes it to xw;
- *   2. multiplies the chunk by its slot's A rows of its column group on the tensor cores
- *      (mma.sync m16n8k16, fp32 accumulate): the chunk's k-steps split over the block's 8 warps,
- *      each warp's A fragments loaded before the chunk is made (their loads overlap the
- *      producer's), the warps' partial sums reduced through shared memory in a fixed order at the
- *      end (deterministic);
- *   3. writes u for its tokens of that slot and zeros into the columns of every other slot.
- * The norm's row scale needs the whole row, so the norm producer first sums each row's squares
- * (a warp per two rows). Every block of a token tile makes the same x; the grid is the tiles times
- * enough column groups to fill the GPU on a short chunk (a hit's question), and a long chunk gets
- * the widest groups (one per tile on the 0.8B shapes: x made once).
+ * Design of cu_lora_input. A block owns a tile of LX_TM tokens, a group of the site's rank columns
+ * (cw of the R columns every slot has) and a slice of `in`; the slices of one tile and group form a
+ * thread-block cluster. Each block
+ *   1. makes its slice of x for its tokens (LX_KC at a time, from the producer's inputs: the norm's
+ *      h and weight, gate | up, or a copy), keeps it in shared memory and, in the first column
+ *      group, writes it to xw;
+ *   2. multiplies it by its slot's A rows of its column group on the tensor cores (mma.sync
+ *      m16n8k16, fp32 accumulate), the k-steps spread over the block's 8 warps, whose partial sums
+ *      it adds in warp order;
+ *   3. pushes that sum into the shared memory of the cluster's first block, which adds the slices
+ *      in slice order (deterministic, whatever the timing) and writes u for the tokens of that
+ *      slot; the first slice's blocks also write zeros into every other slot's columns.
+ * The norm's row scale needs the whole row: each block sums the squares of its slice, pushes the
+ * sums into every block of the cluster, and each adds them in slice order (the same scale
+ * everywhere). On a short slice the norm keeps its h and w in registers from the squares to x, so
+ * the slice is read once.
+ * At a hit's few tokens the kernel is latency-bound, so it counts dependent steps, not bytes:
+ * the grid aims at one block an SM (narrow column groups, up to 8 slices, a cluster barrier or
+ * two); the tokens' slots and the first A fragments are loaded before waiting for the previous
+ * kernel (programmatic dependent launch: neither is written by it), and the next GEMM is let
+ * start at once (it loads its weights while this kernel runs, and waits for it before reading
+ * xw). A long chunk gets one slice and the widest column groups (x made once).
  * A tile whose tokens run several slots (rows of different routes meeting inside 16 tokens, which
  * the backend's bucketed rows never do) runs 1 - 3 once per slot, the rows of other slots dropped
  * from u. Slot 0 (the trunk, padding) gets zeros in every slot's columns.
- * The exact path (fp32 x, A and xw) runs the same steps with fp32 FMAs, a thread per (token, rank
- * column), summing over `in` in order.
+ * The exact path (fp32 x, A and xw) makes x the same way in fp32 and computes u with fp32 FMAs, a
+ * thread per (token, rank column), summing over `in` in order; no clusters.
  *
  * The router's sum follows squad_router_norm_add: squares summed in double, the normalisation in
  * fp32 with round-to-nearest intrinsics (the library is built with --use_fast_math, which would
@@ -43,6 +50,7 @@ namespace cg = cooperative_groups;
 #define LX_CW_MAX 64    /* rank columns of a block (8 n8 tiles): the accumulators' registers */
 #define LX_SLICES_MAX 8 /* slices of `in` a tile's blocks split (a cluster: the portable cluster size) */
 #define LX_MIN_SLICE 128 /* the narrowest slice: a k-step for each of the 8 warps */
+#define LX_REG_UNITS 2  /* the norm keeps a slice's h and w in registers up to this many units a thread */
 #define LX_KC_F32 256   /* k per chunk on the exact path */
 #define LX_CW_F32 16    /* rank columns of a block on the exact path (LX_THREADS / LX_TM) */
 static_assert(LX_KS * 16 * LX_WARPS == LX_KC, "a chunk splits evenly over the warps");
@@ -117,7 +125,8 @@ static __device__ __forceinline__ uint4 lx_make8(const cu_lora_input_args &a, in
     if (a.src == CU_LORA_NORM) {
         const float *hr = a.h + (size_t)t * a.in + k;
         const float4 h0 = *reinterpret_cast<const float4 *>(hr), h1 = *reinterpret_cast<const float4 *>(hr + 4);
-        const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k), w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
+        const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
+        const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
         o.x = cu_pack_bf16(h0.x * r * (1.f + w0.x), h0.y * r * (1.f + w0.y));
         o.y = cu_pack_bf16(h0.z * r * (1.f + w0.z), h0.w * r * (1.f + w0.w));
         o.z = cu_pack_bf16(h1.x * r * (1.f + w1.x), h1.y * r * (1.f + w1.y));
@@ -150,7 +159,36 @@ static __device__ __forceinline__ uint4 lx_make8(const cu_lora_input_args &a, in
 static __device__ __forceinline__ void lx_grid_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 /* Lets the next grid (the GEMM reading xw, which waits for this grid before reading it) start
  * launching now: its weights' loads overlap this grid. */
-static __device__ __forceinline__ void lx_launch_next() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+static __device__ __forceinline__ void lx_launch_next() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+/* The most slices a cluster of blocks of NT n8 tiles takes: the first block's shared memory
+ * receives every slice's u partials ([slices][LX_TM][8 NT] floats). Wide column groups only come
+ * with long chunks (lx_block_cols), whose tiles fill the GPU without slicing. */
+static __host__ __device__ constexpr int lx_max_slices(int nt) { return nt == 2 ? LX_SLICES_MAX : nt == 4 ? 2 : 1; }
+
+/* This warp's A fragments of the chunk from k0 (k-steps j LX_WARPS + warp, below ke) for the block's
+ * columns [c0, c1); zeros where off. */
+template <int NT>
+static __device__ __forceinline__ void lx_load_a(uint32_t (&bfr)[LX_KS][NT][2], const bf16 *As, int lda, int k0,
+                                                 int ke, int c0, int c1, bool on) {
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int j = 0; j < LX_KS; j++) {
+        const int kg = k0 + (j * LX_WARPS + warp) * 16 + 2 * tq;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = c0 + nt * 8 + gq;
+            bfr[j][nt][0] = bfr[j][nt][1] = 0;
+            if (on && n < c1 && kg < ke) {
+                const bf16 *p = As + (size_t)n * lda + kg;
+                bfr[j][nt][0] = *reinterpret_cast<const uint32_t *>(p);
+                bfr[j][nt][1] = *reinterpret_cast<const uint32_t *>(p + 8);
+            }
+        }
+    }
+}
 
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, 1)
@@ -158,8 +196,9 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
     constexpr int CW = 8 * NT, RLD = CW + 4; /* the partials' row stride (floats) */
     constexpr int XS_BYTES = LX_TM * LX_XLD * 2, RED_BYTES = LX_WARPS * LX_TM * RLD * 4;
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
-    __shared__ float bsum[LX_TM][CW]; /* the block's u over its slice (read by the cluster's rank 0) */
-    __shared__ float ssp[LX_TM];      /* the norm: the block's sums of squares over its slice */
+    __shared__ float upart[lx_max_slices(NT)][LX_TM][CW]; /* the first block: each slice's u, pushed */
+    __shared__ float sspart[LX_SLICES_MAX][LX_TM];         /* the norm: each slice's sums of squares, pushed */
+    __shared__ float sq[LX_TM * LX_REG_UNITS * LX_THREADS / LX_TM]; /* the norm: a unit's sum of squares */
     __shared__ int ts[LX_TM];
     __shared__ float rinv[LX_TM];
     bf16 *xs = reinterpret_cast<bf16 *>(smem);   /* the chunk of x [LX_TM][LX_XLD] */
@@ -173,32 +212,84 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
     lx_launch_next();
-    /* the slots come from the host's copy before the graph, A from an upload: both before the wait */
+    /* before the wait, what the previous grid does not write: the slots (the host's copy before
+     * the graph) and the first chunk's A fragments of the tile's first slot (an upload) */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
     const bool writer = blockIdx.y == 0;
+    const int s_first = todo ? ts[__ffs(todo) - 1] : 0;
+    uint32_t bfr[LX_KS][NT][2];
+    lx_load_a<NT>(bfr, A + (size_t)(s_first > 0 ? s_first - 1 : 0) * a.R * a.lda, a.lda, kb, ke, c0, c1, s_first > 0);
     lx_grid_wait();
     if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
     if (!todo && !writer) return; /* nothing more for the whole cluster (one tile, one column group) */
+    /* units of 8 values of x, consecutive threads on consecutive k: upr a row in a chunk */
+    const int upr0 = (min(LX_KC, ke - kb) + 7) / 8;
+    /* the norm over a short slice keeps its h and w in registers from the sums of squares to x */
+    const bool resident = a.src == CU_LORA_NORM && ke - kb <= LX_KC && LX_TM * upr0 <= LX_REG_UNITS * LX_THREADS;
+    float hv[LX_REG_UNITS][8], wv[LX_REG_UNITS][8];
     if (a.src == CU_LORA_NORM) {
-        /* each slice's sums of squares, then every block sums the cluster's in slice order */
-        for (int row = warp; row < LX_TM; row += LX_WARPS) {
-            const int t = t0 + row;
-            float ss = 0.0f;
-            if (t < rows)
-                for (int i = kb + 4 * lane; i < min(ke, a.in); i += 128) {
-                    const float4 v = *reinterpret_cast<const float4 *>(a.h + (size_t)t * a.in + i);
-                    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        float ssp = 0.0f; /* threads < LX_TM: the row's sum of squares over this slice */
+        if (resident) {
+#pragma unroll
+            for (int i = 0; i < LX_REG_UNITS; i++) {
+                const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr0, k = kb + (u % upr0) * 8;
+                float sum = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) hv[i][e] = wv[i][e] = 0.0f;
+                if (u < LX_TM * upr0 && t0 + row < rows && k < a.in) {
+                    const float *hr = a.h + (size_t)(t0 + row) * a.in + k;
+                    const float4 h0 = *reinterpret_cast<const float4 *>(hr);
+                    const float4 h1 = *reinterpret_cast<const float4 *>(hr + 4);
+                    const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
+                    const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
+                    hv[i][0] = h0.x, hv[i][1] = h0.y, hv[i][2] = h0.z, hv[i][3] = h0.w;
+                    hv[i][4] = h1.x, hv[i][5] = h1.y, hv[i][6] = h1.z, hv[i][7] = h1.w;
+                    wv[i][0] = w0.x, wv[i][1] = w0.y, wv[i][2] = w0.z, wv[i][3] = w0.w;
+                    wv[i][4] = w1.x, wv[i][5] = w1.y, wv[i][6] = w1.z, wv[i][7] = w1.w;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) sum += hv[i][e] * hv[i][e];
                 }
-            ss = cu_warp_sum(ss);
-            if (lane == 0) ssp[row] = ss;
+                if (u < LX_TM * upr0) sq[u] = sum;
+            }
+            __syncthreads();
+            if (threadIdx.x < LX_TM)
+                for (int j = 0; j < upr0; j++) ssp += sq[threadIdx.x * upr0 + j];
+        } else {
+            for (int row = warp; row < LX_TM; row += LX_WARPS) {
+                const int t = t0 + row;
+                float ss = 0.0f;
+                if (t < rows)
+                    for (int i = kb + 4 * lane; i < min(ke, a.in); i += 128) {
+                        const float4 v = *reinterpret_cast<const float4 *>(a.h + (size_t)t * a.in + i);
+                        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    }
+                ss = cu_warp_sum(ss);
+                if (lane == 0) sq[row] = ss;
+            }
+            __syncthreads();
+            if (threadIdx.x < LX_TM) ssp = sq[threadIdx.x];
         }
-        cluster.sync();
+        /* every block gets every slice's sums (pushed into its shared memory), then adds them in
+         * slice order: the same scale in each block */
+        if (threadIdx.x < LX_TM) {
+            if (ks == 1) {
+                sspart[0][threadIdx.x] = ssp;
+            } else {
+#pragma unroll
+                for (int q = 0; q < LX_SLICES_MAX; q++)
+                    if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
+            }
+        }
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
         if (threadIdx.x < LX_TM) {
             float ss = 0.0f;
-            for (int q = 0; q < ks; q++) ss += *cluster.map_shared_rank(&ssp[threadIdx.x], q);
+            for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
             rinv[threadIdx.x] = rsqrtf(ss / (float)a.in + a.eps);
         }
-        cluster.sync(); /* rinv is in; no block's ssp is read any more */
+        __syncthreads();
     }
     bool first = true;
     for (;;) {
@@ -209,34 +300,34 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
         const bf16 *As = s ? A + (size_t)(s - 1) * a.R * a.lda : A;
         float acc[NT][4] = {};
         for (int k0 = kb; k0 < ke; k0 += LX_KC) {
-            /* this warp's k-steps of the chunk: j LX_WARPS + warp (a short slice still spreads over
-             * the warps); their A fragments first, so the loads overlap x's */
-            uint32_t bfr[LX_KS][NT][2];
+            const bool pre = first && k0 == kb; /* the fragments loaded before the wait */
+            if (!pre) lx_load_a<NT>(bfr, As, a.lda, k0, ke, c0, c1, s > 0);
+            const int kn = min(LX_KC, ke - k0), upr = (kn + 7) / 8;
+            if (resident && pre) {
 #pragma unroll
-            for (int j = 0; j < LX_KS; j++) {
-                const int kg = k0 + (j * LX_WARPS + warp) * 16 + 2 * tq;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int n = c0 + nt * 8 + gq;
-                    bfr[j][nt][0] = bfr[j][nt][1] = 0;
-                    if (s && n < c1 && kg < ke) {
-                        const bf16 *p = As + (size_t)n * a.lda + kg;
-                        bfr[j][nt][0] = *reinterpret_cast<const uint32_t *>(p);
-                        bfr[j][nt][1] = *reinterpret_cast<const uint32_t *>(p + 8);
+                for (int i = 0; i < LX_REG_UNITS; i++) {
+                    const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = k0 + kk;
+                    if (u >= LX_TM * upr) continue;
+                    const float r = rinv[row];
+                    uint4 v;
+                    v.x = cu_pack_bf16(hv[i][0] * r * (1.f + wv[i][0]), hv[i][1] * r * (1.f + wv[i][1]));
+                    v.y = cu_pack_bf16(hv[i][2] * r * (1.f + wv[i][2]), hv[i][3] * r * (1.f + wv[i][3]));
+                    v.z = cu_pack_bf16(hv[i][4] * r * (1.f + wv[i][4]), hv[i][5] * r * (1.f + wv[i][5]));
+                    v.w = cu_pack_bf16(hv[i][6] * r * (1.f + wv[i][6]), hv[i][7] * r * (1.f + wv[i][7]));
+                    if (t0 + row < rows && k < a.in && writer)
+                        *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
+                    *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
+                }
+            } else {
+                for (int u = (int)threadIdx.x; u < LX_TM * upr; u += LX_THREADS) {
+                    const int row = u / upr, kk = (u % upr) * 8, k = k0 + kk, t = t0 + row;
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (t < rows && k < a.in) {
+                        v = lx_make8(a, t, k, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
+                        if (first && writer) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = v;
                     }
+                    *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
                 }
-            }
-            /* the chunk of x: units of 8 values, consecutive threads on consecutive k */
-            const int kn = min(LX_KC, ke - k0);
-            for (int u = (int)threadIdx.x; u < LX_TM * (LX_KC / 8); u += LX_THREADS) {
-                const int row = u / (LX_KC / 8), kk = (u % (LX_KC / 8)) * 8, k = k0 + kk, t = t0 + row;
-                if (kk >= kn) continue;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (t < rows && k < a.in) {
-                    v = lx_make8(a, t, k, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
-                    if (first && writer) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = v;
-                }
-                *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
             }
             __syncthreads();
             if (s) {
@@ -257,8 +348,8 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
         }
         first = false;
         if (!s) break;
-        /* the warps' partials, their sum in warp order (the block's slice), then rank 0 sums the
-         * cluster's slices in order */
+        /* the warps' partials, their sum in warp order (the block's slice); the first block of the
+         * cluster gets every slice's (pushed into its shared memory) and adds them in slice order */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             float *pw = red + (size_t)warp * LX_TM * RLD;
@@ -266,24 +357,32 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
             *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][2], acc[nt][3]);
         }
         __syncthreads();
+        float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
         for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
             const int row = idx / CW, c = idx % CW;
             float sum = 0.0f;
 #pragma unroll
             for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
-            bsum[row][c] = sum;
+            up0[((size_t)z * LX_TM + row) * CW + c] = sum;
         }
-        cluster.sync(); /* every slice's bsum is in (and red is free again) */
+        if (ks > 1)
+            cluster.sync(); /* every slice's partials are in the first block (and red is free again) */
+        else
+            __syncthreads();
         if (z == 0)
             for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
                 const int row = idx / CW, c = idx % CW, t = t0 + row;
                 if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
                 float sum = 0.0f;
-                for (int q = 0; q < ks; q++) sum += *cluster.map_shared_rank(&bsum[row][c], q);
+                for (int q = 0; q < ks; q++) sum += upart[q][row][c];
                 xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
             }
-        cluster.sync(); /* no block leaves, or moves to the next slot, while rank 0 reads its bsum */
         if (!todo) break;
+        /* another slot of the tile: the first block has read every partial before they are pushed again */
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
     }
 }
 
@@ -362,10 +461,11 @@ static int lx_block_cols(int R, int tiles, int n_sm) {
 
 /* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: up to
  * about one block an SM, each slice at least LX_MIN_SLICE wide. */
-static int lx_slices(int in16, int blocks, int n_sm) {
+static int lx_slices(int in16, int blocks, int n_sm, int nt) {
     /* SQUAD_LORA_SLICES (1 to LX_SLICES_MAX) caps the slices, for experiments */
     const char *env = getenv("SQUAD_LORA_SLICES");
-    const int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
+    int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
+    if (cap > lx_max_slices(nt)) cap = lx_max_slices(nt);
     int ks = (n_sm + blocks - 1) / blocks;
     if (ks > cap) ks = cap;
     while (ks > 1 && in16 / ks < LX_MIN_SLICE) ks--;
@@ -413,16 +513,17 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
         return 0;
     }
     /* vector loads and stores: 8 bf16 (16 bytes) of x, float4s of h and w, 4-byte A fragments */
+    const int src_ok = a->src == CU_LORA_NORM
+                           ? lx_aligned(a->h, 16) && lx_aligned(a->w, 16)
+                           : lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
     const int ok = a->in % 8 == 0 && a->R % 16 == 0 && a->lda % 8 == 0 && lx_aligned(a->xw, 16) &&
-                   lx_aligned(a->A, 4) &&
-                   (a->src == CU_LORA_NORM ? lx_aligned(a->h, 16) && lx_aligned(a->w, 16)
-                                           : lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0));
+                   lx_aligned(a->A, 4) && src_ok;
     if (!ok)
         return cu_err(err, SQUAD_E_UNSUPPORTED,
                       "cu_lora_input: bf16 needs in %% 8 == 0 (%d), R %% 16 == 0 (%d), 16-byte aligned rows", a->in,
                       a->R);
     const int sms = n_sm > 0 ? n_sm : 1, cw = lx_block_cols(a->R, tiles, sms), groups = (a->R + cw - 1) / cw;
-    const int in16 = lx_round(a->in, 16), ks = lx_slices(in16, tiles * groups, sms);
+    const int in16 = lx_round(a->in, 16), ks = lx_slices(in16, tiles * groups, sms, cw / 8);
     const int slice = lx_round((in16 + ks - 1) / ks, 16);
     const dim3 grid((unsigned)tiles, (unsigned)groups, (unsigned)((in16 + slice - 1) / slice));
     const cudaError_t e = cw == 16   ? lx_launch<2>(grid, slice, a, token_slot, rows, st)
