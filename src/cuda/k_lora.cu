@@ -190,6 +190,15 @@ static __device__ __forceinline__ void lx_load_a(uint32_t (&bfr)[LX_KS][NT][2], 
     }
 }
 
+/* A cluster barrier split in two: every block arrives at its start and waits before its first
+ * access to another block's shared memory, which must not come before that block has started. */
+static __device__ __forceinline__ void lx_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void lx_cluster_wait() {
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, 1)
     k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
@@ -212,6 +221,8 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
     lx_launch_next();
+    bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
+    if (!joined) lx_cluster_arrive();
     /* before the wait, what the previous grid does not write: the slots (the host's copy before
      * the graph) and the first chunk's A fragments of the tile's first slot (an upload) */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
@@ -271,6 +282,10 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
         }
         /* every block gets every slice's sums (pushed into its shared memory), then adds them in
          * slice order: the same scale in each block */
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
+        }
         if (threadIdx.x < LX_TM) {
             if (ks == 1) {
                 sspart[0][threadIdx.x] = ssp;
@@ -357,6 +372,10 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
             *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][2], acc[nt][3]);
         }
         __syncthreads();
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
+        }
         float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
         for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
             const int row = idx / CW, c = idx % CW;
