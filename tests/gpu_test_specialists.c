@@ -32,9 +32,10 @@
  *    tile (1, 37, 70, 130, 300, 600, 1100, 2200: `in` split over a cluster of 1 to 8 blocks, even
  *    and uneven slices; column groups of 16, 32 and 64), `in` not a multiple of 16 (and, on the
  *    exact path, odd), tokens of different slots alternating inside one tile, slot-0 rows, a tile
- *    of slot-0 rows only and out-of-range slots. The output starts as NaN and every other slot's
- *    columns must come back exactly zero (the GEMM multiplies them by the other slots' B); the
- *    copy's source past `in` is NaN. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes against
+ *    of slot-0 rows only and out-of-range slots, rows wider than the slots' columns. The output
+ *    starts as NaN and every other slot's columns (and those past the slots') must come back
+ *    exactly zero (the GEMM multiplies them by the other slots' B); the copy's source past `in`
+ *    is NaN. Then (not with SQUAD_GPU_TEST_QUICK) the launches' time on the 0.8B shapes against
  *    the trunk's producers. SQUAD_GPU_TEST_LORA_ONLY=1 stops after these (for compute-sanitizer
  *    runs of the kernel).
  */
@@ -815,6 +816,7 @@ static void test_auto_device(void) {
 
 typedef struct lora_case {
     int src, rows, in, ld_src, R, n_slots;
+    int pad; /* xw's columns past the slots' (zeros) */
     int f32_only; /* a shape the bf16 path refuses (in or R not a multiple of 8 / 16) */
 } lora_case;
 
@@ -844,7 +846,7 @@ static const char *const LORA_SRC_NAME[3] = {"norm", "silu", "copy"};
 /* One case on one path: x within its bound, each token's own slot's u within its bound, every
  * other slot's columns exactly zero (the output starts as NaN: nothing may be left unwritten). */
 static void lora_case_run(const lora_case *c, int f32) {
-    const int bf = !f32, ldw = c->in + c->n_slots * c->R;
+    const int bf = !f32, end = c->in + c->n_slots * c->R, ldw = end + c->pad;
     const size_t nsrc = (size_t)c->rows * (c->src == 1 ? 2 * (size_t)c->in : (size_t)c->ld_src);
     const size_t na = (size_t)c->n_slots * c->R * c->in, nw = (size_t)c->rows * ldw;
     float *h = malloc(sizeof(float) * (size_t)c->rows * c->in), *w = malloc(sizeof(float) * (size_t)c->in);
@@ -885,6 +887,7 @@ static void lora_case_run(const lora_case *c, int f32) {
     a.A = A;
     a.token_slot = ts;
     a.f32 = f32;
+    a.ldw = ldw;
     a.xw = ref;
     cu_ref_lora(&a);
     a.xw = got;
@@ -915,6 +918,7 @@ static void lora_case_run(const lora_case *c, int f32) {
                 moved += g[col] != 0.0f;
                 n_u++;
             }
+        for (int j = end; j < ldw; j++) nonzero += !(g[j] == 0.0f);
     }
     CHECKF(rc != 0 || worst_x <= 1.0, "lora %s rows %d in %d R %d f32 %d: x error %.3g of the bound",
            LORA_SRC_NAME[c->src], c->rows, c->in, c->R, f32, worst_x);
@@ -928,24 +932,24 @@ static void lora_case_run(const lora_case *c, int f32) {
 
 static void test_lora_kernel(void) {
     static const lora_case CASES[] = {
-        /* src, rows, in, ld_src, R, slots, f32 only */
-        {0, 1, 64, 64, 16, 1, 0},
-        {0, 37, 1024, 1024, 64, 2, 0},
-        {0, 130, 1024, 1024, 48, 3, 0},
-        {0, 70, 1024, 1024, 64, 2, 0},
-        {0, 600, 1024, 1024, 64, 2, 0},
-        {1, 37, 520, 1040, 32, 2, 0},
-        {1, 130, 3584, 7168, 16, 2, 0},
-        {2, 37, 200, 216, 128, 2, 0},
-        {2, 16, 2048, 2048, 16, 1, 0},
-        {0, 300, 2048, 2048, 16, 2, 0},
+        /* src, rows, in, ld_src, R, slots, pad, f32 only */
+        {0, 1, 64, 64, 16, 1, 0, 0},
+        {0, 37, 1024, 1024, 64, 2, 0, 0},
+        {0, 130, 1024, 1024, 48, 3, 16, 0},
+        {0, 70, 1024, 1024, 64, 2, 0, 0},
+        {0, 600, 1024, 1024, 64, 2, 0, 0},
+        {1, 37, 520, 1040, 32, 2, 8, 0},
+        {1, 130, 3584, 7168, 16, 2, 32, 0},
+        {2, 37, 200, 216, 128, 2, 0, 0},
+        {2, 16, 2048, 2048, 16, 1, 48, 0},
+        {0, 300, 2048, 2048, 16, 2, 32, 0},
         /* long chunks: one slice, the wider column groups (32 and 64 columns, the last partial) */
-        {0, 2200, 1024, 1024, 64, 2, 0},
-        {2, 1100, 256, 256, 48, 2, 0},
-        {1, 2200, 512, 1024, 48, 1, 0},
-        {2, 37, 37, 40, 20, 3, 1},
-        {0, 9, 33, 33, 5, 1, 1},
-        {1, 20, 45, 90, 7, 2, 1},
+        {0, 2200, 1024, 1024, 64, 2, 0, 0},
+        {2, 1100, 256, 256, 48, 2, 32, 0},
+        {1, 2200, 512, 1024, 48, 1, 16, 0},
+        {2, 37, 37, 40, 20, 3, 5, 1},
+        {0, 9, 33, 33, 5, 1, 0, 1},
+        {1, 20, 45, 90, 7, 2, 3, 1},
     };
     for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++)
         for (int f32 = CASES[k].f32_only; f32 <= 1; f32++) lora_case_run(&CASES[k], f32);

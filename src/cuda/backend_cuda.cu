@@ -144,8 +144,11 @@ typedef struct cu_seq {
  * projection some adapter adapts gets n_slots R extra K columns. */
 enum { LORA_IN, LORA_OUT, LORA_GU, LORA_DOWN, LORA_SITES };
 #define LORA_MAX_PARTS 4 /* projections of one GEMM: GDN qkv | z | b | a */
+/* A widened GEMM's K is a multiple of this: rows of 128 bytes in bf16 (the GEMMs' K tiles are 64
+ * deep; an odd multiple of 32 elements left the out and down rows 64-byte aligned only) */
+#define LORA_K_ALIGN 64
 typedef struct lora_site {
-    int ext;  /* the extra K: n_slots R (0: the site is the trunk's own GEMM) */
+    int ext;  /* the extra K: n_slots R, rounded up (0: the site is the trunk's own GEMM) */
     int R;    /* rank columns per slot: every adapted part's largest rank rounded up to 16, summed */
     int in;   /* the GEMM's K before widening (x's width) */
     int n;    /* the GEMM's N (rows of the weight) */
@@ -679,7 +682,8 @@ static int widen_layer(cu_be *cb, int l, int *max_ldw, squad_err *err) {
         st->in = in;
         st->n = k == LORA_IN ? (cb->layers[l].kind == SQUAD_LAYER_LINEAR ? cb->NP : cb->ldQKV) : at;
         st->lda = cu_lora_lda(in);
-        st->ext = cb->n_lora_slots * st->R;
+        /* the widened rows a multiple of LORA_K_ALIGN (zeros past the slots' columns) */
+        st->ext = (in + cb->n_lora_slots * st->R + LORA_K_ALIGN - 1) / LORA_K_ALIGN * LORA_K_ALIGN - in;
         st->w = w;
         const size_t ldw = (size_t)(in + st->ext) * cb->es;
         void *nw = NULL;
@@ -788,6 +792,7 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st,
     a.R = st->R;
     a.n_slots = cb->n_lora_slots;
     a.xw = cb->lora_xw;
+    a.ldw = st->in + st->ext;
     a.f32 = cb->f32;
     return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
 }

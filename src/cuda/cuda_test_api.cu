@@ -279,7 +279,8 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     if (a->rows < 1 || a->in < 1 || a->R < 1 || a->n_slots < 1 || a->n_slots > CU_REF_LORA_MAX_SLOTS ||
         a->src < 0 || a->src > 2 || (a->src == 2 && a->ld_src < a->in))
         return cu_err(err, SQUAD_E_INVALID, "test_lora: bad shape");
-    const int f32 = a->f32 != 0, lda = cu_lora_lda(a->in), ldw = a->in + a->n_slots * a->R;
+    const int f32 = a->f32 != 0, lda = cu_lora_lda(a->in), end = a->in + a->n_slots * a->R;
+    const int ldw = a->ldw > end ? a->ldw : end;
     /* A in the backend's layout: [n_slots][R][lda], zeros past in */
     const size_t na = (size_t)a->n_slots * a->R * lda;
     float *Ah = (float *)calloc(na, sizeof(float));
@@ -316,6 +317,7 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     k.R = a->R;
     k.n_slots = a->n_slots;
     k.xw = dxw;
+    k.ldw = ldw;
     k.f32 = f32;
     int n_sm = 0;
     if ((rc = test_n_sm(&n_sm, err))) return rc;
@@ -907,6 +909,7 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, dou
             k.A = (const bf16 *)dA + at;
             k.n_slots = LB_SLOTS;
             k.xw = dxw;
+            k.ldw = k.in + LB_SLOTS * k.R;
             at += (size_t)LB_SLOTS * k.R * k.lda;
             rc = cu_lora_input(&k, dslot, rows, n_sm, st, err);
         }

@@ -70,7 +70,8 @@ typedef struct cu_ref_lora_args {
     const float *x_src;    /* SiLU: gate | up [rows][2 in]; the copy: [rows][ld_src] */
     const float *A;        /* [n_slots][R][in]: each slot's A rows, the scale folded in */
     const int *token_slot; /* [rows]: slot + 1; 0 or past n_slots: no adapter */
-    float *xw;             /* out: [rows][in + n_slots R] */
+    float *xw;             /* out: [rows][ldw] */
+    int ldw;               /* 0: in + n_slots R; more: zeros past the slots' columns */
     int f32;               /* device: the exact path (fp32) or bf16 (x_src, A and xw rounded to bf16) */
 } cu_ref_lora_args;
 /* xw = [x | u_1 | ... | u_n] as k_lora.cuh defines it, in double. */

@@ -174,7 +174,7 @@ extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
 /* ---- the specialists' widened GEMM input ------------------------------------------------------- */
 
 extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
-    const int ldw = a->in + a->n_slots * a->R;
+    const int end = a->in + a->n_slots * a->R, ldw = a->ldw > end ? a->ldw : end;
     double *x = (double *)malloc(sizeof(double) * (size_t)(a->in > 0 ? a->in : 1));
     if (!x) return;
     for (int t = 0; t < a->rows; t++) {
@@ -206,6 +206,7 @@ extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
                 }
                 o[a->in + (q - 1) * a->R + k] = (float)d;
             }
+        for (int j = end; j < ldw; j++) o[j] = 0.0f;
     }
     free(x);
 }

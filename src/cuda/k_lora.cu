@@ -19,8 +19,8 @@
  * everywhere). On a short slice the norm keeps its h and w in registers from the squares to x, so
  * the slice is read once.
  * At a hit's few tokens the kernel is latency-bound, so it counts dependent steps, not bytes:
- * the grid aims at one block an SM (narrow column groups, up to 8 slices, a cluster barrier or
- * two); the tokens' slots and the first A fragments are loaded before waiting for the previous
+ * the grid aims at what the SMs hold at once (narrow column groups, two blocks an SM, up to 8
+ * slices, a cluster barrier or two); the tokens' slots and the first A fragments are loaded before waiting for the previous
  * kernel (programmatic dependent launch: neither is written by it), and the next GEMM is let
  * start at once (it loads its weights while this kernel runs, and waits for it before reading
  * xw). A long chunk gets one slice and the widest column groups (x made once).
@@ -92,7 +92,8 @@ static __device__ __forceinline__ int lx_next_slot(const int *ts, unsigned *todo
     return s;
 }
 
-/* Zeros into the block's column group [c0, c1) of every slot but each row's own. */
+/* Zeros into the block's column group [c0, c1) of every slot but each row's own, and (the first
+ * group) into the columns past the slots' (ldw beyond in + n_slots R). */
 template <typename T>
 static __device__ __forceinline__ void lx_zero_others(T *xw, int ldw, int in, int R, int n_slots, const int *ts,
                                                       int t0, int rows, int c0, int c1) {
@@ -100,6 +101,11 @@ static __device__ __forceinline__ void lx_zero_others(T *xw, int ldw, int in, in
     for (int idx = (int)threadIdx.x; idx < n; idx += LX_THREADS) {
         const int row = idx / (n_slots * cw), q = (idx / cw) % n_slots + 1, c = c0 + idx % cw;
         if (t0 + row < rows && q != ts[row]) cu_st(xw + (size_t)(t0 + row) * ldw + in + (size_t)(q - 1) * R + c, 0.0f);
+    }
+    const int end = in + n_slots * R, tail = ldw - end;
+    for (int idx = (int)threadIdx.x; c0 == 0 && idx < LX_TM * tail; idx += LX_THREADS) {
+        const int row = idx / tail;
+        if (t0 + row < rows) cu_st(xw + (size_t)(t0 + row) * ldw + end + idx % tail, 0.0f);
     }
 }
 
@@ -168,6 +174,10 @@ static __device__ __forceinline__ void lx_launch_next() {
  * with long chunks (lx_block_cols), whose tiles fill the GPU without slicing. */
 static __host__ __device__ constexpr int lx_max_slices(int nt) { return nt == 2 ? LX_SLICES_MAX : nt == 4 ? 2 : 1; }
 
+/* Blocks an SM holds (the registers' bound): two of the narrow column groups a hit's short chunk
+ * gets, so its clusters of 8 fill the GPU once over; one of the wider (their accumulators). */
+static __host__ __device__ constexpr int lx_blocks_per_sm(int nt) { return nt == 2 ? 2 : 1; }
+
 /* This warp's A fragments of the chunk from k0 (k-steps j LX_WARPS + warp, below ke) for the block's
  * columns [c0, c1); zeros where off. */
 template <int NT>
@@ -200,7 +210,7 @@ static __device__ __forceinline__ void lx_cluster_wait() {
 }
 
 template <int NT>
-__global__ void __launch_bounds__(LX_THREADS, 1)
+__global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
     constexpr int CW = 8 * NT, RLD = CW + 4; /* the partials' row stride (floats) */
     constexpr int XS_BYTES = LX_TM * LX_XLD * 2, RED_BYTES = LX_WARPS * LX_TM * RLD * 4;
@@ -216,7 +226,7 @@ __global__ void __launch_bounds__(LX_THREADS, 1)
     const int ks = (int)gridDim.z, z = (int)blockIdx.z; /* the cluster: the tile's slices of `in` */
     bf16 *xw = static_cast<bf16 *>(a.xw);
     const bf16 *A = static_cast<const bf16 *>(a.A);
-    const int ldw = a.in + a.n_slots * a.R, t0 = (int)blockIdx.x * LX_TM;
+    const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM;
     const int c0 = (int)blockIdx.y * CW, c1 = min(c0 + CW, a.R);
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
     const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
@@ -424,7 +434,7 @@ __global__ void __launch_bounds__(LX_THREADS) k_lora_input_f32(cu_lora_input_arg
     __shared__ float rinv[LX_TM];
     float *xw = static_cast<float *>(a.xw);
     const float *A = static_cast<const float *>(a.A);
-    const int ldw = a.in + a.n_slots * a.R, t0 = (int)blockIdx.x * LX_TM;
+    const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM;
     const int c0 = (int)blockIdx.y * LX_CW_F32, c1 = min(c0 + LX_CW_F32, a.R);
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
     lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
@@ -478,14 +488,14 @@ static int lx_block_cols(int R, int tiles, int n_sm) {
     return cw == 48 ? LX_CW_MAX : cw; /* 16, 32 or 64: the kernel's instances */
 }
 
-/* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: up to
- * about one block an SM, each slice at least LX_MIN_SLICE wide. */
+/* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: as many
+ * as the SMs hold at once, each slice at least LX_MIN_SLICE wide. */
 static int lx_slices(int in16, int blocks, int n_sm, int nt) {
     /* SQUAD_LORA_SLICES (1 to LX_SLICES_MAX) caps the slices, for experiments */
     const char *env = getenv("SQUAD_LORA_SLICES");
     int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
     if (cap > lx_max_slices(nt)) cap = lx_max_slices(nt);
-    int ks = (n_sm + blocks - 1) / blocks;
+    int ks = n_sm * lx_blocks_per_sm(nt) / blocks; /* no second wave */
     if (ks > cap) ks = cap;
     while (ks > 1 && in16 / ks < LX_MIN_SLICE) ks--;
     return ks < 1 ? 1 : ks;
@@ -519,6 +529,7 @@ static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (b
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
                   squad_err *err) {
     if (!a || rows < 1 || a->in < 1 || a->R < 1 || a->n_slots < 1 || a->lda < cu_lora_lda(a->in) ||
+        a->ldw < a->in + a->n_slots * a->R ||
         a->src < CU_LORA_NORM || a->src > CU_LORA_COPY || !a->A || !a->xw || !token_slot)
         return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: rows %d, in %d, R %d, slots %d, lda %d", rows,
                       a ? a->in : 0, a ? a->R : 0, a ? a->n_slots : 0, a ? a->lda : 0);
@@ -535,7 +546,7 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
     const int src_ok = a->src == CU_LORA_NORM
                            ? lx_aligned(a->h, 16) && lx_aligned(a->w, 16)
                            : lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
-    const int ok = a->in % 8 == 0 && a->R % 16 == 0 && a->lda % 8 == 0 && lx_aligned(a->xw, 16) &&
+    const int ok = a->in % 8 == 0 && a->R % 16 == 0 && a->lda % 8 == 0 && a->ldw % 8 == 0 && lx_aligned(a->xw, 16) &&
                    lx_aligned(a->A, 4) && src_ok;
     if (!ok)
         return cu_err(err, SQUAD_E_UNSUPPORTED,

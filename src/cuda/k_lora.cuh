@@ -47,7 +47,9 @@ typedef struct cu_lora_input_args {
      * rank zero, the adapter's scale folded in; lda >= in */
     const void *A;
     int lda, R, n_slots;
-    void *xw;             /* out: [rows][in + n_slots R] */
+    void *xw;             /* out: [rows][ldw] */
+    int ldw;              /* xw's row stride: in + n_slots R, or more (zeros past the slots' columns,
+                             a multiple of 8 on the bf16 path) */
     int f32;              /* the exact path: fp32 x, A, xw and fp32 FMAs; else bf16 on the tensor cores */
 } cu_lora_input_args;
 
@@ -55,6 +57,7 @@ typedef struct cu_lora_input_args {
  *   xw[t][i]                    = x[t][i]                                  (i < in)
  *   xw[t][in + (s - 1) R + k]   = sum_i A[s - 1][k][i] x[t][i]             (k < R)
  *   xw[t][in + (q - 1) R + k]   = 0                                        (every other slot q)
+ *   xw[t][j]                    = 0                              (in + n_slots R <= j < ldw)
  * u is the sum of the products in fp32 in a fixed order (deterministic), rounded like x. n_sm sizes
  * the grid. */
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
