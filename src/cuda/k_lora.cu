@@ -517,7 +517,8 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
     lc.dynamicSmemBytes = 0;
     lc.stream = st;
     lc.attrs = at;
-    lc.numAttrs = 2;
+    const char *pdl = getenv("SQUAD_LORA_PDL"); /* "0": launched plainly ordered (an experiment switch) */
+    lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
     if (cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice) == cudaSuccess) return cudaSuccess;
     (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
     lc.numAttrs = 1;
