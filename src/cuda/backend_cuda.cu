@@ -46,19 +46,20 @@
  *  - Full-vocabulary figures (chunks with vocab): k_vocab.cu's kernels, enqueued after a replay on
  *    the same stream and only when one of its rows asks; the slots of every asking row form one
  *    list, so one pass over the embedding serves a group of slots of several rows.
- *  - Specialists (opts->specialists): every adapter's A and B (bf16, or fp32 on the exact path, in
- *    k_lora.cuh's layout) are uploaded to one of `max_adapters` resident slots on demand, the least
- *    recently used slot giving way; a device table holds one cu_lora_entry per (slot, layer,
- *    projection). Each packed token's adapter slot (0: the trunk, padding) rides in the batch
- *    parameters (cu_batch.token_slot), so rows of different routes share one forward
- *    (mixed_routes 1); a batch whose routes do not all fit the resident slots is refused with
- *    SQUAD_E_UNSUPPORTED and the engine runs it route by route. In the layers from `split` on,
- *    every GEMM output with a projection some adapter adapts gets one k_lora.cu launch after the
- *    GEMM, adding s B (A x) into the output's columns (a fused in-projection: each adapted part at
- *    its column offset; out / o / down: straight into the residual h). It reads the slots and the
- *    entries at replay, so one graph serves every route and every mix of routes. The router's
- *    feature sums (per row, the fp32 h entering router.layer) are in every graph and copied back
- *    only for rows that ask.
+ *  - Specialists (opts->specialists): the LoRA terms ride inside the projections' own GEMMs
+ *    (k_lora.cuh). In the layers from `split` on, each GEMM with a projection some adapter adapts
+ *    gets its K widened by n_slots R columns (R: the adapted parts' ranks, each rounded up to 16),
+ *    for `max_adapters` resident slots: the weight becomes [W | B'_1 | ... | B'_n] (each slot's
+ *    columns hold its adapter's B in the parts' rows, written when the adapter is uploaded into the
+ *    slot on demand, the least recently used slot giving way) and its input [x | u_1 | ... | u_n],
+ *    made by k_lora.cu in place of the trunk's norm or SiLU (out / o: one launch after the mixer),
+ *    u_s = s A x for tokens of slot s and zeros elsewhere. Each packed token's adapter slot (0: the
+ *    trunk, padding) rides in the batch parameters (cu_batch.token_slot), so rows of different
+ *    routes share one forward (mixed_routes 1) and one graph serves every route; a batch whose
+ *    routes do not all fit the resident slots is refused with SQUAD_E_UNSUPPORTED and the engine
+ *    runs it route by route. Without specialists nothing of this exists (the trunk's K, kernels and
+ *    graphs). The router's feature sums (per row, the fp32 h entering router.layer) are in every
+ *    graph and copied back only for rows that ask.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *    SQUAD_CUDA_GRAPHS=0 in the environment runs batches eagerly (debugging, sanitizers).
  */
@@ -139,6 +140,27 @@ typedef struct cu_seq {
     int kv_split;
 } cu_seq;
 
+/* The GEMMs the specialists widen (k_lora.cuh): in a layer from `split` on, each GEMM with a
+ * projection some adapter adapts gets n_slots R extra K columns. */
+enum { LORA_IN, LORA_OUT, LORA_GU, LORA_DOWN, LORA_SITES };
+#define LORA_MAX_PARTS 4 /* projections of one GEMM: GDN qkv | z | b | a */
+/* A widened GEMM's K is a multiple of this: rows of 128 bytes in bf16 (the GEMMs' K tiles are 64
+ * deep; an odd multiple of 32 elements left the out and down rows 64-byte aligned only) */
+#define LORA_K_ALIGN 64
+typedef struct lora_site {
+    int ext;  /* the extra K: n_slots R, rounded up (0: the site is the trunk's own GEMM) */
+    int R;    /* rank columns per slot: every adapted part's largest rank rounded up to 16, summed */
+    int in;   /* the GEMM's K before widening (x's width) */
+    int n;    /* the GEMM's N (rows of the weight) */
+    int lda;  /* A's row stride (cu_lora_lda) */
+    int n_parts;
+    int proj[LORA_MAX_PARTS]; /* adapted part i: its projection (SQUAD_PROJ_*), */
+    int yoff[LORA_MAX_PARTS]; /* its first row of the weight (column of the GEMM's output), */
+    int kcol[LORA_MAX_PARTS]; /* its first rank column of a slot's R */
+    void **w;                 /* the layer's weight pointer (widened: [n][in + ext]) */
+    void *A;                  /* [n_slots][R][lda]: each slot's A rows, the scale folded in */
+} lora_site;
+
 typedef struct cu_be {
     const squad_model *m;
     int H, I, V, nl, n_gdn, n_attn, max_context, max_chunk;
@@ -208,16 +230,14 @@ typedef struct cu_be {
 
     /* specialists (NULL: none): the resident adapters and the router's chunk sum */
     const squad_specialists *sp;
-    int lora_stride;                   /* table entries per slot: nl * SQUAD_PROJ_COUNT */
     int n_lora_slots;                  /* max_adapters, or every specialist */
-    cu_lora_entry *lora_table;         /* device [n_lora_slots][nl][SQUAD_PROJ_COUNT] */
-    cu_lora_entry *lora_table_host;    /* its host copy */
     int *slot_route;                   /* [n_lora_slots]: the route each slot holds, -1: none */
     unsigned long long *slot_used;     /* [n_lora_slots]: the clock of its last use */
-    void **slot_buf;                   /* [n_lora_slots]: its A / B buffer (not in allocs) */
     unsigned long long lora_clock, adapter_uploads;
     int lora_out[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* out of an adapted projection, 0: none adapts it */
-    int lora_max_r;                    /* the largest rank of any adapter */
+    int lora_rank[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* its largest rank over the adapters */
+    lora_site lsite[SQUAD_MAX_LAYERS][LORA_SITES]; /* the widened GEMMs (ext 0: the trunk's own) */
+    void *lora_xw;                     /* a widened GEMM's input [tok_cap][in + ext] (the widest site) */
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
@@ -450,57 +470,81 @@ static int seq_kv(cu_be *cb, cu_seq *q, int need, squad_err *err) {
 
 /* ---- specialists: resident adapters ------------------------------------------------------------ */
 
-/* Uploads route's adapter into slot s (k_lora.cuh's layout, cu_lora_pack: per adapted projection
- * A then B, bf16, or fp32 on the exact path, in one buffer) and rewrites the slot's table entries.
- * The stream is drained first, so no replay still reads the buffer or the entries being replaced. */
+/* Frees a weight allocation of `bytes` made by dalloc (a weight replaced by its widened copy). */
+static void dfree(cu_be *cb, void *p, size_t bytes) {
+    for (int i = 0; i < cb->n_allocs; i++)
+        if (cb->allocs[i] == p) {
+            cudaFree(p);
+            cb->allocs[i] = cb->allocs[--cb->n_allocs];
+            cb->weight_bytes -= bytes;
+            return;
+        }
+}
+
+/* Writes value v into element i of a host staging buffer of bf16 or fp32 elements. */
+static void stage_put(void *buf, int f32, size_t i, float v) {
+    if (f32)
+        ((float *)buf)[i] = v;
+    else
+        ((uint16_t *)buf)[i] = squad_f32_to_bf16(v);
+}
+
+/* Uploads route's adapter into slot s: for every widened GEMM, the slot's A block (each part's A
+ * at its rank columns, the adapter's scale folded in; zeros past a part's rank and for parts the
+ * adapter leaves alone) and the slot's K columns of the weight (each part's B in its rows and rank
+ * columns, zeros elsewhere), bf16 or fp32 as the weights. The stream is drained first, so no
+ * replay still reads what is replaced; the copies are finished before it returns. */
 static int lora_upload(cu_be *cb, int s, int route, squad_err *err) {
     const squad_specialists *sp = cb->sp;
     const squad_adapter *a = &sp->adapters[route];
-    size_t bytes = 0;
+    const size_t es = cb->es;
+    size_t a_elems = 0, b_elems = 0;
     for (int l = sp->split; l < cb->nl; l++)
-        for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
-            const squad_lora_proj *lp = &a->proj[l][p];
-            if (lp->A) bytes += cu_lora_pack_bytes(lp->r, lp->in, lp->out, cb->f32);
+        for (int k = 0; k < LORA_SITES; k++) {
+            const lora_site *st = &cb->lsite[l][k];
+            if (!st->ext) continue;
+            if ((size_t)st->R * st->lda > a_elems) a_elems = (size_t)st->R * st->lda;
+            if ((size_t)st->n * st->R > b_elems) b_elems = (size_t)st->n * st->R;
         }
     CU_TRY(cudaStreamSynchronize(cb->st));
-    cu_lora_entry *tab = cb->lora_table_host + (size_t)s * cb->lora_stride;
-    memset(tab, 0, sizeof *tab * (size_t)cb->lora_stride);
     cb->slot_route[s] = -1;
-    if (cb->slot_buf[s]) {
-        cudaFree(cb->slot_buf[s]);
-        cb->slot_buf[s] = NULL;
+    void *ha = calloc(a_elems ? a_elems : 1, es), *hb = calloc(b_elems ? b_elems : 1, es);
+    if (!ha || !hb) {
+        free(ha);
+        free(hb);
+        return cu_err(err, SQUAD_E_NOMEM, "out of memory (staging adapter '%s')", a->label);
     }
-    unsigned char *host = (unsigned char *)malloc(bytes ? bytes : 16);
-    if (!host) return cu_err(err, SQUAD_E_NOMEM, "out of memory (staging adapter '%s')", a->label);
-    void *buf = NULL;
-    cudaError_t e = cudaMalloc(&buf, bytes ? bytes : 16);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        free(host);
-        return cu_err(err, e == cudaErrorMemoryAllocation ? SQUAD_E_NOMEM : SQUAD_E_BACKEND,
-                      "CUDA backend: no device memory for adapter '%s' (%.1f MB): %s", a->label,
-                      (double)bytes / (1 << 20), cudaGetErrorString(e));
-    }
-    size_t at = 0;
-    for (int l = sp->split; l < cb->nl; l++)
-        for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
-            const squad_lora_proj *lp = &a->proj[l][p];
-            if (!lp->A) continue;
-            cu_lora_pack(lp->A, lp->B, lp->r, lp->in, lp->out, a->scale, cb->f32, host + at, (const char *)buf + at,
-                         &tab[(size_t)l * SQUAD_PROJ_COUNT + p]);
-            at += cu_lora_pack_bytes(lp->r, lp->in, lp->out, cb->f32);
+    cudaError_t e = cudaSuccess;
+    for (int l = sp->split; l < cb->nl && e == cudaSuccess; l++)
+        for (int k = 0; k < LORA_SITES && e == cudaSuccess; k++) {
+            const lora_site *st = &cb->lsite[l][k];
+            if (!st->ext) continue;
+            memset(ha, 0, (size_t)st->R * st->lda * es);
+            memset(hb, 0, (size_t)st->n * st->R * es);
+            for (int i = 0; i < st->n_parts; i++) {
+                const squad_lora_proj *lp = &a->proj[l][st->proj[i]];
+                if (!lp->A) continue;
+                for (int r = 0; r < lp->r; r++)
+                    for (int j = 0; j < lp->in; j++)
+                        stage_put(ha, cb->f32, (size_t)(st->kcol[i] + r) * st->lda + j,
+                                  a->scale * lp->A[(size_t)r * lp->in + j]);
+                for (int o = 0; o < lp->out; o++)
+                    for (int r = 0; r < lp->r; r++)
+                        stage_put(hb, cb->f32, (size_t)(st->yoff[i] + o) * st->R + st->kcol[i] + r,
+                                  lp->B[(size_t)o * lp->r + r]);
+            }
+            e = cudaMemcpy((char *)st->A + (size_t)s * st->R * st->lda * es, ha, (size_t)st->R * st->lda * es,
+                           cudaMemcpyHostToDevice);
+            const size_t ldw = (size_t)(st->in + st->ext) * es;
+            if (e == cudaSuccess)
+                e = cudaMemcpy2D((char *)*st->w + (size_t)(st->in + s * st->R) * es, ldw, hb, (size_t)st->R * es,
+                                 (size_t)st->R * es, (size_t)st->n, cudaMemcpyHostToDevice);
         }
-    e = cudaMemcpyAsync(buf, host, bytes, cudaMemcpyHostToDevice, cb->st);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(cb->lora_table + (size_t)s * cb->lora_stride, tab, sizeof *tab * (size_t)cb->lora_stride,
-                            cudaMemcpyHostToDevice, cb->st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cb->st);
-    free(host);
-    if (e != cudaSuccess) {
-        cudaFree(buf);
-        return cu_fail(err, "uploading an adapter", e, __FILE__, __LINE__);
-    }
-    cb->slot_buf[s] = buf;
+    free(ha);
+    free(hb);
+    /* the copies (legacy stream) finished before a kernel on cb->st reads them */
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) return cu_fail(err, "uploading an adapter", e, __FILE__, __LINE__);
     cb->slot_route[s] = route;
     cb->adapter_uploads++;
     return 0;
@@ -565,9 +609,99 @@ static int lora_resident(cu_be *cb, const squad_chunk *chunks, int n, squad_err 
     return 0;
 }
 
-/* Sets the specialists up at creation: the table, the slots (max_adapters of them, 0 meaning one
- * per specialist), which projections any adapter adapts (those get kernels in the graphs), the
- * scratch of the low-rank products and the router's sum. No adapter is uploaded yet. */
+/* The projections of site k of layer l (the fused order of the weight's rows) and their widths;
+ * returns how many; *in gets the GEMM's K, *w the layer's weight pointer. */
+static int site_projs(cu_be *cb, int l, int k, int ids[LORA_MAX_PARTS], int widths[LORA_MAX_PARTS], int *in,
+                      void ***w) {
+    const squad_config *c = &cb->m->cfg;
+    cu_layer *L = &cb->layers[l];
+    const int lin = L->kind == SQUAD_LAYER_LINEAR, nv = c->lin_num_v_heads;
+    const int k_out = lin ? nv * c->lin_v_dim : c->num_heads * c->head_dim;
+    *in = cb->H;
+    if (k == LORA_IN) {
+        *w = &L->w_in;
+        if (lin) {
+            const int id[4] = {SQUAD_PROJ_IN_QKV, SQUAD_PROJ_IN_Z, SQUAD_PROJ_IN_B, SQUAD_PROJ_IN_A};
+            const int wd[4] = {cb->C, nv * c->lin_v_dim, nv, nv};
+            memcpy(ids, id, sizeof id), memcpy(widths, wd, sizeof wd);
+            return 4;
+        }
+        const int kvd = c->num_kv_heads * c->head_dim;
+        const int id[3] = {SQUAD_PROJ_Q, SQUAD_PROJ_K, SQUAD_PROJ_V};
+        const int wd[3] = {c->num_heads * 2 * c->head_dim, kvd, kvd};
+        memcpy(ids, id, sizeof id), memcpy(widths, wd, sizeof wd);
+        return 3;
+    }
+    if (k == LORA_GU) {
+        *w = &L->w_gu;
+        ids[0] = SQUAD_PROJ_GATE, ids[1] = SQUAD_PROJ_UP, widths[0] = widths[1] = cb->I;
+        return 2;
+    }
+    if (k == LORA_OUT) {
+        *w = &L->w_out;
+        *in = k_out;
+        ids[0] = lin ? SQUAD_PROJ_OUT : SQUAD_PROJ_O, widths[0] = cb->H;
+        return 1;
+    }
+    *w = &L->w_down;
+    *in = cb->I;
+    ids[0] = SQUAD_PROJ_DOWN, widths[0] = cb->H;
+    return 1;
+}
+
+/* Widens the GEMMs of layer l that some adapter adapts (k_lora.cuh): the weight copied into
+ * [n][in + ext] (the extra columns zero until an adapter is uploaded), the A blocks allocated
+ * (zeros); *max_ldw grows to the widest input. */
+static int widen_layer(cu_be *cb, int l, int *max_ldw, squad_err *err) {
+    int rc;
+    for (int k = 0; k < LORA_SITES; k++) {
+        lora_site *st = &cb->lsite[l][k];
+        int ids[LORA_MAX_PARTS], widths[LORA_MAX_PARTS], in = 0, at = 0;
+        void **w = NULL;
+        const int n = site_projs(cb, l, k, ids, widths, &in, &w);
+        memset(st, 0, sizeof *st);
+        for (int i = 0; i < n; i++) {
+            const int p = ids[i];
+            if (cb->lora_out[l][p]) {
+                if (cb->lora_out[l][p] != widths[i])
+                    return cu_err(err, SQUAD_E_INVALID, "specialists: projection %d of layer %d has %d outputs, not %d",
+                                  p, l, cb->lora_out[l][p], widths[i]);
+                st->proj[st->n_parts] = p;
+                st->yoff[st->n_parts] = at;
+                st->kcol[st->n_parts] = st->R;
+                st->n_parts++;
+                st->R += (cb->lora_rank[l][p] + 15) / 16 * 16;
+            }
+            at += widths[i];
+        }
+        if (!st->n_parts) continue;
+        if (!cb->f32 && in % 8) /* k_lora.cu's vector loads and stores of x */
+            return cu_err(err, SQUAD_E_UNSUPPORTED,
+                          "specialists on the bf16 path: layer %d's projection input of %d (a multiple of 8 needed)",
+                          l, in);
+        st->in = in;
+        st->n = k == LORA_IN ? (cb->layers[l].kind == SQUAD_LAYER_LINEAR ? cb->NP : cb->ldQKV) : at;
+        st->lda = cu_lora_lda(in);
+        /* the widened rows a multiple of LORA_K_ALIGN (zeros past the slots' columns) */
+        st->ext = (in + cb->n_lora_slots * st->R + LORA_K_ALIGN - 1) / LORA_K_ALIGN * LORA_K_ALIGN - in;
+        st->w = w;
+        const size_t ldw = (size_t)(in + st->ext) * cb->es;
+        void *nw = NULL;
+        if ((rc = dalloc(cb, &nw, (size_t)st->n * ldw, MEM_WEIGHT, err))) return rc;
+        CU_TRY(cudaMemcpy2D(nw, ldw, *w, (size_t)in * cb->es, (size_t)in * cb->es, (size_t)st->n,
+                            cudaMemcpyDeviceToDevice));
+        CU_TRY(cudaDeviceSynchronize());
+        dfree(cb, *w, (size_t)st->n * in * cb->es);
+        *w = nw;
+        if ((rc = dalloc(cb, &st->A, (size_t)cb->n_lora_slots * st->R * st->lda * cb->es, MEM_WEIGHT, err))) return rc;
+        if (in + st->ext > *max_ldw) *max_ldw = in + st->ext;
+    }
+    return 0;
+}
+
+/* Sets the specialists up at creation: the slots (max_adapters of them, 0 meaning one per
+ * specialist), which projections any adapter adapts and with what rank, the widened GEMMs of the
+ * layers from split on, their input buffer, and the router's sum. No adapter is uploaded yet. */
 static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_adapters, squad_err *err) {
     const squad_config *c = &cb->m->cfg;
     if (sp->hidden != cb->H || sp->n_layers != cb->nl)
@@ -581,37 +715,44 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     const int n_spec = sp->router.n_labels - 1;
     cb->n_lora_slots = max_adapters == 0 || max_adapters > n_spec ? n_spec : max_adapters;
     if (cb->n_lora_slots < 1) cb->n_lora_slots = 1;
-    cb->lora_stride = cb->nl * SQUAD_PROJ_COUNT;
-    int max_r = 1;
     for (int route = 1; route < sp->router.n_labels; route++) {
         const squad_adapter *a = &sp->adapters[route];
         for (int l = 0; l < cb->nl; l++)
             for (int p = 0; p < SQUAD_PROJ_COUNT; p++) {
                 const squad_lora_proj *lp = &a->proj[l][p];
                 if (!lp->A) continue;
-                /* the loader refuses these; the kernels index with them, so they are checked again */
+                /* the loader refuses these; the uploads index with them, so they are checked again */
                 const int lin = c->layer_types[l] == SQUAD_LAYER_LINEAR;
                 const int gdn_p = p <= SQUAD_PROJ_OUT, att_p = p >= SQUAD_PROJ_Q && p <= SQUAD_PROJ_O;
-                if (l < sp->split || (lin && att_p) || (!lin && gdn_p) || lp->r < 1 || !lp->B ||
-                    (cb->lora_out[l][p] && cb->lora_out[l][p] != lp->out))
+                if (l < sp->split || (lin && att_p) || (!lin && gdn_p) || lp->r < 1 || lp->r > SQUAD_LORA_MAX_RANK ||
+                    !lp->B || (cb->lora_out[l][p] && cb->lora_out[l][p] != lp->out))
                     return cu_err(err, SQUAD_E_INVALID, "specialist '%s': projection %d of layer %d does not fit",
                                   a->label, p, l);
                 cb->lora_out[l][p] = lp->out;
-                if (lp->r > max_r) max_r = lp->r;
+                if (lp->r > cb->lora_rank[l][p]) cb->lora_rank[l][p] = lp->r;
             }
     }
-    const size_t n_entries = (size_t)cb->n_lora_slots * cb->lora_stride;
-    int rc;
-    if ((rc = dalloc(cb, (void **)&cb->lora_table, n_entries * sizeof(cu_lora_entry), MEM_WEIGHT, err))) return rc;
-    cb->lora_table_host = (cu_lora_entry *)calloc(n_entries, sizeof(cu_lora_entry));
+    int rc, max_ldw = 0;
+    for (int l = sp->split; l < cb->nl; l++)
+        if ((rc = widen_layer(cb, l, &max_ldw, err))) return rc;
+    /* a part's `in` must be its GEMM's (the loader checks the shapes against the base) */
+    for (int route = 1; route < sp->router.n_labels; route++)
+        for (int l = sp->split; l < cb->nl; l++)
+            for (int k = 0; k < LORA_SITES; k++)
+                for (int i = 0; i < cb->lsite[l][k].n_parts; i++) {
+                    const lora_site *st = &cb->lsite[l][k];
+                    const squad_lora_proj *lp = &sp->adapters[route].proj[l][st->proj[i]];
+                    if (lp->A && lp->in != st->in)
+                        return cu_err(err, SQUAD_E_INVALID,
+                                      "specialist '%s': projection %d of layer %d reads %d, not %d",
+                                      sp->adapters[route].label, st->proj[i], l, lp->in, st->in);
+                }
     cb->slot_route = (int *)malloc(sizeof(int) * (size_t)cb->n_lora_slots);
     cb->slot_used = (unsigned long long *)calloc((size_t)cb->n_lora_slots, sizeof(unsigned long long));
-    cb->slot_buf = (void **)calloc((size_t)cb->n_lora_slots, sizeof(void *));
-    if (!cb->lora_table_host || !cb->slot_route || !cb->slot_used || !cb->slot_buf)
-        return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
+    if (!cb->slot_route || !cb->slot_used) return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
     const size_t R = (size_t)cb->tok_cap;
-    cb->lora_max_r = max_r;
+    if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, R * max_ldw * cb->es, MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
         return rc;
@@ -625,51 +766,35 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
 /* The batch view of the parameter buffer for a replay of `nrows` rows of `bucket` tokens. */
 static cu_batch batch_of(const cu_be *cb, int nrows, int bucket) { return cu_batch_at(cb->prm_dev, nrows, bucket); }
 
-/* The low-rank terms of the GEMM output y [rows][ldy] of layer l whose columns from off[i] are
- * projection ids[i] (i < n), computed from its input x [rows][ldx], in one k_lora.cu launch: the
- * parts some adapter adapts, when specialists are loaded and l is from split on. Left out of the
- * GEMM plan making (its outputs are scratch). */
-static int enqueue_lora_site(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *off, int n,
-                             const void *x, int ldx, int x_f32, void *y, int ldy, int y_f32, squad_err *err) {
-    if (!cb->sp || cb->gemm.tune || l < cb->sp->split) return 0;
-    cu_lora_site site;
-    memset(&site, 0, sizeof site);
-    site.stride = cb->lora_stride;
-    site.n_slots = cb->n_lora_slots;
-    site.max_rank = cb->lora_max_r;
-    for (int i = 0; i < n; i++) {
-        const int p = ids[i];
-        if (!cb->lora_out[l][p]) continue;
-        if (site.n_parts == CU_LORA_MAX_PARTS)
-            return cu_err(err, SQUAD_E_INVALID, "CUDA backend: more than %d adapted parts in one projection",
-                          CU_LORA_MAX_PARTS);
-        site.col[site.n_parts] = cb->lora_table + (size_t)l * SQUAD_PROJ_COUNT + p;
-        site.yoff[site.n_parts] = off[i];
-        site.out[site.n_parts] = cb->lora_out[l][p];
-        site.n_parts++;
-    }
-    if (site.n_parts == 0) return 0;
-    return cu_lora(&site, b->token_slot, x, ldx, x_f32, y, ldy, y_f32, b->nrows * b->bucket, cb->n_sm, cb->st, err);
+/* Layer l's widened GEMM k (LORA_*), or NULL: no specialists, below split, or no adapter adapts it. */
+static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
+    if (!cb->sp || l < cb->sp->split) return NULL;
+    const lora_site *st = &cb->lsite[l][k];
+    return st->ext ? st : NULL;
 }
 
-/* The low-rank term of projection p of layer l alone: x [rows][ldx] its input, y [rows][ldy] its
- * output, the projection's columns from yoff. */
-static int enqueue_lora(cu_be *cb, const cu_batch *b, int l, int p, const void *x, int ldx, int x_f32, void *y,
-                        int ldy, int yoff, int y_f32, squad_err *err) {
-    return enqueue_lora_site(cb, b, l, &p, &yoff, 1, x, ldx, x_f32, y, ldy, y_f32, err);
-}
-
-/* The low-rank terms of a fused in-projection (GDN: qkv | z | b | a; attention: q | k | v; the MLP:
- * gate | up) from x into proj, each adapted part into its own columns, in one launch. */
-static int enqueue_lora_fused(cu_be *cb, const cu_batch *b, int l, const int *ids, const int *widths, int n, int ldy,
-                              squad_err *err) {
-    int off[CU_LORA_MAX_PARTS], at = 0;
-    if (n > CU_LORA_MAX_PARTS) return cu_err(err, SQUAD_E_INVALID, "CUDA backend: %d fused parts", n);
-    for (int i = 0; i < n; i++) {
-        off[i] = at;
-        at += widths[i];
-    }
-    return enqueue_lora_site(cb, b, l, ids, off, n, cb->x, cb->H, cb->f32, cb->proj, ldy, cb->f32, err);
+/* The widened input [x | u] of site st into lora_xw (k_lora.cuh), x made by producer src: the norm
+ * of h with weight w (CU_LORA_NORM), SiLU * up of x_src (CU_LORA_SILU), or a copy of x_src, ld_src
+ * apart (CU_LORA_COPY). */
+static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st, int src, const float *w,
+                              const void *x_src, int ld_src, squad_err *err) {
+    cu_lora_input_args a;
+    memset(&a, 0, sizeof a);
+    a.src = src;
+    a.h = cb->h;
+    a.w = w;
+    a.eps = cb->eps;
+    a.x_src = x_src;
+    a.ld_src = ld_src;
+    a.in = st->in;
+    a.A = st->A;
+    a.lda = st->lda;
+    a.R = st->R;
+    a.n_slots = cb->n_lora_slots;
+    a.xw = cb->lora_xw;
+    a.ldw = st->in + st->ext;
+    a.f32 = cb->f32;
+    return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
 }
 
 /* The kernel groups of cb->parts, in forward order, for a replay of rows bucket rbi, length bucket
@@ -706,19 +831,21 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
                                         cb->router_dev + (size_t)r * H, bt.bucket, cb->st, err)))
                     return rc;
             }
-        if (l > 0 && norm && (rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
-        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, cb->x, cb->proj, rows, n_in, H, 0, f, cb->st, err))) return rc;
-        if (gemm && cb->sp) {
-            const int nv = cfg->lin_num_v_heads, qd = cfg->num_heads * 2 * cfg->head_dim;
-            const int kvd = cfg->num_kv_heads * cfg->head_dim;
-            const int gdn_ids[4] = {SQUAD_PROJ_IN_QKV, SQUAD_PROJ_IN_Z, SQUAD_PROJ_IN_B, SQUAD_PROJ_IN_A};
-            const int gdn_w[4] = {cb->C, nv * cfg->lin_v_dim, nv, nv};
-            const int att_ids[3] = {SQUAD_PROJ_Q, SQUAD_PROJ_K, SQUAD_PROJ_V};
-            const int att_w[3] = {qd, kvd, kvd};
-            rc = lin ? enqueue_lora_fused(cb, b, l, gdn_ids, gdn_w, 4, n_in, err)
-                     : enqueue_lora_fused(cb, b, l, att_ids, att_w, 3, n_in, err);
-            if (rc) return rc;
-        }
+        /* the specialists' widened GEMMs (k_lora.cuh): their input [x | u] is made in place of the
+         * trunk's norm, SiLU or (before out / o) on its own, and the GEMM's K grows by ext */
+        const lora_site *s_in = lora_site_of(cb, l, LORA_IN), *s_out = lora_site_of(cb, l, LORA_OUT);
+        const lora_site *s_gu = lora_site_of(cb, l, LORA_GU), *s_dn = lora_site_of(cb, l, LORA_DOWN);
+        const bool widen = gemm && !cb->gemm.tune; /* the GEMM-only plan making leaves its scratch alone */
+        rc = 0;
+        if (s_in && norm) /* layer 0's norm came with the embeddings: its x is copied */
+            rc = l == 0 ? enqueue_lora_input(cb, b, s_in, CU_LORA_COPY, NULL, cb->x, H, err)
+                        : enqueue_lora_input(cb, b, s_in, CU_LORA_NORM, L->in_norm, NULL, 0, err);
+        else if (l > 0 && norm)
+            rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err);
+        if (rc) return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, s_in ? cb->lora_xw : cb->x, cb->proj, rows, n_in,
+                                  H + (s_in ? s_in->ext : 0), 0, f, cb->st, err)))
+            return rc;
         if (lin && gdn &&
             (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_off, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->s_off,
                                  cb->mix, &cb->scr, b, cb->st, err)))
@@ -732,19 +859,23 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
                                  cb->att_part, cb->splits[bi][rbi][si], cb->mix, b, cb->st, err);
             if (rc) return rc;
         }
-        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, cb->mix, cb->h, rows, H, k_out, 1, f, cb->st, err))) return rc;
-        if (gemm && (rc = enqueue_lora(cb, b, l, lin ? SQUAD_PROJ_OUT : SQUAD_PROJ_O, cb->mix, k_out, f, cb->h, H, 0, 1,
-                                       err)))
+        if (s_out && widen && (rc = enqueue_lora_input(cb, b, s_out, CU_LORA_COPY, NULL, cb->mix, k_out, err)))
             return rc;
-        if (norm && (rc = cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err))) return rc;
-        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, cb->x, cb->proj, rows, 2 * I, H, 0, f, cb->st, err))) return rc;
-        if (gemm && cb->sp) {
-            const int mlp_ids[2] = {SQUAD_PROJ_GATE, SQUAD_PROJ_UP}, mlp_w[2] = {I, I};
-            if ((rc = enqueue_lora_fused(cb, b, l, mlp_ids, mlp_w, 2, 2 * I, err))) return rc;
-        }
-        if (silu && (rc = cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err))) return rc;
-        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, cb->mlp, cb->h, rows, H, I, 1, f, cb->st, err))) return rc;
-        if (gemm && (rc = enqueue_lora(cb, b, l, SQUAD_PROJ_DOWN, cb->mlp, I, f, cb->h, H, 0, 1, err))) return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, s_out ? cb->lora_xw : cb->mix, cb->h, rows, H,
+                                  k_out + (s_out ? s_out->ext : 0), 1, f, cb->st, err)))
+            return rc;
+        if (norm && (rc = s_gu ? enqueue_lora_input(cb, b, s_gu, CU_LORA_NORM, L->post_norm, NULL, 0, err)
+                               : cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err)))
+            return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, s_gu ? cb->lora_xw : cb->x, cb->proj, rows, 2 * I,
+                                  H + (s_gu ? s_gu->ext : 0), 0, f, cb->st, err)))
+            return rc;
+        if (silu && (rc = s_dn ? enqueue_lora_input(cb, b, s_dn, CU_LORA_SILU, NULL, cb->proj, 2 * I, err)
+                               : cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err)))
+            return rc;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, s_dn ? cb->lora_xw : cb->mlp, cb->h, rows, H,
+                                  I + (s_dn ? s_dn->ext : 0), 1, f, cb->st, err)))
+            return rc;
     }
     if (!norm) return 0;
     return cu_letter_probs(cb->h, cb->final_norm, cb->lm_head, b, CU_MAX_SLOTS, cb->probs_dev, H, cb->eps, cb->st, err);
@@ -1247,12 +1378,8 @@ static void be_destroy(squad_backend *be) {
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
         if (cb->router_host) cudaFreeHost(cb->router_host);
-        for (int s = 0; cb->slot_buf && s < cb->n_lora_slots; s++)
-            if (cb->slot_buf[s]) cudaFree(cb->slot_buf[s]);
-        free(cb->slot_buf);
         free(cb->slot_route);
         free(cb->slot_used);
-        free(cb->lora_table_host);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);

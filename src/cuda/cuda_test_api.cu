@@ -278,66 +278,65 @@ extern "C" int squad_cuda_test_attn_sm90(int hd, squad_err *err) {
     return rc ? -1 : d.sm90 != 0;
 }
 
-/* ---- the specialists' low-rank term ---- */
+/* ---- the specialists' widened GEMM input ---- */
+
+/* The device's n_sm (the launchers size their grids with it). */
+static int test_n_sm(int *n_sm, squad_err *err) {
+    int dev = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(n_sm, cudaDevAttrMultiProcessorCount, dev));
+    return 0;
+}
 
 static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
-    if (a->n_parts < 1 || a->n_parts > CU_REF_LORA_MAX_PARTS || a->n_slots < 1 || a->n_slots > CU_REF_LORA_MAX_SLOTS ||
-        a->rows < 1 || a->in < 1 || a->ldx < a->in || a->ldy < 1)
+    if (a->rows < 1 || a->in < 1 || a->R < 1 || a->n_slots < 1 || a->n_slots > CU_REF_LORA_MAX_SLOTS ||
+        a->src < 0 || a->src > 2 || (a->src == 2 && a->ld_src < a->in))
         return cu_err(err, SQUAD_E_INVALID, "test_lora: bad shape");
-    const int f32 = a->x_f32 != 0, np = a->n_parts;
-    size_t bytes = 0;
-    int max_r = 1;
-    for (int s = 0; s < a->n_slots; s++)
-        for (int p = 0; p < np; p++)
-            if (a->r[s][p] > 0) {
-                bytes += cu_lora_pack_bytes(a->r[s][p], a->in, a->out[p], f32);
-                if (a->r[s][p] > max_r) max_r = a->r[s][p];
-            }
-    cu_lora_entry tab[CU_REF_LORA_MAX_SLOTS * CU_REF_LORA_MAX_PARTS]; /* [slot][part] */
-    memset(tab, 0, sizeof tab);
-    void *dbuf;
-    int rc = talloc(b, &dbuf, bytes, err);
+    const int f32 = a->f32 != 0, lda = cu_lora_lda(a->in), end = a->in + a->n_slots * a->R;
+    const int ldw = a->ldw > end ? a->ldw : end;
+    /* A in the backend's layout: [n_slots][R][lda], zeros past in */
+    const size_t na = (size_t)a->n_slots * a->R * lda;
+    float *Ah = (float *)calloc(na, sizeof(float));
+    if (!Ah) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    for (size_t row = 0; row < (size_t)a->n_slots * a->R; row++)
+        memcpy(Ah + row * lda, a->A + row * a->in, sizeof(float) * (size_t)a->in);
+    void *dA = NULL, *dsrc = NULL, *dxw = NULL;
+    float *dh = NULL, *dw = NULL;
+    int *dslot = NULL;
+    int rc = up_act(b, &dA, Ah, na, f32, err);
+    free(Ah);
     if (rc) return rc;
-    unsigned char *host = (unsigned char *)malloc(bytes ? bytes : 16);
-    if (!host) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
-    size_t at = 0;
-    for (int s = 0; s < a->n_slots; s++)
-        for (int p = 0; p < np; p++) {
-            const int r = a->r[s][p];
-            if (r < 1) continue;
-            cu_lora_pack(a->A[s][p], a->B[s][p], r, a->in, a->out[p], a->scale[s], f32, host + at, (char *)dbuf + at,
-                         &tab[s * np + p]);
-            at += cu_lora_pack_bytes(r, a->in, a->out[p], f32);
-        }
-    const cudaError_t e = cudaMemcpy(dbuf, host, bytes, cudaMemcpyHostToDevice);
-    free(host);
-    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
-    cu_lora_entry *dtab;
-    int *dslot;
-    void *dx, *dy;
-    if ((rc = talloc(b, (void **)&dtab, sizeof tab, err))) return rc;
-    CU_TRY(cudaMemcpy(dtab, tab, sizeof tab, cudaMemcpyHostToDevice));
+    if (a->src == 0) {
+        if ((rc = up_f32(b, &dh, a->h, (size_t)a->rows * a->in, err))) return rc;
+        if ((rc = up_f32(b, &dw, a->w, (size_t)a->in, err))) return rc;
+    } else {
+        const size_t n = (size_t)a->rows * (a->src == 1 ? 2 * (size_t)a->in : (size_t)a->ld_src);
+        if ((rc = up_act(b, &dsrc, a->x_src, n, f32, err))) return rc;
+    }
     if ((rc = talloc(b, (void **)&dslot, sizeof(int) * (size_t)a->rows, err))) return rc;
     CU_TRY(cudaMemcpy(dslot, a->token_slot, sizeof(int) * (size_t)a->rows, cudaMemcpyHostToDevice));
-    if ((rc = up_act(b, &dx, a->x, (size_t)a->rows * a->ldx, f32, err))) return rc;
-    if ((rc = up_act(b, &dy, a->y, (size_t)a->rows * a->ldy, a->y_f32, err))) return rc;
-    cu_lora_site site;
-    memset(&site, 0, sizeof site);
-    for (int p = 0; p < np; p++) {
-        site.col[p] = dtab + p;
-        site.yoff[p] = a->yoff[p];
-        site.out[p] = a->out[p];
-    }
-    site.n_parts = np;
-    site.stride = np;
-    site.n_slots = a->n_slots;
-    site.max_rank = max_r;
-    int dev = 0, n_sm = 0;
-    CU_TRY(cudaGetDevice(&dev));
-    CU_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    if ((rc = cu_lora(&site, dslot, dx, a->ldx, f32, dy, a->ldy, a->y_f32, a->rows, n_sm, 0, err))) return rc;
+    if ((rc = talloc_poison(b, &dxw, (size_t)a->rows * ldw * (f32 ? 4 : 2), err))) return rc;
+    cu_lora_input_args k;
+    memset(&k, 0, sizeof k);
+    k.src = a->src;
+    k.h = dh;
+    k.w = dw;
+    k.eps = a->eps;
+    k.x_src = dsrc;
+    k.ld_src = a->src == 1 ? 2 * a->in : a->ld_src;
+    k.in = a->in;
+    k.A = dA;
+    k.lda = lda;
+    k.R = a->R;
+    k.n_slots = a->n_slots;
+    k.xw = dxw;
+    k.ldw = ldw;
+    k.f32 = f32;
+    int n_sm = 0;
+    if ((rc = test_n_sm(&n_sm, err))) return rc;
+    if ((rc = cu_lora_input(&k, dslot, a->rows, n_sm, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
-    return down_act(a->y, dy, (size_t)a->rows * a->ldy, a->y_f32, err);
+    return down_act(a->xw, dxw, (size_t)a->rows * ldw, f32, err);
 }
 
 extern "C" int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err) {
@@ -844,20 +843,15 @@ extern "C" int squad_cuda_test_attn_batch(const cu_ref_attn_args *rows, int n, i
 
 /* ---- the specialists' low-rank launches, timed ---- */
 
-/* The 0.8B preset's Gated DeltaNet layer (docs/design.md section 4): hidden 1024, qkv 6144, z 2048,
- * b and a 16, out_proj's input 2048, intermediate 3584. */
+/* The 0.8B preset's Gated DeltaNet layer (docs/design.md section 4): hidden 1024, out_proj's input
+ * 2048, intermediate 3584. */
 #define LB_H 1024
-#define LB_QKV 6144
-#define LB_Z 2048
-#define LB_NV 16
 #define LB_VD 2048
 #define LB_I 3584
 #define LB_SITES 4
 #define LB_REPS 20
 
-typedef struct lora_bench_site {
-    int in, n_parts, out[CU_LORA_MAX_PARTS], y_f32;
-} lora_bench_site;
+#define LB_SLOTS 2
 
 /* A value in [-0.5, 0.5) from a 32-bit LCG. */
 static float bench_uniform(uint32_t *s) {
@@ -866,80 +860,76 @@ static float bench_uniform(uint32_t *s) {
 }
 
 static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, double *us, squad_err *err) {
-    static const lora_bench_site SITES[LB_SITES] = {
-        {LB_H, 4, {LB_QKV, LB_Z, LB_NV, LB_NV}, 0}, /* in-projection -> proj (bf16) */
-        {LB_VD, 1, {LB_H}, 1},                      /* out_proj -> h (fp32) */
-        {LB_H, 2, {LB_I, LB_I}, 0},                 /* gate | up -> proj */
-        {LB_I, 1, {LB_H}, 1},                       /* down_proj -> h */
-    };
-    const int per_layer = LB_SITES * CU_LORA_MAX_PARTS, n_entries = n_layers * per_layer;
-    size_t bytes = 0, at = 0;
-    for (int j = 0; j < LB_SITES; j++)
-        for (int p = 0; p < SITES[j].n_parts; p++) bytes += cu_lora_pack_bytes(rank, SITES[j].in, SITES[j].out[p], 0);
-    bytes *= (size_t)n_layers;
-    int max_in = LB_I, max_out = LB_QKV;
-    float *A = (float *)malloc(sizeof(float) * (size_t)rank * max_in);
-    float *B = (float *)malloc(sizeof(float) * (size_t)rank * max_out);
-    unsigned char *host = (unsigned char *)malloc(bytes);
-    cu_lora_entry *tab = (cu_lora_entry *)calloc((size_t)n_entries, sizeof(cu_lora_entry));
+    /* the four sites of a GDN layer: producer, x's width, the adapted parts (every projection) */
+    static const int SRC[LB_SITES] = {CU_LORA_NORM, CU_LORA_COPY, CU_LORA_NORM, CU_LORA_SILU};
+    static const int IN[LB_SITES] = {LB_H, LB_VD, LB_H, LB_I}, PARTS[LB_SITES] = {4, 1, 2, 1};
+    const int rp = (rank + 15) / 16 * 16;
+    size_t a_elems = 0;
+    int max_ldw = 0;
+    for (int j = 0; j < LB_SITES; j++) {
+        const int R = PARTS[j] * rp, ldw = IN[j] + LB_SLOTS * R;
+        a_elems += (size_t)LB_SLOTS * R * cu_lora_lda(IN[j]);
+        if (ldw > max_ldw) max_ldw = ldw;
+    }
+    const size_t n_h = (size_t)rows * LB_H, n_gu = (size_t)rows * 2 * LB_I, n_mix = (size_t)rows * LB_VD;
+    float *host = (float *)malloc(sizeof(float) * (a_elems > n_gu ? a_elems : n_gu));
     int *slots = (int *)malloc(sizeof(int) * (size_t)rows);
-    float *xh = (float *)malloc(sizeof(float) * (size_t)rows * max_in);
-    int rc = A && B && host && tab && slots && xh ? 0 : cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    int rc = host && slots ? 0 : cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     uint32_t seed = 12345u;
-    for (int i = 0; !rc && i < rank * max_in; i++) A[i] = bench_uniform(&seed);
-    for (int i = 0; !rc && i < rank * max_out; i++) B[i] = bench_uniform(&seed);
-    for (int i = 0; !rc && i < rows * max_in; i++) xh[i] = bench_uniform(&seed);
     for (int t = 0; !rc && t < rows; t++) slots[t] = trunk ? 0 : 1;
-    void *dbuf = NULL, *dx = NULL, *dproj = NULL, *dh = NULL;
-    cu_lora_entry *dtab = NULL;
+    void *dA = NULL, *dgu = NULL, *dmix = NULL, *dxw = NULL, *dx = NULL, *dmlp = NULL;
+    float *dh = NULL, *dw = NULL;
     int *dslot = NULL;
-    if (!rc) rc = talloc(b, &dbuf, bytes, err);
-    for (int l = 0; !rc && l < n_layers; l++)
-        for (int j = 0; j < LB_SITES; j++)
-            for (int p = 0; p < SITES[j].n_parts; p++) {
-                cu_lora_pack(A, B, rank, SITES[j].in, SITES[j].out[p], 0.5f, 0, host + at, (char *)dbuf + at,
-                             &tab[l * per_layer + j * CU_LORA_MAX_PARTS + p]);
-                at += cu_lora_pack_bytes(rank, SITES[j].in, SITES[j].out[p], 0);
-            }
-    if (!rc) rc = talloc(b, (void **)&dtab, sizeof(cu_lora_entry) * (size_t)n_entries, err);
+    for (size_t i = 0; !rc && i < a_elems; i++) host[i] = bench_uniform(&seed) * 0.05f;
+    if (!rc) rc = up_act(b, &dA, host, a_elems, 0, err);
+    for (size_t i = 0; !rc && i < n_gu; i++) host[i] = bench_uniform(&seed);
+    if (!rc) rc = up_act(b, &dgu, host, n_gu, 0, err);
+    if (!rc) rc = up_act(b, &dmix, host, n_mix, 0, err);
+    if (!rc) rc = up_f32(b, &dh, host, n_h, err);
+    if (!rc) rc = up_f32(b, &dw, host, LB_H, err);
+    if (!rc) rc = talloc(b, &dxw, sizeof(bf16) * (size_t)rows * max_ldw, err);
+    if (!rc) rc = talloc(b, &dx, sizeof(bf16) * n_h, err);
+    if (!rc) rc = talloc(b, &dmlp, sizeof(bf16) * (size_t)rows * LB_I, err);
     if (!rc) rc = talloc(b, (void **)&dslot, sizeof(int) * (size_t)rows, err);
-    if (!rc) rc = up_act(b, &dx, xh, (size_t)rows * max_in, 0, err);
-    if (!rc) rc = talloc(b, &dproj, sizeof(bf16) * (size_t)rows * (LB_QKV + LB_Z + 2 * LB_NV), err);
-    if (!rc) rc = talloc(b, &dh, sizeof(float) * (size_t)rows * LB_H, err);
     cudaError_t e = cudaSuccess;
-    if (!rc) e = cudaMemcpy(dbuf, host, bytes, cudaMemcpyHostToDevice);
-    if (!rc && e == cudaSuccess)
-        e = cudaMemcpy(dtab, tab, sizeof(cu_lora_entry) * (size_t)n_entries, cudaMemcpyHostToDevice);
-    if (!rc && e == cudaSuccess) e = cudaMemcpy(dslot, slots, sizeof(int) * (size_t)rows, cudaMemcpyHostToDevice);
-    free(A), free(B), free(host), free(tab), free(slots), free(xh);
+    if (!rc) e = cudaMemcpy(dslot, slots, sizeof(int) * (size_t)rows, cudaMemcpyHostToDevice);
+    free(host), free(slots);
     if (rc) return rc;
     if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
-    int dev = 0, n_sm = 0;
-    CU_TRY(cudaGetDevice(&dev));
-    CU_TRY(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    int n_sm = 0;
+    if ((rc = test_n_sm(&n_sm, err))) return rc;
     cudaStream_t st = NULL;
     CU_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t graph = NULL;
     e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
-    for (int l = 0; e == cudaSuccess && !rc && l < n_layers; l++)
-        for (int j = 0; j < LB_SITES && !rc; j++) {
-            cu_lora_site site;
-            memset(&site, 0, sizeof site);
-            int off = 0, ldy = 0;
-            for (int p = 0; p < SITES[j].n_parts; p++) ldy += SITES[j].out[p];
-            for (int p = 0; p < SITES[j].n_parts; p++) {
-                site.col[p] = dtab + l * per_layer + j * CU_LORA_MAX_PARTS + p;
-                site.yoff[p] = off;
-                site.out[p] = SITES[j].out[p];
-                off += SITES[j].out[p];
-            }
-            site.n_parts = SITES[j].n_parts;
-            site.stride = n_entries;
-            site.n_slots = 1;
-            site.max_rank = rank;
-            rc = cu_lora(&site, dslot, dx, SITES[j].in, 0, SITES[j].y_f32 ? dh : dproj, ldy, SITES[j].y_f32, rows, n_sm,
-                         st, err);
+    for (int l = 0; e == cudaSuccess && !rc && l < n_layers; l++) {
+        if (trunk) {
+            rc = cu_rmsnorm(dh, dx, dw, rows, LB_H, 1e-6f, 0, st, err);
+            if (!rc) rc = cu_rmsnorm(dh, dx, dw, rows, LB_H, 1e-6f, 0, st, err);
+            if (!rc) rc = cu_silu_mul(dgu, dmlp, rows, LB_I, 0, st, err);
+            continue;
         }
+        size_t at = 0;
+        for (int j = 0; j < LB_SITES && !rc; j++) {
+            cu_lora_input_args k;
+            memset(&k, 0, sizeof k);
+            k.src = SRC[j];
+            k.h = dh;
+            k.w = dw;
+            k.eps = 1e-6f;
+            k.x_src = SRC[j] == CU_LORA_SILU ? dgu : dmix;
+            k.ld_src = SRC[j] == CU_LORA_SILU ? 2 * LB_I : LB_VD;
+            k.in = IN[j];
+            k.R = PARTS[j] * rp;
+            k.lda = cu_lora_lda(IN[j]);
+            k.A = (const bf16 *)dA + at;
+            k.n_slots = LB_SLOTS;
+            k.xw = dxw;
+            k.ldw = k.in + LB_SLOTS * k.R;
+            at += (size_t)LB_SLOTS * k.R * k.lda;
+            rc = cu_lora_input(&k, dslot, rows, n_sm, st, err);
+        }
+    }
     const cudaError_t ec = e == cudaSuccess ? cudaStreamEndCapture(st, &graph) : e;
     cudaGraphExec_t exec = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;

@@ -60,36 +60,34 @@ int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);
  * an error. */
 int squad_cuda_test_attn_sm90(int hd, squad_err *err);
 
-/* ---- the specialists' low-rank term of one GEMM output (k_lora.cu) ---- */
-#define CU_REF_LORA_MAX_PARTS 4
+/* ---- the specialists' widened GEMM input (k_lora.cu) ---- */
 #define CU_REF_LORA_MAX_SLOTS 4
 typedef struct cu_ref_lora_args {
-    int rows;    /* tokens (a bucket's rows) */
-    int in, ldx; /* x [rows][ldx], its first `in` columns the projections' input */
-    int ldy;     /* y [rows][ldy] */
-    int n_parts; /* adapted projections in y: part p is columns [yoff[p], yoff[p] + out[p]) */
-    int yoff[CU_REF_LORA_MAX_PARTS], out[CU_REF_LORA_MAX_PARTS];
-    int n_slots;                                           /* resident adapters */
-    int r[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS];  /* ranks; 0: the adapter leaves the part alone */
-    float scale[CU_REF_LORA_MAX_SLOTS];
-    const float *A[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS]; /* [r][in] */
-    const float *B[CU_REF_LORA_MAX_SLOTS][CU_REF_LORA_MAX_PARTS]; /* [out][r] */
-    const int *token_slot; /* [rows]: slot + 1, or 0 (the trunk, padding) */
-    const float *x;        /* [rows][ldx] */
-    float *y;              /* [rows][ldy]: in / out */
-    int x_f32, y_f32;      /* device: fp32 x and entries (the exact path) or bf16 (tensor cores); y's type */
+    int src;     /* how x is made (k_lora.cuh's cu_lora_src): 0 the norm, 1 SiLU(gate) * up, 2 a copy */
+    int rows;    /* tokens */
+    int in;      /* x's width */
+    int ld_src;  /* the copy's source row stride (>= in) */
+    int R;       /* rank columns per slot */
+    int n_slots; /* resident adapters */
+    const float *h, *w; /* the norm: h [rows][in] (fp32 on the device too), w [in] */
+    float eps;
+    const float *x_src;    /* SiLU: gate | up [rows][2 in]; the copy: [rows][ld_src] */
+    const float *A;        /* [n_slots][R][in]: each slot's A rows, the scale folded in */
+    const int *token_slot; /* [rows]: slot + 1; 0 or past n_slots: no adapter */
+    float *xw;             /* out: [rows][ldw] */
+    int ldw;               /* 0: in + n_slots R; more: zeros past the slots' columns */
+    int f32;               /* device: the exact path (fp32) or bf16 (x_src, A and xw rounded to bf16) */
 } cu_ref_lora_args;
-/* y[t][yoff[p] + o] += scale[s] sum_k B[s][p][o][k] sum_i A[s][p][k][i] x[t][i] for every token
- * whose slot s + 1 is in [1, n_slots] and part p with r[s][p] > 0, in double. */
+/* xw = [x | u_1 | ... | u_n] as k_lora.cuh defines it, in double. */
 void cu_ref_lora(const cu_ref_lora_args *a);
-/* The same through cu_lora (the adapters packed by cu_lora_pack; x and y uploaded in their types,
- * so a bf16 test rounds x, A, B and y to bf16 first). */
+/* The same through cu_lora_input (xw poisoned with NaN first: every element must be written). */
 int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
-/* Microseconds per layer of the low-rank launches of n_layers Gated DeltaNet layers of the 0.8B
- * shapes (in-projection qkv | z | b | a, out_proj, gate | up, down_proj; bf16), rank `rank`, for a
- * chunk of `rows` tokens all of one adapter (trunk: all slot 0, the launches' fixed cost), replayed
- * as one CUDA graph. The adapters (n_layers x ~1.9 MB at rank 16) stay in L2 here, where the
- * forward's weights would flush them: a lower bound on the forward's cost. */
+/* Microseconds per layer of the producers of n_layers Gated DeltaNet layers' GEMM inputs on the
+ * 0.8B shapes (bf16), replayed as one CUDA graph, for a chunk of `rows` tokens of one adapter:
+ * trunk 0, the specialists' cu_lora_input launches (in-projection, out_proj, gate | up, down;
+ * rank `rank` on every projection, two slots); trunk 1, the trunk's own (RMSNorm, RMSNorm,
+ * SiLU * up). The difference is what the widened inputs cost beyond the trunk, the GEMMs' extra
+ * K aside. */
 int squad_cuda_bench_lora(int rows, int rank, int n_layers, int trunk, double *us_per_layer, squad_err *err);
 
 /* ---- small ops ---- */

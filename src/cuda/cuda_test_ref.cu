@@ -171,34 +171,42 @@ extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
         }
 }
 
-/* ---- the specialists' low-rank term ------------------------------------------------------------- */
+/* ---- the specialists' widened GEMM input ------------------------------------------------------- */
 
 extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
-    int max_r = 1;
-    for (int s = 0; s < a->n_slots; s++)
-        for (int p = 0; p < a->n_parts; p++)
-            if (a->r[s][p] > max_r) max_r = a->r[s][p];
-    double *u = (double *)malloc(sizeof(double) * (size_t)max_r);
-    if (!u) return;
+    const int end = a->in + a->n_slots * a->R, ldw = a->ldw > end ? a->ldw : end;
+    double *x = (double *)malloc(sizeof(double) * (size_t)(a->in > 0 ? a->in : 1));
+    if (!x) return;
     for (int t = 0; t < a->rows; t++) {
-        const int s = a->token_slot[t] - 1;
-        if (s < 0 || s >= a->n_slots) continue;
-        const float *xt = a->x + (size_t)t * a->ldx;
-        for (int p = 0; p < a->n_parts; p++) {
-            const int r = a->r[s][p];
-            if (r < 1) continue;
-            for (int k = 0; k < r; k++) {
-                double d = 0;
-                for (int i = 0; i < a->in; i++) d += (double)a->A[s][p][(size_t)k * a->in + i] * xt[i];
-                u[k] = d;
-            }
-            float *yt = a->y + (size_t)t * a->ldy + a->yoff[p];
-            for (int o = 0; o < a->out[p]; o++) {
-                double d = 0;
-                for (int k = 0; k < r; k++) d += (double)a->B[s][p][(size_t)o * r + k] * u[k];
-                yt[o] = (float)((double)yt[o] + (double)a->scale[s] * d);
+        double r = 0;
+        if (a->src == 0) {
+            double ss = 0;
+            for (int i = 0; i < a->in; i++) ss += (double)a->h[(size_t)t * a->in + i] * a->h[(size_t)t * a->in + i];
+            r = 1.0 / sqrt(ss / a->in + a->eps);
+        }
+        for (int i = 0; i < a->in; i++) {
+            if (a->src == 0) {
+                x[i] = a->h[(size_t)t * a->in + i] * r * (1.0 + a->w[i]);
+            } else if (a->src == 1) {
+                const double g = a->x_src[(size_t)t * 2 * a->in + i], u = a->x_src[(size_t)t * 2 * a->in + a->in + i];
+                x[i] = g / (1.0 + exp(-g)) * u;
+            } else {
+                x[i] = a->x_src[(size_t)t * a->ld_src + i];
             }
         }
+        float *o = a->xw + (size_t)t * ldw;
+        for (int i = 0; i < a->in; i++) o[i] = (float)x[i];
+        const int s = a->token_slot[t];
+        for (int q = 1; q <= a->n_slots; q++)
+            for (int k = 0; k < a->R; k++) {
+                double d = 0;
+                if (q == s) {
+                    const float *Ar = a->A + ((size_t)(q - 1) * a->R + k) * a->in;
+                    for (int i = 0; i < a->in; i++) d += (double)Ar[i] * x[i];
+                }
+                o[a->in + (q - 1) * a->R + k] = (float)d;
+            }
+        for (int j = end; j < ldw; j++) o[j] = 0.0f;
     }
-    free(u);
+    free(x);
 }

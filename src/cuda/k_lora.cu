@@ -1,36 +1,34 @@
 /*
- * k_lora.cu — the specialists' kernels (k_lora.cuh): the low-rank terms of an adapted GEMM output
+ * k_lora.cu — the specialists' kernels (k_lora.cuh): the widened input [x | u] of an adapted GEMM
  * (a "site") and the router's feature sum.
  *
- * Design of the low-rank term. One launch per site; a block owns a tile of LORA_TM tokens and a
- * chunk of one part's output columns, and does both products for them:
- *   1. u = A x for its tokens, the whole rank, into shared memory;
- *   2. y += scale * B u for its columns, added into y in place.
- * The down product is recomputed by every column chunk of a token tile. That is the price of one
- * launch instead of two (no grid-wide barrier between the products), and it is small: the rank is
- * small, so u costs rank / chunk-width of the up product's work per block, and x and A come from
- * L2. The grid aims at LORA_GRID_PER_SM blocks an SM: short chunks (a cache hit's question) get
- * narrow column chunks and many blocks, long chunks wide ones and few recomputations; a floor on
- * the chunk width keeps the recomputation in proportion where `in` is large (out_proj, down_proj).
- *
- * Per-token routes: a block reads its tokens' slots; for each distinct slot among them (one in a
- * row's tile, two where two rows meet) it runs both products with the rows of other slots zeroed
- * in u and left unwritten in y. Slot 0 (the trunk, padding) and entries of rank 0 add nothing.
- *
- * The fast path (bf16 x, bf16 entries) runs both products on the tensor cores (mma.sync m16n8k16,
- * fp32 accumulate): the down product splits `in` over the block's 8 warps (partials reduced in a
- * fixed order through shared memory, so the result is deterministic), u is rounded to bf16 for the
- * up product, whose n8 column tiles the warps share. Operands are loaded straight from global
- * memory in the fragments' layout: A [rp][lda] and B [out][rp] are zero-padded to multiples of 16
- * by cu_lora_pack, so only x needs guards (its tail past `in`, rows past the chunk).
- * At a hit's few tokens the launch is latency-bound (the work is tiny), so the kernel counts
- * dependent trips to memory, not bytes: the slots and the block's entries come in one round (a
- * warp each); a warp loads the x and A fragments of LORA_KB down-product steps before their mmas;
- * the up product loads y with B (as pairs where aligned). A rank-16 site is then about three
- * rounds: slots and entries, x and A, y and B.
- * The exact path (fp32 x, fp32 entries) keeps fp32 FMAs in the arithmetic of the earlier
- * per-token kernels: u[t][k] as lane-strided partial sums reduced with shuffles, y as a sum over k
- * in order.
+ * Design of cu_lora_input. A block owns a tile of LX_TM tokens, a group of the site's rank columns
+ * (cw of the R columns every slot has) and a slice of `in`; the slices of one tile and group form a
+ * thread-block cluster. Each block
+ *   1. makes its slice of x for its tokens (LX_KC at a time, from the producer's inputs: the norm's
+ *      h and weight, gate | up, or a copy), keeps it in shared memory and, in the first column
+ *      group, writes it to xw;
+ *   2. multiplies it by its slot's A rows of its column group on the tensor cores (mma.sync
+ *      m16n8k16, fp32 accumulate), the k-steps spread over the block's 8 warps, whose partial sums
+ *      it adds in warp order;
+ *   3. pushes that sum into the shared memory of the cluster's first block, which adds the slices
+ *      in slice order (deterministic, whatever the timing) and writes u for the tokens of that
+ *      slot; the first slice's blocks also write zeros into every other slot's columns.
+ * The norm's row scale needs the whole row: each block sums the squares of its slice, pushes the
+ * sums into every block of the cluster, and each adds them in slice order (the same scale
+ * everywhere). On a short slice the norm keeps its h and w in registers from the squares to x, so
+ * the slice is read once.
+ * At a hit's few tokens the kernel is latency-bound, so it counts dependent steps, not bytes:
+ * the grid aims at what the SMs hold at once (narrow column groups, two blocks an SM, up to 8
+ * slices, a cluster barrier or two); the tokens' slots and the first A fragments are loaded before waiting for the previous
+ * kernel (programmatic dependent launch: neither is written by it), and the next GEMM is let
+ * start at once (it loads its weights while this kernel runs, and waits for it before reading
+ * xw). A long chunk gets one slice and the widest column groups (x made once).
+ * A tile whose tokens run several slots (rows of different routes meeting inside 16 tokens, which
+ * the backend's bucketed rows never do) runs 1 - 3 once per slot, the rows of other slots dropped
+ * from u. Slot 0 (the trunk, padding) gets zeros in every slot's columns.
+ * The exact path (fp32 x, A and xw) makes x the same way in fp32 and computes u with fp32 FMAs, a
+ * thread per (token, rank column), summing over `in` in order; no clusters.
  *
  * The router's sum follows squad_router_norm_add: squares summed in double, the normalisation in
  * fp32 with round-to-nearest intrinsics (the library is built with --use_fast_math, which would
@@ -38,443 +36,533 @@
  */
 #include "k_lora.cuh"
 
+#include <cooperative_groups.h>
 #include <stdlib.h>
 
-extern "C" {
-#include "specialists.h"
-}
+namespace cg = cooperative_groups;
 
-#define LORA_TM 16            /* tokens per block: the mma's M */
-#define LORA_THREADS 256
-#define LORA_WARPS (LORA_THREADS / 32)
-#define LORA_RCH 16           /* rank columns of u per down pass: 2 n8 tiles per warp (rank 16: one pass) */
-#define LORA_LDP (LORA_RCH + 8) /* row stride of the down partials (floats): float2 stores conflict-free */
-#define LORA_UP_GROUP 4       /* n8 column tiles a warp runs at once in the up product */
-#define LORA_SMEM_ENTRIES 32  /* slots whose entries a block reads from shared memory */
-static_assert(LORA_THREADS >= 32 + LORA_SMEM_ENTRIES, "lora_load_slots: a warp of slot loads, then the entries");
-#define LORA_KB 8             /* k-steps of the down product a warp loads before its mmas */
-#define LORA_CW_STEP 64       /* column chunks are multiples of this: one n8 tile per warp */
-#define LORA_MIN_BLOCKS 2     /* blocks an SM can hold (caps the registers at 128) */
-/* The grid: about LORA_GRID_PER_SM blocks an SM, but column chunks no narrower than the input row
- * width / LORA_IN_PER_CW, so a block's up product is not dwarfed by the down product it repeats
- * (and the repeated reads of x and A stay a small multiple of one pass), and no wider than
- * LORA_CW_MAX, so a long chunk (many token tiles, few column chunks) still has enough blocks in
- * flight for its y read-modify-write. Each can be overridden for experiments by
- * SQUAD_LORA_GRID_PER_SM, SQUAD_LORA_IN_PER_CW and SQUAD_LORA_CW_MAX (0: no such floor / cap). */
-#define LORA_GRID_PER_SM 1
-#define LORA_IN_PER_CW 8 /* measured on the H200 (rank 16, 0.8B shapes): 8 beats 4 by ~9 % at 32 rows, ~6 % at 128 */
-#define LORA_CW_MAX 1024
-#define LORA_SMEM_DEFAULT (48 * 1024) /* dynamic shared memory above this needs the attribute */
+#define LX_TM 16        /* tokens per block: the mma's M */
+#define LX_THREADS 256
+#define LX_WARPS (LX_THREADS / 32)
+#define LX_KC 512       /* k per chunk of x in shared memory (bf16 path) */
+#define LX_KS (LX_KC / 16 / LX_WARPS) /* k-steps of 16 a warp runs per chunk */
+#define LX_XLD (LX_KC + 8) /* the chunk's row stride: fragment loads conflict-free, rows 16-byte aligned */
+#define LX_CW_MAX 64    /* rank columns of a block (8 n8 tiles): the accumulators' registers */
+#define LX_SLICES_MAX 8 /* slices of `in` a tile's blocks split (a cluster: the portable cluster size) */
+#define LX_MIN_SLICE 128 /* the narrowest slice: a k-step for each of the 8 warps */
+#define LX_REG_UNITS 2  /* the norm keeps a slice's h and w in registers up to this many units a thread */
+#define LX_KC_F32 256   /* k per chunk on the exact path */
+#define LX_CW_F32 16    /* rank columns of a block on the exact path (LX_THREADS / LX_TM) */
+static_assert(LX_KS * 16 * LX_WARPS == LX_KC, "a chunk splits evenly over the warps");
+static_assert(LX_TM * LX_CW_F32 == LX_THREADS, "the exact path: a thread per (token, column)");
 #define ROUTER_THREADS 256
 
-/* The column chunks of a site's grid: part p's chunks are blockIdx.y in [chunk0[p], chunk0[p + 1]). */
-typedef struct lora_grid {
-    int cw;
-    int chunk0[CU_LORA_MAX_PARTS + 1];
-} lora_grid;
+static __host__ __device__ __forceinline__ int lx_round(int n, int m) { return (n + m - 1) / m * m; }
 
-static __host__ __device__ __forceinline__ int lora_round(int n, int m) { return (n + m - 1) / m * m; }
+int cu_lora_lda(int in) { return lx_round(in, 16); }
 
-/* ---- shared by both paths ---------------------------------------------------------------------- */
+/* ---- shared by both paths ------------------------------------------------------------------------ */
 
-/* The block's part: its entries, first column in y and the block's column range [cbeg, cend). */
-typedef struct lora_part {
-    const cu_lora_entry *col;
-    int yoff, cbeg, cend;
-} lora_part;
-
-/* Selected with unrolled compares, not indexed: an indexed kernel parameter would go through local
- * memory. */
-static __device__ __forceinline__ lora_part lora_block_part(const cu_lora_site &site, const lora_grid &g) {
-    const int b = (int)blockIdx.y;
-    lora_part r = {site.col[0], site.yoff[0], b * g.cw, 0};
-    int out = site.out[0];
-#pragma unroll
-    for (int p = 1; p < CU_LORA_MAX_PARTS; p++)
-        if (p < site.n_parts && g.chunk0[p] <= b) {
-            r.col = site.col[p];
-            r.yoff = site.yoff[p];
-            r.cbeg = (b - g.chunk0[p]) * g.cw;
-            out = site.out[p];
-        }
-    r.cend = min(r.cbeg + g.cw, out);
-    return r;
-}
-
-/* The tile's token slots into ts (0 past rows or outside [1, n_slots]) and, in the same memory
- * round, the block's part's entries of the first LORA_SMEM_ENTRIES slots into ents (a second
- * warp loads them while the first loads the slots, so reading a slot's entry is no second
- * dependent trip to global memory); returns the mask of the tile's rows with a slot. Every thread
- * gets the same mask. */
-static __device__ __forceinline__ unsigned lora_load_slots(int *ts, cu_lora_entry *ents, const lora_part &pt,
-                                                           const cu_lora_site &site, const int *token_slot, int t0,
-                                                           int rows) {
-    if (threadIdx.x < LORA_TM) {
+/* The tile's token slots into ts (0 past rows or outside [1, n_slots]); returns the mask of the
+ * tile's rows with a slot (every thread gets the same). */
+static __device__ __forceinline__ unsigned lx_load_slots(int *ts, const int *token_slot, int t0, int rows,
+                                                         int n_slots) {
+    if (threadIdx.x < LX_TM) {
         const int t = t0 + (int)threadIdx.x;
         const int s = t < rows ? token_slot[t] : 0;
-        ts[threadIdx.x] = s >= 1 && s <= site.n_slots ? s : 0;
+        ts[threadIdx.x] = s >= 1 && s <= n_slots ? s : 0;
     }
-    const int i = (int)threadIdx.x - 32;
-    if (i >= 0 && i < min(site.n_slots, LORA_SMEM_ENTRIES)) ents[i] = pt.col[(size_t)i * site.stride];
     __syncthreads();
     unsigned todo = 0;
 #pragma unroll
-    for (int i = 0; i < LORA_TM; i++)
+    for (int i = 0; i < LX_TM; i++)
         if (ts[i] > 0) todo |= 1u << i;
     return todo;
 }
 
-/* Slot s's entry of the block's part (s >= 1). */
-static __device__ __forceinline__ cu_lora_entry lora_entry(const cu_lora_entry *ents, const lora_part &pt,
-                                                           const cu_lora_site &site, int s) {
-    return s <= LORA_SMEM_ENTRIES ? ents[s - 1] : pt.col[(size_t)(s - 1) * site.stride];
-}
-
-/* The next slot of the tile to run (the lowest row's of todo) and the mask of its rows, taken out
- * of todo. */
-static __device__ __forceinline__ int lora_next_slot(const int *ts, unsigned *todo, unsigned *mine) {
+/* The next slot of the tile (the lowest row's of todo) and the mask of its rows, taken out of todo. */
+static __device__ __forceinline__ int lx_next_slot(const int *ts, unsigned *todo, unsigned *mine) {
     const int s = ts[__ffs(*todo) - 1];
     unsigned m = 0;
 #pragma unroll
-    for (int i = 0; i < LORA_TM; i++)
+    for (int i = 0; i < LX_TM; i++)
         if (ts[i] == s) m |= 1u << i;
     *todo &= ~m;
     *mine = m;
     return s;
 }
 
-/* ---- the tensor-core path: bf16 x and entries ---------------------------------------------------- */
-
-/* x[row][k], x[row][k + 1] as one bf16 pair (zeros past rows or in). pair: x rows 4-byte aligned. */
-static __device__ __forceinline__ uint32_t lora_x_pair(const bf16 *x, int ldx, int row, int rows, int k, int in,
-                                                       int pair) {
-    if (row >= rows || k >= in) return 0;
-    const bf16 *p = x + (size_t)row * ldx + k;
-    if (pair && k + 1 < in) return *reinterpret_cast<const uint32_t *>(p);
-    const uint32_t lo = *reinterpret_cast<const unsigned short *>(p);
-    const uint32_t hi = k + 1 < in ? *reinterpret_cast<const unsigned short *>(p + 1) : 0u;
-    return lo | hi << 16;
+/* Zeros into the block's column group [c0, c1) of every slot but each row's own, and (the first
+ * group) into the columns past the slots' (ldw beyond in + n_slots R). */
+template <typename T>
+static __device__ __forceinline__ void lx_zero_others(T *xw, int ldw, int in, int R, int n_slots, const int *ts,
+                                                      int t0, int rows, int c0, int c1) {
+    const int cw = c1 - c0, n = LX_TM * n_slots * cw;
+    for (int idx = (int)threadIdx.x; idx < n; idx += LX_THREADS) {
+        const int row = idx / (n_slots * cw), q = (idx / cw) % n_slots + 1, c = c0 + idx % cw;
+        if (t0 + row < rows && q != ts[row]) cu_st(xw + (size_t)(t0 + row) * ldw + in + (size_t)(q - 1) * R + c, 0.0f);
+    }
+    const int end = in + n_slots * R, tail = ldw - end;
+    for (int idx = (int)threadIdx.x; c0 == 0 && idx < LX_TM * tail; idx += LX_THREADS) {
+        const int row = idx / tail;
+        if (t0 + row < rows) cu_st(xw + (size_t)(t0 + row) * ldw + end + idx % tail, 0.0f);
+    }
 }
 
-/* Two adjacent y values as one access (ypair: every pair the kernel touches is aligned for it). */
-static __device__ __forceinline__ float2 lora_ld2(const bf16 *p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+/* The norm's row scales of the tile on the exact path: a warp per two rows, rsqrtf(mean of squares
+ * + eps) as the trunk's rmsnorm (k_norm.cu) computes it. */
+static __device__ __forceinline__ void lx_row_scales(float *rinv, const float *h, int in, float eps, int t0, int rows) {
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+    for (int row = warp; row < LX_TM; row += LX_WARPS) {
+        const int t = t0 + row;
+        float ss = 0.0f;
+        if (t < rows)
+            for (int i = lane; i < in; i += 32) ss += h[(size_t)t * in + i] * h[(size_t)t * in + i];
+        ss = cu_warp_sum(ss);
+        if (lane == 0) rinv[row] = rsqrtf(ss / (float)in + eps);
+    }
 }
-static __device__ __forceinline__ float2 lora_ld2(const float *p) { return *reinterpret_cast<const float2 *>(p); }
-static __device__ __forceinline__ void lora_st2(bf16 *p, float2 v) {
-    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(v.x, v.y);
-}
-static __device__ __forceinline__ void lora_st2(float *p, float2 v) { *reinterpret_cast<float2 *>(p) = v; }
 
-template <typename Y>
-__global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
-    k_lora_mma(cu_lora_site site, lora_grid g, const int *token_slot, const bf16 *x, int ldx, int xpair, Y *y,
-               int ldy, int ypair, int rows) {
-    extern __shared__ __align__(16) unsigned char lora_smem[];
-    float *part = reinterpret_cast<float *>(lora_smem);        /* [LORA_WARPS][LORA_TM][LORA_LDP] */
-    bf16 *U = reinterpret_cast<bf16 *>(part + LORA_WARPS * LORA_TM * LORA_LDP); /* [LORA_TM][ldu] */
-    __shared__ int ts[LORA_TM];
-    __shared__ cu_lora_entry ents[LORA_SMEM_ENTRIES];
-    const int ldu = lora_round(site.max_rank, 16) + 8; /* row stride: u fragment loads conflict-free */
-    const int t0 = (int)blockIdx.x * LORA_TM;
-    const lora_part pt = lora_block_part(site, g);
-    const int cbeg = pt.cbeg, cend = pt.cend;
-    unsigned todo = lora_load_slots(ts, ents, pt, site, token_slot, t0, rows);
+/* ---- the tensor-core path: bf16 x, A and xw ---------------------------------------------------------- */
+
+/* Eight x values of row t from k (k + 8 <= in), as the producer makes them, packed as bf16. */
+static __device__ __forceinline__ uint4 lx_make8(const cu_lora_input_args &a, int t, int k, float r) {
+    uint4 o;
+    if (a.src == CU_LORA_NORM) {
+        const float *hr = a.h + (size_t)t * a.in + k;
+        const float4 h0 = *reinterpret_cast<const float4 *>(hr), h1 = *reinterpret_cast<const float4 *>(hr + 4);
+        const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
+        const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
+        o.x = cu_pack_bf16(h0.x * r * (1.f + w0.x), h0.y * r * (1.f + w0.y));
+        o.y = cu_pack_bf16(h0.z * r * (1.f + w0.z), h0.w * r * (1.f + w0.w));
+        o.z = cu_pack_bf16(h1.x * r * (1.f + w1.x), h1.y * r * (1.f + w1.y));
+        o.w = cu_pack_bf16(h1.z * r * (1.f + w1.z), h1.w * r * (1.f + w1.w));
+    } else if (a.src == CU_LORA_SILU) {
+        const bf16 *gr = static_cast<const bf16 *>(a.x_src) + (size_t)t * 2 * a.in + k;
+        const uint4 g = *reinterpret_cast<const uint4 *>(gr), u = *reinterpret_cast<const uint4 *>(gr + a.in);
+        const uint32_t gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
+        uint32_t ov[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162 *>(&gv[j]);
+            const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162 *>(&uv[j]);
+            /* k_norm.cu's silu_mul, value for value */
+            const float lo = cu_silu(__low2float(g2)) * __low2float(u2);
+            const float hi = cu_silu(__high2float(g2)) * __high2float(u2);
+            ov[j] = cu_pack_bf16(lo, hi);
+        }
+        o = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+    } else {
+        o = *reinterpret_cast<const uint4 *>(static_cast<const bf16 *>(a.x_src) + (size_t)t * a.ld_src + k);
+    }
+    return o;
+}
+
+/* Programmatic dependent launch (the backend launches these kernels with the attribute): the grid
+ * before this one in the stream complete, its memory visible (at once without the attribute).
+ * Nothing it writes may be read, and nothing it reads (the previous GEMM's input is xw) written,
+ * before this. */
+static __device__ __forceinline__ void lx_grid_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+/* Lets the next grid (the GEMM reading xw, which waits for this grid before reading it) start
+ * launching now: its weights' loads overlap this grid. */
+static __device__ __forceinline__ void lx_launch_next() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+/* The most slices a cluster of blocks of NT n8 tiles takes: the first block's shared memory
+ * receives every slice's u partials ([slices][LX_TM][8 NT] floats). Wide column groups only come
+ * with long chunks (lx_block_cols), whose tiles fill the GPU without slicing. */
+static __host__ __device__ constexpr int lx_max_slices(int nt) { return nt == 2 ? LX_SLICES_MAX : nt == 4 ? 2 : 1; }
+
+/* Blocks an SM holds (the registers' bound): two of the narrow column groups a hit's short chunk
+ * gets, so its clusters of 8 fill the GPU once over; one of the wider (their accumulators). */
+static __host__ __device__ constexpr int lx_blocks_per_sm(int nt) { return nt == 2 ? 2 : 1; }
+
+/* This warp's A fragments of the chunk from k0 (k-steps j LX_WARPS + warp, below ke) for the block's
+ * columns [c0, c1); zeros where off. */
+template <int NT>
+static __device__ __forceinline__ void lx_load_a(uint32_t (&bfr)[LX_KS][NT][2], const bf16 *As, int lda, int k0,
+                                                 int ke, int c0, int c1, bool on) {
     const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
-    const int ra = t0 + gq, rb = t0 + gq + 8;
-    while (todo) {
-        unsigned mine;
-        const int s = lora_next_slot(ts, &todo, &mine);
-        const cu_lora_entry e = lora_entry(ents, pt, site, s);
-        if (e.r <= 0 || e.f32) continue;
-        const int rp = lora_round(e.r, 16), lda = lora_round(e.in, 16), nks = lda / 16;
-        const bf16 *A = static_cast<const bf16 *>(e.A), *B = static_cast<const bf16 *>(e.B);
-        /* 1. u = A x, LORA_RCH rank columns at a time, `in` split over the warps */
-        for (int k0 = 0; k0 < rp; k0 += LORA_RCH) {
-            const int nj = min(LORA_RCH, rp - k0) / 8;
-            float acc[LORA_RCH / 8][4] = {};
-            /* LORA_KB k-steps a warp: every x and A fragment of them loaded into registers before
-             * the first mma, so a warp waits on memory once per LORA_KB steps, not once a step */
-            for (int kb = warp; kb < nks; kb += LORA_WARPS * LORA_KB) {
-                uint32_t a[LORA_KB][4], bA[LORA_KB][LORA_RCH / 8][2];
 #pragma unroll
-                for (int q = 0; q < LORA_KB; q++) {
-                    const int ks = kb + q * LORA_WARPS, k = ks * 16 + 2 * tq;
-                    const bool on = ks < nks;
-                    a[q][0] = on ? lora_x_pair(x, ldx, ra, rows, k, e.in, xpair) : 0u;
-                    a[q][1] = on ? lora_x_pair(x, ldx, rb, rows, k, e.in, xpair) : 0u;
-                    a[q][2] = on ? lora_x_pair(x, ldx, ra, rows, k + 8, e.in, xpair) : 0u;
-                    a[q][3] = on ? lora_x_pair(x, ldx, rb, rows, k + 8, e.in, xpair) : 0u;
+    for (int j = 0; j < LX_KS; j++) {
+        const int kg = k0 + (j * LX_WARPS + warp) * 16 + 2 * tq;
 #pragma unroll
-                    for (int j = 0; j < LORA_RCH / 8; j++) {
-                        bA[q][j][0] = bA[q][j][1] = 0u;
-                        if (on && j < nj) {
-                            const bf16 *ar = A + (size_t)(k0 + 8 * j + gq) * lda + k;
-                            bA[q][j][0] = *reinterpret_cast<const uint32_t *>(ar);
-                            bA[q][j][1] = *reinterpret_cast<const uint32_t *>(ar + 8);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < LORA_KB; q++)
-#pragma unroll
-                    for (int j = 0; j < LORA_RCH / 8; j++)
-                        if (kb + q * LORA_WARPS < nks && j < nj) cu_mma16816(acc[j], a[q], bA[q][j][0], bA[q][j][1]);
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = c0 + nt * 8 + gq;
+            bfr[j][nt][0] = bfr[j][nt][1] = 0;
+            if (on && n < c1 && kg < ke) {
+                const bf16 *p = As + (size_t)n * lda + kg;
+                bfr[j][nt][0] = *reinterpret_cast<const uint32_t *>(p);
+                bfr[j][nt][1] = *reinterpret_cast<const uint32_t *>(p + 8);
             }
-            float *pw = part + warp * LORA_TM * LORA_LDP;
+        }
+    }
+}
+
+/* A cluster barrier split in two: every block arrives at its start and waits before its first
+ * access to another block's shared memory, which must not come before that block has started. */
+static __device__ __forceinline__ void lx_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void lx_cluster_wait() {
+    asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+template <int NT>
+__global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
+    k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
+    constexpr int CW = 8 * NT, RLD = CW + 4; /* the partials' row stride (floats) */
+    constexpr int XS_BYTES = LX_TM * LX_XLD * 2, RED_BYTES = LX_WARPS * LX_TM * RLD * 4;
+    __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
+    __shared__ float upart[lx_max_slices(NT)][LX_TM][CW]; /* the first block: each slice's u, pushed */
+    __shared__ float sspart[LX_SLICES_MAX][LX_TM];         /* the norm: each slice's sums of squares, pushed */
+    __shared__ float sq[LX_TM * LX_REG_UNITS * LX_THREADS / LX_TM]; /* the norm: a unit's sum of squares */
+    __shared__ int ts[LX_TM];
+    __shared__ float rinv[LX_TM];
+    bf16 *xs = reinterpret_cast<bf16 *>(smem);   /* the chunk of x [LX_TM][LX_XLD] */
+    float *red = reinterpret_cast<float *>(smem); /* after the last chunk: [LX_WARPS][LX_TM][RLD] */
+    cg::cluster_group cluster = cg::this_cluster();
+    const int ks = (int)gridDim.z, z = (int)blockIdx.z; /* the cluster: the tile's slices of `in` */
+    bf16 *xw = static_cast<bf16 *>(a.xw);
+    const bf16 *A = static_cast<const bf16 *>(a.A);
+    const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM;
+    const int c0 = (int)blockIdx.y * CW, c1 = min(c0 + CW, a.R);
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
+    lx_launch_next();
+    bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
+    if (!joined) lx_cluster_arrive();
+    /* before the wait, what the previous grid does not write: the slots (the host's copy before
+     * the graph) and the first chunk's A fragments of the tile's first slot (an upload) */
+    unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
+    const bool writer = blockIdx.y == 0;
+    const int s_first = todo ? ts[__ffs(todo) - 1] : 0;
+    uint32_t bfr[LX_KS][NT][2];
+    lx_load_a<NT>(bfr, A + (size_t)(s_first > 0 ? s_first - 1 : 0) * a.R * a.lda, a.lda, kb, ke, c0, c1, s_first > 0);
+    lx_grid_wait();
+    if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+    if (!todo && !writer) return; /* nothing more for the whole cluster (one tile, one column group) */
+    /* units of 8 values of x, consecutive threads on consecutive k: upr a row in a chunk */
+    const int upr0 = (min(LX_KC, ke - kb) + 7) / 8;
+    /* the norm over a short slice keeps its h and w in registers from the sums of squares to x */
+    const bool resident = a.src == CU_LORA_NORM && ke - kb <= LX_KC && LX_TM * upr0 <= LX_REG_UNITS * LX_THREADS;
+    float hv[LX_REG_UNITS][8], wv[LX_REG_UNITS][8];
+    if (a.src == CU_LORA_NORM) {
+        float ssp = 0.0f; /* threads < LX_TM: the row's sum of squares over this slice */
+        if (resident) {
 #pragma unroll
-            for (int j = 0; j < LORA_RCH / 8; j++)
-                if (j < nj) {
-                    *reinterpret_cast<float2 *>(&pw[gq * LORA_LDP + 8 * j + 2 * tq]) =
-                        make_float2(acc[j][0], acc[j][1]);
-                    *reinterpret_cast<float2 *>(&pw[(gq + 8) * LORA_LDP + 8 * j + 2 * tq]) =
-                        make_float2(acc[j][2], acc[j][3]);
-                }
-            __syncthreads();
-            for (int idx = (int)threadIdx.x; idx < LORA_TM * LORA_RCH; idx += LORA_THREADS) {
-                const int row = idx / LORA_RCH, c = idx % LORA_RCH;
-                if (c >= nj * 8) continue;
+            for (int i = 0; i < LX_REG_UNITS; i++) {
+                const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr0, k = kb + (u % upr0) * 8;
                 float sum = 0.0f;
 #pragma unroll
-                for (int w = 0; w < LORA_WARPS; w++) sum += part[(w * LORA_TM + row) * LORA_LDP + c];
-                /* rows of other slots (and their possibly non-finite x) drop out here */
-                U[row * ldu + k0 + c] = __float2bfloat16((mine >> row) & 1u ? sum : 0.0f);
+                for (int e = 0; e < 8; e++) hv[i][e] = wv[i][e] = 0.0f;
+                if (u < LX_TM * upr0 && t0 + row < rows && k < a.in) {
+                    const float *hr = a.h + (size_t)(t0 + row) * a.in + k;
+                    const float4 h0 = *reinterpret_cast<const float4 *>(hr);
+                    const float4 h1 = *reinterpret_cast<const float4 *>(hr + 4);
+                    const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
+                    const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
+                    hv[i][0] = h0.x, hv[i][1] = h0.y, hv[i][2] = h0.z, hv[i][3] = h0.w;
+                    hv[i][4] = h1.x, hv[i][5] = h1.y, hv[i][6] = h1.z, hv[i][7] = h1.w;
+                    wv[i][0] = w0.x, wv[i][1] = w0.y, wv[i][2] = w0.z, wv[i][3] = w0.w;
+                    wv[i][4] = w1.x, wv[i][5] = w1.y, wv[i][6] = w1.z, wv[i][7] = w1.w;
+#pragma unroll
+                    for (int e = 0; e < 8; e++) sum += hv[i][e] * hv[i][e];
+                }
+                if (u < LX_TM * upr0) sq[u] = sum;
             }
             __syncthreads();
+            if (threadIdx.x < LX_TM)
+                for (int j = 0; j < upr0; j++) ssp += sq[threadIdx.x * upr0 + j];
+        } else {
+            for (int row = warp; row < LX_TM; row += LX_WARPS) {
+                const int t = t0 + row;
+                float ss = 0.0f;
+                if (t < rows)
+                    for (int i = kb + 4 * lane; i < min(ke, a.in); i += 128) {
+                        const float4 v = *reinterpret_cast<const float4 *>(a.h + (size_t)t * a.in + i);
+                        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+                    }
+                ss = cu_warp_sum(ss);
+                if (lane == 0) sq[row] = ss;
+            }
+            __syncthreads();
+            if (threadIdx.x < LX_TM) ssp = sq[threadIdx.x];
         }
-        /* 2. y += scale B u over the block's columns: LORA_UP_GROUP n8 tiles a warp at a time
-         * (tiles warp, warp + 8, ...: narrow chunks still spread over the warps), their y loads and
-         * B loads in flight together, then the mmas, then the stores */
-        const int nt = (cend - cbeg + 7) / 8, nks2 = rp / 16, yo = pt.yoff;
-        const int lim = min(cend, e.out);
-        for (int base = 0; base < nt; base += LORA_WARPS * LORA_UP_GROUP) {
-            /* y first: its loads and B's in flight together; a lane's two adjacent columns
-             * (acc[q][2 h], acc[q][2 h + 1]: row gq + 8 h, columns c0, c0 + 1) as one access when
-             * ypair allows */
-            float yv[LORA_UP_GROUP][4];
-#pragma unroll
-            for (int q = 0; q < LORA_UP_GROUP; q++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int lr = gq + 8 * h, c0 = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq;
-                    const Y *py = y + (size_t)(t0 + lr) * ldy + yo + c0;
-                    const bool on = (mine >> lr) & 1u;
-                    if (on && ypair && c0 + 1 < lim) {
-                        const float2 v = lora_ld2(py);
-                        yv[q][2 * h] = v.x;
-                        yv[q][2 * h + 1] = v.y;
-                    } else {
-                        yv[q][2 * h] = on && c0 < lim ? cu_ld(py) : 0.0f;
-                        yv[q][2 * h + 1] = on && c0 + 1 < lim ? cu_ld(py + 1) : 0.0f;
-                    }
-                }
-            float acc[LORA_UP_GROUP][4] = {};
-            for (int ks = 0; ks < nks2; ks++) {
-                const int k = ks * 16 + 2 * tq;
-                uint32_t a[4], b[LORA_UP_GROUP][2];
-                a[0] = *reinterpret_cast<const uint32_t *>(&U[gq * ldu + k]);
-                a[1] = *reinterpret_cast<const uint32_t *>(&U[(gq + 8) * ldu + k]);
-                a[2] = *reinterpret_cast<const uint32_t *>(&U[gq * ldu + k + 8]);
-                a[3] = *reinterpret_cast<const uint32_t *>(&U[(gq + 8) * ldu + k + 8]);
-#pragma unroll
-                for (int q = 0; q < LORA_UP_GROUP; q++) {
-                    const int bcol = cbeg + (base + warp + LORA_WARPS * q) * 8 + gq; /* this lane's B row */
-                    b[q][0] = b[q][1] = 0;
-                    if (bcol < lim) {
-                        const bf16 *br = B + (size_t)bcol * rp + k;
-                        b[q][0] = *reinterpret_cast<const uint32_t *>(br);
-                        b[q][1] = *reinterpret_cast<const uint32_t *>(br + 8);
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < LORA_UP_GROUP; q++) cu_mma16816(acc[q], a, b[q][0], b[q][1]);
-            }
-#pragma unroll
-            for (int q = 0; q < LORA_UP_GROUP; q++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int lr = gq + 8 * h, c0 = cbeg + (base + warp + LORA_WARPS * q) * 8 + 2 * tq;
-                    Y *py = y + (size_t)(t0 + lr) * ldy + yo + c0;
-                    if (!((mine >> lr) & 1u)) continue;
-                    const float v0 = yv[q][2 * h] + e.scale * acc[q][2 * h];
-                    const float v1 = yv[q][2 * h + 1] + e.scale * acc[q][2 * h + 1];
-                    if (ypair && c0 + 1 < lim) {
-                        lora_st2(py, make_float2(v0, v1));
-                    } else {
-                        if (c0 < lim) cu_st(py, v0);
-                        if (c0 + 1 < lim) cu_st(py + 1, v1);
-                    }
-                }
+        /* every block gets every slice's sums (pushed into its shared memory), then adds them in
+         * slice order: the same scale in each block */
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
         }
-        __syncthreads(); /* U and the partials are the next slot's */
-    }
-}
-
-/* ---- the exact path: fp32 x and entries ----------------------------------------------------------- */
-
-template <typename Y>
-__global__ void __launch_bounds__(LORA_THREADS, LORA_MIN_BLOCKS)
-    k_lora_f32(cu_lora_site site, lora_grid g, const int *token_slot, const float *x, int ldx, Y *y, int ldy,
-               int rows) {
-    extern __shared__ __align__(16) unsigned char lora_smem[];
-    float *U = reinterpret_cast<float *>(lora_smem); /* [LORA_TM][max_rank] */
-    __shared__ int ts[LORA_TM];
-    __shared__ cu_lora_entry ents[LORA_SMEM_ENTRIES];
-    const int ldu = site.max_rank;
-    const int t0 = (int)blockIdx.x * LORA_TM, nrow = min(LORA_TM, rows - t0);
-    const lora_part pt = lora_block_part(site, g);
-    const int cbeg = pt.cbeg, cend = pt.cend;
-    unsigned todo = lora_load_slots(ts, ents, pt, site, token_slot, t0, rows);
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
-    while (todo) {
-        unsigned mine;
-        const int s = lora_next_slot(ts, &todo, &mine);
-        const cu_lora_entry e = lora_entry(ents, pt, site, s);
-        if (e.r <= 0 || !e.f32) continue;
-        const float *A = static_cast<const float *>(e.A), *Bt = static_cast<const float *>(e.B);
-        /* 1. u[t][k]: a warp per rank row, the tile's tokens at once */
-        for (int k = warp; k < e.r; k += LORA_WARPS) {
-            float acc[LORA_TM] = {};
-            const float *a = A + (size_t)k * e.in;
-            for (int i = lane; i < e.in; i += 32) {
-                const float av = a[i];
+        if (threadIdx.x < LX_TM) {
+            if (ks == 1) {
+                sspart[0][threadIdx.x] = ssp;
+            } else {
 #pragma unroll
-                for (int t = 0; t < LORA_TM; t++)
-                    if (t < nrow) acc[t] += av * x[(size_t)(t0 + t) * ldx + i];
+                for (int q = 0; q < LX_SLICES_MAX; q++)
+                    if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
             }
-#pragma unroll
-            for (int t = 0; t < LORA_TM; t++) {
-                const float v = cu_warp_sum(acc[t]);
-                if (lane == 0) U[t * ldu + k] = (mine >> t) & 1u ? v : 0.0f;
-            }
+        }
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
+        if (threadIdx.x < LX_TM) {
+            float ss = 0.0f;
+            for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
+            rinv[threadIdx.x] = rsqrtf(ss / (float)a.in + a.eps);
         }
         __syncthreads();
-        /* 2. a thread per output column, the tile's tokens at once */
-        const int lim = min(cend, e.out), yo = pt.yoff;
-        for (int c = cbeg + (int)threadIdx.x; c < lim; c += LORA_THREADS) {
-            float acc[LORA_TM] = {};
-            for (int k = 0; k < e.r; k++) {
-                const float b = Bt[(size_t)k * e.out + c];
+    }
+    bool first = true;
+    for (;;) {
+        int s = 0;
+        unsigned mine = 0;
+        if (todo) s = lx_next_slot(ts, &todo, &mine);
+        if (!(first && writer) && !s) break;
+        const bf16 *As = s ? A + (size_t)(s - 1) * a.R * a.lda : A;
+        float acc[NT][4] = {};
+        for (int k0 = kb; k0 < ke; k0 += LX_KC) {
+            const bool pre = first && k0 == kb; /* the fragments loaded before the wait */
+            if (!pre) lx_load_a<NT>(bfr, As, a.lda, k0, ke, c0, c1, s > 0);
+            const int kn = min(LX_KC, ke - k0), upr = (kn + 7) / 8;
+            if (resident && pre) {
 #pragma unroll
-                for (int t = 0; t < LORA_TM; t++) acc[t] += b * U[t * ldu + k];
-            }
-#pragma unroll
-            for (int t = 0; t < LORA_TM; t++)
-                if ((mine >> t) & 1u) {
-                    Y *py = y + (size_t)(t0 + t) * ldy + yo + c;
-                    cu_st(py, cu_ld(py) + e.scale * acc[t]);
+                for (int i = 0; i < LX_REG_UNITS; i++) {
+                    const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = k0 + kk;
+                    if (u >= LX_TM * upr) continue;
+                    const float r = rinv[row];
+                    uint4 v;
+                    v.x = cu_pack_bf16(hv[i][0] * r * (1.f + wv[i][0]), hv[i][1] * r * (1.f + wv[i][1]));
+                    v.y = cu_pack_bf16(hv[i][2] * r * (1.f + wv[i][2]), hv[i][3] * r * (1.f + wv[i][3]));
+                    v.z = cu_pack_bf16(hv[i][4] * r * (1.f + wv[i][4]), hv[i][5] * r * (1.f + wv[i][5]));
+                    v.w = cu_pack_bf16(hv[i][6] * r * (1.f + wv[i][6]), hv[i][7] * r * (1.f + wv[i][7]));
+                    if (t0 + row < rows && k < a.in && writer)
+                        *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
+                    *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
                 }
+            } else {
+                for (int u = (int)threadIdx.x; u < LX_TM * upr; u += LX_THREADS) {
+                    const int row = u / upr, kk = (u % upr) * 8, k = k0 + kk, t = t0 + row;
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (t < rows && k < a.in) {
+                        v = lx_make8(a, t, k, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
+                        if (first && writer) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = v;
+                    }
+                    *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
+                }
+            }
+            __syncthreads();
+            if (s) {
+#pragma unroll
+                for (int j = 0; j < LX_KS; j++) {
+                    const int kl = (j * LX_WARPS + warp) * 16 + 2 * tq;
+                    if (k0 + kl >= ke) break;
+                    uint32_t af[4];
+                    af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
+                    af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
+                    af[2] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl + 8]);
+                    af[3] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl + 8]);
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++) cu_mma16816(acc[nt], af, bfr[j][nt][0], bfr[j][nt][1]);
+                }
+            }
+            __syncthreads(); /* xs is the next chunk's */
         }
-        __syncthreads(); /* U is the next slot's */
+        first = false;
+        if (!s) break;
+        /* the warps' partials, their sum in warp order (the block's slice); the first block of the
+         * cluster gets every slice's (pushed into its shared memory) and adds them in slice order */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float *pw = red + (size_t)warp * LX_TM * RLD;
+            *reinterpret_cast<float2 *>(&pw[gq * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][0], acc[nt][1]);
+            *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][2], acc[nt][3]);
+        }
+        __syncthreads();
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
+        }
+        float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
+        for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
+            const int row = idx / CW, c = idx % CW;
+            float sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
+            up0[((size_t)z * LX_TM + row) * CW + c] = sum;
+        }
+        if (ks > 1)
+            cluster.sync(); /* every slice's partials are in the first block (and red is free again) */
+        else
+            __syncthreads();
+        if (z == 0)
+            for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
+                const int row = idx / CW, c = idx % CW, t = t0 + row;
+                if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
+                float sum = 0.0f;
+                for (int q = 0; q < ks; q++) sum += upart[q][row][c];
+                xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
+            }
+        if (!todo) break;
+        /* another slot of the tile: the first block has read every partial before they are pushed again */
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
     }
 }
 
-/* ---- host side ------------------------------------------------------------------------------------ */
+/* ---- the exact path: fp32 x, A and xw ------------------------------------------------------------------ */
 
-size_t cu_lora_pack_bytes(int r, int in, int out, int f32) {
-    const size_t n = f32 ? ((size_t)r * in + (size_t)r * out) * sizeof(float)
-                         : ((size_t)lora_round(r, 16) * lora_round(in, 16) + (size_t)out * lora_round(r, 16)) * 2;
-    return (n + 15) & ~(size_t)15;
-}
-
-void cu_lora_pack(const float *A, const float *B, int r, int in, int out, float scale, int f32, void *host,
-                  const void *dev, cu_lora_entry *en) {
-    memset(host, 0, cu_lora_pack_bytes(r, in, out, f32));
-    size_t b_off;
-    if (f32) {
-        float *a = static_cast<float *>(host), *bt = a + (size_t)r * in;
-        memcpy(a, A, (size_t)r * in * sizeof(float));
-        for (int o = 0; o < out; o++) /* B [out][r] -> B^T [r][out] */
-            for (int k = 0; k < r; k++) bt[(size_t)k * out + o] = B[(size_t)o * r + k];
-        b_off = (size_t)r * in * sizeof(float);
-    } else {
-        const int rp = lora_round(r, 16), lda = lora_round(in, 16);
-        uint16_t *a = static_cast<uint16_t *>(host), *b = a + (size_t)rp * lda;
-        for (int k = 0; k < r; k++)
-            for (int i = 0; i < in; i++) a[(size_t)k * lda + i] = squad_f32_to_bf16(A[(size_t)k * in + i]);
-        for (int o = 0; o < out; o++)
-            for (int k = 0; k < r; k++) b[(size_t)o * rp + k] = squad_f32_to_bf16(B[(size_t)o * r + k]);
-        b_off = (size_t)rp * lda * 2;
+/* x[t][k] as the producer makes it, in fp32 (the trunk's exact kernels' arithmetic). */
+static __device__ __forceinline__ float lx_make1(const cu_lora_input_args &a, int t, int k, float r) {
+    if (a.src == CU_LORA_NORM) return a.h[(size_t)t * a.in + k] * r * (1.f + a.w[k]);
+    const float *src = static_cast<const float *>(a.x_src);
+    if (a.src == CU_LORA_SILU) {
+        const float g = src[(size_t)t * 2 * a.in + k], u = src[(size_t)t * 2 * a.in + a.in + k];
+        return g / (1.f + expf(-g)) * u;
     }
-    en->A = dev;
-    en->B = static_cast<const char *>(dev) + b_off;
-    en->r = r;
-    en->in = in;
-    en->out = out;
-    en->f32 = f32;
-    en->scale = scale;
+    return src[(size_t)t * a.ld_src + k];
 }
 
-/* An experiment's override from the environment, else def. */
-static int lora_env(const char *name, int def, int lo, int hi) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    const int n = atoi(v);
-    return n < lo ? lo : n > hi ? hi : n;
+__global__ void __launch_bounds__(LX_THREADS) k_lora_input_f32(cu_lora_input_args a, const int *token_slot, int rows) {
+    __shared__ float xs[LX_TM][LX_KC_F32 + 1];
+    __shared__ int ts[LX_TM];
+    __shared__ float rinv[LX_TM];
+    float *xw = static_cast<float *>(a.xw);
+    const float *A = static_cast<const float *>(a.A);
+    const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM;
+    const int c0 = (int)blockIdx.y * LX_CW_F32, c1 = min(c0 + LX_CW_F32, a.R);
+    unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
+    lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+    const bool writer = blockIdx.y == 0;
+    if (!todo && !writer) return;
+    if (a.src == CU_LORA_NORM) {
+        lx_row_scales(rinv, a.h, a.in, a.eps, t0, rows);
+        __syncthreads();
+    }
+    const int my_row = (int)threadIdx.x / LX_CW_F32, my_c = c0 + (int)threadIdx.x % LX_CW_F32;
+    bool first = true;
+    for (;;) {
+        int s = 0;
+        unsigned mine = 0;
+        if (todo) s = lx_next_slot(ts, &todo, &mine);
+        if (!(first && writer) && !s) break;
+        const float *Ar = s && my_c < c1 ? A + ((size_t)(s - 1) * a.R + my_c) * a.lda : NULL;
+        float acc = 0.0f;
+        for (int k0 = 0; k0 < a.in; k0 += LX_KC_F32) {
+            const int kn = min(LX_KC_F32, a.in - k0);
+            for (int u = (int)threadIdx.x; u < LX_TM * LX_KC_F32; u += LX_THREADS) {
+                const int row = u / LX_KC_F32, kk = u % LX_KC_F32, t = t0 + row;
+                float v = 0.0f;
+                if (t < rows && kk < kn) {
+                    v = lx_make1(a, t, k0 + kk, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
+                    if (first && writer) xw[(size_t)t * ldw + k0 + kk] = v;
+                }
+                xs[row][kk] = v;
+            }
+            __syncthreads();
+            if (Ar)
+                for (int k = 0; k < kn; k++) acc += Ar[k0 + k] * xs[my_row][k];
+            __syncthreads();
+        }
+        first = false;
+        if (!s) break;
+        const int t = t0 + my_row;
+        if (Ar && ((mine >> my_row) & 1u) && t < rows) xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + my_c] = acc;
+        if (!todo) break;
+    }
 }
 
-/* The column chunks (the grid's y) for rows of width `in` split into `tiles` token tiles; returns
- * the number of chunks. */
-static int lora_make_grid(const cu_lora_site *site, int tiles, int in, int n_sm, lora_grid *g) {
-    const int per_sm = lora_env("SQUAD_LORA_GRID_PER_SM", LORA_GRID_PER_SM, 1, 64);
-    const int in_per_cw = lora_env("SQUAD_LORA_IN_PER_CW", LORA_IN_PER_CW, 0, 1 << 20);
-    const int cw_max = lora_env("SQUAD_LORA_CW_MAX", LORA_CW_MAX, 0, 1 << 20);
-    int total = 0;
-    for (int p = 0; p < site->n_parts; p++) total += site->out[p];
-    const int want = (per_sm * (n_sm > 0 ? n_sm : 1) + tiles - 1) / tiles;
-    g->cw = lora_round((total + want - 1) / want, LORA_CW_STEP);
-    if (in_per_cw > 0) g->cw = max(g->cw, lora_round((in + in_per_cw - 1) / in_per_cw, LORA_CW_STEP));
-    if (cw_max > 0) g->cw = max(LORA_CW_STEP, min(g->cw, lora_round(cw_max, LORA_CW_STEP)));
-    g->chunk0[0] = 0;
-    for (int p = 0; p < site->n_parts; p++) g->chunk0[p + 1] = g->chunk0[p] + (site->out[p] + g->cw - 1) / g->cw;
-    for (int p = site->n_parts + 1; p <= CU_LORA_MAX_PARTS; p++) g->chunk0[p] = g->chunk0[site->n_parts];
-    return g->chunk0[site->n_parts];
+/* ---- host side ------------------------------------------------------------------------------------------- */
+
+/* Rank columns a block takes on the tensor-core path: enough column groups for about one block an
+ * SM on a short chunk, the widest group (LX_CW_MAX) on a long one. */
+static int lx_block_cols(int R, int tiles, int n_sm) {
+    const int want = (n_sm + tiles - 1) / tiles; /* groups wanted */
+    int cw = lx_round((R + want - 1) / want, 16);
+    if (cw > LX_CW_MAX) cw = LX_CW_MAX;
+    return cw == 48 ? LX_CW_MAX : cw; /* 16, 32 or 64: the kernel's instances */
 }
 
-/* Launches kernel with smem bytes of dynamic shared memory, raising its limit first when needed. */
-template <typename K, typename... Args>
-static int lora_launch(K kernel, const char *what, dim3 grid, size_t smem, cudaStream_t st, squad_err *err,
-                       Args... args) {
-    if (smem > LORA_SMEM_DEFAULT)
-        CU_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, LORA_THREADS, smem, st>>>(args...);
-    CU_LAUNCH_CHECK(what);
+/* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: as many
+ * as the SMs hold at once, each slice at least LX_MIN_SLICE wide. */
+static int lx_slices(int in16, int blocks, int n_sm, int nt) {
+    /* SQUAD_LORA_SLICES (1 to LX_SLICES_MAX) caps the slices, for experiments */
+    const char *env = getenv("SQUAD_LORA_SLICES");
+    int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
+    if (cap > lx_max_slices(nt)) cap = lx_max_slices(nt);
+    int ks = n_sm * lx_blocks_per_sm(nt) / blocks; /* no second wave */
+    if (ks > cap) ks = cap;
+    while (ks > 1 && in16 / ks < LX_MIN_SLICE) ks--;
+    return ks < 1 ? 1 : ks;
+}
+
+template <int NT>
+static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, const int *token_slot, int rows,
+                             cudaStream_t st) {
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = grid.z;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization; /* lx_grid_wait */
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = dim3(LX_THREADS);
+    lc.dynamicSmemBytes = 0;
+    lc.stream = st;
+    lc.attrs = at;
+    const char *pdl = getenv("SQUAD_LORA_PDL"); /* "0": launched plainly ordered (an experiment switch) */
+    lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
+    if (cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice) == cudaSuccess) return cudaSuccess;
+    (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
+    lc.numAttrs = 1;
+    return cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice);
+}
+
+static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
+
+int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
+                  squad_err *err) {
+    if (!a || rows < 1 || a->in < 1 || a->R < 1 || a->n_slots < 1 || a->lda < cu_lora_lda(a->in) ||
+        a->ldw < a->in + a->n_slots * a->R ||
+        a->src < CU_LORA_NORM || a->src > CU_LORA_COPY || !a->A || !a->xw || !token_slot)
+        return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: rows %d, in %d, R %d, slots %d, lda %d", rows,
+                      a ? a->in : 0, a ? a->R : 0, a ? a->n_slots : 0, a ? a->lda : 0);
+    if (a->src == CU_LORA_NORM ? !a->h || !a->w : !a->x_src || (a->src == CU_LORA_COPY && a->ld_src < a->in))
+        return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: producer %d without its input", a->src);
+    const int tiles = (rows + LX_TM - 1) / LX_TM;
+    if (a->f32) {
+        const dim3 grid((unsigned)tiles, (unsigned)((a->R + LX_CW_F32 - 1) / LX_CW_F32));
+        k_lora_input_f32<<<grid, LX_THREADS, 0, st>>>(*a, token_slot, rows);
+        CU_LAUNCH_CHECK("k_lora_input_f32");
+        return 0;
+    }
+    /* vector loads and stores: 8 bf16 (16 bytes) of x, float4s of h and w, 4-byte A fragments */
+    const int src_ok = a->src == CU_LORA_NORM
+                           ? lx_aligned(a->h, 16) && lx_aligned(a->w, 16)
+                           : lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
+    const int ok = a->in % 8 == 0 && a->R % 16 == 0 && a->lda % 8 == 0 && a->ldw % 8 == 0 && lx_aligned(a->xw, 16) &&
+                   lx_aligned(a->A, 4) && src_ok;
+    if (!ok)
+        return cu_err(err, SQUAD_E_UNSUPPORTED,
+                      "cu_lora_input: bf16 needs in %% 8 == 0 (%d), R %% 16 == 0 (%d), 16-byte aligned rows", a->in,
+                      a->R);
+    const int sms = n_sm > 0 ? n_sm : 1, cw = lx_block_cols(a->R, tiles, sms), groups = (a->R + cw - 1) / cw;
+    const int in16 = lx_round(a->in, 16), ks = lx_slices(in16, tiles * groups, sms, cw / 8);
+    const int slice = lx_round((in16 + ks - 1) / ks, 16);
+    const dim3 grid((unsigned)tiles, (unsigned)groups, (unsigned)((in16 + slice - 1) / slice));
+    const cudaError_t e = cw == 16   ? lx_launch<2>(grid, slice, a, token_slot, rows, st)
+                          : cw == 32 ? lx_launch<4>(grid, slice, a, token_slot, rows, st)
+                                     : lx_launch<8>(grid, slice, a, token_slot, rows, st);
+    if (e != cudaSuccess) return cu_fail(err, "k_lora_input_mma (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
+    CU_LAUNCH_CHECK("k_lora_input_mma");
     return 0;
-}
-
-int cu_lora(const cu_lora_site *site, const int *token_slot, const void *x, int ldx, int x_f32, void *y, int ldy,
-            int y_f32, int rows, int n_sm, cudaStream_t st, squad_err *err) {
-    if (!site || site->n_parts < 1 || site->n_parts > CU_LORA_MAX_PARTS || rows < 1 || site->stride < 1 ||
-        site->n_slots < 0 || site->max_rank < 1 || site->max_rank > SQUAD_LORA_MAX_RANK)
-        return cu_err(err, SQUAD_E_INVALID, "cu_lora: %d parts, rows %d, stride %d, max rank %d",
-                      site ? site->n_parts : 0, rows, site ? site->stride : 0, site ? site->max_rank : 0);
-    for (int p = 0; p < site->n_parts; p++)
-        if (site->out[p] < 1 || site->yoff[p] < 0 || site->yoff[p] + site->out[p] > ldy)
-            return cu_err(err, SQUAD_E_INVALID, "cu_lora: part %d: columns [%d, %d) of rows of %d", p, site->yoff[p],
-                          site->yoff[p] + site->out[p], ldy);
-    const int tiles = (rows + LORA_TM - 1) / LORA_TM;
-    lora_grid g;
-    const dim3 grid((unsigned)tiles, (unsigned)lora_make_grid(site, tiles, ldx, n_sm, &g));
-    if (!x_f32) {
-        const int xpair = !(ldx & 1) && !((uintptr_t)x & 3);
-        /* y pairs: even ldy and part offsets (column chunks start at multiples of LORA_CW_STEP), y
-         * aligned for two values */
-        int ypair = !(ldy & 1) && !((uintptr_t)y & (y_f32 ? 7 : 3));
-        for (int p = 0; p < site->n_parts; p++) ypair = ypair && !(site->yoff[p] & 1);
-        const size_t smem = sizeof(float) * LORA_WARPS * LORA_TM * LORA_LDP +
-                            sizeof(bf16) * LORA_TM * (size_t)(lora_round(site->max_rank, 16) + 8);
-        if (y_f32)
-            return lora_launch(k_lora_mma<float>, "k_lora_mma", grid, smem, st, err, *site, g, token_slot,
-                               (const bf16 *)x, ldx, xpair, (float *)y, ldy, ypair, rows);
-        return lora_launch(k_lora_mma<bf16>, "k_lora_mma", grid, smem, st, err, *site, g, token_slot, (const bf16 *)x,
-                           ldx, xpair, (bf16 *)y, ldy, ypair, rows);
-    }
-    const size_t smem = sizeof(float) * LORA_TM * (size_t)site->max_rank;
-    if (y_f32)
-        return lora_launch(k_lora_f32<float>, "k_lora_f32", grid, smem, st, err, *site, g, token_slot,
-                           (const float *)x, ldx, (float *)y, ldy, rows);
-    return lora_launch(k_lora_f32<bf16>, "k_lora_f32", grid, smem, st, err, *site, g, token_slot, (const float *)x,
-                       ldx, (bf16 *)y, ldy, rows);
 }
 
 /* inv[t] for each real token: one block per token. */

@@ -1,71 +1,70 @@
 /*
- * k_lora.cuh — the specialists' kernels of the CUDA backend (k_lora.cu): the low-rank terms of an
- * adapted projection and the router's feature sum of a chunk.
+ * k_lora.cuh — the specialists' kernels of the CUDA backend (k_lora.cu): the input of an adapted
+ * projection's GEMM widened with the low-rank products, and the router's feature sum of a chunk.
  *
- * Design: which adapter a token runs is data, not code. The backend keeps a table in device
- * memory with one entry per (resident adapter slot, layer, projection) and a device array of
- * per-token slots ([rows] ints, 0: the trunk or padding), written before each replay like the
- * chunk parameters. The kernel of an adapted projection is enqueued once per graph and reads each
- * token's slot and the slot's entries at replay time: a token of slot 0, or an entry of rank 0,
- * gets nothing added, so one graph serves every route (and rows of different routes packed into
- * one chunk), and the number of graphs does not depend on the number of specialists.
+ * Design: the LoRA term rides inside the projection's own GEMM. For an adapted GEMM (a "site":
+ * a fused in-projection, GDN qkv | z | b | a or attention q | k | v, the MLP's gate | up, or a
+ * single out / o / down projection) of input width `in`, the backend widens the GEMM's K:
+ *   input  xw [rows][in + n_slots R] = [ x | u_1 | ... | u_n ]   (u_s: R columns per slot)
+ *   weight W' [out][in + n_slots R]  = [ W | B'_1 | ... | B'_n ]
+ * where R is the site's rank width (each adapted part's largest rank, rounded up to 16, summed
+ * over the parts), u_s[t] = s A x[t] (the slot's A of every part, the adapter's scale folded in)
+ * for a token t of slot s and zeros for the other slots' columns and for trunk tokens, and B'_s
+ * puts each part's B in its part's rows and its rank columns (zeros elsewhere). Then
+ *   xw W'^T = x W^T + sum over slots of u_s B'_s^T = x W^T + s B (A x)
+ * for every token under its own adapter, from the one GEMM: no read-modify-write of the output,
+ * no second pass over it, and the GEMM's extra K is n_slots R columns (2 slots x 4 parts x rank
+ * 16 = 128 on in = 1024). The weights' extra columns are written when an adapter is uploaded into
+ * a slot (zeros while a slot is empty); graphs capture fixed addresses and read each token's slot
+ * from device memory, so one graph serves every route and every mix of routes.
  *
- * A "site" is one shared GEMM's output with up to CU_LORA_MAX_PARTS adapted projections in it
- * (a fused in-projection: GDN qkv | z | b | a, attention q | k | v, MLP gate | up; or a single
- * projection: out / o / down). One launch covers the whole site.
+ * cu_lora_input writes xw: x itself, made from the site's producer (the RMSNorm before an
+ * in-projection or gate | up, SiLU(gate) * up before down, or a copy of the mixer's output
+ * before out / o), and the u columns. Making x here replaces the producer's own kernel, so an
+ * adapted in-projection, gate | up or down costs no launch beyond the trunk's; out / o pay one.
  */
 #ifndef SQUAD_K_LORA_CUH
 #define SQUAD_K_LORA_CUH
 
 #include "cuda_internal.cuh"
 
-#define CU_LORA_MAX_PARTS 4
+/* How cu_lora_input makes x (the GEMM's unwidened input). */
+typedef enum cu_lora_src {
+    CU_LORA_NORM = 0, /* x[t] = RMSNorm(h[t]) * (1 + w): h fp32 [rows][in] (k_norm.cu's rmsnorm) */
+    CU_LORA_SILU = 1, /* x[t][i] = silu(gu[t][i]) * gu[t][in + i]: gu [rows][2 in] (k_norm.cu's silu_mul) */
+    CU_LORA_COPY = 2  /* x[t] = src[t]: src [rows][ld_src] */
+} cu_lora_src;
 
-/* One adapted projection of one resident adapter: y += scale * B (A x), in the layout
- * cu_lora_pack writes (the entry's addresses point into a slot buffer):
- *  - bf16 (the fast path, tensor cores): A bf16 [rp][lda], lda = in rounded up to 16; B bf16
- *    [out][rp] (PEFT's own [out][r] layout); rp = r rounded up to 16; the padding is zeros.
- *  - fp32 (the exact path): A fp32 [r][in]; B transposed, fp32 [r][out] (consecutive threads,
- *    consecutive outputs).
- * r 0: this adapter does not adapt the projection. */
-typedef struct cu_lora_entry {
+typedef struct cu_lora_input_args {
+    int src;              /* cu_lora_src */
+    const float *h;       /* NORM: the residual stream */
+    const float *w;       /* NORM: the norm's weight [in] */
+    float eps;            /* NORM */
+    const void *x_src;    /* SILU: gu; COPY: x (bf16, or fp32 when f32) */
+    int ld_src;           /* COPY: x_src's row stride (SILU: 2 in) */
+    int in;               /* x's width (a multiple of 8 on the bf16 path) */
+    /* A of every slot: [n_slots][R][lda] (bf16, or fp32 when f32), rank rows past an adapter's
+     * rank zero, the adapter's scale folded in; lda >= in */
     const void *A;
-    const void *B;
-    int r, in, out;
-    int f32; /* the layout: 1 fp32, 0 bf16 */
-    float scale;
-} cu_lora_entry;
+    int lda, R, n_slots;
+    void *xw;             /* out: [rows][ldw] */
+    int ldw;              /* xw's row stride: in + n_slots R, or more (zeros past the slots' columns,
+                             a multiple of 8 on the bf16 path) */
+    int f32;              /* the exact path: fp32 x, A, xw and fp32 FMAs; else bf16 on the tensor cores */
+} cu_lora_input_args;
 
-/* Bytes one adapted projection takes in a slot buffer (a multiple of 16, so entries packed one
- * after another stay aligned for vector loads). */
-size_t cu_lora_pack_bytes(int r, int in, int out, int f32);
+/* For every token t < rows, with s = token_slot[t] (0, or outside [1, n_slots]: no adapter):
+ *   xw[t][i]                    = x[t][i]                                  (i < in)
+ *   xw[t][in + (s - 1) R + k]   = sum_i A[s - 1][k][i] x[t][i]             (k < R)
+ *   xw[t][in + (q - 1) R + k]   = 0                                        (every other slot q)
+ *   xw[t][j]                    = 0                              (in + n_slots R <= j < ldw)
+ * u is the sum of the products in fp32 in a fixed order (deterministic), rounded like x. n_sm sizes
+ * the grid. */
+int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
+                  squad_err *err);
 
-/* Writes the projection's A [r][in] and B [out][r] (fp32, PEFT's layout) into host staging at
- * `host` in the layout above (bf16 rounded to nearest unless f32), and fills en with the device
- * addresses they will have once the staging is copied to `dev`. */
-void cu_lora_pack(const float *A, const float *B, int r, int in, int out, float scale, int f32, void *host,
-                  const void *dev, cu_lora_entry *en);
-
-/* The adapted projections of one GEMM output. */
-typedef struct cu_lora_site {
-    const cu_lora_entry *col[CU_LORA_MAX_PARTS]; /* part p's entry in slot 1; slot s: col[p] + (s - 1) * stride */
-    int yoff[CU_LORA_MAX_PARTS];                 /* part p's first column in y */
-    int out[CU_LORA_MAX_PARTS];                  /* its width (every adapter's out of that projection) */
-    int n_parts;
-    int stride;   /* entries between one slot's and the next's */
-    int n_slots;  /* resident slots: a token slot outside [0, n_slots] counts as 0 */
-    int max_rank; /* the largest rank of any entry (sizes shared memory) */
-} cu_lora_site;
-
-/* The low-rank terms of a site for every token t < rows with s = token_slot[t] > 0: for each part
- * p whose entry e = col[p][(s - 1) * stride] has a rank,
- *   y[t][yoff[p] + o] += e.scale * sum_k B[o][k] sum_i A[k][i] x[t][i]      (o < e.out)
- * and nothing else of y is read or written. x is [rows][ldx] activations (fp32 when x_f32, else
- * bf16: the tensor-core path, whose entries must be bf16); y is [rows][ldy] (fp32 when y_f32, else
- * bf16). A bf16 x needs bf16 entries and an fp32 x fp32 entries (the backend packs one layout).
- * n_sm, the device's SMs, sizes the grid (k_lora.cu: LORA_GRID_PER_SM, LORA_IN_PER_CW). */
-int cu_lora(const cu_lora_site *site, const int *token_slot, const void *x, int ldx, int x_f32, void *y, int ldy,
-            int y_f32, int rows, int n_sm, cudaStream_t st, squad_err *err);
+/* Elements of one slot's A block (R x lda) and the lda cu_lora_input wants for `in`. */
+int cu_lora_lda(int in);
 
 /* The router's feature sum of the chunk: sum[j] = sum over t < prm->len of fp32(h[t][j] * inv[t]),
  * inv[t] = 1 / sqrt(fp32(mean(h[t]^2)) + eps), summed in double (squad_router_norm_add's
