@@ -16,10 +16,15 @@
  *  2. Packing. Every row in flight wants its next chunk: from its position to its next target (the
  *     plan's next bound while in the prefix, so that every chunk end lands on a bound; the row's end
  *     after it), at most the longest chunk (max_chunk, or batch_tokens when smaller). The step's
- *     token budget (batch_tokens) goes first to rows passed over SCHED_STARVE_STEPS steps in a
- *     row, then to the shortest wants (the hits' questions), whole; the rows left over are *cut* to what remains of the budget, rounded down
- *     to SCHED_CUT_ALIGN tokens, oldest first. So a long cold row never holds the short rows
- *     riding with it for more than one chunk: it takes what the short ones leave.
+ *     token budget (batch_tokens) goes first, whole, to rows that got less than their whole want
+ *     SCHED_STARVE_STEPS steps in a row, then to the shortest wants (the hits' questions), whole;
+ *     the rows left over are *cut* to what remains of the budget, rounded down to SCHED_CUT_ALIGN
+ *     tokens, oldest first. So a long cold row never holds the short rows riding with it for more
+ *     than one chunk: it takes what the short ones leave; and a steady flow of short rows never
+ *     keeps it to leftovers for long: every (SCHED_STARVE_STEPS + 1)-th step it runs a whole chunk
+ *     first (the short rows then wait that one step). Counting only the steps that gave a row
+ *     nothing would let leftovers of 64 tokens a step drag a cold row of 1,000 tokens over 16 steps
+ *     while its own hits, stuck behind its checkpoint, wait with it: the latency tail.
  *  3. Forward. One be->forward over every packed chunk (or one per route when the backend cannot
  *     mix routes, or refuses a mixed batch with SQUAD_E_UNSUPPORTED).
  *  4. Advance. Each row copies its chunk's answers and router features, moves its position, and
@@ -44,12 +49,6 @@
 #include "cache_exec.h"
 #include "engine.h"
 #include "util.h"
-
-/* A cut row's chunk is a multiple of this many tokens (the cache's align and the CUDA delta
- * rule's block), and a budget left over smaller than it cuts nothing. */
-#define SCHED_CUT_ALIGN 64
-/* A row the budget passed over this many steps in a row goes first at the next step. */
-#define SCHED_STARVE_STEPS 2
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
@@ -287,7 +286,7 @@ static void row_start(squad_engine *e, squad_sched_row *r, int seq) {
     }
     r->seq = seq;
     r->order = s->joined++;
-    r->skipped = 0;
+    r->shorted = 0;
     s->slots[seq] = r;
     s->n_flight++;
     r->cached = e->cache && squad_cache_eligible(e->cache, &r->row);
@@ -361,9 +360,13 @@ static void fill_chunk(squad_engine *e, squad_sched_row *r, int len, squad_chunk
     ck->probs = ck->n_slots ? &r->probs[0][0] : NULL;
 }
 
+int squad_sched_want(const squad_engine *e, const squad_sched_row *r) {
+    return min_int(chunk_target(r) - r->pos, chunk_cap(e));
+}
+
 /* Orders candidates: starved rows first, then the shortest wants, then the oldest. */
 static int before(const squad_sched_row *a, int wa, const squad_sched_row *b, int wb) {
-    const int sa = a->skipped >= SCHED_STARVE_STEPS, sb = b->skipped >= SCHED_STARVE_STEPS;
+    const int sa = a->shorted >= SCHED_STARVE_STEPS, sb = b->shorted >= SCHED_STARVE_STEPS;
     if (sa != sb) return sa;
     if (wa != wb) return wa < wb;
     return a->order < b->order;
@@ -374,13 +377,12 @@ static int pack(squad_engine *e) {
     squad_sched *s = &e->sched;
     squad_sched_row **cand = s->batch;
     int *want = s->want, *got = s->got;
-    const int cap = chunk_cap(e);
     int n = 0;
     for (int i = 0; i < s->max_rows; i++) {
         squad_sched_row *r = s->slots[i];
         if (!r) continue;
         /* insertion by the order above */
-        const int w = min_int(chunk_target(r) - r->pos, cap);
+        const int w = squad_sched_want(e, r);
         int j = n++;
         for (; j > 0 && before(r, w, cand[j - 1], want[j - 1]); j--) {
             cand[j] = cand[j - 1];
@@ -406,11 +408,8 @@ static int pack(squad_engine *e) {
     int m = 0;
     for (int j = 0; j < n; j++) {
         squad_sched_row *r = cand[j];
-        if (!got[j]) {
-            r->skipped++;
-            continue;
-        }
-        r->skipped = 0;
+        r->shorted = got[j] < want[j] ? r->shorted + 1 : 0;
+        if (!got[j]) continue;
         if (cancelled(r)) { /* polled before each step the row takes part in */
             row_cancel(e, r);
             continue;

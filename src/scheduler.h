@@ -16,6 +16,13 @@
 
 typedef struct squad_engine squad_engine;
 
+/* A cut row's chunk is a multiple of this many tokens (the cache's align and the CUDA delta
+ * rule's block), and a budget left over smaller than it cuts nothing. */
+#define SCHED_CUT_ALIGN 64
+/* A row the budget gave less than its whole want this many steps in a row goes first, whole, at
+ * the next step. */
+#define SCHED_STARVE_STEPS 2
+
 /* One row from submit to done: the caller's request, then its state machine while in flight. */
 typedef struct squad_sched_row {
     /* the caller's (arrays and *out borrowed until done is called) */
@@ -43,7 +50,8 @@ typedef struct squad_sched_row {
     int bound;        /* the plan's next bound (the prefix phase while bound < plan.n_bounds) */
     int next_slot;    /* the row's first answer slot not yet answered */
     uint64_t computed; /* tokens run over every pass (the cache's row count) */
-    int skipped;      /* consecutive steps the token budget gave it nothing */
+    int shorted;      /* consecutive steps the token budget gave it less than its whole want (a cut,
+                       * or nothing) */
 
     /* this step's chunk: its length and the row's slots it answers */
     int ck_len, ck_first, ck_n;
@@ -84,6 +92,9 @@ void squad_sched_enqueue(squad_engine *e, squad_sched_row *r);
 /* One batched step (squad_engine_step's contract). */
 int squad_sched_step(squad_engine *e, squad_err *err);
 int squad_sched_pending(const squad_sched *s);
+/* The tokens a row in flight wants at the next step: to its next chunk target, at most the longest
+ * chunk (what the packing gives it whole, or cuts; tests read it). */
+int squad_sched_want(const squad_engine *e, const squad_sched_row *r);
 
 /* Runs row->ids[start, end) on sequence slot `seq` in chunks of at most the longest chunk with
  * `route` (no router features), answering the row's slots in the span into out; polls opts'

@@ -75,6 +75,9 @@ static void make_row(trow *t, const int32_t *prefix, int plen, int state_len, in
 
 /* ---- engines --------------------------------------------------------------------------------- */
 
+/* The cache's stride of the engines engine_new makes (the checkpoints inside a long prefix). */
+static int g_stride = 256;
+
 static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_tokens, size_t budget,
                                 const squad_specialists *sp) {
     squad_engine_opts o;
@@ -85,7 +88,7 @@ static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_to
     o.cache.budget_bytes = budget;
     o.cache.align = 64;
     o.cache.tail = 16;
-    o.cache.stride = 256;
+    o.cache.stride = g_stride;
     o.cache.min_prefix = 128;
     o.max_rows = max_rows;
     o.batch_tokens = batch_tokens;
@@ -312,6 +315,83 @@ static void check_long_row_cut(void) {
     CHECKF(cr.computed == (BUDGET - N_HITS * Q) / 64 * 64, "the cold row ran %d tokens", cr.computed);
     while (squad_engine_pending(e) > 0) CHECK(squad_engine_step(e, &err) >= 0);
     CHECK(ce.calls == 1 && ce.rc == 0 && cr.computed == cold.row.n_ids);
+    squad_engine_free(e);
+}
+
+/* ---- a long cold row under a steady flow of hits: whole chunks often enough ------------------ */
+
+/* The row in flight whose result is `out` (NULL when none). */
+static const squad_sched_row *in_flight_row(const squad_engine *e, const squad_result *out) {
+    for (int i = 0; i < e->sched.max_rows; i++)
+        if (e->sched.slots[i] && e->sched.slots[i]->out == out) return e->sched.slots[i];
+    return NULL;
+}
+
+/* Three hits of 48 tokens arrive every step and take 144 of the step's 256 tokens, so the cold row
+ * submitted first would get the leftover cut (64 tokens) step after step. The policy: a row that
+ * got less than its whole want SCHED_STARVE_STEPS steps in a row runs its whole want at the next
+ * step (the hits of that step wait one step). Checked step by step against the row's want, and
+ * every hit answered within a few steps of its arrival. */
+static void check_cut_row_keeps_pace(void) {
+    enum { BUDGET = 256, Q = 48, PER_STEP = 3, MAX_HITS = 96, COLD = 1500 };
+    static trow cold, warm, hits[MAX_HITS];
+    static int32_t state[640], fresh[COLD];
+    g_rng = 777;
+    fill_random(state, 640, 0, g_V - 1);
+    fill_random(fresh, COLD, 0, g_V - 1);
+    make_row(&cold, fresh, COLD, COLD, 20, 1);
+    make_row(&warm, state, 640, 640, 10, 1);
+    for (int i = 0; i < MAX_HITS; i++) make_row(&hits[i], state, 640, 640, Q, 1);
+    g_stride = 4096; /* no checkpoint inside the cold row's prefix but near its end: long wants */
+    squad_engine *e = engine_new(g_m, 16, BUDGET, (size_t)64 << 20, NULL);
+    g_stride = 256;
+    if (!e) return;
+    squad_err err = {0};
+    static squad_result wr, cr, hr[MAX_HITS];
+    static ended ce, he[MAX_HITS];
+    static int sent_at[MAX_HITS];
+    memset(&ce, 0, sizeof ce);
+    memset(he, 0, sizeof he);
+    CHECK(squad_engine_score(e, &warm.row, &wr, &err) == 0);
+    CHECK(squad_engine_submit(e, &cold.row, NULL, &cr, on_done, &ce, &err) == 0);
+    int sent = 0, step = 0, shorted = 0, worst_shorted = 0, cut_steps = 0, whole_steps = 0;
+    while (ce.calls == 0 && step < 200) {
+        for (int k = 0; k < PER_STEP && sent < MAX_HITS; k++, sent++) {
+            CHECK(squad_engine_submit(e, &hits[sent].row, NULL, &hr[sent], on_done, &he[sent], &err) == 0);
+            sent_at[sent] = step;
+        }
+        const squad_sched_row *r = in_flight_row(e, &cr);
+        const int want = r ? squad_sched_want(e, r) : -1, before = r ? r->pos : 0;
+        CHECK(squad_engine_step(e, &err) >= 0);
+        step++;
+        if (!r) continue;
+        r = in_flight_row(e, &cr);
+        const int got = r ? r->pos - before : want; /* gone: it ran its end */
+        if (got < want) {
+            cut_steps++;
+            shorted++;
+        } else {
+            whole_steps++;
+            shorted = 0;
+        }
+        if (shorted > worst_shorted) worst_shorted = shorted;
+        for (int i = 0; i < sent; i++)
+            if (he[i].calls == 0) CHECKF(step - sent_at[i] <= 4, "hit %d waited %d steps", i, step - sent_at[i]);
+    }
+    CHECKF(ce.calls == 1 && ce.rc == 0 && cr.computed == cold.row.n_ids, "the cold row: done %d, rc %d, %d tokens",
+           ce.calls, ce.rc, (int)cr.computed);
+    CHECKF(worst_shorted <= SCHED_STARVE_STEPS, "the cold row got less than its want %d steps in a row",
+           worst_shorted);
+    CHECKF(cut_steps > 0 && whole_steps > 0, "both kinds of step happened (%d cut, %d whole)", cut_steps,
+           whole_steps);
+    /* hits keep flowing: each answered within a few steps of its arrival */
+    while (squad_engine_pending(e) > 0) {
+        CHECK(squad_engine_step(e, &err) >= 0);
+        step++;
+        for (int i = 0; i < sent; i++)
+            if (he[i].calls == 0) CHECKF(step - sent_at[i] <= 4, "hit %d waited %d steps", i, step - sent_at[i]);
+    }
+    for (int i = 0; i < sent; i++) CHECKF(he[i].calls == 1 && he[i].rc == 0, "hit %d: done %d", i, he[i].calls);
     squad_engine_free(e);
 }
 
@@ -612,6 +692,7 @@ int main(void) {
     check_mix(3, 0, pressure_budget(), n, 4, "3 rows, eviction pressure");
     check_shared_restore();
     check_long_row_cut();
+    check_cut_row_keeps_pace();
     check_shared_prefix_once();
     check_failures();
     check_specialists();

@@ -338,7 +338,7 @@ typedef struct cu_gemm_ctx {
     int sm90;            /* its cubin runs on this GPU (compute capability 9.0 exactly) */
     int sm90_off;        /* the tuning leaves it out (set by a caller, e.g. to time cuBLASLt alone) */
     int sm90_sms;        /* the GPU's multiprocessors (how far its candidates split K) */
-    int *sm90_cnt;       /* per-tile arrival counters of its split-K reduction (zero between calls) */
+    int *sm90_probe;     /* one device int: the probe kernel's answer at start */
     void *sm90_encode;   /* the driver's cuTensorMapEncodeTiled */
 } cu_gemm_ctx;
 int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
@@ -351,9 +351,8 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
  * the same operands and epilogues as cu_gemm's bf16 path (acc = 0: Y bf16; acc = 1: Y fp32 +=). */
 #define CU_SM90_MAX_M 512      /* the tokens of a hit's chunk; larger chunks stay on cuBLASLt */
 #define CU_SM90_MAX_CFGS 32
-#define CU_SM90_COUNTERS 4096  /* arrival counters: the most tiles a split-K call may have */
-/* Finds out whether the kernel runs here (sets g->sm90) and makes its counters; a GPU without it is
- * not an error. */
+/* Finds out whether the kernel runs here (sets g->sm90, by a probe kernel from the same cubin); a GPU
+ * without it is not an error. */
 int cu_sm90_init(cu_gemm_ctx *g, squad_err *err);
 void cu_sm90_free(cu_gemm_ctx *g);
 /* The configurations worth timing for a shape (0 when the kernel does not take it). */

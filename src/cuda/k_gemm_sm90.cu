@@ -459,20 +459,20 @@ int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
         return 0;
     }
     /* one int: the probe's answer (the split-K sum needs no counters: it stays inside a cluster) */
-    CU_TRY(cudaMalloc(&g->sm90_cnt, sizeof(int)));
-    CU_TRY(cudaMemset(g->sm90_cnt, 0, sizeof(int)));
-    k_sm90_probe<<<1, 1>>>(g->sm90_cnt);
+    CU_TRY(cudaMalloc(&g->sm90_probe, sizeof(int)));
+    CU_TRY(cudaMemset(g->sm90_probe, 0, sizeof(int)));
+    k_sm90_probe<<<1, 1>>>(g->sm90_probe);
     CU_LAUNCH_CHECK("k_sm90_probe");
     int has = 0;
-    CU_TRY(cudaMemcpy(&has, g->sm90_cnt, sizeof has, cudaMemcpyDeviceToHost));
+    CU_TRY(cudaMemcpy(&has, g->sm90_probe, sizeof has, cudaMemcpyDeviceToHost));
     g->sm90_encode = fn;
     g->sm90 = has == 1;
     return 0;
 }
 
 void cu_sm90_free(cu_gemm_ctx *g) {
-    if (g->sm90_cnt) cudaFree(g->sm90_cnt);
-    g->sm90_cnt = NULL;
+    if (g->sm90_probe) cudaFree(g->sm90_probe);
+    g->sm90_probe = NULL;
     g->sm90 = 0;
 }
 
