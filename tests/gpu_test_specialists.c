@@ -56,6 +56,7 @@
 #include "specialists_synth.h"
 #include "squad.h"
 #include "synth.h"
+#include "spec_rows.h"
 #include "testutil.h"
 #include "tolerances.h"
 #include "util.h"
@@ -65,10 +66,6 @@
 #include "cuda/cuda_test_api.h"
 
 #define FIXTURE "tests/fixtures/specialists"
-#define PREFIX 160
-#define SUFFIX 96
-#define N_ROWS 3
-#define N_LETTERS 4
 #define N_ROUTES 3
 #define MAX_CONTEXT 1024
 
@@ -78,39 +75,12 @@ typedef float probs_t[SQUAD_MAX_LETTERS];
 static squad_model *g_m;
 static squad_specialists *g_sp;
 
-typedef struct test_row {
-    int32_t ids[PREFIX + SUFFIX];
-    int32_t slots[2], nopts[2], letters[N_LETTERS];
-    squad_row row;
-} test_row;
-
 static test_row g_rows[N_ROWS];
 static int g_route[N_ROWS];                          /* the CPU reference route of each row */
 static float g_route_probs[N_ROWS][SQUAD_MAX_ROUTES]; /* and the router's probabilities */
 static probs_t g_cpu[N_ROWS][N_ROUTES][2];           /* CPU exact answers [row][route][slot] */
 
-static uint64_t rng_next(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
-}
-
-static void make_rows(void) {
-    uint64_t s = 12345;
-    int32_t prefix[PREFIX];
-    const int V = squad_model_vocab_size(g_m);
-    for (int i = 0; i < PREFIX; i++) prefix[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
-    for (int k = 0; k < N_ROWS; k++) {
-        test_row *t = &g_rows[k];
-        memcpy(t->ids, prefix, sizeof prefix);
-        for (int i = 0; i < SUFFIX; i++) t->ids[PREFIX + i] = (int32_t)(rng_next(&s) % (uint64_t)V);
-        t->slots[0] = PREFIX + 40;
-        t->slots[1] = PREFIX + SUFFIX - 1;
-        t->nopts[0] = 4;
-        t->nopts[1] = 3;
-        for (int l = 0; l < N_LETTERS; l++) t->letters[l] = 10 + l;
-        t->row = (squad_row){t->ids, PREFIX + SUFFIX, t->slots, t->nopts, 2, t->letters, N_LETTERS, PREFIX, 0};
-    }
-}
+static void make_rows(void) { spec_rows_make(g_rows, squad_model_vocab_size(g_m)); }
 
 /* The worst |a - b| over the first nopts letters of each slot (NaN counts as the worst). */
 static double max_diff(const probs_t *a, const probs_t *b, const int32_t *nopts, int n_slots) {
@@ -820,7 +790,7 @@ typedef struct lora_case {
     int f32_only; /* a shape the bf16 path refuses (in or R not a multiple of 8 / 16) */
 } lora_case;
 
-static float lora_rnd(uint64_t *s) { return (float)((double)(rng_next(s) & 0xffffff) / 16777216.0) * 2.0f - 1.0f; }
+static float lora_rnd(uint64_t *s) { return (float)((double)(spec_rng_next(s) & 0xffffff) / 16777216.0) * 2.0f - 1.0f; }
 
 static float round_bf16(float v) { return squad_bf16_to_f32(squad_f32_to_bf16(v)); }
 

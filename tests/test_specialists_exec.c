@@ -38,52 +38,22 @@
 #include "specialists.h"
 #include "specialists_synth.h"
 #include "synth.h"
+#include "spec_rows.h"
 #include "testutil.h"
 #include "tolerances.h"
 #include "util.h"
 
 #define FIXTURE "tests/fixtures/specialists"
-#define PREFIX 160
-#define SUFFIX 96
-#define N_ROWS 3
-#define N_LETTERS 4
 
 static squad_model *g_m;
 static squad_specialists *g_sp;
-
-typedef struct test_row {
-    int32_t ids[PREFIX + SUFFIX];
-    int32_t slots[2], nopts[2], letters[N_LETTERS];
-    squad_row row;
-} test_row;
 
 static test_row g_rows[N_ROWS];
 static int g_route[N_ROWS];                          /* the reference route of each row */
 static float g_route_probs[N_ROWS][SQUAD_MAX_ROUTES]; /* and the router's probabilities */
 static float g_ans[N_ROWS][3][2][SQUAD_MAX_LETTERS]; /* [row][route][slot]: answers by route */
 
-static uint64_t rng_next(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 33;
-}
-
-static void make_rows(void) {
-    uint64_t s = 12345;
-    int32_t prefix[PREFIX];
-    const int V = squad_model_vocab_size(g_m);
-    for (int i = 0; i < PREFIX; i++) prefix[i] = (int32_t)(rng_next(&s) % (uint64_t)V);
-    for (int k = 0; k < N_ROWS; k++) {
-        test_row *t = &g_rows[k];
-        memcpy(t->ids, prefix, sizeof prefix);
-        for (int i = 0; i < SUFFIX; i++) t->ids[PREFIX + i] = (int32_t)(rng_next(&s) % (uint64_t)V);
-        t->slots[0] = PREFIX + 40;
-        t->slots[1] = PREFIX + SUFFIX - 1;
-        t->nopts[0] = 4;
-        t->nopts[1] = 3;
-        for (int l = 0; l < N_LETTERS; l++) t->letters[l] = 10 + l;
-        t->row = (squad_row){t->ids, PREFIX + SUFFIX, t->slots, t->nopts, 2, t->letters, N_LETTERS, PREFIX, 0};
-    }
-}
+static void make_rows(void) { spec_rows_make(g_rows, squad_model_vocab_size(g_m)); }
 
 /* One forward of a whole row (one chunk) on a fresh CPU backend over model m, with `route`
  * (specialists when sp is given); probs [2][SQUAD_MAX_LETTERS]; hidden, when given, receives the
