@@ -24,10 +24,10 @@
 #include "engine.h"
 #include "squad.h"
 #include "synth.h"
+#include "long_rows.h"
 #include "testutil.h"
 #include "tolerances.h"
 
-#define N_LETTERS 4
 /* Rows that cross the K / V's growth steps and CUDA's span buckets (1024, 2048, 4096, 8192). */
 static const int GROWTH_LENGTHS[] = {200, 1500, 3000, 5000, 9000, 700, 2500};
 #define N_GROWTH ((int)(sizeof GROWTH_LENGTHS / sizeof GROWTH_LENGTHS[0]))
@@ -43,41 +43,6 @@ static squad_engine *cpu_engine(squad_model *m, size_t budget, int max_tokens, s
     return squad_engine_new(m, &o, err);
 }
 
-/* A row of n pseudo-random ids (seeded) with slots at its last two tokens and state_len given. */
-typedef struct test_row {
-    int32_t *ids;
-    int32_t slots[2], nopts[2], letters[N_LETTERS];
-    squad_row row;
-} test_row;
-
-static int row_make(test_row *t, int n, int vocab, unsigned seed, int state_len) {
-    t->ids = malloc(sizeof(int32_t) * (size_t)n);
-    if (!t->ids) return -1;
-    uint64_t s = seed * 0x9E3779B97F4A7C15ULL + 7;
-    for (int i = 0; i < n; i++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        t->ids[i] = (int32_t)((s >> 33) % (uint64_t)vocab);
-    }
-    for (int i = 0; i < N_LETTERS; i++) t->letters[i] = 10 + i;
-    t->slots[0] = n - 2;
-    t->slots[1] = n - 1;
-    t->nopts[0] = N_LETTERS;
-    t->nopts[1] = N_LETTERS - 1;
-    squad_row r = {t->ids, n, t->slots, t->nopts, 2, t->letters, N_LETTERS, state_len, 0};
-    t->row = r;
-    return 0;
-}
-
-/* The largest difference between two answers' probabilities (INFINITY on a NaN). */
-static double worst_diff(const squad_result *a, const squad_result *b, const squad_row *row) {
-    double w = 0;
-    for (int s = 0; s < row->n_slots; s++)
-        for (int l = 0; l < row->nopts[s]; l++) {
-            const double d = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
-            if (!(d <= w)) w = isnan(d) ? INFINITY : d;
-        }
-    return w;
-}
 
 static void test_options(squad_model *m) {
     squad_err err = {0};
