@@ -916,7 +916,21 @@ async function phaseBatchEqual(R1, R4, reqs) {
     }
     checkBatchFigures(what, before, await batchFigures(S), maxRows);
   }
+  checkRequestLog('batching --max-rows 4 (--log-requests)', R4.log());
   return want;
+}
+
+// --log-requests: a line per request the engine took saying where its time went: its time split into
+// before the engine and in it within the total, and a request that computed tokens ran in a step
+// (the row memo answers without one).
+function checkRequestLog(what, log) {
+  const re = /(\/v1\/\w+) 200 ([0-9.]+) ms \(before the engine ([0-9.]+) ms, engine ([0-9.]+) ms: (\d+) steps ran its rows, (\d+) ran others' only; (\d+) tokens computed, (\d+) reused\)/g;
+  const lines = [...log.matchAll(re)];
+  C.ok(lines.length >= 4, `${what}: a log line per request with its time split`, log.slice(-600));
+  const bad = lines.filter((m) => !((Number(m[7]) === 0 || Number(m[5]) >= 1) &&
+    Number(m[3]) + Number(m[4]) <= Number(m[2]) + 0.05 && Number(m[7]) + Number(m[8]) > 0));
+  C.eq(bad.map((m) => m[0]), [], `${what}: tokens computed in a step, the parts within the total, tokens counted`);
+  C.ok(lines.some((m) => Number(m[7]) > 0), `${what}: some request computed tokens`, lines.length);
 }
 
 // Long rows no cache holds: a request that keeps the engine busy for seconds.
@@ -1033,7 +1047,7 @@ async function main() {
     const R1 = await L.startServer(SQUAD, M, ['--max-rows', '1', '--precision', 'exact', '--memo-mb', '0', '--threads', '1']);
     servers.push(R1);
     const R4 = await L.startServer(SQUAD, M, ['--max-rows', '4', '--precision', 'exact', '--memo-mb', '0', '--threads', '1',
-      '--timeout', String(BT)]);
+      '--timeout', String(BT), '--log-requests']);
     servers.push(R4);
     const breqs = batchRequests(model);
     const bwant = await phaseBatchEqual(R1, R4, breqs);

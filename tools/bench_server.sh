@@ -114,16 +114,24 @@ RESULT="$(mktemp)"
 trap 'stop_server; rm -f "$LOG" "$RESULT"' EXIT
 # One run: a fresh server with the mode's options, the trace, its batching figures.
 batch_run() { # batch_run batched|one HEADER(1: print the table's head)
-  if [ "$1" = batched ]; then start_server "${BATCHED_ARGS[@]}"; label=batched
-  else start_server --max-rows 1; label="one at a time"; fi
+  if [ "$1" = batched ]; then start_server --log-requests "${BATCHED_ARGS[@]}"; label=batched
+  else start_server --log-requests --max-rows 1; label="one at a time"; fi
   if [ -n "$WARMUP_TRACE" ]; then
     "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$WARMUP_TRACE" --concurrency "$BATCH_LEVEL" >/dev/null
   fi
   G0=$(graphs_now)
+  L0=$(wc -l < "$LOG")
   if [ "$2" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label"
   else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label" | tail -n +3; fi |
     tee -a "$RESULT"
   if [ "$1" = batched ]; then ABOUT_BATCHED=$(batching_of "$G0"); else ABOUT_ONE=$(batching_of "$G0"); fi
+  # the measured trace's slowest requests as the server logged them (where their time went), to stderr
+  tail -n +"$((L0 + 1))" "$LOG" | python3 -c '
+import re, sys
+rows = [(float(m.group(1)), l.strip()) for l in sys.stdin for m in [re.search(r"/v1/score \d+ ([0-9.]+) ms", l)] if m]
+rows.sort(reverse=True)
+print("slowest requests (%s, of %d):" % (sys.argv[1], len(rows)), file=sys.stderr)
+for _, l in rows[:5]: print("  " + l, file=sys.stderr)' "$label"
   stop_server
 }
 for round in $(seq 1 "$BATCH_ROUNDS"); do

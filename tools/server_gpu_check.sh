@@ -77,7 +77,7 @@ trap - EXIT
 python3 - "$OUT/client_times.txt" "$LOG" <<'EOF'
 import re, statistics, sys
 client = [float(l.split()[1]) * 1000 for l in open(sys.argv[1]) if l.startswith("200 ")]
-rows = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(r"/v1/decisions 200 ([0-9.]+) ms \(engine ([0-9.]+) ms\)", open(sys.argv[2]).read())]
+rows = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(r"/v1/decisions 200 ([0-9.]+) ms \(before the engine [0-9.]+ ms, engine ([0-9.]+) ms", open(sys.argv[2]).read())]
 hits = rows[1:]
 srv, eng = statistics.median(t for t, _ in hits), statistics.median(e for _, e in hits)
 cl = statistics.median(client)

@@ -369,16 +369,21 @@ static void step(srv_sched *s) {
     if (rc < 0) sched_log(s, "engine step failed (its rows failed with it): %s", err.msg);
     int rows = 0;
     uint64_t tokens = 0;
-    for (srv_job *j = s->running; j; j = j->next)
+    for (srv_job *j = s->running; j; j = j->next) {
+        int ran = 0;
         for (int i = 0; i < j->next_row; i++) {
             srv_row_run *rr = &j->run[i];
             const int now = j->results[i].computed;
             if (now > rr->computed_seen) {
                 rows++;
+                ran = 1;
                 tokens += (uint64_t)(now - rr->computed_seen);
             }
             rr->computed_seen = now;
         }
+        if (ran) j->steps_ran++;
+        else if (j->outstanding > 0) j->steps_waited++;
+    }
     count_step(s, rows, tokens);
     publish_engine_stats(s);
 }

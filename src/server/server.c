@@ -18,6 +18,7 @@
 #include "json_text.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1053,10 +1054,22 @@ void srv_req_end(srv_req *r, int delivered) {
     if (r->status) srv_metrics_request(&srv->metrics, r->ep, r->status, dt);
     if (srv->opts.log_requests || r->status >= 500)
     {
-        /* the engine's share: the time the scheduler spent running this request's rows */
-        const double engine_ms = r->job.t_end > r->job.t_start && r->job.t_start > 0 ? (r->job.t_end - r->job.t_start) * 1000.0 : 0.0;
-        srv_log(srv, "%s %d %.2f ms (engine %.2f ms)%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, engine_ms,
-                r->memo_hit ? " memo" : "");
+        /* the engine's share: from the scheduler taking the request to its rows' end, in steps that
+         * ran its tokens and steps that ran others' only; before it, parsing and the queue */
+        const int ran = r->job.t_start > 0;
+        const double engine_ms = ran && r->job.t_end > r->job.t_start ? (r->job.t_end - r->job.t_start) * 1000.0 : 0.0;
+        const double before_ms = ran ? (r->job.t_start - r->t0) * 1000.0 : 0.0;
+        uint64_t computed = 0, reused = 0;
+        for (int i = 0; ran && r->job.results && i < r->job.n_rows; i++) {
+            computed += (uint64_t)r->job.results[i].computed;
+            reused += (uint64_t)r->job.results[i].reused;
+        }
+        if (!ran) /* answered without the engine (the request memo, stats, an error) */
+            srv_log(srv, "%s %d %.2f ms%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, r->memo_hit ? " memo" : "");
+        else
+            srv_log(srv, "%s %d %.2f ms (before the engine %.2f ms, engine %.2f ms: %d steps ran its rows, %d ran"
+                    " others' only; %" PRIu64 " tokens computed, %" PRIu64 " reused)", SRV_EP_PATH[r->ep], r->status,
+                    dt * 1000.0, before_ms, engine_ms, r->job.steps_ran, r->job.steps_waited, computed, reused);
     }
     free(r->body);
     free(r->resp);
