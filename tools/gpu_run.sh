@@ -8,6 +8,8 @@
 #   tools/gpu_run.sh --prepare-fla GITDIR   HERE: .fla/ for the hf_fla step (below).
 #   tools/gpu_run.sh OUTDIR        THERE (the run tool, carry [".carry"]): runs everything below and
 #                                  writes at most 8 logs into OUTDIR.
+# The run tool brings back at most 8 files from its $OUT: with more steps, or several OUTDIRs in one
+# call, set PACK_LOGS=1 (each OUTDIR comes back as one OUTDIR.tgz).
 # GPU_CARRY=.carry-NAME (both sides) keeps a second carried build beside .carry (a branch's, say), so
 # one call can run two builds. --prepare packs the folder's binaries, libraries and tokenizer into
 # one xz archive, unpacked there before the steps: the binaries share their CUDA code (an sm_90a
@@ -306,4 +308,10 @@ if has racecheck; then
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
 fi
 log "done"
+# The run tool brings back at most 8 files from $OUT: PACK_LOGS=1 leaves one archive, OUTDIR.tgz,
+# in place of the folder (the summary is printed first, so the call's output still shows it).
+if [ "${PACK_LOGS:-0}" = 1 ]; then
+    cat "$SUM"
+    tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "$OUT"
+fi
 exit 0
