@@ -17,7 +17,8 @@
  *     plan's next bound while in the prefix, so that every chunk end lands on a bound; the row's end
  *     after it), at most the longest chunk (max_chunk, or batch_tokens when smaller). The step's
  *     token budget (batch_tokens) goes first, whole, to rows that got less than their whole want
- *     SCHED_STARVE_STEPS steps in a row, then to the shortest wants (the hits' questions), whole;
+ *     SCHED_STARVE_STEPS steps in a row (oldest first: shortest-first among them would let a long
+ *     row wait behind ever newer shorter ones), then to the shortest wants (the hits' questions), whole;
  *     the rows left over are *cut* to what remains of the budget, rounded down to SCHED_CUT_ALIGN
  *     tokens, oldest first. So a long cold row never holds the short rows riding with it for more
  *     than one chunk: it takes what the short ones leave; and a steady flow of short rows never
@@ -364,10 +365,12 @@ int squad_sched_want(const squad_engine *e, const squad_sched_row *r) {
     return min_int(chunk_target(r) - r->pos, chunk_cap(e));
 }
 
-/* Orders candidates: starved rows first, then the shortest wants, then the oldest. */
+/* Orders candidates: starved rows first, oldest first among them; then the shortest wants, then the
+ * oldest. */
 static int before(const squad_sched_row *a, int wa, const squad_sched_row *b, int wb) {
     const int sa = a->shorted >= SCHED_STARVE_STEPS, sb = b->shorted >= SCHED_STARVE_STEPS;
     if (sa != sb) return sa;
+    if (sa) return a->order < b->order; /* starved rows in the order they came: none waits on ever-shorter ones */
     if (wa != wb) return wa < wb;
     return a->order < b->order;
 }

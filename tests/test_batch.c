@@ -395,6 +395,60 @@ static void check_cut_row_keeps_pace(void) {
     squad_engine_free(e);
 }
 
+/* Two rows starved by a flow of hits: the older goes first, whatever their wants. An older cold
+ * row of 1,500 tokens (want 256: its chunks end far away) and a younger one of 100 (want 100) get
+ * nothing while five 48-token hits a step take 240 of the 256 tokens; once both are starved, the
+ * older runs its whole want and the younger waits (shortest-first would run the younger first, and
+ * a long row could wait behind a stream of shorter starved rows). */
+static void check_starved_in_order(void) {
+    enum { BUDGET = 256, Q = 48, PER_STEP = 5, MAX_HITS = 40 };
+    static trow old_row, young, warm, hits[MAX_HITS];
+    static int32_t state[640], fresh[1500], fresh2[100];
+    g_rng = 999;
+    fill_random(state, 640, 0, g_V - 1);
+    fill_random(fresh, 1500, 0, g_V - 1);
+    fill_random(fresh2, 100, 0, g_V - 1);
+    make_row(&old_row, fresh, 1500, 1500, 20, 1);
+    make_row(&young, fresh2, 80, -1, 20, 1);
+    make_row(&warm, state, 640, 640, 10, 1);
+    for (int i = 0; i < MAX_HITS; i++) make_row(&hits[i], state, 640, 640, Q, 1);
+    g_stride = 4096;
+    squad_engine *e = engine_new(g_m, 16, BUDGET, (size_t)64 << 20, NULL);
+    g_stride = 256;
+    if (!e) return;
+    squad_err err = {0};
+    static squad_result wr, orr, yr, hr[MAX_HITS];
+    static ended oe, ye, he[MAX_HITS];
+    CHECK(squad_engine_score(e, &warm.row, &wr, &err) == 0);
+    int sent = 0;
+    for (int k = 0; k < PER_STEP; k++, sent++) /* the hits of the first step come first */
+        CHECK(squad_engine_submit(e, &hits[sent].row, NULL, &hr[sent], on_done, &he[sent], &err) == 0);
+    CHECK(squad_engine_submit(e, &old_row.row, NULL, &orr, on_done, &oe, &err) == 0);
+    CHECK(squad_engine_submit(e, &young.row, NULL, &yr, on_done, &ye, &err) == 0);
+    int checked = 0;
+    for (int step = 0; step < 8 && sent + PER_STEP <= MAX_HITS; step++) {
+        const squad_sched_row *o = in_flight_row(e, &orr), *y = in_flight_row(e, &yr); /* joined at a step */
+        const int both_starved = o && y && o->shorted >= SCHED_STARVE_STEPS && y->shorted >= SCHED_STARVE_STEPS;
+        const int o_want = o ? squad_sched_want(e, o) : 0, o_pos = o ? o->pos : 0, y_pos = y ? y->pos : 0;
+        CHECK(squad_engine_step(e, &err) >= 0);
+        if (both_starved && !checked) { /* the rows again: one that ran to its end has left */
+            o = in_flight_row(e, &orr);
+            y = in_flight_row(e, &yr);
+            const int o_ran = o ? o->pos - o_pos : old_row.row.n_ids - o_pos, y_ran = y ? y->pos - y_pos : -1;
+            CHECKF(o_ran == o_want, "the older starved row ran %d of its %d", o_ran, o_want);
+            CHECKF(y_ran == 0, "the younger starved row ran before the older (%d; -1: to its end)", y_ran);
+            checked = 1;
+        }
+        for (int k = 0; k < PER_STEP; k++, sent++)
+            CHECK(squad_engine_submit(e, &hits[sent].row, NULL, &hr[sent], on_done, &he[sent], &err) == 0);
+    }
+    CHECKF(checked, "both rows were starved at once (%d)", checked);
+    while (squad_engine_pending(e) > 0) CHECK(squad_engine_step(e, &err) >= 0);
+    CHECK(oe.calls == 1 && oe.rc == 0 && ye.calls == 1 && ye.rc == 0);
+    for (int i = 0; i < sent; i++) CHECK(he[i].calls == 1 && he[i].rc == 0);
+    squad_engine_free(e);
+}
+
 /* ---- a new state shared by rows in flight: computed once ------------------------------------- */
 
 static void check_shared_prefix_once(void) {
@@ -693,6 +747,7 @@ int main(void) {
     check_shared_restore();
     check_long_row_cut();
     check_cut_row_keeps_pace();
+    check_starved_in_order();
     check_shared_prefix_once();
     check_failures();
     check_specialists();
