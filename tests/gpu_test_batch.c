@@ -61,16 +61,7 @@ static const char *PREC_NAME[2] = {"exact", "bf16"};
 
 typedef float probs_t[SQUAD_MAX_LETTERS];
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-static uint32_t rnd(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return (uint32_t)(r->s >> 11);
-}
-static int rnd_int(rng *r, int n) { return (int)(rnd(r) % (uint32_t)n); }
+static int rnd_int(rng *r, int n) { return (int)(rng_u32(r) % (uint32_t)n); }
 
 enum { ROW_COLD, ROW_HIT, ROW_CONT };
 
@@ -356,7 +347,7 @@ static void free_outs(rowout *o, int n) {
 /* ---- the mixers alone: a batch of rows in one launch ---- */
 
 static double gauss(rng *g) {
-    const double u = (rnd(g) + 0.5) / 4294967296.0, v = (rnd(g) + 0.5) / 4294967296.0;
+    const double u = (rng_u32(g) + 0.5) / 4294967296.0, v = (rng_u32(g) + 0.5) / 4294967296.0;
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 static float *randn(rng *g, size_t n, double sd, int round_bf16) {
@@ -404,7 +395,7 @@ static void test_gdn_rows(rng *g, int nk, int nv, int dk, int dv, int bucket, co
     const size_t nS = (size_t)nv * dk * dv, nY = (size_t)bucket * nv * dv, nC = (size_t)(K - 1) * C;
     float *conv_w = randn(g, (size_t)C * K, 0.5, 0), *dt = randn(g, nv, 0.5, 0);
     float *A_log = malloc(sizeof(float) * nv), *nw = malloc(sizeof(float) * dv);
-    for (int h = 0; h < nv; h++) A_log[h] = (float)log(0.02 * pow(400.0, (rnd(g) + 0.5) / 4294967296.0));
+    for (int h = 0; h < nv; h++) A_log[h] = (float)log(0.02 * pow(400.0, (rng_u32(g) + 0.5) / 4294967296.0));
     for (int j = 0; j < dv; j++) nw[j] = (float)(1.0 + 0.2 * gauss(g));
     cu_ref_gdn_args A[MIX_ROWS], B[MIX_ROWS], R[MIX_ROWS];
     for (int r = 0; r < n; r++) {

@@ -50,18 +50,7 @@ static const shape SHAPES[] = {
 static const int MS[] = {1, 7, 32, 100, 128, 256, 512};
 static const int MS_QUICK[] = {7, 100};
 
-/* ---- random inputs (xorshift, Box-Muller), rounded to bf16 ---- */
-typedef struct rng {
-    uint64_t s;
-} rng;
-static uint32_t rng_u32(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return (uint32_t)(r->s >> 11);
-}
-static double rng_unif(rng *r) { return (rng_u32(r) + 0.5) / 4294967296.0; }
-static double rng_norm(rng *r) { return sqrt(-2.0 * log(rng_unif(r))) * cos(6.283185307179586 * rng_unif(r)); }
+/* ---- random inputs (testutil.h's stream), rounded to bf16 ---- */
 static float *randn_bf16(rng *r, size_t n, double sd) {
     float *p = malloc(n * sizeof *p);
     if (!p) abort();

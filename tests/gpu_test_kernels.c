@@ -25,18 +25,7 @@
 #ifdef SQUAD_HAVE_CUDA
 #include "cuda/cuda_test_api.h"
 
-/* ---- random inputs ---- */
-typedef struct rng {
-    uint64_t s;
-} rng;
-static uint32_t rng_u32(rng *r) {
-    r->s ^= r->s << 13;
-    r->s ^= r->s >> 7;
-    r->s ^= r->s << 17;
-    return (uint32_t)(r->s >> 11);
-}
-static double rng_unif(rng *r) { return (rng_u32(r) + 0.5) / 4294967296.0; } /* (0, 1) */
-static double rng_norm(rng *r) { return sqrt(-2.0 * log(rng_unif(r))) * cos(6.283185307179586 * rng_unif(r)); }
+/* ---- random inputs (testutil.h's stream) ---- */
 static float bf(float x) { return squad_bf16_to_f32(squad_f32_to_bf16(x)); }
 static float *randn(rng *r, size_t n, double sd, int round_bf16) {
     float *p = malloc(n * sizeof *p);

@@ -228,7 +228,7 @@ static void test_backend(squad_precision prec) {
              * wider (a column range per slot), so their algorithms and sums may differ in the last
              * bits (bf16: its rounding of the GEMM outputs) */
             if (slots == 0)
-                CHECKF(max_diff(first[r], got, row->nopts, 2) <= (exact ? 1e-5 : TOL_CUDA_BF16_CACHED),
+                CHECKF(max_diff(first[r], got, row->nopts, 2) <= (exact ? TOL_CUDA_EXACT_GEMM_SHAPE : TOL_CUDA_BF16_CACHED),
                        "[%s] route %d: slots change the answer", PREC_NAME[!exact], r);
         }
         squad_cuda_info info;

@@ -2,11 +2,13 @@
  * testutil.h — the tiny test harness every tests/test_*.c uses: CHECK macros that count
  * failures, and a summary line "N passed, N failed" that CTest logs show. Zero checks is a failure.
  * Tests that need a GPU and find none return TEST_SKIPPED (CTest's SKIP_RETURN_CODE) instead.
+ * Also what several tests share: a seeded input stream and a synthesized model.
  */
 #ifndef SQUAD_TESTUTIL_H
 #define SQUAD_TESTUTIL_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 
 extern int test_passed, test_failed;
@@ -48,6 +50,22 @@ char **test_read_lines(const char *path, int *n);
 void test_free_lines(char **lines, int n);
 /* A fresh temporary directory (mkdtemp under /tmp); the caller may leave it. */
 const char *test_tmpdir(void);
+
+/* A seeded xorshift64 stream for test inputs: 32-bit draws, uniform in (0, 1), normal
+ * (Box-Muller). Seed s with a non-zero value. */
+typedef struct rng {
+    uint64_t s;
+} rng;
+static inline uint32_t rng_u32(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 11);
+}
+static inline double rng_unif(rng *r) { return (rng_u32(r) + 0.5) / 4294967296.0; }
+static inline double rng_norm(rng *r) {
+    return sqrt(-2.0 * log(rng_unif(r))) * cos(6.283185307179586 * rng_unif(r));
+}
 
 /* A synthesized preset written to test_tmpdir()/PRESET and loaded; NULL (a failed check) when
  * either step fails. */

@@ -45,6 +45,8 @@
 #define TOL_CUDA_EXACT_CPU 1e-4      /* against the CPU backend on the tiny-hd256 preset (~2e-6 seen) */
 #define TOL_CUDA_EXACT_CHUNKED 0.01  /* chunked continuation against one pass */
 #define TOL_CUDA_EXACT_CACHED 0.01   /* cached against uncached; a saved and restored state against one pass */
+#define TOL_CUDA_EXACT_GEMM_SHAPE 1e-5 /* the same row through GEMMs of another K (the specialists' inputs
+                                        * widened by the resident slots): the sums' order only */
 /* Against the fp32 references (transformers, the CPU exact backend): a gross-error bound only. */
 #define TOL_CUDA_BF16_REF 0.25
 /* CUDA bf16 against the CPU backend (bf16) on random batches of long rows (gpu_test_batch): both
