@@ -513,4 +513,9 @@ int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int
 /* The parameters' host-to-device copy forward makes before each replay (timed with it). */
 int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err);
 
+/* Test support (cuda_test_api.cu, linked into the tests and benchmarks only): the GEMM timings'
+ * operands, W (every rotated weight copy) and X, filled with hashed uniform values on st (no zeros
+ * to time on; the same values for the same sizes). */
+int cu_test_fill_gemm_operands(bf16 *W, size_t w_elems, bf16 *X, size_t x_elems, cudaStream_t st, squad_err *err);
+
 #endif

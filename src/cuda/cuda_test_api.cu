@@ -186,7 +186,8 @@ extern "C" int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err) {
     return rc;
 }
 
-static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
+/* The attention dimensions a test case describes (its K / V in one [pos][nkv][hd] block). */
+static cu_attn_dims attn_dims_of(const cu_ref_attn_args *a) {
     cu_attn_dims d;
     memset(&d, 0, sizeof d);
     d.nh = a->nh;
@@ -198,6 +199,11 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     d.max_context = a->max_context;
     d.kv_stride = (size_t)a->nkv * a->hd;
     d.f32 = a->exact != 0;
+    return d;
+}
+
+static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
+    cu_attn_dims d = attn_dims_of(a);
     const int ex = d.f32;
     const size_t es = ex ? 4 : 2;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
@@ -420,7 +426,7 @@ extern "C" int squad_cuda_test_gemm(const float *X, const float *W, float *Y, in
 }
 
 /* uniform values in [-scale, scale) from a hash of the index: no zeros to time on */
-__global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed, float scale) {
+static __global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed, float scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15;
@@ -428,6 +434,14 @@ __global__ void test_fill_bf16(bf16 *p, size_t n, uint32_t seed, float scale) {
         h ^= h >> 13;
         p[i] = __float2bfloat16(scale * ((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
     }
+}
+
+int cu_test_fill_gemm_operands(bf16 *W, size_t w_elems, bf16 *X, size_t x_elems, cudaStream_t st, squad_err *err) {
+    test_fill_bf16<<<1024, 256, 0, st>>>(W, w_elems, 0x1234u, 0.05f);
+    CU_LAUNCH_CHECK("test_fill_bf16");
+    test_fill_bf16<<<256, 256, 0, st>>>(X, x_elems, 0x9876u, 1.0f);
+    CU_LAUNCH_CHECK("test_fill_bf16");
+    return 0;
 }
 
 #define BENCH_ROTATE_BYTES (256u << 20) /* W copies cycled through: several times the 50 MB L2 */
@@ -488,10 +502,8 @@ static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, i
     if ((rc = talloc(b, &dX, (size_t)M * K * 2, err))) return rc;
     if ((rc = talloc(b, &dY, (size_t)M * N * (acc ? 4 : 2), err))) return rc;
     CU_TRY(cudaDeviceSynchronize()); /* talloc's memsets run on the legacy stream, st does not wait for it */
-    test_fill_bf16<<<1024, 256, 0, st>>>((bf16 *)dW, w_stride * n_rot, 0x1234u, 0.05f);
-    CU_LAUNCH_CHECK("test_fill_bf16");
-    test_fill_bf16<<<256, 256, 0, st>>>((bf16 *)dX, (size_t)M * K, 0x9876u, 1.0f);
-    CU_LAUNCH_CHECK("test_fill_bf16");
+    if ((rc = cu_test_fill_gemm_operands((bf16 *)dW, w_stride * n_rot, (bf16 *)dX, (size_t)M * K, st, err)))
+        return rc;
     /* cuBLASLt: plan and tune outside the capture, as the backend does */
     g->tune = 1;
     rc = cu_gemm(g, dW, dX, dY, M, N, K, acc, 0, st, err);
@@ -750,17 +762,7 @@ extern "C" int squad_cuda_test_gdn_batch(const cu_ref_gdn_args *rows, int n, int
 static int test_attn_batch(tbufs *b, const cu_ref_attn_args *rows, int n, int nrows, int *padding_zero,
                            squad_err *err) {
     const cu_ref_attn_args *a = &rows[0];
-    cu_attn_dims d;
-    memset(&d, 0, sizeof d);
-    d.nh = a->nh;
-    d.nkv = a->nkv;
-    d.hd = a->hd;
-    d.rd = a->rd;
-    d.ldQKV = a->ld;
-    d.eps = a->eps;
-    d.max_context = a->max_context;
-    d.kv_stride = (size_t)a->nkv * a->hd;
-    d.f32 = a->exact != 0;
+    cu_attn_dims d = attn_dims_of(a);
     const int ex = d.f32, bucket = a->rows;
     const size_t es = ex ? 4 : 2, tokens = (size_t)nrows * bucket;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");

@@ -170,17 +170,6 @@ extern "C" int squad_gemm_test_run(squad_gemm_test *t, const float *X, const flo
 
 /* ---- timing ---- */
 
-/* uniform values in [-scale, scale) from a hash of the index: no zeros to time on */
-__global__ void gt_fill_bf16(bf16 *p, size_t n, uint32_t seed, float scale) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = __float2bfloat16(scale * ((float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f));
-    }
-}
-
 static int call(squad_gemm_test *t, int what, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M,
                 int N, int K, int acc, squad_err *err) {
     if (what == SQUAD_GEMM_TIME_SM90) return cu_sm90_gemm(&t->lt, c, W, X, Y, M, N, K, acc, t->st, err);
@@ -238,10 +227,8 @@ static int time_once(squad_gemm_test *t, gt_bufs *b, int what, int M, int N, int
     if ((rc = gt_alloc(b, &dX, (size_t)M * K * sizeof(bf16), err))) return rc;
     if ((rc = gt_alloc(b, &dY, (size_t)M * N * (acc ? sizeof(float) : sizeof(bf16)), err))) return rc;
     CU_TRY(cudaMemsetAsync(dY, 0, (size_t)M * N * (acc ? sizeof(float) : sizeof(bf16)), t->st));
-    gt_fill_bf16<<<1024, 256, 0, t->st>>>((bf16 *)dW, w_stride * n_rot, 0x1234u, 0.05f);
-    CU_LAUNCH_CHECK("gt_fill_bf16");
-    gt_fill_bf16<<<256, 256, 0, t->st>>>((bf16 *)dX, (size_t)M * K, 0x9876u, 1.0f);
-    CU_LAUNCH_CHECK("gt_fill_bf16");
+    if ((rc = cu_test_fill_gemm_operands((bf16 *)dW, w_stride * n_rot, (bf16 *)dX, (size_t)M * K, t->st, err)))
+        return rc;
     cu_sm90_cfg c = {0, 0, 0};
     if (what == SQUAD_GEMM_TIME_SM90) {
         if (!cfg) return cu_err(err, SQUAD_E_INVALID, "GEMM timing: no configuration");
