@@ -182,6 +182,21 @@ static int build_prefix(const squad_model *m, squad_precision prec, const squad_
     return rc;
 }
 
+/* [0, n) of ids on slot seq of be (reset by the caller), in chunks of at most max_chunk. */
+static int run_prefix(squad_backend *be, int seq, const int32_t *ids, int n, squad_err *err) {
+    int rc = 0;
+    for (int s = 0; !rc && s < n; s += be->max_chunk) {
+        squad_chunk ck;
+        memset(&ck, 0, sizeof ck);
+        ck.ids = ids + s;
+        ck.seq = seq;
+        ck.start = s;
+        ck.len = n - s < be->max_chunk ? n - s : be->max_chunk;
+        rc = squad_backend_forward1(be, &ck, NULL, err);
+    }
+    return rc;
+}
+
 /* Restores a builder state into a slot: load_gdn, then load_kv reading the blob in place. */
 static int restore(squad_backend *be, int seq, const state *s) {
     squad_err err = {0};
@@ -407,14 +422,7 @@ static void slot_memory(const squad_model *m) {
     for (int i = 0; i < state_len + q; i++) ids[i] = rnd(V);
     /* a 1000-token state, computed on slot 0 in chunks */
     int rc = be->reset(be, 0, &err);
-    for (int s = 0; !rc && s < state_len; s += be->max_chunk) {
-        squad_chunk ck;
-        memset(&ck, 0, sizeof ck);
-        ck.ids = ids + s;
-        ck.start = s;
-        ck.len = state_len - s < be->max_chunk ? state_len - s : be->max_chunk;
-        rc = squad_backend_forward1(be, &ck, NULL, &err);
-    }
+    if (!rc) rc = run_prefix(be, 0, ids, state_len, &err);
     CHECKF(rc == 0, "%s", err.msg);
     const int held = be->kv_positions;
     CHECKF(held >= state_len && held < 2 * state_len, "one 1000-token row holds %d positions", held);
@@ -684,14 +692,7 @@ static int bench_main(int argc, char **argv) {
     for (int i = 0; i < state_len + 8 * q; i++) ids[i] = rnd(V);
     int rc = be->reset(be, 0, &err);
     const double t0 = wall_now();
-    for (int s = 0; !rc && s < state_len; s += be->max_chunk) {
-        squad_chunk ck;
-        memset(&ck, 0, sizeof ck);
-        ck.ids = ids + s;
-        ck.start = s;
-        ck.len = state_len - s < be->max_chunk ? state_len - s : be->max_chunk;
-        rc = squad_backend_forward1(be, &ck, NULL, &err);
-    }
+    if (!rc) rc = run_prefix(be, 0, ids, state_len, &err);
     state st = {0};
     if (rc || state_save(be, 0, state_len, &st)) {
         fprintf(stderr, "state: %s\n", err.msg);
