@@ -117,6 +117,10 @@ struct squad_backend {
      * backend whose checkpoints live in host memory (the CPU). */
     int (*memory_free)(squad_backend *be, size_t *free_bytes, squad_err *err);
 
+    /* What the device has done that an operator may want to see (squad_engine_device_stats): graphs
+     * captured and the seconds spent capturing them; NULL for a backend without graphs (the CPU). */
+    void (*graph_stats)(const squad_backend *be, int *graphs, double *capture_s);
+
     void (*destroy)(squad_backend *be);
     void *impl; /* the backend's own state */
 };

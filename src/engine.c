@@ -19,9 +19,6 @@
 #include <string.h>
 
 #include "cache.h"
-#ifdef SQUAD_HAVE_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 #include "memo.h"
 #include "model.h"
 #include "specialists.h"
@@ -306,15 +303,7 @@ void squad_engine_batching(const squad_engine *e, int *max_rows, int *batch_toke
 
 void squad_engine_device_stats(const squad_engine *e, squad_device_stats *out) {
     memset(out, 0, sizeof *out);
-#ifdef SQUAD_HAVE_CUDA
-    squad_cuda_info info;
-    if (!strcmp(e->be->name, "cuda") && squad_cuda_backend_info(e->be, &info) == 0) {
-        out->graphs = info.graphs;
-        out->capture_s = info.capture_s;
-    }
-#else
-    (void)e;
-#endif
+    if (e->be->graph_stats) e->be->graph_stats(e->be, &out->graphs, &out->capture_s);
 }
 
 /* How one row of a caller waiting for it ended. */

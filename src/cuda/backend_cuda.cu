@@ -1339,6 +1339,13 @@ static int be_memory_free(squad_backend *be, size_t *free_bytes, squad_err *err)
     return 0;
 }
 
+/* The chunk graphs captured so far and the seconds spent capturing them. */
+static void be_graph_stats(const squad_backend *be, int *graphs, double *capture_s) {
+    const cu_be *cb = (const cu_be *)be->impl;
+    *graphs = cb->n_graphs;
+    *capture_s = cb->capture_s;
+}
+
 extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *out, squad_err *err) {
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
         return cu_err(err, SQUAD_E_INVALID, "not a CUDA backend");
@@ -1691,6 +1698,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->load_kv = be_load_kv;
     be->forward = be_forward;
     be->memory_free = be_memory_free;
+    be->graph_stats = be_graph_stats;
     be->destroy = be_destroy;
     if (build(cb, model, opts, max_context, err)) {
         be_destroy(be);
