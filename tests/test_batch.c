@@ -75,11 +75,9 @@ static void make_row(trow *t, const int32_t *prefix, int plen, int state_len, in
 
 /* ---- engines --------------------------------------------------------------------------------- */
 
-/* The cache's stride of the engines engine_new makes (the checkpoints inside a long prefix). */
-static int g_stride = 256;
-
-static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_tokens, size_t budget,
-                                const squad_specialists *sp) {
+/* An engine on the CPU in exact arithmetic; stride: the cache's checkpoints inside a long prefix. */
+static squad_engine *engine_new_stride(const squad_model *m, int max_rows, int batch_tokens, size_t budget,
+                                       const squad_specialists *sp, int stride) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
     o.device = SQUAD_DEVICE_CPU;
@@ -88,7 +86,7 @@ static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_to
     o.cache.budget_bytes = budget;
     o.cache.align = 64;
     o.cache.tail = 16;
-    o.cache.stride = g_stride;
+    o.cache.stride = stride;
     o.cache.min_prefix = 128;
     o.max_rows = max_rows;
     o.batch_tokens = batch_tokens;
@@ -97,6 +95,11 @@ static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_to
     squad_engine *e = squad_engine_new((squad_model *)m, &o, &err);
     CHECKF(e != NULL, "engine: %s", err.msg);
     return e;
+}
+
+static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_tokens, size_t budget,
+                                const squad_specialists *sp) {
+    return engine_new_stride(m, max_rows, batch_tokens, budget, sp, 256);
 }
 
 static double answer_diff(const squad_row *row, const squad_result *a, const squad_result *b) {
@@ -342,9 +345,8 @@ static void check_cut_row_keeps_pace(void) {
     make_row(&cold, fresh, COLD, COLD, 20, 1);
     make_row(&warm, state, 640, 640, 10, 1);
     for (int i = 0; i < MAX_HITS; i++) make_row(&hits[i], state, 640, 640, Q, 1);
-    g_stride = 4096; /* no checkpoint inside the cold row's prefix but near its end: long wants */
-    squad_engine *e = engine_new(g_m, 16, BUDGET, (size_t)64 << 20, NULL);
-    g_stride = 256;
+    /* stride 4096: no checkpoint inside the cold row's prefix but near its end: long wants */
+    squad_engine *e = engine_new_stride(g_m, 16, BUDGET, (size_t)64 << 20, NULL, 4096);
     if (!e) return;
     squad_err err = {0};
     static squad_result wr, cr, hr[MAX_HITS];
@@ -412,9 +414,7 @@ static void check_starved_in_order(void) {
     make_row(&young, fresh2, 80, -1, 20, 1);
     make_row(&warm, state, 640, 640, 10, 1);
     for (int i = 0; i < MAX_HITS; i++) make_row(&hits[i], state, 640, 640, Q, 1);
-    g_stride = 4096;
-    squad_engine *e = engine_new(g_m, 16, BUDGET, (size_t)64 << 20, NULL);
-    g_stride = 256;
+    squad_engine *e = engine_new_stride(g_m, 16, BUDGET, (size_t)64 << 20, NULL, 4096);
     if (!e) return;
     squad_err err = {0};
     static squad_result wr, orr, yr, hr[MAX_HITS];
