@@ -305,8 +305,10 @@ class ChunkRunner:
     def run(self, ids, s, e):
         """Chunk [s, e) of the row's ids from the working state: the letters' logits of its tokens [e - s, 4]."""
         Lb = bucket(e - s, CHUNKS)
-        P = bucket(s + Lb, SPANS)
-        gi, out, g = self.graph(P, Lb)
+        P = bucket(s + Lb, SPANS) if Lb else None
+        if (P, Lb) not in self.graphs:  # a capture now would run over the working state mid-row
+            raise RuntimeError(f"chunk [{s}, {e}): no precaptured graph (the buckets end at span {SPANS[-1]})")
+        gi, out, g = self.graphs[(P, Lb)]
         gi.zero_()
         gi[: e - s].copy_(ids[s:e])
         self.Tc.fill_(s)
