@@ -125,13 +125,16 @@ batch_run() { # batch_run batched|one HEADER(1: print the table's head)
   else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$TRACE" --concurrency "$BATCH_LEVEL" --label "$label" | tail -n +3; fi |
     tee -a "$RESULT"
   if [ "$1" = batched ]; then ABOUT_BATCHED=$(batching_of "$G0"); else ABOUT_ONE=$(batching_of "$G0"); fi
-  # the measured trace's slowest requests as the server logged them (where their time went), to stderr
+  # the measured trace's slowest requests as the server logged them (where their time went) and the
+  # CUDA graphs captured during it (each with its step's time), to stderr
   tail -n +"$((L0 + 1))" "$LOG" | python3 -c '
 import re, sys
-rows = [(float(m.group(1)), l.strip()) for l in sys.stdin for m in [re.search(r"/v1/score \d+ ([0-9.]+) ms", l)] if m]
+lines = [l.strip() for l in sys.stdin]
+rows = [(float(m.group(1)), l) for l in lines for m in [re.search(r"/v1/score \d+ ([0-9.]+) ms", l)] if m]
 rows.sort(reverse=True)
 print("slowest requests (%s, of %d):" % (sys.argv[1], len(rows)), file=sys.stderr)
-for _, l in rows[:5]: print("  " + l, file=sys.stderr)' "$label"
+for _, l in rows[:5]: print("  " + l, file=sys.stderr)
+for l in [l for l in lines if "CUDA graph" in l]: print("  " + l, file=sys.stderr)' "$label"
   stop_server
 }
 for round in $(seq 1 "$BATCH_ROUNDS"); do

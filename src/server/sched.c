@@ -148,7 +148,9 @@ static int row_cancelled(void *ctx) {
     return job_should_stop(rr->job->sched, rr->job);
 }
 
-static void publish_engine_stats(srv_sched *s) {
+/* Publishes the engine's figures after a step (or a clear); step_s: how long that step took (0:
+ * not a step), named in the log line of the CUDA graphs it captured. */
+static void publish_engine_stats(srv_sched *s, double step_s) {
     squad_cache_stats st;
     squad_engine_cache_stats(s->engine, &st);
     uint64_t routes[SQUAD_MAX_ROUTES] = {0};
@@ -160,6 +162,7 @@ static void publish_engine_stats(srv_sched *s) {
     pthread_mutex_lock(&s->lock);
     uint64_t before = s->stats.cache.uncacheable;
     const int graphs_before = s->stats.device_stats.graphs;
+    const double capture_before = s->stats.device_stats.capture_s;
     s->stats.cache = st;
     s->stats.device_stats = dev;
     s->stats.n_routes = n_routes;
@@ -167,8 +170,9 @@ static void publish_engine_stats(srv_sched *s) {
     s->stats.rows_in_flight = s->in_flight;
     pthread_mutex_unlock(&s->lock);
     if (graphs_before > 0 && dev.graphs > graphs_before)
-        sched_log(s, "captured %d CUDA graph(s) for a new batch shape (%d in all, %.2f s capturing so far)",
-                  dev.graphs - graphs_before, dev.graphs, dev.capture_s);
+        sched_log(s, "captured %d CUDA graph(s) for a new batch shape in %.1f ms, a step of %.1f ms (%d in all, "
+                  "%.2f s capturing so far)", dev.graphs - graphs_before, (dev.capture_s - capture_before) * 1000.0,
+                  step_s * 1000.0, dev.graphs, dev.capture_s);
     if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
         sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
                   "are counted in squad_cache_uncacheable_total (raise --cache-mb to cache them)",
@@ -302,7 +306,7 @@ static void reap(srv_sched *s) {
 static void run_clear(srv_sched *s, srv_job *job) {
     job->t_start = squad_now_seconds();
     squad_engine_cache_clear(s->engine);
-    publish_engine_stats(s);
+    publish_engine_stats(s, 0.0);
     complete(s, job, SRV_JOB_OK);
 }
 
@@ -365,7 +369,9 @@ static void count_step(srv_sched *s, int rows, uint64_t tokens) {
  * reap hands any job back. */
 static void step(srv_sched *s) {
     squad_err err = {0};
+    const double t0 = squad_now_seconds();
     int rc = squad_engine_step(s->engine, &err);
+    const double step_s = squad_now_seconds() - t0;
     if (rc < 0) sched_log(s, "engine step failed (its rows failed with it): %s", err.msg);
     int rows = 0;
     uint64_t tokens = 0;
@@ -383,9 +389,10 @@ static void step(srv_sched *s) {
         }
         if (ran) j->steps_ran++;
         else if (j->outstanding > 0) j->steps_waited++;
+        if ((ran || j->outstanding > 0) && step_s > j->longest_step_s) j->longest_step_s = step_s;
     }
     count_step(s, rows, tokens);
-    publish_engine_stats(s);
+    publish_engine_stats(s, step_s);
 }
 
 /* The engine says it holds no row while jobs wait for rows it took: a broken promise of the engine,
@@ -456,7 +463,7 @@ static void *sched_main(void *arg) {
         fail_all(s);
         return NULL;
     }
-    publish_engine_stats(s);
+    publish_engine_stats(s, 0.0);
     sched_log(s, "engine ready on %s in %.1f s; state cache budget %.1f MB; batching: --max-rows %d, --batch-tokens %d "
               "(%d rows submitted at most)", squad_engine_device(e), squad_now_seconds() - t0,
               (double)s->stats.cache.budget_bytes / (1 << 20), s->max_rows, s->batch_tokens, s->room);

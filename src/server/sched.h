@@ -72,6 +72,8 @@ struct srv_job {
     int steps_ran;         /* engine steps that ran some of its rows' tokens */
     int steps_waited;      /* engine steps while its rows were in the engine that ran none of them
                             * (the budget went to others, or a row waited for another's checkpoint) */
+    double longest_step_s; /* the longest engine step while its rows were in the engine (a stall: a
+                            * graph captured, a long chunk of another row) */
     /* private: the scheduler's */
     srv_job *next;   /* in the queue, then in the list of jobs in the engine */
     int cancel_seen; /* why it must stop (an srv_job_status), 0 while it may go on */

@@ -1068,8 +1068,9 @@ void srv_req_end(srv_req *r, int delivered) {
             srv_log(srv, "%s %d %.2f ms%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, r->memo_hit ? " memo" : "");
         else
             srv_log(srv, "%s %d %.2f ms (before the engine %.2f ms, engine %.2f ms: %d steps ran its rows, %d ran"
-                    " others' only; %" PRIu64 " tokens computed, %" PRIu64 " reused)", SRV_EP_PATH[r->ep], r->status,
-                    dt * 1000.0, before_ms, engine_ms, r->job.steps_ran, r->job.steps_waited, computed, reused);
+                    " others' only, the longest %.2f ms; %" PRIu64 " tokens computed, %" PRIu64 " reused)",
+                    SRV_EP_PATH[r->ep], r->status, dt * 1000.0, before_ms, engine_ms, r->job.steps_ran,
+                    r->job.steps_waited, r->job.longest_step_s * 1000.0, computed, reused);
     }
     free(r->body);
     free(r->resp);
