@@ -51,6 +51,18 @@ __global__ void __launch_bounds__(NORM_THREADS) embed_rmsnorm_kernel(const bf16 
     for (int i = threadIdx.x; i < H; i += NORM_THREADS) cu_st(xr + i, hr[i] * r * (1.f + w[i]));
 }
 
+/* 1 / rms(hr[0 .. H)) with eps, over the block (scalar loads: the rows no vector path takes, and a
+ * letter slot's row). */
+__device__ static float rms_inv(const float *hr, int H, float eps, float *red) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+        const float v = hr[i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    return rsqrtf(ss / (float)H + eps);
+}
+
 /* Four outputs at once (p 8-byte aligned for bf16, 16 for fp32). */
 __device__ __forceinline__ void st4(bf16 *p, float a, float b, float c, float d) {
     uint2 v;
@@ -97,13 +109,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(const float *__re
         }
         return;
     }
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
-        float v = hr[i];
-        ss += v * v;
-    }
-    ss = block_sum(ss, red);
-    const float r = rsqrtf(ss / (float)H + eps);
+    const float r = rms_inv(hr, H, eps, red);
     for (int i = threadIdx.x; i < H; i += NORM_THREADS) cu_st(xr + i, hr[i] * r * (1.f + w[i]));
 }
 
@@ -145,13 +151,7 @@ __global__ void __launch_bounds__(NORM_THREADS) letter_probs_kernel(const float 
     /* a few blocks a row take its slots in turn (a hit has a handful; the grid serves any count) */
     for (int s = blockIdx.x; s < n_slots; s += gridDim.x) {
         const float *hr = h + ((size_t)row * b.bucket + prm->slots[s]) * H;
-        float ss = 0.f;
-        for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
-            float v = hr[i];
-            ss += v * v;
-        }
-        ss = block_sum(ss, red);
-        const float r = rsqrtf(ss / (float)H + eps);
+        const float r = rms_inv(hr, H, eps, red);
         for (int i = threadIdx.x; i < H; i += NORM_THREADS) xn[i] = hr[i] * r * (1.f + w[i]);
         __syncthreads();
         /* warp wp takes letters wp, wp + NW, ...: all of its rows' loads are issued before any sum, 16
