@@ -14,9 +14,11 @@
  * and the state after the block is the state at the last real token.
  *
  * Four kernels (docs/cuda.md describes them and what they cost):
- * A0, gdn_conv (a block per 16 tokens, 4 on short chunks, and head segment, a thread per 2 channels): the causal conv over
- *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
- *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
+ * A0, gdn_conv (tiles of 16 tokens, 4 on short chunks, per head segment, a thread per 2 channels): the
+ *   causal conv over [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k
+ *   bf16, v fp32 to scratch. Parallel over tokens, so a short chunk does not wait on a per-block
+ *   chain: one tile a block when the blocks fit on the GPU at once, else pipelined (a block walks a
+ *   run of 16-row groups, the next group's loads in flight while this one computes).
  * A, gdn_prep (grid blocks x heads, all independent, 256 threads; on short chunks 2 or 4 blocks a
  *   (block, head), each with a share of the outputs: prep_split): the gates and the cumulative
  *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
@@ -31,8 +33,9 @@
  *   fragment layout); block c+1's operands
  *   arrive by bulk copies (one thread, a shared-memory barrier per stage) while block c computes.
  *   Writes S^T at each block start and delta^T (bf16).
- * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv; four
- *   tiles a block, or one on short chunks):
+ * C, gdn_out (items of blocks x heads, all independent, two warps a 16-row tile, each half of dv;
+ *   four tiles an item, or one on short chunks; one item a block, or on long launches one block an
+ *   SM walking the items with the next item's operands copied while this one computes):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
