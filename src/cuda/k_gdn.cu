@@ -106,6 +106,7 @@ struct gdn_conv_args {
 #define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
 #define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
 #define GDN_EXP_OUT_ONE 16        /* long launches' output kernel one item a block (not gdn_out_pipe_kernel) */
+#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (an experiment) */
 /* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
 #define GDN_EXP_CONV_NG_SHIFT 16
 #define GDN_EXP_CONV_NG_MASK 0xff
@@ -268,8 +269,9 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
  * registers of floats) until used. */
 #define CONV_GROUP 16 /* rows a block loads in one round (a 16-row tile, or four 4-row tiles) */
 /* Blocks an SM: x (KC + 15 pairs), the next group (16) and y (32 floats) live at once; 10 blocks
- * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8 */
-#define CONV_PIPE_MIN_BLOCKS(KC) ((KC) <= 4 ? 10 : 8)
+ * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8. DEPTH: groups whose
+ * loads are in flight while one computes (2: 16 pairs more, 8 blocks; GDN_EXP_CONV_DEEP). */
+#define CONV_PIPE_MIN_BLOCKS(KC, DEPTH) ((KC) <= 4 && (DEPTH) == 1 ? 10 : 8)
 
 /* Channels ch, ch + 1 of row tau (bf16 pair bits; 0 past len, for channels not real, or below the
  * chunk without saved inputs): rows before the chunk from conv_in (the row's saved inputs), the
@@ -294,8 +296,10 @@ __device__ __forceinline__ float2 conv_pair_f2(uint32_t v) {
 
 /* Block (x, seg, row): groups [ng x, ng (x + 1)) of CONV_GROUP rows of head segment seg (as the
  * one-tile kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
-template <int KC, int TT, int MINB>
-__global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_pipe_kernel(gdn_conv_args a, int ng) {
+template <int KC, int TT, int DEPTH>
+__global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH))
+    gdn_conv_pipe_kernel(gdn_conv_args a, int ng) {
+    static_assert(DEPTH == 1 || DEPTH == 2, "one or two groups ahead");
     constexpr int G = CONV_GROUP, NTL = G / TT, NX = G + KC - 1, NW = CONV_THREADS / 32;
     static_assert(G % TT == 0, "a group is whole tiles");
     static_assert(NW == 2, "a row's sum is its two warps' (conv_row_scale)");
@@ -331,19 +335,32 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_pipe_kernel(gdn_c
         for (int m = 0; m < NX; m++)
             x[m] = conv_ld_pair(Pb + (m - (KC - 1)) * a.ldP, conv_in, a.C, KC, t0 - (KC - 1) + m, len, ch, r0, r1);
     }
+    /* group g's rows (0 past the block's groups) */
+    auto load_group = [&](uint32_t(&dst)[G], int g) {
+        if (g < n) {
+            const int gr0 = t0 + g * G;
+            const bf16 *Pn = a.P + (size_t)(tok0 + gr0) * a.ldP + ch;
+#pragma unroll
+            for (int m = 0; m < G; m++) dst[m] = conv_ld_pair(Pn + m * a.ldP, NULL, a.C, KC, gr0 + m, len, ch, r0, r1);
+        } else {
+#pragma unroll
+            for (int m = 0; m < G; m++) dst[m] = 0u;
+        }
+    };
+    uint32_t ahead[DEPTH == 2 ? G : 1]; /* DEPTH 2: group gi + 1's rows, loaded an iteration ago */
+    if constexpr (DEPTH == 2) load_group(ahead, 1);
     const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
 #pragma unroll 1
     for (int gi = 0; gi < n; gi++) {
         const int g0 = t0 + gi * G;
-        /* the next group's rows first: in flight while this group computes */
+        /* the next group's rows first (DEPTH 2: the one after it): in flight while this group computes */
         uint32_t nx[G];
-        if (gi + 1 < n) {
-            const bf16 *Pn = a.P + (size_t)(tok0 + g0 + G) * a.ldP + ch;
+        if constexpr (DEPTH == 2) {
 #pragma unroll
-            for (int m = 0; m < G; m++) nx[m] = conv_ld_pair(Pn + m * a.ldP, NULL, a.C, KC, g0 + G + m, len, ch, r0, r1);
+            for (int m = 0; m < G; m++) nx[m] = ahead[m];
+            load_group(ahead, gi + 2);
         } else {
-#pragma unroll
-            for (int m = 0; m < G; m++) nx[m] = 0u;
+            load_group(nx, gi + 1);
         }
         float2 y[G];
 #pragma unroll
@@ -398,7 +415,7 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_pipe_kernel(gdn_c
  * groups are spread evenly over them; a batch of more (row, segment) pairs than that takes one block
  * a pair. Without an SM count (the tests' launches) 3 groups a block, so the carried rows and a
  * block's partial last run are exercised. */
-static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int n_sm, int exp) {
+static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int depth, int n_sm, int exp) {
     if (exp & (GDN_EXP_CONV_TILE | GDN_EXP_CONV_FREE)) return 0;
     const int g_row = (rows + CONV_GROUP - 1) / CONV_GROUP;
     const int fixed = (exp >> GDN_EXP_CONV_NG_SHIFT) & GDN_EXP_CONV_NG_MASK;
@@ -407,7 +424,7 @@ static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, 
     const long pairs = (long)n_seg * nrows;
     const long one_tile = (long)((rows + tt - 1) / tt) * pairs;
     if (one_tile <= (long)n_sm * CONV_MIN_BLOCKS(K, tt)) return 0;
-    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K) / pairs; /* blocks a (row, segment) */
+    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K, depth) / pairs; /* blocks a (row, segment) */
     if (bx < 1) bx = 1;
     if (bx > g_row) bx = g_row;
     const int ng = (int)((g_row + bx - 1) / bx);
@@ -420,16 +437,21 @@ static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, i
                            int exp, cudaStream_t st, squad_err *err) {
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
     const bool exp_free = (exp & GDN_EXP_CONV_FREE) != 0;
-    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, n_sm, exp);
+    const int depth = (exp & GDN_EXP_CONV_DEEP) ? 2 : 1;
+    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, depth, n_sm, exp);
     const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
     const dim3 pgrid(ng > 0 ? ((rows + CONV_GROUP - 1) / CONV_GROUP + ng - 1) / ng : 1, n_seg, nrows);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
-        if (ng > 0 && short_rows)                                                                                  \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, CONV_PIPE_MIN_BLOCKS(KC_)><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng); \
+        if (ng > 0 && short_rows && depth == 2)                                                                    \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 2><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                   \
+        else if (ng > 0 && depth == 2)                                                                             \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 2><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                    \
+        else if (ng > 0 && short_rows)                                                                             \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                   \
         else if (ng > 0)                                                                                           \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, CONV_PIPE_MIN_BLOCKS(KC_)><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng); \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 1><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                    \
         else if (exp_free && short_rows)                                                                           \
             gdn_conv_kernel<KC_, CONV_TT_SHORT, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                             \
         else if (exp_free)                                                                                         \
