@@ -347,7 +347,7 @@ int main(void) {
      * the conv one tile a block (SQUAD_GDN_EXP=8) or pipelined over runs of 16-row groups (3 a block
      * here, where the tests give no SM count; 1 or 5 fixed by SQUAD_GDN_EXP's bits 16 .. 23; two
      * groups' loads in flight with SQUAD_GDN_EXP=32), and on long chunks the output kernel one item
-     * a block (16) or pipelined over items (5 blocks here).
+     * a block or pipelined over items (SQUAD_GDN_EXP=16; 5 blocks here).
      * Each case has the same inputs in every variant, and the variants of one conv tiling must give
      * the same bits: the splits, the fusion and the conv's blocks change who computes a value, not how. */
     static const char *const short_rows[] = {"0", "0", "1000000", "1000000", "1000000", "1000000", "0",

@@ -105,7 +105,7 @@ struct gdn_conv_args {
 #define GDN_EXP_OUT_SHIFT_FIRST 2 /* the output kernel moves the conv state on before its copies */
 #define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
 #define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
-#define GDN_EXP_OUT_ONE 16        /* long launches' output kernel one item a block (not gdn_out_pipe_kernel) */
+#define GDN_EXP_OUT_PIPE 16       /* long launches' output kernel pipelined (gdn_out_pipe_kernel: measured slower) */
 #define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (an experiment) */
 /* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
 #define GDN_EXP_CONV_NG_SHIFT 16
@@ -1354,7 +1354,8 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
 /* The one-item-a-block output kernel copies all of a (block of 64 tokens, head)'s operands (88 KB at
  * the 0.8B's dims) in one round and then computes; two such blocks share an SM (97 KB of shared
  * memory each) and, started together, wait together and compute together: a cold row's 2048 tokens
- * take 28.5 us a layer against a byte floor of ~13 us. This form keeps the copies going: one block
+ * take 28.5 us a layer against a byte floor of ~13 us. This form keeps the copies going (but was
+ * slower: out_pipe_grid says why; GDN_EXP_OUT_PIPE runs it): one block
  * an SM (or more for small heads) with two stages of the same layout walks the items (row, block of
  * 64 tokens, head) with the grid's stride and copies item k + 1's operands while it computes item k.
  * An item's math is out_math, so the bits are the one-item kernel's; each item also moves on its
@@ -1412,11 +1413,13 @@ __global__ void __launch_bounds__(64 * OUT_RT_LONG) gdn_out_pipe_kernel(gdn_out_
 }
 
 /* The pipelined output kernel's blocks (0: the one-item kernel): about the blocks the GPU holds at
- * once (its shared memory), when there are more items than the one-item kernel's one wave
- * (two blocks an SM) and GDN_EXP_OUT_ONE does not ask for that kernel. */
+ * once (its shared memory), when GDN_EXP_OUT_PIPE asks for it and there are more items than the
+ * one-item kernel's one wave (two blocks an SM). An experiment, not the default: measured at 2048
+ * tokens (0.8B, H200, ncu) it took 33.6 us a layer against the one-item kernel's 28.6 (one block
+ * of 8 warps an SM computes too little at a time: DRAM at 40 % of its rate). */
 template <int DK, int DV>
 static int out_pipe_grid(long items, int n_sm, int exp) {
-    if (exp & GDN_EXP_OUT_ONE) return 0;
+    if (!(exp & GDN_EXP_OUT_PIPE)) return 0;
     if (n_sm <= 0) return (int)(items < OUT_PIPE_GRID_NO_SM ? items : OUT_PIPE_GRID_NO_SM);
     if (items <= 2L * n_sm) return 0;
     const size_t per_block = OUT_PIPE_STAGES * out_smem<DK, DV, OUT_RT_LONG>::bytes + 1024; /* + the SM's reserve */
