@@ -107,6 +107,7 @@ struct gdn_conv_args {
 #define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
 #define GDN_EXP_OUT_PIPE 16       /* long launches' output kernel pipelined (gdn_out_pipe_kernel: measured slower) */
 #define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (an experiment) */
+#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment) */
 /* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
 #define GDN_EXP_CONV_NG_SHIFT 16
 #define GDN_EXP_CONV_NG_MASK 0xff
@@ -268,10 +269,13 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
  * the one-tile kernel's of the same TT. The raw inputs stay bf16 pairs in registers (half the
  * registers of floats) until used. */
 #define CONV_GROUP 16 /* rows a block loads in one round (a 16-row tile, or four 4-row tiles) */
+#define CONV_GROUP_SMALL 8 /* or, with 4-row tiles (GDN_EXP_CONV_G8), 8 rows: half the registers, more warps */
 /* Blocks an SM: x (KC + 15 pairs), the next group (16) and y (32 floats) live at once; 10 blocks
  * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8. DEPTH: groups whose
- * loads are in flight while one computes (2: 16 pairs more, 8 blocks; GDN_EXP_CONV_DEEP). */
-#define CONV_PIPE_MIN_BLOCKS(KC, DEPTH) ((KC) <= 4 && (DEPTH) == 1 ? 10 : 8)
+ * loads are in flight while one computes (2: 16 pairs more, 8 blocks; GDN_EXP_CONV_DEEP). Groups of
+ * 8 rows: 16 blocks (64 registers) at KC <= 4, 12 above. */
+#define CONV_PIPE_MIN_BLOCKS(KC, DEPTH, G)                                                                       \
+    ((G) <= CONV_GROUP_SMALL ? ((KC) <= 4 ? 16 : 12) : ((KC) <= 4 && (DEPTH) == 1 ? 10 : 8))
 
 /* Channels ch, ch + 1 of row tau (bf16 pair bits; 0 past len, for channels not real, or below the
  * chunk without saved inputs): rows before the chunk from conv_in (the row's saved inputs), the
@@ -294,13 +298,13 @@ __device__ __forceinline__ float2 conv_pair_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
-/* Block (x, seg, row): groups [ng x, ng (x + 1)) of CONV_GROUP rows of head segment seg (as the
- * one-tile kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
-template <int KC, int TT, int DEPTH>
-__global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH))
+/* Block (x, seg, row): groups [ng x, ng (x + 1)) of G rows of head segment seg (as the one-tile
+ * kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
+template <int KC, int TT, int DEPTH, int G>
+__global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH, G))
     gdn_conv_pipe_kernel(gdn_conv_args a, int ng) {
     static_assert(DEPTH == 1 || DEPTH == 2, "one or two groups ahead");
-    constexpr int G = CONV_GROUP, NTL = G / TT, NX = G + KC - 1, NW = CONV_THREADS / 32;
+    constexpr int NTL = G / TT, NX = G + KC - 1, NW = CONV_THREADS / 32;
     static_assert(G % TT == 0, "a group is whole tiles");
     static_assert(NW == 2, "a row's sum is its two warps' (conv_row_scale)");
     __shared__ float red[2][NW][G]; /* two buffers: a group's sums are read before the next group's barrier */
@@ -415,16 +419,17 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH))
  * groups are spread evenly over them; a batch of more (row, segment) pairs than that takes one block
  * a pair. Without an SM count (the tests' launches) 3 groups a block, so the carried rows and a
  * block's partial last run are exercised. */
-static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int depth, int n_sm, int exp) {
+static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int depth, int grp, int n_sm,
+                            int exp) {
     if (exp & (GDN_EXP_CONV_TILE | GDN_EXP_CONV_FREE)) return 0;
-    const int g_row = (rows + CONV_GROUP - 1) / CONV_GROUP;
+    const int g_row = (rows + grp - 1) / grp;
     const int fixed = (exp >> GDN_EXP_CONV_NG_SHIFT) & GDN_EXP_CONV_NG_MASK;
     if (fixed > 0) return fixed < g_row ? fixed : g_row;
     if (n_sm <= 0) return 3 < g_row ? 3 : g_row;
     const long pairs = (long)n_seg * nrows;
     const long one_tile = (long)((rows + tt - 1) / tt) * pairs;
     if (one_tile <= (long)n_sm * CONV_MIN_BLOCKS(K, tt)) return 0;
-    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K, depth) / pairs; /* blocks a (row, segment) */
+    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K, depth, grp) / pairs; /* blocks a (row, segment) */
     if (bx < 1) bx = 1;
     if (bx > g_row) bx = g_row;
     const int ng = (int)((g_row + bx - 1) / bx);
@@ -438,20 +443,23 @@ static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, i
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
     const bool exp_free = (exp & GDN_EXP_CONV_FREE) != 0;
     const int depth = (exp & GDN_EXP_CONV_DEEP) ? 2 : 1;
-    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, depth, n_sm, exp);
+    const int grp = (exp & GDN_EXP_CONV_G8) && tt <= CONV_GROUP_SMALL && depth == 1 ? CONV_GROUP_SMALL : CONV_GROUP;
+    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, depth, grp, n_sm, exp);
     const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
-    const dim3 pgrid(ng > 0 ? ((rows + CONV_GROUP - 1) / CONV_GROUP + ng - 1) / ng : 1, n_seg, nrows);
+    const dim3 pgrid(ng > 0 ? ((rows + grp - 1) / grp + ng - 1) / ng : 1, n_seg, nrows);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
-        if (ng > 0 && short_rows && depth == 2)                                                                    \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 2><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                   \
+        if (ng > 0 && short_rows && grp == CONV_GROUP_SMALL)                                                       \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1, CONV_GROUP_SMALL><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng); \
+        else if (ng > 0 && short_rows && depth == 2)                                                               \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 2, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);       \
         else if (ng > 0 && depth == 2)                                                                             \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 2><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                    \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 2, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);        \
         else if (ng > 0 && short_rows)                                                                             \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                   \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);       \
         else if (ng > 0)                                                                                           \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 1><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                    \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 1, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);        \
         else if (exp_free && short_rows)                                                                           \
             gdn_conv_kernel<KC_, CONV_TT_SHORT, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                             \
         else if (exp_free)                                                                                         \
