@@ -14,9 +14,11 @@
  * and the state after the block is the state at the last real token.
  *
  * Four kernels (docs/cuda.md describes them and what they cost):
- * A0, gdn_conv (a block per 16 tokens, 4 on short chunks, and head segment, a thread per 2 channels): the causal conv over
- *   [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k bf16, v fp32 to
- *   scratch. Parallel over tokens, so a short chunk does not wait on a per-block chain.
+ * A0, gdn_conv (tiles of 16 tokens, 4 on short chunks, per head segment, a thread per 2 channels): the
+ *   causal conv over [saved inputs | chunk] + SiLU for every channel, the L2 norms of q / k; q, k
+ *   bf16, v fp32 to scratch. Parallel over tokens, so a short chunk does not wait on a per-block
+ *   chain: one tile a block when the blocks fit on the GPU at once, else pipelined (a block walks a
+ *   run of 16-row groups, the next group's loads in flight while this one computes).
  * A, gdn_prep (grid blocks x heads, all independent, 256 threads; on short chunks 2 or 4 blocks a
  *   (block, head), each with a share of the outputs: prep_split): the gates and the cumulative
  *   decay; K K^T and Q K^T on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) giving
@@ -31,8 +33,9 @@
  *   fragment layout); block c+1's operands
  *   arrive by bulk copies (one thread, a shared-memory barrier per stage) while block c computes.
  *   Writes S^T at each block start and delta^T (bf16).
- * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv; four
- *   tiles a block, or one on short chunks):
+ * C, gdn_out (items of blocks x heads, all independent, two warps a 16-row tile, each half of dv;
+ *   four tiles an item, or one on short chunks; one item a block, or on long launches one block an
+ *   SM walking the items with the next item's operands copied while this one computes):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
@@ -101,6 +104,13 @@ struct gdn_conv_args {
 #define GDN_EXP_CONV_FREE 1       /* the conv's registers unbounded (CONV_MIN_BLOCKS) */
 #define GDN_EXP_OUT_SHIFT_FIRST 2 /* the output kernel moves the conv state on before its copies */
 #define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
+#define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
+#define GDN_EXP_OUT_PIPE 16       /* long launches' output kernel pipelined (gdn_out_pipe_kernel: measured slower) */
+#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (an experiment) */
+#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment) */
+/* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
+#define GDN_EXP_CONV_NG_SHIFT 16
+#define GDN_EXP_CONV_NG_MASK 0xff
 #define CONV_MIN_BLOCKS(KC, TT) ((KC) <= 5 ? ((TT) <= CONV_TT_SHORT ? 24 : 16) : ((TT) <= CONV_TT_SHORT ? 16 : 12))
 
 /* Block (x, seg): tokens [TT x, TT (x + 1)) of one head segment (q heads, then k heads, then v
@@ -245,16 +255,212 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
     }
 }
 
-/* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K), with 4 tokens a block on short
- * chunks. */
-static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, unsigned nrows,
-                           bool exp_free, cudaStream_t st, squad_err *err) {
+/* ---- kernel A0, pipelined: long launches (a cold row's thousands of tokens, a batch of rows) ----- */
+
+/* The one-tile conv above does one round of loads a block: each block waits for its loads, then
+ * computes while nothing of its own is in flight, and a launch of many waves of such blocks reads
+ * at a third of the bandwidth (2048 tokens: 44.6 us a layer for ~59 MB, ~14 us at 4.2 TB/s).
+ * This form keeps the loads going: a block owns a run of `ng` groups of CONV_GROUP rows of one head
+ * segment and issues the next group's loads before the math of this one, so while it computes, a
+ * group's worth of its loads is in flight; the KC - 1 rows a group shares with the next stay in
+ * registers (no rows read twice). The grid is about one wave (conv_pipe_groups). Each group is
+ * computed as CONV_GROUP / TT tiles of TT rows by the one-tile kernel's arithmetic (the same taps
+ * in the same order, conv_row_sums<TT> on the same TT-row tiles, conv_row_scale), so the bits are
+ * the one-tile kernel's of the same TT. The raw inputs stay bf16 pairs in registers (half the
+ * registers of floats) until used. */
+#define CONV_GROUP 16 /* rows a block loads in one round (a 16-row tile, or four 4-row tiles) */
+#define CONV_GROUP_SMALL 8 /* or, with 4-row tiles (GDN_EXP_CONV_G8), 8 rows: half the registers, more warps */
+/* Blocks an SM: x (KC + 15 pairs), the next group (16) and y (32 floats) live at once; 10 blocks
+ * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8. DEPTH: groups whose
+ * loads are in flight while one computes (2: 16 pairs more, 8 blocks; GDN_EXP_CONV_DEEP). Groups of
+ * 8 rows: 16 blocks (64 registers) at KC <= 4, 12 above. */
+#define CONV_PIPE_MIN_BLOCKS(KC, DEPTH, G)                                                                       \
+    ((G) <= CONV_GROUP_SMALL ? ((KC) <= 4 ? 16 : 12) : ((KC) <= 4 && (DEPTH) == 1 ? 10 : 8))
+
+/* Channels ch, ch + 1 of row tau (bf16 pair bits; 0 past len, for channels not real, or below the
+ * chunk without saved inputs): rows before the chunk from conv_in (the row's saved inputs), the
+ * others at src, the row in P. The one-tile kernel's loads, as bits. */
+__device__ __forceinline__ uint32_t conv_ld_pair(const bf16 *src, const bf16 *conv_in, int C, int KC, int tau,
+                                                 int len, int ch, bool r0, bool r1) {
+    uint32_t v = 0u;
+    if (r0 && tau < len) {
+        const bf16 *p = (conv_in == NULL || tau >= 0) ? src : conv_in + (size_t)(KC - 1 + tau) * C + ch;
+        if (r1 && ((ch & 1) == 0)) {
+            v = __ldg((const unsigned int *)p);
+        } else {
+            const unsigned short *h = (const unsigned short *)p;
+            v = (uint32_t)__ldg(h) | (r1 ? (uint32_t)__ldg(h + 1) << 16 : 0u);
+        }
+    }
+    return v;
+}
+__device__ __forceinline__ float2 conv_pair_f2(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
+}
+
+/* Block (x, seg, row): groups [ng x, ng (x + 1)) of G rows of head segment seg (as the one-tile
+ * kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
+template <int KC, int TT, int DEPTH, int G>
+__global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH, G))
+    gdn_conv_pipe_kernel(gdn_conv_args a, int ng) {
+    static_assert(DEPTH == 1 || DEPTH == 2, "one or two groups ahead");
+    constexpr int NTL = G / TT, NX = G + KC - 1, NW = CONV_THREADS / 32;
+    static_assert(G % TT == 0, "a group is whole tiles");
+    static_assert(NW == 2, "a row's sum is its two warps' (conv_row_scale)");
+    __shared__ float red[2][NW][G]; /* two buffers: a group's sums are read before the next group's barrier */
+    const int seg = blockIdx.y;
+    const cu_chunk_params *prm = a.prm + blockIdx.z;
+    const int len = prm->len;
+    const int t0 = blockIdx.x * ng * G;
+    if (t0 >= len) return; /* also every block of a padding row */
+    int n = (len - t0 + G - 1) / G; /* groups with real rows */
+    if (n > ng) n = ng;
+    /* pointers stay kernel parameters (moved ones would take registers for the whole kernel) */
+    const int tok0 = blockIdx.z * a.bt.bucket;
+    const bf16 *conv_in = t0 < KC - 1 ? (const bf16 *)(cu_gdn_in(prm) + a.bt.conv_off) : NULL;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int i = 2 * tid;
+    const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
+    const int size = isv ? a.dv : a.dk, pad = isv ? a.DV : a.DK;
+    const int base = isv ? 2 * a.nk * a.dk + (seg - 2 * a.nk) * a.dv : seg * a.dk;
+    const bool r0 = i < size, r1 = i + 1 < size;
+    const int ch = base + i;
+    float w0[KC], w1[KC];
+#pragma unroll
+    for (int j = 0; j < KC; j++) {
+        w0[j] = r0 ? a.conv_w[(size_t)ch * KC + j] : 0.f;
+        w1[j] = r1 ? a.conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
+    }
+    /* x[m]: row g0 - (KC - 1) + m of the group at g0 */
+    uint32_t x[NX];
+    {
+        const bf16 *Pb = a.P + (size_t)(tok0 + t0) * a.ldP + ch;
+#pragma unroll
+        for (int m = 0; m < NX; m++)
+            x[m] = conv_ld_pair(Pb + (m - (KC - 1)) * a.ldP, conv_in, a.C, KC, t0 - (KC - 1) + m, len, ch, r0, r1);
+    }
+    /* group g's rows (0 past the block's groups) */
+    auto load_group = [&](uint32_t(&dst)[G], int g) {
+        if (g < n) {
+            const int gr0 = t0 + g * G;
+            const bf16 *Pn = a.P + (size_t)(tok0 + gr0) * a.ldP + ch;
+#pragma unroll
+            for (int m = 0; m < G; m++) dst[m] = conv_ld_pair(Pn + m * a.ldP, NULL, a.C, KC, gr0 + m, len, ch, r0, r1);
+        } else {
+#pragma unroll
+            for (int m = 0; m < G; m++) dst[m] = 0u;
+        }
+    };
+    uint32_t ahead[DEPTH == 2 ? G : 1]; /* DEPTH 2: group gi + 1's rows, loaded an iteration ago */
+    if constexpr (DEPTH == 2) load_group(ahead, 1);
+    const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
+#pragma unroll 1
+    for (int gi = 0; gi < n; gi++) {
+        const int g0 = t0 + gi * G;
+        /* the next group's rows first (DEPTH 2: the one after it): in flight while this group computes */
+        uint32_t nx[G];
+        if constexpr (DEPTH == 2) {
+#pragma unroll
+            for (int m = 0; m < G; m++) nx[m] = ahead[m];
+            load_group(ahead, gi + 2);
+        } else {
+            load_group(nx, gi + 1);
+        }
+        float2 y[G];
+#pragma unroll
+        for (int t = 0; t < G; t++) {
+            float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < KC; j++) {
+                const float2 v = conv_pair_f2(x[t + j]);
+                a0 += w0[j] * v.x;
+                a1 += w1[j] * v.y;
+            }
+            const bool live = g0 + t < len;
+            y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
+        }
+        if (isv) {
+            if (i < pad) {
+                float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
+#pragma unroll
+                for (int t = 0; t < G; t++)
+                    if (g0 + t < len) *(float2 *)(dst + (size_t)(tok0 + g0 + t) * a.nv * pad) = y[t];
+            }
+        } else {
+            float (*rb)[G] = red[gi & 1];
+#pragma unroll
+            for (int k = 0; k < NTL; k++) {
+                const float q0 = conv_row_sums<TT>(*reinterpret_cast<const float2(*)[TT]>(y + k * TT), lane);
+                if (conv_row_lane<TT>(lane)) rb[w][k * TT + ((lane >> 1) & (TT - 1))] = q0;
+            }
+            __syncthreads();
+            if (i < pad) {
+                bf16 *dst = (isq ? a.scr.Qn : a.scr.Kn) + (size_t)(isq ? seg : seg - a.nk) * pad + i;
+#pragma unroll
+                for (int t = 0; t < G; t++) {
+                    if (g0 + t >= len) break;
+                    const float sc = conv_row_scale(rb[0][t], rb[1][t], qs);
+                    *(uint32_t *)(dst + (size_t)(tok0 + g0 + t) * a.nk * pad) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
+                }
+            }
+        }
+        /* slide: the last KC - 1 rows stay, the next group's follow */
+#pragma unroll
+        for (int m = 0; m < KC - 1; m++) x[m] = x[G + m];
+#pragma unroll
+        for (int m = 0; m < G; m++) x[KC - 1 + m] = nx[m];
+    }
+}
+
+/* The pipelined conv's groups a block (0: the one-tile kernel instead). The one-tile kernel keeps
+ * launches whose blocks all fit on the GPU at once (a hit's question: one wave, and nothing to
+ * overlap), and runs when GDN_EXP_CONV_TILE or GDN_EXP_CONV_FREE asks for it. Otherwise about one
+ * wave of pipelined blocks: each (row, segment) gets as many blocks as the wave has room for, and the
+ * groups are spread evenly over them; a batch of more (row, segment) pairs than that takes one block
+ * a pair. Without an SM count (the tests' launches) 3 groups a block, so the carried rows and a
+ * block's partial last run are exercised. */
+static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int depth, int grp, int n_sm,
+                            int exp) {
+    if (exp & (GDN_EXP_CONV_TILE | GDN_EXP_CONV_FREE)) return 0;
+    const int g_row = (rows + grp - 1) / grp;
+    const int fixed = (exp >> GDN_EXP_CONV_NG_SHIFT) & GDN_EXP_CONV_NG_MASK;
+    if (fixed > 0) return fixed < g_row ? fixed : g_row;
+    if (n_sm <= 0) return 3 < g_row ? 3 : g_row;
+    const long pairs = (long)n_seg * nrows;
+    const long one_tile = (long)((rows + tt - 1) / tt) * pairs;
+    if (one_tile <= (long)n_sm * CONV_MIN_BLOCKS(K, tt)) return 0;
+    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K, depth, grp) / pairs; /* blocks a (row, segment) */
+    if (bx < 1) bx = 1;
+    if (bx > g_row) bx = g_row;
+    const int ng = (int)((g_row + bx - 1) / bx);
+    return ng;
+}
+
+/* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K), with 4 tokens a tile on short
+ * chunks: pipelined over groups of rows on long launches (conv_pipe_groups), else one tile a block. */
+static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, unsigned nrows, int n_sm,
+                           int exp, cudaStream_t st, squad_err *err) {
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
+    const bool exp_free = (exp & GDN_EXP_CONV_FREE) != 0;
+    const int depth = (exp & GDN_EXP_CONV_DEEP) ? 2 : 1;
+    const int grp = (exp & GDN_EXP_CONV_G8) && tt <= CONV_GROUP_SMALL && depth == 1 ? CONV_GROUP_SMALL : CONV_GROUP;
+    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, depth, grp, n_sm, exp);
     const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
+    const dim3 pgrid(ng > 0 ? ((rows + grp - 1) / grp + ng - 1) / ng : 1, n_seg, nrows);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
-        if (exp_free && short_rows)                                                                                \
+        if (ng > 0 && short_rows && grp == CONV_GROUP_SMALL)                                                       \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1, CONV_GROUP_SMALL><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng); \
+        else if (ng > 0 && short_rows && depth == 2)                                                               \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 2, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);       \
+        else if (ng > 0 && depth == 2)                                                                             \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 2, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);        \
+        else if (ng > 0 && short_rows)                                                                             \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);       \
+        else if (ng > 0)                                                                                           \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 1, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);        \
+        else if (exp_free && short_rows)                                                                           \
             gdn_conv_kernel<KC_, CONV_TT_SHORT, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                             \
         else if (exp_free)                                                                                         \
             gdn_conv_kernel<KC_, CONV_TT_LONG, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                              \
@@ -938,13 +1144,14 @@ struct gdn_out_args {
     int ldP;
     bf16 *conv_state; /* [K-1][C], moved on to the chunk's end: set per row from its arena */
     const float *norm_w;
-    bf16 *Y; /* [rows][nv dv] */
+    bf16 *Y; /* [rows][ldY] */
     const cu_chunk_params *prm;
     gdn_batch_args bt;
     int nk, nv, dv, K, C, rows; /* rows: the bucket */
     float eps;
     int exp; /* cu_gdn_dims.exp */
     cu_gdn_scratch scr;
+    int ldY; /* Y's row stride (nv dv) */
 };
 
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
@@ -967,75 +1174,51 @@ struct out_smem {
     static constexpr size_t bytes = z_off + (size_t)R * LDZ * 2;
 };
 
+/* The copies of one (block of 64 tokens, head, row tiles [tile0, tile0 + RT)) into a block's shared
+ * memory (out_smem): Gamma Q and P rows, S^T and delta^T (Q, S, Pm, dT at the block's scratch), z
+ * rows from Prow (the row's P; 0 past len). Issued by all NT threads, not committed. */
 template <int DK, int DV, int RT>
-__global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
+__device__ __forceinline__ void out_copy(unsigned char *smem, const bf16 *Q, const bf16 *S, const bf16 *Pm,
+                                         const bf16 *dT, const bf16 *Prow, int ldP, int zoff, int t0, int len, int dv,
+                                         int tid) {
     typedef out_smem<DK, DV, RT> SM;
     constexpr int LDK = SM::LDK, LDT = GDN_LDT, NT = 64 * RT, R = SM::R;
-    extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off), *Ss = (bf16 *)(smem + SM::s_off);
     bf16 *Ps = (bf16 *)(smem + SM::p_off), *Ds = (bf16 *)(smem + SM::d_off);
     bf16 *Zs = (bf16 *)(smem + SM::z_off);
-    /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
-    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT, h = blockIdx.y;
-    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    const int r = lane >> 2, cc = lane & 3;
-    a.prm += blockIdx.z;
-    const int len = a.prm->len, dv = a.dv;
-    const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
-    const size_t blk = (size_t)c * a.nv + h;
-    {
-        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
-        a.P += tok0 * a.ldP;
-        a.Y += tok0 * a.nv * dv;
-        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
+    constexpr int SK = DK / 8;
+    for (int e = tid; e < R * SK; e += NT)
+        cu_cp_async16(Qs + (e / SK) * LDK + 8 * (e % SK), Q + (e / SK) * DK + 8 * (e % SK), 16);
+    for (int e = tid; e < DV * SK; e += NT)
+        cu_cp_async16(Ss + (e / SK) * LDK + 8 * (e % SK), S + (e / SK) * DK + 8 * (e % SK), 16);
+    for (int e = tid; e < R * 8; e += NT)
+        cu_cp_async16(Ps + (e >> 3) * LDT + 8 * (e & 7), Pm + (e >> 3) * GDN_C + 8 * (e & 7), 16);
+    for (int e = tid; e < DV * 8; e += NT)
+        cu_cp_async16(Ds + (e >> 3) * LDT + 8 * (e & 7), dT + (e >> 3) * GDN_C + 8 * (e & 7), 16);
+    const int SZ = dv / 8;
+    for (int e = tid; e < R * SZ; e += NT) {
+        const int t = e / SZ, s = e % SZ;
+        const bool ok = t0 + t < len;
+        const bf16 *src = Prow + (size_t)(ok ? t0 + t : 0) * ldP + zoff + 8 * s;
+        cu_cp_async16(Zs + t * SM::LDZ + 8 * s, src, ok ? 16 : 0);
     }
-    if (len < 1) { /* a padding row: zeros for out_proj, no state */
-        const int tend = min(a.rows, t0 + R);
-        for (int e = tid; e < (tend - t0) * dv; e += NT)
-            a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
-        return;
-    }
-    a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
+}
 
-    /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some
-     * channels. Its loads and stores go while the block's operands are on their way (issued
-     * first): done before them, they put a dependent round trip to memory ahead of most blocks'
-     * copies, which a short chunk's one wave of blocks pays in full. */
-    const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
-    const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
-    const bool shift_early = (a.exp & GDN_EXP_OUT_SHIFT_FIRST) != 0;
-    if (shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
-    const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
-    if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
-        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
-        for (int e = tid; e < (tend - t0) * dv; e += NT)
-            a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
-        return;
-    }
-    {
-        const bf16 *Q = a.scr.Qg + (blk * GDN_C + 16 * tile0) * DK, *S = a.scr.Sc + blk * DV * DK;
-        const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
-        constexpr int SK = DK / 8;
-        for (int e = tid; e < R * SK; e += NT)
-            cu_cp_async16(Qs + (e / SK) * LDK + 8 * (e % SK), Q + (e / SK) * DK + 8 * (e % SK), 16);
-        for (int e = tid; e < DV * SK; e += NT)
-            cu_cp_async16(Ss + (e / SK) * LDK + 8 * (e % SK), S + (e / SK) * DK + 8 * (e % SK), 16);
-        for (int e = tid; e < R * 8; e += NT)
-            cu_cp_async16(Ps + (e >> 3) * LDT + 8 * (e & 7), Pm + (e >> 3) * GDN_C + 8 * (e & 7), 16);
-        for (int e = tid; e < DV * 8; e += NT)
-            cu_cp_async16(Ds + (e >> 3) * LDT + 8 * (e & 7), dT + (e >> 3) * GDN_C + 8 * (e & 7), 16);
-        const int SZ = dv / 8;
-        for (int e = tid; e < R * SZ; e += NT) {
-            const int t = e / SZ, s = e % SZ;
-            const bool ok = t0 + t < len;
-            const bf16 *src = a.P + (size_t)(ok ? t0 + t : 0) * a.ldP + a.C + (size_t)h * dv + 8 * s;
-            cu_cp_async16(Zs + t * SM::LDZ + 8 * s, src, ok ? 16 : 0);
-        }
-        cu_cp_async_commit();
-        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
-        cu_cp_async_wait<0>();
-        __syncthreads();
-    }
+/* The outputs of the RT row tiles in shared memory (out_copy's, landed): O = (Gamma Q) S + P delta,
+ * the gated RMSNorm, bf16 rows [t0, tend) of head h to Yrow (the row's Y, rows ldY apart; 0 past
+ * len). rsq: the
+ * two warps' halves of the sums of squares (one __syncthreads inside). */
+template <int DK, int DV, int RT>
+__device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)[2][16 * RT], bf16 *Yrow, size_t ldY,
+                                         const float *norm_w, int dv, float eps, int t0, int tile0, int len, int tend,
+                                         int h, int tid) {
+    typedef out_smem<DK, DV, RT> SM;
+    constexpr int LDK = SM::LDK, LDT = GDN_LDT;
+    const bf16 *Qs = (const bf16 *)(smem + SM::q_off), *Ss = (const bf16 *)(smem + SM::s_off);
+    const bf16 *Ps = (const bf16 *)(smem + SM::p_off), *Ds = (const bf16 *)(smem + SM::d_off);
+    const bf16 *Zs = (const bf16 *)(smem + SM::z_off);
+    const int w = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, cc = lane & 3;
     /* O = (Gamma Q) S + P delta: warp w rows 16 (w % RT) .., columns [CH (w / RT), CH (w / RT + 1)) of
      * DV (two warps a row tile: twice the warps of one a tile, for the same shared memory) */
     constexpr int CH = DV / 2, NJ = CH / 8;
@@ -1087,7 +1270,6 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-    __shared__ float rsq[2][R];
     if (cc == 0) {
         rsq[w / RT][i0] = ss0;
         rsq[w / RT][i1] = ss1;
@@ -1095,20 +1277,20 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     __syncthreads();
     ss0 = rsq[0][i0] + rsq[1][i0];
     ss1 = rsq[0][i1] + rsq[1][i1];
-    const float rs0 = rsqrtf(ss0 / (float)dv + a.eps), rs1 = rsqrtf(ss1 / (float)dv + a.eps);
+    const float rs0 = rsqrtf(ss0 / (float)dv + eps), rs1 = rsqrtf(ss1 / (float)dv + eps);
     const int tt0 = t0 + i0, tt1 = t0 + i1;
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
         const int d = c0 + 8 * j + 2 * cc;
         if (d >= dv) break;
-        const float w0 = a.norm_w[d], w1 = a.norm_w[d + 1];
+        const float w0 = norm_w[d], w1 = norm_w[d + 1];
         if (tt0 < tend) {
             float y0 = 0.f, y1 = 0.f;
             if (tt0 < len) {
                 y0 = O[j][0] * rs0 * w0 * cu_silu(__bfloat162float(Zs[i0 * SM::LDZ + d]));
                 y1 = O[j][1] * rs0 * w1 * cu_silu(__bfloat162float(Zs[i0 * SM::LDZ + d + 1]));
             }
-            *(uint32_t *)(a.Y + (size_t)tt0 * a.nv * dv + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
+            *(uint32_t *)(Yrow + (size_t)tt0 * ldY + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
         }
         if (tt1 < tend) {
             float y0 = 0.f, y1 = 0.f;
@@ -1116,9 +1298,144 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
                 y0 = O[j][2] * rs1 * w0 * cu_silu(__bfloat162float(Zs[i1 * SM::LDZ + d]));
                 y1 = O[j][3] * rs1 * w1 * cu_silu(__bfloat162float(Zs[i1 * SM::LDZ + d + 1]));
             }
-            *(uint32_t *)(a.Y + (size_t)tt1 * a.nv * dv + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
+            *(uint32_t *)(Yrow + (size_t)tt1 * ldY + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
         }
     }
+}
+
+template <int DK, int DV, int RT>
+__global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
+    typedef out_smem<DK, DV, RT> SM;
+    constexpr int NT = 64 * RT, R = SM::R;
+    extern __shared__ __align__(16) unsigned char smem[];
+    /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
+    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT, h = blockIdx.y;
+    const int tid = threadIdx.x;
+    a.prm += blockIdx.z;
+    const int len = a.prm->len, dv = a.dv;
+    const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
+    const size_t blk = (size_t)c * a.nv + h;
+    {
+        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
+        a.P += tok0 * a.ldP;
+        a.Y += tok0 * a.ldY;
+        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
+    }
+    if (len < 1) { /* a padding row: zeros for out_proj, no state */
+        const int tend = min(a.rows, t0 + R);
+        for (int e = tid; e < (tend - t0) * dv; e += NT)
+            a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+        return;
+    }
+    a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
+
+    /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some
+     * channels. Its loads and stores go while the block's operands are on their way (issued
+     * first): done before them, they put a dependent round trip to memory ahead of most blocks'
+     * copies, which a short chunk's one wave of blocks pays in full. */
+    const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
+    const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
+    const bool shift_early = (a.exp & GDN_EXP_OUT_SHIFT_FIRST) != 0;
+    if (shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+    const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
+    if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
+        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        for (int e = tid; e < (tend - t0) * dv; e += NT)
+            a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+        return;
+    }
+    {
+        const bf16 *Q = a.scr.Qg + (blk * GDN_C + 16 * tile0) * DK, *S = a.scr.Sc + blk * DV * DK;
+        const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
+        out_copy<DK, DV, RT>(smem, Q, S, Pm, dT, a.P, a.ldP, a.C + h * dv, t0, len, dv, tid);
+        cu_cp_async_commit();
+        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        cu_cp_async_wait<0>();
+        __syncthreads();
+    }
+    __shared__ float rsq[2][R];
+    out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, a.norm_w, dv, a.eps, t0, tile0, len, tend, h, tid);
+}
+
+/* ---- kernel C, pipelined: long launches ------------------------------------------------------- */
+
+/* The one-item-a-block output kernel copies all of a (block of 64 tokens, head)'s operands (88 KB at
+ * the 0.8B's dims) in one round and then computes; two such blocks share an SM (97 KB of shared
+ * memory each) and, started together, wait together and compute together: a cold row's 2048 tokens
+ * take 28.5 us a layer against a byte floor of ~13 us. This form keeps the copies going (but was
+ * slower: out_pipe_grid says why; GDN_EXP_OUT_PIPE runs it): one block
+ * an SM (or more for small heads) with two stages of the same layout walks the items (row, block of
+ * 64 tokens, head) with the grid's stride and copies item k + 1's operands while it computes item k.
+ * An item's math is out_math, so the bits are the one-item kernel's; each item also moves on its
+ * share of its row's conv state, the share that kernel's block for the item takes. */
+#define OUT_PIPE_STAGES 2
+#define OUT_PIPE_GRID_NO_SM 5 /* blocks without an SM count (the tests' launches): several items a block */
+#define OUT_SMEM_PER_SM (228 * 1024) /* an H100 / H200 SM's shared memory */
+template <int DK, int DV>
+__global__ void __launch_bounds__(64 * OUT_RT_LONG) gdn_out_pipe_kernel(gdn_out_args a, int nrows) {
+    constexpr int RT = OUT_RT_LONG, NT = 64 * RT;
+    typedef out_smem<DK, DV, RT> SM;
+    constexpr int R = SM::R;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ float rsq[2][R];
+    const int tid = threadIdx.x, dv = a.dv, nv = a.nv;
+    const int per_row = a.bt.ncb * nv, total = per_row * nrows;
+    const size_t ldY = (size_t)a.ldY;
+    /* item it: row it / per_row, block c, head h (heads adjacent: their z columns share P's rows) */
+    auto issue = [&](int it, int stage) {
+        const int z = it / per_row, c = (it % per_row) / nv, h = it % nv;
+        const int len = a.prm[z].len, t0 = c * GDN_C;
+        if (len < 1 || t0 >= len) return; /* zeros only: nothing to copy */
+        const size_t gblk = ((size_t)z * a.bt.ncb + c) * nv + h; /* the scratch's block, as gdn_scratch_row */
+        out_copy<DK, DV, RT>(smem + stage * SM::bytes, a.scr.Qg + gblk * GDN_C * DK, a.scr.Sc + gblk * DV * DK,
+                             a.scr.Pm + gblk * GDN_C * GDN_C, a.scr.dT + gblk * DV * GDN_C,
+                             a.P + (size_t)z * a.bt.bucket * a.ldP, a.ldP, a.C + h * dv, t0, len, dv, tid);
+    };
+    int it = blockIdx.x;
+    if (it < total) issue(it, 0);
+    cu_cp_async_commit();
+    for (int k = 0; it < total; k++, it += gridDim.x) {
+        if (it + (int)gridDim.x < total) issue(it + gridDim.x, (k + 1) % OUT_PIPE_STAGES);
+        cu_cp_async_commit();
+        const int z = it / per_row, c = (it % per_row) / nv, h = it % nv;
+        const cu_chunk_params *prm = a.prm + z;
+        const int len = prm->len, t0 = c * GDN_C, tend = min(a.rows, t0 + R);
+        const size_t tok0 = (size_t)z * a.bt.bucket;
+        bf16 *Yrow = a.Y + tok0 * ldY;
+        if (len >= 1) { /* a real row's conv state moves on (gdn_conv, which read it, has finished) */
+            const bf16 *Prow = a.P + tok0 * a.ldP;
+            cu_conv_state_shift((bf16 *)(prm->gdn + a.bt.conv_off), (const bf16 *)(cu_gdn_in(prm) + a.bt.conv_off),
+                                Prow, a.ldP, a.C, a.K, len, (c * nv + h) * NT + tid, per_row * NT);
+        }
+        if (len < 1 || t0 >= len) { /* a padding row or block: zeros for out_proj */
+            for (int e = tid; e < (tend - t0) * dv; e += NT)
+                Yrow[(size_t)(t0 + e / dv) * ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+        } else {
+            cu_cp_async_wait<OUT_PIPE_STAGES - 1>(); /* item k's copies have landed (k + 1's may not) */
+            __syncthreads();
+            out_math<DK, DV, RT>(smem + (k % OUT_PIPE_STAGES) * SM::bytes, rsq, Yrow, ldY, a.norm_w, dv, a.eps, t0, 0,
+                                 len, tend, h, tid);
+        }
+        __syncthreads(); /* every warp is done with this stage before item k + 2's copies refill it */
+    }
+}
+
+/* The pipelined output kernel's blocks (0: the one-item kernel): about the blocks the GPU holds at
+ * once (its shared memory), when GDN_EXP_OUT_PIPE asks for it and there are more items than the
+ * one-item kernel's one wave (two blocks an SM). An experiment, not the default: measured at 2048
+ * tokens (0.8B, H200, ncu) it took 33.6 us a layer against the one-item kernel's 28.6 (one block
+ * of 8 warps an SM computes too little at a time: DRAM at 40 % of its rate). */
+template <int DK, int DV>
+static int out_pipe_grid(long items, int n_sm, int exp) {
+    if (!(exp & GDN_EXP_OUT_PIPE)) return 0;
+    if (n_sm <= 0) return (int)(items < OUT_PIPE_GRID_NO_SM ? items : OUT_PIPE_GRID_NO_SM);
+    if (items <= 2L * n_sm) return 0;
+    const size_t per_block = OUT_PIPE_STAGES * out_smem<DK, DV, OUT_RT_LONG>::bytes + 1024; /* + the SM's reserve */
+    int per_sm = (int)(OUT_SMEM_PER_SM / per_block);
+    if (per_sm < 1) per_sm = 1;
+    if (per_sm > 2048 / (64 * OUT_RT_LONG)) per_sm = 2048 / (64 * OUT_RT_LONG); /* threads an SM */
+    const long g = (long)n_sm * per_sm;
+    return (int)(items < g ? items : g);
 }
 
 /* ---- host side -------------------------------------------------------------------------------- */
@@ -1281,6 +1598,8 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_SHORT>,                                           \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_SHORT>::bytes));                                 \
+        CU_TRY(cudaFuncSetAttribute(gdn_out_pipe_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,      \
+                                    (int)(OUT_PIPE_STAGES * out_smem<DK_, DV_, OUT_RT_LONG>::bytes)));              \
         return 0;                                                                                                   \
     }
     GDN_SHAPES(GDN_INIT)
@@ -1334,7 +1653,8 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
-    gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, d->exp, *scr};
+    gdn_out_args oa = {P,     d->ldP, NULL, norm_w, Y,      b->prm, bt,   d->nk, d->nv, d->dv, d->K, C,
+                       rows,  d->eps, d->exp, *scr, d->nv * d->dv};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
@@ -1343,12 +1663,11 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const bool short_conv = short_rows || rows <= d->short_rows;
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
     const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr, short_rows);
-    const bool conv_free = (d->exp & GDN_EXP_CONV_FREE) != 0;
     const bool fused = gdn_fused(d, short_conv);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if ((run & CU_GDN_CONV) && !fused)                                                                         \
-            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, conv_free, st, err))        \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, d->n_sm, d->exp, st, err)) \
                 return rc_;                                                                                        \
         if (run & CU_GDN_PREP) {                                                                                   \
             launch_gdn_prep_any<DK_, DV_>(pa, nc, d->nv, nr, prep_split, fused, st);                              \
@@ -1368,6 +1687,11 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
                                                      64 * OUT_RT_SHORT,                                            \
                                                      out_smem<DK_, DV_, OUT_RT_SHORT>::bytes, st>>>(oa);           \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
+        } else if ((run & CU_GDN_OUT) && out_pipe_grid<DK_, DV_>((long)nc * d->nv * nr, d->n_sm, d->exp) > 0) {    \
+            gdn_out_pipe_kernel<DK_, DV_><<<out_pipe_grid<DK_, DV_>((long)nc * d->nv * nr, d->n_sm, d->exp),          \
+                                            64 * OUT_RT_LONG,                                                     \
+                                            OUT_PIPE_STAGES * out_smem<DK_, DV_, OUT_RT_LONG>::bytes, st>>>(oa, (int)nr); \
+            CU_LAUNCH_CHECK("gdn_out_pipe_kernel");                                                                \
         } else if (run & CU_GDN_OUT) {                                                                             \
             gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (OUT_TILES / OUT_RT_LONG), d->nv, nr),               \
                                                     64 * OUT_RT_LONG,                                              \
