@@ -238,6 +238,11 @@ typedef struct cu_be {
     int lora_rank[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* its largest rank over the adapters */
     lora_site lsite[SQUAD_MAX_LAYERS][LORA_SITES]; /* the widened GEMMs (ext 0: the trunk's own) */
     void *lora_xw;                     /* a widened GEMM's input [tok_cap][in + ext] (the widest site) */
+    size_t lora_xw_bytes;
+    int lora_fit[CU_LORA_FIT_MAX + 1]; /* cu_lora_fit: the clusters of each size the GPU holds at once */
+    int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
+                         lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
+                         it there themselves and the short chain runs */
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
@@ -752,7 +757,9 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if (!cb->slot_route || !cb->slot_used) return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
     const size_t R = (size_t)cb->tok_cap;
-    if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, R * max_ldw * cb->es, MEM_SCRATCH, err))) return rc;
+    if (!cb->f32 && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
+    cb->lora_xw_bytes = R * max_ldw * cb->es;
+    if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, cb->lora_xw_bytes, MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
         return rc;
@@ -774,8 +781,8 @@ static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
 }
 
 /* The widened input [x | u] of site st into lora_xw (k_lora.cuh), x made by producer src: the norm
- * of h with weight w (CU_LORA_NORM), SiLU * up of x_src (CU_LORA_SILU), or a copy of x_src, ld_src
- * apart (CU_LORA_COPY). */
+ * of h with weight w (CU_LORA_NORM), SiLU * up of x_src (CU_LORA_SILU), a copy of x_src, ld_src
+ * apart (CU_LORA_COPY), or already there (CU_LORA_IN_PLACE: the mixer wrote it). */
 static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st, int src, const float *w,
                               const void *x_src, int ld_src, squad_err *err) {
     cu_lora_input_args a;
@@ -794,6 +801,8 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st,
     a.xw = cb->lora_xw;
     a.ldw = st->in + st->ext;
     a.f32 = cb->f32;
+    a.earlier = cb->lora_earlier;
+    memcpy(a.fit, cb->lora_fit, sizeof a.fit);
     return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
 }
 
@@ -846,9 +855,14 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, s_in ? cb->lora_xw : cb->x, cb->proj, rows, n_in,
                                   H + (s_in ? s_in->ext : 0), 0, f, cb->st, err)))
             return rc;
+        /* an adapted out / o: the mixer writes its output straight into the widened input's first
+         * columns (its row stride the site's), and only u is made after it */
+        const bool direct = s_out && !cb->lora_earlier;
+        void *mix = direct ? cb->lora_xw : cb->mix;
+        cb->gd.ldY = cb->ad.ldo = direct ? k_out + s_out->ext : 0;
         if (lin && gdn &&
             (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_off, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->s_off,
-                                 cb->mix, &cb->scr, b, cb->st, err)))
+                                 mix, &cb->scr, b, cb->st, err)))
             return rc;
         if (!lin && attn) {
             /* this layer's K and V at position 0, in elements, in a slot's own buffer and in a blob
@@ -856,10 +870,12 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
             const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
             const ptrdiff_t ko = (ptrdiff_t)((size_t)L->attn_index * 2 * kvd), vo = ko + (ptrdiff_t)kvd;
             rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, ko, vo, ko, vo, cb->qb,
-                                 cb->att_part, cb->splits[bi][rbi][si], cb->mix, b, cb->st, err);
+                                 cb->att_part, cb->splits[bi][rbi][si], mix, b, cb->st, err);
             if (rc) return rc;
         }
-        if (s_out && widen && (rc = enqueue_lora_input(cb, b, s_out, CU_LORA_COPY, NULL, cb->mix, k_out, err)))
+        cb->gd.ldY = cb->ad.ldo = 0;
+        if (s_out && widen &&
+            (rc = enqueue_lora_input(cb, b, s_out, direct ? CU_LORA_IN_PLACE : CU_LORA_COPY, NULL, cb->mix, k_out, err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, s_out ? cb->lora_xw : cb->mix, cb->h, rows, H,
                                   k_out + (s_out ? s_out->ext : 0), 1, f, cb->st, err)))
@@ -1522,6 +1538,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.prep_split = ps ? atoi(ps) : 0;
     const char *gx = getenv("SQUAD_GDN_EXP");
     cb->gd.exp = gx ? atoi(gx) : 0;
+    const char *lf = getenv("SQUAD_LORA_FORM");
+    cb->lora_earlier = lf && lf[0] == '0';
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;
@@ -1831,6 +1849,7 @@ extern "C" int squad_cuda_test_poison(squad_backend *be, squad_err *err) {
     CU_TRY(cudaMemsetAsync(cb->proj, 0xff, R * wproj * es, cb->st));
     CU_TRY(cudaMemsetAsync(cb->mix, 0xff, R * wmix * es, cb->st));
     CU_TRY(cudaMemsetAsync(cb->mlp, 0xff, R * cb->I * es, cb->st));
+    if (cb->lora_xw) CU_TRY(cudaMemsetAsync(cb->lora_xw, 0xff, cb->lora_xw_bytes, cb->st));
     if (cb->n_attn) {
         CU_TRY(cudaMemsetAsync(cb->qb, 0xff, R * cb->ad.nh * cb->ad.hd * es, cb->st));
         if (cb->att_part_bytes) CU_TRY(cudaMemsetAsync(cb->att_part, 0xff, cb->att_part_bytes, cb->st));

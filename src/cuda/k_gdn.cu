@@ -938,13 +938,14 @@ struct gdn_out_args {
     int ldP;
     bf16 *conv_state; /* [K-1][C], moved on to the chunk's end: set per row from its arena */
     const float *norm_w;
-    bf16 *Y; /* [rows][nv dv] */
+    bf16 *Y; /* [rows][ldY] */
     const cu_chunk_params *prm;
     gdn_batch_args bt;
     int nk, nv, dv, K, C, rows; /* rows: the bucket */
     float eps;
     int exp; /* cu_gdn_dims.exp */
     cu_gdn_scratch scr;
+    int ldY; /* Y's row stride (cu_gdn_dims.ldY, or nv dv) */
 };
 
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
@@ -986,13 +987,13 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     {
         const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
         a.P += tok0 * a.ldP;
-        a.Y += tok0 * a.nv * dv;
+        a.Y += tok0 * a.ldY;
         gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     }
     if (len < 1) { /* a padding row: zeros for out_proj, no state */
         const int tend = min(a.rows, t0 + R);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
-            a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+            a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
     }
     a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
@@ -1009,7 +1010,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
         if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
-            a.Y[(size_t)(t0 + e / dv) * a.nv * dv + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
+            a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
     }
     {
@@ -1108,7 +1109,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
                 y0 = O[j][0] * rs0 * w0 * cu_silu(__bfloat162float(Zs[i0 * SM::LDZ + d]));
                 y1 = O[j][1] * rs0 * w1 * cu_silu(__bfloat162float(Zs[i0 * SM::LDZ + d + 1]));
             }
-            *(uint32_t *)(a.Y + (size_t)tt0 * a.nv * dv + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
+            *(uint32_t *)(a.Y + (size_t)tt0 * a.ldY + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
         }
         if (tt1 < tend) {
             float y0 = 0.f, y1 = 0.f;
@@ -1116,7 +1117,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
                 y0 = O[j][2] * rs1 * w0 * cu_silu(__bfloat162float(Zs[i1 * SM::LDZ + d]));
                 y1 = O[j][3] * rs1 * w1 * cu_silu(__bfloat162float(Zs[i1 * SM::LDZ + d + 1]));
             }
-            *(uint32_t *)(a.Y + (size_t)tt1 * a.nv * dv + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
+            *(uint32_t *)(a.Y + (size_t)tt1 * a.ldY + (size_t)h * dv + d) = cu_pack_bf16(y0, y1);
         }
     }
 }
@@ -1334,7 +1335,9 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
-    gdn_out_args oa = {P, d->ldP, NULL, norm_w, Y, b->prm, bt, d->nk, d->nv, d->dv, d->K, C, rows, d->eps, d->exp, *scr};
+    gdn_out_args oa = {P,    d->ldP, NULL, norm_w, Y,      b->prm, bt,   d->nk,
+                       d->nv, d->dv, d->K, C,      rows,   d->eps, d->exp, *scr,
+                       d->ldY > 0 ? d->ldY : d->nv * d->dv};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
