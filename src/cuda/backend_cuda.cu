@@ -757,7 +757,8 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if (!cb->slot_route || !cb->slot_used) return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
     const size_t R = (size_t)cb->tok_cap;
-    if (!cb->f32 && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
+    const char *fe = getenv("SQUAD_LORA_FIT"); /* "0": no bound on the clusters (an experiment switch) */
+    if (!cb->f32 && !(fe && fe[0] == '0') && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
     cb->lora_xw_bytes = R * max_ldw * cb->es;
     if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, cb->lora_xw_bytes, MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
