@@ -310,7 +310,8 @@ static int bench_list(const char *env, int per, int (*out)[3]) {
 }
 
 static void bench_gemm_shapes(void) {
-    static const int shapes0[][3] = {{8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
+    static const int shapes0[][3] = {
+        {8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
     static const int ms0[] = {16, 32, 64, 128, 192, 256, 512, 2048};
     int shapes[BENCH_MAX][3], ms[BENCH_MAX][3];
     int n_shapes = bench_list(getenv("SQUAD_GEMM_BENCH_SHAPES"), 3, shapes);

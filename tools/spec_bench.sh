@@ -9,6 +9,7 @@
 #     ENV     extra e2e runs, one per item, its comma-separated assignments in the environment
 #             (e.g. SQUAD_LORA_FORM=0 SQUAD_LORA_SLICES=4)
 # Runs: trunk, e2e, each ENV item, e2e again, trunk again (the repeats show the drift) -> OUTDIR/bench.log.
+# SPEC_REPS: timed rows a case (default 10).
 set -u
 C=${1:?usage: tools/spec_bench.sh CARRY OUTDIR [ENV ...]}
 D=${2:?usage: tools/spec_bench.sh CARRY OUTDIR [ENV ...]}
@@ -30,8 +31,8 @@ run() { # NAME ASSIGNMENTS(comma-separated, or -) ARGS...
     [ "$envs" = - ] && envs=""
     echo "== $name ${envs//,/ }" >>"$D/bench.log"
     local t0=$(date +%s)
-    timeout 150 env ${envs//,/ } "$S" bench --model "$M" --device cuda --reps 10 --state 4096 --suffix 32,128 \
-        --lengths 4096 "$@" >>"$D/bench.log" 2>&1
+    timeout 150 env ${envs//,/ } "$S" bench --model "$M" --device cuda --reps "${SPEC_REPS:-10}" --state 4096 \
+        --suffix 32,128 --lengths 4096 "$@" >>"$D/bench.log" 2>&1
     echo "exit $? in $(($(date +%s) - t0)) s" >>"$D/bench.log"
 }
 E2E="--specialists $SP --specialist e2e"

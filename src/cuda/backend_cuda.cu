@@ -240,6 +240,7 @@ typedef struct cu_be {
     void *lora_xw;                     /* a widened GEMM's input [tok_cap][in + ext] (the widest site) */
     size_t lora_xw_bytes;
     int lora_fit[CU_LORA_FIT_MAX + 1]; /* cu_lora_fit: the clusters of each size the GPU holds at once */
+    int lora_prefetch;                 /* each widened input brings the next one's A into L2 */
     int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
                          lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
                          it there themselves and the short chain runs */
@@ -781,11 +782,24 @@ static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
     return st->ext ? st : NULL;
 }
 
-/* The widened input [x | u] of site st into lora_xw (k_lora.cuh), x made by producer src: the norm
+/* The widened GEMM after site k of layer l in forward order (the next layers' too), or NULL. */
+static const lora_site *lora_site_after(const cu_be *cb, int l, int k) {
+    for (;;) {
+        if (++k == LORA_SITES) {
+            k = 0;
+            if (++l >= cb->nl) return NULL;
+        }
+        const lora_site *st = lora_site_of(cb, l, k);
+        if (st) return st;
+    }
+}
+
+/* The widened input [x | u] of layer l's site k into lora_xw (k_lora.cuh), x made by producer src: the norm
  * of h with weight w (CU_LORA_NORM), SiLU * up of x_src (CU_LORA_SILU), a copy of x_src, ld_src
  * apart (CU_LORA_COPY), or already there (CU_LORA_IN_PLACE: the mixer wrote it). */
-static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st, int src, const float *w,
-                              const void *x_src, int ld_src, squad_err *err) {
+static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int src, const float *w, const void *x_src,
+                              int ld_src, squad_err *err) {
+    const lora_site *st = lora_site_of(cb, l, k), *next = lora_site_after(cb, l, k);
     cu_lora_input_args a;
     memset(&a, 0, sizeof a);
     a.src = src;
@@ -804,6 +818,10 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st,
     a.f32 = cb->f32;
     a.earlier = cb->lora_earlier;
     memcpy(a.fit, cb->lora_fit, sizeof a.fit);
+    if (next && cb->lora_prefetch) { /* the next widened input's A into L2 while this one runs */
+        a.prefetch = next->A;
+        a.prefetch_bytes = (size_t)cb->n_lora_slots * next->R * next->lda * cb->es;
+    }
     return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
 }
 
@@ -848,8 +866,8 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         const bool widen = gemm && !cb->gemm.tune; /* the GEMM-only plan making leaves its scratch alone */
         rc = 0;
         if (s_in && norm) /* layer 0's norm came with the embeddings: its x is copied */
-            rc = l == 0 ? enqueue_lora_input(cb, b, s_in, CU_LORA_COPY, NULL, cb->x, H, err)
-                        : enqueue_lora_input(cb, b, s_in, CU_LORA_NORM, L->in_norm, NULL, 0, err);
+            rc = l == 0 ? enqueue_lora_input(cb, b, l, LORA_IN, CU_LORA_COPY, NULL, cb->x, H, err)
+                        : enqueue_lora_input(cb, b, l, LORA_IN, CU_LORA_NORM, L->in_norm, NULL, 0, err);
         else if (l > 0 && norm)
             rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err);
         if (rc) return rc;
@@ -876,18 +894,19 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         }
         cb->gd.ldY = cb->ad.ldo = 0;
         if (s_out && widen &&
-            (rc = enqueue_lora_input(cb, b, s_out, direct ? CU_LORA_IN_PLACE : CU_LORA_COPY, NULL, cb->mix, k_out, err)))
+            (rc = enqueue_lora_input(cb, b, l, LORA_OUT, direct ? CU_LORA_IN_PLACE : CU_LORA_COPY, NULL, cb->mix, k_out,
+                                     err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, s_out ? cb->lora_xw : cb->mix, cb->h, rows, H,
                                   k_out + (s_out ? s_out->ext : 0), 1, f, cb->st, err)))
             return rc;
-        if (norm && (rc = s_gu ? enqueue_lora_input(cb, b, s_gu, CU_LORA_NORM, L->post_norm, NULL, 0, err)
+        if (norm && (rc = s_gu ? enqueue_lora_input(cb, b, l, LORA_GU, CU_LORA_NORM, L->post_norm, NULL, 0, err)
                                : cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, s_gu ? cb->lora_xw : cb->x, cb->proj, rows, 2 * I,
                                   H + (s_gu ? s_gu->ext : 0), 0, f, cb->st, err)))
             return rc;
-        if (silu && (rc = s_dn ? enqueue_lora_input(cb, b, s_dn, CU_LORA_SILU, NULL, cb->proj, 2 * I, err)
+        if (silu && (rc = s_dn ? enqueue_lora_input(cb, b, l, LORA_DOWN, CU_LORA_SILU, NULL, cb->proj, 2 * I, err)
                                : cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, s_dn ? cb->lora_xw : cb->mlp, cb->h, rows, H,
@@ -1541,6 +1560,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.exp = gx ? atoi(gx) : 0;
     const char *lf = getenv("SQUAD_LORA_FORM");
     cb->lora_earlier = lf && lf[0] == '0';
+    const char *lp = getenv("SQUAD_LORA_PREFETCH"); /* "0": no L2 prefetch of the next A (an experiment) */
+    cb->lora_prefetch = !cb->lora_earlier && !(lp && lp[0] == '0');
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;

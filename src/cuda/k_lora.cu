@@ -246,6 +246,10 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
      * the graph) and the first chunk's A fragments of the tile's first slot (an upload) */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
     const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE; /* x's writers (IN_PLACE: none) */
+    /* the norm's u as the short chain computes it, r times the products of bf16(h (1 + w)) (so a
+     * short and a long chunk of one row agree up to the order of the sums); the earlier form: the
+     * products of x */
+    const bool fac = a.src == CU_LORA_NORM && !a.earlier;
     const int s_first = todo ? ts[__ffs(todo) - 1] : 0;
     uint32_t bfr[LX_KS][NT][2];
     lx_load_a<NT>(bfr, A + (size_t)(s_first > 0 ? s_first - 1 : 0) * a.R * a.lda, a.lda, kb, ke, c0, c1, s_first > 0);
@@ -350,6 +354,12 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                     v.w = cu_pack_bf16(hv[i][6] * r * (1.f + wv[i][6]), hv[i][7] * r * (1.f + wv[i][7]));
                     if (t0 + row < rows && k < a.in && writer)
                         *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
+                    if (fac) { /* the products take h (1 + w), r applied to their sum (the short chain's) */
+                        v.x = cu_pack_bf16(hv[i][0] * (1.f + wv[i][0]), hv[i][1] * (1.f + wv[i][1]));
+                        v.y = cu_pack_bf16(hv[i][2] * (1.f + wv[i][2]), hv[i][3] * (1.f + wv[i][3]));
+                        v.z = cu_pack_bf16(hv[i][4] * (1.f + wv[i][4]), hv[i][5] * (1.f + wv[i][5]));
+                        v.w = cu_pack_bf16(hv[i][6] * (1.f + wv[i][6]), hv[i][7] * (1.f + wv[i][7]));
+                    }
                     *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
                 }
             } else {
@@ -359,6 +369,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                     if (t < rows && k < a.in) {
                         v = lx_make8(a, t, k, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
                         if (first && writer) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = v;
+                        if (fac) v = lx_make8(a, t, k, 1.0f); /* h (1 + w) for the products */
                     }
                     *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
                 }
@@ -413,6 +424,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                 if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
                 float sum = 0.0f;
                 for (int q = 0; q < ks; q++) sum += upart[q][row][c];
+                if (fac) sum *= rinv[row];
                 xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
             }
         if (!todo) break;
@@ -445,6 +457,25 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 #define LX_SHORT_UNITS 4      /* units of 8 x values a thread takes: a slice of up to LX_KC */
 #define LX_SHORT_NORM_UNITS 2 /* the norm holds its units' h and w until r is known: a slice of up to 256 */
 static_assert(LX_SHORT_UNITS * LX_THREADS == LX_TM * LX_KC / 8, "a slice of LX_KC in one pass");
+
+/* The grid's threads bring [p, p + bytes) into L2 between them, a 128-byte line each at a time. */
+static __device__ __forceinline__ void lx_prefetch_l2(const void *p, size_t bytes) {
+    const size_t nthreads = (size_t)gridDim.x * gridDim.y * gridDim.z * LX_THREADS;
+    const size_t block = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const size_t me = block * LX_THREADS + threadIdx.x;
+    for (size_t off = me * 128; off < bytes; off += nthreads * 128)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char *>(p) + off));
+}
+
+/* A writer's units of x (SiLU / copy), kept in registers from making xs. */
+static __device__ __forceinline__ void lx_short_store_x(bf16 *xw, int ldw, const uint4 (&xr)[LX_SHORT_UNITS], int in,
+                                                        int upr, int units, int t0, int kb, int rows) {
+#pragma unroll
+    for (int i = 0; i < LX_SHORT_UNITS; i++) {
+        const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr, k = kb + (u % upr) * 8, t = t0 + row;
+        if (u < units && t < rows && k < in) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = xr[i];
+    }
+}
 
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
@@ -480,6 +511,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 #pragma unroll
     for (int q = 0; q < LX_PRE_SLOTS; q++)
         lx_load_a<NT>(bpre[q], A + (size_t)q * a.R * a.lda, a.lda, kb, ke, c0, c1, q < a.n_slots);
+    if (a.prefetch) lx_prefetch_l2(a.prefetch, a.prefetch_bytes);
     lx_grid_wait();
     /* 2. the slice of x: every load issued first; units of 8 values, consecutive threads on
      * consecutive k, upr a row */
@@ -517,7 +549,9 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
             v.w = cu_pack_bf16(hv[i][6] * (1.f + wv[i][6]), hv[i][7] * (1.f + wv[i][7]));
             *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
         }
-    } else {
+    }
+    uint4 xr[LX_SHORT_UNITS]; /* SiLU / copy: this thread's units of x, written after the barrier */
+    if (!norm) {
         uint4 g[LX_SHORT_UNITS], v[LX_SHORT_UNITS];
 #pragma unroll
         for (int i = 0; i < LX_SHORT_UNITS; i++) {
@@ -538,9 +572,8 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
             const int u = tid + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = kb + kk, t = t0 + row;
             if (u >= units) continue;
             const bool real = t < rows && k < a.in;
-            const uint4 x = a.src == CU_LORA_SILU && real ? lx_silu8(g[i], v[i]) : g[i];
-            if (writer && real) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = x;
-            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = x;
+            xr[i] = a.src == CU_LORA_SILU && real ? lx_silu8(g[i], v[i]) : g[i];
+            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = xr[i];
         }
     }
     if (tid < LX_TM) ts[tid] = my_slot;
@@ -549,8 +582,12 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 #pragma unroll
     for (int i = 0; i < LX_TM; i++)
         if (ts[i] > 0) todo |= 1u << i;
-    if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
-    if (!todo && !writer) return; /* nothing more for the whole cluster (one tile, one column group) */
+    /* every global store comes after the cluster barrier (or where there is none): the barrier's
+     * release then covers shared memory only, not a round trip of stores to L2 */
+    if (!todo && !writer) { /* nothing more for the whole cluster (one tile, one column group) */
+        if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+        return;
+    }
     float ssp = 0.0f; /* threads < LX_TM, the norm: the row's sum of squares over this slice */
     if (norm && tid < LX_TM)
         for (int j = 0; j < upr; j++) ssp += sq[tid * upr + j];
@@ -560,7 +597,13 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
         int s = 0;
         unsigned mine = 0;
         if (todo) s = lx_next_slot(ts, &todo, &mine);
-        if (!s && !(first && norm && writer)) break; /* the norm's writers still need r */
+        if (!s && !(first && norm && writer)) { /* no exchange: a writer's x of trunk tokens */
+            if (first) {
+                if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+                lx_short_store_x(xw, ldw, xr, a.in, upr, units, t0, kb, rows);
+            }
+            break;
+        }
         /* 3. the products of the slot's A rows and the slice, the k-steps spread over the warps */
         if (s) {
             uint32_t bfr[LX_KS][NT][2];
@@ -626,8 +669,11 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
             cluster.sync();
         else
             __syncthreads();
-        /* 5. the norm's row scales (the same in every block: the slices' sums in slice order), then
-         * x from the registers (the other form's arithmetic) and u */
+        /* 5. the stores: zeros in the other slots' columns, x (the norm's after its row scales, the
+         * same in every block: the slices' sums in slice order; from the registers, the other form's
+         * arithmetic), u */
+        if (first && z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+        if (first && !norm && writer) lx_short_store_x(xw, ldw, xr, a.in, upr, units, t0, kb, rows);
         if (first && norm) {
             if (tid < LX_TM) {
                 float ss = 0.0f;
@@ -809,9 +855,11 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
         return 0;
     }
     /* vector loads and stores: 8 bf16 (16 bytes) of x, float4s of h and w, 4-byte A fragments */
-    const int src_ok = a->src == CU_LORA_NORM       ? lx_aligned(a->h, 16) && lx_aligned(a->w, 16)
-                       : a->src == CU_LORA_IN_PLACE ? 1 /* xw's own alignment, checked below */
-                                                    : lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
+    int src_ok = 1; /* IN_PLACE: xw's own alignment, checked below */
+    if (a->src == CU_LORA_NORM)
+        src_ok = lx_aligned(a->h, 16) && lx_aligned(a->w, 16);
+    else if (a->src != CU_LORA_IN_PLACE)
+        src_ok = lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
     const int ok = a->in % 8 == 0 && a->R % 16 == 0 && a->lda % 8 == 0 && a->ldw % 8 == 0 && lx_aligned(a->xw, 16) &&
                    lx_aligned(a->A, 4) && src_ok;
     if (!ok)

@@ -63,6 +63,11 @@ typedef struct cu_lora_input_args {
      * wave of clusters: a cluster's blocks share one GPC, so a GPU's slots do not all pack into
      * clusters of 8. */
     int fit[CU_LORA_FIT_MAX + 1];
+    /* The short chain brings these bytes into L2 for a later launch (the next widened input's A: its
+     * first loads then come from L2, not from device memory, which the weights' stream through L2
+     * between launches would leave them in); NULL: none. */
+    const void *prefetch;
+    size_t prefetch_bytes;
 } cu_lora_input_args;
 
 /* For every token t < rows, with s = token_slot[t] (0, or outside [1, n_slots]: no adapter):
