@@ -247,6 +247,11 @@ typedef struct cu_be {
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
+    /* SQUAD_ROUTER_SIDE=1 (an experiment): the router's sum on a side stream, forked after the router
+     * layer's first producer and joined before its mixer (it reads h, which nothing writes until the
+     * layer's out-projection), off the forward's chain of dependent launches; NULL: in line */
+    cudaStream_t st_router;
+    cudaEvent_t ev_router_fork, ev_router_join;
 
     void **allocs;
     int n_allocs, cap_allocs;
@@ -766,6 +771,12 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
         return rc;
     CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->max_seqs * cb->H * sizeof(double)));
+    const char *rs = getenv("SQUAD_ROUTER_SIDE");
+    if (rs && rs[0] == '1') {
+        CU_TRY(cudaStreamCreateWithFlags(&cb->st_router, cudaStreamNonBlocking));
+        CU_TRY(cudaEventCreateWithFlags(&cb->ev_router_fork, cudaEventDisableTiming));
+        CU_TRY(cudaEventCreateWithFlags(&cb->ev_router_join, cudaEventDisableTiming));
+    }
     cb->sp = sp;
     return 0;
 }
@@ -825,6 +836,17 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int sr
     return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
 }
 
+/* The router's sums of the replay's rows (h entering router.layer) on stream st. */
+static int enqueue_router(cu_be *cb, const cu_batch *bt, cudaStream_t st, squad_err *err) {
+    for (int r = 0; r < bt->nrows; r++) {
+        const size_t t0 = (size_t)r * bt->bucket;
+        const int rc = cu_router_sum(cb->h + t0 * cb->H, cb->H, cb->sp->router.eps, bt->prm + r, cb->router_inv + t0,
+                                     cb->router_dev + (size_t)r * cb->H, bt->bucket, st, err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 /* The kernel groups of cb->parts, in forward order, for a replay of rows bucket rbi, length bucket
  * bi and span bucket si. With every group this is the forward; with a subset the groups left out
  * leave their outputs as they were (plan making, ablation timing). */
@@ -852,13 +874,8 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         const int n_in = lin ? cb->NP : cb->ldQKV;
         const int k_out = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
         /* the router reads h as it enters its layer (the embeddings for layer 0): each row's sum */
-        if (cb->sp && norm && l == cb->sp->router.layer)
-            for (int r = 0; r < bt.nrows; r++) {
-                const size_t t0 = (size_t)r * bt.bucket;
-                if ((rc = cu_router_sum(cb->h + t0 * H, H, cb->sp->router.eps, bt.prm + r, cb->router_inv + t0,
-                                        cb->router_dev + (size_t)r * H, bt.bucket, cb->st, err)))
-                    return rc;
-            }
+        const bool router_here = cb->sp && norm && l == cb->sp->router.layer;
+        if (router_here && !cb->st_router && (rc = enqueue_router(cb, &bt, cb->st, err))) return rc;
         /* the specialists' widened GEMMs (k_lora.cuh): their input [x | u] is made in place of the
          * trunk's norm, SiLU or (before out / o) on its own, and the GEMM's K grows by ext */
         const lora_site *s_in = lora_site_of(cb, l, LORA_IN), *s_out = lora_site_of(cb, l, LORA_OUT);
@@ -871,11 +888,18 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         else if (l > 0 && norm)
             rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err);
         if (rc) return rc;
+        if (router_here && cb->st_router) { /* forked here, joined before the mixer below */
+            CU_TRY(cudaEventRecord(cb->ev_router_fork, cb->st));
+            CU_TRY(cudaStreamWaitEvent(cb->st_router, cb->ev_router_fork, 0));
+            if ((rc = enqueue_router(cb, &bt, cb->st_router, err))) return rc;
+            CU_TRY(cudaEventRecord(cb->ev_router_join, cb->st_router));
+        }
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, s_in ? cb->lora_xw : cb->x, cb->proj, rows, n_in,
                                   H + (s_in ? s_in->ext : 0), 0, f, cb->st, err)))
             return rc;
         /* an adapted out / o: the mixer writes its output straight into the widened input's first
          * columns (its row stride the site's), and only u is made after it */
+        if (router_here && cb->st_router) CU_TRY(cudaStreamWaitEvent(cb->st, cb->ev_router_join, 0));
         const bool direct = s_out && !cb->lora_earlier;
         void *mix = direct ? cb->lora_xw : cb->mix;
         cb->gd.ldY = cb->ad.ldo = direct ? k_out + s_out->ext : 0;
@@ -1423,6 +1447,9 @@ static void be_destroy(squad_backend *be) {
         if (cb->router_host) cudaFreeHost(cb->router_host);
         free(cb->slot_route);
         free(cb->slot_used);
+        if (cb->st_router) cudaStreamDestroy(cb->st_router);
+        if (cb->ev_router_fork) cudaEventDestroy(cb->ev_router_fork);
+        if (cb->ev_router_join) cudaEventDestroy(cb->ev_router_join);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);
