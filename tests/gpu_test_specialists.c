@@ -948,6 +948,13 @@ static void test_lora_kernel(void) {
  * SiLU * up), without the GEMMs. */
 static void bench_lora_kernel(void) {
     static const int ROWS[] = {32, 128, 512, 4096}, RANKS[] = {16, 64};
+    int fit[9] = {0};
+    squad_err ferr = {0};
+    const int frc = squad_cuda_lora_fit(fit, &ferr);
+    CHECKF(frc == 0, "lora fit: %s", ferr.msg);
+    CHECKF(frc != 0 || fit[1] > 0, "lora fit: no cluster of one block fits");
+    printf("lora fit: clusters of 1..8 blocks held at once: %d %d %d %d %d %d %d %d\n", fit[1], fit[2], fit[3], fit[4],
+           fit[5], fit[6], fit[7], fit[8]);
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
         for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
             squad_err err = {0};

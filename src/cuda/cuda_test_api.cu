@@ -966,6 +966,11 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
     return 0;
 }
 
+extern "C" int squad_cuda_lora_fit(int fit[9], squad_err *err) {
+    static_assert(CU_LORA_FIT_MAX == 8, "the header's fit[9]");
+    return cu_lora_fit(fit, err);
+}
+
 extern "C" int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode, double *us_per_layer,
                                      squad_err *err) {
     *us_per_layer = -1.0;
