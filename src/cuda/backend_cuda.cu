@@ -241,6 +241,7 @@ typedef struct cu_be {
     size_t lora_xw_bytes;
     int lora_fit[CU_LORA_FIT_MAX + 1]; /* cu_lora_fit: the clusters of each size the GPU holds at once */
     int lora_prefetch;                 /* each widened input brings the next one's A into L2 */
+    int lora_factored;                 /* SQUAD_LORA_FACTORED=1: the short chain's factored norm (k_lora.cuh) */
     int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
                          lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
                          it there themselves and the short chain runs */
@@ -828,6 +829,7 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int sr
     a.ldw = st->in + st->ext;
     a.f32 = cb->f32;
     a.earlier = cb->lora_earlier;
+    a.factored = cb->lora_factored;
     memcpy(a.fit, cb->lora_fit, sizeof a.fit);
     if (next && cb->lora_prefetch) { /* the next widened input's A into L2 while this one runs */
         a.prefetch = next->A;
@@ -1589,6 +1591,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->lora_earlier = lf && lf[0] == '0';
     const char *lp = getenv("SQUAD_LORA_PREFETCH"); /* "0": no L2 prefetch of the next A (an experiment) */
     cb->lora_prefetch = !cb->lora_earlier && !(lp && lp[0] == '0');
+    const char *lfac = getenv("SQUAD_LORA_FACTORED"); /* "1": the norm's one-barrier form (an experiment) */
+    cb->lora_factored = lfac && lfac[0] == '1';
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;

@@ -246,10 +246,6 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
      * the graph) and the first chunk's A fragments of the tile's first slot (an upload) */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
     const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE; /* x's writers (IN_PLACE: none) */
-    /* the norm's u as the short chain computes it, r times the products of bf16(h (1 + w)) (so a
-     * short and a long chunk of one row agree up to the order of the sums); the earlier form: the
-     * products of x */
-    const bool fac = a.src == CU_LORA_NORM && !a.earlier;
     const int s_first = todo ? ts[__ffs(todo) - 1] : 0;
     uint32_t bfr[LX_KS][NT][2];
     lx_load_a<NT>(bfr, A + (size_t)(s_first > 0 ? s_first - 1 : 0) * a.R * a.lda, a.lda, kb, ke, c0, c1, s_first > 0);
@@ -354,12 +350,6 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                     v.w = cu_pack_bf16(hv[i][6] * r * (1.f + wv[i][6]), hv[i][7] * r * (1.f + wv[i][7]));
                     if (t0 + row < rows && k < a.in && writer)
                         *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
-                    if (fac) { /* the products take h (1 + w), r applied to their sum (the short chain's) */
-                        v.x = cu_pack_bf16(hv[i][0] * (1.f + wv[i][0]), hv[i][1] * (1.f + wv[i][1]));
-                        v.y = cu_pack_bf16(hv[i][2] * (1.f + wv[i][2]), hv[i][3] * (1.f + wv[i][3]));
-                        v.z = cu_pack_bf16(hv[i][4] * (1.f + wv[i][4]), hv[i][5] * (1.f + wv[i][5]));
-                        v.w = cu_pack_bf16(hv[i][6] * (1.f + wv[i][6]), hv[i][7] * (1.f + wv[i][7]));
-                    }
                     *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
                 }
             } else {
@@ -369,7 +359,6 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                     if (t < rows && k < a.in) {
                         v = lx_make8(a, t, k, a.src == CU_LORA_NORM ? rinv[row] : 0.0f);
                         if (first && writer) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = v;
-                        if (fac) v = lx_make8(a, t, k, 1.0f); /* h (1 + w) for the products */
                     }
                     *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
                 }
@@ -424,7 +413,6 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                 if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
                 float sum = 0.0f;
                 for (int q = 0; q < ks; q++) sum += upart[q][row][c];
-                if (fac) sum *= rinv[row];
                 xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
             }
         if (!todo) break;
@@ -467,13 +455,50 @@ static __device__ __forceinline__ void lx_prefetch_l2(const void *p, size_t byte
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char *>(p) + off));
 }
 
-/* A writer's units of x (SiLU / copy), kept in registers from making xs. */
-static __device__ __forceinline__ void lx_short_store_x(bf16 *xw, int ldw, const uint4 (&xr)[LX_SHORT_UNITS], int in,
-                                                        int upr, int units, int t0, int kb, int rows) {
+/* Threads < LX_TM: this slice's sums of squares ssp into every block of the cluster (slot z). */
+static __device__ __forceinline__ void lx_push_ss(float (&sspart)[LX_SLICES_MAX][LX_TM], float ssp, int ks, int z,
+                                                  cg::cluster_group &cluster) {
+    if (threadIdx.x >= LX_TM) return;
+    if (ks == 1) {
+        sspart[0][threadIdx.x] = ssp;
+        return;
+    }
 #pragma unroll
-    for (int i = 0; i < LX_SHORT_UNITS; i++) {
-        const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr, k = kb + (u % upr) * 8, t = t0 + row;
-        if (u < units && t < rows && k < in) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = xr[i];
+    for (int q = 0; q < LX_SLICES_MAX; q++)
+        if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
+}
+
+/* Threads < LX_TM: the rows' scales from the slices' sums of squares, added in slice order. */
+static __device__ __forceinline__ void lx_row_scale(float *rinv, const float (&sspart)[LX_SLICES_MAX][LX_TM], int ks,
+                                                    int in, float eps) {
+    if (threadIdx.x >= LX_TM) return;
+    float ss = 0.0f;
+    for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
+    rinv[threadIdx.x] = rsqrtf(ss / (float)in + eps);
+}
+
+/* The norm's x = bf16(h r (1 + w)) of this thread's units (h in registers, w read again): into xw
+ * (writers) and into xs (when given). */
+static __device__ __forceinline__ void lx_short_norm_x(bf16 *xw, int ldw, bf16 *xs,
+                                                       const float (&hv)[LX_SHORT_NORM_UNITS][8], const float *w,
+                                                       const float *rinv, int in, int upr, int units, int t0, int kb,
+                                                       int rows, bool writer) {
+#pragma unroll
+    for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
+        const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = kb + kk;
+        if (u >= units) continue;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        const bool real = t0 + row < rows && k < in;
+        if (real) {
+            const float r = rinv[row];
+            const float4 w0 = *reinterpret_cast<const float4 *>(w + k), w1 = *reinterpret_cast<const float4 *>(w + k + 4);
+            v.x = cu_pack_bf16(hv[i][0] * r * (1.f + w0.x), hv[i][1] * r * (1.f + w0.y));
+            v.y = cu_pack_bf16(hv[i][2] * r * (1.f + w0.z), hv[i][3] * r * (1.f + w0.w));
+            v.z = cu_pack_bf16(hv[i][4] * r * (1.f + w1.x), hv[i][5] * r * (1.f + w1.y));
+            v.w = cu_pack_bf16(hv[i][6] * r * (1.f + w1.z), hv[i][7] * r * (1.f + w1.w));
+            if (writer) *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
+        }
+        if (xs) *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
     }
 }
 
@@ -497,6 +522,9 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
     const bool norm = a.src == CU_LORA_NORM;
+    /* the norm's u: r times the products of bf16(h (1 + w)), one cluster barrier (fac); else the
+     * products of x after r's own barrier, the earlier form's arithmetic bit for bit */
+    const bool fac = norm && a.factored;
     const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE; /* x's writers */
     lx_launch_next();
     if (ks > 1) lx_cluster_arrive();
@@ -542,6 +570,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 #pragma unroll
             for (int e = 0; e < 8; e++) ss += hv[i][e] * hv[i][e];
             sq[u] = ss;
+            if (!fac) continue; /* xs waits for r */
             uint4 v;
             v.x = cu_pack_bf16(hv[i][0] * (1.f + wv[i][0]), hv[i][1] * (1.f + wv[i][1]));
             v.y = cu_pack_bf16(hv[i][2] * (1.f + wv[i][2]), hv[i][3] * (1.f + wv[i][3]));
@@ -549,9 +578,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
             v.w = cu_pack_bf16(hv[i][6] * (1.f + wv[i][6]), hv[i][7] * (1.f + wv[i][7]));
             *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
         }
-    }
-    uint4 xr[LX_SHORT_UNITS]; /* SiLU / copy: this thread's units of x, written after the barrier */
-    if (!norm) {
+    } else {
         uint4 g[LX_SHORT_UNITS], v[LX_SHORT_UNITS];
 #pragma unroll
         for (int i = 0; i < LX_SHORT_UNITS; i++) {
@@ -572,8 +599,9 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
             const int u = tid + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = kb + kk, t = t0 + row;
             if (u >= units) continue;
             const bool real = t < rows && k < a.in;
-            xr[i] = a.src == CU_LORA_SILU && real ? lx_silu8(g[i], v[i]) : g[i];
-            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = xr[i];
+            const uint4 x = a.src == CU_LORA_SILU && real ? lx_silu8(g[i], v[i]) : g[i];
+            if (writer && real) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = x;
+            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = x;
         }
     }
     if (tid < LX_TM) ts[tid] = my_slot;
@@ -582,28 +610,34 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 #pragma unroll
     for (int i = 0; i < LX_TM; i++)
         if (ts[i] > 0) todo |= 1u << i;
-    /* every global store comes after the cluster barrier (or where there is none): the barrier's
-     * release then covers shared memory only, not a round trip of stores to L2 */
-    if (!todo && !writer) { /* nothing more for the whole cluster (one tile, one column group) */
-        if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
-        return;
-    }
+    if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+    if (!todo && !writer) return; /* nothing more for the whole cluster (one tile, one column group) */
     float ssp = 0.0f; /* threads < LX_TM, the norm: the row's sum of squares over this slice */
     if (norm && tid < LX_TM)
         for (int j = 0; j < upr; j++) ssp += sq[tid * upr + j];
     float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
+    bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
+    if (norm && !fac) { /* r first: the slices' sums of squares into every block, a barrier, x */
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
+        }
+        lx_push_ss(sspart, ssp, ks, z, cluster);
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
+        lx_row_scale(rinv, sspart, ks, a.in, a.eps);
+        __syncthreads();
+        lx_short_norm_x(xw, ldw, xs, hv, a.w, rinv, a.in, upr, units, t0, kb, rows, writer);
+        __syncthreads();
+    }
     bool first = true;
     for (;;) {
         int s = 0;
         unsigned mine = 0;
         if (todo) s = lx_next_slot(ts, &todo, &mine);
-        if (!s && !(first && norm && writer)) { /* no exchange: a writer's x of trunk tokens */
-            if (first) {
-                if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
-                lx_short_store_x(xw, ldw, xr, a.in, upr, units, t0, kb, rows);
-            }
-            break;
-        }
+        if (!s && !(first && fac && writer)) break; /* the factored norm's writers still need r */
         /* 3. the products of the slot's A rows and the slice, the k-steps spread over the warps */
         if (s) {
             uint32_t bfr[LX_KS][NT][2];
@@ -645,7 +679,10 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
             }
         }
         __syncthreads();
-        if (ks > 1 && first) lx_cluster_wait(); /* every block has started: its shared memory may be written */
+        if (!joined) { /* every block has started: its shared memory may be written */
+            lx_cluster_wait();
+            joined = true;
+        }
         /* 4. the block's sum in warp order into the first block's shared memory; the norm's sums of
          * squares into every block's; one barrier */
         if (s)
@@ -656,49 +693,17 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                 for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
                 up0[((size_t)z * LX_TM + row) * CW + c] = sum;
             }
-        if (first && norm && tid < LX_TM) {
-            if (ks == 1) {
-                sspart[0][tid] = ssp;
-            } else {
-#pragma unroll
-                for (int q = 0; q < LX_SLICES_MAX; q++)
-                    if (q < ks) *cluster.map_shared_rank(&sspart[z][tid], q) = ssp;
-            }
-        }
+        if (first && fac) lx_push_ss(sspart, ssp, ks, z, cluster);
         if (ks > 1)
             cluster.sync();
         else
             __syncthreads();
-        /* 5. the stores: zeros in the other slots' columns, x (the norm's after its row scales, the
-         * same in every block: the slices' sums in slice order; from the registers, the other form's
-         * arithmetic), u */
-        if (first && z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
-        if (first && !norm && writer) lx_short_store_x(xw, ldw, xr, a.in, upr, units, t0, kb, rows);
-        if (first && norm) {
-            if (tid < LX_TM) {
-                float ss = 0.0f;
-                for (int q = 0; q < ks; q++) ss += sspart[q][tid];
-                rinv[tid] = rsqrtf(ss / (float)a.in + a.eps);
-            }
+        /* 5. the factored norm's row scales (the same in every block: the slices' sums in slice
+         * order), then x from the registers (the other form's arithmetic) and u */
+        if (first && fac) {
+            lx_row_scale(rinv, sspart, ks, a.in, a.eps);
             __syncthreads();
-            if (writer) {
-#pragma unroll
-                for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
-                    const int u = tid + i * LX_THREADS, row = u / upr, k = kb + (u % upr) * 8;
-                    if (u >= units || t0 + row >= rows || k >= a.in) continue;
-                    const float r = rinv[row];
-                    const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
-                    const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
-                    wv[i][0] = w0.x, wv[i][1] = w0.y, wv[i][2] = w0.z, wv[i][3] = w0.w;
-                    wv[i][4] = w1.x, wv[i][5] = w1.y, wv[i][6] = w1.z, wv[i][7] = w1.w;
-                    uint4 v;
-                    v.x = cu_pack_bf16(hv[i][0] * r * (1.f + wv[i][0]), hv[i][1] * r * (1.f + wv[i][1]));
-                    v.y = cu_pack_bf16(hv[i][2] * r * (1.f + wv[i][2]), hv[i][3] * r * (1.f + wv[i][3]));
-                    v.z = cu_pack_bf16(hv[i][4] * r * (1.f + wv[i][4]), hv[i][5] * r * (1.f + wv[i][5]));
-                    v.w = cu_pack_bf16(hv[i][6] * r * (1.f + wv[i][6]), hv[i][7] * r * (1.f + wv[i][7]));
-                    *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
-                }
-            }
+            lx_short_norm_x(xw, ldw, NULL, hv, a.w, rinv, a.in, upr, units, t0, kb, rows, writer);
         }
         first = false;
         if (!s) break;
@@ -708,7 +713,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                 if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
                 float sum = 0.0f;
                 for (int q = 0; q < ks; q++) sum += upart[q][row][c];
-                if (norm) sum *= rinv[row];
+                if (fac) sum *= rinv[row];
                 xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
             }
         if (!todo) break;
