@@ -20,10 +20,14 @@
  * the slice is read once.
  * At a hit's few tokens the kernel is latency-bound, so it counts dependent steps, not bytes:
  * the grid aims at what the SMs hold at once (narrow column groups, two blocks an SM, up to 8
- * slices, a cluster barrier or two); the tokens' slots and the first A fragments are loaded before waiting for the previous
- * kernel (programmatic dependent launch: neither is written by it), and the next GEMM is let
+ * slices, a cluster barrier or two); the tokens' slots and the first A fragments are loaded
+ * before waiting for the previous kernel (programmatic dependent launch: neither is written by
+ * it), and the next GEMM is let
  * start at once (it loads its weights while this kernel runs, and waits for it before reading
- * xw). A long chunk gets one slice and the widest column groups (x made once).
+ * xw). A long chunk gets one slice and the widest column groups (x made once). A short chunk's
+ * common case runs k_lora_input_short, the same steps with fewer waits (below); the first form
+ * stays for the rest and, with a.earlier (SQUAD_LORA_FORM=0), for everything (A/B timing).
+ * Before out / o the mixer has written x into xw itself (CU_LORA_IN_PLACE): only u is made.
  * A tile whose tokens run several slots (rows of different routes meeting inside 16 tokens, which
  * the backend's bucketed rows never do) runs 1 - 3 once per slot, the rows of other slots dropped
  * from u. Slot 0 (the trunk, padding) gets zeros in every slot's columns.
@@ -426,21 +430,22 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 
 /* ---- the short chain: the bf16 path at a hit's short chunks ---------------------------------------------- */
 
-/* The kernel above waits on two dependent steps it need not: the tile's slots before loading A (a
- * round trip to memory before the one that matters), and, for the norm, a cluster barrier for the
- * row scale before the products (a second barrier after it for the slices' sums). This form
- * (k_lora_input_short) takes the common short case (narrow column groups, a slice of at most
- * LX_KC, the norm's at most LX_SHORT_NORM_UNITS units a thread) with
+/* The kernel above waits on a dependent step it need not: the tile's slots before loading A (a
+ * round trip to memory ahead of the one that matters). This form (k_lora_input_short) takes the
+ * common short case (narrow column groups, a slice of at most LX_KC, the norm's at most
+ * LX_SHORT_NORM_UNITS units a thread) with
  *   - the slots and the A fragments of the first LX_PRE_SLOTS slots loaded together before the
- *     wait (the tile's slot picks its fragments after; a slot past them loads its own then);
+ *     wait (the tile's slot picks its fragments after; a slot past them loads its own then), and
+ *     the next launch's A brought into L2 (a.prefetch);
  *   - every load of the producer's inputs issued before any is used;
- *   - for the norm, the products taken of bf16(h (1 + w)) and the row scale applied to their sum
- *     (r is one number a row, so r A v = A (r v) up to where bf16 rounds): the slices' sums of
- *     squares travel with their u partials, one cluster barrier in all, after which each block
- *     has r for its x and the first block r for u;
  *   - the warps' partials in their own shared memory (no barrier to reuse x's).
- * x is made with the same arithmetic as the other form (the same bits); u differs from it where
- * bf16 rounds. The sums keep a fixed order (warps, then slices): deterministic. */
+ * The norm takes r first (the slices' sums of squares over the cluster, a barrier), then x and its
+ * products: the other form's arithmetic, so the same bits for the same slices (the tests compare
+ * them). With a.factored it takes the products of bf16(h (1 + w)) at once and applies r to their
+ * sum (r is one number a row, so r A v = A (r v) up to where bf16 rounds): the slices' sums of
+ * squares travel with their u partials, one cluster barrier in all, and u differs from the other
+ * form's where bf16 rounds (an experiment: see docs/specialists.md). The sums keep a fixed order
+ * (warps, then slices): deterministic. */
 #define LX_PRE_SLOTS 2        /* slots whose A fragments are loaded before the tokens' slots are known */
 #define LX_SHORT_UNITS 4      /* units of 8 x values a thread takes: a slice of up to LX_KC */
 #define LX_SHORT_NORM_UNITS 2 /* the norm holds its units' h and w until r is known: a slice of up to 256 */
