@@ -287,15 +287,49 @@ static void test_gemm_shapes(rng *r) {
 
 /* SQUAD_GEMM_BENCH=1: us per call and GB/s (W + X + Y bytes) of tuned cuBLASLt and cuBLASLt's
  * untuned first choice for the 0.8B projections at the hit path's M and at
- * a cold chunk's. */
+ * a cold chunk's. SQUAD_GEMM_BENCH_SHAPES="NxKxACC ..." and SQUAD_GEMM_BENCH_M="M ..." (up to
+ * BENCH_MAX each, separated by spaces or commas) time other shapes instead, e.g. the specialists'
+ * widened K against the trunk's. */
+#define BENCH_MAX 32
+static int bench_list(const char *env, int per, int (*out)[3]) {
+    int n = 0;
+    for (const char *p = env; p && *p && n < BENCH_MAX;) {
+        char *end = NULL;
+        for (int j = 0; j < 3; j++) out[n][j] = 0;
+        for (int j = 0; j < per; j++) {
+            const long v = strtol(p, &end, 10);
+            if (end == p) return n;
+            out[n][j] = (int)v;
+            p = end;
+            if (j + 1 < per && *p == 'x') p++;
+        }
+        n++;
+        while (*p == ' ' || *p == ',') p++;
+    }
+    return n;
+}
+
 static void bench_gemm_shapes(void) {
-    static const int shapes[][3] = {{8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
-    static const int ms[] = {16, 32, 64, 128, 192, 256, 512, 2048};
+    static const int shapes0[][3] = {
+        {8224, 1024, 0}, {5120, 1024, 0}, {7168, 1024, 0}, {1024, 2048, 1}, {1024, 3584, 1}};
+    static const int ms0[] = {16, 32, 64, 128, 192, 256, 512, 2048};
+    int shapes[BENCH_MAX][3], ms[BENCH_MAX][3];
+    int n_shapes = bench_list(getenv("SQUAD_GEMM_BENCH_SHAPES"), 3, shapes);
+    int n_ms = bench_list(getenv("SQUAD_GEMM_BENCH_M"), 1, ms);
+    if (n_shapes < 1) {
+        n_shapes = (int)(sizeof shapes0 / sizeof shapes0[0]);
+        for (int s = 0; s < n_shapes; s++)
+            for (int j = 0; j < 3; j++) shapes[s][j] = shapes0[s][j];
+    }
+    if (n_ms < 1) {
+        n_ms = (int)(sizeof ms0 / sizeof ms0[0]);
+        for (int i = 0; i < n_ms; i++) ms[i][0] = ms0[i];
+    }
     printf("%5s %5s %5s %3s | %9s %8s | %9s %8s | %s\n", "M", "N", "K", "acc", "tuned us", "GB/s", "first us",
            "GB/s", "first / tuned");
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
-            const int M = ms[i], N = shapes[s][0], K = shapes[s][1], acc = shapes[s][2];
+    for (int s = 0; s < n_shapes; s++)
+        for (int i = 0; i < n_ms; i++) {
+            const int M = ms[i][0], N = shapes[s][0], K = shapes[s][1], acc = shapes[s][2];
             squad_err err = {0};
             double us_lt = -1, us_first = -1;
             const int rc = squad_cuda_bench_gemm(M, N, K, acc, &us_lt, &us_first, &err);

@@ -811,22 +811,24 @@ static void lora_slots(int *ts, int rows, int n_slots) {
     for (int t2 = rows > 4 ? rows - 3 : rows; t2 < rows; t2++) ts[t2] = 0;
 }
 
-static const char *const LORA_SRC_NAME[3] = {"norm", "silu", "copy"};
+static const char *const LORA_SRC_NAME[4] = {"norm", "silu", "copy", "in place"};
 
-/* One case on one path: x within its bound, each token's own slot's u within its bound, every
- * other slot's columns exactly zero (the output starts as NaN: nothing may be left unwritten). */
-static void lora_case_run(const lora_case *c, int f32) {
+/* One case on one path (f32; else bf16 in the short chain, factored or not, or the earlier
+ * kernel): x within its bound, each token's own slot's u within its bound, every other slot's
+ * columns exactly zero (the output starts as NaN: nothing may be left unwritten), and a second
+ * launch the same bits. Returns the launch's xw (malloc'd; NULL on failure). */
+static float *lora_case_run(const lora_case *c, int f32, int earlier, int factored) {
     const int bf = !f32, end = c->in + c->n_slots * c->R, ldw = end + c->pad;
     const size_t nsrc = (size_t)c->rows * (c->src == 1 ? 2 * (size_t)c->in : (size_t)c->ld_src);
     const size_t na = (size_t)c->n_slots * c->R * c->in, nw = (size_t)c->rows * ldw;
     float *h = malloc(sizeof(float) * (size_t)c->rows * c->in), *w = malloc(sizeof(float) * (size_t)c->in);
     float *src = malloc(sizeof(float) * nsrc), *A = malloc(sizeof(float) * na);
-    float *ref = malloc(sizeof(float) * nw), *got = malloc(sizeof(float) * nw);
+    float *ref = malloc(sizeof(float) * nw), *got = malloc(sizeof(float) * nw), *again = malloc(sizeof(float) * nw);
     int *ts = malloc(sizeof(int) * (size_t)c->rows);
-    if (!h || !w || !src || !A || !ref || !got || !ts) {
+    if (!h || !w || !src || !A || !ref || !got || !again || !ts) {
         CHECK(!"out of memory");
-        free(h), free(w), free(src), free(A), free(ref), free(got), free(ts);
-        return;
+        free(h), free(w), free(src), free(A), free(ref), free(got), free(again), free(ts);
+        return NULL;
     }
     uint64_t seed = (uint64_t)c->rows * 7919u + (uint64_t)c->in * 104729u + (uint64_t)c->R * 31u + (uint64_t)c->src;
     for (size_t i = 0; i < (size_t)c->rows * c->in; i++) h[i] = lora_rnd(&seed) * 3.0f;
@@ -835,7 +837,7 @@ static void lora_case_run(const lora_case *c, int f32) {
         const int col = (int)(i % (size_t)(c->src == 1 ? 2 * c->in : c->ld_src));
         float v = lora_rnd(&seed) * 2.0f;
         if (bf) v = round_bf16(v);
-        src[i] = c->src == 2 && col >= c->in ? NAN : v; /* the copy's source past `in`: never read */
+        src[i] = c->src >= 2 && col >= c->in ? NAN : v; /* the copy's source past `in`: never read */
     }
     for (size_t i = 0; i < na; i++) {
         A[i] = lora_rnd(&seed) / sqrtf((float)c->in);
@@ -857,13 +859,22 @@ static void lora_case_run(const lora_case *c, int f32) {
     a.A = A;
     a.token_slot = ts;
     a.f32 = f32;
+    a.earlier = earlier;
+    a.factored = factored;
     a.ldw = ldw;
     a.xw = ref;
     cu_ref_lora(&a);
     a.xw = got;
     squad_err err = {0};
-    const int rc = squad_cuda_test_lora(&a, &err);
+    int rc = squad_cuda_test_lora(&a, &err);
     CHECKF(rc == 0, "lora %s rows %d in %d: %s", LORA_SRC_NAME[c->src], c->rows, c->in, err.msg);
+    if (rc == 0) { /* deterministic: the sums' order fixed, whatever the timing */
+        a.xw = again;
+        rc = squad_cuda_test_lora(&a, &err);
+        CHECKF(rc == 0, "lora %s rows %d in %d (again): %s", LORA_SRC_NAME[c->src], c->rows, c->in, err.msg);
+        CHECKF(rc != 0 || memcmp(got, again, sizeof(float) * nw) == 0, "lora %s rows %d in %d f32 %d earlier %d: "
+               "a second launch gave other bits", LORA_SRC_NAME[c->src], c->rows, c->in, f32, earlier);
+    }
     const double tx = f32 ? LORA_TOL_EXACT : LORA_TOL_X_BF16, tu = f32 ? LORA_TOL_EXACT : LORA_TOL_BF16;
     double worst_x = 0, worst_u = 0;
     int nonzero = 0, n_u = 0, moved = 0;
@@ -897,7 +908,12 @@ static void lora_case_run(const lora_case *c, int f32) {
     CHECKF(rc != 0 || nonzero == 0, "lora %s rows %d in %d R %d f32 %d: %d other-slot values not zero",
            LORA_SRC_NAME[c->src], c->rows, c->in, c->R, f32, nonzero);
     CHECKF(rc != 0 || n_u < 8 || moved > n_u / 2, "lora %s rows %d: u left zero", LORA_SRC_NAME[c->src], c->rows);
-    free(h), free(w), free(src), free(A), free(ref), free(got), free(ts);
+    free(h), free(w), free(src), free(A), free(ref), free(again), free(ts);
+    if (rc) {
+        free(got);
+        return NULL;
+    }
+    return got;
 }
 
 static void test_lora_kernel(void) {
@@ -912,17 +928,36 @@ static void test_lora_kernel(void) {
         {1, 130, 3584, 7168, 16, 2, 32, 0},
         {2, 37, 200, 216, 128, 2, 0, 0},
         {2, 16, 2048, 2048, 16, 1, 48, 0},
+        {3, 128, 2048, 2048, 16, 2, 32, 0},
+        {3, 37, 1024, 1040, 48, 3, 0, 0},
+        {1, 128, 3584, 7168, 16, 2, 32, 0},
+        {0, 128, 1024, 1024, 64, 2, 0, 0},
+        {0, 32, 1024, 1024, 32, 2, 0, 0},
         {0, 300, 2048, 2048, 16, 2, 32, 0},
         /* long chunks: one slice, the wider column groups (32 and 64 columns, the last partial) */
         {0, 2200, 1024, 1024, 64, 2, 0, 0},
         {2, 1100, 256, 256, 48, 2, 32, 0},
+        {3, 1100, 2048, 2048, 16, 2, 32, 0},
         {1, 2200, 512, 1024, 48, 1, 16, 0},
         {2, 37, 37, 40, 20, 3, 5, 1},
         {0, 9, 33, 33, 5, 1, 0, 1},
         {1, 20, 45, 90, 7, 2, 3, 1},
+        {3, 20, 45, 50, 7, 2, 3, 1},
     };
-    for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++)
-        for (int f32 = CASES[k].f32_only; f32 <= 1; f32++) lora_case_run(&CASES[k], f32);
+    for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) {
+        const lora_case *c = &CASES[k];
+        free(lora_case_run(c, 1, 0, 0));
+        if (c->f32_only) continue;
+        /* bf16: the short chain (where the shape takes it) gives the earlier kernel's bits unless
+         * factored; the factored norm within the bounds */
+        float *now = lora_case_run(c, 0, 0, 0), *before = lora_case_run(c, 0, 1, 0);
+        free(lora_case_run(c, 0, 0, 1));
+        const size_t n = (size_t)c->rows * (c->in + c->n_slots * c->R + c->pad);
+        CHECKF(!now || !before || memcmp(now, before, sizeof(float) * n) == 0,
+               "lora %s rows %d in %d R %d: the short chain's bits differ from the earlier kernel's",
+               LORA_SRC_NAME[c->src], c->rows, c->in, c->R);
+        free(now), free(before);
+    }
 }
 
 /* The widened inputs' cost on the 0.8B shapes, printed (numbers for bench/RESULTS.md): the
@@ -930,16 +965,24 @@ static void test_lora_kernel(void) {
  * SiLU * up), without the GEMMs. */
 static void bench_lora_kernel(void) {
     static const int ROWS[] = {32, 128, 512, 4096}, RANKS[] = {16, 64};
+    int fit[9] = {0};
+    squad_err ferr = {0};
+    const int frc = squad_cuda_lora_fit(fit, &ferr);
+    CHECKF(frc == 0, "lora fit: %s", ferr.msg);
+    CHECKF(frc != 0 || fit[1] > 0, "lora fit: no cluster of one block fits");
+    printf("lora fit: clusters of 1..8 blocks held at once: %d %d %d %d %d %d %d %d\n", fit[1], fit[2], fit[3], fit[4],
+           fit[5], fit[6], fit[7], fit[8]);
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
         for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
             squad_err err = {0};
-            double us = -1, us_trunk = -1;
-            const int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, 0, &us, &err);
-            const int rc2 = rc ? rc : squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, 1, &us_trunk, &err);
-            CHECKF(rc == 0 && rc2 == 0, "bench_lora: %s", err.msg);
-            printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer's widened inputs (4 launches), %6.2f us the "
-                   "trunk's producers (3); x 12 layers = +%7.1f us\n",
-                   ROWS[i], RANKS[j], us, us_trunk, 12 * (us - us_trunk));
+            double us = -1, us_trunk = -1, us_earlier = -1;
+            int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA, &us, &err);
+            if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_TRUNK, &us_trunk, &err);
+            if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_EARLIER, &us_earlier, &err);
+            CHECKF(rc == 0, "bench_lora: %s", err.msg);
+            printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer's widened inputs (4 launches; the earlier "
+                   "form %7.2f), %6.2f us the trunk's producers (3); x 12 layers = +%7.1f us (earlier +%7.1f)\n",
+                   ROWS[i], RANKS[j], us, us_earlier, us_trunk, 12 * (us - us_trunk), 12 * (us_earlier - us_trunk));
         }
     /* the slices of `in` a tile's cluster may take (k_lora.cu's lx_slices, SQUAD_LORA_SLICES) */
     static const char *const SLICES[] = {"1", "2", "4", "8"};
@@ -948,7 +991,7 @@ static void bench_lora_kernel(void) {
             setenv("SQUAD_LORA_SLICES", SLICES[k], 1);
             squad_err err = {0};
             double us = -1;
-            const int rc = squad_cuda_bench_lora(rows, 16, 12, 0, &us, &err);
+            const int rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA, &us, &err);
             CHECKF(rc == 0, "bench_lora: %s", err.msg);
             printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs\n", rows,
                    SLICES[k], us);

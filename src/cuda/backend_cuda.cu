@@ -238,9 +238,21 @@ typedef struct cu_be {
     int lora_rank[SQUAD_MAX_LAYERS][SQUAD_PROJ_COUNT]; /* its largest rank over the adapters */
     lora_site lsite[SQUAD_MAX_LAYERS][LORA_SITES]; /* the widened GEMMs (ext 0: the trunk's own) */
     void *lora_xw;                     /* a widened GEMM's input [tok_cap][in + ext] (the widest site) */
+    size_t lora_xw_bytes;
+    int lora_fit[CU_LORA_FIT_MAX + 1]; /* cu_lora_fit: the clusters of each size the GPU holds at once */
+    int lora_prefetch;                 /* each widened input brings the next one's A into L2 */
+    int lora_factored;                 /* SQUAD_LORA_FACTORED=1: the short chain's factored norm (k_lora.cuh) */
+    int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
+                         lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
+                         it there themselves and the short chain runs */
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
+    /* SQUAD_ROUTER_SIDE=1 (an experiment): the router's sum on a side stream, forked after the router
+     * layer's first producer and joined before its mixer (it reads h, which nothing writes until the
+     * layer's out-projection), off the forward's chain of dependent launches; NULL: in line */
+    cudaStream_t st_router;
+    cudaEvent_t ev_router_fork, ev_router_join;
 
     void **allocs;
     int n_allocs, cap_allocs;
@@ -752,11 +764,20 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if (!cb->slot_route || !cb->slot_used) return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
     const size_t R = (size_t)cb->tok_cap;
-    if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, R * max_ldw * cb->es, MEM_SCRATCH, err))) return rc;
+    const char *fe = getenv("SQUAD_LORA_FIT"); /* "0": no bound on the clusters (an experiment switch) */
+    if (!cb->f32 && !(fe && fe[0] == '0') && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
+    cb->lora_xw_bytes = R * max_ldw * cb->es;
+    if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, cb->lora_xw_bytes, MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
         return rc;
     CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->max_seqs * cb->H * sizeof(double)));
+    const char *rs = getenv("SQUAD_ROUTER_SIDE");
+    if (rs && rs[0] == '1') {
+        CU_TRY(cudaStreamCreateWithFlags(&cb->st_router, cudaStreamNonBlocking));
+        CU_TRY(cudaEventCreateWithFlags(&cb->ev_router_fork, cudaEventDisableTiming));
+        CU_TRY(cudaEventCreateWithFlags(&cb->ev_router_join, cudaEventDisableTiming));
+    }
     cb->sp = sp;
     return 0;
 }
@@ -773,11 +794,24 @@ static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
     return st->ext ? st : NULL;
 }
 
-/* The widened input [x | u] of site st into lora_xw (k_lora.cuh), x made by producer src: the norm
- * of h with weight w (CU_LORA_NORM), SiLU * up of x_src (CU_LORA_SILU), or a copy of x_src, ld_src
- * apart (CU_LORA_COPY). */
-static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st, int src, const float *w,
-                              const void *x_src, int ld_src, squad_err *err) {
+/* The widened GEMM after site k of layer l in forward order (the next layers' too), or NULL. */
+static const lora_site *lora_site_after(const cu_be *cb, int l, int k) {
+    for (;;) {
+        if (++k == LORA_SITES) {
+            k = 0;
+            if (++l >= cb->nl) return NULL;
+        }
+        const lora_site *st = lora_site_of(cb, l, k);
+        if (st) return st;
+    }
+}
+
+/* The widened input [x | u] of layer l's site k into lora_xw (k_lora.cuh), x made by producer src: the norm
+ * of h with weight w (CU_LORA_NORM), SiLU * up of x_src (CU_LORA_SILU), a copy of x_src, ld_src
+ * apart (CU_LORA_COPY), or already there (CU_LORA_IN_PLACE: the mixer wrote it). */
+static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int src, const float *w, const void *x_src,
+                              int ld_src, squad_err *err) {
+    const lora_site *st = lora_site_of(cb, l, k), *next = lora_site_after(cb, l, k);
     cu_lora_input_args a;
     memset(&a, 0, sizeof a);
     a.src = src;
@@ -794,7 +828,25 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, const lora_site *st,
     a.xw = cb->lora_xw;
     a.ldw = st->in + st->ext;
     a.f32 = cb->f32;
+    a.earlier = cb->lora_earlier;
+    a.factored = cb->lora_factored;
+    memcpy(a.fit, cb->lora_fit, sizeof a.fit);
+    if (next && cb->lora_prefetch) { /* the next widened input's A into L2 while this one runs */
+        a.prefetch = next->A;
+        a.prefetch_bytes = (size_t)cb->n_lora_slots * next->R * next->lda * cb->es;
+    }
     return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
+}
+
+/* The router's sums of the replay's rows (h entering router.layer) on stream st. */
+static int enqueue_router(cu_be *cb, const cu_batch *bt, cudaStream_t st, squad_err *err) {
+    for (int r = 0; r < bt->nrows; r++) {
+        const size_t t0 = (size_t)r * bt->bucket;
+        const int rc = cu_router_sum(cb->h + t0 * cb->H, cb->H, cb->sp->router.eps, bt->prm + r, cb->router_inv + t0,
+                                     cb->router_dev + (size_t)r * cb->H, bt->bucket, st, err);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 /* The kernel groups of cb->parts, in forward order, for a replay of rows bucket rbi, length bucket
@@ -824,13 +876,8 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         const int n_in = lin ? cb->NP : cb->ldQKV;
         const int k_out = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
         /* the router reads h as it enters its layer (the embeddings for layer 0): each row's sum */
-        if (cb->sp && norm && l == cb->sp->router.layer)
-            for (int r = 0; r < bt.nrows; r++) {
-                const size_t t0 = (size_t)r * bt.bucket;
-                if ((rc = cu_router_sum(cb->h + t0 * H, H, cb->sp->router.eps, bt.prm + r, cb->router_inv + t0,
-                                        cb->router_dev + (size_t)r * H, bt.bucket, cb->st, err)))
-                    return rc;
-            }
+        const bool router_here = cb->sp && norm && l == cb->sp->router.layer;
+        if (router_here && !cb->st_router && (rc = enqueue_router(cb, &bt, cb->st, err))) return rc;
         /* the specialists' widened GEMMs (k_lora.cuh): their input [x | u] is made in place of the
          * trunk's norm, SiLU or (before out / o) on its own, and the GEMM's K grows by ext */
         const lora_site *s_in = lora_site_of(cb, l, LORA_IN), *s_out = lora_site_of(cb, l, LORA_OUT);
@@ -838,17 +885,29 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         const bool widen = gemm && !cb->gemm.tune; /* the GEMM-only plan making leaves its scratch alone */
         rc = 0;
         if (s_in && norm) /* layer 0's norm came with the embeddings: its x is copied */
-            rc = l == 0 ? enqueue_lora_input(cb, b, s_in, CU_LORA_COPY, NULL, cb->x, H, err)
-                        : enqueue_lora_input(cb, b, s_in, CU_LORA_NORM, L->in_norm, NULL, 0, err);
+            rc = l == 0 ? enqueue_lora_input(cb, b, l, LORA_IN, CU_LORA_COPY, NULL, cb->x, H, err)
+                        : enqueue_lora_input(cb, b, l, LORA_IN, CU_LORA_NORM, L->in_norm, NULL, 0, err);
         else if (l > 0 && norm)
             rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err);
         if (rc) return rc;
+        if (router_here && cb->st_router) { /* forked here, joined before the mixer below */
+            CU_TRY(cudaEventRecord(cb->ev_router_fork, cb->st));
+            CU_TRY(cudaStreamWaitEvent(cb->st_router, cb->ev_router_fork, 0));
+            if ((rc = enqueue_router(cb, &bt, cb->st_router, err))) return rc;
+            CU_TRY(cudaEventRecord(cb->ev_router_join, cb->st_router));
+        }
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, s_in ? cb->lora_xw : cb->x, cb->proj, rows, n_in,
                                   H + (s_in ? s_in->ext : 0), 0, f, cb->st, err)))
             return rc;
+        /* an adapted out / o: the mixer writes its output straight into the widened input's first
+         * columns (its row stride the site's), and only u is made after it */
+        if (router_here && cb->st_router) CU_TRY(cudaStreamWaitEvent(cb->st, cb->ev_router_join, 0));
+        const bool direct = s_out && !cb->lora_earlier;
+        void *mix = direct ? cb->lora_xw : cb->mix;
+        cb->gd.ldY = cb->ad.ldo = direct ? k_out + s_out->ext : 0;
         if (lin && gdn &&
             (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_off, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->s_off,
-                                 cb->mix, &cb->scr, b, cb->st, err)))
+                                 mix, &cb->scr, b, cb->st, err)))
             return rc;
         if (!lin && attn) {
             /* this layer's K and V at position 0, in elements, in a slot's own buffer and in a blob
@@ -856,21 +915,24 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
             const size_t kvd = (size_t)cfg->num_kv_heads * cfg->head_dim;
             const ptrdiff_t ko = (ptrdiff_t)((size_t)L->attn_index * 2 * kvd), vo = ko + (ptrdiff_t)kvd;
             rc = cu_attn_forward(&cb->ad, cb->proj, L->q_norm, L->k_norm, cb->inv_freq, ko, vo, ko, vo, cb->qb,
-                                 cb->att_part, cb->splits[bi][rbi][si], cb->mix, b, cb->st, err);
+                                 cb->att_part, cb->splits[bi][rbi][si], mix, b, cb->st, err);
             if (rc) return rc;
         }
-        if (s_out && widen && (rc = enqueue_lora_input(cb, b, s_out, CU_LORA_COPY, NULL, cb->mix, k_out, err)))
+        cb->gd.ldY = cb->ad.ldo = 0;
+        if (s_out && widen &&
+            (rc = enqueue_lora_input(cb, b, l, LORA_OUT, direct ? CU_LORA_IN_PLACE : CU_LORA_COPY, NULL, cb->mix, k_out,
+                                     err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, s_out ? cb->lora_xw : cb->mix, cb->h, rows, H,
                                   k_out + (s_out ? s_out->ext : 0), 1, f, cb->st, err)))
             return rc;
-        if (norm && (rc = s_gu ? enqueue_lora_input(cb, b, s_gu, CU_LORA_NORM, L->post_norm, NULL, 0, err)
+        if (norm && (rc = s_gu ? enqueue_lora_input(cb, b, l, LORA_GU, CU_LORA_NORM, L->post_norm, NULL, 0, err)
                                : cu_rmsnorm(cb->h, cb->x, L->post_norm, rows, H, cb->eps, f, cb->st, err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_gu, s_gu ? cb->lora_xw : cb->x, cb->proj, rows, 2 * I,
                                   H + (s_gu ? s_gu->ext : 0), 0, f, cb->st, err)))
             return rc;
-        if (silu && (rc = s_dn ? enqueue_lora_input(cb, b, s_dn, CU_LORA_SILU, NULL, cb->proj, 2 * I, err)
+        if (silu && (rc = s_dn ? enqueue_lora_input(cb, b, l, LORA_DOWN, CU_LORA_SILU, NULL, cb->proj, 2 * I, err)
                                : cu_silu_mul(cb->proj, cb->mlp, rows, I, f, cb->st, err)))
             return rc;
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_down, s_dn ? cb->lora_xw : cb->mlp, cb->h, rows, H,
@@ -1387,6 +1449,9 @@ static void be_destroy(squad_backend *be) {
         if (cb->router_host) cudaFreeHost(cb->router_host);
         free(cb->slot_route);
         free(cb->slot_used);
+        if (cb->st_router) cudaStreamDestroy(cb->st_router);
+        if (cb->ev_router_fork) cudaEventDestroy(cb->ev_router_fork);
+        if (cb->ev_router_join) cudaEventDestroy(cb->ev_router_join);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);
@@ -1522,6 +1587,12 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.prep_split = ps ? atoi(ps) : 0;
     const char *gx = getenv("SQUAD_GDN_EXP");
     cb->gd.exp = gx ? atoi(gx) : 0;
+    const char *lf = getenv("SQUAD_LORA_FORM");
+    cb->lora_earlier = lf && lf[0] == '0';
+    const char *lp = getenv("SQUAD_LORA_PREFETCH"); /* "0": no L2 prefetch of the next A (an experiment) */
+    cb->lora_prefetch = !cb->lora_earlier && !(lp && lp[0] == '0');
+    const char *lfac = getenv("SQUAD_LORA_FACTORED"); /* "1": the norm's one-barrier form (an experiment) */
+    cb->lora_factored = lfac && lfac[0] == '1';
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;
@@ -1831,6 +1902,7 @@ extern "C" int squad_cuda_test_poison(squad_backend *be, squad_err *err) {
     CU_TRY(cudaMemsetAsync(cb->proj, 0xff, R * wproj * es, cb->st));
     CU_TRY(cudaMemsetAsync(cb->mix, 0xff, R * wmix * es, cb->st));
     CU_TRY(cudaMemsetAsync(cb->mlp, 0xff, R * cb->I * es, cb->st));
+    if (cb->lora_xw) CU_TRY(cudaMemsetAsync(cb->lora_xw, 0xff, cb->lora_xw_bytes, cb->st));
     if (cb->n_attn) {
         CU_TRY(cudaMemsetAsync(cb->qb, 0xff, R * cb->ad.nh * cb->ad.hd * es, cb->st));
         if (cb->att_part_bytes) CU_TRY(cudaMemsetAsync(cb->att_part, 0xff, cb->att_part_bytes, cb->st));

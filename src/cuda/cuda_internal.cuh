@@ -417,6 +417,9 @@ typedef struct cu_gdn_dims {
                               the head dims); 0: chosen per launch from n_sm, more on short chunks
                               (SQUAD_GDN_PREP_SPLIT fixes it, an experiment) */
     int exp;               /* experiment switches (SQUAD_GDN_EXP, a bit mask; 0: the measured choices) */
+    int ldY;               /* the output Y's row stride in elements; 0: nv dv (packed). More when Y is
+                              the first columns of a widened GEMM input (k_lora.cuh), so the
+                              specialists' out_proj reads it without a copy */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
@@ -453,7 +456,7 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (sha
 /* Every row of the batch at once (a grid dimension over rows). P: [tokens][ldP] bf16 in_proj output;
  * per row, its slot's arena (prm[r].gdn) holds this layer's S at byte offset s_off ([nv][pad dv][pad dk]
  * fp32, the transposed state; updated) and its conv inputs at conv_off ([K-1][C] bf16; updated);
- * Y: [tokens][nv dv] bf16, the gated-normed output (0 on padding). */
+ * Y: [tokens][nv dv] bf16 (row stride d->ldY when set), the gated-normed output (0 on padding). */
 int cu_gdn_forward(const cu_gdn_dims *d, const void *P, size_t conv_off, const float *conv_w, const float *A_log,
                    const float *dt_bias, const float *norm_w, size_t s_off, void *Y, const cu_gdn_scratch *scr,
                    const cu_batch *b, cudaStream_t st, squad_err *err);
@@ -472,6 +475,9 @@ typedef struct cu_attn_dims {
     int f32;          /* the exact path: fp32 QKV, K / V cache, q scratch and out; fp32 attention */
     unsigned stages;  /* the bf16 path's kernels that run (CU_ATT_*); 0: all (see cu_gdn_dims.stages) */
     int sm90;         /* set by cu_attn_init: the forward runs on wgmma (k_attn_sm90.cu; its variant), 0: not */
+    int ldo;          /* the output's row stride in elements; 0: nh hd (packed). More when it is the first
+                         columns of a widened GEMM input (k_lora.cuh): the specialists' o_proj reads it
+                         without a copy */
 } cu_attn_dims;
 enum { CU_ATT_PREP = 1, CU_ATT_FWD = 2, CU_ATT_COMBINE = 4 };
 int cu_attn_supported(const cu_attn_dims *d);
@@ -486,7 +492,7 @@ size_t cu_attn_partial_bytes(const cu_attn_dims *d, int tokens, int splits);
  * element offsets wko, wvo from its prm[r].kv_work (the slot's first own position, kv_split),
  * kv_stride elements per position, [nkv][hd] each (positions [start, start+len) written);
  * inv_freq [rd/2] fp32; Qb [tokens][nh][hd] scratch; part: partial-results scratch;
- * out: [tokens][nh hd] bf16 = attention * sigmoid(gate) (0 on padding).
+ * out: [tokens][nh hd] bf16 (row stride d->ldo when set) = attention * sigmoid(gate) (0 on padding).
  * blob_k_off, blob_v_off: elements from prm[r].kv_src to this layer's K and V at position 0, for the
  * keys below prm[r].kv_split. Both buffers are found through the parameters at run time. */
 int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm, const float *k_norm,

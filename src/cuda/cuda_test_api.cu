@@ -296,7 +296,7 @@ static int test_n_sm(int *n_sm, squad_err *err) {
 
 static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     if (a->rows < 1 || a->in < 1 || a->R < 1 || a->n_slots < 1 || a->n_slots > CU_REF_LORA_MAX_SLOTS ||
-        a->src < 0 || a->src > 2 || (a->src == 2 && a->ld_src < a->in))
+        a->src < 0 || a->src > 3 || (a->src >= 2 && a->ld_src < a->in))
         return cu_err(err, SQUAD_E_INVALID, "test_lora: bad shape");
     const int f32 = a->f32 != 0, lda = cu_lora_lda(a->in), end = a->in + a->n_slots * a->R;
     const int ldw = a->ldw > end ? a->ldw : end;
@@ -322,14 +322,17 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     if ((rc = talloc(b, (void **)&dslot, sizeof(int) * (size_t)a->rows, err))) return rc;
     CU_TRY(cudaMemcpy(dslot, a->token_slot, sizeof(int) * (size_t)a->rows, cudaMemcpyHostToDevice));
     if ((rc = talloc_poison(b, &dxw, (size_t)a->rows * ldw * (f32 ? 4 : 2), err))) return rc;
+    if (a->src == CU_LORA_IN_PLACE) /* x where a mixer writes it: xw's first columns */
+        CU_TRY(cudaMemcpy2D(dxw, (size_t)ldw * (f32 ? 4 : 2), dsrc, (size_t)a->ld_src * (f32 ? 4 : 2),
+                            (size_t)a->in * (f32 ? 4 : 2), (size_t)a->rows, cudaMemcpyDeviceToDevice));
     cu_lora_input_args k;
     memset(&k, 0, sizeof k);
     k.src = a->src;
     k.h = dh;
     k.w = dw;
     k.eps = a->eps;
-    k.x_src = dsrc;
-    k.ld_src = a->src == 1 ? 2 * a->in : a->ld_src;
+    k.x_src = a->src == CU_LORA_IN_PLACE ? NULL : dsrc;
+    k.ld_src = a->src == 1 ? 2 * a->in : a->src == CU_LORA_IN_PLACE ? 0 : a->ld_src;
     k.in = a->in;
     k.A = dA;
     k.lda = lda;
@@ -338,6 +341,10 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     k.xw = dxw;
     k.ldw = ldw;
     k.f32 = f32;
+    k.earlier = a->earlier;
+    k.factored = a->factored;
+    /* no cluster bound (fit zeros): the slices as the earlier kernel takes them, so the test can
+     * compare their bits; the backend's forwards run with it */
     int n_sm = 0;
     if ((rc = test_n_sm(&n_sm, err))) return rc;
     if ((rc = cu_lora_input(&k, dslot, a->rows, n_sm, 0, err))) return rc;
@@ -861,9 +868,12 @@ static float bench_uniform(uint32_t *s) {
     return (float)(*s >> 8) * 0x1p-24f - 0.5f;
 }
 
-static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, double *us, squad_err *err) {
+static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, double *us, squad_err *err) {
     /* the four sites of a GDN layer: producer, x's width, the adapted parts (every projection) */
-    static const int SRC[LB_SITES] = {CU_LORA_NORM, CU_LORA_COPY, CU_LORA_NORM, CU_LORA_SILU};
+    const int earlier = mode == SQUAD_BENCH_LORA_EARLIER, trunk = mode == SQUAD_BENCH_TRUNK;
+    const char *fe = getenv("SQUAD_LORA_FACTORED");
+    const int factored = fe && fe[0] == '1';
+    const int SRC[LB_SITES] = {CU_LORA_NORM, earlier ? CU_LORA_COPY : CU_LORA_IN_PLACE, CU_LORA_NORM, CU_LORA_SILU};
     static const int IN[LB_SITES] = {LB_H, LB_VD, LB_H, LB_I}, PARTS[LB_SITES] = {4, 1, 2, 1};
     const int rp = (rank + 15) / 16 * 16;
     size_t a_elems = 0;
@@ -898,8 +908,8 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, dou
     free(host), free(slots);
     if (rc) return rc;
     if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
-    int n_sm = 0;
-    if ((rc = test_n_sm(&n_sm, err))) return rc;
+    int n_sm = 0, fit[CU_LORA_FIT_MAX + 1];
+    if ((rc = test_n_sm(&n_sm, err)) || (rc = cu_lora_fit(fit, err))) return rc;
     cudaStream_t st = NULL;
     CU_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraph_t graph = NULL;
@@ -928,6 +938,9 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, dou
             k.n_slots = LB_SLOTS;
             k.xw = dxw;
             k.ldw = k.in + LB_SLOTS * k.R;
+            k.earlier = earlier;
+            k.factored = factored;
+            memcpy(k.fit, fit, sizeof k.fit);
             at += (size_t)LB_SLOTS * k.R * k.lda;
             rc = cu_lora_input(&k, dslot, rows, n_sm, st, err);
         }
@@ -958,13 +971,20 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int trunk, dou
     return 0;
 }
 
-extern "C" int squad_cuda_bench_lora(int rows, int rank, int n_layers, int trunk, double *us_per_layer,
+extern "C" int squad_cuda_lora_fit(int fit[9], squad_err *err) {
+    static_assert(CU_LORA_FIT_MAX == 8, "the header's fit[9]");
+    return cu_lora_fit(fit, err);
+}
+
+extern "C" int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode, double *us_per_layer,
                                      squad_err *err) {
     *us_per_layer = -1.0;
-    if (rows < 1 || rank < 1 || rank > 1024 || n_layers < 1 || n_layers > 64)
-        return cu_err(err, SQUAD_E_INVALID, "bench_lora: rows %d, rank %d, layers %d", rows, rank, n_layers);
+    if (rows < 1 || rank < 1 || rank > 1024 || n_layers < 1 || n_layers > 64 || mode < SQUAD_BENCH_LORA ||
+        mode > SQUAD_BENCH_LORA_EARLIER)
+        return cu_err(err, SQUAD_E_INVALID, "bench_lora: rows %d, rank %d, layers %d, mode %d", rows, rank,
+                      n_layers, mode);
     tbufs b = {{0}, 0};
-    const int rc = bench_lora(&b, rows, rank, n_layers, trunk, us_per_layer, err);
+    const int rc = bench_lora(&b, rows, rank, n_layers, mode, us_per_layer, err);
     tfree(&b);
     return rc;
 }

@@ -63,7 +63,8 @@ int squad_cuda_test_attn_sm90(int hd, squad_err *err);
 /* ---- the specialists' widened GEMM input (k_lora.cu) ---- */
 #define CU_REF_LORA_MAX_SLOTS 4
 typedef struct cu_ref_lora_args {
-    int src;     /* how x is made (k_lora.cuh's cu_lora_src): 0 the norm, 1 SiLU(gate) * up, 2 a copy */
+    int src;     /* how x is made (k_lora.cuh's cu_lora_src): 0 the norm, 1 SiLU(gate) * up, 2 a copy,
+                    3 in place (x_src put into xw's first columns first, as a mixer writes it) */
     int rows;    /* tokens */
     int in;      /* x's width */
     int ld_src;  /* the copy's source row stride (>= in) */
@@ -77,18 +78,25 @@ typedef struct cu_ref_lora_args {
     float *xw;             /* out: [rows][ldw] */
     int ldw;               /* 0: in + n_slots R; more: zeros past the slots' columns */
     int f32;               /* device: the exact path (fp32) or bf16 (x_src, A and xw rounded to bf16) */
+    int earlier;           /* device: the earlier bf16 kernel (cu_lora_input_args.earlier) */
+    int factored;          /* device: the short chain's factored norm (cu_lora_input_args.factored) */
 } cu_ref_lora_args;
 /* xw = [x | u_1 | ... | u_n] as k_lora.cuh defines it, in double. */
 void cu_ref_lora(const cu_ref_lora_args *a);
 /* The same through cu_lora_input (xw poisoned with NaN first: every element must be written). */
 int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
 /* Microseconds per layer of the producers of n_layers Gated DeltaNet layers' GEMM inputs on the
- * 0.8B shapes (bf16), replayed as one CUDA graph, for a chunk of `rows` tokens of one adapter:
- * trunk 0, the specialists' cu_lora_input launches (in-projection, out_proj, gate | up, down;
- * rank `rank` on every projection, two slots); trunk 1, the trunk's own (RMSNorm, RMSNorm,
- * SiLU * up). The difference is what the widened inputs cost beyond the trunk, the GEMMs' extra
- * K aside. */
-int squad_cuda_bench_lora(int rows, int rank, int n_layers, int trunk, double *us_per_layer, squad_err *err);
+ * 0.8B shapes (bf16), replayed as one CUDA graph, for a chunk of `rows` tokens of one adapter.
+ * mode SQUAD_BENCH_LORA: the specialists' cu_lora_input launches (in-projection, out_proj with x
+ * in place, gate | up, down; rank `rank` on every projection, two slots; the factored norm with
+ * SQUAD_LORA_FACTORED=1 in the environment, as the backend takes it); SQUAD_BENCH_LORA_EARLIER:
+ * the same in the earlier form (out_proj's x copied, the earlier kernel); SQUAD_BENCH_TRUNK: the
+ * trunk's own (RMSNorm, RMSNorm, SiLU * up). The difference is what the widened inputs cost beyond
+ * the trunk, the GEMMs' extra K aside. */
+enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_EARLIER = 2 };
+/* fit[k], k = 1 .. 8: clusters of k blocks of the short chain the GPU holds at once (cu_lora_fit). */
+int squad_cuda_lora_fit(int fit[9], squad_err *err);
+int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode, double *us_per_layer, squad_err *err);
 
 /* ---- small ops ---- */
 void cu_ref_rmsnorm(const float *h, float *out, const float *w, int rows, int H, float eps);

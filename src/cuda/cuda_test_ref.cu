@@ -190,7 +190,7 @@ extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
             } else if (a->src == 1) {
                 const double g = a->x_src[(size_t)t * 2 * a->in + i], u = a->x_src[(size_t)t * 2 * a->in + a->in + i];
                 x[i] = g / (1.0 + exp(-g)) * u;
-            } else {
+            } else { /* a copy, or in place: the same x */
                 x[i] = a->x_src[(size_t)t * a->ld_src + i];
             }
         }

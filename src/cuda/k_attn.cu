@@ -334,8 +334,8 @@ __device__ __forceinline__ void combine_splits(float4 &acc, const float *src, si
 
 __global__ void __launch_bounds__(COMBINE_WARPS * 32) attn_combine_kernel(
     const float *__restrict__ Op, const float *__restrict__ Mp, const float *__restrict__ Lp,
-    const bf16 *__restrict__ QKV, int ld, bf16 *__restrict__ out, const cu_chunk_params *__restrict__ prm, int rows,
-    int bucket, int nh, int hd, int splits) {
+    const bf16 *__restrict__ QKV, int ld, bf16 *__restrict__ out, int ldo, const cu_chunk_params *__restrict__ prm,
+    int rows, int bucket, int nh, int hd, int splits) {
     const int pair = blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (pair >= rows * nh) return;
     const int t = pair / nh, h = pair % nh; /* t: a token of the batch (rows of them) */
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) attn_combine_kernel(
     wa *= inv;
     wb *= inv;
     const bf16 *gate = QKV + (size_t)t * ld + (size_t)h * 2 * hd + hd;
-    bf16 *o = out + ((size_t)t * nh + h) * hd;
+    bf16 *o = out + (size_t)t * ldo + (size_t)h * hd;
     for (int d = 4 * lane; d < hd; d += 128) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         if (real) {
@@ -397,6 +397,7 @@ struct attn_exact_args {
     size_t kv_stride;
     int ld;
     float *out;
+    int ldo; /* out's row stride */
     const cu_chunk_params *prm; /* the batch's rows */
     int nh, nkv, hd;
     int bucket; /* tokens per row */
@@ -411,10 +412,10 @@ __global__ void __launch_bounds__(32) attn_exact_kernel(attn_exact_args a) {
         a.prm += blockIdx.z;
         a.Qb += tok0 * a.nh * a.hd;
         a.QKV += tok0 * a.ld;
-        a.out += tok0 * a.nh * a.hd;
+        a.out += tok0 * a.ldo;
     }
     const int start = a.prm->start, len = a.prm->len, hd = a.hd;
-    float *out = a.out + ((size_t)t * a.nh + h) * hd;
+    float *out = a.out + (size_t)t * a.ldo + (size_t)h * hd;
     if (t >= len) {
         for (int d = lane; d < hd; d += 32) out[d] = 0.f;
         return;
@@ -566,13 +567,14 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     const unsigned nr = (unsigned)b->nrows;
     const int total = b->nrows * b->bucket;
     const size_t psm = ((size_t)nwarp * d->hd + d->rd) * sizeof(float);
+    const int ldo = d->ldo > 0 ? d->ldo : d->nh * d->hd; /* the output's row stride */
     if (d->f32) {
         attn_prep_args<float> pa = {(const float *)QKVv, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo,
                                     d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd, rows, d->eps};
         attn_prep_kernel<float><<<dim3((unsigned)rows, nr), 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");
         attn_exact_args ea = {(const float *)Qbv, (const float *)QKVv, wko, wvo, bko, bvo,
-                              d->kv_stride, d->ldQKV, (float *)outv, prm, d->nh, d->nkv, d->hd, rows,
+                              d->kv_stride, d->ldQKV, (float *)outv, ldo, prm, d->nh, d->nkv, d->hd, rows,
                               (float)(1.0 / sqrt((double)d->hd))};
         attn_exact_kernel<<<dim3((unsigned)rows, (unsigned)d->nh, nr), 32, (size_t)d->hd * sizeof(float), st>>>(ea);
         CU_LAUNCH_CHECK("attn_exact_kernel");
@@ -595,7 +597,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     const int hpb = att_heads_per_block(d), bt = att_tokens_per_block(d), tiles = (rows + bt - 1) / bt;
     attn_fwd_args fa = {Qb, wko, wvo, bko, bvo, d->kv_stride, prm, rows, d->nh, d->nkv, splits, b->nrows, tiles,
                         (size_t)total, hpb, (float)(1.0 / sqrt((double)d->hd) * 1.4426950408889634), Op, Mp, Lp,
-                        QKV, d->ldQKV, out};
+                        QKV, d->ldQKV, out, ldo};
     dim3 grid((unsigned)(d->nh / hpb), (unsigned)tiles * nr, (unsigned)splits);
     int launched = 0;
 #define ATT_RUN(HD_)                                                                      \
@@ -615,7 +617,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     if (splits > 1 && (run & CU_ATT_COMBINE)) {
         const unsigned pairs = (unsigned)total * (unsigned)d->nh;
         attn_combine_kernel<<<(pairs + COMBINE_WARPS - 1) / COMBINE_WARPS, COMBINE_WARPS * 32, 0, st>>>(
-            Op, Mp, Lp, QKV, d->ldQKV, out, prm, total, rows, d->nh, d->hd, splits);
+            Op, Mp, Lp, QKV, d->ldQKV, out, ldo, prm, total, rows, d->nh, d->hd, splits);
         CU_LAUNCH_CHECK("attn_combine_kernel");
     }
     return 0;

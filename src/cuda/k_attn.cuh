@@ -35,7 +35,8 @@ struct attn_fwd_args {
     /* splits == 1: the block writes out = O / l * sigmoid(gate) itself (no partials, no combine) */
     const bf16 *QKV;
     int ld;
-    bf16 *out; /* [rows][nh hd] */
+    bf16 *out; /* [rows][ldo] */
+    int ldo;   /* out's row stride (cu_attn_dims.ldo, or nh hd) */
 };
 
 
@@ -127,7 +128,7 @@ __device__ __forceinline__ bool att_begin(attn_fwd_args &a, att_block &b) {
         const size_t tok0 = (size_t)b.row * a.rows;
         a.Qb += tok0 * a.nh * HD;
         a.QKV += tok0 * a.ld;
-        a.out += tok0 * a.nh * HD;
+        a.out += tok0 * a.ldo;
         a.Op += tok0 * a.nh * HD;
         a.Mp += tok0 * a.nh;
         a.Lp += tok0 * a.nh;
@@ -152,7 +153,7 @@ __device__ __forceinline__ bool att_begin(attn_fwd_args &a, att_block &b) {
         for (int e = tid; e < ATT_ROWS * HD; e += ATT_THREADS) {
             int t, h;
             att_row(e / HD, b.t0, b.h0, b.tpw, b.tpw_sh, &t, &h);
-            if (t < a.rows) a.out[((size_t)t * a.nh + h) * HD + e % HD] = __float2bfloat16(0.f);
+            if (t < a.rows) a.out[(size_t)t * a.ldo + (size_t)h * HD + e % HD] = __float2bfloat16(0.f);
         }
         return false;
     }
@@ -201,7 +202,7 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
             if (t >= a.rows) continue;
             const bool real = t < b.len;
             const bf16 *gate = a.QKV + (size_t)t * a.ld + (size_t)h * 2 * HD + HD;
-            bf16 *o = a.out + ((size_t)t * a.nh + h) * HD;
+            bf16 *o = a.out + (size_t)t * a.ldo + (size_t)h * HD;
 #pragma unroll
             for (int j = 0; j < HD / 8; j++) {
                 const int d = 8 * j + 2 * c;

@@ -1151,7 +1151,7 @@ struct gdn_out_args {
     float eps;
     int exp; /* cu_gdn_dims.exp */
     cu_gdn_scratch scr;
-    int ldY; /* Y's row stride (nv dv) */
+    int ldY; /* Y's row stride (cu_gdn_dims.ldY, or nv dv) */
 };
 
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
@@ -1654,7 +1654,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
     gdn_out_args oa = {P,     d->ldP, NULL, norm_w, Y,      b->prm, bt,   d->nk, d->nv, d->dv, d->K, C,
-                       rows,  d->eps, d->exp, *scr, d->nv * d->dv};
+                       rows,  d->eps, d->exp, *scr, d->ldY > 0 ? d->ldY : d->nv * d->dv};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along

@@ -32,12 +32,13 @@ struct gdn_exact_args {
     const float *S_in;    /* the S the chunk starts from (likewise) */
     const float *conv_w, *A_log, *dt_bias, *norm_w;
     float *S; /* [nv][dk][dv]: the row's, set by ex_row */
-    float *Y; /* [rows][nv dv] */
+    float *Y; /* [rows][ldY] */
     const cu_chunk_params *prm; /* the batch's rows, then the row's own */
     size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena */
     int nk, nv, dk, dv, K, C, rows; /* rows: the bucket */
     float eps;
     cu_gdn_scratch scr;
+    int ldY; /* Y's row stride (cu_gdn_dims.ldY, or nv dv) */
 };
 
 /* a's pointers moved to row blockIdx.z: its tokens, its scratch rows, its slot's state. Returns its len. */
@@ -45,7 +46,7 @@ __device__ __forceinline__ int ex_row(gdn_exact_args &a) {
     const size_t tok0 = (size_t)blockIdx.z * a.rows;
     a.prm += blockIdx.z;
     a.P += tok0 * a.ldP;
-    a.Y += tok0 * a.nv * a.dv;
+    a.Y += tok0 * a.ldY;
     a.scr.q += tok0 * a.nk * a.dk;
     a.scr.k += tok0 * a.nk * a.dk;
     a.scr.v += tok0 * a.nv * a.dv;
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(EX_PREP_THREADS) gdn_exact_norm_kernel(gdn_exa
     const int len = ex_row(a), dv = a.dv;
     for (int h = w; h < a.nv; h += EX_PREP_THREADS / 32) {
         const float *o = a.scr.o + (size_t)t * a.nv * dv + (size_t)h * dv;
-        float *y = a.Y + (size_t)t * a.nv * dv + (size_t)h * dv;
+        float *y = a.Y + (size_t)t * a.ldY + (size_t)h * dv;
         if (t >= len) {
             for (int d = lane; d < dv; d += 32) y[d] = 0.f;
             continue;
@@ -197,7 +198,8 @@ int cu_gdn_forward_exact(const cu_gdn_dims *d, const float *P, size_t conv_off, 
     const int rows = b->bucket;
     const unsigned nr = (unsigned)b->nrows;
     gdn_exact_args a = {P, d->ldP, NULL, NULL, NULL, conv_w, A_log, dt_bias, norm_w, NULL, Y, b->prm, s_off, conv_off,
-                        d->nk, d->nv, d->dk, d->dv, d->K, C, rows, d->eps, *scr};
+                        d->nk, d->nv, d->dk, d->dv, d->K, C, rows, d->eps, *scr,
+                        d->ldY > 0 ? d->ldY : d->nv * d->dv};
     gdn_exact_prep_kernel<<<dim3((unsigned)rows, 1, nr), EX_PREP_THREADS, 0, st>>>(a);
     CU_LAUNCH_CHECK("gdn_exact_prep_kernel");
     const dim3 grid((unsigned)d->nv, (unsigned)((d->dv + 31) / 32), nr);

@@ -20,10 +20,14 @@
  * the slice is read once.
  * At a hit's few tokens the kernel is latency-bound, so it counts dependent steps, not bytes:
  * the grid aims at what the SMs hold at once (narrow column groups, two blocks an SM, up to 8
- * slices, a cluster barrier or two); the tokens' slots and the first A fragments are loaded before waiting for the previous
- * kernel (programmatic dependent launch: neither is written by it), and the next GEMM is let
+ * slices, a cluster barrier or two); the tokens' slots and the first A fragments are loaded
+ * before waiting for the previous kernel (programmatic dependent launch: neither is written by
+ * it), and the next GEMM is let
  * start at once (it loads its weights while this kernel runs, and waits for it before reading
- * xw). A long chunk gets one slice and the widest column groups (x made once).
+ * xw). A long chunk gets one slice and the widest column groups (x made once). A short chunk's
+ * common case runs k_lora_input_short, the same steps with fewer waits (below); the first form
+ * stays for the rest and, with a.earlier (SQUAD_LORA_FORM=0), for everything (A/B timing).
+ * Before out / o the mixer has written x into xw itself (CU_LORA_IN_PLACE): only u is made.
  * A tile whose tokens run several slots (rows of different routes meeting inside 16 tokens, which
  * the backend's bucketed rows never do) runs 1 - 3 once per slot, the rows of other slots dropped
  * from u. Slot 0 (the trunk, padding) gets zeros in every slot's columns.
@@ -125,6 +129,27 @@ static __device__ __forceinline__ void lx_row_scales(float *rinv, const float *h
 
 /* ---- the tensor-core path: bf16 x, A and xw ---------------------------------------------------------- */
 
+/* silu(g) * u of eight bf16 pairs, packed as bf16: k_norm.cu's silu_mul, value for value. */
+static __device__ __forceinline__ uint4 lx_silu8(uint4 g, uint4 u) {
+    const uint32_t gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
+    uint32_t ov[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162 *>(&gv[j]);
+        const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162 *>(&uv[j]);
+        const float lo = cu_silu(__low2float(g2)) * __low2float(u2);
+        const float hi = cu_silu(__high2float(g2)) * __high2float(u2);
+        ov[j] = cu_pack_bf16(lo, hi);
+    }
+    return make_uint4(ov[0], ov[1], ov[2], ov[3]);
+}
+
+/* Row t of a copied x: the copy's source, or xw itself when the mixer wrote x there (IN_PLACE). */
+static __device__ __forceinline__ const bf16 *lx_copy_src(const cu_lora_input_args &a, int t) {
+    return a.src == CU_LORA_IN_PLACE ? static_cast<const bf16 *>(a.xw) + (size_t)t * a.ldw
+                                     : static_cast<const bf16 *>(a.x_src) + (size_t)t * a.ld_src;
+}
+
 /* Eight x values of row t from k (k + 8 <= in), as the producer makes them, packed as bf16. */
 static __device__ __forceinline__ uint4 lx_make8(const cu_lora_input_args &a, int t, int k, float r) {
     uint4 o;
@@ -139,21 +164,9 @@ static __device__ __forceinline__ uint4 lx_make8(const cu_lora_input_args &a, in
         o.w = cu_pack_bf16(h1.z * r * (1.f + w1.z), h1.w * r * (1.f + w1.w));
     } else if (a.src == CU_LORA_SILU) {
         const bf16 *gr = static_cast<const bf16 *>(a.x_src) + (size_t)t * 2 * a.in + k;
-        const uint4 g = *reinterpret_cast<const uint4 *>(gr), u = *reinterpret_cast<const uint4 *>(gr + a.in);
-        const uint32_t gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
-        uint32_t ov[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162 *>(&gv[j]);
-            const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162 *>(&uv[j]);
-            /* k_norm.cu's silu_mul, value for value */
-            const float lo = cu_silu(__low2float(g2)) * __low2float(u2);
-            const float hi = cu_silu(__high2float(g2)) * __high2float(u2);
-            ov[j] = cu_pack_bf16(lo, hi);
-        }
-        o = make_uint4(ov[0], ov[1], ov[2], ov[3]);
+        o = lx_silu8(*reinterpret_cast<const uint4 *>(gr), *reinterpret_cast<const uint4 *>(gr + a.in));
     } else {
-        o = *reinterpret_cast<const uint4 *>(static_cast<const bf16 *>(a.x_src) + (size_t)t * a.ld_src + k);
+        o = *reinterpret_cast<const uint4 *>(lx_copy_src(a, t) + k);
     }
     return o;
 }
@@ -236,7 +249,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     /* before the wait, what the previous grid does not write: the slots (the host's copy before
      * the graph) and the first chunk's A fragments of the tile's first slot (an upload) */
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
-    const bool writer = blockIdx.y == 0;
+    const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE; /* x's writers (IN_PLACE: none) */
     const int s_first = todo ? ts[__ffs(todo) - 1] : 0;
     uint32_t bfr[LX_KS][NT][2];
     lx_load_a<NT>(bfr, A + (size_t)(s_first > 0 ? s_first - 1 : 0) * a.R * a.lda, a.lda, kb, ke, c0, c1, s_first > 0);
@@ -415,6 +428,308 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     }
 }
 
+/* ---- the short chain: the bf16 path at a hit's short chunks ---------------------------------------------- */
+
+/* The kernel above waits on a dependent step it need not: the tile's slots before loading A (a
+ * round trip to memory ahead of the one that matters). This form (k_lora_input_short) takes the
+ * common short case (narrow column groups, a slice of at most LX_KC, the norm's at most
+ * LX_SHORT_NORM_UNITS units a thread) with
+ *   - the slots and the A fragments of the first LX_PRE_SLOTS slots loaded together before the
+ *     wait (the tile's slot picks its fragments after; a slot past them loads its own then), and
+ *     the next launch's A brought into L2 (a.prefetch);
+ *   - every load of the producer's inputs issued before any is used;
+ *   - the warps' partials in their own shared memory (no barrier to reuse x's).
+ * The norm takes r first (the slices' sums of squares over the cluster, a barrier), then x and its
+ * products: the other form's arithmetic, so the same bits for the same slices (the tests compare
+ * them). With a.factored it takes the products of bf16(h (1 + w)) at once and applies r to their
+ * sum (r is one number a row, so r A v = A (r v) up to where bf16 rounds): the slices' sums of
+ * squares travel with their u partials, one cluster barrier in all, and u differs from the other
+ * form's where bf16 rounds (an experiment: see docs/specialists.md). The sums keep a fixed order
+ * (warps, then slices): deterministic. */
+#define LX_PRE_SLOTS 2        /* slots whose A fragments are loaded before the tokens' slots are known */
+#define LX_SHORT_UNITS 4      /* units of 8 x values a thread takes: a slice of up to LX_KC */
+#define LX_SHORT_NORM_UNITS 2 /* the norm holds its units' h and w until r is known: a slice of up to 256 */
+static_assert(LX_SHORT_UNITS * LX_THREADS == LX_TM * LX_KC / 8, "a slice of LX_KC in one pass");
+
+/* The grid's threads bring [p, p + bytes) into L2 between them, a 128-byte line each at a time. */
+static __device__ __forceinline__ void lx_prefetch_l2(const void *p, size_t bytes) {
+    const size_t nthreads = (size_t)gridDim.x * gridDim.y * gridDim.z * LX_THREADS;
+    const size_t block = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const size_t me = block * LX_THREADS + threadIdx.x;
+    for (size_t off = me * 128; off < bytes; off += nthreads * 128)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char *>(p) + off));
+}
+
+/* Threads < LX_TM: this slice's sums of squares ssp into every block of the cluster (slot z). */
+static __device__ __forceinline__ void lx_push_ss(float (&sspart)[LX_SLICES_MAX][LX_TM], float ssp, int ks, int z,
+                                                  cg::cluster_group &cluster) {
+    if (threadIdx.x >= LX_TM) return;
+    if (ks == 1) {
+        sspart[0][threadIdx.x] = ssp;
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < LX_SLICES_MAX; q++)
+        if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
+}
+
+/* Threads < LX_TM: the rows' scales from the slices' sums of squares, added in slice order. */
+static __device__ __forceinline__ void lx_row_scale(float *rinv, const float (&sspart)[LX_SLICES_MAX][LX_TM], int ks,
+                                                    int in, float eps) {
+    if (threadIdx.x >= LX_TM) return;
+    float ss = 0.0f;
+    for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
+    rinv[threadIdx.x] = rsqrtf(ss / (float)in + eps);
+}
+
+/* The norm's x = bf16(h r (1 + w)) of this thread's units (h in registers, w read again): into xw
+ * (writers) and into xs (when given). */
+static __device__ __forceinline__ void lx_short_norm_x(bf16 *xw, int ldw, bf16 *xs,
+                                                       const float (&hv)[LX_SHORT_NORM_UNITS][8], const float *w,
+                                                       const float *rinv, int in, int upr, int units, int t0, int kb,
+                                                       int rows, bool writer) {
+#pragma unroll
+    for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
+        const int u = (int)threadIdx.x + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = kb + kk;
+        if (u >= units) continue;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        const bool real = t0 + row < rows && k < in;
+        if (real) {
+            const float r = rinv[row];
+            const float4 w0 = *reinterpret_cast<const float4 *>(w + k), w1 = *reinterpret_cast<const float4 *>(w + k + 4);
+            v.x = cu_pack_bf16(hv[i][0] * r * (1.f + w0.x), hv[i][1] * r * (1.f + w0.y));
+            v.y = cu_pack_bf16(hv[i][2] * r * (1.f + w0.z), hv[i][3] * r * (1.f + w0.w));
+            v.z = cu_pack_bf16(hv[i][4] * r * (1.f + w1.x), hv[i][5] * r * (1.f + w1.y));
+            v.w = cu_pack_bf16(hv[i][6] * r * (1.f + w1.z), hv[i][7] * r * (1.f + w1.w));
+            if (writer) *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
+        }
+        if (xs) *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
+    }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
+    k_lora_input_short(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
+    constexpr int CW = 8 * NT, RLD = CW + 4;
+    __shared__ __align__(16) bf16 xs[LX_TM * LX_XLD];        /* the slice of x (the norm: of h (1 + w)) */
+    __shared__ __align__(16) float red[LX_WARPS * LX_TM * RLD]; /* the warps' partials */
+    __shared__ float upart[lx_max_slices(NT)][LX_TM][CW];      /* the first block: each slice's u, pushed */
+    __shared__ float sspart[LX_SLICES_MAX][LX_TM];             /* the norm: each slice's sums of squares, pushed */
+    __shared__ float sq[LX_SHORT_NORM_UNITS * LX_THREADS];      /* the norm: a unit's sum of squares */
+    __shared__ int ts[LX_TM];
+    __shared__ float rinv[LX_TM];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int ks = (int)gridDim.z, z = (int)blockIdx.z; /* the cluster: the tile's slices of `in` */
+    bf16 *xw = static_cast<bf16 *>(a.xw);
+    const bf16 *A = static_cast<const bf16 *>(a.A);
+    const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM, tid = (int)threadIdx.x;
+    const int c0 = (int)blockIdx.y * CW, c1 = min(c0 + CW, a.R);
+    const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
+    const bool norm = a.src == CU_LORA_NORM;
+    /* the norm's u: r times the products of bf16(h (1 + w)), one cluster barrier (fac); else the
+     * products of x after r's own barrier, the earlier form's arithmetic bit for bit */
+    const bool fac = norm && a.factored;
+    const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE; /* x's writers */
+    lx_launch_next();
+    if (ks > 1) lx_cluster_arrive();
+    /* 1. before the wait, what the previous grid does not write, all at once: the tile's slots and
+     * the A fragments of the first slots */
+    int my_slot = 0;
+    if (tid < LX_TM) {
+        const int t = t0 + tid, sl = t < rows ? token_slot[t] : 0;
+        my_slot = sl >= 1 && sl <= a.n_slots ? sl : 0;
+    }
+    uint32_t bpre[LX_PRE_SLOTS][LX_KS][NT][2];
+#pragma unroll
+    for (int q = 0; q < LX_PRE_SLOTS; q++)
+        lx_load_a<NT>(bpre[q], A + (size_t)q * a.R * a.lda, a.lda, kb, ke, c0, c1, q < a.n_slots);
+    if (a.prefetch) lx_prefetch_l2(a.prefetch, a.prefetch_bytes);
+    lx_grid_wait();
+    /* 2. the slice of x: every load issued first; units of 8 values, consecutive threads on
+     * consecutive k, upr a row */
+    const int upr = (ke - kb) / 8, units = LX_TM * upr;
+    float hv[LX_SHORT_NORM_UNITS][8], wv[LX_SHORT_NORM_UNITS][8]; /* w: until xs is made (read again for x) */
+    if (norm) {
+#pragma unroll
+        for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
+            const int u = tid + i * LX_THREADS, row = u / upr, k = kb + (u % upr) * 8;
+#pragma unroll
+            for (int e = 0; e < 8; e++) hv[i][e] = wv[i][e] = 0.0f;
+            if (u < units && t0 + row < rows && k < a.in) {
+                const float *hr = a.h + (size_t)(t0 + row) * a.in + k;
+                const float4 h0 = *reinterpret_cast<const float4 *>(hr), h1 = *reinterpret_cast<const float4 *>(hr + 4);
+                const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
+                const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
+                hv[i][0] = h0.x, hv[i][1] = h0.y, hv[i][2] = h0.z, hv[i][3] = h0.w;
+                hv[i][4] = h1.x, hv[i][5] = h1.y, hv[i][6] = h1.z, hv[i][7] = h1.w;
+                wv[i][0] = w0.x, wv[i][1] = w0.y, wv[i][2] = w0.z, wv[i][3] = w0.w;
+                wv[i][4] = w1.x, wv[i][5] = w1.y, wv[i][6] = w1.z, wv[i][7] = w1.w;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
+            const int u = tid + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8;
+            if (u >= units) continue;
+            float ss = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += hv[i][e] * hv[i][e];
+            sq[u] = ss;
+            if (!fac) continue; /* xs waits for r */
+            uint4 v;
+            v.x = cu_pack_bf16(hv[i][0] * (1.f + wv[i][0]), hv[i][1] * (1.f + wv[i][1]));
+            v.y = cu_pack_bf16(hv[i][2] * (1.f + wv[i][2]), hv[i][3] * (1.f + wv[i][3]));
+            v.z = cu_pack_bf16(hv[i][4] * (1.f + wv[i][4]), hv[i][5] * (1.f + wv[i][5]));
+            v.w = cu_pack_bf16(hv[i][6] * (1.f + wv[i][6]), hv[i][7] * (1.f + wv[i][7]));
+            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
+        }
+    } else {
+        uint4 g[LX_SHORT_UNITS], v[LX_SHORT_UNITS];
+#pragma unroll
+        for (int i = 0; i < LX_SHORT_UNITS; i++) {
+            const int u = tid + i * LX_THREADS, row = u / upr, k = kb + (u % upr) * 8, t = t0 + row;
+            g[i] = v[i] = make_uint4(0, 0, 0, 0);
+            if (u < units && t < rows && k < a.in) {
+                if (a.src == CU_LORA_SILU) {
+                    const bf16 *gr = static_cast<const bf16 *>(a.x_src) + (size_t)t * 2 * a.in + k;
+                    g[i] = *reinterpret_cast<const uint4 *>(gr);
+                    v[i] = *reinterpret_cast<const uint4 *>(gr + a.in);
+                } else {
+                    g[i] = *reinterpret_cast<const uint4 *>(lx_copy_src(a, t) + k);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < LX_SHORT_UNITS; i++) {
+            const int u = tid + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8, k = kb + kk, t = t0 + row;
+            if (u >= units) continue;
+            const bool real = t < rows && k < a.in;
+            const uint4 x = a.src == CU_LORA_SILU && real ? lx_silu8(g[i], v[i]) : g[i];
+            if (writer && real) *reinterpret_cast<uint4 *>(xw + (size_t)t * ldw + k) = x;
+            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = x;
+        }
+    }
+    if (tid < LX_TM) ts[tid] = my_slot;
+    __syncthreads();
+    unsigned todo = 0;
+#pragma unroll
+    for (int i = 0; i < LX_TM; i++)
+        if (ts[i] > 0) todo |= 1u << i;
+    if (z == 0) lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
+    if (!todo && !writer) return; /* nothing more for the whole cluster (one tile, one column group) */
+    float ssp = 0.0f; /* threads < LX_TM, the norm: the row's sum of squares over this slice */
+    if (norm && tid < LX_TM)
+        for (int j = 0; j < upr; j++) ssp += sq[tid * upr + j];
+    float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
+    bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
+    if (norm && !fac) { /* r first: the slices' sums of squares into every block, a barrier, x */
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
+        }
+        lx_push_ss(sspart, ssp, ks, z, cluster);
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
+        lx_row_scale(rinv, sspart, ks, a.in, a.eps);
+        __syncthreads();
+        lx_short_norm_x(xw, ldw, xs, hv, a.w, rinv, a.in, upr, units, t0, kb, rows, writer);
+        __syncthreads();
+    }
+    bool first = true;
+    for (;;) {
+        int s = 0;
+        unsigned mine = 0;
+        if (todo) s = lx_next_slot(ts, &todo, &mine);
+        if (!s && !(first && fac && writer)) break; /* the factored norm's writers still need r */
+        /* 3. the products of the slot's A rows and the slice, the k-steps spread over the warps */
+        if (s) {
+            uint32_t bfr[LX_KS][NT][2];
+            if (first && s <= LX_PRE_SLOTS) {
+#pragma unroll
+                for (int j = 0; j < LX_KS; j++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            uint32_t f = bpre[0][j][nt][e];
+#pragma unroll
+                            for (int q = 1; q < LX_PRE_SLOTS; q++)
+                                if (s == q + 1) f = bpre[q][j][nt][e];
+                            bfr[j][nt][e] = f;
+                        }
+            } else {
+                lx_load_a<NT>(bfr, A + (size_t)(s - 1) * a.R * a.lda, a.lda, kb, ke, c0, c1, true);
+            }
+            float acc[NT][4] = {};
+#pragma unroll
+            for (int j = 0; j < LX_KS; j++) {
+                const int kl = (j * LX_WARPS + warp) * 16 + 2 * tq;
+                if (kb + kl >= ke) break;
+                uint32_t af[4];
+                af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
+                af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
+                af[2] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl + 8]);
+                af[3] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl + 8]);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) cu_mma16816(acc[nt], af, bfr[j][nt][0], bfr[j][nt][1]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                float *pw = red + (size_t)warp * LX_TM * RLD;
+                *reinterpret_cast<float2 *>(&pw[gq * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][0], acc[nt][1]);
+                *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) =
+                    make_float2(acc[nt][2], acc[nt][3]);
+            }
+        }
+        __syncthreads();
+        if (!joined) { /* every block has started: its shared memory may be written */
+            lx_cluster_wait();
+            joined = true;
+        }
+        /* 4. the block's sum in warp order into the first block's shared memory; the norm's sums of
+         * squares into every block's; one barrier */
+        if (s)
+            for (int idx = tid; idx < LX_TM * CW; idx += LX_THREADS) {
+                const int row = idx / CW, c = idx % CW;
+                float sum = 0.0f;
+#pragma unroll
+                for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
+                up0[((size_t)z * LX_TM + row) * CW + c] = sum;
+            }
+        if (first && fac) lx_push_ss(sspart, ssp, ks, z, cluster);
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
+        /* 5. the factored norm's row scales (the same in every block: the slices' sums in slice
+         * order), then x from the registers (the other form's arithmetic) and u */
+        if (first && fac) {
+            lx_row_scale(rinv, sspart, ks, a.in, a.eps);
+            __syncthreads();
+            lx_short_norm_x(xw, ldw, NULL, hv, a.w, rinv, a.in, upr, units, t0, kb, rows, writer);
+        }
+        first = false;
+        if (!s) break;
+        if (z == 0)
+            for (int idx = tid; idx < LX_TM * CW; idx += LX_THREADS) {
+                const int row = idx / CW, c = idx % CW, t = t0 + row;
+                if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
+                float sum = 0.0f;
+                for (int q = 0; q < ks; q++) sum += upart[q][row][c];
+                if (fac) sum *= rinv[row];
+                xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
+            }
+        if (!todo) break;
+        /* another slot of the tile: the first block has read every partial before they are pushed again */
+        if (ks > 1)
+            cluster.sync();
+        else
+            __syncthreads();
+    }
+}
+
 /* ---- the exact path: fp32 x, A and xw ------------------------------------------------------------------ */
 
 /* x[t][k] as the producer makes it, in fp32 (the trunk's exact kernels' arithmetic). */
@@ -425,6 +740,7 @@ static __device__ __forceinline__ float lx_make1(const cu_lora_input_args &a, in
         const float g = src[(size_t)t * 2 * a.in + k], u = src[(size_t)t * 2 * a.in + a.in + k];
         return g / (1.f + expf(-g)) * u;
     }
+    if (a.src == CU_LORA_IN_PLACE) return static_cast<const float *>(a.xw)[(size_t)t * a.ldw + k];
     return src[(size_t)t * a.ld_src + k];
 }
 
@@ -438,7 +754,7 @@ __global__ void __launch_bounds__(LX_THREADS) k_lora_input_f32(cu_lora_input_arg
     const int c0 = (int)blockIdx.y * LX_CW_F32, c1 = min(c0 + LX_CW_F32, a.R);
     unsigned todo = lx_load_slots(ts, token_slot, t0, rows, a.n_slots);
     lx_zero_others(xw, ldw, a.in, a.R, a.n_slots, ts, t0, rows, c0, c1);
-    const bool writer = blockIdx.y == 0;
+    const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE;
     if (!todo && !writer) return;
     if (a.src == CU_LORA_NORM) {
         lx_row_scales(rinv, a.h, a.in, a.eps, t0, rows);
@@ -503,7 +819,7 @@ static int lx_slices(int in16, int blocks, int n_sm, int nt) {
 
 template <int NT>
 static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, const int *token_slot, int rows,
-                             cudaStream_t st) {
+                             bool short_chain, cudaStream_t st) {
     cudaLaunchAttribute at[2] = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = 1;
@@ -519,10 +835,13 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
     lc.attrs = at;
     const char *pdl = getenv("SQUAD_LORA_PDL"); /* "0": launched plainly ordered (an experiment switch) */
     lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
-    if (cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice) == cudaSuccess) return cudaSuccess;
+    void (*kern)(cu_lora_input_args, const int *, int, int) = k_lora_input_mma<NT>;
+    if constexpr (NT == 2) /* the short chain's column groups */
+        if (short_chain) kern = k_lora_input_short<NT>;
+    if (cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice) == cudaSuccess) return cudaSuccess;
     (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
     lc.numAttrs = 1;
-    return cudaLaunchKernelEx(&lc, k_lora_input_mma<NT>, *a, token_slot, rows, slice);
+    return cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice);
 }
 
 static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
@@ -531,10 +850,12 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
                   squad_err *err) {
     if (!a || rows < 1 || a->in < 1 || a->R < 1 || a->n_slots < 1 || a->lda < cu_lora_lda(a->in) ||
         a->ldw < a->in + a->n_slots * a->R ||
-        a->src < CU_LORA_NORM || a->src > CU_LORA_COPY || !a->A || !a->xw || !token_slot)
+        a->src < CU_LORA_NORM || a->src > CU_LORA_IN_PLACE || !a->A || !a->xw || !token_slot)
         return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: rows %d, in %d, R %d, slots %d, lda %d", rows,
                       a ? a->in : 0, a ? a->R : 0, a ? a->n_slots : 0, a ? a->lda : 0);
-    if (a->src == CU_LORA_NORM ? !a->h || !a->w : !a->x_src || (a->src == CU_LORA_COPY && a->ld_src < a->in))
+    if (a->src == CU_LORA_NORM       ? !a->h || !a->w
+        : a->src == CU_LORA_IN_PLACE ? 0
+                                     : !a->x_src || (a->src == CU_LORA_COPY && a->ld_src < a->in))
         return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: producer %d without its input", a->src);
     const int tiles = (rows + LX_TM - 1) / LX_TM;
     if (a->f32) {
@@ -544,9 +865,11 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
         return 0;
     }
     /* vector loads and stores: 8 bf16 (16 bytes) of x, float4s of h and w, 4-byte A fragments */
-    const int src_ok = a->src == CU_LORA_NORM
-                           ? lx_aligned(a->h, 16) && lx_aligned(a->w, 16)
-                           : lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
+    int src_ok = 1; /* IN_PLACE: xw's own alignment, checked below */
+    if (a->src == CU_LORA_NORM)
+        src_ok = lx_aligned(a->h, 16) && lx_aligned(a->w, 16);
+    else if (a->src != CU_LORA_IN_PLACE)
+        src_ok = lx_aligned(a->x_src, 16) && (a->src != CU_LORA_COPY || a->ld_src % 8 == 0);
     const int ok = a->in % 8 == 0 && a->R % 16 == 0 && a->lda % 8 == 0 && a->ldw % 8 == 0 && lx_aligned(a->xw, 16) &&
                    lx_aligned(a->A, 4) && src_ok;
     if (!ok)
@@ -554,14 +877,43 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
                       "cu_lora_input: bf16 needs in %% 8 == 0 (%d), R %% 16 == 0 (%d), 16-byte aligned rows", a->in,
                       a->R);
     const int sms = n_sm > 0 ? n_sm : 1, cw = lx_block_cols(a->R, tiles, sms), groups = (a->R + cw - 1) / cw;
-    const int in16 = lx_round(a->in, 16), ks = lx_slices(in16, tiles * groups, sms, cw / 8);
+    const int in16 = lx_round(a->in, 16);
+    int ks = lx_slices(in16, tiles * groups, sms, cw / 8);
+    /* the short chain: no second wave of clusters where fewer slices fit in one */
+    if (!a->earlier && cw == 16)
+        while (ks > 1 && a->fit[ks] > 0 && a->fit[ks] < tiles * groups) ks--;
     const int slice = lx_round((in16 + ks - 1) / ks, 16);
     const dim3 grid((unsigned)tiles, (unsigned)groups, (unsigned)((in16 + slice - 1) / slice));
-    const cudaError_t e = cw == 16   ? lx_launch<2>(grid, slice, a, token_slot, rows, st)
-                          : cw == 32 ? lx_launch<4>(grid, slice, a, token_slot, rows, st)
-                                     : lx_launch<8>(grid, slice, a, token_slot, rows, st);
+    /* the short chain: narrow column groups and a slice it takes in one pass (the norm's within
+     * the units it holds in registers) */
+    const int short_units = a->src == CU_LORA_NORM ? LX_SHORT_NORM_UNITS : LX_SHORT_UNITS;
+    const bool short_chain = !a->earlier && cw == 16 && LX_TM * (slice / 8) <= short_units * LX_THREADS;
+    const cudaError_t e = cw == 16   ? lx_launch<2>(grid, slice, a, token_slot, rows, short_chain, st)
+                          : cw == 32 ? lx_launch<4>(grid, slice, a, token_slot, rows, false, st)
+                                     : lx_launch<8>(grid, slice, a, token_slot, rows, false, st);
     if (e != cudaSuccess) return cu_fail(err, "k_lora_input_mma (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     CU_LAUNCH_CHECK("k_lora_input_mma");
+    return 0;
+}
+
+int cu_lora_fit(int fit[CU_LORA_FIT_MAX + 1], squad_err *err) {
+    static_assert(CU_LORA_FIT_MAX == LX_SLICES_MAX, "a fit for every cluster size");
+    fit[0] = 0;
+    for (int k = 1; k <= CU_LORA_FIT_MAX; k++) {
+        cudaLaunchAttribute at[1] = {};
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = (unsigned)k;
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3(1, 1, (unsigned)k);
+        lc.blockDim = dim3(LX_THREADS);
+        lc.attrs = at;
+        lc.numAttrs = 1;
+        fit[k] = 0;
+        const cudaError_t e = cudaOccupancyMaxActiveClusters(&fit[k], k_lora_input_short<2>, &lc);
+        if (e != cudaSuccess) return cu_fail(err, "cudaOccupancyMaxActiveClusters", e, __FILE__, __LINE__);
+    }
     return 0;
 }
 

@@ -19,9 +19,10 @@
  * from device memory, so one graph serves every route and every mix of routes.
  *
  * cu_lora_input writes xw: x itself, made from the site's producer (the RMSNorm before an
- * in-projection or gate | up, SiLU(gate) * up before down, or a copy of the mixer's output
- * before out / o), and the u columns. Making x here replaces the producer's own kernel, so an
- * adapted in-projection, gate | up or down costs no launch beyond the trunk's; out / o pay one.
+ * in-projection or gate | up, SiLU(gate) * up before down; before out / o the mixer writes x into
+ * xw itself, with xw's row stride, and the kernel makes u only), and the u columns. Making x here
+ * replaces the producer's own kernel, so an adapted in-projection, gate | up or down costs no
+ * launch beyond the trunk's; out / o pay one (u alone).
  */
 #ifndef SQUAD_K_LORA_CUH
 #define SQUAD_K_LORA_CUH
@@ -32,8 +33,11 @@
 typedef enum cu_lora_src {
     CU_LORA_NORM = 0, /* x[t] = RMSNorm(h[t]) * (1 + w): h fp32 [rows][in] (k_norm.cu's rmsnorm) */
     CU_LORA_SILU = 1, /* x[t][i] = silu(gu[t][i]) * gu[t][in + i]: gu [rows][2 in] (k_norm.cu's silu_mul) */
-    CU_LORA_COPY = 2  /* x[t] = src[t]: src [rows][ld_src] */
+    CU_LORA_COPY = 2, /* x[t] = src[t]: src [rows][ld_src] */
+    CU_LORA_IN_PLACE = 3 /* x[t] is already in xw[t][0, in) (the mixer wrote it there): only u is made */
 } cu_lora_src;
+
+#define CU_LORA_FIT_MAX 8 /* the largest cluster cu_lora_input makes (the portable cluster size) */
 
 typedef struct cu_lora_input_args {
     int src;              /* cu_lora_src */
@@ -51,6 +55,24 @@ typedef struct cu_lora_input_args {
     int ldw;              /* xw's row stride: in + n_slots R, or more (zeros past the slots' columns,
                              a multiple of 8 on the bf16 path) */
     int f32;              /* the exact path: fp32 x, A, xw and fp32 FMAs; else bf16 on the tensor cores */
+    int earlier;          /* 1: the earlier bf16 kernel (two cluster barriers for the norm, the A
+                             fragments loaded after the slots), kept for A/B timing
+                             (SQUAD_LORA_FORM=0); 0: the short chain wherever it applies */
+    /* fit[k]: how many clusters of k blocks of the short chain's narrow form the GPU holds at once
+     * (cu_lora_fit; 0: not known). The short chain takes fewer slices of `in` rather than a second
+     * wave of clusters: a cluster's blocks share one GPC, so a GPU's slots do not all pack into
+     * clusters of 8. */
+    int fit[CU_LORA_FIT_MAX + 1];
+    /* The short chain brings these bytes into L2 for a later launch (the next widened input's A: its
+     * first loads then come from L2, not from device memory, which the weights' stream through L2
+     * between launches would leave them in); NULL: none. */
+    const void *prefetch;
+    size_t prefetch_bytes;
+    /* The short chain's norm: 1, u = r times the products of bf16(h (1 + w)) (r applied to the sum,
+     * so the products need not wait for it: one cluster barrier; u then differs from the other
+     * form's where bf16 rounds); 0, the products of x after r's own barrier (the other form's u
+     * bit for bit, for the same slices). */
+    int factored;
 } cu_lora_input_args;
 
 /* For every token t < rows, with s = token_slot[t] (0, or outside [1, n_slots]: no adapter):
@@ -58,10 +80,16 @@ typedef struct cu_lora_input_args {
  *   xw[t][in + (s - 1) R + k]   = sum_i A[s - 1][k][i] x[t][i]             (k < R)
  *   xw[t][in + (q - 1) R + k]   = 0                                        (every other slot q)
  *   xw[t][j]                    = 0                              (in + n_slots R <= j < ldw)
- * u is the sum of the products in fp32 in a fixed order (deterministic), rounded like x. n_sm sizes
- * the grid. */
+ * u is the sum of the products in fp32 in a fixed order (deterministic), rounded like x. With
+ * `factored`, the short chain's norm's u is r[t] sum_i A[s - 1][k][i] bf16(h[t][i] (1 + w[i])) (the
+ * row scale r applied to the sum): the same product up to where bf16 rounds. With IN_PLACE, x is
+ * read from xw and left as it is. n_sm sizes the grid. */
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
                   squad_err *err);
+
+/* fit[k] for k = 1 .. CU_LORA_FIT_MAX (fit[0] = 0), queried from the device (outside any stream
+ * capture). */
+int cu_lora_fit(int fit[CU_LORA_FIT_MAX + 1], squad_err *err);
 
 /* Elements of one slot's A block (R x lda) and the lda cu_lora_input wants for `in`. */
 int cu_lora_lda(int in);
