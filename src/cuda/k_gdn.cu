@@ -106,8 +106,9 @@ struct gdn_conv_args {
 #define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
 #define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
 #define GDN_EXP_OUT_PIPE 16       /* long launches' output kernel pipelined (gdn_out_pipe_kernel: measured slower) */
-#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (an experiment) */
-#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment) */
+#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (measured no faster) */
+#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment: one
+                                     erratic run of the 16 x 128 batch was 2.3x slower, not understood) */
 /* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
 #define GDN_EXP_CONV_NG_SHIFT 16
 #define GDN_EXP_CONV_NG_MASK 0xff
