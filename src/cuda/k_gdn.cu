@@ -106,8 +106,9 @@ struct gdn_conv_args {
 #define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
 #define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
 #define GDN_EXP_OUT_PIPE 16       /* long launches' output kernel pipelined (gdn_out_pipe_kernel: measured slower) */
-#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (an experiment) */
-#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment) */
+#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (measured no faster) */
+#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment: one
+                                     erratic run of the 16 x 128 batch was 2.3x slower, not understood) */
 /* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
 #define GDN_EXP_CONV_NG_SHIFT 16
 #define GDN_EXP_CONV_NG_MASK 0xff
@@ -259,7 +260,8 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
 
 /* The one-tile conv above does one round of loads a block: each block waits for its loads, then
  * computes while nothing of its own is in flight, and a launch of many waves of such blocks reads
- * at a third of the bandwidth (2048 tokens: 44.6 us a layer for ~59 MB, ~14 us at 4.2 TB/s).
+ * at a third of the bandwidth (2048 tokens: 41-45 us a layer for ~59 MB, ~14 us at 4.2 TB/s; this
+ * form takes 27.7, ncu on the H200).
  * This form keeps the loads going: a block owns a run of `ng` groups of CONV_GROUP rows of one head
  * segment and issues the next group's loads before the math of this one, so while it computes, a
  * group's worth of its loads is in flight; the KC - 1 rows a group shares with the next stay in
@@ -1423,8 +1425,9 @@ __global__ void __launch_bounds__(64 * OUT_RT_LONG) gdn_out_pipe_kernel(gdn_out_
 /* The pipelined output kernel's blocks (0: the one-item kernel): about the blocks the GPU holds at
  * once (its shared memory), when GDN_EXP_OUT_PIPE asks for it and there are more items than the
  * one-item kernel's one wave (two blocks an SM). An experiment, not the default: measured at 2048
- * tokens (0.8B, H200, ncu) it took 33.6 us a layer against the one-item kernel's 28.6 (one block
- * of 8 warps an SM computes too little at a time: DRAM at 40 % of its rate). */
+ * tokens (0.8B, H200, ncu) it took 33.0-33.7 us a layer against the one-item kernel's 28.5-28.6, and
+ * 0.62-0.69 against 0.45-0.49 ms of a 16 x 128 batch step (one block of 8 warps an SM computes too
+ * little at a time: DRAM at 40 % of its rate). */
 template <int DK, int DV>
 static int out_pipe_grid(long items, int n_sm, int exp) {
     if (!(exp & GDN_EXP_OUT_PIPE)) return 0;
