@@ -872,8 +872,9 @@ async function batchFigures(S) {
     steps: one('squad_engine_steps_total'), maxRows: one('squad_engine_max_rows'), batchTokens: one('squad_engine_batch_tokens'),
     inFlight: one('squad_rows_in_flight'), running: one('squad_rows_running'), cancelled: one('squad_jobs_cancelled_total'),
     timeout: one('squad_jobs_timeout_total'), rows: histo('squad_engine_step_rows'), tokens: histo('squad_engine_step_tokens'),
+    seconds: histo('squad_engine_step_seconds'),
     graphs: one('squad_device_graphs'), captureS: one('squad_device_graph_capture_seconds_total'),
-    stats: st && st.batching,
+    stats: st && st.batching, t: Date.now(),
   };
 }
 
@@ -882,12 +883,19 @@ function checkBatchFigures(what, before, after, maxRows) {
   C.ok(after.batchTokens > 0, `${what}: squad_engine_batch_tokens`, after.batchTokens);
   C.ok(after.stats && after.stats.max_rows === maxRows && after.stats.batch_tokens === after.batchTokens &&
     after.stats.steps === after.steps && after.stats.rows_per_step.count === after.rows.count &&
-    after.stats.tokens_per_step.sum === after.tokens.sum, `${what}: /v1/stats "batching" says what /metrics says`, after.stats);
+    after.stats.tokens_per_step.sum === after.tokens.sum && after.stats.seconds_per_step.count === after.seconds.count,
+    `${what}: /v1/stats "batching" says what /metrics says`, after.stats);
   C.ok(after.steps > before.steps, `${what}: squad_engine_steps_total moved`, [before.steps, after.steps]);
   C.ok(after.rows && after.rows.count === after.steps && after.tokens && after.tokens.count === after.steps,
     `${what}: one rows and one tokens observation per step`, [after.steps, after.rows, after.tokens]);
   C.ok(after.rows.sum > before.rows.sum && after.tokens.sum > before.tokens.sum, `${what}: rows and tokens per step moved`,
     [before.rows.sum, after.rows.sum, before.tokens.sum, after.tokens.sum]);
+  // each step's wall time, once per step; the time moved, and no more than the wall time between the two reads
+  // (plus a second: a step running at the first read counts whole at the second)
+  C.ok(after.seconds && after.seconds.count === after.steps && after.seconds.buckets['+Inf'] === after.steps,
+    `${what}: one squad_engine_step_seconds observation per step`, [after.steps, after.seconds]);
+  C.ok(after.seconds.sum > before.seconds.sum && after.seconds.sum - before.seconds.sum <= (after.t - before.t) / 1000 + 1.0,
+    `${what}: step seconds moved, within the wall time`, [before.seconds.sum, after.seconds.sum, after.t - before.t]);
   C.eq(after.rows.buckets[String(maxRows)], after.rows.count, `${what}: no step ran more than --max-rows rows`);
   C.ok(after.rows.sum <= after.steps * maxRows, `${what}: rows per step sum <= steps x --max-rows`, [after.rows.sum, after.steps]);
   C.eq([after.inFlight, after.running], [0, 0], `${what}: idle: squad_rows_in_flight and squad_rows_running 0`);

@@ -128,6 +128,8 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
               (double)v->sched.step_rows_sum);
     histogram(b, "squad_engine_step_tokens", "Tokens one engine step computed.", SRV_STEP_TOKENS_BOUNDS,
               v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
+    histogram(b, "squad_engine_step_seconds", "Wall time of one engine step (a CUDA graph's capture included).",
+              SRV_STEP_SECONDS_BOUNDS, v->sched.step_seconds_bucket, v->sched.step_seconds_sum);
     counter(b, "squad_rows_submitted_total", "Rows handed to the scheduler.", LOAD(m->rows_submitted));
     counter(b, "squad_jobs_timeout_total", "Requests whose --timeout passed while waiting or running.",
             v->sched.jobs_timeout);
@@ -210,6 +212,8 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
     histogram_json(b, SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket, (double)v->sched.step_rows_sum);
     squad_buf_puts(b, ", \"tokens_per_step\": ");
     histogram_json(b, SRV_STEP_TOKENS_BOUNDS, v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
+    squad_buf_puts(b, ", \"seconds_per_step\": ");
+    histogram_json(b, SRV_STEP_SECONDS_BOUNDS, v->sched.step_seconds_bucket, v->sched.step_seconds_sum);
     squad_buf_printf(b, ", \"graphs\": %d, \"graph_capture_s\": %.3f}", v->sched.device_stats.graphs,
                      v->sched.device_stats.capture_s);
     squad_buf_printf(b,

@@ -23,6 +23,7 @@
 
 const double SRV_STEP_ROWS_BOUNDS[SRV_STEP_BUCKETS] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
 const double SRV_STEP_TOKENS_BOUNDS[SRV_STEP_BUCKETS] = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+const double SRV_STEP_SECONDS_BOUNDS[SRV_STEP_BUCKETS] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
 
 /* One row of a job in the engine: its options (with the cancel check), where its end goes, and the
  * tokens it had computed after the last step (a step's figures are what its rows' counts grew by). */
@@ -348,17 +349,20 @@ static void take_from_queue(srv_sched *s) {
     }
 }
 
-/* Counts one step into the published figures. */
-static void count_step(srv_sched *s, int rows, uint64_t tokens) {
-    int rb = 0, tb = 0;
+/* Counts one step (rows run, tokens computed, its wall time) into the published figures. */
+static void count_step(srv_sched *s, int rows, uint64_t tokens, double step_s) {
+    int rb = 0, tb = 0, sb = 0;
     while (rb < SRV_STEP_BUCKETS && rows > SRV_STEP_ROWS_BOUNDS[rb]) rb++;
     while (tb < SRV_STEP_BUCKETS && (double)tokens > SRV_STEP_TOKENS_BOUNDS[tb]) tb++;
+    while (sb < SRV_STEP_BUCKETS && step_s > SRV_STEP_SECONDS_BOUNDS[sb]) sb++;
     pthread_mutex_lock(&s->lock);
     s->stats.steps++;
     s->stats.step_rows_bucket[rb]++;
     s->stats.step_tokens_bucket[tb]++;
     s->stats.step_rows_sum += (uint64_t)rows;
     s->stats.step_tokens_sum += tokens;
+    s->stats.step_seconds_bucket[sb]++;
+    s->stats.step_seconds_sum += step_s;
     s->stats.rows_running = rows;
     pthread_mutex_unlock(&s->lock);
 }
@@ -391,7 +395,7 @@ static void step(srv_sched *s) {
         else if (j->outstanding > 0) j->steps_waited++;
         if ((ran || j->outstanding > 0) && step_s > j->longest_step_s) j->longest_step_s = step_s;
     }
-    count_step(s, rows, tokens);
+    count_step(s, rows, tokens, step_s);
     publish_engine_stats(s, step_s);
 }
 

@@ -96,6 +96,7 @@ typedef struct srv_sched srv_sched;
 #define SRV_STEP_BUCKETS 10
 extern const double SRV_STEP_ROWS_BOUNDS[SRV_STEP_BUCKETS];
 extern const double SRV_STEP_TOKENS_BOUNDS[SRV_STEP_BUCKETS];
+extern const double SRV_STEP_SECONDS_BOUNDS[SRV_STEP_BUCKETS];
 
 typedef struct srv_sched_stats {
     int ready;           /* the engine exists */
@@ -110,6 +111,10 @@ typedef struct srv_sched_stats {
     /* per step: rows run and tokens computed, as histograms (bucket counts, SRV_STEP_*_BOUNDS) */
     uint64_t step_rows_bucket[SRV_STEP_BUCKETS + 1], step_tokens_bucket[SRV_STEP_BUCKETS + 1];
     uint64_t step_rows_sum, step_tokens_sum;
+    /* per step: its wall time (squad_engine_step), a histogram in seconds (SRV_STEP_SECONDS_BOUNDS):
+     * a stall (a graph captured, a long chunk) shows in its upper buckets */
+    uint64_t step_seconds_bucket[SRV_STEP_BUCKETS + 1];
+    double step_seconds_sum;
     uint64_t jobs_done, jobs_timeout, jobs_cancelled, jobs_failed;
     squad_cache_stats cache; /* the engine's figures after its last row */
     int n_routes;            /* with specialists: routes (the trunk included); 0 without */
