@@ -92,19 +92,29 @@ done
 echo
 fi
 
-# The server's batching limits as it reports them (GET /v1/stats "batching"); $1: the graphs count
-# before the measured trace (graphs_now), so the CUDA graphs its steps waited for are told apart.
+# The server's batching limits as it reports them (GET /v1/stats "batching"); $1: graphs_now's
+# figures before the measured trace, so the CUDA graphs its steps waited for and its steps of more
+# than 50 ms are told apart from the warm-up's.
 batching_of() {
   curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c '
 import json, sys
 b = json.load(sys.stdin)["batching"]
+g0, slow0 = (int(x) for x in sys.argv[1].split())
 rows = b["rows_per_step"]
-print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step; CUDA graphs %d (%d captured during the measured trace), "
-      "%.2f s capturing" % (b["max_rows"], b["batch_tokens"], b["steps"], rows["sum"] / rows["count"] if rows["count"] else 0,
-      b.get("graphs", 0), b.get("graphs", 0) - int(sys.argv[1]), b.get("graph_capture_s", 0)))' "$1"
+sec = b.get("seconds_per_step", {"count": 0, "buckets": {}})
+slow = sec["count"] - sec["buckets"].get("0.05", sec["count"])
+print("max_rows %d, batch_tokens %d; %d steps, %.2f rows a step, %d of the measured trace over 50 ms; CUDA graphs %d "
+      "(%d captured during the measured trace), %.2f s capturing" % (b["max_rows"], b["batch_tokens"], b["steps"],
+      rows["sum"] / rows["count"] if rows["count"] else 0, slow - slow0, b.get("graphs", 0), b.get("graphs", 0) - g0,
+      b.get("graph_capture_s", 0)))' "$1"
 }
+# "GRAPHS SLOW": the CUDA graphs captured so far and the steps so far that took more than 50 ms.
 graphs_now() {
-  curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c 'import json, sys; print(json.load(sys.stdin)["batching"].get("graphs", 0))'
+  curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c '
+import json, sys
+b = json.load(sys.stdin)["batching"]
+sec = b.get("seconds_per_step", {"count": 0, "buckets": {}})
+print(b.get("graphs", 0), sec["count"] - sec["buckets"].get("0.05", sec["count"]))'
 }
 echo "== batching: agent trace ($TRACE_ABOUT) at concurrency $BATCH_LEVEL, batched against one row at a time," \
   "$BATCH_ROUNDS round(s), the order alternating${WARMUP_SEED:+, each server warmed up by the trace of seed $WARMUP_SEED first}"
