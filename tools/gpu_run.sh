@@ -28,8 +28,9 @@
 #                                                     test_batch.log
 #   repro      gpu_test_repro: the same rows bit for bit in two processes through the GEMM plan file
 #              (it sets its own SQUAD_GEMM_PLANS)                  -> test_repro.log
-#   memcheck   compute-sanitizer memcheck on gpu_test_kernels, gpu_test_backend and gpu_test_batch
-#              (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM cases, fewer rows) -> memcheck.log
+#   memcheck   compute-sanitizer memcheck on gpu_test_kernels, gpu_test_backend, gpu_test_batch and
+#              gpu_test_specialists' LoRA kernels (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM cases,
+#              fewer rows) -> memcheck.log
 #   racecheck  compute-sanitizer racecheck on gpu_test_kernels and gpu_test_batch's batched kernels
 #              (quick) -> racecheck.log
 #   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
@@ -72,6 +73,9 @@
 #              as tools/bench_server.sh reads them)
 #   hftrace    (not by default, after serveload) tools/hf_trace.py: the trace's rows through transformers +
 #              flash-linear-attention (.fla carried) with a prefix cache, one row at a time -> hf_trace.log
+#   spec       (not by default) tools/spec_bench.sh: the specialists against the trunk end to end on
+#              the 0.8B preset (SPEC_ENVS="A=1 A=2,B=3 ...": one more e2e run per item, as BENCH_ENVS)
+#              -> spec/bench.log
 #   specfix    (not by default) tools/make_specialist_fixtures.py -> specfix.tgz, specfix.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
@@ -289,6 +293,10 @@ if has hftrace; then
         log "hftrace: no bench-data model / trace under $BIN (run the serveload step first)"
     fi
 fi
+if has spec; then
+    # shellcheck disable=SC2086
+    step "spec_bench.sh" 300 "$OUT/summary.log" bash tools/spec_bench.sh "$CARRY" "$OUT/spec" ${SPEC_ENVS:-}
+fi
 if has specfix; then
     # the specialists' reference fixtures (transformers + peft live on this machine, not on the
     # development machine); copy the archive's contents into tests/fixtures/specialists/
@@ -300,6 +308,8 @@ if has memcheck; then
     step "memcheck gpu_test_kernels" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_kernels"
     step "memcheck gpu_test_backend (quick)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_backend"
     step "memcheck gpu_test_batch (quick)" 480 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BIN/gpu_test_batch"
+    step "memcheck gpu_test_specialists (quick, LoRA kernels)" 300 "$OUT/memcheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 SQUAD_GPU_TEST_LORA_ONLY=1 \
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_specialists"
 fi
 if has racecheck; then
     step "racecheck gpu_test_kernels" 300 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_kernels"
