@@ -224,33 +224,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
             }
         }
 
-        /* mask (only a tile that reaches past the warp's first row has masked keys), online
-         * softmax in the exp2 domain: m is kept scaled, p = 2^(s scale - m) */
-        if (kb + CU_ATT_BN > limf) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int key = kb + 8 * j + 2 * c;
-                if (key >= lim0) S[j][0] = -INFINITY;
-                if (key + 1 >= lim0) S[j][1] = -INFINITY;
-                if (key >= lim1) S[j][2] = -INFINITY;
-                if (key + 1 >= lim1) S[j][3] = -INFINITY;
-            }
-        }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float nm0 = fmaxf(m0, mx0 * a.scale_log2), nm1 = fmaxf(m1, mx1 * a.scale_log2);
-        const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
-        const float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
-        m0 = nm0;
-        m1 = nm1;
+        /* the mask and the online softmax's maxima (att_tile_max) */
+        float u0, u1, al0, al1;
+        att_tile_max(S, kb, c, limf, lim0, lim1, a.scale_log2, m0, m1, u0, u1, al0, al1);
         float s0 = 0.f, s1 = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) {

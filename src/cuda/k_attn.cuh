@@ -170,6 +170,44 @@ __device__ __forceinline__ bool att_begin(attn_fwd_args &a, att_block &b) {
 }
 
 /* Where the block's row reads its keys (att_kv_src). */
+/* The online softmax's first half for one tile of CU_ATT_BN keys from kb, on a warp's two rows (S:
+ * the m16n8 fragments of 8 key groups, c the lane's column pair): keys at or past lim0 / lim1
+ * masked (only a tile that reaches past limf, the warp's first row's limit, has any), the rows'
+ * maxima, and in the exp2 domain (m kept scaled: p = 2^(s scale - m)) the new maxima into m0 / m1,
+ * the subtrahends u0 / u1 of the exponentials (0 for a row with no key yet) and the factors al0 /
+ * al1 by which the old sums and outputs shrink. Shared by the mma.sync and wgmma forwards. */
+__device__ __forceinline__ void att_tile_max(float (&S)[8][4], int kb, int c, int limf, int lim0, int lim1,
+                                             float scale_log2, float &m0, float &m1, float &u0, float &u1,
+                                             float &al0, float &al1) {
+    if (kb + CU_ATT_BN > limf) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int key = kb + 8 * j + 2 * c;
+            if (key >= lim0) S[j][0] = -INFINITY;
+            if (key + 1 >= lim0) S[j][1] = -INFINITY;
+            if (key >= lim1) S[j][2] = -INFINITY;
+            if (key + 1 >= lim1) S[j][3] = -INFINITY;
+        }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float nm0 = fmaxf(m0, mx0 * scale_log2), nm1 = fmaxf(m1, mx1 * scale_log2);
+    u0 = nm0 == -INFINITY ? 0.f : nm0;
+    u1 = nm1 == -INFINITY ? 0.f : nm1;
+    al0 = exp2f(m0 - u0);
+    al1 = exp2f(m1 - u1);
+    m0 = nm0;
+    m1 = nm1;
+}
+
 __device__ __forceinline__ att_kv_src att_sources(const attn_fwd_args &a) {
     att_kv_src kv;
     kv.split = a.prm->kv_split;
@@ -193,8 +231,8 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int rw[2] = {row0, row1};
     if (a.splits == 1) { /* finish here: normalise, gate, bf16 */
-        const int rw[2] = {row0, row1};
         const float il[2] = {l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f};
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
@@ -216,24 +254,18 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
         }
         return;
     }
-    if (row0 < a.rows) {
-        const size_t i = ((size_t)b.sp * a.total + row0) * a.nh + h;
+    /* a key split's partial outputs, maxima and sums, for att_combine */
+    const float mm[2] = {m0, m1}, ll[2] = {l0, l1};
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        if (rw[hh] >= a.rows) continue;
+        const size_t i = ((size_t)b.sp * a.total + rw[hh]) * a.nh + h;
         float *o = a.Op + i * HD;
 #pragma unroll
-        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][0], O[j][1]);
+        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][2 * hh], O[j][2 * hh + 1]);
         if (c == 0) {
-            a.Mp[i] = m0;
-            a.Lp[i] = l0;
-        }
-    }
-    if (row1 < a.rows) {
-        const size_t i = ((size_t)b.sp * a.total + row1) * a.nh + h;
-        float *o = a.Op + i * HD;
-#pragma unroll
-        for (int j = 0; j < HD / 8; j++) *(float2 *)(o + 8 * j + 2 * c) = make_float2(O[j][2], O[j][3]);
-        if (c == 0) {
-            a.Mp[i] = m1;
-            a.Lp[i] = l1;
+            a.Mp[i] = mm[hh];
+            a.Lp[i] = ll[hh];
         }
     }
 }

@@ -35,6 +35,7 @@
  *     per-stage barriers and ping-pong between the warpgroups is the next step).
  */
 #include "k_attn.cuh"
+#include "k_wgmma.cuh"
 
 #define ATS_HD 256              /* the head_dim this kernel takes */
 #define ATS_PANEL 64            /* head dims a swizzled panel holds: 128 bytes of bf16 */
@@ -46,43 +47,13 @@
 #define ATS_SMEM (ATS_Q_BYTES + ATT_STAGES * 2 * ATS_KV_TILE + ATS_ALIGN)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* A shared-memory matrix descriptor, 128-byte swizzle: lbo / sbo in bytes (K-major: sbo between
- * 8-row groups, lbo unused; MN-major: lbo between 64-element panels along MN, sbo between 8-row
- * groups along K). */
-__device__ __forceinline__ uint64_t ats_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    uint64_t d = (uint64_t)((saddr & 0x3FFFFu) >> 4);
-    d |= (uint64_t)((lbo >> 4) & 0x3FFFu) << 16;
-    d |= (uint64_t)((sbo >> 4) & 0x3FFFu) << 32;
-    d |= (uint64_t)1 << 62;
-    return d;
-}
-
-__device__ __forceinline__ void ats_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void ats_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void ats_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* Keeps the compiler from moving an accumulator's use above the wait. */
-__device__ __forceinline__ void ats_pin(float &x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void ats_pin_r(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
 /* The thread's copies into shared memory, visible to the async proxy (wgmma's operand reads). */
 __device__ __forceinline__ void ats_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* S[64][64] (+)= Q[64][16] K^T: both K-major in shared memory; acc 0 overwrites. */
+/* S[64][64] (+)= Q[64][16] K^T: both K-major in shared memory; acc 0 overwrites. S's [8][4]
+ * fragments are the 32 accumulators of the m64n64k16 layout, in order. */
 __device__ __forceinline__ void ats_qk(float (&d)[8][4], uint64_t dq, uint64_t dk, int acc) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "l"(dq), "l"(dk), "r"(acc)
-        : "memory");
+    wg_m64n64k16(*reinterpret_cast<float(*)[32]>(&d[0][0]), dq, dk, acc);
 }
 
 /* O[64][256] += P[64][16] V[16][256]: P from registers (the mma.sync A fragment of the warp's 16
@@ -219,51 +190,27 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
         float S[8][4];
 #pragma unroll
         for (int j = 0; j < 8; j++) S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
-        ats_fence();
+        wg_fence();
 #pragma unroll
         for (int ks = 0; ks < HD / 16; ks++) {
             const uint32_t off = (ks & 3) * 32; /* 16 head dims: 32 bytes along the swizzled row */
-            ats_qk(S, ats_desc(q_base + (ks >> 2) * ATS_Q_PANEL_BYTES + off, 16, 1024),
-                   ats_desc(k_base + (ks >> 2) * ATS_KV_PANEL_BYTES + off, 16, 1024), ks > 0);
+            ats_qk(S, wg_desc(q_base + (ks >> 2) * ATS_Q_PANEL_BYTES + off, 16, 1024),
+                   wg_desc(k_base + (ks >> 2) * ATS_KV_PANEL_BYTES + off, 16, 1024), ks > 0);
         }
-        ats_commit();
+        wg_commit();
         if (next) {
             att_load_kv<HD, DSTEP>(Kn, Kn + ATS_KV_TILE / 2, kv, kb + CU_ATT_BN, k_hi, i0, kv_dst, kv_col);
             cu_cp_async_commit();
         }
-        ats_wait_all();
+        wg_wait<0>();
 #pragma unroll
         for (int j = 0; j < 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) ats_pin(S[j][e]);
+            for (int e = 0; e < 4; e++) wg_pin(S[j][e]);
 
-        /* mask (only a tile that reaches past the warp's first row has masked keys), online
-         * softmax in the exp2 domain: m is kept scaled, p = 2^(s scale - m) */
-        if (kb + CU_ATT_BN > limf) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int key = kb + 8 * j + 2 * c;
-                if (key >= lim0) S[j][0] = -INFINITY;
-                if (key + 1 >= lim0) S[j][1] = -INFINITY;
-                if (key >= lim1) S[j][2] = -INFINITY;
-                if (key + 1 >= lim1) S[j][3] = -INFINITY;
-            }
-        }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float nm0 = fmaxf(m0, mx0 * a.scale_log2), nm1 = fmaxf(m1, mx1 * a.scale_log2);
-        const float u0 = nm0 == -INFINITY ? 0.f : nm0, u1 = nm1 == -INFINITY ? 0.f : nm1;
-        const float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
-        m0 = nm0;
-        m1 = nm1;
+        /* the mask and the online softmax's maxima (att_tile_max) */
+        float u0, u1, al0, al1;
+        att_tile_max(S, kb, c, limf, lim0, lim1, a.scale_log2, m0, m1, u0, u1, al0, al1);
         if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* once the maxima settle: skipped */
 #pragma unroll
             for (int j = 0; j < HD / 8; j++) {
@@ -294,29 +241,29 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
             pa[ks][2] = cu_pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
             pa[ks][3] = cu_pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
             if (SLICED) { /* 16 keys: two 8-row groups of every V panel */
-                ats_fence();
-                ats_pv(O, pa[ks], ats_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
+                wg_fence();
+                ats_pv(O, pa[ks], wg_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
             }
         }
         if (!SLICED) {
-            ats_fence();
+            wg_fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
-                ats_pv(O, pa[ks], ats_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
+                ats_pv(O, pa[ks], wg_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
         }
-        ats_commit();
+        wg_commit();
         l0 = l0 * al0 + s0;
         l1 = l1 * al1 + s1;
-        ats_wait_all();
+        wg_wait<0>();
         /* the accumulators and the P fragments stay where the wgmma read and wrote them until here */
 #pragma unroll
         for (int j = 0; j < HD / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) ats_pin(O[j][e]);
+            for (int e = 0; e < 4; e++) wg_pin(O[j][e]);
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) ats_pin_r(pa[ks][e]);
+            for (int e = 0; e < 4; e++) wg_pin_r(pa[ks][e]);
     }
     att_finish<HD>(a, b, O, m0, m1, l0, l1, row0, row1, h, c);
 #else

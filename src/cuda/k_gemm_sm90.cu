@@ -46,6 +46,7 @@
  * captured graph keeps; the launch (cudaLaunchKernelEx with the cluster's shape) is captured the same.
  */
 #include "cuda_internal.cuh"
+#include "k_wgmma.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda.h>
@@ -101,49 +102,12 @@ typedef struct sm90_args {
 /* ---- device code (sm_90a only) ---------------------------------------------------------------- */
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* A shared-memory matrix descriptor for a K-major tile stored with the 128-byte swizzle: rows of
- * 128 bytes, 8-row groups 1024 bytes apart (the stride offset); the leading offset is unused in
- * this layout (1 by convention). Stepping k by 16 within the swizzle row adds 32 bytes. */
-__device__ __forceinline__ uint64_t sm90_desc(uint32_t saddr) {
-    uint64_t d = (uint64_t)((saddr & 0x3FFFFu) >> 4);
-    d |= (uint64_t)1 << 16;
-    d |= (uint64_t)(1024 >> 4) << 32;
-    d |= (uint64_t)1 << 62;
-    return d;
-}
-
-__device__ __forceinline__ void sm90_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void sm90_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-/* Waits until at most N of this warp's committed wgmma groups are still running. */
-template <int N>
-__device__ __forceinline__ void sm90_wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* Keeps the compiler from moving an accumulator's use across the asynchronous wgmma's wait. */
-__device__ __forceinline__ void sm90_fence_reg(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+/* The descriptor of a K-major tile stored with the 128-byte swizzle: rows of 128 bytes, 8-row
+ * groups SM90_ALIGN (1024) bytes apart. Stepping k by 16 within the swizzle row adds 32 bytes. */
+__device__ __forceinline__ uint64_t sm90_desc(uint32_t saddr) { return wg_desc(saddr, 16, SM90_ALIGN); }
 
 __device__ __forceinline__ void sm90_mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cu_smem_addr(bar)) : "memory");
-}
-
-/* D[64][64] += A[64][16] B[16][64]: A (weights) and B (tokens) both K-major in shared memory, fp32
- * accumulators in the m64nNk16 fragment layout. */
-__device__ __forceinline__ void sm90_wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(1)
-        : "memory");
 }
 
 /* A 2-D tile (box) of a tensor map into shared memory, counted on bar; x is the inner (k) coordinate. */
@@ -305,22 +269,22 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
             cu_mbar_wait(&full[s], (unsigned)(i / S::stages) & 1u);
             const uint32_t sa = cu_smem_addr(smem + s * S::stage_bytes) + wg * (SM90_ROWS * SM90_ROW_BYTES);
             const uint32_t sb = cu_smem_addr(smem + s * S::stage_bytes + S::a_bytes);
-            sm90_wgmma_fence();
+            wg_fence();
 #pragma unroll
             for (int kk = 0; kk < SM90_BK / 16; kk++)
 #pragma unroll
                 for (int t = 0; t < NT; t++)
-                    sm90_wgmma_m64n64k16(acc[t], sm90_desc(sa + kk * 32),
-                                         sm90_desc(sb + t * (SM90_TOK * SM90_ROW_BYTES) + kk * 32));
-            sm90_wgmma_commit();
-            sm90_wgmma_wait<1>(); /* the previous stage's group is done: its stage is free */
+                    wg_m64n64k16(acc[t], sm90_desc(sa + kk * 32),
+                                 sm90_desc(sb + t * (SM90_TOK * SM90_ROW_BYTES) + kk * 32), 1);
+            wg_commit();
+            wg_wait<1>(); /* the previous stage's group is done: its stage is free */
             if (i > 0 && lane == 0) sm90_mbar_arrive(&empty[(i - 1) % S::stages]);
         }
-        sm90_wgmma_wait<0>();
+        wg_wait<0>();
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
-            for (int r = 0; r < 32; r++) sm90_fence_reg(acc[t][r]);
+            for (int r = 0; r < 32; r++) wg_pin(acc[t][r]);
     }
     __syncthreads(); /* every load landed and every wgmma is done: the stages become the output tile */
     sm90_grid_wait(); /* (done long ago: the producer waited before loading tokens) orders Y's accesses */
