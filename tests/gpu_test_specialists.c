@@ -813,11 +813,10 @@ static void lora_slots(int *ts, int rows, int n_slots) {
 
 static const char *const LORA_SRC_NAME[4] = {"norm", "silu", "copy", "in place"};
 
-/* One case on one path (f32; else bf16 in the short chain, factored or not, or the earlier
- * kernel): x within its bound, each token's own slot's u within its bound, every other slot's
+/* One case on one path (f32; else bf16 in the short chain or the earlier kernel): x within its bound, each token's own slot's u within its bound, every other slot's
  * columns exactly zero (the output starts as NaN: nothing may be left unwritten), and a second
  * launch the same bits. Returns the launch's xw (malloc'd; NULL on failure). */
-static float *lora_case_run(const lora_case *c, int f32, int earlier, int factored) {
+static float *lora_case_run(const lora_case *c, int f32, int earlier) {
     const int bf = !f32, end = c->in + c->n_slots * c->R, ldw = end + c->pad;
     const size_t nsrc = (size_t)c->rows * (c->src == 1 ? 2 * (size_t)c->in : (size_t)c->ld_src);
     const size_t na = (size_t)c->n_slots * c->R * c->in, nw = (size_t)c->rows * ldw;
@@ -860,7 +859,6 @@ static float *lora_case_run(const lora_case *c, int f32, int earlier, int factor
     a.token_slot = ts;
     a.f32 = f32;
     a.earlier = earlier;
-    a.factored = factored;
     a.ldw = ldw;
     a.xw = ref;
     cu_ref_lora(&a);
@@ -946,12 +944,10 @@ static void test_lora_kernel(void) {
     };
     for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) {
         const lora_case *c = &CASES[k];
-        free(lora_case_run(c, 1, 0, 0));
+        free(lora_case_run(c, 1, 0));
         if (c->f32_only) continue;
-        /* bf16: the short chain (where the shape takes it) gives the earlier kernel's bits unless
-         * factored; the factored norm within the bounds */
-        float *now = lora_case_run(c, 0, 0, 0), *before = lora_case_run(c, 0, 1, 0);
-        free(lora_case_run(c, 0, 0, 1));
+        /* bf16: the short chain (where the shape takes it) gives the earlier kernel's bits */
+        float *now = lora_case_run(c, 0, 0), *before = lora_case_run(c, 0, 1);
         const size_t n = (size_t)c->rows * (c->in + c->n_slots * c->R + c->pad);
         CHECKF(!now || !before || memcmp(now, before, sizeof(float) * n) == 0,
                "lora %s rows %d in %d R %d: the short chain's bits differ from the earlier kernel's",

@@ -241,18 +241,12 @@ typedef struct cu_be {
     size_t lora_xw_bytes;
     int lora_fit[CU_LORA_FIT_MAX + 1]; /* cu_lora_fit: the clusters of each size the GPU holds at once */
     int lora_prefetch;                 /* each widened input brings the next one's A into L2 */
-    int lora_factored;                 /* SQUAD_LORA_FACTORED=1: the short chain's factored norm (k_lora.cuh) */
     int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
                          lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
                          it there themselves and the short chain runs */
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
-    /* SQUAD_ROUTER_SIDE=1 (an experiment): the router's sum on a side stream, forked after the router
-     * layer's first producer and joined before its mixer (it reads h, which nothing writes until the
-     * layer's out-projection), off the forward's chain of dependent launches; NULL: in line */
-    cudaStream_t st_router;
-    cudaEvent_t ev_router_fork, ev_router_join;
 
     void **allocs;
     int n_allocs, cap_allocs;
@@ -772,12 +766,6 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if ((rc = dalloc(cb, (void **)&cb->router_dev, (size_t)cb->max_rb * cb->H * sizeof(double), MEM_SCRATCH, err)))
         return rc;
     CU_TRY(cudaMallocHost((void **)&cb->router_host, (size_t)cb->max_seqs * cb->H * sizeof(double)));
-    const char *rs = getenv("SQUAD_ROUTER_SIDE");
-    if (rs && rs[0] == '1') {
-        CU_TRY(cudaStreamCreateWithFlags(&cb->st_router, cudaStreamNonBlocking));
-        CU_TRY(cudaEventCreateWithFlags(&cb->ev_router_fork, cudaEventDisableTiming));
-        CU_TRY(cudaEventCreateWithFlags(&cb->ev_router_join, cudaEventDisableTiming));
-    }
     cb->sp = sp;
     return 0;
 }
@@ -829,7 +817,6 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int sr
     a.ldw = st->in + st->ext;
     a.f32 = cb->f32;
     a.earlier = cb->lora_earlier;
-    a.factored = cb->lora_factored;
     memcpy(a.fit, cb->lora_fit, sizeof a.fit);
     if (next && cb->lora_prefetch) { /* the next widened input's A into L2 while this one runs */
         a.prefetch = next->A;
@@ -838,12 +825,12 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int sr
     return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
 }
 
-/* The router's sums of the replay's rows (h entering router.layer) on stream st. */
-static int enqueue_router(cu_be *cb, const cu_batch *bt, cudaStream_t st, squad_err *err) {
+/* The router's sums of the replay's rows (h entering router.layer). */
+static int enqueue_router(cu_be *cb, const cu_batch *bt, squad_err *err) {
     for (int r = 0; r < bt->nrows; r++) {
         const size_t t0 = (size_t)r * bt->bucket;
         const int rc = cu_router_sum(cb->h + t0 * cb->H, cb->H, cb->sp->router.eps, bt->prm + r, cb->router_inv + t0,
-                                     cb->router_dev + (size_t)r * cb->H, bt->bucket, st, err);
+                                     cb->router_dev + (size_t)r * cb->H, bt->bucket, cb->st, err);
         if (rc) return rc;
     }
     return 0;
@@ -877,7 +864,7 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         const int k_out = lin ? cfg->lin_num_v_heads * cfg->lin_v_dim : cfg->num_heads * cfg->head_dim;
         /* the router reads h as it enters its layer (the embeddings for layer 0): each row's sum */
         const bool router_here = cb->sp && norm && l == cb->sp->router.layer;
-        if (router_here && !cb->st_router && (rc = enqueue_router(cb, &bt, cb->st, err))) return rc;
+        if (router_here && (rc = enqueue_router(cb, &bt, err))) return rc;
         /* the specialists' widened GEMMs (k_lora.cuh): their input [x | u] is made in place of the
          * trunk's norm, SiLU or (before out / o) on its own, and the GEMM's K grows by ext */
         const lora_site *s_in = lora_site_of(cb, l, LORA_IN), *s_out = lora_site_of(cb, l, LORA_OUT);
@@ -890,18 +877,11 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         else if (l > 0 && norm)
             rc = cu_rmsnorm(cb->h, cb->x, L->in_norm, rows, H, cb->eps, f, cb->st, err);
         if (rc) return rc;
-        if (router_here && cb->st_router) { /* forked here, joined before the mixer below */
-            CU_TRY(cudaEventRecord(cb->ev_router_fork, cb->st));
-            CU_TRY(cudaStreamWaitEvent(cb->st_router, cb->ev_router_fork, 0));
-            if ((rc = enqueue_router(cb, &bt, cb->st_router, err))) return rc;
-            CU_TRY(cudaEventRecord(cb->ev_router_join, cb->st_router));
-        }
         if (gemm && (rc = cu_gemm(&cb->gemm, L->w_in, s_in ? cb->lora_xw : cb->x, cb->proj, rows, n_in,
                                   H + (s_in ? s_in->ext : 0), 0, f, cb->st, err)))
             return rc;
         /* an adapted out / o: the mixer writes its output straight into the widened input's first
          * columns (its row stride the site's), and only u is made after it */
-        if (router_here && cb->st_router) CU_TRY(cudaStreamWaitEvent(cb->st, cb->ev_router_join, 0));
         const bool direct = s_out && !cb->lora_earlier;
         void *mix = direct ? cb->lora_xw : cb->mix;
         cb->gd.ldY = cb->ad.ldo = direct ? k_out + s_out->ext : 0;
@@ -1449,9 +1429,6 @@ static void be_destroy(squad_backend *be) {
         if (cb->router_host) cudaFreeHost(cb->router_host);
         free(cb->slot_route);
         free(cb->slot_used);
-        if (cb->st_router) cudaStreamDestroy(cb->st_router);
-        if (cb->ev_router_fork) cudaEventDestroy(cb->ev_router_fork);
-        if (cb->ev_router_join) cudaEventDestroy(cb->ev_router_join);
         if (cb->st) cudaStreamDestroy(cb->st);
         cudaGetLastError();
         free(cb);
@@ -1591,8 +1568,6 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->lora_earlier = lf && lf[0] == '0';
     const char *lp = getenv("SQUAD_LORA_PREFETCH"); /* "0": no L2 prefetch of the next A (an experiment) */
     cb->lora_prefetch = !cb->lora_earlier && !(lp && lp[0] == '0');
-    const char *lfac = getenv("SQUAD_LORA_FACTORED"); /* "1": the norm's one-barrier form (an experiment) */
-    cb->lora_factored = lfac && lfac[0] == '1';
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;

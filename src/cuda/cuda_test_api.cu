@@ -342,7 +342,6 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     k.ldw = ldw;
     k.f32 = f32;
     k.earlier = a->earlier;
-    k.factored = a->factored;
     /* no cluster bound (fit zeros): the slices as the earlier kernel takes them, so the test can
      * compare their bits; the backend's forwards run with it */
     int n_sm = 0;
@@ -871,8 +870,6 @@ static float bench_uniform(uint32_t *s) {
 static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, double *us, squad_err *err) {
     /* the four sites of a GDN layer: producer, x's width, the adapted parts (every projection) */
     const int earlier = mode == SQUAD_BENCH_LORA_EARLIER, trunk = mode == SQUAD_BENCH_TRUNK;
-    const char *fe = getenv("SQUAD_LORA_FACTORED");
-    const int factored = fe && fe[0] == '1';
     const int SRC[LB_SITES] = {CU_LORA_NORM, earlier ? CU_LORA_COPY : CU_LORA_IN_PLACE, CU_LORA_NORM, CU_LORA_SILU};
     static const int IN[LB_SITES] = {LB_H, LB_VD, LB_H, LB_I}, PARTS[LB_SITES] = {4, 1, 2, 1};
     const int rp = (rank + 15) / 16 * 16;
@@ -939,7 +936,6 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
             k.xw = dxw;
             k.ldw = k.in + LB_SLOTS * k.R;
             k.earlier = earlier;
-            k.factored = factored;
             memcpy(k.fit, fit, sizeof k.fit);
             at += (size_t)LB_SLOTS * k.R * k.lda;
             rc = cu_lora_input(&k, dslot, rows, n_sm, st, err);

@@ -79,7 +79,6 @@ typedef struct cu_ref_lora_args {
     int ldw;               /* 0: in + n_slots R; more: zeros past the slots' columns */
     int f32;               /* device: the exact path (fp32) or bf16 (x_src, A and xw rounded to bf16) */
     int earlier;           /* device: the earlier bf16 kernel (cu_lora_input_args.earlier) */
-    int factored;          /* device: the short chain's factored norm (cu_lora_input_args.factored) */
 } cu_ref_lora_args;
 /* xw = [x | u_1 | ... | u_n] as k_lora.cuh defines it, in double. */
 void cu_ref_lora(const cu_ref_lora_args *a);
@@ -88,8 +87,7 @@ int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
 /* Microseconds per layer of the producers of n_layers Gated DeltaNet layers' GEMM inputs on the
  * 0.8B shapes (bf16), replayed as one CUDA graph, for a chunk of `rows` tokens of one adapter.
  * mode SQUAD_BENCH_LORA: the specialists' cu_lora_input launches (in-projection, out_proj with x
- * in place, gate | up, down; rank `rank` on every projection, two slots; the factored norm with
- * SQUAD_LORA_FACTORED=1 in the environment, as the backend takes it); SQUAD_BENCH_LORA_EARLIER:
+ * in place, gate | up, down; rank `rank` on every projection, two slots); SQUAD_BENCH_LORA_EARLIER:
  * the same in the earlier form (out_proj's x copied, the earlier kernel); SQUAD_BENCH_TRUNK: the
  * trunk's own (RMSNorm, RMSNorm, SiLU * up). The difference is what the widened inputs cost beyond
  * the trunk, the GEMMs' extra K aside. */

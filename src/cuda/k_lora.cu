@@ -213,6 +213,57 @@ static __device__ __forceinline__ void lx_load_a(uint32_t (&bfr)[LX_KS][NT][2], 
     }
 }
 
+/* acc += the staged x tile's k-steps of this warp (xs [LX_TM][LX_XLD], the chunk from k0, below ke)
+ * times its A fragments bfr, on the tensor cores. */
+template <int NT>
+static __device__ __forceinline__ void lx_mma_chunk(float (&acc)[NT][4], const bf16 *xs,
+                                                    const uint32_t (&bfr)[LX_KS][NT][2], int k0, int ke) {
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int j = 0; j < LX_KS; j++) {
+        const int kl = (j * LX_WARPS + warp) * 16 + 2 * tq;
+        if (k0 + kl >= ke) break;
+        uint32_t af[4];
+        af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
+        af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
+        af[2] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl + 8]);
+        af[3] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl + 8]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) cu_mma16816(acc[nt], af, bfr[j][nt][0], bfr[j][nt][1]);
+    }
+}
+
+/* The partials' row stride in red (floats): the block's 8 NT columns, padded against bank conflicts. */
+template <int NT>
+static __host__ __device__ constexpr int lx_red_ld() { return 8 * NT + 4; }
+
+/* This warp's partials acc into red [LX_WARPS][LX_TM][lx_red_ld]. */
+template <int NT>
+static __device__ __forceinline__ void lx_store_partials(float *red, const float (&acc)[NT][4]) {
+    constexpr int RLD = lx_red_ld<NT>();
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    float *pw = red + (size_t)warp * LX_TM * RLD;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        *reinterpret_cast<float2 *>(&pw[gq * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][2], acc[nt][3]);
+    }
+}
+
+/* The block's slice of u: red's partials summed in warp order (a fixed order: deterministic), to
+ * up0's rows of slice z (up0 [slices][LX_TM][8 NT], in this block's or another's shared memory). */
+template <int NT>
+static __device__ __forceinline__ void lx_sum_partials(const float *red, float *up0, int z) {
+    constexpr int CW = 8 * NT, RLD = lx_red_ld<NT>();
+    for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
+        const int row = idx / CW, c = idx % CW;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
+        up0[((size_t)z * LX_TM + row) * CW + c] = sum;
+    }
+}
+
 /* A cluster barrier split in two: every block arrives at its start and waits before its first
  * access to another block's shared memory, which must not come before that block has started. */
 static __device__ __forceinline__ void lx_cluster_arrive() {
@@ -225,7 +276,7 @@ static __device__ __forceinline__ void lx_cluster_wait() {
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
-    constexpr int CW = 8 * NT, RLD = CW + 4; /* the partials' row stride (floats) */
+    constexpr int CW = 8 * NT, RLD = lx_red_ld<NT>();
     constexpr int XS_BYTES = LX_TM * LX_XLD * 2, RED_BYTES = LX_WARPS * LX_TM * RLD * 4;
     __shared__ __align__(16) unsigned char smem[XS_BYTES > RED_BYTES ? XS_BYTES : RED_BYTES];
     __shared__ float upart[lx_max_slices(NT)][LX_TM][CW]; /* the first block: each slice's u, pushed */
@@ -241,7 +292,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     const bf16 *A = static_cast<const bf16 *>(a.A);
     const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM;
     const int c0 = (int)blockIdx.y * CW, c1 = min(c0 + CW, a.R);
-    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
     const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
     lx_launch_next();
     bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
@@ -368,45 +419,21 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                 }
             }
             __syncthreads();
-            if (s) {
-#pragma unroll
-                for (int j = 0; j < LX_KS; j++) {
-                    const int kl = (j * LX_WARPS + warp) * 16 + 2 * tq;
-                    if (k0 + kl >= ke) break;
-                    uint32_t af[4];
-                    af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
-                    af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
-                    af[2] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl + 8]);
-                    af[3] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl + 8]);
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++) cu_mma16816(acc[nt], af, bfr[j][nt][0], bfr[j][nt][1]);
-                }
-            }
+            if (s) lx_mma_chunk<NT>(acc, xs, bfr, k0, ke);
             __syncthreads(); /* xs is the next chunk's */
         }
         first = false;
         if (!s) break;
         /* the warps' partials, their sum in warp order (the block's slice); the first block of the
          * cluster gets every slice's (pushed into its shared memory) and adds them in slice order */
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float *pw = red + (size_t)warp * LX_TM * RLD;
-            *reinterpret_cast<float2 *>(&pw[gq * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][0], acc[nt][1]);
-            *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][2], acc[nt][3]);
-        }
+        lx_store_partials<NT>(red, acc);
         __syncthreads();
         if (!joined) {
             lx_cluster_wait();
             joined = true;
         }
         float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
-        for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
-            const int row = idx / CW, c = idx % CW;
-            float sum = 0.0f;
-#pragma unroll
-            for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
-            up0[((size_t)z * LX_TM + row) * CW + c] = sum;
-        }
+        lx_sum_partials<NT>(red, up0, z);
         if (ks > 1)
             cluster.sync(); /* every slice's partials are in the first block (and red is free again) */
         else
@@ -441,14 +468,12 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
  *   - the warps' partials in their own shared memory (no barrier to reuse x's).
  * The norm takes r first (the slices' sums of squares over the cluster, a barrier), then x and its
  * products: the other form's arithmetic, so the same bits for the same slices (the tests compare
- * them). With a.factored it takes the products of bf16(h (1 + w)) at once and applies r to their
- * sum (r is one number a row, so r A v = A (r v) up to where bf16 rounds): the slices' sums of
- * squares travel with their u partials, one cluster barrier in all, and u differs from the other
- * form's where bf16 rounds (an experiment: see docs/specialists.md). The sums keep a fixed order
- * (warps, then slices): deterministic. */
+ * them). (Applying r to the products' sum instead saves that barrier, but its u differs where bf16
+ * rounds, past the cached-against-uncached bounds on the test model, and it measured no faster:
+ * docs/specialists.md.) The sums keep a fixed order (warps, then slices): deterministic. */
 #define LX_PRE_SLOTS 2        /* slots whose A fragments are loaded before the tokens' slots are known */
 #define LX_SHORT_UNITS 4      /* units of 8 x values a thread takes: a slice of up to LX_KC */
-#define LX_SHORT_NORM_UNITS 2 /* the norm holds its units' h and w until r is known: a slice of up to 256 */
+#define LX_SHORT_NORM_UNITS 2 /* the norm holds its units' h until r is known: a slice of up to 256 */
 static_assert(LX_SHORT_UNITS * LX_THREADS == LX_TM * LX_KC / 8, "a slice of LX_KC in one pass");
 
 /* The grid's threads bring [p, p + bytes) into L2 between them, a 128-byte line each at a time. */
@@ -483,7 +508,7 @@ static __device__ __forceinline__ void lx_row_scale(float *rinv, const float (&s
 }
 
 /* The norm's x = bf16(h r (1 + w)) of this thread's units (h in registers, w read again): into xw
- * (writers) and into xs (when given). */
+ * (writers) and into xs. */
 static __device__ __forceinline__ void lx_short_norm_x(bf16 *xw, int ldw, bf16 *xs,
                                                        const float (&hv)[LX_SHORT_NORM_UNITS][8], const float *w,
                                                        const float *rinv, int in, int upr, int units, int t0, int kb,
@@ -503,14 +528,14 @@ static __device__ __forceinline__ void lx_short_norm_x(bf16 *xw, int ldw, bf16 *
             v.w = cu_pack_bf16(hv[i][6] * r * (1.f + w1.z), hv[i][7] * r * (1.f + w1.w));
             if (writer) *reinterpret_cast<uint4 *>(xw + (size_t)(t0 + row) * ldw + k) = v;
         }
-        if (xs) *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
+        *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
     }
 }
 
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     k_lora_input_short(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
-    constexpr int CW = 8 * NT, RLD = CW + 4;
+    constexpr int CW = 8 * NT, RLD = lx_red_ld<NT>();
     __shared__ __align__(16) bf16 xs[LX_TM * LX_XLD];        /* the slice of x (the norm: of h (1 + w)) */
     __shared__ __align__(16) float red[LX_WARPS * LX_TM * RLD]; /* the warps' partials */
     __shared__ float upart[lx_max_slices(NT)][LX_TM][CW];      /* the first block: each slice's u, pushed */
@@ -524,12 +549,8 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     const bf16 *A = static_cast<const bf16 *>(a.A);
     const int ldw = a.ldw, t0 = (int)blockIdx.x * LX_TM, tid = (int)threadIdx.x;
     const int c0 = (int)blockIdx.y * CW, c1 = min(c0 + CW, a.R);
-    const int warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
     const int in16 = lx_round(a.in, 16), kb = z * slice, ke = min(kb + slice, in16);
     const bool norm = a.src == CU_LORA_NORM;
-    /* the norm's u: r times the products of bf16(h (1 + w)), one cluster barrier (fac); else the
-     * products of x after r's own barrier, the earlier form's arithmetic bit for bit */
-    const bool fac = norm && a.factored;
     const bool writer = blockIdx.y == 0 && a.src != CU_LORA_IN_PLACE; /* x's writers */
     lx_launch_next();
     if (ks > 1) lx_cluster_arrive();
@@ -549,39 +570,28 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     /* 2. the slice of x: every load issued first; units of 8 values, consecutive threads on
      * consecutive k, upr a row */
     const int upr = (ke - kb) / 8, units = LX_TM * upr;
-    float hv[LX_SHORT_NORM_UNITS][8], wv[LX_SHORT_NORM_UNITS][8]; /* w: until xs is made (read again for x) */
+    float hv[LX_SHORT_NORM_UNITS][8]; /* h until r is known (x is made after it, w read then) */
     if (norm) {
 #pragma unroll
         for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
             const int u = tid + i * LX_THREADS, row = u / upr, k = kb + (u % upr) * 8;
 #pragma unroll
-            for (int e = 0; e < 8; e++) hv[i][e] = wv[i][e] = 0.0f;
+            for (int e = 0; e < 8; e++) hv[i][e] = 0.0f;
             if (u < units && t0 + row < rows && k < a.in) {
                 const float *hr = a.h + (size_t)(t0 + row) * a.in + k;
                 const float4 h0 = *reinterpret_cast<const float4 *>(hr), h1 = *reinterpret_cast<const float4 *>(hr + 4);
-                const float4 w0 = *reinterpret_cast<const float4 *>(a.w + k);
-                const float4 w1 = *reinterpret_cast<const float4 *>(a.w + k + 4);
                 hv[i][0] = h0.x, hv[i][1] = h0.y, hv[i][2] = h0.z, hv[i][3] = h0.w;
                 hv[i][4] = h1.x, hv[i][5] = h1.y, hv[i][6] = h1.z, hv[i][7] = h1.w;
-                wv[i][0] = w0.x, wv[i][1] = w0.y, wv[i][2] = w0.z, wv[i][3] = w0.w;
-                wv[i][4] = w1.x, wv[i][5] = w1.y, wv[i][6] = w1.z, wv[i][7] = w1.w;
             }
         }
 #pragma unroll
         for (int i = 0; i < LX_SHORT_NORM_UNITS; i++) {
-            const int u = tid + i * LX_THREADS, row = u / upr, kk = (u % upr) * 8;
+            const int u = tid + i * LX_THREADS;
             if (u >= units) continue;
             float ss = 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; e++) ss += hv[i][e] * hv[i][e];
-            sq[u] = ss;
-            if (!fac) continue; /* xs waits for r */
-            uint4 v;
-            v.x = cu_pack_bf16(hv[i][0] * (1.f + wv[i][0]), hv[i][1] * (1.f + wv[i][1]));
-            v.y = cu_pack_bf16(hv[i][2] * (1.f + wv[i][2]), hv[i][3] * (1.f + wv[i][3]));
-            v.z = cu_pack_bf16(hv[i][4] * (1.f + wv[i][4]), hv[i][5] * (1.f + wv[i][5]));
-            v.w = cu_pack_bf16(hv[i][6] * (1.f + wv[i][6]), hv[i][7] * (1.f + wv[i][7]));
-            *reinterpret_cast<uint4 *>(xs + row * LX_XLD + kk) = v;
+            sq[u] = ss; /* xs waits for r */
         }
     } else {
         uint4 g[LX_SHORT_UNITS], v[LX_SHORT_UNITS];
@@ -622,7 +632,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
         for (int j = 0; j < upr; j++) ssp += sq[tid * upr + j];
     float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
     bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
-    if (norm && !fac) { /* r first: the slices' sums of squares into every block, a barrier, x */
+    if (norm) { /* r first: the slices' sums of squares into every block, a barrier, x */
         if (!joined) {
             lx_cluster_wait();
             joined = true;
@@ -642,7 +652,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
         int s = 0;
         unsigned mine = 0;
         if (todo) s = lx_next_slot(ts, &todo, &mine);
-        if (!s && !(first && fac && writer)) break; /* the factored norm's writers still need r */
+        if (!s) break;
         /* 3. the products of the slot's A rows and the slice, the k-steps spread over the warps */
         if (s) {
             uint32_t bfr[LX_KS][NT][2];
@@ -663,62 +673,27 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
                 lx_load_a<NT>(bfr, A + (size_t)(s - 1) * a.R * a.lda, a.lda, kb, ke, c0, c1, true);
             }
             float acc[NT][4] = {};
-#pragma unroll
-            for (int j = 0; j < LX_KS; j++) {
-                const int kl = (j * LX_WARPS + warp) * 16 + 2 * tq;
-                if (kb + kl >= ke) break;
-                uint32_t af[4];
-                af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
-                af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
-                af[2] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl + 8]);
-                af[3] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl + 8]);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) cu_mma16816(acc[nt], af, bfr[j][nt][0], bfr[j][nt][1]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                float *pw = red + (size_t)warp * LX_TM * RLD;
-                *reinterpret_cast<float2 *>(&pw[gq * RLD + nt * 8 + 2 * tq]) = make_float2(acc[nt][0], acc[nt][1]);
-                *reinterpret_cast<float2 *>(&pw[(gq + 8) * RLD + nt * 8 + 2 * tq]) =
-                    make_float2(acc[nt][2], acc[nt][3]);
-            }
+            lx_mma_chunk<NT>(acc, xs, bfr, kb, ke);
+            lx_store_partials<NT>(red, acc);
         }
         __syncthreads();
         if (!joined) { /* every block has started: its shared memory may be written */
             lx_cluster_wait();
             joined = true;
         }
-        /* 4. the block's sum in warp order into the first block's shared memory; the norm's sums of
-         * squares into every block's; one barrier */
-        if (s)
-            for (int idx = tid; idx < LX_TM * CW; idx += LX_THREADS) {
-                const int row = idx / CW, c = idx % CW;
-                float sum = 0.0f;
-#pragma unroll
-                for (int w = 0; w < LX_WARPS; w++) sum += red[(w * LX_TM + row) * RLD + c];
-                up0[((size_t)z * LX_TM + row) * CW + c] = sum;
-            }
-        if (first && fac) lx_push_ss(sspart, ssp, ks, z, cluster);
+        /* 4. the block's sum in warp order into the first block's shared memory; one barrier */
+        lx_sum_partials<NT>(red, up0, z);
         if (ks > 1)
             cluster.sync();
         else
             __syncthreads();
-        /* 5. the factored norm's row scales (the same in every block: the slices' sums in slice
-         * order), then x from the registers (the other form's arithmetic) and u */
-        if (first && fac) {
-            lx_row_scale(rinv, sspart, ks, a.in, a.eps);
-            __syncthreads();
-            lx_short_norm_x(xw, ldw, NULL, hv, a.w, rinv, a.in, upr, units, t0, kb, rows, writer);
-        }
         first = false;
-        if (!s) break;
         if (z == 0)
             for (int idx = tid; idx < LX_TM * CW; idx += LX_THREADS) {
                 const int row = idx / CW, c = idx % CW, t = t0 + row;
                 if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
                 float sum = 0.0f;
                 for (int q = 0; q < ks; q++) sum += upart[q][row][c];
-                if (fac) sum *= rinv[row];
                 xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
             }
         if (!todo) break;

@@ -68,11 +68,6 @@ typedef struct cu_lora_input_args {
      * between launches would leave them in); NULL: none. */
     const void *prefetch;
     size_t prefetch_bytes;
-    /* The short chain's norm: 1, u = r times the products of bf16(h (1 + w)) (r applied to the sum,
-     * so the products need not wait for it: one cluster barrier; u then differs from the other
-     * form's where bf16 rounds); 0, the products of x after r's own barrier (the other form's u
-     * bit for bit, for the same slices). */
-    int factored;
 } cu_lora_input_args;
 
 /* For every token t < rows, with s = token_slot[t] (0, or outside [1, n_slots]: no adapter):
@@ -80,9 +75,7 @@ typedef struct cu_lora_input_args {
  *   xw[t][in + (s - 1) R + k]   = sum_i A[s - 1][k][i] x[t][i]             (k < R)
  *   xw[t][in + (q - 1) R + k]   = 0                                        (every other slot q)
  *   xw[t][j]                    = 0                              (in + n_slots R <= j < ldw)
- * u is the sum of the products in fp32 in a fixed order (deterministic), rounded like x. With
- * `factored`, the short chain's norm's u is r[t] sum_i A[s - 1][k][i] bf16(h[t][i] (1 + w[i])) (the
- * row scale r applied to the sum): the same product up to where bf16 rounds. With IN_PLACE, x is
+ * u is the sum of the products in fp32 in a fixed order (deterministic), rounded like x. With IN_PLACE, x is
  * read from xw and left as it is. n_sm sizes the grid. */
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
                   squad_err *err);
