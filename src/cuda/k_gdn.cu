@@ -33,9 +33,9 @@
  *   fragment layout); block c+1's operands
  *   arrive by bulk copies (one thread, a shared-memory barrier per stage) while block c computes.
  *   Writes S^T at each block start and delta^T (bf16).
- * C, gdn_out (items of blocks x heads, all independent, two warps a 16-row tile, each half of dv;
- *   four tiles an item, or one on short chunks; one item a block, or on long launches one block an
- *   SM walking the items with the next item's operands copied while this one computes):
+ * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv;
+ *   four tiles a block, or one on short chunks; its copies (out_copy) and its math (out_math) are
+ *   separate steps):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
@@ -105,10 +105,6 @@ struct gdn_conv_args {
 #define GDN_EXP_OUT_SHIFT_FIRST 2 /* the output kernel moves the conv state on before its copies */
 #define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
 #define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
-#define GDN_EXP_OUT_PIPE 16       /* long launches' output kernel pipelined (gdn_out_pipe_kernel: measured slower) */
-#define GDN_EXP_CONV_DEEP 32      /* the pipelined conv with two groups' loads in flight (measured no faster) */
-#define GDN_EXP_CONV_G8 64        /* the pipelined conv's groups 8 rows on 4-token tiles (an experiment: one
-                                     erratic run of the 16 x 128 batch was 2.3x slower, not understood) */
 /* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
 #define GDN_EXP_CONV_NG_SHIFT 16
 #define GDN_EXP_CONV_NG_MASK 0xff
@@ -271,13 +267,10 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
  * the one-tile kernel's of the same TT. The raw inputs stay bf16 pairs in registers (half the
  * registers of floats) until used. */
 #define CONV_GROUP 16 /* rows a block loads in one round (a 16-row tile, or four 4-row tiles) */
-#define CONV_GROUP_SMALL 8 /* or, with 4-row tiles (GDN_EXP_CONV_G8), 8 rows: half the registers, more warps */
 /* Blocks an SM: x (KC + 15 pairs), the next group (16) and y (32 floats) live at once; 10 blocks
- * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8. DEPTH: groups whose
- * loads are in flight while one computes (2: 16 pairs more, 8 blocks; GDN_EXP_CONV_DEEP). Groups of
- * 8 rows: 16 blocks (64 registers) at KC <= 4, 12 above. */
-#define CONV_PIPE_MIN_BLOCKS(KC, DEPTH, G)                                                                       \
-    ((G) <= CONV_GROUP_SMALL ? ((KC) <= 4 ? 16 : 12) : ((KC) <= 4 && (DEPTH) == 1 ? 10 : 8))
+ * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8. (Two groups' loads in
+ * flight, or 8-row groups for 4-row tiles, measured no faster: docs/cuda.md.) */
+#define CONV_PIPE_MIN_BLOCKS(KC) ((KC) <= 4 ? 10 : 8)
 
 /* Channels ch, ch + 1 of row tau (bf16 pair bits; 0 past len, for channels not real, or below the
  * chunk without saved inputs): rows before the chunk from conv_in (the row's saved inputs), the
@@ -300,13 +293,12 @@ __device__ __forceinline__ float2 conv_pair_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
-/* Block (x, seg, row): groups [ng x, ng (x + 1)) of G rows of head segment seg (as the one-tile
- * kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
-template <int KC, int TT, int DEPTH, int G>
-__global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH, G))
+/* Block (x, seg, row): groups [ng x, ng (x + 1)) of G = CONV_GROUP rows of head segment seg (as
+ * the one-tile kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
+template <int KC, int TT>
+__global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC))
     gdn_conv_pipe_kernel(gdn_conv_args a, int ng) {
-    static_assert(DEPTH == 1 || DEPTH == 2, "one or two groups ahead");
-    constexpr int NTL = G / TT, NX = G + KC - 1, NW = CONV_THREADS / 32;
+    constexpr int G = CONV_GROUP, NTL = G / TT, NX = G + KC - 1, NW = CONV_THREADS / 32;
     static_assert(G % TT == 0, "a group is whole tiles");
     static_assert(NW == 2, "a row's sum is its two warps' (conv_row_scale)");
     __shared__ float red[2][NW][G]; /* two buffers: a group's sums are read before the next group's barrier */
@@ -353,21 +345,13 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH, 
             for (int m = 0; m < G; m++) dst[m] = 0u;
         }
     };
-    uint32_t ahead[DEPTH == 2 ? G : 1]; /* DEPTH 2: group gi + 1's rows, loaded an iteration ago */
-    if constexpr (DEPTH == 2) load_group(ahead, 1);
     const float qs = isq ? rsqrtf((float)a.dk) : 1.f;
 #pragma unroll 1
     for (int gi = 0; gi < n; gi++) {
         const int g0 = t0 + gi * G;
-        /* the next group's rows first (DEPTH 2: the one after it): in flight while this group computes */
+        /* the next group's rows first: in flight while this group computes */
         uint32_t nx[G];
-        if constexpr (DEPTH == 2) {
-#pragma unroll
-            for (int m = 0; m < G; m++) nx[m] = ahead[m];
-            load_group(ahead, gi + 2);
-        } else {
-            load_group(nx, gi + 1);
-        }
+        load_group(nx, gi + 1);
         float2 y[G];
 #pragma unroll
         for (int t = 0; t < G; t++) {
@@ -421,17 +405,16 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC, DEPTH, 
  * groups are spread evenly over them; a batch of more (row, segment) pairs than that takes one block
  * a pair. Without an SM count (the tests' launches) 3 groups a block, so the carried rows and a
  * block's partial last run are exercised. */
-static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int depth, int grp, int n_sm,
-                            int exp) {
+static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int n_sm, int exp) {
     if (exp & (GDN_EXP_CONV_TILE | GDN_EXP_CONV_FREE)) return 0;
-    const int g_row = (rows + grp - 1) / grp;
+    const int g_row = (rows + CONV_GROUP - 1) / CONV_GROUP;
     const int fixed = (exp >> GDN_EXP_CONV_NG_SHIFT) & GDN_EXP_CONV_NG_MASK;
     if (fixed > 0) return fixed < g_row ? fixed : g_row;
     if (n_sm <= 0) return 3 < g_row ? 3 : g_row;
     const long pairs = (long)n_seg * nrows;
     const long one_tile = (long)((rows + tt - 1) / tt) * pairs;
     if (one_tile <= (long)n_sm * CONV_MIN_BLOCKS(K, tt)) return 0;
-    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K, depth, grp) / pairs; /* blocks a (row, segment) */
+    long bx = (long)n_sm * CONV_PIPE_MIN_BLOCKS(K) / pairs; /* blocks a (row, segment) */
     if (bx < 1) bx = 1;
     if (bx > g_row) bx = g_row;
     const int ng = (int)((g_row + bx - 1) / bx);
@@ -444,24 +427,16 @@ static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, i
                            int exp, cudaStream_t st, squad_err *err) {
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
     const bool exp_free = (exp & GDN_EXP_CONV_FREE) != 0;
-    const int depth = (exp & GDN_EXP_CONV_DEEP) ? 2 : 1;
-    const int grp = (exp & GDN_EXP_CONV_G8) && tt <= CONV_GROUP_SMALL && depth == 1 ? CONV_GROUP_SMALL : CONV_GROUP;
-    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, depth, grp, n_sm, exp);
+    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, n_sm, exp);
     const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
-    const dim3 pgrid(ng > 0 ? ((rows + grp - 1) / grp + ng - 1) / ng : 1, n_seg, nrows);
+    const dim3 pgrid(ng > 0 ? ((rows + CONV_GROUP - 1) / CONV_GROUP + ng - 1) / ng : 1, n_seg, nrows);
     switch (ca.K) {
 #define CONV_CASE(KC_)                                                                                             \
     case KC_:                                                                                                      \
-        if (ng > 0 && short_rows && grp == CONV_GROUP_SMALL)                                                       \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1, CONV_GROUP_SMALL><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng); \
-        else if (ng > 0 && short_rows && depth == 2)                                                               \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 2, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);       \
-        else if (ng > 0 && depth == 2)                                                                             \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 2, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);        \
-        else if (ng > 0 && short_rows)                                                                             \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT, 1, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);       \
+        if (ng > 0 && short_rows)                                                                                  \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                      \
         else if (ng > 0)                                                                                           \
-            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG, 1, CONV_GROUP><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);        \
+            gdn_conv_pipe_kernel<KC_, CONV_TT_LONG><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                       \
         else if (exp_free && short_rows)                                                                           \
             gdn_conv_kernel<KC_, CONV_TT_SHORT, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                             \
         else if (exp_free)                                                                                         \
@@ -1359,88 +1334,6 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, a.norm_w, dv, a.eps, t0, tile0, len, tend, h, tid);
 }
 
-/* ---- kernel C, pipelined: long launches ------------------------------------------------------- */
-
-/* The one-item-a-block output kernel copies all of a (block of 64 tokens, head)'s operands (88 KB at
- * the 0.8B's dims) in one round and then computes; two such blocks share an SM (97 KB of shared
- * memory each) and, started together, wait together and compute together: a cold row's 2048 tokens
- * take 28.5 us a layer against a byte floor of ~13 us. This form keeps the copies going (but was
- * slower: out_pipe_grid says why; GDN_EXP_OUT_PIPE runs it): one block
- * an SM (or more for small heads) with two stages of the same layout walks the items (row, block of
- * 64 tokens, head) with the grid's stride and copies item k + 1's operands while it computes item k.
- * An item's math is out_math, so the bits are the one-item kernel's; each item also moves on its
- * share of its row's conv state, the share that kernel's block for the item takes. */
-#define OUT_PIPE_STAGES 2
-#define OUT_PIPE_GRID_NO_SM 5 /* blocks without an SM count (the tests' launches): several items a block */
-#define OUT_SMEM_PER_SM (228 * 1024) /* an H100 / H200 SM's shared memory */
-template <int DK, int DV>
-__global__ void __launch_bounds__(64 * OUT_RT_LONG) gdn_out_pipe_kernel(gdn_out_args a, int nrows) {
-    constexpr int RT = OUT_RT_LONG, NT = 64 * RT;
-    typedef out_smem<DK, DV, RT> SM;
-    constexpr int R = SM::R;
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float rsq[2][R];
-    const int tid = threadIdx.x, dv = a.dv, nv = a.nv;
-    const int per_row = a.bt.ncb * nv, total = per_row * nrows;
-    const size_t ldY = (size_t)a.ldY;
-    /* item it: row it / per_row, block c, head h (heads adjacent: their z columns share P's rows) */
-    auto issue = [&](int it, int stage) {
-        const int z = it / per_row, c = (it % per_row) / nv, h = it % nv;
-        const int len = a.prm[z].len, t0 = c * GDN_C;
-        if (len < 1 || t0 >= len) return; /* zeros only: nothing to copy */
-        const size_t gblk = ((size_t)z * a.bt.ncb + c) * nv + h; /* the scratch's block, as gdn_scratch_row */
-        out_copy<DK, DV, RT>(smem + stage * SM::bytes, a.scr.Qg + gblk * GDN_C * DK, a.scr.Sc + gblk * DV * DK,
-                             a.scr.Pm + gblk * GDN_C * GDN_C, a.scr.dT + gblk * DV * GDN_C,
-                             a.P + (size_t)z * a.bt.bucket * a.ldP, a.ldP, a.C + h * dv, t0, len, dv, tid);
-    };
-    int it = blockIdx.x;
-    if (it < total) issue(it, 0);
-    cu_cp_async_commit();
-    for (int k = 0; it < total; k++, it += gridDim.x) {
-        if (it + (int)gridDim.x < total) issue(it + gridDim.x, (k + 1) % OUT_PIPE_STAGES);
-        cu_cp_async_commit();
-        const int z = it / per_row, c = (it % per_row) / nv, h = it % nv;
-        const cu_chunk_params *prm = a.prm + z;
-        const int len = prm->len, t0 = c * GDN_C, tend = min(a.rows, t0 + R);
-        const size_t tok0 = (size_t)z * a.bt.bucket;
-        bf16 *Yrow = a.Y + tok0 * ldY;
-        if (len >= 1) { /* a real row's conv state moves on (gdn_conv, which read it, has finished) */
-            const bf16 *Prow = a.P + tok0 * a.ldP;
-            cu_conv_state_shift((bf16 *)(prm->gdn + a.bt.conv_off), (const bf16 *)(cu_gdn_in(prm) + a.bt.conv_off),
-                                Prow, a.ldP, a.C, a.K, len, (c * nv + h) * NT + tid, per_row * NT);
-        }
-        if (len < 1 || t0 >= len) { /* a padding row or block: zeros for out_proj */
-            for (int e = tid; e < (tend - t0) * dv; e += NT)
-                Yrow[(size_t)(t0 + e / dv) * ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
-        } else {
-            cu_cp_async_wait<OUT_PIPE_STAGES - 1>(); /* item k's copies have landed (k + 1's may not) */
-            __syncthreads();
-            out_math<DK, DV, RT>(smem + (k % OUT_PIPE_STAGES) * SM::bytes, rsq, Yrow, ldY, a.norm_w, dv, a.eps, t0, 0,
-                                 len, tend, h, tid);
-        }
-        __syncthreads(); /* every warp is done with this stage before item k + 2's copies refill it */
-    }
-}
-
-/* The pipelined output kernel's blocks (0: the one-item kernel): about the blocks the GPU holds at
- * once (its shared memory), when GDN_EXP_OUT_PIPE asks for it and there are more items than the
- * one-item kernel's one wave (two blocks an SM). An experiment, not the default: measured at 2048
- * tokens (0.8B, H200, ncu) it took 33.0-33.7 us a layer against the one-item kernel's 28.5-28.6, and
- * 0.62-0.69 against 0.45-0.49 ms of a 16 x 128 batch step (one block of 8 warps an SM computes too
- * little at a time: DRAM at 40 % of its rate). */
-template <int DK, int DV>
-static int out_pipe_grid(long items, int n_sm, int exp) {
-    if (!(exp & GDN_EXP_OUT_PIPE)) return 0;
-    if (n_sm <= 0) return (int)(items < OUT_PIPE_GRID_NO_SM ? items : OUT_PIPE_GRID_NO_SM);
-    if (items <= 2L * n_sm) return 0;
-    const size_t per_block = OUT_PIPE_STAGES * out_smem<DK, DV, OUT_RT_LONG>::bytes + 1024; /* + the SM's reserve */
-    int per_sm = (int)(OUT_SMEM_PER_SM / per_block);
-    if (per_sm < 1) per_sm = 1;
-    if (per_sm > 2048 / (64 * OUT_RT_LONG)) per_sm = 2048 / (64 * OUT_RT_LONG); /* threads an SM */
-    const long g = (long)n_sm * per_sm;
-    return (int)(items < g ? items : g);
-}
-
 /* ---- host side -------------------------------------------------------------------------------- */
 
 /* Padded head dims instantiated: DK, DV in {16, 32, 64, 128}. */
@@ -1601,8 +1494,6 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_SHORT>,                                           \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_SHORT>::bytes));                                 \
-        CU_TRY(cudaFuncSetAttribute(gdn_out_pipe_kernel<DK_, DV_>, cudaFuncAttributeMaxDynamicSharedMemorySize,      \
-                                    (int)(OUT_PIPE_STAGES * out_smem<DK_, DV_, OUT_RT_LONG>::bytes)));              \
         return 0;                                                                                                   \
     }
     GDN_SHAPES(GDN_INIT)
@@ -1690,11 +1581,6 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
                                                      64 * OUT_RT_SHORT,                                            \
                                                      out_smem<DK_, DV_, OUT_RT_SHORT>::bytes, st>>>(oa);           \
             CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
-        } else if ((run & CU_GDN_OUT) && out_pipe_grid<DK_, DV_>((long)nc * d->nv * nr, d->n_sm, d->exp) > 0) {    \
-            gdn_out_pipe_kernel<DK_, DV_><<<out_pipe_grid<DK_, DV_>((long)nc * d->nv * nr, d->n_sm, d->exp),          \
-                                            64 * OUT_RT_LONG,                                                     \
-                                            OUT_PIPE_STAGES * out_smem<DK_, DV_, OUT_RT_LONG>::bytes, st>>>(oa, (int)nr); \
-            CU_LAUNCH_CHECK("gdn_out_pipe_kernel");                                                                \
         } else if (run & CU_GDN_OUT) {                                                                             \
             gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (OUT_TILES / OUT_RT_LONG), d->nv, nr),               \
                                                     64 * OUT_RT_LONG,                                              \
