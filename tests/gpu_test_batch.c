@@ -501,6 +501,7 @@ static void test_attn_rows(rng *g, int hd, int bucket, const int *starts, const 
 static void test_mixers(int quick) {
     rng g = {12345};
     static const int lens16[] = {16, 3, 9}, lens64[] = {64, 1, 30, 64}, lens128[] = {128, 70, 65, 2, 100, 127};
+    static const int lens256[] = {256, 129, 1}; /* 4 blocks: the long-chunk form's segments (quick too) */
     const char *variants[2] = {"0", "1000000"}; /* the long and the short conv / output kernels */
     for (int ex = 0; ex < 2; ex++)
         for (int v = 0; v < 2; v++) {
@@ -508,6 +509,7 @@ static void test_mixers(int quick) {
             test_gdn_rows(&g, 2, 4, 16, 16, 16, lens16, 3, 4, ex);
             test_gdn_rows(&g, 2, 4, 32, 32, 64, lens64, 4, 8, ex);
             if (!quick) test_gdn_rows(&g, 2, 2, 128, 128, 128, lens128, 6, 8, ex);
+            test_gdn_rows(&g, 2, 4, 32, 32, 256, lens256, 3, 4, ex);
         }
     unsetenv("SQUAD_GDN_SHORT_ROWS");
     static const int st[] = {0, 300, 77, 1000, 5, 2048}, sp[] = {0, 200, 0, 1000, 0, 1500};

@@ -374,26 +374,32 @@ int main(void) {
         {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
         {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
-    /* the bf16 path in ten launch variants (switches the library reads): the long-chunk or the
+    /* the bf16 path in twelve launch variants (switches the library reads): the long-chunk or the
      * short-chunk conv and output kernels (SQUAD_GDN_SHORT_ROWS), the prep whole or split over 2 or
      * 4 blocks a (block, head) (SQUAD_GDN_PREP_SPLIT, bounded by the head dims), on short chunks
      * the conv fused into the prep (SQUAD_GDN_EXP=4; the 0.8B's shapes, the others run unfused),
      * the conv one tile a block (SQUAD_GDN_EXP=8) or pipelined over runs of 16-row groups (3 a block
-     * here, where the tests give no SM count; 1 or 5 fixed by SQUAD_GDN_EXP's bits 16 .. 23).
+     * here, where the tests give no SM count; 1 or 5 fixed by SQUAD_GDN_EXP's bits 16 .. 23), and
+     * long chunks cut into 3 or 4 segments whose prep and output kernels run on their own streams
+     * beside the scan (SQUAD_GDN_SEGMENTS, bounded by two blocks of 64 tokens a segment: the cases
+     * of 3 to 8 blocks get 1 to 4, uneven where the blocks do not divide).
      * Each case has the same inputs in every variant, and the variants of one conv tiling must give
-     * the same bits: the splits, the fusion and the conv's blocks change who computes a value, not how. */
-    static const char *const short_rows[] = {"0", "0", "1000000", "1000000", "1000000",
-                                             "1000000", "0", "1000000", "0", "1000000"};
-    static const char *const split[] = {"1", "4", "1", "2", "4", "4", "1", "1", "1", "1"};
-    static const char *const exps[] = {"0", "0", "0", "0", "0", "4", "8", "8", "65536", "327680"};
-    enum { NV = 10, NC = sizeof gc / sizeof gc[0] };
+     * the same bits: the splits, the fusion, the conv's blocks and the segments change who computes
+     * a value, not how. */
+    static const char *const short_rows[] = {"0", "0", "1000000", "1000000", "1000000", "1000000",
+                                             "0", "1000000", "0", "1000000", "0", "0"};
+    static const char *const split[] = {"1", "4", "1", "2", "4", "4", "1", "1", "1", "1", "1", "2"};
+    static const char *const exps[] = {"0", "0", "0", "0", "0", "4", "8", "8", "65536", "327680", "0", "65536"};
+    static const char *const segs[] = {"1", "1", "1", "1", "1", "1", "1", "1", "1", "1", "3", "4"};
+    enum { NV = 12, NC = sizeof gc / sizeof gc[0] };
     uint64_t bits[NV][NC];
     for (int v = 0; v < NV; v++) {
         setenv("SQUAD_GDN_SHORT_ROWS", short_rows[v], 1);
         setenv("SQUAD_GDN_PREP_SPLIT", split[v], 1);
         setenv("SQUAD_GDN_EXP", exps[v], 1);
-        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s), prep split %s, SQUAD_GDN_EXP=%s\n",
-               short_rows[v][0] == '0' ? "long" : "short", short_rows[v], split[v], exps[v]);
+        setenv("SQUAD_GDN_SEGMENTS", segs[v], 1);
+        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s), prep split %s, SQUAD_GDN_EXP=%s, segments %s\n",
+               short_rows[v][0] == '0' ? "long" : "short", short_rows[v], split[v], exps[v], segs[v]);
         for (int i = 0; i < NC; i++) {
             rng ri = {0x9e3779b97f4a7c15ull + (uint64_t)i};
             bits[v][i] = test_gdn(&ri, &gc[i], 0);
@@ -402,6 +408,7 @@ int main(void) {
             CHECKF(bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v, first);
         }
     }
+    unsetenv("SQUAD_GDN_SEGMENTS");
     unsetenv("SQUAD_GDN_EXP");
     unsetenv("SQUAD_GDN_PREP_SPLIT");
     unsetenv("SQUAD_GDN_SHORT_ROWS");

@@ -171,6 +171,7 @@ typedef struct cu_be {
     cu_gemm_ctx gemm;
     cu_layer layers[SQUAD_MAX_LAYERS];
     cu_gdn_dims gd;
+    cu_gdn_overlap gdn_ov; /* the GDN mixer's long-chunk form: its streams and events (gd.ov) */
     cu_attn_dims ad;
     int NP;    /* GDN in-projection rows (padded to 8) */
     int ldQKV; /* attention in-projection rows (padded to 8) */
@@ -952,7 +953,8 @@ static int capture_batch(cu_be *cb, int bi, int rbi, int si, unsigned parts, cud
         return cu_fail(err, "cudaStreamEndCapture", ec, __FILE__, __LINE__);
     }
     cudaGraphExec_t ex = NULL;
-    const cudaError_t ei = cudaGraphInstantiate(&ex, g, 0);
+    /* node priorities as captured: the GDN scan's stream has the greatest (cu_gdn_overlap) */
+    const cudaError_t ei = cudaGraphInstantiate(&ex, g, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(g);
     if (ei != cudaSuccess) return cu_fail(err, "cudaGraphInstantiate", ei, __FILE__, __LINE__);
     const cudaError_t eu = cudaGraphUpload(ex, cb->st);
@@ -1410,6 +1412,7 @@ static void be_destroy(squad_backend *be) {
                 for (int j = 0; j < MAX_SPANS; j++)
                     if (cb->graphs[i][r][j]) cudaGraphExecDestroy(cb->graphs[i][r][j]);
         cu_gemm_free(&cb->gemm);
+        cu_gdn_overlap_destroy(&cb->gdn_ov);
         for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
         free(cb->allocs);
         for (int s = 0; cb->seqs && s < cb->max_seqs; s++) {
@@ -1564,6 +1567,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.prep_split = ps ? atoi(ps) : 0;
     const char *gx = getenv("SQUAD_GDN_EXP");
     cb->gd.exp = gx ? atoi(gx) : 0;
+    const char *gs = getenv("SQUAD_GDN_SEGMENTS"); /* k >= 2: the long-chunk form (an experiment) */
+    cb->gd.segments = gs ? atoi(gs) : 0;
     const char *lf = getenv("SQUAD_LORA_FORM");
     cb->lora_earlier = lf && lf[0] == '0';
     const char *lp = getenv("SQUAD_LORA_PREFETCH"); /* "0": no L2 prefetch of the next A (an experiment) */
@@ -1586,6 +1591,10 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
                               "(dk, dv padded to 16, 32, 64 or 128; nv a multiple of nk; K <= %d)",
                               cb->gd.nk, cb->gd.nv, cb->gd.dk, cb->gd.dv, cb->gd.K, CU_MAX_CONV_K);
         if ((rc = cu_gdn_init(&cb->gd, err))) return rc;
+        if (!cb->f32 && cb->gd.segments >= 2) { /* the long-chunk form asked for */
+            if ((rc = cu_gdn_overlap_create(&cb->gdn_ov, err))) return rc;
+            cb->gd.ov = &cb->gdn_ov;
+        }
     }
     if (cb->n_attn) {
         if (!cu_attn_supported(&cb->ad))

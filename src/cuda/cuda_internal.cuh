@@ -420,7 +420,22 @@ typedef struct cu_gdn_dims {
     int ldY;               /* the output Y's row stride in elements; 0: nv dv (packed). More when Y is
                               the first columns of a widened GEMM input (k_lora.cuh), so the
                               specialists' out_proj reads it without a copy */
+    int segments;          /* the long-chunk form's segments (cu_gdn_overlap): k >= 2 up to k
+                              (SQUAD_GDN_SEGMENTS, an experiment); 0 or 1: one stream */
+    const struct cu_gdn_overlap *ov; /* its streams and events; NULL: always one stream */
 } cu_gdn_dims;
+/* The long-chunk form: a chunk's blocks of 64 tokens cut into segments, the prep and output kernels
+ * of the other segments on their own streams while the scan walks one (the scan's chain is the
+ * mixer's critical path and leaves most of each SM idle). Event records and waits, so it runs the
+ * same eagerly and inside a captured graph (the scan's stream has the greatest priority, which a
+ * graph keeps with cudaGraphInstantiateFlagUseNodePriority). */
+#define CU_GDN_SEG_MAX 8
+typedef struct cu_gdn_overlap {
+    cudaStream_t prep, scan, out; /* non-blocking; scan at the greatest priority */
+    cudaEvent_t conv, prep_done[CU_GDN_SEG_MAX], scan_done[CU_GDN_SEG_MAX], out_done;
+} cu_gdn_overlap;
+int cu_gdn_overlap_create(cu_gdn_overlap *o, squad_err *err);
+void cu_gdn_overlap_destroy(cu_gdn_overlap *o); /* a zeroed or created one */
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
 typedef struct cu_gdn_scratch {

@@ -104,6 +104,20 @@ static int down_act(float *h, const void *d, size_t n, int f32, squad_err *err) 
     return 0;
 }
 
+/* The GDN mixer's long-chunk form (cu_gdn_overlap) as the backend sets it up: its streams and
+ * events, and SQUAD_GDN_SEGMENTS read into d (unset: one stream). The caller destroys ov. */
+static int gdn_overlap_setup(cu_gdn_dims *d, cu_gdn_overlap *ov, squad_err *err) {
+    memset(ov, 0, sizeof *ov);
+    const char *gs = getenv("SQUAD_GDN_SEGMENTS");
+    d->segments = gs ? atoi(gs) : 0;
+    if (d->f32) return 0;
+    const int rc = cu_gdn_overlap_create(ov, err);
+    if (!rc) d->ov = ov;
+    return rc;
+}
+
+static int test_gdn_run(tbufs *b, const cu_ref_gdn_args *a, const cu_gdn_dims *dp, squad_err *err);
+
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     const int ex = a->exact != 0;
     const char *sr = getenv("SQUAD_GDN_SHORT_ROWS"); /* as the backend reads it */
@@ -114,6 +128,21 @@ static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     int rc = cu_gdn_init(&d, err);
     if (rc) return rc;
+    cu_gdn_overlap ov;
+    if ((rc = gdn_overlap_setup(&d, &ov, err))) {
+        cu_gdn_overlap_destroy(&ov);
+        return rc;
+    }
+    rc = test_gdn_run(b, a, &d, err);
+    cu_gdn_overlap_destroy(&ov);
+    return rc;
+}
+
+/* test_gdn's forward with d set up. */
+static int test_gdn_run(tbufs *b, const cu_ref_gdn_args *a, const cu_gdn_dims *dp, squad_err *err) {
+    const cu_gdn_dims d = *dp;
+    const int ex = a->exact != 0;
+    int rc = 0;
     const int C = 2 * a->nk * a->dk + a->nv * a->dv, Km1 = a->K - 1;
     /* the device state: S^T [nv][DVP][DKP] (zero padding) on the chunked path, S [nv][dk][dv] exact */
     const int DKP = ex ? a->dv : cu_gdn_pad(a->dk), DVP = ex ? a->dk : cu_gdn_pad(a->dv);
@@ -699,11 +728,16 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     const int blocks = nrows * ((bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK);
     if (!rc) rc = batch_params(b, &bt, prm, n, nrows, bucket, err);
     if (!rc) rc = talloc_poison(b, &scr, cu_gdn_scratch_bytes(&d, (int)tokens, blocks), err);
-    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block: every
-     * count must give the same bytes (outputs and every arena), from the same starting arenas; the
-     * default (1) runs last and its results are the ones returned */
-    static const int SCAN_RGS[] = {2, 4, 1};
+    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block, and the
+     * long-chunk form's segments (cu_gdn_overlap: 3 asked, as many as the rows' blocks allow) only
+     * which launch and stream runs a block: every variant must give the same bytes (outputs and
+     * every arena), from the same starting arenas; the defaults (one row group, the segments
+     * SQUAD_GDN_SEGMENTS asks) run last and their results are the ones returned */
+    static const int SCAN_RGS[] = {2, 4, 1, 1}, SEGS[] = {1, 1, 3, -1};
     const int n_rg = ex ? 1 : (int)(sizeof SCAN_RGS / sizeof SCAN_RGS[0]);
+    cu_gdn_overlap ov;
+    const int segs_env = gdn_overlap_setup(&d, &ov, err) ? -2 : d.segments;
+    if (segs_env == -2) rc = SQUAD_E_BACKEND;
     const size_t ybytes = tokens * a->nv * a->dv * es, abytes = arena * (size_t)n;
     void *ar0 = NULL;
     unsigned char *hbuf = NULL; /* [2][ybytes + abytes]: the first count's bytes, then this one's */
@@ -717,6 +751,7 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if (!rc) cu_gdn_scratch_bind(&s, scr, &d, (int)tokens, blocks);
     for (int k = ex ? n_rg - 1 : 0; k < n_rg && !rc; k++) {
         d.scan_rg = ex ? 0 : SCAN_RGS[k];
+        d.segments = ex || SEGS[k] < 0 ? segs_env : SEGS[k];
         if (n_rg > 1) CU_TRY(cudaMemcpy(ar, ar0, abytes, cudaMemcpyDeviceToDevice));
         rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &bt, 0, err);
         if (!rc) {
@@ -728,10 +763,12 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
         CU_TRY(cudaMemcpy(hy, Y, ybytes, cudaMemcpyDeviceToHost));
         CU_TRY(cudaMemcpy(ha, ar, abytes, cudaMemcpyDeviceToHost));
         if (k > 0 && memcmp(hbuf, hy, ybytes + abytes) != 0)
-            rc = cu_err(err, SQUAD_E_BACKEND, "test: the GDN scan with %d row groups a block differs from %d",
-                        SCAN_RGS[k], SCAN_RGS[0]);
+            rc = cu_err(err, SQUAD_E_BACKEND,
+                        "test: the GDN mixer with %d scan row groups a block and segments %d differs from %d, %d",
+                        SCAN_RGS[k], d.segments, SCAN_RGS[0], SEGS[0]);
     }
     free(hbuf);
+    cu_gdn_overlap_destroy(&ov);
     for (int r = 0; r < n && !rc; r++) {
         const cu_ref_gdn_args *q = &rows[r];
         const unsigned char *arr = (const unsigned char *)ar + (size_t)r * arena;

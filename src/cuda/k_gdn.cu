@@ -47,6 +47,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define GDN_C CU_GDN_CHUNK
 #define PREP_THREADS 256
@@ -58,6 +59,10 @@
 struct gdn_batch_args {
     size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena (bytes) */
     int bucket, ncb;
+    /* the launch's blocks of 64 tokens [cb0, cb1) of each row (a segment of the long-chunk form,
+     * cu_gdn_overlap; the conv ignores them): prep and out add cb0 to blockIdx.x's block, the scan
+     * walks them, starting from the state the previous segment left in the arena */
+    int cb0, cb1;
 };
 
 /* The scratch arrays moved to the row's tokens (tok0) and blocks (blk0 = row ncb). */
@@ -530,7 +535,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     float *gam = (float *)(smem + SM::vec_off);
     float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
-    const int c = blockIdx.x, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
+    const int c = blockIdx.x + a.bt.cb0, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
@@ -962,11 +967,13 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
     const int len = a.prm->len;
     if (len < 1) return; /* a padding row: no state to touch */
     a.S = (float *)(a.prm->gdn + a.bt.s_off);
-    const float *S_in = (const float *)(cu_gdn_in(a.prm) + a.bt.s_off); /* a restored blob's, or a.S */
+    /* the state at the launch's first block: a restored blob's or the arena's at the chunk's start,
+     * else the arena's, where the previous segment's launch left it */
+    const float *S_in = a.bt.cb0 == 0 ? (const float *)(cu_gdn_in(a.prm) + a.bt.s_off) : a.S;
     gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
-    const int nc = (a.rows + GDN_C - 1) / GDN_C;
-    int nreal = (len + GDN_C - 1) / GDN_C;
-    if (nreal > nc) nreal = nc;
+    const int cb0 = a.bt.cb0;
+    int nreal = (len + GDN_C - 1) / GDN_C; /* blocks [cb0, nreal) run here */
+    if (nreal > a.bt.cb1) nreal = a.bt.cb1;
     float4 *X = (float4 *)(smem + SM::x_off);
     uint64_t *bar = (uint64_t *)(smem + SM::bar_off); /* bar[s]: stage s's copies have landed */
     if (tid == 0) {
@@ -975,7 +982,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         cu_mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0 && nreal > 0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)h, n_base);
+    if (tid == 0 && nreal > cb0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)cb0 * a.nv + h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
@@ -993,9 +1000,10 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         Sacc[j][3] = hi.y;
     }
 
-    for (int ci = 0; ci < nreal; ci++) {
+    for (int ci = cb0; ci < nreal; ci++) {
+        const int li = ci - cb0; /* the launch's own count: its stages and barrier phases start at 0 */
         const size_t blk = (size_t)ci * a.nv + h;
-        const unsigned char *st = smem + (ci & 1) * SM::stage;
+        const unsigned char *st = smem + (li & 1) * SM::stage;
         const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Ks = (const bf16 *)(st + SM::k_off);
         const float *Us = (const float *)(st + SM::u_off);
         uint32_t nS[NKS][4]; /* -S^T as bf16 A fragments */
@@ -1015,11 +1023,11 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
                 nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
             }
         }
-        cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
+        cu_mbar_wait(&bar[li & 1], (unsigned)(li >> 1) & 1u); /* block ci's operands have landed */
         __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
         if (tid == 0 && ci + 1 < nreal)
-            scan_fetch<DK, DV, RG_>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr, (size_t)(ci + 1) * a.nv + h,
-                               n_base);
+            scan_fetch<DK, DV, RG_>(smem + ((li + 1) & 1) * SM::stage, &bar[(li + 1) & 1], a.scr,
+                                    (size_t)(ci + 1) * a.nv + h, n_base);
         const float gl = a.scr.glast[blk];
 
         /* delta^T = U^T - S^T W^T: this warp's part of the sum over dk (the kq = 0 warp adds U^T) */
@@ -1129,6 +1137,7 @@ struct gdn_out_args {
     int exp; /* cu_gdn_dims.exp */
     cu_gdn_scratch scr;
     int ldY; /* Y's row stride (cu_gdn_dims.ldY, or nv dv) */
+    int shift; /* this launch moves the conv state on (of a segmented mixer's launches, the last) */
 };
 
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
@@ -1286,7 +1295,8 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     constexpr int NT = 64 * RT, R = SM::R;
     extern __shared__ __align__(16) unsigned char smem[];
     /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
-    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT, h = blockIdx.y;
+    const int c = blockIdx.x / (OUT_TILES / RT) + a.bt.cb0, tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
+    const int h = blockIdx.y;
     const int tid = threadIdx.x;
     a.prm += blockIdx.z;
     const int len = a.prm->len, dv = a.dv;
@@ -1312,11 +1322,12 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
      * copies, which a short chunk's one wave of blocks pays in full. */
     const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
     const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
-    const bool shift_early = (a.exp & GDN_EXP_OUT_SHIFT_FIRST) != 0;
+    const bool shift_early = a.shift && (a.exp & GDN_EXP_OUT_SHIFT_FIRST) != 0;
+    const bool shift_late = a.shift && !shift_early;
     if (shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
     const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
-        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        if (shift_late) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
             a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
@@ -1326,7 +1337,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
         const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
         out_copy<DK, DV, RT>(smem, Q, S, Pm, dT, a.P, a.ldP, a.C + h * dv, t0, len, dv, tid);
         cu_cp_async_commit();
-        if (!shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        if (shift_late) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         cu_cp_async_wait<0>();
         __syncthreads();
     }
@@ -1530,6 +1541,129 @@ static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
 }
 
 
+/* The output kernel over the launch's blocks (oa.bt.cb0, cb1): one row tile a block on short
+ * launches, four on long ones. */
+template <int DK, int DV>
+static void launch_gdn_out(const gdn_out_args &oa, bool short_rows, int nv, unsigned nr, cudaStream_t st) {
+    const int nb = oa.bt.cb1 - oa.bt.cb0;
+    if (short_rows)
+        gdn_out_kernel<DK, DV, OUT_RT_SHORT><<<dim3(nb * (OUT_TILES / OUT_RT_SHORT), nv, nr), 64 * OUT_RT_SHORT,
+                                               out_smem<DK, DV, OUT_RT_SHORT>::bytes, st>>>(oa);
+    else
+        gdn_out_kernel<DK, DV, OUT_RT_LONG><<<dim3(nb * (OUT_TILES / OUT_RT_LONG), nv, nr), 64 * OUT_RT_LONG,
+                                              out_smem<DK, DV, OUT_RT_LONG>::bytes, st>>>(oa);
+}
+
+/* The scan over the launch's blocks (sa.bt.cb0, cb1) with rg row groups a block. */
+template <int DK, int DV>
+static void launch_gdn_scan_rg(const gdn_scan_args &sa, int rg, int nv, unsigned nr, cudaStream_t st) {
+    const int nb = sa.bt.cb1 - sa.bt.cb0;
+    if (rg == 4)
+        launch_gdn_scan<DK, DV, 4>(sa, nv, nr, nb, st);
+    else if (rg == 2)
+        launch_gdn_scan<DK, DV, 2>(sa, nv, nr, nb, st);
+    else
+        launch_gdn_scan<DK, DV, 1>(sa, nv, nr, nb, st);
+}
+
+/* The long-chunk form's segments for a launch of nc blocks of 64 tokens a row: as asked
+ * (cu_gdn_dims.segments), bounded so that each has GDN_SEG_MIN_BLOCKS; 1 (one stream) by default,
+ * on short launches, without streams, or when the ablation leaves a kernel out. Off by default:
+ * measured no faster on a cold row (docs/cuda.md, "The GDN mixer's long-chunk form"). */
+#define GDN_SEG_MIN_BLOCKS 2 /* a segment's least blocks (the scan's two stages both in use) */
+static int gdn_segments(const cu_gdn_dims *d, int nc, bool short_rows, unsigned run) {
+    if (!d->ov || short_rows || d->segments < 2 || run != (CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT))
+        return 1;
+    int n = d->segments < CU_GDN_SEG_MAX ? d->segments : CU_GDN_SEG_MAX;
+    if (n > nc / GDN_SEG_MIN_BLOCKS) n = nc / GDN_SEG_MIN_BLOCKS;
+    return n > 1 ? n : 1;
+}
+
+/* One layer's mixer after the conv, the kernels given their arguments (bt: [0, nc) for now). In
+ * one stream: prep, scan, out over every block. Segmented (n_seg > 1, cu_gdn_overlap): segment k's
+ * prep on the prep stream, its scan on the scan stream after that prep and the previous scan, its
+ * output kernel on the output stream after its scan; the last output launch moves the conv state
+ * on; st waits for all three. The blocks and their arithmetic are the same in both forms, and the
+ * state passes between the scan's launches through the arena in fp32, so the bits are too. */
+template <int DK, int DV>
+static int gdn_run(const cu_gdn_dims *d, gdn_prep_args pa, gdn_scan_args sa, gdn_out_args oa, int nc, unsigned nr,
+                   unsigned run, int prep_split, bool fused, int scan_rg, bool short_rows, int n_seg, cudaStream_t st,
+                   squad_err *err) {
+    if (n_seg <= 1) {
+        if (run & CU_GDN_PREP) {
+            launch_gdn_prep_any<DK, DV>(pa, nc, d->nv, nr, prep_split, fused, st);
+            CU_LAUNCH_CHECK("gdn_prep_kernel");
+        }
+        if (run & CU_GDN_SCAN) {
+            launch_gdn_scan_rg<DK, DV>(sa, scan_rg, d->nv, nr, st);
+            CU_LAUNCH_CHECK("gdn_scan_kernel");
+        }
+        if (run & CU_GDN_OUT) {
+            oa.shift = 1;
+            launch_gdn_out<DK, DV>(oa, short_rows, d->nv, nr, st);
+            CU_LAUNCH_CHECK("gdn_out_kernel");
+        }
+        return 0;
+    }
+    const cu_gdn_overlap *o = d->ov;
+    CU_TRY(cudaEventRecord(o->conv, st));
+    CU_TRY(cudaStreamWaitEvent(o->prep, o->conv, 0));
+    for (int k = 0; k < n_seg; k++) {
+        pa.bt.cb0 = (int)((long)nc * k / n_seg);
+        pa.bt.cb1 = (int)((long)nc * (k + 1) / n_seg);
+        launch_gdn_prep_any<DK, DV>(pa, pa.bt.cb1 - pa.bt.cb0, d->nv, nr, prep_split, fused, o->prep);
+        CU_LAUNCH_CHECK("gdn_prep_kernel");
+        CU_TRY(cudaEventRecord(o->prep_done[k], o->prep));
+    }
+    for (int k = 0; k < n_seg; k++) {
+        sa.bt.cb0 = oa.bt.cb0 = (int)((long)nc * k / n_seg);
+        sa.bt.cb1 = oa.bt.cb1 = (int)((long)nc * (k + 1) / n_seg);
+        CU_TRY(cudaStreamWaitEvent(o->scan, o->prep_done[k], 0));
+        launch_gdn_scan_rg<DK, DV>(sa, scan_rg, d->nv, nr, o->scan);
+        CU_LAUNCH_CHECK("gdn_scan_kernel");
+        CU_TRY(cudaEventRecord(o->scan_done[k], o->scan));
+        CU_TRY(cudaStreamWaitEvent(o->out, o->scan_done[k], 0));
+        oa.shift = k == n_seg - 1;
+        launch_gdn_out<DK, DV>(oa, short_rows, d->nv, nr, o->out);
+        CU_LAUNCH_CHECK("gdn_out_kernel");
+    }
+    CU_TRY(cudaEventRecord(o->out_done, o->out));
+    CU_TRY(cudaStreamWaitEvent(st, o->prep_done[n_seg - 1], 0));
+    CU_TRY(cudaStreamWaitEvent(st, o->scan_done[n_seg - 1], 0));
+    CU_TRY(cudaStreamWaitEvent(st, o->out_done, 0));
+    return 0;
+}
+
+int cu_gdn_overlap_create(cu_gdn_overlap *o, squad_err *err) {
+    memset(o, 0, sizeof *o);
+    int lo = 0, hi = 0;
+    CU_TRY(cudaDeviceGetStreamPriorityRange(&lo, &hi)); /* hi: the greatest priority */
+    CU_TRY(cudaStreamCreateWithPriority(&o->prep, cudaStreamNonBlocking, lo));
+    CU_TRY(cudaStreamCreateWithPriority(&o->scan, cudaStreamNonBlocking, hi));
+    CU_TRY(cudaStreamCreateWithPriority(&o->out, cudaStreamNonBlocking, lo));
+    CU_TRY(cudaEventCreateWithFlags(&o->conv, cudaEventDisableTiming));
+    CU_TRY(cudaEventCreateWithFlags(&o->out_done, cudaEventDisableTiming));
+    for (int k = 0; k < CU_GDN_SEG_MAX; k++) {
+        CU_TRY(cudaEventCreateWithFlags(&o->prep_done[k], cudaEventDisableTiming));
+        CU_TRY(cudaEventCreateWithFlags(&o->scan_done[k], cudaEventDisableTiming));
+    }
+    return 0;
+}
+
+/* After a failed create too: it frees what exists. */
+void cu_gdn_overlap_destroy(cu_gdn_overlap *o) {
+    if (o->prep) cudaStreamDestroy(o->prep);
+    if (o->scan) cudaStreamDestroy(o->scan);
+    if (o->out) cudaStreamDestroy(o->out);
+    if (o->conv) cudaEventDestroy(o->conv);
+    if (o->out_done) cudaEventDestroy(o->out_done);
+    for (int k = 0; k < CU_GDN_SEG_MAX; k++) {
+        if (o->prep_done[k]) cudaEventDestroy(o->prep_done[k]);
+        if (o->scan_done[k]) cudaEventDestroy(o->scan_done[k]);
+    }
+    memset(o, 0, sizeof *o);
+}
+
 int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const float *conv_w, const float *A_log,
                    const float *dt_bias, const float *norm_w, size_t s_off, void *Yv, const cu_gdn_scratch *scr,
                    const cu_batch *b, cudaStream_t st, squad_err *err) {
@@ -1543,12 +1677,12 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const unsigned nr = (unsigned)b->nrows;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
+    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc, 0, nc};
     gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
     gdn_out_args oa = {P,     d->ldP, NULL, norm_w, Y,      b->prm, bt,   d->nk, d->nv, d->dv, d->K, C,
-                       rows,  d->eps, d->exp, *scr, d->ldY > 0 ? d->ldY : d->nv * d->dv};
+                       rows,  d->eps, d->exp, *scr, d->ldY > 0 ? d->ldY : d->nv * d->dv, 1};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
@@ -1558,36 +1692,14 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
     const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr, short_rows);
     const bool fused = gdn_fused(d, short_conv);
+    const int n_seg = gdn_segments(d, nc, short_rows, run);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
         if ((run & CU_GDN_CONV) && !fused)                                                                         \
             if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, d->n_sm, d->exp, st, err)) \
                 return rc_;                                                                                        \
-        if (run & CU_GDN_PREP) {                                                                                   \
-            launch_gdn_prep_any<DK_, DV_>(pa, nc, d->nv, nr, prep_split, fused, st);                              \
-            CU_LAUNCH_CHECK("gdn_prep_kernel");                                                                    \
-        }                                                                                                          \
-        if (run & CU_GDN_SCAN) {                                                                                   \
-            if (scan_rg == 4)                                                                                      \
-                launch_gdn_scan<DK_, DV_, 4>(sa, d->nv, nr, nc, st);                                                   \
-            else if (scan_rg == 2)                                                                                 \
-                launch_gdn_scan<DK_, DV_, 2>(sa, d->nv, nr, nc, st);                                                   \
-            else                                                                                                   \
-                launch_gdn_scan<DK_, DV_, 1>(sa, d->nv, nr, nc, st);                                                   \
-            CU_LAUNCH_CHECK("gdn_scan_kernel");                                                                    \
-        }                                                                                                          \
-        if ((run & CU_GDN_OUT) && short_rows) {                                                                    \
-            gdn_out_kernel<DK_, DV_, OUT_RT_SHORT><<<dim3(nc * (OUT_TILES / OUT_RT_SHORT), d->nv, nr),             \
-                                                     64 * OUT_RT_SHORT,                                            \
-                                                     out_smem<DK_, DV_, OUT_RT_SHORT>::bytes, st>>>(oa);           \
-            CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
-        } else if (run & CU_GDN_OUT) {                                                                             \
-            gdn_out_kernel<DK_, DV_, OUT_RT_LONG><<<dim3(nc * (OUT_TILES / OUT_RT_LONG), d->nv, nr),               \
-                                                    64 * OUT_RT_LONG,                                              \
-                                                    out_smem<DK_, DV_, OUT_RT_LONG>::bytes, st>>>(oa);             \
-            CU_LAUNCH_CHECK("gdn_out_kernel");                                                                     \
-        }                                                                                                          \
-        return 0;                                                                                                  \
+        return gdn_run<DK_, DV_>(d, pa, sa, oa, nc, nr, run, prep_split, fused, scan_rg, short_rows, n_seg, st,     \
+                                 err);                                                                             \
     }
     GDN_SHAPES(GDN_RUN)
 #undef GDN_RUN
