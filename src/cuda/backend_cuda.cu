@@ -953,8 +953,9 @@ static int capture_batch(cu_be *cb, int bi, int rbi, int si, unsigned parts, cud
         return cu_fail(err, "cudaStreamEndCapture", ec, __FILE__, __LINE__);
     }
     cudaGraphExec_t ex = NULL;
-    /* node priorities as captured: the GDN scan's stream has the greatest (cu_gdn_overlap) */
-    const cudaError_t ei = cudaGraphInstantiate(&ex, g, cudaGraphInstantiateFlagUseNodePriority);
+    /* with the GDN mixer's long-chunk form, node priorities as captured (its scan's stream has the
+     * greatest: cu_gdn_overlap) */
+    const cudaError_t ei = cudaGraphInstantiate(&ex, g, cb->gd.ov ? cudaGraphInstantiateFlagUseNodePriority : 0);
     cudaGraphDestroy(g);
     if (ei != cudaSuccess) return cu_fail(err, "cudaGraphInstantiate", ei, __FILE__, __LINE__);
     const cudaError_t eu = cudaGraphUpload(ex, cb->st);

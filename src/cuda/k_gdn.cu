@@ -38,6 +38,9 @@
  *   separate steps):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
+ * Long chunks may run prep, scan and out in segments of blocks, the prep and out of the other
+ * segments on their own streams beside the scan (cu_gdn_overlap, gdn_run; SQUAD_GDN_SEGMENTS, off by
+ * default: measured no faster, as the three kernels compete for the SMs' shared memory).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
  * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
