@@ -178,19 +178,13 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
     }
     cu_cp_async_commit();
 
-    const int r = lane >> 2, c = lane & 3;
-    const int h = h0 + (w >> tpw_sh);
-    const int row0 = t0 + 16 * (w & (tpw - 1)) + r, row1 = row0 + 8;
-    /* exclusive key limits of the two rows this lane holds, and of the warp's last row */
-    const int lim0 = min(k_hi, start + min(row0, len - 1) + 1);
-    const int lim1 = min(k_hi, start + min(row1, len - 1) + 1);
-    const int wt0 = t0 + 16 * (w & (tpw - 1)); /* the warp's first token; all past the bucket: no work */
-    const int limw = wt0 >= a.rows ? k_lo : min(k_hi, start + min(wt0 + 15, len - 1) + 1);
-    const int limf = min(k_hi, start + min(wt0, len - 1) + 1); /* keys below it: unmasked for every row */
-    float O[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int c = lane & 3;
+    const att_warp_rows wr = att_rows_of(b, w, lane);
+    const int h = wr.h, row0 = wr.row0, row1 = wr.row1, lim0 = wr.lim0, lim1 = wr.lim1, limf = wr.limf;
+    /* the exclusive key limit of the warp's last row (a warp wholly past the bucket: no work) */
+    const int limw = wr.wt0 >= a.rows ? k_lo : min(k_hi, start + min(wr.wt0 + 15, len - 1) + 1);
+    float O[HD / 8][4], m0, m1, l0, l1;
+    att_acc_clear<HD>(O, m0, m1, l0, l1);
 
     int stage = 0;
     for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN, stage ^= 1) {

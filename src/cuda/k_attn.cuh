@@ -169,6 +169,34 @@ __device__ __forceinline__ bool att_begin(attn_fwd_args &a, att_block &b) {
     return false;
 }
 
+/* The lane's two query rows of warp w: row0 and row1 = row0 + 8 (tokens) of head h, their exclusive
+ * key limits lim0 / lim1 (causal, within the split's [k_lo, k_hi)), the warp's first token wt0 and
+ * its limit limf (keys below it are unmasked for every row of the warp). Shared by both forwards. */
+struct att_warp_rows {
+    int h, row0, row1, lim0, lim1, wt0, limf;
+};
+__device__ __forceinline__ att_warp_rows att_rows_of(const att_block &b, int w, int lane) {
+    att_warp_rows q;
+    q.h = b.h0 + (w >> b.tpw_sh);
+    q.wt0 = b.t0 + 16 * (w & (b.tpw - 1));
+    q.row0 = q.wt0 + (lane >> 2);
+    q.row1 = q.row0 + 8;
+    q.lim0 = min(b.k_hi, b.start + min(q.row0, b.len - 1) + 1);
+    q.lim1 = min(b.k_hi, b.start + min(q.row1, b.len - 1) + 1);
+    q.limf = min(b.k_hi, b.start + min(q.wt0, b.len - 1) + 1);
+    return q;
+}
+
+/* The online softmax's running state of the lane's two rows, cleared: the output accumulators, the
+ * maxima (in the exp2 domain, att_tile_max) and the sums. */
+template <int HD>
+__device__ __forceinline__ void att_acc_clear(float (&O)[HD / 8][4], float &m0, float &m1, float &l0, float &l1) {
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
+    m0 = m1 = -INFINITY;
+    l0 = l1 = 0.f;
+}
+
 /* Where the block's row reads its keys (att_kv_src). */
 /* The online softmax's first half for one tile of CU_ATT_BN keys from kb, on a warp's two rows (S:
  * the m16n8 fragments of 8 key groups, c the lane's column pair): keys at or past lim0 / lim1

@@ -146,14 +146,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
     }
     cu_cp_async_commit();
 
-    const int r = lane >> 2, c = lane & 3;
-    const int h = h0 + (w >> tpw_sh);
-    const int row0 = t0 + 16 * (w & (tpw - 1)) + r, row1 = row0 + 8;
-    /* exclusive key limits of the two rows this lane holds */
-    const int lim0 = min(k_hi, start + min(row0, len - 1) + 1);
-    const int lim1 = min(k_hi, start + min(row1, len - 1) + 1);
-    const int wt0 = t0 + 16 * (w & (tpw - 1));                 /* the warp's first token */
-    const int limf = min(k_hi, start + min(wt0, len - 1) + 1); /* keys below it: unmasked for every row */
+    const int c = lane & 3;
+    const att_warp_rows wr = att_rows_of(b, w, lane);
+    const int h = wr.h, row0 = wr.row0, row1 = wr.row1, lim0 = wr.lim0, lim1 = wr.lim1, limf = wr.limf;
     /* keys from limg on are past every row of the warpgroup (its warps' last tokens) */
     int limg = k_lo;
     for (int v = 4 * wg; v < 4 * wg + 4; v++) {
@@ -162,10 +157,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
     }
     const uint32_t q_base = cu_smem_addr(Qs) + wg * 64 * 128; /* the warpgroup's 64 rows */
 
-    float O[HD / 8][4];
-#pragma unroll
-    for (int j = 0; j < HD / 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    float O[HD / 8][4], m0, m1, l0, l1;
+    att_acc_clear<HD>(O, m0, m1, l0, l1);
 
     int stage = 0;
     for (int kb = k_lo; kb < k_hi; kb += CU_ATT_BN, stage ^= 1) {
