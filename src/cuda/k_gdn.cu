@@ -479,38 +479,18 @@ struct gdn_prep_args {
 
 #define GDN_LDT (GDN_C + 8) /* bf16 row stride of [x][64] tiles (bank-conflict padding) */
 
-/* The prep's shared memory. T = (I + L)^-1 takes Q's place once step 3 has read Q, and the blocked
- * inverse's products X the blocks of L above its diagonal (never written); beta Gamma (step 5) has
- * its own vector. LATE_V (a long launch's blocks, SPLIT 1, unfused): V's first 32 rows lie over L,
- * so they are copied in only after the inverse (while W is computed) and the rest with Q and K; the
- * block takes ~68 KB at the 0.8B's head dims instead of ~85, which lets three blocks share an SM
- * (with the registers bounded to match) where the latency-bound phases (the inverse, the barriers
- * between steps) need warps to hide behind. Short launches (a hit's question: one wave of split
- * blocks) keep V whole from the start. */
-template <int DK, int DV, bool LATE_V = false>
+template <int DK, int DV>
 struct prep_smem {
     static constexpr int LDK = DK + 8; /* bf16 row stride of [64][DK] tiles */
     static constexpr int LDV = DV + 4; /* fp32 row stride of V (conflict-free B fragments) */
     static constexpr int LDL = GDN_C + 1;
-    static constexpr size_t k_bytes = (size_t)GDN_C * LDK * 2, l_bytes = (size_t)GDN_C * LDL * 4;
-    static constexpr size_t v_bytes = (size_t)GDN_C * LDV * 4, v_half = v_bytes / 2;
-    static constexpr size_t k_off = 0;                                          /* Ks [64][LDK] bf16 */
-    static constexpr size_t q_off = k_off + k_bytes;                            /* Qs [64][LDK] bf16, */
-    static constexpr size_t t_off = q_off;                                      /* then T [64][LDL] fp32 */
-    static constexpr size_t l_off = q_off + (k_bytes > l_bytes ? k_bytes : l_bytes); /* L [64][LDL] fp32 */
-    /* V [64][LDV] fp32: after L, or (LATE_V) its rows 32.. just past L's end and rows 0 .. 31 over L */
-    static constexpr size_t v_late = (l_off + l_bytes > l_off + v_half ? l_off + l_bytes - v_half + 15 : l_off) & ~(size_t)15;
-    static constexpr size_t v_off = LATE_V ? v_late : l_off + l_bytes;
-    static constexpr size_t vec_off = v_off + v_bytes; /* gam, Gam, beta, gsc, beta Gamma: [64] each */
-    static constexpr size_t bytes = vec_off + (size_t)5 * GDN_C * 4;
-    static_assert(!LATE_V || v_off + v_half >= l_off + l_bytes, "V's early rows clear of L");
-    static_assert(q_off % 16 == 0 && l_off % 16 == 0 && v_off % 16 == 0, "16-byte copies");
-};
-/* Whether a prep instance takes the late-V layout (prep_smem), and so its blocks an SM. */
-template <int SPLIT, bool FUSE>
-struct prep_form {
-    static constexpr bool late_v = SPLIT == 1 && !FUSE;
-    static constexpr int min_blocks = late_v ? 3 : 2;
+    static constexpr size_t q_off = 0;                                   /* Qs [64][LDK] bf16 */
+    static constexpr size_t k_off = q_off + (size_t)GDN_C * LDK * 2;     /* Ks [64][LDK] bf16 */
+    static constexpr size_t v_off = k_off + (size_t)GDN_C * LDK * 2;     /* V [64][LDV] fp32 */
+    static constexpr size_t l_off = v_off + (size_t)GDN_C * LDV * 4;     /* L [64][LDL] fp32 */
+    static constexpr size_t t_off = l_off + (size_t)GDN_C * LDL * 4;     /* T [64][LDL] fp32 */
+    static constexpr size_t vec_off = t_off + (size_t)GDN_C * LDL * 4;
+    static constexpr size_t bytes = vec_off + (size_t)4 * GDN_C * 4;
 };
 
 /* x = hi + lo with hi, lo bf16: products of split operands on the tensor cores keep ~16 bits of
@@ -537,19 +517,6 @@ struct prep_split {
     static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
 };
 
-/* V's rows [tb, te) of this block (the conv kernel's fp32 v; 0 past len), the split's UB columns,
- * into Vs by cp.async (not committed). */
-template <int DK, int DV, int UB>
-__device__ __forceinline__ void prep_load_v(float *Vs, const float *Vn, int nv, int t0, int len, int h, int sp, int tb,
-                                            int te, int tid) {
-    constexpr int LDV = DV + 4, SV = UB / 4;
-    for (int e = tid; e < (te - tb) * SV; e += PREP_THREADS) {
-        const int t = tb + e / SV, s = sp * SV + e % SV;
-        const bool ok = t0 + t < len;
-        cu_cp_async16(Vs + t * LDV + 4 * s, Vn + ((size_t)(ok ? t0 + t : 0) * nv + h) * DV + 4 * s, ok ? 16 : 0);
-    }
-}
-
 /* FUSE: the conv is done here, not by gdn_conv (short chunks, the fused prep: GDN_FUSE_*): q, k and v
  * of the block computed from P into shared memory by the conv kernel's own arithmetic (conv_tile,
  * conv_row_sums, its short 4-token tiles), so the same bits, one kernel less and no round trip of
@@ -558,10 +525,8 @@ __device__ __forceinline__ void prep_load_v(float *Vs, const float *Vn, int nv, 
 #define GDN_FUSE_DK 128 /* and the head dims (unpadded) */
 #define GDN_FUSE_DV 128
 template <int DK, int DV, int SPLIT, bool FUSE>
-__global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blocks))
-    gdn_prep_kernel(gdn_prep_args a) {
-    constexpr bool LATE_V = prep_form<SPLIT, FUSE>::late_v;
-    typedef prep_smem<DK, DV, LATE_V> SM;
+__global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
+    typedef prep_smem<DK, DV> SM;
     typedef prep_split<DK, DV, SPLIT> SP;
     constexpr int LDK = SM::LDK, LDV = SM::LDV, LDL = SM::LDL;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -571,7 +536,7 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
     float *Ls = (float *)(smem + SM::l_off);
     float *Ts = (float *)(smem + SM::t_off);
     float *gam = (float *)(smem + SM::vec_off);
-    float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C, *sbg = gsc + GDN_C;
+    float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
     const int c = blockIdx.x + a.bt.cb0, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
@@ -644,7 +609,7 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
     /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
     {
         /* Q: the split's rows only; K: all (L needs them); V: the split's U^T columns only */
-        constexpr int SK = DK / 8;
+        constexpr int SK = DK / 8, SV = SP::UB / 4;
         for (int e = tid; e < GDN_C * SK; e += PREP_THREADS) {
             const int t = e / SK, s = e % SK;
             const bool ok = t0 + t < len;
@@ -653,7 +618,12 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
                 cu_cp_async16(Qs + t * LDK + 8 * s, a.scr.Qn + src, ok ? 16 : 0);
             cu_cp_async16(Ks + t * LDK + 8 * s, a.scr.Kn + src, ok ? 16 : 0);
         }
-        prep_load_v<DK, DV, SP::UB>(Vs, a.scr.Vn, a.nv, t0, len, h, sp, LATE_V ? GDN_C / 2 : 0, GDN_C, tid);
+        for (int e = tid; e < GDN_C * SV; e += PREP_THREADS) {
+            const int t = e / SV, s = sp * (SP::UB / 4) + e % SV;
+            const bool ok = t0 + t < len;
+            cu_cp_async16(Vs + t * LDV + 4 * s, a.scr.Vn + ((size_t)(ok ? t0 + t : 0) * a.nv + h) * DV + 4 * s,
+                          ok ? 16 : 0);
+        }
         cu_cp_async_commit();
     }
 
@@ -802,9 +772,8 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
         for (int m = 0; m < 4; m++) Ts[(base + 4 * m + qq) * LDL + col] = tv[m];
         __syncthreads();
         /* 4b. below the diagonal, one block diagonal d at a time (each needs the ones before); X through
-         *     shared memory: X_q (16 x 16) in L's block (q, 3), above its diagonal, where nothing is
-         *     ever written or read as L */
-        auto X = [&](int q, int m, int cx) -> float & { return Ls[(16 * q + m) * LDL + 48 + cx]; };
+         *     shared memory in Q's tile (dead since step 3: 3 x 256 floats fit its 64 x (DK + 8) bf16) */
+        float *X = reinterpret_cast<float *>(Qs);
         static_assert(GDN_C == 64 && PREP_THREADS == 256, "the blocked inverse maps 256 threads to 16 x 16 blocks");
 #pragma unroll
         for (int d = 1; d < 4; d++) {
@@ -817,7 +786,7 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
                     s0 += Ls[(i0 + r) * LDL + j0 + k] * Ts[(j0 + k) * LDL + j0 + c];
                     s1 += Ls[(i0 + r) * LDL + j0 + k + 1] * Ts[(j0 + k + 1) * LDL + j0 + c];
                 }
-                X(q, r, c) = s0 + s1;
+                X[q * 256 + tid] = s0 + s1;
             }
             __syncthreads();
 #pragma unroll
@@ -826,8 +795,8 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
                 float s0 = 0.f, s1 = 0.f; /* T_ii's row r: 0 past the diagonal (4a stored them) */
 #pragma unroll
                 for (int m = 0; m < 16; m += 2) {
-                    s0 += Ts[(i0 + r) * LDL + i0 + m] * X(q, m, c);
-                    s1 += Ts[(i0 + r) * LDL + i0 + m + 1] * X(q, m + 1, c);
+                    s0 += Ts[(i0 + r) * LDL + i0 + m] * X[q * 256 + m * 16 + c];
+                    s1 += Ts[(i0 + r) * LDL + i0 + m + 1] * X[q * 256 + (m + 1) * 16 + c];
                 }
                 Ts[(i0 + r) * LDL + j0 + c] = -(s0 + s1);
             }
@@ -851,11 +820,8 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
             split_bf16(Ts[i0 * LDL + k0 + 8] * s8, Ts[i0 * LDL + k0 + 9] * s9, ah[2], al[2]);
             split_bf16(Ts[i1 * LDL + k0 + 8] * s8, Ts[i1 * LDL + k0 + 9] * s9, ah[3], al[3]);
         };
-        if constexpr (LATE_V) { /* V's first rows, over L (dead now), while W is computed */
-            prep_load_v<DK, DV, SP::UB>(Vs, a.scr.Vn, a.nv, t0, len, h, sp, 0, GDN_C / 2, tid);
-            cu_cp_async_commit();
-        }
-        if (tid < GDN_C) sbg[tid] = bet[tid] * Gam[tid]; /* beta Gamma per token */
+        float *sbg = Ls; /* beta Gamma per token (L is dead after step 4) */
+        if (tid < GDN_C) sbg[tid] = bet[tid] * Gam[tid];
         __syncthreads();
 
         /* W: the split's columns [sp WB, (sp + 1) WB) of DK, half CW each, CW = WB / 2 (or all 16
@@ -890,10 +856,6 @@ __global__ void __launch_bounds__(PREP_THREADS, (prep_form<SPLIT, FUSE>::min_blo
             }
         }
         /* U^T: columns [half DV / 2, ...) of DV, B fragments from fp32 V split on the fly */
-        if constexpr (LATE_V) { /* V's first rows have landed, in every thread's view */
-            cu_cp_async_wait<0>();
-            __syncthreads();
-        }
         {
             constexpr int CU = SP::UB / 2, NJU = CU / 8;
             const int uc0 = sp * SP::UB + half * CU; /* this warp's first column */
@@ -1476,20 +1438,15 @@ static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, int nc
 
 /* The prep with `split` blocks a (block, head) (1, 2 or 4, bounded by the head dims: prep_split);
  * FUSE: the conv too (only the GDN_FUSE_* head dims are instantiated). */
-template <int DK, int DV, int SPLIT, bool FUSE>
-static constexpr size_t prep_bytes() {
-    return prep_smem<DK, DV, prep_form<SPLIT, FUSE>::late_v>::bytes;
-}
 template <int DK, int DV, bool FUSE>
 static void launch_gdn_prep(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, cudaStream_t st) {
+    constexpr size_t sm = prep_smem<DK, DV>::bytes;
     if (split >= 4)
-        gdn_prep_kernel<DK, DV, 4, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS,
-                                           prep_bytes<DK, DV, 4, FUSE>(), st>>>(pa);
+        gdn_prep_kernel<DK, DV, 4, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS, sm, st>>>(pa);
     else if (split == 2)
-        gdn_prep_kernel<DK, DV, 2, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS,
-                                           prep_bytes<DK, DV, 2, FUSE>(), st>>>(pa);
+        gdn_prep_kernel<DK, DV, 2, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS, sm, st>>>(pa);
     else
-        gdn_prep_kernel<DK, DV, 1, FUSE><<<dim3(nc, nv, nr), PREP_THREADS, prep_bytes<DK, DV, 1, FUSE>(), st>>>(pa);
+        gdn_prep_kernel<DK, DV, 1, FUSE><<<dim3(nc, nv, nr), PREP_THREADS, sm, st>>>(pa);
 }
 template <int DK, int DV>
 static void launch_gdn_prep_any(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, bool fused,
@@ -1500,12 +1457,10 @@ static void launch_gdn_prep_any(const gdn_prep_args &pa, int nc, int nv, unsigne
 }
 template <int DK, int DV, bool FUSE>
 static int prep_attr(squad_err *err) {
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)prep_bytes<DK, DV, 1, FUSE>()));
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)prep_bytes<DK, DV, 2, FUSE>()));
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)prep_bytes<DK, DV, 4, FUSE>()));
+    constexpr int sm = (int)prep_smem<DK, DV>::bytes;
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
     return 0;
 }
 template <int DK, int DV>
