@@ -346,8 +346,31 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
      * compare their bits; the backend's forwards run with it */
     int n_sm = 0;
     if ((rc = test_n_sm(&n_sm, err))) return rc;
+    if (a->fold_y) { /* the out term folded in: y, out's A (the backend's layout) and B (the weight's) */
+        const int flda = cu_lora_lda(a->fold_in);
+        const size_t nfa = (size_t)a->n_slots * a->fold_R * flda;
+        float *fa = (float *)calloc(nfa, sizeof(float));
+        if (!fa) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+        for (size_t row = 0; row < (size_t)a->n_slots * a->fold_R; row++)
+            memcpy(fa + row * flda, a->fold_A + row * a->fold_in, sizeof(float) * (size_t)a->fold_in);
+        void *dy = NULL, *dfa = NULL, *dfb = NULL;
+        rc = up_act(b, &dfa, fa, nfa, 0, err);
+        free(fa);
+        if (!rc) rc = up_act(b, &dy, a->fold_y, (size_t)a->rows * a->fold_in, 0, err);
+        if (!rc) rc = up_act(b, &dfb, a->fold_B, (size_t)a->in * a->n_slots * a->fold_R, 0, err);
+        if (rc) return rc;
+        k.fold_y = dy;
+        k.fold_ldy = a->fold_in;
+        k.fold_in = a->fold_in;
+        k.fold_A = dfa;
+        k.fold_lda = flda;
+        k.fold_R = a->fold_R;
+        k.fold_B = dfb;
+        k.fold_ldb = a->n_slots * a->fold_R;
+    }
     if ((rc = cu_lora_input(&k, dslot, a->rows, n_sm, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
+    if (a->fold_y && a->h_out) CU_TRY(cudaMemcpy(a->h_out, dh, sizeof(float) * (size_t)a->rows * a->in, cudaMemcpyDeviceToHost));
     return down_act(a->xw, dxw, (size_t)a->rows * ldw, f32, err);
 }
 
