@@ -1113,7 +1113,7 @@ static void bench_lora_kernel(void) {
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
         for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
             squad_err err = {0};
-            double us = -1, us_trunk = -1, us_earlier = -1;
+            double us = -1, us_trunk = -1, us_earlier = -1, us_fold = -1;
             int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA, &us, &err);
             if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_TRUNK, &us_trunk, &err);
             if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_EARLIER, &us_earlier, &err);
@@ -1121,6 +1121,12 @@ static void bench_lora_kernel(void) {
             printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer's widened inputs (4 launches; the earlier "
                    "form %7.2f), %6.2f us the trunk's producers (3); x 12 layers = +%7.1f us (earlier +%7.1f)\n",
                    ROWS[i], RANKS[j], us, us_earlier, us_trunk, 12 * (us - us_trunk), 12 * (us_earlier - us_trunk));
+            if (RANKS[j] != 16 || ROWS[i] > 512) continue; /* the fold takes out's rank 16, a hit's chunks */
+            rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_FOLD, &us_fold, &err);
+            CHECKF(rc == 0, "bench_lora (fold): %s", err.msg);
+            printf("lora bench: rows %4d rank %2d: %7.2f us with out's term folded into gate | up's launch (3 "
+                   "launches); x 12 layers = +%7.1f us\n",
+                   ROWS[i], RANKS[j], us_fold, 12 * (us_fold - us_trunk));
         }
     /* the slices of `in` a tile's cluster may take (k_lora.cu's lx_slices, SQUAD_LORA_SLICES) */
     static const char *const SLICES[] = {"1", "2", "4", "8"};

@@ -815,7 +815,8 @@ static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
 static bool lora_fold_at(const cu_be *cb, int l, int rows) {
     const lora_site *so = lora_site_of(cb, l, LORA_OUT), *sg = lora_site_of(cb, l, LORA_GU);
     return cb->lora_fold_y && so && sg && rows <= cb->lora_fold_rows && so->in == cb->lora_fold_in &&
-           so->in + so->ext == cb->lora_fold_ld && cu_lora_fold_slices(sg->in, sg->R, so->in, so->R, rows, cb->n_sm) > 0;
+           so->in + so->ext == cb->lora_fold_ld &&
+           cu_lora_fold_slices(sg->in, sg->R, so->in, so->R, rows, cb->n_sm) > 0;
 }
 
 /* The widened GEMM after site k of layer l in forward order (the next layers' too), or NULL. */

@@ -98,7 +98,9 @@ int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
  * the same in the earlier form (out_proj's x copied, the earlier kernel); SQUAD_BENCH_TRUNK: the
  * trunk's own (RMSNorm, RMSNorm, SiLU * up). The difference is what the widened inputs cost beyond
  * the trunk, the GEMMs' extra K aside. */
-enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_EARLIER = 2 };
+/* SQUAD_BENCH_LORA_FOLD: out's term folded into gate | up's launch (cu_lora_input_args.fold_y;
+ * rank 16 only), three launches. */
+enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_EARLIER = 2, SQUAD_BENCH_LORA_FOLD = 3 };
 /* fit[k], k = 1 .. 8: clusters of k blocks of the short chain the GPU holds at once (cu_lora_fit). */
 int squad_cuda_lora_fit(int fit[9], squad_err *err);
 int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode, double *us_per_layer, squad_err *err);
