@@ -1135,10 +1135,14 @@ static void bench_lora_kernel(void) {
             setenv("SQUAD_LORA_SLICES", SLICES[k], 1);
             squad_err err = {0};
             double us = -1;
-            const int rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA, &us, &err);
+            int rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA, &us, &err);
             CHECKF(rc == 0, "bench_lora: %s", err.msg);
-            printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs\n", rows,
-                   SLICES[k], us);
+            double us_fold = -1; /* the fold takes at least 4 slices of these shapes */
+            if (!rc) rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA_FOLD, &us_fold, &err);
+            CHECKF(rc == 0, "bench_lora (fold): %s", err.msg);
+            printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs, "
+                   "%7.2f folded\n",
+                   rows, SLICES[k], us, us_fold);
         }
     unsetenv("SQUAD_LORA_SLICES");
 }

@@ -1202,7 +1202,8 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
 
 /* k_lora_fold's slices: as many as keep the grid within one block an SM (a hit's few tiles, so its
  * dependent steps are short), at least as many as its slices' widths need (LF_MAX_SLICE of h,
- * LF_MAX_YSLICE of y), at most a portable cluster; the slices of h and of y both whole k-steps. */
+ * LF_MAX_YSLICE of y: SQUAD_LORA_SLICES caps the rest), at most a portable cluster; the slices of h
+ * and of y both whole k-steps. */
 int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_sm) {
     if (in < 16 || in % 16 || fold_in < 16 || fold_in % 16 || R < 1 || R > LF_MAX_R || fold_R != LF_MAX_RO ||
         rows < 1 || n_sm < 1)
@@ -1211,10 +1212,10 @@ int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_
     int lo = (in + LF_MAX_SLICE - 1) / LF_MAX_SLICE;
     const int lo_y = (fold_in + LF_MAX_YSLICE - 1) / LF_MAX_YSLICE;
     if (lo_y > lo) lo = lo_y;
-    int ks = lx_slices_cap();
+    if (lo > LX_SLICES_MAX || lo > in / 16) return 0;
+    int ks = lx_slices_cap() > lo ? lx_slices_cap() : lo;
     if (ks > in / 16) ks = in / 16;
     while (ks > lo && tiles * ks > n_sm) ks--;
-    if (ks < lo) return 0;
     /* the slices as k_lora_fold cuts them: whole k-steps, none empty */
     const int slice = lx_round((in + ks - 1) / ks, 16), nz = (in + slice - 1) / slice;
     const int yslice = lx_round((fold_in + nz - 1) / nz, 16);
