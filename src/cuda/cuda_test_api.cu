@@ -1019,7 +1019,7 @@ extern "C" int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode,
                                      squad_err *err) {
     *us_per_layer = -1.0;
     if (rows < 1 || rank < 1 || rank > 1024 || n_layers < 1 || n_layers > 64 || mode < SQUAD_BENCH_LORA ||
-        mode > SQUAD_BENCH_LORA_EARLIER)
+        mode > SQUAD_BENCH_LORA_FOLD)
         return cu_err(err, SQUAD_E_INVALID, "bench_lora: rows %d, rank %d, layers %d, mode %d", rows, rank,
                       n_layers, mode);
     tbufs b = {{0}, 0};

@@ -823,8 +823,7 @@ __global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fol
     lx_launch_next();
     if (ks > 1) lx_cluster_arrive();
     /* before the wait, what the previous grid does not write: the tile's slots (each warp its own
-     * copy), the first slots' A_o fragments, the norm's weight; then the first slot's A and B_o
-     * fragments (their loads wait for the slots, not for the previous grid) */
+     * copy), the first slots' A_o fragments, the norm's weight */
     int sl = 0;
     if (lane < LX_TM) {
         const int t = t0 + lane, v = t < rows ? token_slot[t] : 0;
@@ -845,34 +844,18 @@ __global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fol
             wv[i][0] = w2.x, wv[i][1] = w2.y;
         }
     }
-    const unsigned todo0 = __ballot_sync(0xffffffffu, sl != 0) & ((1u << LX_TM) - 1);
-    const int s1 = todo0 ? __shfl_sync(0xffffffffu, sl, __ffs(todo0) - 1) : 0; /* the tile's first slot */
-    uint32_t ag[LF_GKS][2], bo[LF_HT][2];
-    lf_load_frags<LF_GKS>(ag, A + (size_t)(s1 > 0 ? s1 - 1 : 0) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke,
-                          warp / 4, LF_GKG, s1 > 0);
-#pragma unroll
-    for (int i = 0; i < LF_HT; i++) { /* B_o (k = rank column, n = h's column): a row of the out weight */
-        const int n = kb + (warp + LX_WARPS * i) * 8 + gq;
-        bo[i][0] = bo[i][1] = 0;
-        if (s1 > 0 && n < ke) {
-            const bf16 *p = Bo + (size_t)n * a.fold_ldb + (size_t)(s1 - 1) * Ro + 2 * tq;
-            bo[i][0] = *reinterpret_cast<const uint32_t *>(p);
-            bo[i][1] = *reinterpret_cast<const uint32_t *>(p + 8);
-        }
-    }
-    if (warp == 0 && lane < LX_TM) ts[lane] = sl;
     if (a.prefetch) lx_prefetch_l2(a.prefetch, a.prefetch_bytes);
     if (a.prefetch2) lx_prefetch_l2(a.prefetch2, a.prefetch2_bytes);
     lx_grid_wait();
-    /* every load of y's slice and h's before any is used; h in d's output fragments: tile
-     * warp + 8 i of the slice, rows gq and gq + 8, columns 2 tq and 2 tq + 1 */
+    /* every load of y's slice and h's before any is used (none waits for the slots); h in d's output
+     * fragments: tile warp + 8 i of the slice, rows gq and gq + 8, columns 2 tq and 2 tq + 1 */
     const int yupr = (keo > kbo ? keo - kbo : 0) / 8, yunits = LX_TM * yupr;
     uint4 yv[LF_MAX_YSLICE / 8 * LX_TM / LX_THREADS];
 #pragma unroll
     for (int i = 0; i < LF_MAX_YSLICE / 8 * LX_TM / LX_THREADS; i++) {
         const int u = tid + i * LX_THREADS, row = u / max(yupr, 1), k = kbo + (u % max(yupr, 1)) * 8;
         yv[i] = make_uint4(0, 0, 0, 0);
-        if (todo0 && u < yunits && t0 + row < rows)
+        if (u < yunits && t0 + row < rows)
             yv[i] = *reinterpret_cast<const uint4 *>(y + (size_t)(t0 + row) * a.fold_ldy + k);
     }
     float hv[LF_HT][4];
@@ -891,6 +874,24 @@ __global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fol
             }
         }
     }
+    /* then what waits for the slots: the tile's first slot's A and B_o fragments (used after the
+     * first cluster barrier) */
+    const unsigned todo0 = __ballot_sync(0xffffffffu, sl != 0) & ((1u << LX_TM) - 1);
+    const int s1 = todo0 ? __shfl_sync(0xffffffffu, sl, __ffs(todo0) - 1) : 0; /* the tile's first slot */
+    uint32_t ag[LF_GKS][2], bo[LF_HT][2];
+    lf_load_frags<LF_GKS>(ag, A + (size_t)(s1 > 0 ? s1 - 1 : 0) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke,
+                          warp / 4, LF_GKG, s1 > 0);
+#pragma unroll
+    for (int i = 0; i < LF_HT; i++) { /* B_o (k = rank column, n = h's column): a row of the out weight */
+        const int n = kb + (warp + LX_WARPS * i) * 8 + gq;
+        bo[i][0] = bo[i][1] = 0;
+        if (s1 > 0 && n < ke) {
+            const bf16 *p = Bo + (size_t)n * a.fold_ldb + (size_t)(s1 - 1) * Ro + 2 * tq;
+            bo[i][0] = *reinterpret_cast<const uint32_t *>(p);
+            bo[i][1] = *reinterpret_cast<const uint32_t *>(p + 8);
+        }
+    }
+    if (warp == 0 && lane < LX_TM) ts[lane] = sl;
 #pragma unroll
     for (int i = 0; i < LF_MAX_YSLICE / 8 * LX_TM / LX_THREADS; i++) {
         const int u = tid + i * LX_THREADS;
@@ -1202,8 +1203,8 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
 
 /* k_lora_fold's slices: as many as keep the grid within one block an SM (a hit's few tiles, so its
  * dependent steps are short), at least as many as its slices' widths need (LF_MAX_SLICE of h,
- * LF_MAX_YSLICE of y: SQUAD_LORA_SLICES caps the rest), at most a portable cluster; the slices of h
- * and of y both whole k-steps. */
+ * LF_MAX_YSLICE of y: SQUAD_LORA_FOLD_SLICES, else SQUAD_LORA_SLICES, caps the rest), at most a
+ * portable cluster; the slices of h and of y both whole k-steps. */
 int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_sm) {
     if (in < 16 || in % 16 || fold_in < 16 || fold_in % 16 || R < 1 || R > LF_MAX_R || fold_R != LF_MAX_RO ||
         rows < 1 || n_sm < 1)
@@ -1213,7 +1214,10 @@ int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_
     const int lo_y = (fold_in + LF_MAX_YSLICE - 1) / LF_MAX_YSLICE;
     if (lo_y > lo) lo = lo_y;
     if (lo > LX_SLICES_MAX || lo > in / 16) return 0;
-    int ks = lx_slices_cap() > lo ? lx_slices_cap() : lo;
+    /* SQUAD_LORA_FOLD_SLICES (an experiment switch) caps them apart from the other kernels' */
+    const char *env = getenv("SQUAD_LORA_FOLD_SLICES");
+    const int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : lx_slices_cap();
+    int ks = cap > lo ? cap : lo;
     if (ks > in / 16) ks = in / 16;
     while (ks > lo && tiles * ks > n_sm) ks--;
     /* the slices as k_lora_fold cuts them: whole k-steps, none empty */
