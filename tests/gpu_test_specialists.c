@@ -956,6 +956,148 @@ static void test_lora_kernel(void) {
     }
 }
 
+/* The out / o term folded into the gate | up norm's launch (k_lora.cuh's fold_y, bf16): h + B_s
+ * (A_s y) written back within LORA_TOL_FOLD of the double reference's term, every row without an
+ * adapter's h left bit for bit; then x and u as the norm makes them from the new h, within their
+ * bounds widened by what u_o's rounding moves; other slots' columns exactly zero; a second launch
+ * the same bits (h uploaded afresh). The shapes: the tiny preset's (in 64, out's in 64 and 128) and
+ * the 0.8B's (1024, 2048), one to three slots, tiles of mixed slots (lora_slots). */
+#define LORA_TOL_FOLD (1.0 / 128.0) /* u_o rounded to bf16 once (2^-9), the fp32 sums' order around it */
+#define LORA_FOLD_R 16              /* out's rank columns the fold takes */
+
+typedef struct lora_fold_case {
+    int rows, in, R, fold_in, n_slots;
+} lora_fold_case;
+
+static void lora_fold_run(const lora_fold_case *c) {
+    const int fR = LORA_FOLD_R, end = c->in + c->n_slots * c->R, ldw = end + 16;
+    const size_t nh = (size_t)c->rows * c->in, ny = (size_t)c->rows * c->fold_in, nw = (size_t)c->rows * ldw;
+    const size_t na = (size_t)c->n_slots * c->R * c->in, nfa = (size_t)c->n_slots * fR * c->fold_in;
+    const size_t nfb = (size_t)c->in * c->n_slots * fR;
+    float *h = malloc(sizeof(float) * nh), *w = malloc(sizeof(float) * (size_t)c->in), *y = malloc(sizeof(float) * ny);
+    float *A = malloc(sizeof(float) * na), *fA = malloc(sizeof(float) * nfa), *fB = malloc(sizeof(float) * nfb);
+    float *ref = malloc(sizeof(float) * nw), *got = malloc(sizeof(float) * nw), *again = malloc(sizeof(float) * nw);
+    float *href = malloc(sizeof(float) * nh), *hgot = malloc(sizeof(float) * nh), *hagain = malloc(sizeof(float) * nh);
+    double *dmag = malloc(sizeof(double) * (size_t)c->in);
+    int *ts = malloc(sizeof(int) * (size_t)c->rows);
+    if (!h || !w || !y || !A || !fA || !fB || !ref || !got || !again || !href || !hgot || !hagain || !dmag || !ts) {
+        CHECK(!"out of memory");
+        goto done;
+    }
+    uint64_t seed = (uint64_t)c->rows * 7907u + (uint64_t)c->in * 104723u + (uint64_t)c->fold_in * 13u + 5u;
+    for (size_t i = 0; i < nh; i++) h[i] = lora_rnd(&seed) * 3.0f;
+    for (int i = 0; i < c->in; i++) w[i] = lora_rnd(&seed) * 0.5f;
+    for (size_t i = 0; i < ny; i++) y[i] = round_bf16(lora_rnd(&seed) * 2.0f);
+    for (size_t i = 0; i < na; i++) A[i] = round_bf16(lora_rnd(&seed) / sqrtf((float)c->in));
+    for (size_t i = 0; i < nfa; i++) fA[i] = round_bf16(lora_rnd(&seed) / sqrtf((float)c->fold_in));
+    for (size_t i = 0; i < nfb; i++) fB[i] = round_bf16(lora_rnd(&seed) * 0.3f);
+    lora_slots(ts, c->rows, c->n_slots);
+    cu_ref_lora_args a;
+    memset(&a, 0, sizeof a);
+    a.src = 0;
+    a.rows = c->rows;
+    a.in = c->in;
+    a.R = c->R;
+    a.n_slots = c->n_slots;
+    a.h = h;
+    a.w = w;
+    a.eps = 1e-6f;
+    a.A = A;
+    a.token_slot = ts;
+    a.ldw = ldw;
+    a.fold_y = y;
+    a.fold_A = fA;
+    a.fold_B = fB;
+    a.fold_in = c->fold_in;
+    a.fold_R = fR;
+    a.xw = ref;
+    a.h_out = href;
+    cu_ref_lora(&a);
+    squad_err err = {0};
+    a.xw = got;
+    a.h_out = hgot;
+    int rc = squad_cuda_test_lora(&a, &err);
+    CHECKF(rc == 0, "lora fold rows %d in %d out's in %d: %s", c->rows, c->in, c->fold_in, err.msg);
+    if (rc == 0) {
+        a.xw = again;
+        a.h_out = hagain;
+        rc = squad_cuda_test_lora(&a, &err);
+        CHECKF(rc == 0, "lora fold rows %d (again): %s", c->rows, err.msg);
+        CHECKF(rc != 0 || (memcmp(got, again, sizeof(float) * nw) == 0 && memcmp(hgot, hagain, sizeof(float) * nh) == 0),
+               "lora fold rows %d in %d: a second launch gave other bits", c->rows, c->in);
+    }
+    double worst_h = 0, worst_x = 0, worst_u = 0, moved = 0;
+    int nonzero = 0, kept = 0;
+    for (int t = 0; rc == 0 && t < c->rows; t++) {
+        const int s = ts[t], adapted = s >= 1 && s <= c->n_slots;
+        const float *hr = h + (size_t)t * c->in;
+        const float *r = ref + (size_t)t * ldw, *g = got + (size_t)t * ldw;
+        /* |B_s| |u_o| per column of h: what u_o's rounding may move */
+        double uo[LORA_FOLD_R] = {0}, ss = 0;
+        for (int k = 0; adapted && k < fR; k++)
+            for (int i = 0; i < c->fold_in; i++)
+                uo[k] += (double)fA[((size_t)(s - 1) * fR + k) * c->fold_in + i] * y[(size_t)t * c->fold_in + i];
+        for (int j = 0; j < c->in; j++) {
+            dmag[j] = 0;
+            for (int k = 0; adapted && k < fR; k++)
+                dmag[j] += fabs((double)fB[(size_t)j * c->n_slots * fR + (size_t)(s - 1) * fR + k]) * fabs(uo[k]);
+            const double hv = href[(size_t)t * c->in + j], hg = hgot[(size_t)t * c->in + j];
+            ss += hv * hv;
+            if (!adapted) {
+                kept += hg != hr[j]; /* bit for bit: no term */
+                continue;
+            }
+            const double e = fabs(hg - hv) / (LORA_TOL_FOLD * dmag[j] + 1e-6 * fabs(hv) + 1e-30);
+            if (!(e <= worst_h)) worst_h = e;
+            if (fabs(hv - hr[j]) > moved) moved = fabs(hv - hr[j]);
+        }
+        const double rs = 1.0 / sqrt(ss / c->in + 1e-6);
+        for (int j = 0; j < c->in; j++) {
+            const double dx = LORA_TOL_FOLD * dmag[j] * rs * fabs(1.0 + w[j]);
+            const double e = fabs((double)g[j] - r[j]) / (LORA_TOL_X_BF16 * fabs(r[j]) + dx + 1e-6);
+            if (!(e <= worst_x)) worst_x = e;
+        }
+        for (int q = 1; q <= c->n_slots; q++)
+            for (int k = 0; k < c->R; k++) {
+                const int col = c->in + (q - 1) * c->R + k;
+                if (q != s) {
+                    nonzero += !(g[col] == 0.0f);
+                    continue;
+                }
+                double mag = 0, dmv = 0;
+                const float *Ar = A + ((size_t)(q - 1) * c->R + k) * c->in;
+                for (int i = 0; i < c->in; i++) {
+                    mag += fabs((double)Ar[i]) * fabs((double)r[i]);
+                    dmv += fabs((double)Ar[i]) * LORA_TOL_FOLD * dmag[i] * rs * fabs(1.0 + w[i]);
+                }
+                const double e = fabs((double)g[col] - r[col]) / (LORA_TOL_BF16 * (fabs(r[col]) + mag) + dmv + 1e-30);
+                if (!(e <= worst_u)) worst_u = e;
+            }
+        for (int j = end; j < ldw; j++) nonzero += !(g[j] == 0.0f);
+    }
+    printf("lora fold rows %4d in %4d R %2d out's in %4d slots %d: h %.3g, x %.3g, u %.3g of the bounds; the term "
+           "moves h by up to %.3g\n",
+           c->rows, c->in, c->R, c->fold_in, c->n_slots, worst_h, worst_x, worst_u, moved);
+    CHECKF(rc != 0 || worst_h <= 1.0, "lora fold rows %d in %d: h error %.3g of the bound", c->rows, c->in, worst_h);
+    CHECKF(rc != 0 || worst_x <= 1.0, "lora fold rows %d in %d: x error %.3g of the bound", c->rows, c->in, worst_x);
+    CHECKF(rc != 0 || worst_u <= 1.0, "lora fold rows %d in %d: u error %.3g of the bound", c->rows, c->in, worst_u);
+    CHECKF(rc != 0 || kept == 0, "lora fold rows %d: %d values of rows without an adapter changed", c->rows, kept);
+    CHECKF(rc != 0 || nonzero == 0, "lora fold rows %d: %d other-slot values not zero", c->rows, nonzero);
+    CHECKF(rc != 0 || moved > 0.1, "lora fold rows %d: the term moved h by only %g", c->rows, moved);
+done:
+    free(h), free(w), free(y), free(A), free(fA), free(fB), free(ref), free(got), free(again);
+    free(href), free(hgot), free(hagain), free(dmag), free(ts);
+}
+
+static void test_lora_fold(void) {
+    static const lora_fold_case CASES[] = {
+        /* rows, in, R, out's in, slots */
+        {1, 64, 32, 64, 1},     {37, 64, 32, 128, 2},    {130, 64, 16, 64, 3},     {32, 1024, 32, 2048, 2},
+        {128, 1024, 32, 2048, 2}, {300, 1024, 32, 2048, 2}, {512, 1024, 16, 2048, 1}, {70, 512, 32, 1024, 3},
+    };
+    for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) lora_fold_run(&CASES[k]);
+}
+
 /* The widened inputs' cost on the 0.8B shapes, printed (numbers for bench/RESULTS.md): the
  * specialists' four launches of a GDN layer against the trunk's own producers (two norms and
  * SiLU * up), without the GEMMs. */
@@ -971,7 +1113,7 @@ static void bench_lora_kernel(void) {
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
         for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
             squad_err err = {0};
-            double us = -1, us_trunk = -1, us_earlier = -1;
+            double us = -1, us_trunk = -1, us_earlier = -1, us_fold = -1;
             int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA, &us, &err);
             if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_TRUNK, &us_trunk, &err);
             if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_EARLIER, &us_earlier, &err);
@@ -979,6 +1121,12 @@ static void bench_lora_kernel(void) {
             printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer's widened inputs (4 launches; the earlier "
                    "form %7.2f), %6.2f us the trunk's producers (3); x 12 layers = +%7.1f us (earlier +%7.1f)\n",
                    ROWS[i], RANKS[j], us, us_earlier, us_trunk, 12 * (us - us_trunk), 12 * (us_earlier - us_trunk));
+            if (RANKS[j] != 16 || ROWS[i] > 512) continue; /* the fold takes out's rank 16, a hit's chunks */
+            rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_FOLD, &us_fold, &err);
+            CHECKF(rc == 0, "bench_lora (fold): %s", err.msg);
+            printf("lora bench: rows %4d rank %2d: %7.2f us with out's term folded into gate | up's launch (3 "
+                   "launches); x 12 layers = +%7.1f us\n",
+                   ROWS[i], RANKS[j], us_fold, 12 * (us_fold - us_trunk));
         }
     /* the slices of `in` a tile's cluster may take (k_lora.cu's lx_slices, SQUAD_LORA_SLICES) */
     static const char *const SLICES[] = {"1", "2", "4", "8"};
@@ -987,10 +1135,14 @@ static void bench_lora_kernel(void) {
             setenv("SQUAD_LORA_SLICES", SLICES[k], 1);
             squad_err err = {0};
             double us = -1;
-            const int rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA, &us, &err);
+            int rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA, &us, &err);
             CHECKF(rc == 0, "bench_lora: %s", err.msg);
-            printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs\n", rows,
-                   SLICES[k], us);
+            double us_fold = -1; /* the fold takes at least 4 slices of these shapes */
+            if (!rc) rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA_FOLD, &us_fold, &err);
+            CHECKF(rc == 0, "bench_lora (fold): %s", err.msg);
+            printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs, "
+                   "%7.2f folded\n",
+                   rows, SLICES[k], us, us_fold);
         }
     unsetenv("SQUAD_LORA_SLICES");
 }
@@ -1021,6 +1173,7 @@ int main(void) {
         CHECKF(g_sp != NULL, "%s", err.msg);
     }
     test_lora_kernel();
+    test_lora_fold();
     if (!getenv("SQUAD_GPU_TEST_QUICK")) bench_lora_kernel();
     if (getenv("SQUAD_GPU_TEST_LORA_ONLY")) { /* the kernel alone, e.g. under compute-sanitizer */
         squad_specialists_free(g_sp);

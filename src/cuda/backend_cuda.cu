@@ -52,7 +52,8 @@
  *    for `max_adapters` resident slots: the weight becomes [W | B'_1 | ... | B'_n] (each slot's
  *    columns hold its adapter's B in the parts' rows, written when the adapter is uploaded into the
  *    slot on demand, the least recently used slot giving way) and its input [x | u_1 | ... | u_n],
- *    made by k_lora.cu in place of the trunk's norm or SiLU (out / o: one launch after the mixer),
+ *    made by k_lora.cu in place of the trunk's norm or SiLU (out / o: one launch after the mixer,
+ *    or, on a hit's chunks, none: the gate | up norm's launch adds out's term, k_lora_fold),
  *    u_s = s A x for tokens of slot s and zeros elsewhere. Each packed token's adapter slot (0: the
  *    trunk, padding) rides in the batch parameters (cu_batch.token_slot), so rows of different
  *    routes share one forward (mixed_routes 1) and one graph serves every route; a batch whose
@@ -245,6 +246,13 @@ typedef struct cu_be {
     int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
                          lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
                          it there themselves and the short chain runs */
+    /* The out / o term folded into the gate | up norm's launch (k_lora.cuh's fold_y; off with
+     * SQUAD_LORA_FOLD=0, the earlier form or the exact path): at chunks of up to lora_fold_rows tokens
+     * the mixer writes y into lora_fold_y, whose rows' columns past y stay zero (written by nobody),
+     * so the widened out GEMM adds y W^T alone and no launch makes out's u. Layers whose out site
+     * has another shape than lora_fold_in + ext = lora_fold_ld keep the launch. */
+    void *lora_fold_y;                 /* [lora_fold_rows][lora_fold_ld] bf16, NULL: no fold */
+    int lora_fold_rows, lora_fold_in, lora_fold_ld;
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
@@ -706,6 +714,26 @@ static int widen_layer(cu_be *cb, int l, int *max_ldw, squad_err *err) {
     return 0;
 }
 
+/* The folded out term's buffer (cu_be.lora_fold_y), sized for the first layer whose out and gate |
+ * up sites k_lora_fold takes; none with SQUAD_LORA_FOLD=0, the earlier form or the exact path. */
+#define LORA_FOLD_MAX_ROWS 512 /* a hit's chunks (the small-M GEMM's); longer ones make out's u on its own */
+static int setup_lora_fold(cu_be *cb, const squad_specialists *sp, squad_err *err) {
+    const char *fe = getenv("SQUAD_LORA_FOLD");
+    if (cb->f32 || cb->lora_earlier || (fe && fe[0] == '0')) return 0;
+    const int rows = cb->tok_cap < LORA_FOLD_MAX_ROWS ? cb->tok_cap : LORA_FOLD_MAX_ROWS;
+    for (int l = sp->split; l < cb->nl; l++) {
+        const lora_site *so = &cb->lsite[l][LORA_OUT], *sg = &cb->lsite[l][LORA_GU];
+        if (!so->ext || !sg->ext || !cu_lora_fold_slices(sg->in, sg->R, so->in, so->R, 16, cb->n_sm))
+            continue;
+        cb->lora_fold_rows = rows;
+        cb->lora_fold_in = so->in;
+        cb->lora_fold_ld = so->in + so->ext;
+        /* zeros from the allocation: the columns past y are never written */
+        return dalloc(cb, &cb->lora_fold_y, (size_t)rows * cb->lora_fold_ld * cb->es, MEM_SCRATCH, err);
+    }
+    return 0;
+}
+
 /* Sets the specialists up at creation: the slots (max_adapters of them, 0 meaning one per
  * specialist), which projections any adapter adapts and with what rank, the widened GEMMs of the
  * layers from split on, their input buffer, and the router's sum. No adapter is uploaded yet. */
@@ -759,6 +787,7 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     if (!cb->slot_route || !cb->slot_used) return cu_err(err, SQUAD_E_NOMEM, "out of memory (adapter slots)");
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
     const size_t R = (size_t)cb->tok_cap;
+    if ((rc = setup_lora_fold(cb, sp, err))) return rc;
     const char *fe = getenv("SQUAD_LORA_FIT"); /* "0": no bound on the clusters (an experiment switch) */
     if (!cb->f32 && !(fe && fe[0] == '0') && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
     cb->lora_xw_bytes = R * max_ldw * cb->es;
@@ -783,6 +812,14 @@ static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
     return st->ext ? st : NULL;
 }
 
+/* Whether layer l's out term folds into its gate | up norm's launch at a chunk of rows tokens. */
+static bool lora_fold_at(const cu_be *cb, int l, int rows) {
+    const lora_site *so = lora_site_of(cb, l, LORA_OUT), *sg = lora_site_of(cb, l, LORA_GU);
+    return cb->lora_fold_y && so && sg && rows <= cb->lora_fold_rows && so->in == cb->lora_fold_in &&
+           so->in + so->ext == cb->lora_fold_ld &&
+           cu_lora_fold_slices(sg->in, sg->R, so->in, so->R, rows, cb->n_sm) > 0;
+}
+
 /* The widened GEMM after site k of layer l in forward order (the next layers' too), or NULL. */
 static const lora_site *lora_site_after(const cu_be *cb, int l, int k) {
     for (;;) {
@@ -800,6 +837,8 @@ static const lora_site *lora_site_after(const cu_be *cb, int l, int k) {
  * apart (CU_LORA_COPY), or already there (CU_LORA_IN_PLACE: the mixer wrote it). */
 static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int src, const float *w, const void *x_src,
                               int ld_src, squad_err *err) {
+    const int rows = b->nrows * b->bucket;
+    const bool fold = lora_fold_at(cb, l, rows); /* out's term rides in gate | up's launch */
     const lora_site *st = lora_site_of(cb, l, k), *next = lora_site_after(cb, l, k);
     cu_lora_input_args a;
     memset(&a, 0, sizeof a);
@@ -822,8 +861,24 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int sr
     if (next && cb->lora_prefetch) { /* the next widened input's A into L2 while this one runs */
         a.prefetch = next->A;
         a.prefetch_bytes = (size_t)cb->n_lora_slots * next->R * next->lda * cb->es;
+        if (fold && k == LORA_IN) { /* the next launch is the folded one: gate | up's A too */
+            const lora_site *sg = lora_site_of(cb, l, LORA_GU);
+            a.prefetch2 = sg->A;
+            a.prefetch2_bytes = (size_t)cb->n_lora_slots * sg->R * sg->lda * cb->es;
+        }
     }
-    return cu_lora_input(&a, b->token_slot, b->nrows * b->bucket, cb->n_sm, cb->st, err);
+    if (fold && k == LORA_GU) {
+        const lora_site *so = lora_site_of(cb, l, LORA_OUT);
+        a.fold_y = cb->lora_fold_y;
+        a.fold_ldy = cb->lora_fold_ld;
+        a.fold_in = so->in;
+        a.fold_A = so->A;
+        a.fold_lda = so->lda;
+        a.fold_R = so->R;
+        a.fold_B = (const char *)*so->w + (size_t)so->in * cb->es; /* B' from column in of [H][in + ext] */
+        a.fold_ldb = so->in + so->ext;
+    }
+    return cu_lora_input(&a, b->token_slot, rows, cb->n_sm, cb->st, err);
 }
 
 /* The router's sums of the replay's rows (h entering router.layer). */
@@ -882,9 +937,10 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
                                   H + (s_in ? s_in->ext : 0), 0, f, cb->st, err)))
             return rc;
         /* an adapted out / o: the mixer writes its output straight into the widened input's first
-         * columns (its row stride the site's), and only u is made after it */
-        const bool direct = s_out && !cb->lora_earlier;
-        void *mix = direct ? cb->lora_xw : cb->mix;
+         * columns (its row stride the site's), and only u is made after it; folded (lora_fold_at),
+         * into lora_fold_y, whose u columns stay zero, and gate | up's launch adds out's term */
+        const bool direct = s_out && !cb->lora_earlier, fold = lora_fold_at(cb, l, rows);
+        void *mix = fold ? cb->lora_fold_y : direct ? cb->lora_xw : cb->mix;
         cb->gd.ldY = cb->ad.ldo = direct ? k_out + s_out->ext : 0;
         if (lin && gdn &&
             (rc = cu_gdn_forward(&cb->gd, cb->proj, L->conv_off, L->conv_w, L->A_log, L->dt_bias, L->gdn_norm, L->s_off,
@@ -900,11 +956,12 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
             if (rc) return rc;
         }
         cb->gd.ldY = cb->ad.ldo = 0;
-        if (s_out && widen &&
+        if (s_out && widen && !fold && /* folded: the gate | up norm's launch takes out's term */
             (rc = enqueue_lora_input(cb, b, l, LORA_OUT, direct ? CU_LORA_IN_PLACE : CU_LORA_COPY, NULL, cb->mix, k_out,
                                      err)))
             return rc;
-        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, s_out ? cb->lora_xw : cb->mix, cb->h, rows, H,
+        const void *out_x = s_out ? (fold ? cb->lora_fold_y : cb->lora_xw) : cb->mix;
+        if (gemm && (rc = cu_gemm(&cb->gemm, L->w_out, out_x, cb->h, rows, H,
                                   k_out + (s_out ? s_out->ext : 0), 1, f, cb->st, err)))
             return rc;
         if (norm && (rc = s_gu ? enqueue_lora_input(cb, b, l, LORA_GU, CU_LORA_NORM, L->post_norm, NULL, 0, err)
@@ -1888,6 +1945,11 @@ extern "C" int squad_cuda_test_poison(squad_backend *be, squad_err *err) {
     CU_TRY(cudaMemsetAsync(cb->mix, 0xff, R * wmix * es, cb->st));
     CU_TRY(cudaMemsetAsync(cb->mlp, 0xff, R * cb->I * es, cb->st));
     if (cb->lora_xw) CU_TRY(cudaMemsetAsync(cb->lora_xw, 0xff, cb->lora_xw_bytes, cb->st));
+    if (cb->lora_fold_y) { /* y's columns; those past it stay zero (the folded out GEMM's u) */
+        const size_t ld = (size_t)cb->lora_fold_ld * es, in = (size_t)cb->lora_fold_in * es;
+        CU_TRY(cudaMemsetAsync(cb->lora_fold_y, 0xff, (size_t)cb->lora_fold_rows * ld, cb->st));
+        CU_TRY(cudaMemset2DAsync((char *)cb->lora_fold_y + in, ld, 0, ld - in, (size_t)cb->lora_fold_rows, cb->st));
+    }
     if (cb->n_attn) {
         CU_TRY(cudaMemsetAsync(cb->qb, 0xff, R * cb->ad.nh * cb->ad.hd * es, cb->st));
         if (cb->att_part_bytes) CU_TRY(cudaMemsetAsync(cb->att_part, 0xff, cb->att_part_bytes, cb->st));

@@ -375,8 +375,32 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
      * compare their bits; the backend's forwards run with it */
     int n_sm = 0;
     if ((rc = test_n_sm(&n_sm, err))) return rc;
+    if (a->fold_y) { /* the out term folded in: y, out's A (the backend's layout) and B (the weight's) */
+        const int flda = cu_lora_lda(a->fold_in);
+        const size_t nfa = (size_t)a->n_slots * a->fold_R * flda;
+        float *fa = (float *)calloc(nfa, sizeof(float));
+        if (!fa) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+        for (size_t row = 0; row < (size_t)a->n_slots * a->fold_R; row++)
+            memcpy(fa + row * flda, a->fold_A + row * a->fold_in, sizeof(float) * (size_t)a->fold_in);
+        void *dy = NULL, *dfa = NULL, *dfb = NULL;
+        rc = up_act(b, &dfa, fa, nfa, 0, err);
+        free(fa);
+        if (!rc) rc = up_act(b, &dy, a->fold_y, (size_t)a->rows * a->fold_in, 0, err);
+        if (!rc) rc = up_act(b, &dfb, a->fold_B, (size_t)a->in * a->n_slots * a->fold_R, 0, err);
+        if (rc) return rc;
+        k.fold_y = dy;
+        k.fold_ldy = a->fold_in;
+        k.fold_in = a->fold_in;
+        k.fold_A = dfa;
+        k.fold_lda = flda;
+        k.fold_R = a->fold_R;
+        k.fold_B = dfb;
+        k.fold_ldb = a->n_slots * a->fold_R;
+    }
     if ((rc = cu_lora_input(&k, dslot, a->rows, n_sm, 0, err))) return rc;
     CU_TRY(cudaDeviceSynchronize());
+    if (a->fold_y && a->h_out)
+        CU_TRY(cudaMemcpy(a->h_out, dh, sizeof(float) * (size_t)a->rows * a->in, cudaMemcpyDeviceToHost));
     return down_act(a->xw, dxw, (size_t)a->rows * ldw, f32, err);
 }
 
@@ -907,6 +931,7 @@ static float bench_uniform(uint32_t *s) {
 static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, double *us, squad_err *err) {
     /* the four sites of a GDN layer: producer, x's width, the adapted parts (every projection) */
     const int earlier = mode == SQUAD_BENCH_LORA_EARLIER, trunk = mode == SQUAD_BENCH_TRUNK;
+    const int fold = mode == SQUAD_BENCH_LORA_FOLD; /* out's term in gate | up's launch: three launches */
     const int SRC[LB_SITES] = {CU_LORA_NORM, earlier ? CU_LORA_COPY : CU_LORA_IN_PLACE, CU_LORA_NORM, CU_LORA_SILU};
     static const int IN[LB_SITES] = {LB_H, LB_VD, LB_H, LB_I}, PARTS[LB_SITES] = {4, 1, 2, 1};
     const int rp = (rank + 15) / 16 * 16;
@@ -923,7 +948,8 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
     int rc = host && slots ? 0 : cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
     uint32_t seed = 12345u;
     for (int t = 0; !rc && t < rows; t++) slots[t] = trunk ? 0 : 1;
-    void *dA = NULL, *dgu = NULL, *dmix = NULL, *dxw = NULL, *dx = NULL, *dmlp = NULL;
+    void *dA = NULL, *dgu = NULL, *dmix = NULL, *dxw = NULL, *dx = NULL, *dmlp = NULL, *dfb = NULL;
+    const size_t n_fb = (size_t)LB_H * LB_SLOTS * rp; /* out's B' columns, [H][slots R] */
     float *dh = NULL, *dw = NULL;
     int *dslot = NULL;
     for (size_t i = 0; !rc && i < a_elems; i++) host[i] = bench_uniform(&seed) * 0.05f;
@@ -933,6 +959,8 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
     if (!rc) rc = up_act(b, &dmix, host, n_mix, 0, err);
     if (!rc) rc = up_f32(b, &dh, host, n_h, err);
     if (!rc) rc = up_f32(b, &dw, host, LB_H, err);
+    for (size_t i = 0; !rc && i < n_fb; i++) host[i] = bench_uniform(&seed) * 0.01f; /* h moves little a launch */
+    if (!rc) rc = up_act(b, &dfb, host, n_fb, 0, err);
     if (!rc) rc = talloc(b, &dxw, sizeof(bf16) * (size_t)rows * max_ldw, err);
     if (!rc) rc = talloc(b, &dx, sizeof(bf16) * n_h, err);
     if (!rc) rc = talloc(b, &dmlp, sizeof(bf16) * (size_t)rows * LB_I, err);
@@ -957,6 +985,11 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
         }
         size_t at = 0;
         for (int j = 0; j < LB_SITES && !rc; j++) {
+            const size_t a_site = (size_t)LB_SLOTS * PARTS[j] * rp * cu_lora_lda(IN[j]);
+            if (fold && j == 1) { /* out's A: read by gate | up's launch */
+                at += a_site;
+                continue;
+            }
             cu_lora_input_args k;
             memset(&k, 0, sizeof k);
             k.src = SRC[j];
@@ -974,7 +1007,17 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
             k.ldw = k.in + LB_SLOTS * k.R;
             k.earlier = earlier;
             memcpy(k.fit, fit, sizeof k.fit);
-            at += (size_t)LB_SLOTS * k.R * k.lda;
+            if (fold && j == 2) {
+                k.fold_y = dmix;
+                k.fold_ldy = LB_VD;
+                k.fold_in = LB_VD;
+                k.fold_A = (const bf16 *)dA + at - (size_t)LB_SLOTS * rp * cu_lora_lda(LB_VD);
+                k.fold_lda = cu_lora_lda(LB_VD);
+                k.fold_R = rp;
+                k.fold_B = dfb;
+                k.fold_ldb = LB_SLOTS * rp;
+            }
+            at += a_site;
             rc = cu_lora_input(&k, dslot, rows, n_sm, st, err);
         }
     }
@@ -1013,7 +1056,7 @@ extern "C" int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode,
                                      squad_err *err) {
     *us_per_layer = -1.0;
     if (rows < 1 || rank < 1 || rank > 1024 || n_layers < 1 || n_layers > 64 || mode < SQUAD_BENCH_LORA ||
-        mode > SQUAD_BENCH_LORA_EARLIER)
+        mode > SQUAD_BENCH_LORA_FOLD)
         return cu_err(err, SQUAD_E_INVALID, "bench_lora: rows %d, rank %d, layers %d, mode %d", rows, rank,
                       n_layers, mode);
     tbufs b = {{0}, 0};

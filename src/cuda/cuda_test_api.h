@@ -79,6 +79,13 @@ typedef struct cu_ref_lora_args {
     int ldw;               /* 0: in + n_slots R; more: zeros past the slots' columns */
     int f32;               /* device: the exact path (fp32) or bf16 (x_src, A and xw rounded to bf16) */
     int earlier;           /* device: the earlier bf16 kernel (cu_lora_input_args.earlier) */
+    /* The out term folded in (src 0, bf16: cu_lora_input_args.fold_y); fold_y NULL: none. h gets,
+     * for each token of slot s, B_s (A_s y): */
+    const float *fold_y; /* [rows][fold_in]: the mixer's output */
+    const float *fold_A; /* [n_slots][fold_R][fold_in] */
+    const float *fold_B; /* [in][n_slots fold_R]: slot s's B for h's column j at j n_slots fold_R + (s - 1) fold_R */
+    int fold_in, fold_R;
+    float *h_out;        /* out: h with the term [rows][in] (the reference: before u_o's rounding to bf16) */
 } cu_ref_lora_args;
 /* xw = [x | u_1 | ... | u_n] as k_lora.cuh defines it, in double. */
 void cu_ref_lora(const cu_ref_lora_args *a);
@@ -91,7 +98,9 @@ int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
  * the same in the earlier form (out_proj's x copied, the earlier kernel); SQUAD_BENCH_TRUNK: the
  * trunk's own (RMSNorm, RMSNorm, SiLU * up). The difference is what the widened inputs cost beyond
  * the trunk, the GEMMs' extra K aside. */
-enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_EARLIER = 2 };
+/* SQUAD_BENCH_LORA_FOLD: out's term folded into gate | up's launch (cu_lora_input_args.fold_y;
+ * rank 16 only), three launches. */
+enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_EARLIER = 2, SQUAD_BENCH_LORA_FOLD = 3 };
 /* fit[k], k = 1 .. 8: clusters of k blocks of the short chain the GPU holds at once (cu_lora_fit). */
 int squad_cuda_lora_fit(int fit[9], squad_err *err);
 int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode, double *us_per_layer, squad_err *err);

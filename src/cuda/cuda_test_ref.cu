@@ -175,18 +175,37 @@ extern "C" void cu_ref_silu_mul(const float *gu, float *out, int rows, int I) {
 
 extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
     const int end = a->in + a->n_slots * a->R, ldw = a->ldw > end ? a->ldw : end;
-    double *x = (double *)malloc(sizeof(double) * (size_t)(a->in > 0 ? a->in : 1));
-    if (!x) return;
+    const int n = a->in > 0 ? a->in : 1, fR = a->fold_y ? a->fold_R : 0;
+    double *x = (double *)malloc(sizeof(double) * (size_t)n), *h2 = (double *)malloc(sizeof(double) * (size_t)n);
+    double *uo = (double *)malloc(sizeof(double) * (size_t)(fR > 0 ? fR : 1));
+    if (!x || !h2 || !uo) {
+        free(x), free(h2), free(uo);
+        return;
+    }
     for (int t = 0; t < a->rows; t++) {
         double r = 0;
         if (a->src == 0) {
+            for (int i = 0; i < a->in; i++) h2[i] = a->h[(size_t)t * a->in + i];
+            const int s = a->token_slot[t];
+            if (a->fold_y && s >= 1 && s <= a->n_slots) { /* h += B_s (A_s y) */
+                for (int k = 0; k < fR; k++) {
+                    const float *Ar = a->fold_A + ((size_t)(s - 1) * fR + k) * a->fold_in;
+                    uo[k] = 0;
+                    for (int i = 0; i < a->fold_in; i++) uo[k] += (double)Ar[i] * a->fold_y[(size_t)t * a->fold_in + i];
+                }
+                for (int j = 0; j < a->in; j++)
+                    for (int k = 0; k < fR; k++)
+                        h2[j] += (double)a->fold_B[(size_t)j * a->n_slots * fR + (size_t)(s - 1) * fR + k] * uo[k];
+            }
+            if (a->fold_y && a->h_out)
+                for (int i = 0; i < a->in; i++) a->h_out[(size_t)t * a->in + i] = (float)h2[i];
             double ss = 0;
-            for (int i = 0; i < a->in; i++) ss += (double)a->h[(size_t)t * a->in + i] * a->h[(size_t)t * a->in + i];
+            for (int i = 0; i < a->in; i++) ss += h2[i] * h2[i];
             r = 1.0 / sqrt(ss / a->in + a->eps);
         }
         for (int i = 0; i < a->in; i++) {
             if (a->src == 0) {
-                x[i] = a->h[(size_t)t * a->in + i] * r * (1.0 + a->w[i]);
+                x[i] = h2[i] * r * (1.0 + a->w[i]);
             } else if (a->src == 1) {
                 const double g = a->x_src[(size_t)t * 2 * a->in + i], u = a->x_src[(size_t)t * 2 * a->in + a->in + i];
                 x[i] = g / (1.0 + exp(-g)) * u;
@@ -208,5 +227,5 @@ extern "C" void cu_ref_lora(const cu_ref_lora_args *a) {
             }
         for (int j = end; j < ldw; j++) o[j] = 0.0f;
     }
-    free(x);
+    free(x), free(h2), free(uo);
 }

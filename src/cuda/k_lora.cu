@@ -27,7 +27,9 @@
  * xw). A long chunk gets one slice and the widest column groups (x made once). A short chunk's
  * common case runs k_lora_input_short, the same steps with fewer waits (below); the first form
  * stays for the rest and, with a.earlier (SQUAD_LORA_FORM=0), for everything (A/B timing).
- * Before out / o the mixer has written x into xw itself (CU_LORA_IN_PLACE): only u is made.
+ * Before out / o the mixer has written x into xw itself (CU_LORA_IN_PLACE): only u is made. On a
+ * hit's chunks that launch is folded into the gate | up norm's (k_lora_fold, below: the out GEMM adds
+ * y W^T alone and the norm's launch adds s B_o (A_o y) into h before normalising it).
  * A tile whose tokens run several slots (rows of different routes meeting inside 16 tokens, which
  * the backend's bucketed rows never do) runs 1 - 3 once per slot, the rows of other slots dropped
  * from u. Slot 0 (the trunk, padding) gets zeros in every slot's columns.
@@ -566,6 +568,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     for (int q = 0; q < LX_PRE_SLOTS; q++)
         lx_load_a<NT>(bpre[q], A + (size_t)q * a.R * a.lda, a.lda, kb, ke, c0, c1, q < a.n_slots);
     if (a.prefetch) lx_prefetch_l2(a.prefetch, a.prefetch_bytes);
+    if (a.prefetch2) lx_prefetch_l2(a.prefetch2, a.prefetch2_bytes);
     lx_grid_wait();
     /* 2. the slice of x: every load issued first; units of 8 values, consecutive threads on
      * consecutive k, upr a row */
@@ -705,6 +708,385 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     }
 }
 
+/* ---- the folded out / o term: the post-mixer norm's launch takes out's low-rank term -------------------- */
+
+/* Before gate | up the residual stream is h + y W_o^T + s B_o (A_o y) (y: the mixer's output). The
+ * widened out GEMM adds both terms, which needs u_o = A_o y made by a launch of its own between the
+ * mixer and that GEMM. k_lora_fold instead lets the out GEMM add y W_o^T alone (its widened input's
+ * u columns stay zero) and takes the low-rank term into the launch that follows it, the gate | up
+ * norm's, which reads h anyway. A block owns a tile of LX_TM tokens and a slice of h (all of the
+ * site's rank columns: one column group, so the cluster is every block that reads the tile's h) and
+ * the same-numbered slice of y:
+ *   1. u_o's products over its slice of y on the tensor cores, pushed into every block of the
+ *      cluster, which add them in slice order and round them to bf16 (the widened GEMM's operand);
+ *   2. d = B_o u_o over its slice of h (an m16n8k16 product whose output fragments are h's
+ *      registers), h' = h + d written back (the cluster's blocks have all read h by then: step 1's
+ *      barrier), the slice's sums of squares of h' pushed into every block;
+ *   3. x = bf16(h' r (1 + w)) into xw and into shared memory, then u = A x as the short chain makes
+ *      it, the slices' sums added in slice order by the first block.
+ * Three cluster barriers in one launch where the other form has one launch (u_o) with one and a
+ * second with two. The sums keep fixed orders (k groups, then slices): deterministic. The h' the
+ * norm sees and the residual stream gets is (h + y W_o^T) + B_o u_o in fp32 where the widened GEMM
+ * summed both products in one accumulator: the same terms, another order of the fp32 sums. */
+#define LF_MAX_R 32         /* the gate | up site's rank columns the fold takes: 4 n8 tiles */
+#define LF_MAX_RO 16        /* out's rank columns: 2 n8 tiles, one k-step of d's product */
+#define LF_MAX_SLICE 256    /* the widest slice of h: its n8 tiles over the 8 warps, LF_HT each */
+#define LF_MAX_YSLICE LX_KC /* the widest slice of y (xs holds it) */
+#define LF_NARROW_SLICE 128  /* the narrow instance's widest slice of h (and twice that of y) */
+#define LF_OKG 4             /* u_o's k groups (warps w / 2; w % 2 picks the n8 tile) */
+#define LF_GKG 2             /* u's k groups (warps w / 4; w % 4 picks the n8 tile) */
+#define LF_ORLD (LF_MAX_RO + 4)              /* the partials' row strides (padded against bank conflicts) */
+#define LF_GRLD (LF_MAX_R + 4)
+#define LF_RED (LF_OKG * LX_TM * LF_ORLD > LF_GKG * LX_TM * LF_GRLD ? LF_OKG * LX_TM * LF_ORLD : LF_GKG * LX_TM * LF_GRLD)
+static_assert(LF_OKG * (LF_MAX_RO / 8) == LX_WARPS && LF_GKG * (LF_MAX_R / 8) == LX_WARPS, "a warp per (k group, tile)");
+
+/* This warp's B fragments of a k-ordered operand M [n][ld] for n8 tile n0 / 8, k-steps j0 + g i
+ * (i < KS) of the range [kb, ke): zeros where off, past ke or past column n1. */
+template <int KS>
+static __device__ __forceinline__ void lf_load_frags(uint32_t (&b)[KS][2], const bf16 *M, int ld, int n0, int n1, int kb,
+                                                     int ke, int j0, int g, bool on) {
+    const int lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4, n = n0 + gq;
+#pragma unroll
+    for (int i = 0; i < KS; i++) {
+        const int k = kb + (j0 + g * i) * 16 + 2 * tq;
+        b[i][0] = b[i][1] = 0;
+        if (on && n < n1 && k < ke) {
+            const bf16 *p = M + (size_t)n * ld + k;
+            b[i][0] = *reinterpret_cast<const uint32_t *>(p);
+            b[i][1] = *reinterpret_cast<const uint32_t *>(p + 8);
+        }
+    }
+}
+
+/* acc += xs's k-steps j0 + g i (below kn, local to the slice) times b, on the tensor cores. */
+template <int KS>
+static __device__ __forceinline__ void lf_mma(float (&acc)[4], const bf16 *xs, const uint32_t (&b)[KS][2], int kn,
+                                              int j0, int g) {
+    const int lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int i = 0; i < KS; i++) {
+        const int kl = (j0 + g * i) * 16 + 2 * tq;
+        if ((j0 + g * i) * 16 >= kn) break;
+        uint32_t af[4];
+        af[0] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl]);
+        af[1] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl]);
+        af[2] = *reinterpret_cast<const uint32_t *>(&xs[gq * LX_XLD + kl + 8]);
+        af[3] = *reinterpret_cast<const uint32_t *>(&xs[(gq + 8) * LX_XLD + kl + 8]);
+        cu_mma16816(acc, af, b[i][0], b[i][1]);
+    }
+}
+
+/* This warp's accumulators (k group kg, n8 tile nt) into red [k groups][LX_TM][ld]. */
+static __device__ __forceinline__ void lf_store_acc(float *red, int ld, int kg, int nt, const float (&acc)[4]) {
+    const int lane = (int)threadIdx.x % 32, gq = lane / 4, tq = lane % 4;
+    float *p = red + (size_t)kg * LX_TM * ld + nt * 8 + 2 * tq;
+    *reinterpret_cast<float2 *>(p + gq * ld) = make_float2(acc[0], acc[1]);
+    *reinterpret_cast<float2 *>(p + (gq + 8) * ld) = make_float2(acc[2], acc[3]);
+}
+
+/* The short chain's slot selection: fragment f of the preloaded slots' (slot s <= LX_PRE_SLOTS). */
+template <int KS>
+static __device__ __forceinline__ void lf_pick(uint32_t (&b)[KS][2], const uint32_t (&pre)[LX_PRE_SLOTS][KS][2], int s) {
+#pragma unroll
+    for (int i = 0; i < KS; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            uint32_t f = pre[0][i][e];
+#pragma unroll
+            for (int q = 1; q < LX_PRE_SLOTS; q++)
+                if (s == q + 1) f = pre[q][i][e];
+            b[i][e] = f;
+        }
+}
+
+/* MS, MY: the widest slices of h and of y the instance takes (the fragments' registers: the narrow
+ * instance, a hit's 8 slices of the 0.8B shapes, fits two blocks an SM, so its clusters find room
+ * beside the previous kernel's last blocks) */
+template <int MS, int MY>
+__global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
+    k_lora_fold(cu_lora_input_args a, const int *token_slot, int rows, int slice, int yslice) {
+    constexpr int HT = MS / 8 / LX_WARPS;            /* h's n8 tiles a warp holds */
+    constexpr int OKS = MY / 16 / LF_OKG;            /* k-steps a warp of u_o's product runs */
+    constexpr int GKS = MS / 16 / LF_GKG;            /* k-steps a warp of u's product runs */
+    constexpr int YU = MY / 8 * LX_TM / LX_THREADS; /* units of 8 y values a thread loads */
+    static_assert(HT >= 1 && OKS >= 1 && GKS >= 1 && YU >= 1 && MY <= LX_KC, "an instance's slices");
+    __shared__ __align__(16) bf16 xs[LX_TM * LX_XLD];       /* the slice of y, then of x */
+    __shared__ __align__(16) float red[LF_RED];             /* the warps' partials [k group][LX_TM][ld] */
+    __shared__ float uopart[LX_SLICES_MAX][LX_TM][LF_MAX_RO]; /* every block: each slice's u_o, pushed */
+    __shared__ float upart[LX_SLICES_MAX][LX_TM][LF_MAX_R];   /* the first block: each slice's u, pushed */
+    __shared__ __align__(16) bf16 uo[LX_TM][LF_MAX_RO + 8];  /* the tile's u_o (d's A operand) */
+    __shared__ float ssw[LX_WARPS][LX_TM];                  /* each warp's sums of squares of h' */
+    __shared__ float sspart[LX_SLICES_MAX][LX_TM];          /* each slice's, pushed */
+    __shared__ float rinv[LX_TM];
+    __shared__ int ts[LX_TM];
+    cg::cluster_group cluster = cg::this_cluster();
+    const int ks = (int)gridDim.z, z = (int)blockIdx.z;
+    bf16 *xw = static_cast<bf16 *>(a.xw);
+    const bf16 *A = static_cast<const bf16 *>(a.A), *Ao = static_cast<const bf16 *>(a.fold_A);
+    const bf16 *Bo = static_cast<const bf16 *>(a.fold_B), *y = static_cast<const bf16 *>(a.fold_y);
+    const int tid = (int)threadIdx.x, warp = tid / 32, lane = tid % 32, gq = lane / 4, tq = lane % 4;
+    const int t0 = (int)blockIdx.x * LX_TM, kb = z * slice, ke = min(kb + slice, a.in);
+    const int kbo = z * yslice, keo = min(kbo + yslice, a.fold_in), Ro = a.fold_R;
+    lx_launch_next();
+    if (ks > 1) lx_cluster_arrive();
+    /* before the wait, what the previous grid does not write: the tile's slots (each warp its own
+     * copy), the first slots' A_o fragments, the norm's weight */
+    int sl = 0;
+    if (lane < LX_TM) {
+        const int t = t0 + lane, v = t < rows ? token_slot[t] : 0;
+        sl = v >= 1 && v <= a.n_slots ? v : 0;
+    }
+    uint32_t aopre[LX_PRE_SLOTS][OKS][2];
+#pragma unroll
+    for (int q = 0; q < LX_PRE_SLOTS; q++)
+        lf_load_frags<OKS>(aopre[q], Ao + (size_t)q * Ro * a.fold_lda, a.fold_lda, (warp % 2) * 8, Ro, kbo, keo,
+                              warp / 2, LF_OKG, q < a.n_slots);
+    float wv[HT][2];
+#pragma unroll
+    for (int i = 0; i < HT; i++) {
+        const int c = kb + (warp + LX_WARPS * i) * 8 + 2 * tq;
+        wv[i][0] = wv[i][1] = 0.0f;
+        if (c < ke) {
+            const float2 w2 = *reinterpret_cast<const float2 *>(a.w + c);
+            wv[i][0] = w2.x, wv[i][1] = w2.y;
+        }
+    }
+    if (a.prefetch) lx_prefetch_l2(a.prefetch, a.prefetch_bytes);
+    if (a.prefetch2) lx_prefetch_l2(a.prefetch2, a.prefetch2_bytes);
+    lx_grid_wait();
+    /* every load of y's slice and h's before any is used (none waits for the slots); h in d's output
+     * fragments: tile warp + 8 i of the slice, rows gq and gq + 8, columns 2 tq and 2 tq + 1 */
+    const int yupr = (keo > kbo ? keo - kbo : 0) / 8, yunits = LX_TM * yupr;
+    uint4 yv[YU];
+#pragma unroll
+    for (int i = 0; i < YU; i++) {
+        const int u = tid + i * LX_THREADS, row = u / max(yupr, 1), k = kbo + (u % max(yupr, 1)) * 8;
+        yv[i] = make_uint4(0, 0, 0, 0);
+        if (u < yunits && t0 + row < rows)
+            yv[i] = *reinterpret_cast<const uint4 *>(y + (size_t)(t0 + row) * a.fold_ldy + k);
+    }
+    float hv[HT][4];
+#pragma unroll
+    for (int i = 0; i < HT; i++) {
+        const int c = kb + (warp + LX_WARPS * i) * 8 + 2 * tq;
+        hv[i][0] = hv[i][1] = hv[i][2] = hv[i][3] = 0.0f;
+        if (c < ke) {
+            if (t0 + gq < rows) {
+                const float2 v = *reinterpret_cast<const float2 *>(a.h + (size_t)(t0 + gq) * a.in + c);
+                hv[i][0] = v.x, hv[i][1] = v.y;
+            }
+            if (t0 + gq + 8 < rows) {
+                const float2 v = *reinterpret_cast<const float2 *>(a.h + (size_t)(t0 + gq + 8) * a.in + c);
+                hv[i][2] = v.x, hv[i][3] = v.y;
+            }
+        }
+    }
+    /* then what waits for the slots: the tile's first slot's A and B_o fragments (used after the
+     * first cluster barrier) */
+    const unsigned todo0 = __ballot_sync(0xffffffffu, sl != 0) & ((1u << LX_TM) - 1);
+    const int s1 = todo0 ? __shfl_sync(0xffffffffu, sl, __ffs(todo0) - 1) : 0; /* the tile's first slot */
+    uint32_t ag[GKS][2], bo[HT][2];
+    lf_load_frags<GKS>(ag, A + (size_t)(s1 > 0 ? s1 - 1 : 0) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke,
+                          warp / 4, LF_GKG, s1 > 0);
+#pragma unroll
+    for (int i = 0; i < HT; i++) { /* B_o (k = rank column, n = h's column): a row of the out weight */
+        const int n = kb + (warp + LX_WARPS * i) * 8 + gq;
+        bo[i][0] = bo[i][1] = 0;
+        if (s1 > 0 && n < ke) {
+            const bf16 *p = Bo + (size_t)n * a.fold_ldb + (size_t)(s1 - 1) * Ro + 2 * tq;
+            bo[i][0] = *reinterpret_cast<const uint32_t *>(p);
+            bo[i][1] = *reinterpret_cast<const uint32_t *>(p + 8);
+        }
+    }
+    if (warp == 0 && lane < LX_TM) ts[lane] = sl;
+#pragma unroll
+    for (int i = 0; i < YU; i++) {
+        const int u = tid + i * LX_THREADS;
+        if (u < yunits) *reinterpret_cast<uint4 *>(xs + (u / yupr) * LX_XLD + (u % yupr) * 8) = yv[i];
+    }
+    __syncthreads();
+    if (z == 0) lx_zero_others(xw, a.ldw, a.in, a.R, a.n_slots, ts, t0, rows, 0, a.R);
+    bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
+    float dacc[HT][4] = {};
+    if (todo0) {
+        /* 1. u_o: each slot's products over the slice; a row keeps its own slot's */
+        const int orow = tid / LF_MAX_RO, oc = tid % LF_MAX_RO; /* the (row, column) this thread sums */
+        float uo_mine = 0.0f;
+        unsigned todo = todo0;
+        while (todo) {
+            unsigned mine;
+            const int s = lx_next_slot(ts, &todo, &mine);
+            uint32_t b[OKS][2];
+            if (s <= LX_PRE_SLOTS)
+                lf_pick<OKS>(b, aopre, s);
+            else
+                lf_load_frags<OKS>(b, Ao + (size_t)(s - 1) * Ro * a.fold_lda, a.fold_lda, (warp % 2) * 8, Ro, kbo,
+                                      keo, warp / 2, LF_OKG, true);
+            float acc[4] = {};
+            lf_mma<OKS>(acc, xs, b, keo - kbo, warp / 2, LF_OKG);
+            lf_store_acc(red, LF_ORLD, warp / 2, warp % 2, acc);
+            __syncthreads();
+            if ((mine >> orow) & 1u) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int g = 0; g < LF_OKG; g++) sum += red[(g * LX_TM + orow) * LF_ORLD + oc];
+                uo_mine = sum;
+            }
+            if (todo) __syncthreads(); /* red is the next slot's */
+        }
+        if (!joined) {
+            lx_cluster_wait();
+            joined = true;
+        }
+        if (ks == 1) {
+            uopart[0][orow][oc] = uo_mine;
+        } else {
+#pragma unroll
+            for (int q = 0; q < LX_SLICES_MAX; q++)
+                if (q < ks) *cluster.map_shared_rank(&uopart[z][orow][oc], q) = uo_mine;
+        }
+        if (ks > 1)
+            cluster.sync(); /* every slice's u_o here, and every block of the tile has read its h */
+        else
+            __syncthreads();
+        {
+            float sum = 0.0f;
+            for (int q = 0; q < ks; q++) sum += uopart[q][orow][oc];
+            uo[orow][oc] = __float2bfloat16(sum);
+        }
+        __syncthreads();
+        /* 2. d = B_o u_o over the slice (each slot's rows through its own B_o), h' = h + d */
+        todo = todo0;
+        while (todo) {
+            unsigned mine;
+            const int s = lx_next_slot(ts, &todo, &mine);
+            uint32_t af[4];
+            const bool r0 = (mine >> gq) & 1u, r1 = (mine >> (gq + 8)) & 1u;
+            af[0] = r0 ? *reinterpret_cast<const uint32_t *>(&uo[gq][2 * tq]) : 0u;
+            af[1] = r1 ? *reinterpret_cast<const uint32_t *>(&uo[gq + 8][2 * tq]) : 0u;
+            af[2] = r0 ? *reinterpret_cast<const uint32_t *>(&uo[gq][2 * tq + 8]) : 0u;
+            af[3] = r1 ? *reinterpret_cast<const uint32_t *>(&uo[gq + 8][2 * tq + 8]) : 0u;
+#pragma unroll
+            for (int i = 0; i < HT; i++) {
+                const int n = kb + (warp + LX_WARPS * i) * 8 + gq;
+                if (kb + (warp + LX_WARPS * i) * 8 >= ke) break;
+                uint32_t b0 = bo[i][0], b1 = bo[i][1];
+                if (s != s1) {
+                    const bf16 *p = Bo + (size_t)n * a.fold_ldb + (size_t)(s - 1) * Ro + 2 * tq;
+                    b0 = *reinterpret_cast<const uint32_t *>(p);
+                    b1 = *reinterpret_cast<const uint32_t *>(p + 8);
+                }
+                cu_mma16816(dacc[i], af, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < HT; i++) {
+            const int c = kb + (warp + LX_WARPS * i) * 8 + 2 * tq;
+            if (c >= ke) break;
+#pragma unroll
+            for (int e = 0; e < 4; e++) hv[i][e] += dacc[i][e];
+            /* the residual stream gets the term (every reader of this slice of h has read it) */
+            if (t0 + gq < rows)
+                *reinterpret_cast<float2 *>(a.h + (size_t)(t0 + gq) * a.in + c) = make_float2(hv[i][0], hv[i][1]);
+            if (t0 + gq + 8 < rows)
+                *reinterpret_cast<float2 *>(a.h + (size_t)(t0 + gq + 8) * a.in + c) = make_float2(hv[i][2], hv[i][3]);
+        }
+    }
+    /* the slice's sums of squares of h' (in order: the warp's tiles, its quad, the warps), into
+     * every block; the rows' scales from every slice's, in slice order */
+    {
+        float s0 = 0.0f, s8 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HT; i++) {
+            s0 += hv[i][0] * hv[i][0] + hv[i][1] * hv[i][1];
+            s8 += hv[i][2] * hv[i][2] + hv[i][3] * hv[i][3];
+        }
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+        s8 += __shfl_xor_sync(0xffffffffu, s8, 1);
+        s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+        s8 += __shfl_xor_sync(0xffffffffu, s8, 2);
+        if (tq == 0) ssw[warp][gq] = s0, ssw[warp][gq + 8] = s8;
+    }
+    __syncthreads();
+    float ssp = 0.0f;
+    if (tid < LX_TM)
+        for (int w = 0; w < LX_WARPS; w++) ssp += ssw[w][tid];
+    if (!joined) {
+        lx_cluster_wait();
+        joined = true;
+    }
+    lx_push_ss(sspart, ssp, ks, z, cluster);
+    if (ks > 1)
+        cluster.sync();
+    else
+        __syncthreads();
+    lx_row_scale(rinv, sspart, ks, a.in, a.eps);
+    __syncthreads();
+    /* 3. x = bf16(h' r (1 + w)) into xw and xs; then u = A x */
+    {
+        const float r0 = rinv[gq], r8 = rinv[gq + 8];
+#pragma unroll
+        for (int i = 0; i < HT; i++) {
+            const int cl = (warp + LX_WARPS * i) * 8 + 2 * tq, c = kb + cl;
+            if (c >= ke) break;
+            const uint32_t x0 = cu_pack_bf16(hv[i][0] * r0 * (1.f + wv[i][0]), hv[i][1] * r0 * (1.f + wv[i][1]));
+            const uint32_t x8 = cu_pack_bf16(hv[i][2] * r8 * (1.f + wv[i][0]), hv[i][3] * r8 * (1.f + wv[i][1]));
+            *reinterpret_cast<uint32_t *>(&xs[gq * LX_XLD + cl]) = x0;
+            *reinterpret_cast<uint32_t *>(&xs[(gq + 8) * LX_XLD + cl]) = x8;
+            if (t0 + gq < rows) *reinterpret_cast<uint32_t *>(xw + (size_t)(t0 + gq) * a.ldw + c) = x0;
+            if (t0 + gq + 8 < rows) *reinterpret_cast<uint32_t *>(xw + (size_t)(t0 + gq + 8) * a.ldw + c) = x8;
+        }
+    }
+    if (!todo0) return; /* no u for the tile (the first block wrote its zeros) */
+    __syncthreads();
+    float up_mine[LX_TM * LF_MAX_R / LX_THREADS] = {};
+    unsigned todo = todo0;
+    while (todo) {
+        unsigned mine;
+        const int s = lx_next_slot(ts, &todo, &mine);
+        uint32_t b[GKS][2];
+        if (s == s1) {
+#pragma unroll
+            for (int i = 0; i < GKS; i++) b[i][0] = ag[i][0], b[i][1] = ag[i][1];
+        } else {
+            lf_load_frags<GKS>(b, A + (size_t)(s - 1) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke, warp / 4,
+                                  LF_GKG, true);
+        }
+        float acc[4] = {};
+        lf_mma<GKS>(acc, xs, b, ke - kb, warp / 4, LF_GKG);
+        lf_store_acc(red, LF_GRLD, warp / 4, warp % 4, acc);
+        __syncthreads();
+#pragma unroll
+        for (int e = 0; e < LX_TM * LF_MAX_R / LX_THREADS; e++) {
+            const int idx = tid + e * LX_THREADS, row = idx / LF_MAX_R, c = idx % LF_MAX_R;
+            if ((mine >> row) & 1u) up_mine[e] = red[row * LF_GRLD + c] + red[(LX_TM + row) * LF_GRLD + c];
+        }
+        if (todo) __syncthreads(); /* red is the next slot's */
+    }
+    /* the block's sums into the first block's shared memory; one barrier; the first block adds the
+     * slices in order and writes u */
+#pragma unroll
+    for (int e = 0; e < LX_TM * LF_MAX_R / LX_THREADS; e++) {
+        const int idx = tid + e * LX_THREADS, row = idx / LF_MAX_R, c = idx % LF_MAX_R;
+        if (ks > 1)
+            *cluster.map_shared_rank(&upart[z][row][c], 0) = up_mine[e];
+        else
+            upart[0][row][c] = up_mine[e];
+    }
+    if (ks > 1)
+        cluster.sync();
+    else
+        __syncthreads();
+    if (z == 0)
+        for (int idx = tid; idx < LX_TM * LF_MAX_R; idx += LX_THREADS) {
+            const int row = idx / LF_MAX_R, c = idx % LF_MAX_R, t = t0 + row, s = ts[row];
+            if (!s || t >= rows || c >= a.R) continue;
+            float sum = 0.0f;
+            for (int q = 0; q < ks; q++) sum += upart[q][row][c];
+            xw[(size_t)t * a.ldw + a.in + (size_t)(s - 1) * a.R + c] = __float2bfloat16(sum);
+        }
+}
+
 /* ---- the exact path: fp32 x, A and xw ------------------------------------------------------------------ */
 
 /* x[t][k] as the producer makes it, in fp32 (the trunk's exact kernels' arithmetic). */
@@ -770,6 +1152,14 @@ __global__ void __launch_bounds__(LX_THREADS) k_lora_input_f32(cu_lora_input_arg
 
 /* ---- host side ------------------------------------------------------------------------------------------- */
 
+static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
+
+/* The cap SQUAD_LORA_SLICES puts on a tile's slices (an experiment switch; LX_SLICES_MAX unset). */
+static int lx_slices_cap(void) {
+    const char *env = getenv("SQUAD_LORA_SLICES");
+    return env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
+}
+
 /* Rank columns a block takes on the tensor-core path: enough column groups for about one block an
  * SM on a short chunk, the widest group (LX_CW_MAX) on a long one. */
 static int lx_block_cols(int R, int tiles, int n_sm) {
@@ -782,9 +1172,7 @@ static int lx_block_cols(int R, int tiles, int n_sm) {
 /* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: as many
  * as the SMs hold at once, each slice at least LX_MIN_SLICE wide. */
 static int lx_slices(int in16, int blocks, int n_sm, int nt) {
-    /* SQUAD_LORA_SLICES (1 to LX_SLICES_MAX) caps the slices, for experiments */
-    const char *env = getenv("SQUAD_LORA_SLICES");
-    int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
+    int cap = lx_slices_cap(); /* SQUAD_LORA_SLICES, for experiments */
     if (cap > lx_max_slices(nt)) cap = lx_max_slices(nt);
     int ks = n_sm * lx_blocks_per_sm(nt) / blocks; /* no second wave */
     if (ks > cap) ks = cap;
@@ -819,7 +1207,68 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
     return cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice);
 }
 
-static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
+
+/* k_lora_fold's slices: as many as keep the grid within one block an SM (a hit's few tiles, so its
+ * dependent steps are short), at least as many as its slices' widths need (LF_MAX_SLICE of h,
+ * LF_MAX_YSLICE of y: SQUAD_LORA_FOLD_SLICES, else SQUAD_LORA_SLICES, caps the rest), at most a
+ * portable cluster; the slices of h and of y both whole k-steps. */
+int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_sm) {
+    if (in < 16 || in % 16 || fold_in < 16 || fold_in % 16 || R < 1 || R > LF_MAX_R || fold_R != LF_MAX_RO ||
+        rows < 1 || n_sm < 1)
+        return 0;
+    const int tiles = (rows + LX_TM - 1) / LX_TM;
+    int lo = (in + LF_MAX_SLICE - 1) / LF_MAX_SLICE;
+    const int lo_y = (fold_in + LF_MAX_YSLICE - 1) / LF_MAX_YSLICE;
+    if (lo_y > lo) lo = lo_y;
+    if (lo > LX_SLICES_MAX || lo > in / 16) return 0;
+    /* SQUAD_LORA_FOLD_SLICES (an experiment switch) caps them apart from the other kernels' */
+    const char *env = getenv("SQUAD_LORA_FOLD_SLICES");
+    const int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : lx_slices_cap();
+    int ks = cap > lo ? cap : lo;
+    if (ks > in / 16) ks = in / 16;
+    while (ks > lo && tiles * ks > n_sm) ks--;
+    /* the slices as k_lora_fold cuts them: whole k-steps, none empty */
+    const int slice = lx_round((in + ks - 1) / ks, 16), nz = (in + slice - 1) / slice;
+    const int yslice = lx_round((fold_in + nz - 1) / nz, 16);
+    return slice <= LF_MAX_SLICE && yslice <= LF_MAX_YSLICE ? nz : 0;
+}
+
+/* k_lora_fold's launch (a->fold_y set; the caller checked the shapes and alignments). */
+static int lx_launch_fold(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
+                          squad_err *err) {
+    const int nz = cu_lora_fold_slices(a->in, a->R, a->fold_in, a->fold_R, rows, n_sm);
+    if (nz < 1)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "cu_lora_input: no fold for in %d, R %d, out's in %d, R %d, %d rows",
+                      a->in, a->R, a->fold_in, a->fold_R, rows);
+    const int slice = lx_round((a->in + nz - 1) / nz, 16), yslice = lx_round((a->fold_in + nz - 1) / nz, 16);
+    cudaLaunchAttribute at[2] = {};
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = (unsigned)nz;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization; /* lx_grid_wait */
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3((unsigned)((rows + LX_TM - 1) / LX_TM), 1, (unsigned)nz);
+    lc.blockDim = dim3(LX_THREADS);
+    lc.stream = st;
+    lc.attrs = at;
+    const char *pdl = getenv("SQUAD_LORA_PDL");
+    lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
+    const char *wide = getenv("SQUAD_LORA_FOLD_WIDE"); /* "1": the wide instance always (an experiment) */
+    const bool narrow = slice <= LF_NARROW_SLICE && yslice <= 2 * LF_NARROW_SLICE && !(wide && wide[0] == '1');
+    void (*kern)(cu_lora_input_args, const int *, int, int, int) =
+        narrow ? k_lora_fold<LF_NARROW_SLICE, 2 * LF_NARROW_SLICE> : k_lora_fold<LF_MAX_SLICE, LF_MAX_YSLICE>;
+    cudaError_t e = cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice, yslice);
+    if (e != cudaSuccess && lc.numAttrs == 2) { /* refused with the programmatic dependency */
+        (void)cudaGetLastError();
+        lc.numAttrs = 1;
+        e = cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice, yslice);
+    }
+    if (e != cudaSuccess) return cu_fail(err, "k_lora_fold (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
+    CU_LAUNCH_CHECK("k_lora_fold");
+    return 0;
+}
 
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
                   squad_err *err) {
@@ -833,6 +1282,17 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
                                      : !a->x_src || (a->src == CU_LORA_COPY && a->ld_src < a->in))
         return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: producer %d without its input", a->src);
     const int tiles = (rows + LX_TM - 1) / LX_TM;
+    if (a->fold_y) { /* the out term folded in: the norm on the bf16 path only */
+        const int ok = a->src == CU_LORA_NORM && !a->f32 && a->fold_A && a->fold_B && a->fold_in > 0 &&
+                       a->fold_ldy >= a->fold_in && a->fold_ldy % 8 == 0 && a->fold_lda >= a->fold_in &&
+                       a->fold_lda % 2 == 0 && a->fold_ldb % 2 == 0 && a->lda % 2 == 0 && a->ldw % 2 == 0 &&
+                       lx_aligned(a->fold_y, 16) && lx_aligned(a->fold_A, 4) && lx_aligned(a->fold_B, 4) &&
+                       lx_aligned(a->A, 4) && lx_aligned(a->xw, 4) && lx_aligned(a->h, 8) && lx_aligned(a->w, 8);
+        if (!ok)
+            return cu_err(err, SQUAD_E_INVALID, "cu_lora_input: the folded out term's operands (in %d, ld %d)",
+                          a->fold_in, a->fold_ldy);
+        return lx_launch_fold(a, token_slot, rows, n_sm, st, err);
+    }
     if (a->f32) {
         const dim3 grid((unsigned)tiles, (unsigned)((a->R + LX_CW_F32 - 1) / LX_CW_F32));
         k_lora_input_f32<<<grid, LX_THREADS, 0, st>>>(*a, token_slot, rows);

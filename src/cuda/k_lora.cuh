@@ -22,7 +22,8 @@
  * in-projection or gate | up, SiLU(gate) * up before down; before out / o the mixer writes x into
  * xw itself, with xw's row stride, and the kernel makes u only), and the u columns. Making x here
  * replaces the producer's own kernel, so an adapted in-projection, gate | up or down costs no
- * launch beyond the trunk's; out / o pay one (u alone).
+ * launch beyond the trunk's; out / o pay one (u alone), except where the gate | up norm's launch
+ * takes out's term itself (fold_y below: out's GEMM then reads u columns of zeros).
  */
 #ifndef SQUAD_K_LORA_CUH
 #define SQUAD_K_LORA_CUH
@@ -41,7 +42,7 @@ typedef enum cu_lora_src {
 
 typedef struct cu_lora_input_args {
     int src;              /* cu_lora_src */
-    const float *h;       /* NORM: the residual stream */
+    float *h;             /* NORM: the residual stream (written back with fold_y) */
     const float *w;       /* NORM: the norm's weight [in] */
     float eps;            /* NORM */
     const void *x_src;    /* SILU: gu; COPY: x (bf16, or fp32 when f32) */
@@ -66,8 +67,22 @@ typedef struct cu_lora_input_args {
     /* The short chain brings these bytes into L2 for a later launch (the next widened input's A: its
      * first loads then come from L2, not from device memory, which the weights' stream through L2
      * between launches would leave them in); NULL: none. */
-    const void *prefetch;
-    size_t prefetch_bytes;
+    const void *prefetch, *prefetch2;
+    size_t prefetch_bytes, prefetch2_bytes;
+    /* The out / o projection's low-rank term folded into the gate | up norm's launch (NORM, bf16,
+     * where cu_lora_fold_slices takes the shapes; NULL fold_y: none). Before the norm, for every
+     * token t of slot s:
+     *   u_o[t][k] = bf16(sum_i fold_A[s - 1][k][i] fold_y[t][i])               (k < fold_R)
+     *   h[t][j]  += sum_k fold_B[j fold_ldb + (s - 1) fold_R + k] u_o[t][k]
+     * (h written back: the residual stream gets the term), then x and u as NORM makes them from the
+     * new h. fold_y is the mixer's output [rows][fold_ldy] (fold_in wide), fold_A out's A blocks
+     * [n_slots][fold_R][fold_lda], fold_B out's B' (the widened out weight's columns from fold_in). */
+    const void *fold_y;
+    int fold_ldy, fold_in;
+    const void *fold_A;
+    int fold_lda, fold_R;
+    const void *fold_B;
+    int fold_ldb;
 } cu_lora_input_args;
 
 /* For every token t < rows, with s = token_slot[t] (0, or outside [1, n_slots]: no adapter):
@@ -79,6 +94,11 @@ typedef struct cu_lora_input_args {
  * read from xw and left as it is. n_sm sizes the grid. */
 int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, int n_sm, cudaStream_t st,
                   squad_err *err);
+
+/* The slices (the cluster's blocks) k_lora_fold splits `in` of a tile into for these shapes (x's
+ * width in, the gate | up site's R, out's input width fold_in and rank columns fold_R, rows tokens),
+ * or 0 when it does not take them (the caller then makes out's u on its own). */
+int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_sm);
 
 /* fit[k] for k = 1 .. CU_LORA_FIT_MAX (fit[0] = 0), queried from the device (outside any stream
  * capture). */
