@@ -732,9 +732,11 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
 #define LF_MAX_RO 16        /* out's rank columns: 2 n8 tiles, one k-step of d's product */
 #define LF_MAX_SLICE 256    /* the widest slice of h: its n8 tiles over the 8 warps, LF_HT each */
 #define LF_MAX_YSLICE LX_KC /* the widest slice of y (xs holds it) */
-#define LF_NARROW_SLICE 128  /* the narrow instance's widest slice of h (and twice that of y) */
-#define LF_OKG 4             /* u_o's k groups (warps w / 2; w % 2 picks the n8 tile) */
-#define LF_GKG 2             /* u's k groups (warps w / 4; w % 4 picks the n8 tile) */
+#define LF_HT (LF_MAX_SLICE / 8 / LX_WARPS)  /* h's n8 tiles a warp holds */
+#define LF_OKG 4                             /* u_o's k groups (warps w / 2; w % 2 picks the n8 tile) */
+#define LF_OKS (LF_MAX_YSLICE / 16 / LF_OKG) /* k-steps a warp of u_o's product runs */
+#define LF_GKG 2                             /* u's k groups (warps w / 4; w % 4 picks the n8 tile) */
+#define LF_GKS (LF_MAX_SLICE / 16 / LF_GKG)  /* k-steps a warp of u's product runs */
 #define LF_ORLD (LF_MAX_RO + 4)              /* the partials' row strides (padded against bank conflicts) */
 #define LF_GRLD (LF_MAX_R + 4)
 #define LF_RED (LF_OKG * LX_TM * LF_ORLD > LF_GKG * LX_TM * LF_GRLD ? LF_OKG * LX_TM * LF_ORLD : LF_GKG * LX_TM * LF_GRLD)
@@ -799,17 +801,8 @@ static __device__ __forceinline__ void lf_pick(uint32_t (&b)[KS][2], const uint3
         }
 }
 
-/* MS, MY: the widest slices of h and of y the instance takes (the fragments' registers: the narrow
- * instance, a hit's 8 slices of the 0.8B shapes, fits two blocks an SM, so its clusters find room
- * beside the previous kernel's last blocks) */
-template <int MS, int MY>
-__global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
+__global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fold_slices sizes the grid so */
     k_lora_fold(cu_lora_input_args a, const int *token_slot, int rows, int slice, int yslice) {
-    constexpr int HT = MS / 8 / LX_WARPS;            /* h's n8 tiles a warp holds */
-    constexpr int OKS = MY / 16 / LF_OKG;            /* k-steps a warp of u_o's product runs */
-    constexpr int GKS = MS / 16 / LF_GKG;            /* k-steps a warp of u's product runs */
-    constexpr int YU = MY / 8 * LX_TM / LX_THREADS; /* units of 8 y values a thread loads */
-    static_assert(HT >= 1 && OKS >= 1 && GKS >= 1 && YU >= 1 && MY <= LX_KC, "an instance's slices");
     __shared__ __align__(16) bf16 xs[LX_TM * LX_XLD];       /* the slice of y, then of x */
     __shared__ __align__(16) float red[LF_RED];             /* the warps' partials [k group][LX_TM][ld] */
     __shared__ float uopart[LX_SLICES_MAX][LX_TM][LF_MAX_RO]; /* every block: each slice's u_o, pushed */
@@ -836,14 +829,14 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
         const int t = t0 + lane, v = t < rows ? token_slot[t] : 0;
         sl = v >= 1 && v <= a.n_slots ? v : 0;
     }
-    uint32_t aopre[LX_PRE_SLOTS][OKS][2];
+    uint32_t aopre[LX_PRE_SLOTS][LF_OKS][2];
 #pragma unroll
     for (int q = 0; q < LX_PRE_SLOTS; q++)
-        lf_load_frags<OKS>(aopre[q], Ao + (size_t)q * Ro * a.fold_lda, a.fold_lda, (warp % 2) * 8, Ro, kbo, keo,
+        lf_load_frags<LF_OKS>(aopre[q], Ao + (size_t)q * Ro * a.fold_lda, a.fold_lda, (warp % 2) * 8, Ro, kbo, keo,
                               warp / 2, LF_OKG, q < a.n_slots);
-    float wv[HT][2];
+    float wv[LF_HT][2];
 #pragma unroll
-    for (int i = 0; i < HT; i++) {
+    for (int i = 0; i < LF_HT; i++) {
         const int c = kb + (warp + LX_WARPS * i) * 8 + 2 * tq;
         wv[i][0] = wv[i][1] = 0.0f;
         if (c < ke) {
@@ -857,17 +850,17 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
     /* every load of y's slice and h's before any is used (none waits for the slots); h in d's output
      * fragments: tile warp + 8 i of the slice, rows gq and gq + 8, columns 2 tq and 2 tq + 1 */
     const int yupr = (keo > kbo ? keo - kbo : 0) / 8, yunits = LX_TM * yupr;
-    uint4 yv[YU];
+    uint4 yv[LF_MAX_YSLICE / 8 * LX_TM / LX_THREADS];
 #pragma unroll
-    for (int i = 0; i < YU; i++) {
+    for (int i = 0; i < LF_MAX_YSLICE / 8 * LX_TM / LX_THREADS; i++) {
         const int u = tid + i * LX_THREADS, row = u / max(yupr, 1), k = kbo + (u % max(yupr, 1)) * 8;
         yv[i] = make_uint4(0, 0, 0, 0);
         if (u < yunits && t0 + row < rows)
             yv[i] = *reinterpret_cast<const uint4 *>(y + (size_t)(t0 + row) * a.fold_ldy + k);
     }
-    float hv[HT][4];
+    float hv[LF_HT][4];
 #pragma unroll
-    for (int i = 0; i < HT; i++) {
+    for (int i = 0; i < LF_HT; i++) {
         const int c = kb + (warp + LX_WARPS * i) * 8 + 2 * tq;
         hv[i][0] = hv[i][1] = hv[i][2] = hv[i][3] = 0.0f;
         if (c < ke) {
@@ -885,11 +878,11 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
      * first cluster barrier) */
     const unsigned todo0 = __ballot_sync(0xffffffffu, sl != 0) & ((1u << LX_TM) - 1);
     const int s1 = todo0 ? __shfl_sync(0xffffffffu, sl, __ffs(todo0) - 1) : 0; /* the tile's first slot */
-    uint32_t ag[GKS][2], bo[HT][2];
-    lf_load_frags<GKS>(ag, A + (size_t)(s1 > 0 ? s1 - 1 : 0) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke,
+    uint32_t ag[LF_GKS][2], bo[LF_HT][2];
+    lf_load_frags<LF_GKS>(ag, A + (size_t)(s1 > 0 ? s1 - 1 : 0) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke,
                           warp / 4, LF_GKG, s1 > 0);
 #pragma unroll
-    for (int i = 0; i < HT; i++) { /* B_o (k = rank column, n = h's column): a row of the out weight */
+    for (int i = 0; i < LF_HT; i++) { /* B_o (k = rank column, n = h's column): a row of the out weight */
         const int n = kb + (warp + LX_WARPS * i) * 8 + gq;
         bo[i][0] = bo[i][1] = 0;
         if (s1 > 0 && n < ke) {
@@ -900,14 +893,14 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
     }
     if (warp == 0 && lane < LX_TM) ts[lane] = sl;
 #pragma unroll
-    for (int i = 0; i < YU; i++) {
+    for (int i = 0; i < LF_MAX_YSLICE / 8 * LX_TM / LX_THREADS; i++) {
         const int u = tid + i * LX_THREADS;
         if (u < yunits) *reinterpret_cast<uint4 *>(xs + (u / yupr) * LX_XLD + (u % yupr) * 8) = yv[i];
     }
     __syncthreads();
     if (z == 0) lx_zero_others(xw, a.ldw, a.in, a.R, a.n_slots, ts, t0, rows, 0, a.R);
     bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
-    float dacc[HT][4] = {};
+    float dacc[LF_HT][4] = {};
     if (todo0) {
         /* 1. u_o: each slot's products over the slice; a row keeps its own slot's */
         const int orow = tid / LF_MAX_RO, oc = tid % LF_MAX_RO; /* the (row, column) this thread sums */
@@ -916,14 +909,14 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
         while (todo) {
             unsigned mine;
             const int s = lx_next_slot(ts, &todo, &mine);
-            uint32_t b[OKS][2];
+            uint32_t b[LF_OKS][2];
             if (s <= LX_PRE_SLOTS)
-                lf_pick<OKS>(b, aopre, s);
+                lf_pick<LF_OKS>(b, aopre, s);
             else
-                lf_load_frags<OKS>(b, Ao + (size_t)(s - 1) * Ro * a.fold_lda, a.fold_lda, (warp % 2) * 8, Ro, kbo,
+                lf_load_frags<LF_OKS>(b, Ao + (size_t)(s - 1) * Ro * a.fold_lda, a.fold_lda, (warp % 2) * 8, Ro, kbo,
                                       keo, warp / 2, LF_OKG, true);
             float acc[4] = {};
-            lf_mma<OKS>(acc, xs, b, keo - kbo, warp / 2, LF_OKG);
+            lf_mma<LF_OKS>(acc, xs, b, keo - kbo, warp / 2, LF_OKG);
             lf_store_acc(red, LF_ORLD, warp / 2, warp % 2, acc);
             __syncthreads();
             if ((mine >> orow) & 1u) {
@@ -967,7 +960,7 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
             af[2] = r0 ? *reinterpret_cast<const uint32_t *>(&uo[gq][2 * tq + 8]) : 0u;
             af[3] = r1 ? *reinterpret_cast<const uint32_t *>(&uo[gq + 8][2 * tq + 8]) : 0u;
 #pragma unroll
-            for (int i = 0; i < HT; i++) {
+            for (int i = 0; i < LF_HT; i++) {
                 const int n = kb + (warp + LX_WARPS * i) * 8 + gq;
                 if (kb + (warp + LX_WARPS * i) * 8 >= ke) break;
                 uint32_t b0 = bo[i][0], b1 = bo[i][1];
@@ -980,7 +973,7 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
             }
         }
 #pragma unroll
-        for (int i = 0; i < HT; i++) {
+        for (int i = 0; i < LF_HT; i++) {
             const int c = kb + (warp + LX_WARPS * i) * 8 + 2 * tq;
             if (c >= ke) break;
 #pragma unroll
@@ -997,7 +990,7 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
     {
         float s0 = 0.0f, s8 = 0.0f;
 #pragma unroll
-        for (int i = 0; i < HT; i++) {
+        for (int i = 0; i < LF_HT; i++) {
             s0 += hv[i][0] * hv[i][0] + hv[i][1] * hv[i][1];
             s8 += hv[i][2] * hv[i][2] + hv[i][3] * hv[i][3];
         }
@@ -1026,7 +1019,7 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
     {
         const float r0 = rinv[gq], r8 = rinv[gq + 8];
 #pragma unroll
-        for (int i = 0; i < HT; i++) {
+        for (int i = 0; i < LF_HT; i++) {
             const int cl = (warp + LX_WARPS * i) * 8 + 2 * tq, c = kb + cl;
             if (c >= ke) break;
             const uint32_t x0 = cu_pack_bf16(hv[i][0] * r0 * (1.f + wv[i][0]), hv[i][1] * r0 * (1.f + wv[i][1]));
@@ -1044,16 +1037,16 @@ __global__ void __launch_bounds__(LX_THREADS, MS <= LF_NARROW_SLICE ? 2 : 1)
     while (todo) {
         unsigned mine;
         const int s = lx_next_slot(ts, &todo, &mine);
-        uint32_t b[GKS][2];
+        uint32_t b[LF_GKS][2];
         if (s == s1) {
 #pragma unroll
-            for (int i = 0; i < GKS; i++) b[i][0] = ag[i][0], b[i][1] = ag[i][1];
+            for (int i = 0; i < LF_GKS; i++) b[i][0] = ag[i][0], b[i][1] = ag[i][1];
         } else {
-            lf_load_frags<GKS>(b, A + (size_t)(s - 1) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke, warp / 4,
+            lf_load_frags<LF_GKS>(b, A + (size_t)(s - 1) * a.R * a.lda, a.lda, (warp % 4) * 8, a.R, kb, ke, warp / 4,
                                   LF_GKG, true);
         }
         float acc[4] = {};
-        lf_mma<GKS>(acc, xs, b, ke - kb, warp / 4, LF_GKG);
+        lf_mma<LF_GKS>(acc, xs, b, ke - kb, warp / 4, LF_GKG);
         lf_store_acc(red, LF_GRLD, warp / 4, warp % 4, acc);
         __syncthreads();
 #pragma unroll
@@ -1255,15 +1248,11 @@ static int lx_launch_fold(const cu_lora_input_args *a, const int *token_slot, in
     lc.attrs = at;
     const char *pdl = getenv("SQUAD_LORA_PDL");
     lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
-    const char *wide = getenv("SQUAD_LORA_FOLD_WIDE"); /* "1": the wide instance always (an experiment) */
-    const bool narrow = slice <= LF_NARROW_SLICE && yslice <= 2 * LF_NARROW_SLICE && !(wide && wide[0] == '1');
-    void (*kern)(cu_lora_input_args, const int *, int, int, int) =
-        narrow ? k_lora_fold<LF_NARROW_SLICE, 2 * LF_NARROW_SLICE> : k_lora_fold<LF_MAX_SLICE, LF_MAX_YSLICE>;
-    cudaError_t e = cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice, yslice);
+    cudaError_t e = cudaLaunchKernelEx(&lc, k_lora_fold, *a, token_slot, rows, slice, yslice);
     if (e != cudaSuccess && lc.numAttrs == 2) { /* refused with the programmatic dependency */
         (void)cudaGetLastError();
         lc.numAttrs = 1;
-        e = cudaLaunchKernelEx(&lc, kern, *a, token_slot, rows, slice, yslice);
+        e = cudaLaunchKernelEx(&lc, k_lora_fold, *a, token_slot, rows, slice, yslice);
     }
     if (e != cudaSuccess) return cu_fail(err, "k_lora_fold (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     CU_LAUNCH_CHECK("k_lora_fold");
