@@ -31,8 +31,8 @@
 #   memcheck   compute-sanitizer memcheck on gpu_test_kernels, gpu_test_backend, gpu_test_batch and
 #              gpu_test_specialists' LoRA kernels (SQUAD_GPU_TEST_QUICK=1: no 0.8B-size GEMM cases,
 #              fewer rows) -> memcheck.log
-#   racecheck  compute-sanitizer racecheck on gpu_test_kernels and gpu_test_batch's batched kernels
-#              (quick) -> racecheck.log
+#   racecheck  compute-sanitizer racecheck on gpu_test_kernels, gpu_test_batch's batched kernels and
+#              gpu_test_specialists' LoRA kernels (quick) -> racecheck.log
 #   profile    ncu (--clock-control none) kernel durations of one cold 2048-token row and one
 #              4096+128 hit on the 0.8B preset (graph nodes, so tuned GEMMs), summed per kernel
 #              (tools/ncu_summary.py) -> profile.log. ncu flushes the caches before each kernel
@@ -316,6 +316,9 @@ if has racecheck; then
     # the batched kernels alone: the whole batch test does not finish under racecheck in the step's time
     step "racecheck gpu_test_batch (quick, kernels)" 300 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 SQUAD_GPU_TEST_MIXERS_ONLY=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_batch"
+    # the specialists' kernels (the widened inputs, the fold: clusters and distributed shared memory)
+    step "racecheck gpu_test_specialists (quick, LoRA kernels)" 300 "$OUT/racecheck.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 SQUAD_GPU_TEST_LORA_ONLY=1 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_specialists"
 fi
 log "done"
 # The run tool brings back at most 8 files from $OUT: PACK_LOGS=1 leaves one archive, OUTDIR.tgz,
