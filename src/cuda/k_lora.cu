@@ -275,6 +275,67 @@ static __device__ __forceinline__ void lx_cluster_wait() {
     asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
+/* Threads < LX_TM: this slice's sums of squares ssp into every block of the cluster (slot z). */
+static __device__ __forceinline__ void lx_push_ss(float (&sspart)[LX_SLICES_MAX][LX_TM], float ssp, int ks, int z,
+                                                  cg::cluster_group &cluster) {
+    if (threadIdx.x >= LX_TM) return;
+    if (ks == 1) {
+        sspart[0][threadIdx.x] = ssp;
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < LX_SLICES_MAX; q++)
+        if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
+}
+
+/* Threads < LX_TM: the rows' scales from the slices' sums of squares, added in slice order. */
+static __device__ __forceinline__ void lx_row_scale(float *rinv, const float (&sspart)[LX_SLICES_MAX][LX_TM], int ks,
+                                                    int in, float eps) {
+    if (threadIdx.x >= LX_TM) return;
+    float ss = 0.0f;
+    for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
+    rinv[threadIdx.x] = rsqrtf(ss / (float)in + eps);
+}
+
+/* The barrier of a tile's blocks: the cluster's, or the block's when the tile is one slice. */
+static __device__ __forceinline__ void lx_tile_sync(cg::cluster_group &cluster, int ks) {
+    if (ks > 1)
+        cluster.sync();
+    else
+        __syncthreads();
+}
+
+/* The norm's row scales in every block of the tile: this slice's sums of squares ssp (threads <
+ * LX_TM) pushed into every block once the cluster has started (joined), a barrier, the slices' sums
+ * added in slice order (the same scale everywhere), a block barrier. */
+static __device__ __forceinline__ void lx_share_row_scale(float *rinv, float (&sspart)[LX_SLICES_MAX][LX_TM], float ssp,
+                                                          int ks, int z, int in, float eps, bool &joined,
+                                                          cg::cluster_group &cluster) {
+    if (!joined) {
+        lx_cluster_wait();
+        joined = true;
+    }
+    lx_push_ss(sspart, ssp, ks, z, cluster);
+    lx_tile_sync(cluster, ks);
+    lx_row_scale(rinv, sspart, ks, in, eps);
+    __syncthreads();
+}
+
+/* The first block of a tile (after the barrier that brings every slice's part of u): slot s's u of
+ * the tile's rows in `mine`, each column the slices' parts added in slice order, bf16 into xw's
+ * columns [c0, c1) of slot s. */
+template <int NS, int CW>
+static __device__ __forceinline__ void lx_store_u(bf16 *xw, int ldw, int in, int R, const float (&upart)[NS][LX_TM][CW],
+                                                  int ks, int s, unsigned mine, int t0, int rows, int c0, int c1) {
+    for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
+        const int row = idx / CW, c = idx % CW, t = t0 + row;
+        if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
+        float sum = 0.0f;
+        for (int q = 0; q < ks; q++) sum += upart[q][row][c];
+        xw[(size_t)t * ldw + in + (size_t)(s - 1) * R + c0 + c] = __float2bfloat16(sum);
+    }
+}
+
 template <int NT>
 __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     k_lora_input_mma(cu_lora_input_args a, const int *token_slot, int rows, int slice) {
@@ -358,29 +419,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
         }
         /* every block gets every slice's sums (pushed into its shared memory), then adds them in
          * slice order: the same scale in each block */
-        if (!joined) {
-            lx_cluster_wait();
-            joined = true;
-        }
-        if (threadIdx.x < LX_TM) {
-            if (ks == 1) {
-                sspart[0][threadIdx.x] = ssp;
-            } else {
-#pragma unroll
-                for (int q = 0; q < LX_SLICES_MAX; q++)
-                    if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
-            }
-        }
-        if (ks > 1)
-            cluster.sync();
-        else
-            __syncthreads();
-        if (threadIdx.x < LX_TM) {
-            float ss = 0.0f;
-            for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
-            rinv[threadIdx.x] = rsqrtf(ss / (float)a.in + a.eps);
-        }
-        __syncthreads();
+        lx_share_row_scale(rinv, sspart, ssp, ks, z, a.in, a.eps, joined, cluster);
     }
     bool first = true;
     for (;;) {
@@ -436,24 +475,11 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
         }
         float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
         lx_sum_partials<NT>(red, up0, z);
-        if (ks > 1)
-            cluster.sync(); /* every slice's partials are in the first block (and red is free again) */
-        else
-            __syncthreads();
-        if (z == 0)
-            for (int idx = (int)threadIdx.x; idx < LX_TM * CW; idx += LX_THREADS) {
-                const int row = idx / CW, c = idx % CW, t = t0 + row;
-                if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
-                float sum = 0.0f;
-                for (int q = 0; q < ks; q++) sum += upart[q][row][c];
-                xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
-            }
+        lx_tile_sync(cluster, ks); /* every slice's partials are in the first block (and red is free again) */
+        if (z == 0) lx_store_u(xw, ldw, a.in, a.R, upart, ks, s, mine, t0, rows, c0, c1);
         if (!todo) break;
         /* another slot of the tile: the first block has read every partial before they are pushed again */
-        if (ks > 1)
-            cluster.sync();
-        else
-            __syncthreads();
+        lx_tile_sync(cluster, ks);
     }
 }
 
@@ -485,28 +511,6 @@ static __device__ __forceinline__ void lx_prefetch_l2(const void *p, size_t byte
     const size_t me = block * LX_THREADS + threadIdx.x;
     for (size_t off = me * 128; off < bytes; off += nthreads * 128)
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(static_cast<const char *>(p) + off));
-}
-
-/* Threads < LX_TM: this slice's sums of squares ssp into every block of the cluster (slot z). */
-static __device__ __forceinline__ void lx_push_ss(float (&sspart)[LX_SLICES_MAX][LX_TM], float ssp, int ks, int z,
-                                                  cg::cluster_group &cluster) {
-    if (threadIdx.x >= LX_TM) return;
-    if (ks == 1) {
-        sspart[0][threadIdx.x] = ssp;
-        return;
-    }
-#pragma unroll
-    for (int q = 0; q < LX_SLICES_MAX; q++)
-        if (q < ks) *cluster.map_shared_rank(&sspart[z][threadIdx.x], q) = ssp;
-}
-
-/* Threads < LX_TM: the rows' scales from the slices' sums of squares, added in slice order. */
-static __device__ __forceinline__ void lx_row_scale(float *rinv, const float (&sspart)[LX_SLICES_MAX][LX_TM], int ks,
-                                                    int in, float eps) {
-    if (threadIdx.x >= LX_TM) return;
-    float ss = 0.0f;
-    for (int q = 0; q < ks; q++) ss += sspart[q][threadIdx.x];
-    rinv[threadIdx.x] = rsqrtf(ss / (float)in + eps);
 }
 
 /* The norm's x = bf16(h r (1 + w)) of this thread's units (h in registers, w read again): into xw
@@ -636,17 +640,7 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
     float *up0 = ks > 1 ? cluster.map_shared_rank(&upart[0][0][0], 0) : &upart[0][0][0];
     bool joined = ks == 1; /* every block of the cluster has started (lx_cluster_arrive) */
     if (norm) { /* r first: the slices' sums of squares into every block, a barrier, x */
-        if (!joined) {
-            lx_cluster_wait();
-            joined = true;
-        }
-        lx_push_ss(sspart, ssp, ks, z, cluster);
-        if (ks > 1)
-            cluster.sync();
-        else
-            __syncthreads();
-        lx_row_scale(rinv, sspart, ks, a.in, a.eps);
-        __syncthreads();
+        lx_share_row_scale(rinv, sspart, ssp, ks, z, a.in, a.eps, joined, cluster);
         lx_short_norm_x(xw, ldw, xs, hv, a.w, rinv, a.in, upr, units, t0, kb, rows, writer);
         __syncthreads();
     }
@@ -686,25 +680,12 @@ __global__ void __launch_bounds__(LX_THREADS, lx_blocks_per_sm(NT))
         }
         /* 4. the block's sum in warp order into the first block's shared memory; one barrier */
         lx_sum_partials<NT>(red, up0, z);
-        if (ks > 1)
-            cluster.sync();
-        else
-            __syncthreads();
+        lx_tile_sync(cluster, ks);
         first = false;
-        if (z == 0)
-            for (int idx = tid; idx < LX_TM * CW; idx += LX_THREADS) {
-                const int row = idx / CW, c = idx % CW, t = t0 + row;
-                if (!((mine >> row) & 1u) || t >= rows || c0 + c >= c1) continue;
-                float sum = 0.0f;
-                for (int q = 0; q < ks; q++) sum += upart[q][row][c];
-                xw[(size_t)t * ldw + a.in + (size_t)(s - 1) * a.R + c0 + c] = __float2bfloat16(sum);
-            }
+        if (z == 0) lx_store_u(xw, ldw, a.in, a.R, upart, ks, s, mine, t0, rows, c0, c1);
         if (!todo) break;
         /* another slot of the tile: the first block has read every partial before they are pushed again */
-        if (ks > 1)
-            cluster.sync();
-        else
-            __syncthreads();
+        lx_tile_sync(cluster, ks);
     }
 }
 
@@ -938,10 +919,7 @@ __global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fol
             for (int q = 0; q < LX_SLICES_MAX; q++)
                 if (q < ks) *cluster.map_shared_rank(&uopart[z][orow][oc], q) = uo_mine;
         }
-        if (ks > 1)
-            cluster.sync(); /* every slice's u_o here, and every block of the tile has read its h */
-        else
-            __syncthreads();
+        lx_tile_sync(cluster, ks); /* every slice's u_o here, and every block of the tile has read its h */
         {
             float sum = 0.0f;
             for (int q = 0; q < ks; q++) sum += uopart[q][orow][oc];
@@ -1004,17 +982,7 @@ __global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fol
     float ssp = 0.0f;
     if (tid < LX_TM)
         for (int w = 0; w < LX_WARPS; w++) ssp += ssw[w][tid];
-    if (!joined) {
-        lx_cluster_wait();
-        joined = true;
-    }
-    lx_push_ss(sspart, ssp, ks, z, cluster);
-    if (ks > 1)
-        cluster.sync();
-    else
-        __syncthreads();
-    lx_row_scale(rinv, sspart, ks, a.in, a.eps);
-    __syncthreads();
+    lx_share_row_scale(rinv, sspart, ssp, ks, z, a.in, a.eps, joined, cluster);
     /* 3. x = bf16(h' r (1 + w)) into xw and xs; then u = A x */
     {
         const float r0 = rinv[gq], r8 = rinv[gq + 8];
@@ -1066,10 +1034,7 @@ __global__ void __launch_bounds__(LX_THREADS, 1) /* one block an SM: cu_lora_fol
         else
             upart[0][row][c] = up_mine[e];
     }
-    if (ks > 1)
-        cluster.sync();
-    else
-        __syncthreads();
+    lx_tile_sync(cluster, ks);
     if (z == 0)
         for (int idx = tid; idx < LX_TM * LF_MAX_R; idx += LX_THREADS) {
             const int row = idx / LF_MAX_R, c = idx % LF_MAX_R, t = t0 + row, s = ts[row];
