@@ -4,7 +4,9 @@
 #   - a file includes a file of a higher layer (an upward include),
 #   - the includes between units form a cycle (a unit is a path without its extension, so foo.c,
 #     foo.h, foo.cu and foo.cuh are one unit: foo.c including bar.h and bar.c including foo.h is a
-#     cycle even though no header includes itself),
+#     cycle even though no header includes itself); a header of no unit of code is looked through.
+#     Each cycle is listed with its includes that do not go down a layer (every cycle has one: they
+#     are the ones to remove or turn around),
 #   - a file matches no line of the layer table (a new file has to be placed before it is built on),
 #   - an include names no file of the tree (it would be checked against nothing).
 #
@@ -59,9 +61,9 @@ find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name
       c = normalize("include/" name);       if (c in exists) return c
       return ""
     }
-    # Records that code unit a depends on the unit of file t, reached by the chain "why"; looks
-    # through a header of no code unit to the files it includes.
-    function depend(a, t, why,   b, n) {
+    # Records that code unit a depends on the unit of file t, reached from the file "from" of unit
+    # a by the chain "why"; looks through a header of no code unit to the files it includes.
+    function depend(a, t, why, from,   b, n) {
       b = unit_of(t)
       if (b in is_code) {
         if (b == a) return
@@ -69,12 +71,13 @@ find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name
         if (!((unit_id[a], b) in reach)) {
           reach[unit_id[a], b] = 1
           nedges++; edge_a[nedges] = unit_id[a]; edge_b[nedges] = b; edge_why[nedges] = why
+          edge_flat[nedges] = layer[t] >= layer[from]
         }
         return
       }
       if (t in seen) { if (seen[t] == "open" && !(t in header_cycle)) header_cycle[t] = why; return }
       seen[t] = "open"
-      for (n = 1; n <= ninc[t]; n++) depend(a, inc[t, n], why ", which includes " inc[t, n])
+      for (n = 1; n <= ninc[t]; n++) depend(a, inc[t, n], why ", which includes " inc[t, n], from)
       seen[t] = "done"
     }
     function problem(msg) { problems[++nproblems] = "check_layers: " msg }
@@ -132,7 +135,7 @@ find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name
         p = file[i]; a = unit_of(p)
         if (!(a in is_code)) continue
         delete seen
-        for (n = 1; n <= ninc[p]; n++) depend(a, inc[p, n], p " includes " inc[p, n])
+        for (n = 1; n <= ninc[p]; n++) depend(a, inc[p, n], p " includes " inc[p, n], p)
       }
       # transitive closure (Warshall); a set of code units that reach each other is a cycle
       for (k = 1; k <= nunits; k++)
@@ -145,9 +148,11 @@ find "${dirs[@]}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name
         members = unit_name[i]; cycle_of[i] = i
         for (j = i + 1; j <= nunits; j++)
           if (((i, j) in reach) && ((j, i) in reach)) { cycle_of[j] = i; members = members " <-> " unit_name[j] }
-        msg = "include cycle: " members
+        # every cycle has an include that does not go down a layer: those are the ones to remove
+        msg = "include cycle: " members "; the includes in it that do not go down a layer:"
         for (e = 1; e <= nedges; e++)
-          if ((edge_a[e] in cycle_of) && (edge_b[e] in cycle_of) && cycle_of[edge_a[e]] == i && cycle_of[edge_b[e]] == i)
+          if ((edge_a[e] in cycle_of) && (edge_b[e] in cycle_of) && cycle_of[edge_a[e]] == i && cycle_of[edge_b[e]] == i &&
+              edge_flat[e])
             msg = msg "\n    " edge_why[e]
         problem(msg)
       }
