@@ -3,7 +3,7 @@
 
 A web-testing agent looks at a page, asks several questions about it, acts, asks again about the
 changed page, then reaches a new page. Every step is one POST /v1/decisions request (the OpenAI
-Decisions API shape that squad serves; DECISIONS-API.md section A) whose input is the agent's whole
+Decisions API shape that squad serves; docs/decisions-api.md section A) whose input is the agent's whole
 state: its instructions (a developer message), the history of its actions and the current page. The
 state grows at its end from step to step, so squad's state cache restores the part it has seen and
 computes only what is new; each step prints its answers, its latency and how many input tokens came

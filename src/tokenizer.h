@@ -27,6 +27,9 @@
 #include <stdint.h>
 
 #include "squad.h"
+/* The UTF-8 helpers (utf8.h), for the modules that reach squad_utf8_invalid_offset through this
+ * header; code that needs them includes utf8.h itself. */
+#include "utf8.h"
 
 typedef struct squad_tokenizer squad_tokenizer;
 
@@ -97,8 +100,5 @@ int squad_tokenizer_find_added(const squad_tokenizer *tok, const char *s, size_t
 
 /* One more than the largest token id (the embedding rows a model needs). */
 int squad_tokenizer_vocab_size(const squad_tokenizer *tok);
-
-/* Offset of the first invalid UTF-8 sequence in s, or len when s is valid UTF-8. */
-size_t squad_utf8_invalid_offset(const char *s, size_t len);
 
 #endif /* SQUAD_TOKENIZER_H */

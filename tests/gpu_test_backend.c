@@ -545,7 +545,7 @@ static void test_precapture(void) {
 /* ---- full-vocabulary figures ---- */
 
 /* Relative to the logits' scale (the vocabulary's log-sum-exp). The pass itself, against a double
- * projection of CUDA's own hidden rows: fp32 in both precisions (DECISIONS-API.md section D).
+ * projection of CUDA's own hidden rows: fp32 in both precisions (docs/decisions-api.md section D).
  * End to end, against the CPU exact backend's rows: the exact path's rows differ from the CPU's by
  * summation order (~2e-6 in the probabilities); bf16 activations move these random models' logits
  * far more (see TOL_CUDA_BF16_REF): a gross-error bound. The names: tests/tolerances.h. */

@@ -1,5 +1,5 @@
 /*
- * test_decisions.c — the decision APIs (src/decisions.h) against DECISIONS-API.md:
+ * test_decisions.c — the decision APIs (src/decisions.h) against docs/decisions-api.md:
  *
  * - Goldens: tests/fixtures/decisions/cases.json (written by tools/make_decisions_fixture.js, a
  *   second rendering of section C with Hugging Face `tokenizers` and transformers.js for the ids)

@@ -18,6 +18,7 @@
 
 #include "testutil.h"
 #include "tokenizer.h"
+#include "utf8.h"
 #include "util.h"
 
 #define QWEN_PATH "third_party/qwen3/tokenizer.json"

@@ -32,7 +32,7 @@
 #include "util.h"
 
 /* Bounds (tests/tolerances.h), relative: TOL_VOCAB_EXACT_LSE for the same hidden row
- * (DECISIONS-API.md section D); TOL_VOCAB_EXACT_CHUNKED for a slot's hidden row from a run of other
+ * (docs/decisions-api.md section D); TOL_VOCAB_EXACT_CHUNKED for a slot's hidden row from a run of other
  * chunk lengths (the GEMMs' round-off differs with the chunk's shape, and the random test models
  * amplify it); TOL_VOCAB_BF16_LSE for the bf16 engine against the exact one. */
 #define QWEN_TOKENIZER "third_party/qwen3/tokenizer.json"

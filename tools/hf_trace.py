@@ -11,7 +11,7 @@ ids); DIR the model squad served them with (`squad synth`'s safetensors + config
 What it does, per row in the trace's order (a server answering one row at a time answers them in
 arrival order, which for a closed loop of clients is the trace's order):
   - looks up the deepest checkpoint whose tokens the row starts with, with the earlier runtime's
-    checkpoint policy (../shared/seed, the state-cache module): checkpoints at the state's end p, at
+    checkpoint policy (docs/design.md section 7): checkpoints at the state's end p, at
     p - TAIL (a state that grows by one action) and at every multiple of STRIDE (a state that changes in
     its middle), each aligned down to ALIGN tokens and at least MIN_PREFIX deep, kept under an LRU
     bound in MB (--cache-mb);

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // make_decisions_fixture.js — writes tests/fixtures/decisions/cases.json: requests of the two
-// decision APIs (DECISIONS-API.md) with the rows section C says they become, each as its exact
+// decision APIs (docs/decisions-api.md) with the rows section C says they become, each as its exact
 // text and its Qwen3 token ids from tokenizers that are not squad's own.
 //
 // The rendering here is a second implementation of section C written from the contract (not from

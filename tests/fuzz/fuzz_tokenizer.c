@@ -17,6 +17,7 @@
 
 #include "fuzz_tokenizer_path.h"
 #include "tokenizer.h"
+#include "utf8.h"
 
 static squad_tokenizer *load_once(void) {
     static squad_tokenizer *tok; /* the harness's own state: one tokenizer for the whole run */
