@@ -982,10 +982,26 @@ static void test_identity(void) {
 
 /* ---- fixtures from transformers ---- */
 
-static uint64_t fnv1a64(const uint8_t *p, size_t n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+/* BLAKE2b-128 of bytes as hex, the fixture's digest of whole buffers. */
+static void digest_hex(const void *p, size_t n, char hex[33]) {
+    squad_blake2b s;
+    squad_blake2b_init(&s, 16);
+    squad_blake2b_update(&s, p, n);
+    squad_image_id id;
+    squad_blake2b_final(&s, id.bytes);
+    squad_image_id_hex(&id, hex);
+}
+
+/* The digest of float32 values as little-endian bytes (the fixture's layout, whatever the host's). */
+static void floats_digest_hex(const float *v, size_t n, char hex[33]) {
+    uint8_t *bytes = malloc(n * 4 + 1);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        for (int k = 0; k < 4; k++) bytes[4 * i + k] = (uint8_t)(u >> (8 * k));
+    }
+    digest_hex(bytes, n * 4, hex);
+    free(bytes);
 }
 
 static int parse_named_config(json_t *configs, const char *name, squad_image_proc_config *c) {
@@ -1037,9 +1053,9 @@ static void fixture_image(json_t *entry, json_t *configs) {
     size_t n_rgb = (size_t)img.width * img.height * 3;
 
     /* decoded pixels: PIL's convert("RGB") */
-    char ours[17];
-    snprintf(ours, sizeof ours, "%016llx", (unsigned long long)fnv1a64(img.rgb, n_rgb));
-    const char *ref_hash = json_string_value(json_object_get(entry, "rgb_fnv1a64"));
+    char ours[33];
+    digest_hex(img.rgb, n_rgb, ours);
+    const char *ref_hash = json_string_value(json_object_get(entry, "rgb_blake2b"));
     int exact_decode = ref_hash && strcmp(ours, ref_hash) == 0;
     json_t *samples = json_object_get(entry, "rgb_samples");
     size_t stride = (size_t)json_integer_value(json_object_get(entry, "rgb_stride"));
@@ -1075,12 +1091,17 @@ static void fixture_image(json_t *entry, json_t *configs) {
             m = fmax(m, fmax(m1, m2));
             double sum = 0;
             for (size_t i = 0; i < n; i++) sum += p.pixel_values[i];
+            char pv_hex[33];
+            floats_digest_hex(p.pixel_values, n, pv_hex);
+            const char *ref_pv = json_string_value(json_object_get(entry, "pv_blake2b"));
+            int bit_equal = ref_pv && strcmp(pv_hex, ref_pv) == 0;
             double ref_sum = json_number_value(json_object_get(entry, "pv_sum"));
             double abs_sum = json_number_value(json_object_get(entry, "pv_abs_sum"));
-            printf("fixture %-28s %-8s %5dx%-5d %s decode %s, grid %dx%dx%d, pixel values: max diff %.3g over %zu, "
-                   "sum %.6f vs %.6f\n",
+            printf("fixture %-28s %-8s %5dx%-5d %s decode %s, grid %dx%dx%d, pixel values %s: max diff %.3g over %zu "
+                   "samples, sum %.6f vs %.6f\n",
                    file, cfg_name, img.width, img.height, format, exact_decode ? "exact" : "close", p.grid[0], p.grid[1],
-                   p.grid[2], m, count, sum, ref_sum);
+                   p.grid[2], bit_equal ? "bit-equal" : "NOT bit-equal", m, count, sum, ref_sum);
+            if (exact_decode) CHECKF(bit_equal, "%s (%s): pixel values are not bit-equal to the reference's", file, cfg_name);
             /* exact pixels in give bit-equal values out; a decoder difference of a level or two
              * (another libjpeg / libwebp build) moves values by at most a few levels of 1/127.5 */
             double tol = exact_decode ? 1e-6 : 4.0 / 127.5 + 1e-6;
