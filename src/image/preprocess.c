@@ -16,12 +16,15 @@
  *  - Configuration bounds keep every product (sides, areas, buffer sizes) far from overflow: the
  *    pixel limits are at most SQUAD_IMAGE_PROC_MAX_PIXELS, factors at most a few thousand.
  */
+#define _DEFAULT_SOURCE /* madvise */
 #include "image/preprocess.h"
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "image/resample.h"
 #include "util.h"
@@ -35,6 +38,8 @@
 /* The resample filter transformers calls BICUBIC (PIL's number), the only one supported. */
 #define PROC_RESAMPLE_BICUBIC 3
 #define PROC_CHANNELS 3
+/* Pixel-value buffers this large go in transparent huge pages (alloc_values). */
+#define VALUES_HUGE_BYTES ((size_t)2 << 20)
 
 /* OpenAI CLIP's mean and std: transformers' defaults for this processor class. */
 static const double clip_mean[3] = {0.48145466, 0.4578275, 0.40821073};
@@ -312,6 +317,27 @@ static void write_patches(const squad_image_proc_config *c, const uint8_t *rgb, 
                 }
 }
 
+/* The pixel values of a screenshot are tens of MB written once: in 2 MB pages where the kernel
+ * offers them (one page fault per 2 MB instead of per 4 KB, which was most of the time). */
+static float *alloc_values(size_t n, squad_err *err) {
+    if (n > SIZE_MAX / sizeof(float)) {
+        squad_fail(err, SQUAD_E_NOMEM, "image: %zu pixel values overflow", n);
+        return NULL;
+    }
+    size_t bytes = n * sizeof(float);
+#ifdef MADV_HUGEPAGE
+    if (bytes >= VALUES_HUGE_BYTES) {
+        void *p = NULL;
+        size_t rounded = (bytes + VALUES_HUGE_BYTES - 1) / VALUES_HUGE_BYTES * VALUES_HUGE_BYTES;
+        if (posix_memalign(&p, VALUES_HUGE_BYTES, rounded) == 0) {
+            madvise(p, rounded, MADV_HUGEPAGE); /* advice only: a refusal leaves ordinary pages */
+            return p;
+        }
+    }
+#endif
+    return squad_malloc(bytes ? bytes : 1, err);
+}
+
 int squad_image_preprocess(const squad_image_proc_config *c, const squad_image *img, squad_image_patches *out,
                            squad_err *err) {
     memset(out, 0, sizeof *out);
@@ -340,7 +366,7 @@ int squad_image_preprocess(const squad_image_proc_config *c, const squad_image *
     out->n_patches = (int64_t)out->grid[0] * out->grid[1] * out->grid[2];
     out->patch_dim = PROC_CHANNELS * c->temporal_patch_size * c->patch_size * c->patch_size;
     out->n_tokens = out->n_patches / ((int64_t)c->merge_size * c->merge_size);
-    out->pixel_values = squad_calloc((size_t)out->n_patches, (size_t)out->patch_dim * sizeof(float), err);
+    out->pixel_values = alloc_values((size_t)out->n_patches * (size_t)out->patch_dim, err);
     if (!out->pixel_values) {
         free(resized);
         memset(out, 0, sizeof *out);

