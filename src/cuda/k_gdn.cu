@@ -59,10 +59,6 @@
 struct gdn_batch_args {
     size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena (bytes) */
     int bucket, ncb;
-    /* the launch's blocks of 64 tokens [cb0, cb1) of each row (today always [0, ncb); the conv
-     * ignores them): prep and out add cb0 to blockIdx.x's block, the scan walks them, starting from
-     * the arena's state when cb0 > 0 */
-    int cb0, cb1;
 };
 
 /* The scratch arrays moved to the row's tokens (tok0) and blocks (blk0 = row ncb). */
@@ -513,7 +509,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     float *gam = (float *)(smem + SM::vec_off);
     float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
-    const int c = blockIdx.x + a.bt.cb0, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
+    const int c = blockIdx.x, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
@@ -896,13 +892,10 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
     const int len = a.prm->len;
     if (len < 1) return; /* a padding row: no state to touch */
     a.S = (float *)(a.prm->gdn + a.bt.s_off);
-    /* the state at the launch's first block: a restored blob's or the arena's at the chunk's start,
-     * else the arena's, where the previous segment's launch left it */
-    const float *S_in = a.bt.cb0 == 0 ? (const float *)(cu_gdn_in(a.prm) + a.bt.s_off) : a.S;
+    /* the state at the chunk's start: a restored blob's or the arena's */
+    const float *S_in = (const float *)(cu_gdn_in(a.prm) + a.bt.s_off);
     gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
-    const int cb0 = a.bt.cb0;
-    int nreal = (len + GDN_C - 1) / GDN_C; /* blocks [cb0, nreal) run here */
-    if (nreal > a.bt.cb1) nreal = a.bt.cb1;
+    const int nreal = (len + GDN_C - 1) / GDN_C; /* the row's blocks holding real tokens */
     float4 *X = (float4 *)(smem + SM::x_off);
     uint64_t *bar = (uint64_t *)(smem + SM::bar_off); /* bar[s]: stage s's copies have landed */
     if (tid == 0) {
@@ -911,7 +904,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         cu_mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0 && nreal > cb0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)cb0 * a.nv + h, n_base);
+    if (tid == 0 && nreal > 0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
@@ -929,10 +922,9 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         Sacc[j][3] = hi.y;
     }
 
-    for (int ci = cb0; ci < nreal; ci++) {
-        const int li = ci - cb0; /* the launch's own count: its stages and barrier phases start at 0 */
+    for (int ci = 0; ci < nreal; ci++) {
         const size_t blk = (size_t)ci * a.nv + h;
-        const unsigned char *st = smem + (li & 1) * SM::stage;
+        const unsigned char *st = smem + (ci & 1) * SM::stage;
         const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Ks = (const bf16 *)(st + SM::k_off);
         const float *Us = (const float *)(st + SM::u_off);
         uint32_t nS[NKS][4]; /* -S^T as bf16 A fragments */
@@ -952,10 +944,10 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
                 nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
             }
         }
-        cu_mbar_wait(&bar[li & 1], (unsigned)(li >> 1) & 1u); /* block ci's operands have landed */
+        cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
         __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
         if (tid == 0 && ci + 1 < nreal)
-            scan_fetch<DK, DV, RG_>(smem + ((li + 1) & 1) * SM::stage, &bar[(li + 1) & 1], a.scr,
+            scan_fetch<DK, DV, RG_>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr,
                                     (size_t)(ci + 1) * a.nv + h, n_base);
         const float gl = a.scr.glast[blk];
 
@@ -1222,7 +1214,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     constexpr int NT = 64 * RT, R = SM::R;
     extern __shared__ __align__(16) unsigned char smem[];
     /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
-    const int c = blockIdx.x / (OUT_TILES / RT) + a.bt.cb0, tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
+    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
     const int h = blockIdx.y;
     const int tid = threadIdx.x;
     a.prm += blockIdx.z;
@@ -1445,11 +1437,11 @@ static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
 }
 
 
-/* The output kernel over the launch's blocks (oa.bt.cb0, cb1): one row tile a block on short
+/* The output kernel over every block of 64 tokens: one row tile a block on short
  * launches, four on long ones. */
 template <int DK, int DV>
 static void launch_gdn_out(const gdn_out_args &oa, bool short_rows, int nv, unsigned nr, cudaStream_t st) {
-    const int nb = oa.bt.cb1 - oa.bt.cb0;
+    const int nb = oa.bt.ncb;
     if (short_rows)
         gdn_out_kernel<DK, DV, OUT_RT_SHORT><<<dim3(nb * (OUT_TILES / OUT_RT_SHORT), nv, nr), 64 * OUT_RT_SHORT,
                                                out_smem<DK, DV, OUT_RT_SHORT>::bytes, st>>>(oa);
@@ -1458,10 +1450,10 @@ static void launch_gdn_out(const gdn_out_args &oa, bool short_rows, int nv, unsi
                                               out_smem<DK, DV, OUT_RT_LONG>::bytes, st>>>(oa);
 }
 
-/* The scan over the launch's blocks (sa.bt.cb0, cb1) with rg row groups a block. */
+/* The scan over every block of 64 tokens with rg row groups a block. */
 template <int DK, int DV>
 static void launch_gdn_scan_rg(const gdn_scan_args &sa, int rg, int nv, unsigned nr, cudaStream_t st) {
-    const int nb = sa.bt.cb1 - sa.bt.cb0;
+    const int nb = sa.bt.ncb;
     if (rg == 4)
         launch_gdn_scan<DK, DV, 4>(sa, nv, nr, nb, st);
     else if (rg == 2)
@@ -1502,7 +1494,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const unsigned nr = (unsigned)b->nrows;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc, 0, nc};
+    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
     gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
     gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
