@@ -24,7 +24,7 @@
  * The engines run the default precision (SQUAD_PRECISION_DEFAULT: bf16, the fast path the targets are
  * about); each case's first row also runs once through an EXACT (fp32) engine, whose time and
  * probabilities are reported too. --ablate uses the ablation timing of the internal library
- * (src/cuda/ablate.h), which libsquad does not carry.
+ * (bench/cuda/ablate.h), which libsquad does not carry.
  * --rows-out writes one row per case with squad's probabilities (both precisions), for
  * tools/hf_timing.py to run through transformers on the same weights.
  * The default cases run engines of LEGACY_MAX_TOKENS positions (their graphs and memory as they
@@ -50,8 +50,8 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/ablate.h"
-#include "cuda/cuda_backend.h"
+#include "ablate.h" /* bench/cuda */
+#include "cuda/backend_cuda.h"
 #endif
 
 #define N_LETTERS 4

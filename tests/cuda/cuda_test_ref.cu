@@ -1,10 +1,10 @@
 /*
  * cuda_test_ref.cu — the plain host references of the CUDA kernel groups (cuda_test_api.h): the
  * oracles tests/gpu_test_kernels.c compares the kernels with. Straight loops in double precision
- * over the formulas of docs/design.md, written for clarity, not speed. In the internal library
- * squadinternal with the test API; libsquad does not carry them.
+ * over the formulas of docs/design.md, written for clarity, not speed. In testcuda with the
+ * test API (tests/cuda); libsquad does not carry them.
  */
-#include "cuda_internal.cuh"
+#include "cuda/cuda_internal.cuh"
 #include "cuda_test_api.h"
 
 #include <math.h>

@@ -6,8 +6,8 @@
  * Host arrays are fp32; on the bf16 path the values the device holds in bf16 (projection outputs,
  * the conv state, K / V) are rounded to bf16 on upload, so a test should round its inputs first
  * (squad_f32_to_bf16) and give the references the same values. With exact set, everything stays
- * fp32 (the EXACT precision's kernels). Compiled only with SQUAD_HAVE_CUDA, into the internal
- * library squadinternal (tests and benchmarks link it; libsquad does not carry it). GEMM contexts
+ * fp32 (the EXACT precision's kernels). Compiled only with SQUAD_HAVE_CUDA, from tests/cuda into
+ * testcuda, which the test and bench programs link (libsquad does not carry it). GEMM contexts
  * made here never read or write the GEMM plan file (gemm_plans.cu).
  */
 #ifndef SQUAD_CUDA_TEST_API_H
@@ -33,6 +33,13 @@ typedef struct cu_ref_gdn_args {
     float *S;              /* [nv][dk][dv]: in / out */
     float *Y;              /* [rows][nv dv] out (rows >= len: 0 from the device, untouched by the reference) */
     int exact;             /* device: the fp32 token-by-token path instead of the chunked bf16 one */
+    /* device, bf16: the launch variant (0: as the backend launches it, with no SM count). Every
+     * variant of one conv tiling gives the same bits: they change who computes a value, not how. */
+    int short_rows;        /* launches of at most this many tokens take the short-chunk conv (4-token
+                              tiles) and output kernels; 0: the backend's bound; < 0: never */
+    int prep_split;        /* the prep's blocks a (block of 64 tokens, head): 1, 2 or 4; 0: 1 */
+    int conv_groups;       /* the pipelined conv's 16-row groups a block; < 0: the one-tile conv on
+                              every launch; 0: as chosen without an SM count (3) */
 } cu_ref_gdn_args;
 void cu_ref_gdn(const cu_ref_gdn_args *a);
 int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err);
@@ -56,8 +63,8 @@ typedef struct cu_ref_attn_args {
 void cu_ref_attn(const cu_ref_attn_args *a);
 int squad_cuda_test_attn(const cu_ref_attn_args *a, squad_err *err);
 /* Whether the bf16 attention forward of head_dim hd runs on wgmma here (k_attn_sm90.cu: the
- * SQUAD_ATT_SM90 switch as the backend reads it, and a GPU whose sm_90a code loads): 1 or 0, < 0 on
- * an error. */
+ * SQUAD_ATT_SM90 switch as a backend made now reads it, and a GPU whose sm_90a code loads): 1 or 0,
+ * < 0 on an error. */
 int squad_cuda_test_attn_sm90(int hd, squad_err *err);
 
 /* ---- the specialists' widened GEMM input (k_lora.cu) ---- */
@@ -78,7 +85,6 @@ typedef struct cu_ref_lora_args {
     float *xw;             /* out: [rows][ldw] */
     int ldw;               /* 0: in + n_slots R; more: zeros past the slots' columns */
     int f32;               /* device: the exact path (fp32) or bf16 (x_src, A and xw rounded to bf16) */
-    int earlier;           /* device: the earlier bf16 kernel (cu_lora_input_args.earlier) */
     /* The out term folded in (src 0, bf16: cu_lora_input_args.fold_y); fold_y NULL: none. h gets,
      * for each token of slot s, B_s (A_s y): */
     const float *fold_y; /* [rows][fold_in]: the mixer's output */
@@ -94,13 +100,11 @@ int squad_cuda_test_lora(const cu_ref_lora_args *a, squad_err *err);
 /* Microseconds per layer of the producers of n_layers Gated DeltaNet layers' GEMM inputs on the
  * 0.8B shapes (bf16), replayed as one CUDA graph, for a chunk of `rows` tokens of one adapter.
  * mode SQUAD_BENCH_LORA: the specialists' cu_lora_input launches (in-projection, out_proj with x
- * in place, gate | up, down; rank `rank` on every projection, two slots); SQUAD_BENCH_LORA_EARLIER:
- * the same in the earlier form (out_proj's x copied, the earlier kernel); SQUAD_BENCH_TRUNK: the
+ * in place, gate | up, down; rank `rank` on every projection, two slots); SQUAD_BENCH_TRUNK: the
  * trunk's own (RMSNorm, RMSNorm, SiLU * up). The difference is what the widened inputs cost beyond
- * the trunk, the GEMMs' extra K aside. */
-/* SQUAD_BENCH_LORA_FOLD: out's term folded into gate | up's launch (cu_lora_input_args.fold_y;
- * rank 16 only), three launches. */
-enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_EARLIER = 2, SQUAD_BENCH_LORA_FOLD = 3 };
+ * the trunk, the GEMMs' extra K aside. SQUAD_BENCH_LORA_FOLD: out's term folded into gate | up's
+ * launch (cu_lora_input_args.fold_y; rank 16 only), three launches. */
+enum { SQUAD_BENCH_LORA = 0, SQUAD_BENCH_TRUNK = 1, SQUAD_BENCH_LORA_FOLD = 2 };
 /* fit[k], k = 1 .. 8: clusters of k blocks of the short chain the GPU holds at once (cu_lora_fit). */
 int squad_cuda_lora_fit(int fit[9], squad_err *err);
 int squad_cuda_bench_lora(int rows, int rank, int n_layers, int mode, double *us_per_layer, squad_err *err);

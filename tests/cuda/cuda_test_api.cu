@@ -3,9 +3,11 @@
  * kernel group exactly as the backend does (same launchers, same layouts), and downloads the
  * result. Device memory is tracked in a small list and freed on every path.
  */
-#include "cuda_internal.cuh"
+#include "cuda_test_common.cuh"
+
+#include "cuda/backend_cuda.h"
+#include "cuda/k_lora.cuh"
 #include "cuda_test_api.h"
-#include "k_lora.cuh"
 
 #include <stdlib.h>
 
@@ -104,38 +106,25 @@ static int down_act(float *h, const void *d, size_t n, int f32, squad_err *err) 
     return 0;
 }
 
-/* The GDN mixer's long-chunk form (cu_gdn_overlap) as the backend sets it up: its streams and
- * events, and SQUAD_GDN_SEGMENTS read into d (unset: one stream). The caller destroys ov. */
-static int gdn_overlap_setup(cu_gdn_dims *d, cu_gdn_overlap *ov, squad_err *err) {
-    memset(ov, 0, sizeof *ov);
-    const char *gs = getenv("SQUAD_GDN_SEGMENTS");
-    d->segments = gs ? atoi(gs) : 0;
-    if (d->f32) return 0;
-    const int rc = cu_gdn_overlap_create(ov, err);
-    if (!rc) d->ov = ov;
-    return rc;
+/* The dims of a GDN test: the args' shape and their launch variant (cu_ref_gdn_args). */
+static cu_gdn_dims gdn_test_dims(const cu_ref_gdn_args *a) {
+    cu_gdn_dims d;
+    memset(&d, 0, sizeof d);
+    d.nk = a->nk, d.nv = a->nv, d.dk = a->dk, d.dv = a->dv, d.K = a->K, d.ldP = a->ldP, d.eps = a->eps;
+    d.f32 = a->exact != 0;
+    d.short_rows = a->short_rows == 0 ? CU_GDN_SHORT_ROWS : a->short_rows < 0 ? 0 : a->short_rows;
+    d.prep_split = a->prep_split; /* no SM count here (n_sm 0): 0 is 1 */
+    d.conv_groups = a->conv_groups;
+    return d;
 }
 
 static int test_gdn_run(tbufs *b, const cu_ref_gdn_args *a, const cu_gdn_dims *dp, squad_err *err);
 
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
-    const int ex = a->exact != 0;
-    const char *sr = getenv("SQUAD_GDN_SHORT_ROWS"); /* as the backend reads it */
-    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS, 0, 0};
-    const char *ps = getenv("SQUAD_GDN_PREP_SPLIT"), *gx = getenv("SQUAD_GDN_EXP"); /* as the backend reads them */
-    d.prep_split = ps ? atoi(ps) : 0; /* no SM count here: 0 is 1 */
-    d.exp = gx ? atoi(gx) : 0;
+    cu_gdn_dims d = gdn_test_dims(a);
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
-    int rc = cu_gdn_init(&d, err);
-    if (rc) return rc;
-    cu_gdn_overlap ov;
-    if ((rc = gdn_overlap_setup(&d, &ov, err))) {
-        cu_gdn_overlap_destroy(&ov);
-        return rc;
-    }
-    rc = test_gdn_run(b, a, &d, err);
-    cu_gdn_overlap_destroy(&ov);
-    return rc;
+    const int rc = cu_gdn_init(&d, err);
+    return rc ? rc : test_gdn_run(b, a, &d, err);
 }
 
 /* test_gdn's forward with d set up. */
@@ -236,7 +225,9 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     const int ex = d.f32;
     const size_t es = ex ? 4 : 2;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
-    int rc = cu_attn_init(&d, err);
+    cuda_knobs knobs;
+    int rc = cu_test_knobs(&knobs, err);
+    if (!rc) rc = cu_attn_init(&d, knobs.att_sm90, err);
     if (rc) return rc;
     const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
     void *QKV, *K, *V, *Qb, *out;
@@ -247,7 +238,7 @@ static int test_attn(tbufs *b, const cu_ref_attn_args *a, squad_err *err) {
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
     const int span = a->max_context;
-    const int splits = cu_attn_splits(&d, 1, a->rows, span, nsm, 0);
+    const int splits = cu_attn_splits(&d, 1, a->rows, span, nsm);
     if ((rc = up_act(b, &QKV, a->QKV, (size_t)a->rows * a->ld, ex, err))) return rc;
     /* K and V in one working buffer (K at element 0, V at kvn), found through prm->kv_work as the
      * backend's is */
@@ -309,7 +300,9 @@ extern "C" int squad_cuda_test_attn_sm90(int hd, squad_err *err) {
     d.nh = d.nkv = 1;
     d.hd = hd;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: head_dim %d not supported", hd);
-    const int rc = cu_attn_init(&d, err);
+    cuda_knobs knobs;
+    int rc = cu_test_knobs(&knobs, err);
+    if (!rc) rc = cu_attn_init(&d, knobs.att_sm90, err);
     return rc ? -1 : d.sm90 != 0;
 }
 
@@ -370,9 +363,8 @@ static int test_lora(tbufs *b, const cu_ref_lora_args *a, squad_err *err) {
     k.xw = dxw;
     k.ldw = ldw;
     k.f32 = f32;
-    k.earlier = a->earlier;
-    /* no cluster bound (fit zeros): the slices as the earlier kernel takes them, so the test can
-     * compare their bits; the backend's forwards run with it */
+    /* no cluster bound (fit zeros): the slices as the shapes alone give them; the backend's
+     * forwards run with it */
     int n_sm = 0;
     if ((rc = test_n_sm(&n_sm, err))) return rc;
     if (a->fold_y) { /* the out term folded in: y, out's A (the backend's layout) and B (the weight's) */
@@ -476,8 +468,9 @@ extern "C" int squad_cuda_test_gemm(const float *X, const float *W, float *Y, in
                                     squad_err *err) {
     tbufs b = {{0}, 0};
     cu_gemm_ctx g;
-    int rc = cu_gemm_init(&g, err);
-    g.store.enabled = 0; /* a test's plans stay out of the user's plan file */
+    cuda_knobs knobs;
+    int rc = cu_test_knobs(&knobs, err); /* a test's plans stay out of the user's plan file */
+    if (!rc) rc = cu_gemm_init(&g, &knobs, err);
     if (!rc) rc = test_gemm(&b, &g, X, W, Y, M, N, K, accumulate, err);
     cu_gemm_free(&g);
     tfree(&b);
@@ -574,8 +567,8 @@ static int bench_gemm(tbufs *b, cu_gemm_ctx *g, cudaStream_t st, int M, int N, i
         return rc;
     /* cuBLASLt's heuristic first, untuned, from a fresh plan set */
     cu_gemm_ctx g1;
-    if ((rc = cu_gemm_init(&g1, err))) return rc;
-    g1.store.enabled = 0;
+    cuda_knobs knobs;
+    if ((rc = cu_test_knobs(&knobs, err)) || (rc = cu_gemm_init(&g1, &knobs, err))) return rc;
     rc = cu_gemm(&g1, dW, dX, dY, M, N, K, acc, 0, st, err);
     if (!rc) rc = bench_graph(st, &g1, (const bf16 *)dW, w_stride, n_rot, (const bf16 *)dX, dY, M, N, K, acc,
                               us_first, err);
@@ -620,8 +613,9 @@ extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double
     tbufs b = {{0}, 0};
     cu_gemm_ctx g;
     cudaStream_t st = NULL;
-    int rc = cu_gemm_init(&g, err);
-    g.store.enabled = 0; /* time the tuning itself, not a stored choice */
+    cuda_knobs knobs;
+    int rc = cu_test_knobs(&knobs, err); /* time the tuning itself, not a stored choice */
+    if (!rc) rc = cu_gemm_init(&g, &knobs, err);
     if (!rc) {
         const cudaError_t e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
         if (e != cudaSuccess) rc = cu_fail(err, "cudaStreamCreateWithFlags", e, __FILE__, __LINE__);
@@ -634,6 +628,24 @@ extern "C" int squad_cuda_bench_gemm(int M, int N, int K, int accumulate, double
     cu_gemm_free(&g);
     tfree(&b);
     return rc;
+}
+
+/* Every scratch region of the backend filled with 0xff bytes; a region's columns past what the
+ * kernels write stay zero (cu_scratch_region). */
+extern "C" int squad_cuda_test_poison(squad_backend *be, squad_err *err) {
+    cu_scratch_region r[CU_SCRATCH_REGIONS];
+    const int n = cu_backend_scratch(be, r, CU_SCRATCH_REGIONS);
+    if (n < 0) return cu_err(err, SQUAD_E_INVALID, "poison: not a CUDA backend");
+    if (n > CU_SCRATCH_REGIONS) return cu_err(err, SQUAD_E_BACKEND, "poison: %d scratch regions", n);
+    CU_TRY(cudaDeviceSynchronize()); /* nothing of the backend's still running on them */
+    for (int i = 0; i < n; i++) CU_TRY(cudaMemset2D(r[i].p, r[i].pitch, 0xff, r[i].width, r[i].rows));
+    CU_TRY(cudaDeviceSynchronize());
+    return 0;
+}
+
+extern "C" size_t squad_cuda_test_state_bytes(const squad_backend *be) {
+    squad_cuda_info info;
+    return squad_cuda_backend_info(be, &info) ? 0 : info.gdn_state_bytes;
 }
 
 extern "C" int squad_cuda_test_download(void *host, const void *dev, size_t bytes, squad_err *err) {
@@ -698,11 +710,7 @@ static int all_zero(const void *d, size_t n, int f32, int *zero, squad_err *err)
 static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrows, int *padding_zero, squad_err *err) {
     const cu_ref_gdn_args *a = &rows[0];
     const int ex = a->exact != 0, bucket = a->rows;
-    const char *sr = getenv("SQUAD_GDN_SHORT_ROWS");
-    cu_gdn_dims d = {a->nk, a->nv, a->dk, a->dv, a->K, a->ldP, a->eps, ex, 0, sr ? atoi(sr) : CU_GDN_SHORT_ROWS, 0, 0};
-    const char *ps = getenv("SQUAD_GDN_PREP_SPLIT"), *gx = getenv("SQUAD_GDN_EXP"); /* as the backend reads them */
-    d.prep_split = ps ? atoi(ps) : 0; /* no SM count here: 0 is 1 */
-    d.exp = gx ? atoi(gx) : 0;
+    cu_gdn_dims d = gdn_test_dims(a);
     if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
     if (n < 1 || nrows < n) return cu_err(err, SQUAD_E_INVALID, "test: %d rows in a batch of %d", n, nrows);
     int rc = cu_gdn_init(&d, err);
@@ -752,16 +760,11 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     const int blocks = nrows * ((bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK);
     if (!rc) rc = batch_params(b, &bt, prm, n, nrows, bucket, err);
     if (!rc) rc = talloc_poison(b, &scr, cu_gdn_scratch_bytes(&d, (int)tokens, blocks), err);
-    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block, and the
-     * long-chunk form's segments (cu_gdn_overlap: 3 asked, as many as the rows' blocks allow) only
-     * which launch and stream runs a block: every variant must give the same bytes (outputs and
-     * every arena), from the same starting arenas; the defaults (one row group, the segments
-     * SQUAD_GDN_SEGMENTS asks) run last and their results are the ones returned */
-    static const int SCAN_RGS[] = {2, 4, 1, 1}, SEGS[] = {1, 1, 3, -1};
+    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block: every
+     * count must give the same bytes (outputs and every arena), from the same starting arenas; the
+     * default (one row group) runs last and its results are the ones returned */
+    static const int SCAN_RGS[] = {2, 4, 1};
     const int n_rg = ex ? 1 : (int)(sizeof SCAN_RGS / sizeof SCAN_RGS[0]);
-    cu_gdn_overlap ov;
-    const int segs_env = gdn_overlap_setup(&d, &ov, err) ? -2 : d.segments;
-    if (segs_env == -2) rc = SQUAD_E_BACKEND;
     const size_t ybytes = tokens * a->nv * a->dv * es, abytes = arena * (size_t)n;
     void *ar0 = NULL;
     unsigned char *hbuf = NULL; /* [2][ybytes + abytes]: the first count's bytes, then this one's */
@@ -775,7 +778,6 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if (!rc) cu_gdn_scratch_bind(&s, scr, &d, (int)tokens, blocks);
     for (int k = ex ? n_rg - 1 : 0; k < n_rg && !rc; k++) {
         d.scan_rg = ex ? 0 : SCAN_RGS[k];
-        d.segments = ex || SEGS[k] < 0 ? segs_env : SEGS[k];
         if (n_rg > 1) CU_TRY(cudaMemcpy(ar, ar0, abytes, cudaMemcpyDeviceToDevice));
         rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &bt, 0, err);
         if (!rc) {
@@ -788,11 +790,10 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
         CU_TRY(cudaMemcpy(ha, ar, abytes, cudaMemcpyDeviceToHost));
         if (k > 0 && memcmp(hbuf, hy, ybytes + abytes) != 0)
             rc = cu_err(err, SQUAD_E_BACKEND,
-                        "test: the GDN mixer with %d scan row groups a block and segments %d differs from %d, %d",
-                        SCAN_RGS[k], d.segments, SCAN_RGS[0], SEGS[0]);
+                        "test: the GDN mixer with %d scan row groups a block differs from %d", SCAN_RGS[k],
+                        SCAN_RGS[0]);
     }
     free(hbuf);
-    cu_gdn_overlap_destroy(&ov);
     for (int r = 0; r < n && !rc; r++) {
         const cu_ref_gdn_args *q = &rows[r];
         const unsigned char *arr = (const unsigned char *)ar + (size_t)r * arena;
@@ -834,13 +835,15 @@ static int test_attn_batch(tbufs *b, const cu_ref_attn_args *rows, int n, int nr
     const size_t es = ex ? 4 : 2, tokens = (size_t)nrows * bucket;
     if (!cu_attn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: attention shape not supported");
     if (n < 1 || nrows < n) return cu_err(err, SQUAD_E_INVALID, "test: %d rows in a batch of %d", n, nrows);
-    int rc = cu_attn_init(&d, err);
+    cuda_knobs knobs;
+    int rc = cu_test_knobs(&knobs, err);
+    if (!rc) rc = cu_attn_init(&d, knobs.att_sm90, err);
     if (rc) return rc;
     const size_t kvn = (size_t)a->max_context * a->nkv * a->hd;
     int dev = 0, nsm = 0;
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev));
-    const int splits = cu_attn_splits(&d, nrows, bucket, a->max_context, nsm, 0);
+    const int splits = cu_attn_splits(&d, nrows, bucket, a->max_context, nsm);
     void *QKV, *Qb, *out, *part, *kv;
     float *qn, *kn, *inv;
     if ((rc = talloc_poison(b, &QKV, tokens * a->ld * es, err))) return rc;
@@ -930,9 +933,9 @@ static float bench_uniform(uint32_t *s) {
 
 static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, double *us, squad_err *err) {
     /* the four sites of a GDN layer: producer, x's width, the adapted parts (every projection) */
-    const int earlier = mode == SQUAD_BENCH_LORA_EARLIER, trunk = mode == SQUAD_BENCH_TRUNK;
+    const int trunk = mode == SQUAD_BENCH_TRUNK;
     const int fold = mode == SQUAD_BENCH_LORA_FOLD; /* out's term in gate | up's launch: three launches */
-    const int SRC[LB_SITES] = {CU_LORA_NORM, earlier ? CU_LORA_COPY : CU_LORA_IN_PLACE, CU_LORA_NORM, CU_LORA_SILU};
+    const int SRC[LB_SITES] = {CU_LORA_NORM, CU_LORA_IN_PLACE, CU_LORA_NORM, CU_LORA_SILU};
     static const int IN[LB_SITES] = {LB_H, LB_VD, LB_H, LB_I}, PARTS[LB_SITES] = {4, 1, 2, 1};
     const int rp = (rank + 15) / 16 * 16;
     size_t a_elems = 0;
@@ -1005,7 +1008,6 @@ static int bench_lora(tbufs *b, int rows, int rank, int n_layers, int mode, doub
             k.n_slots = LB_SLOTS;
             k.xw = dxw;
             k.ldw = k.in + LB_SLOTS * k.R;
-            k.earlier = earlier;
             memcpy(k.fit, fit, sizeof k.fit);
             if (fold && j == 2) {
                 k.fold_y = dmix;

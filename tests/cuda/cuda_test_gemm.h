@@ -4,7 +4,7 @@
  * picks between them, each on host data or timed with the weights read from HBM.
  *
  * Host arrays are fp32; X and W are rounded to bf16 on upload (a test rounds them first, so its
- * reference sees the same values). Compiled only with SQUAD_HAVE_CUDA, into squadinternal. GEMM
+ * reference sees the same values). Compiled only with SQUAD_HAVE_CUDA, into testcuda. GEMM
  * contexts made here never read or write the GEMM plan file.
  */
 #ifndef SQUAD_CUDA_TEST_GEMM_H

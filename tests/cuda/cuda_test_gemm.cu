@@ -7,7 +7,7 @@
  * `lt_tuned` (the tuning without the sm_90a kernel) and `all` (the tuning as the backend runs it).
  * Every call allocates its device buffers, checks every CUDA call and frees what it made.
  */
-#include "cuda_internal.cuh"
+#include "cuda_test_common.cuh"
 
 #include <stdlib.h>
 
@@ -37,9 +37,11 @@ extern "C" void squad_gemm_test_free(squad_gemm_test *t) {
 }
 
 static int ctx_init(cu_gemm_ctx *g, int *have, int sm90_off, squad_err *err) {
-    const int rc = cu_gemm_init(g, err);
+    cuda_knobs kn;
+    memset(g, 0, sizeof *g);
+    int rc = cu_test_knobs(&kn, err);
+    if (!rc) rc = cu_gemm_init(g, &kn, err);
     *have = 1; /* cu_gemm_free is safe after a failed init */
-    g->store.enabled = 0;
     g->sm90_off = sm90_off;
     return rc;
 }
@@ -289,8 +291,14 @@ extern "C" int squad_gemm_test_plan_file(char *why, size_t why_len) {
     for (size_t i = 0; i < sizeof r[0].algo; i++) w[i] = (unsigned char)(i * 37 + 11);
     r[1].M = 128, r[1].N = 8224, r[1].K = 1024, r[1].acc = 0, r[1].kind = CU_GEMM_SM90;
     r[1].cfg.wg = 2, r[1].cfg.nt = 2, r[1].cfg.splits = 3;
+    cuda_knobs kn; /* the plan file as a backend would find it (SQUAD_GEMM_PLANS, which the caller set) */
+    squad_err kerr = {0, {0}};
+    if (cuda_knobs_read(&kn, &kerr)) {
+        snprintf(why, why_len, "%s", kerr.msg);
+        return -1;
+    }
     cu_plan_store a;
-    cu_plan_store_init(&a, dev, 1u << 20);
+    cu_plan_store_init(&a, kn.gemm_plans, dev, 1u << 20);
     if (!a.enabled) {
         cu_plan_store_free(&a);
         snprintf(why, why_len, "the store is off (SQUAD_GEMM_PLANS unset or the device unknown)");
@@ -300,7 +308,7 @@ extern "C" int squad_gemm_test_plan_file(char *why, size_t why_len) {
     cu_plan_store_add(&a, &r[1]);
     cu_plan_store_free(&a);
     cu_plan_store b;
-    cu_plan_store_init(&b, dev, 1u << 20);
+    cu_plan_store_init(&b, kn.gemm_plans, dev, 1u << 20);
     int ok = 1;
     for (int i = 0; i < 2 && ok; i++) {
         const cu_plan_rec *f = cu_plan_store_find(&b, r[i].M, r[i].N, r[i].K, r[i].acc, r[i].f32);

@@ -1,7 +1,7 @@
 /*
  * ablate.h — the ablation timing of the CUDA backend, for bench/bench_gpu.c --ablate: what each
- * kernel group costs inside the real chunk graph. Part of the internal library (squadinternal),
- * which only the tests and benchmarks link; libsquad does not carry it.
+ * kernel group costs inside the real chunk graph. Built from bench/cuda into benchcuda, which
+ * only the benchmarks (and tests) link; libsquad does not carry it.
  */
 #ifndef SQUAD_CUDA_ABLATE_H
 #define SQUAD_CUDA_ABLATE_H
@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 #include "backend.h"
-#include "cuda/cuda_backend.h"
+#include "cuda/backend_cuda.h"
 
 /* Captures the forward of a chunk of len tokens from position start with only the kernel groups in
  * parts (SQUAD_CUDA_PART_*; pseudo-random token ids, no slots), replays it reps times and gives the

@@ -1,9 +1,9 @@
 /*
- * cuda_backend.h — what the CUDA backend tells beyond backend.h: its chunk-graph statistics and
- * its shape buckets, for the benchmark, the tests and diagnostics.
+ * backend_cuda.h — what the CUDA backend (backend_cuda.cu) tells beyond backend.h: its chunk-graph
+ * statistics, its shape buckets and state sizes, for the benchmark, the tests and diagnostics.
  */
-#ifndef SQUAD_CUDA_BACKEND_H
-#define SQUAD_CUDA_BACKEND_H
+#ifndef SQUAD_BACKEND_CUDA_H
+#define SQUAD_BACKEND_CUDA_H
 
 #include <stddef.h>
 
@@ -23,6 +23,8 @@ typedef struct squad_cuda_info {
     size_t weight_bytes;   /* device bytes of weights */
     size_t state_bytes;    /* working state: GDN states + K / V (its capacity now) */
     int kv_positions;      /* positions the K / V holds now (it grows with the rows) */
+    size_t gdn_state_bytes; /* the first bytes of a save_gdn blob, which hold every GDN layer's fp32 S
+                               (the rest are the conv inputs) */
     int max_context;       /* the longest row the backend takes (lowered when memory is short) */
     size_t scratch_bytes;  /* activations, kernel scratch, cuBLASLt's workspace and the GEMM tuning's weight copies */
     int n_buckets;         /* chunk-length buckets */
@@ -38,7 +40,7 @@ typedef struct squad_cuda_info {
 int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info *info);
 
 /* The kernel groups of a chunk's forward: plan making runs the GEMMs alone, and the ablation timing
- * (src/cuda/ablate.h, outside libsquad) leaves groups out. */
+ * (bench/cuda/ablate.h, outside libsquad) leaves groups out. */
 enum {
     SQUAD_CUDA_PART_GEMM = 1,          /* the projections (cuBLASLt) */
     SQUAD_CUDA_PART_NORM = 2,          /* the embedding, the RMSNorms and the letter probabilities */

@@ -1,14 +1,14 @@
 /*
  * ablate.cu — squad_cuda_time_parts and squad_cuda_time_batch_parts (ablate.h): graph replays of a
  * chunk, or of a batch of chunks, with kernel groups left out, timed on the GPU and on the host. In
- * the internal library (squadinternal), not libsquad: the product never times itself this way, but
- * the kernel work needs the figures.
+ * benchcuda (bench/cuda), not libsquad: the product never times itself this way, but the
+ * kernel work needs the figures.
  *
- * Design: backend_cuda.cu exposes just enough (cu_ablation_prepare: the parameters of a synthetic
+ * Design: backend_cuda.cu exposes just enough (cu_backend_capture_parts, cuda_internal.cuh: the parameters of a synthetic
  * chunk, a graph of the chosen groups, the engine's own graph of the same shape) and everything
  * about timing lives here: warm-up replays, then `reps` timed ones, medians of each measure.
  */
-#include "cuda_internal.cuh"
+#include "cuda/cuda_internal.cuh"
 
 #include "ablate.h"
 
@@ -31,7 +31,7 @@ static float median_float(float *t, int n) {
  * wall on the host from before the first event to the end, launch inside cudaGraphLaunch. With
  * `params`, each replay is preceded by the parameters' upload and waited for by a stream
  * synchronize, as forward does (wall only). buf holds 3 * reps floats. */
-static cudaError_t time_replays(squad_backend *be, const cu_ablation *a, cudaGraphExec_t ex, int params, int reps,
+static cudaError_t time_replays(squad_backend *be, const cu_parts_graph *a, cudaGraphExec_t ex, int params, int reps,
                                 float *buf, squad_cuda_timing *out) {
     float *t = buf, *tw = buf + reps, *tl = tw + reps;
     cudaEvent_t e0 = NULL, e1 = NULL;
@@ -42,7 +42,7 @@ static cudaError_t time_replays(squad_backend *be, const cu_ablation *a, cudaGra
     if (e == cudaSuccess) e = cudaStreamSynchronize(a->st);
     for (int i = 0; i < reps && e == cudaSuccess; i++) {
         const double h0 = cu_now_seconds();
-        if (params && cu_ablation_upload_params(be, a->rows, &err)) e = cudaErrorUnknown;
+        if (params && cu_backend_upload_params(be, &err)) e = cudaErrorUnknown;
         if (e == cudaSuccess) e = cudaEventRecord(e0, a->st);
         const double h1 = cu_now_seconds();
         if (e == cudaSuccess) e = cudaGraphLaunch(ex, a->st);
@@ -75,8 +75,8 @@ extern "C" int squad_cuda_time_batch_parts(squad_backend *be, int nrows, int sha
         return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: %d repetitions (1..%d)", reps, ABLATE_MAX_REPS);
     memset(out, 0, sizeof *out);
     const int whole = parts == SQUAD_CUDA_PART_ALL;
-    cu_ablation a;
-    int rc = cu_ablation_prepare(be, nrows, shared, start, len, parts, whole, &a, err);
+    cu_parts_graph a;
+    int rc = cu_backend_capture_parts(be, nrows, shared, start, len, parts, whole, &a, err);
     if (rc) return rc;
     float *buf = (float *)malloc(sizeof(float) * 3 * (size_t)reps);
     cudaError_t e = buf ? time_replays(be, &a, a.graph, 0, reps, buf, out) : cudaErrorMemoryAllocation;
