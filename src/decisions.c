@@ -182,65 +182,25 @@ char *squad_dapi_error_body(const squad_dapi_error *e) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * A growable string
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct str_buf {
-    char *s;
-    size_t n, cap;
-    int failed;
-} str_buf;
-
-static int sb_put(str_buf *b, const char *s, size_t n) {
-    if (b->failed) return -1;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 128;
-        while (cap < b->n + n + 1) {
-            if (cap > SIZE_MAX / 2) {
-                b->failed = 1;
-                return -1;
-            }
-            cap *= 2;
-        }
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            b->failed = 1;
-            return -1;
-        }
-        b->s = ns;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-    return 0;
-}
-
-static int sb_str(str_buf *b, const char *s) { return sb_put(b, s, strlen(s)); }
-
-/* Ensures a NUL-terminated (possibly empty) string. */
-static int sb_done(str_buf *b) { return sb_put(b, "", 0); }
-
-/* ---------------------------------------------------------------------------------------------
  * The token builder
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct tok_builder {
     squad_tokenizer *tok;
     squad_idvec ids;
-    str_buf pend; /* text not yet encoded */
+    squad_buf pend; /* text not yet encoded */
 } tok_builder;
 
 static int tb_flush(tok_builder *b, squad_err *err) {
-    if (b->pend.failed) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (request text)");
+    if (b->pend.oom) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (request text)");
     if (!b->pend.n) return 0;
     int rc = squad_tokenize_append(b->tok, b->pend.s, b->pend.n, SQUAD_TOK_PLAIN, &b->ids, err);
-    b->pend.n = 0;
+    squad_buf_reset(&b->pend);
     return rc;
 }
 
 static int tb_plain(tok_builder *b, const char *s, size_t n, squad_err *err) {
-    if (sb_put(&b->pend, s, n) < 0) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (request text)");
+    if (squad_buf_put(&b->pend, s, n) < 0) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (request text)");
     return 0;
 }
 
@@ -412,7 +372,7 @@ const char *squad_dapi_disabled(const squad_dapi_ctx *c, squad_dapi api) {
 typedef struct parse_state {
     const squad_dapi_ctx *ctx;
     squad_dapi_error *e;
-    str_buf sys, state; /* the system message and the state, as text */
+    squad_buf sys, state; /* the system message and the state, as text */
     int have_sys;       /* decisions: a system / developer message was given */
     int have_state;     /* decisions: a user message was given */
     /* breakpoints as byte offsets into the system message or the state */
@@ -421,7 +381,7 @@ typedef struct parse_state {
     int n_bp;
     dapi_question *qs;
     int n_q;
-    str_buf *blocks; /* [n_q] */
+    squad_buf *blocks; /* [n_q] */
 } parse_state;
 
 static int oom(squad_dapi_error *e) {
@@ -465,13 +425,13 @@ static const char *type_name(json_t *v) {
 }
 
 /* Appends v's text: a string as it is, anything else as its JSON text (section E). */
-static int put_text(parse_state *ps, str_buf *b, json_t *v) {
-    if (json_is_string(v)) return sb_put(b, json_string_value(v), json_string_length(v)) < 0 ? oom(ps->e) : 0;
+static int put_text(parse_state *ps, squad_buf *b, json_t *v) {
+    if (json_is_string(v)) return squad_buf_put(b, json_string_value(v), json_string_length(v)) < 0 ? oom(ps->e) : 0;
     squad_err err = {0};
     size_t n;
     char *t = squad_json_text(v, &n, &err);
     if (!t) return from_err(ps->e, &err);
-    int rc = sb_put(b, t, n);
+    int rc = squad_buf_put(b, t, n);
     free(t);
     return rc < 0 ? oom(ps->e) : 0;
 }
@@ -481,7 +441,7 @@ static int put_text(parse_state *ps, str_buf *b, json_t *v) {
  * ------------------------------------------------------------------------------------------- */
 
 /* One content part of a message: appends its text to b; a breakpoint records b's length after it. */
-static int decisions_part(parse_state *ps, json_t *part, const char *where, str_buf *b, int in_sys) {
+static int decisions_part(parse_state *ps, json_t *part, const char *where, squad_buf *b, int in_sys) {
     static const char *const TEXT_KEYS[] = {"type", "text", "prompt_cache_breakpoint", NULL};
     static const char *const JSON_KEYS[] = {"type", "data", NULL};
     char param[128];
@@ -544,9 +504,9 @@ static int decisions_item(parse_state *ps, json_t *item, size_t i) {
     if (!in_sys && strcmp(r, "user"))
         return bad(ps->e, param, "%s: messages with role \"%.40s\" are not supported (user, system, developer)", param,
                    r);
-    str_buf *b = in_sys ? &ps->sys : &ps->state;
+    squad_buf *b = in_sys ? &ps->sys : &ps->state;
     int *have = in_sys ? &ps->have_sys : &ps->have_state;
-    if (*have && sb_str(b, MESSAGE_JOIN) < 0) return oom(ps->e);
+    if (*have && squad_buf_puts(b, MESSAGE_JOIN) < 0) return oom(ps->e);
     *have = 1;
     json_t *content = json_object_get(item, "content");
     FIELD(param, "%s.content", where);
@@ -555,7 +515,7 @@ static int decisions_item(parse_state *ps, json_t *item, size_t i) {
     for (size_t j = 0; j < json_array_size(content); j++) {
         char pw[128];
         FIELD(pw, "%s[%zu]", param, j);
-        if (j && sb_str(b, PART_JOIN) < 0) return oom(ps->e);
+        if (j && squad_buf_puts(b, PART_JOIN) < 0) return oom(ps->e);
         if (decisions_part(ps, json_array_get(content, j), pw, b, in_sys) < 0) return -1;
     }
     return 0;
@@ -574,25 +534,25 @@ static int decisions_input(parse_state *ps, json_t *input) {
 }
 
 /* An option line: "{label}: {name}" or "{label}: {name} - {description}". */
-static int option_line(parse_state *ps, str_buf *b, const char *label, const char *name, size_t name_n,
+static int option_line(parse_state *ps, squad_buf *b, const char *label, const char *name, size_t name_n,
                        json_t *desc) {
-    if (sb_str(b, PART_JOIN) < 0 || sb_str(b, label) < 0 || sb_str(b, ": ") < 0 || sb_put(b, name, name_n) < 0)
+    if (squad_buf_puts(b, PART_JOIN) < 0 || squad_buf_puts(b, label) < 0 || squad_buf_puts(b, ": ") < 0 || squad_buf_put(b, name, name_n) < 0)
         return oom(ps->e);
     if (json_is_string(desc) && json_string_length(desc) &&
-        (sb_str(b, " - ") < 0 || sb_put(b, json_string_value(desc), json_string_length(desc)) < 0))
+        (squad_buf_puts(b, " - ") < 0 || squad_buf_put(b, json_string_value(desc), json_string_length(desc)) < 0))
         return oom(ps->e);
     return 0;
 }
 
 /* Starts a block with "Question: {instructions}" when they are not empty. */
-static int block_start(parse_state *ps, str_buf *b, const str_buf *instr) {
-    if (instr->n && (sb_str(b, "Question: ") < 0 || sb_put(b, instr->s, instr->n) < 0)) return oom(ps->e);
+static int block_start(parse_state *ps, squad_buf *b, const squad_buf *instr) {
+    if (instr->n && (squad_buf_puts(b, "Question: ") < 0 || squad_buf_put(b, instr->s, instr->n) < 0)) return oom(ps->e);
     return 0;
 }
 
 /* Closes a block; when it has no instructions the first option line lost its leading newline. */
-static int block_end(parse_state *ps, str_buf *b, const char *closing) {
-    if (sb_str(b, PART_JOIN) < 0 || sb_str(b, closing) < 0 || sb_done(b) < 0) return oom(ps->e);
+static int block_end(parse_state *ps, squad_buf *b, const char *closing) {
+    if (squad_buf_puts(b, PART_JOIN) < 0 || squad_buf_puts(b, closing) < 0 || squad_buf_put(b, "", 0) < 0) return oom(ps->e);
     /* Lines are joined by "\n": when instructions were empty the block starts with a join. */
     if (b->s[0] == '\n') {
         memmove(b->s, b->s + 1, b->n);
@@ -601,7 +561,7 @@ static int block_end(parse_state *ps, str_buf *b, const char *closing) {
     return 0;
 }
 
-static int decisions_instructions(parse_state *ps, json_t *v, const char *where, str_buf *out) {
+static int decisions_instructions(parse_state *ps, json_t *v, const char *where, squad_buf *out) {
     char param[128];
     FIELD(param, "%s.instructions", where);
     if (!v) return bad(ps->e, param, "%s is missing", param);
@@ -620,7 +580,7 @@ static int decisions_instructions(parse_state *ps, json_t *v, const char *where,
         if (only_keys(ps, p, pw, KEYS) < 0) return -1;
         FIELD(pp, "%s.text", pw);
         if (!json_is_string(text)) return bad(ps->e, pp, "%s must be a string", pp);
-        if ((i && sb_str(out, PART_JOIN) < 0)) return oom(ps->e);
+        if ((i && squad_buf_puts(out, PART_JOIN) < 0)) return oom(ps->e);
         if (put_text(ps, out, text) < 0) return -1;
     }
     return 0;
@@ -631,7 +591,7 @@ static int decisions_question(parse_state *ps, json_t *q, int qi) {
                                            {"type", "instructions", "name", "choices", NULL},
                                            {"type", "instructions", "name", "levels", NULL}};
     dapi_question *dq = &ps->qs[qi];
-    str_buf *b = &ps->blocks[qi];
+    squad_buf *b = &ps->blocks[qi];
     char where[48], param[128];
     FIELD(where, "questions[%d]", qi);
     if (!json_is_object(q)) return bad(ps->e, where, "%s must be an object", where);
@@ -647,7 +607,7 @@ static int decisions_question(parse_state *ps, json_t *q, int qi) {
     json_t *name = get(q, "name");
     FIELD(param, "%s.name", where);
     if (name && !json_is_string(name)) return bad(ps->e, param, "%s must be a string", param);
-    str_buf instr = {0};
+    squad_buf instr = {0};
     int rc = decisions_instructions(ps, json_object_get(q, "instructions"), where, &instr);
     if (rc == 0) rc = block_start(ps, b, &instr);
     free(instr.s);
@@ -771,7 +731,7 @@ static int systemone_model(parse_state *ps, json_t *model, int *spec) {
 static int systemone_question(parse_state *ps, const char *id, json_t *q, int qi) {
     static const char *const KEYS[] = {"type", "instructions", "criteria", NULL};
     dapi_question *dq = &ps->qs[qi];
-    str_buf *b = &ps->blocks[qi];
+    squad_buf *b = &ps->blocks[qi];
     char where[160], param[192];
     FIELD(where, "questions.%.120s", id);
     if (!json_is_object(q)) return bad(ps->e, where, "%s must be an object", where);
@@ -785,7 +745,7 @@ static int systemone_question(parse_state *ps, const char *id, json_t *q, int qi
     else if (!strcmp(t, "score")) dq->kind = Q_SO_SCORE;
     else return bad(ps->e, param, "%s must be \"noul\", \"choice\" or \"score\"", param);
     if (only_keys(ps, q, where, KEYS) < 0) return -1;
-    str_buf instr = {0};
+    squad_buf instr = {0};
     json_t *iv = get(q, "instructions");
     int rc = iv ? put_text(ps, &instr, iv) : 0;
     if (rc == 0) rc = block_start(ps, b, &instr);
@@ -943,20 +903,16 @@ static int breakpoints(parse_state *ps, squad_dapi_req *r, const squad_idvec *pr
 
 /* The prefix text: SYSTEM_OPEN sys SYSTEM_CLOSE (when sys is not empty) USER_OPEN state STATE_END. */
 static char *prefix_text(const parse_state *ps) {
-    str_buf t = {0};
+    squad_buf t = {0};
     if (ps->sys.n) {
-        sb_str(&t, SYSTEM_OPEN);
-        sb_put(&t, ps->sys.s, ps->sys.n);
-        sb_str(&t, SYSTEM_CLOSE);
+        squad_buf_puts(&t, SYSTEM_OPEN);
+        squad_buf_put(&t, ps->sys.s, ps->sys.n);
+        squad_buf_puts(&t, SYSTEM_CLOSE);
     }
-    sb_str(&t, USER_OPEN);
-    sb_put(&t, ps->state.s, ps->state.n);
-    sb_str(&t, STATE_END);
-    if (t.failed) {
-        free(t.s);
-        return NULL;
-    }
-    return t.s;
+    squad_buf_puts(&t, USER_OPEN);
+    squad_buf_put(&t, ps->state.s, ps->state.n);
+    squad_buf_puts(&t, STATE_END);
+    return squad_buf_take(&t, NULL);
 }
 
 static int build_rows(parse_state *ps, squad_dapi_req *r) {
@@ -966,7 +922,7 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
     squad_err err = {0};
     int rc = -1;
     const char *state_field = r->api == SQUAD_DAPI_DECISIONS ? "input" : "state";
-    if (sb_done(&ps->sys) < 0 || sb_done(&ps->state) < 0) return oom(ps->e);
+    if (squad_buf_put(&ps->sys, "", 0) < 0 || squad_buf_put(&ps->state, "", 0) < 0) return oom(ps->e);
     s->prefix_text = prefix_text(ps);
     r->prefix_text = s->prefix_text;
     if (!s->prefix_text) return oom(ps->e);
@@ -1001,15 +957,14 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const dapi_question *dq = &ps->qs[i];
-        str_buf suf = {0};
-        sb_put(&suf, ps->blocks[i].s, ps->blocks[i].n);
-        sb_str(&suf, GENERATION_PROMPT);
-        if (suf.failed) {
-            free(suf.s);
+        squad_buf suf = {0};
+        squad_buf_put(&suf, ps->blocks[i].s, ps->blocks[i].n);
+        squad_buf_puts(&suf, GENERATION_PROMPT);
+        s->suffix[i] = squad_buf_take(&suf, NULL);
+        if (!s->suffix[i]) {
             rc = oom(ps->e);
             goto done;
         }
-        s->suffix[i] = suf.s;
         b.ids.n = state_len; /* every row starts with the prefix */
         if (tb_plain(&b, ps->blocks[i].s, ps->blocks[i].n, &err) < 0 ||
             tb_template(&b, GENERATION_PROMPT, strlen(GENERATION_PROMPT), &err) < 0 || tb_flush(&b, &err) < 0) {

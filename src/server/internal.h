@@ -23,7 +23,7 @@
 #include "answer_json.h"
 #include "decisions.h"
 #include "rows.h"
-#include "server/kvcache.h"
+#include "lru_map.h"
 #include "server/metrics.h"
 #include "server/sched.h"
 #include "server/server.h"
@@ -46,8 +46,8 @@ struct squad_server {
     squad_specialists *sp; /* NULL: the model alone */
     int max_tokens;
     srv_sched *sched;
-    srv_kv *memo;   /* the request memo */
-    srv_kv *tokens; /* the token cache */
+    squad_lru_map *memo;   /* the request memo (locked) */
+    squad_lru_map *tokens; /* the token cache (locked) */
     srv_metrics metrics;
     char hole_nonce[40]; /* marks the places a memo entry regenerates (random per start) */
     _Atomic uint64_t next_id;
@@ -70,8 +70,7 @@ struct srv_req {
     double t0;
     int is_post;
     /* the body */
-    char *body;
-    size_t len, cap;
+    squad_buf body; /* the body as it arrives, bounded by --max-body */
     int too_big;
     /* the answer */
     int status;
@@ -95,6 +94,7 @@ struct srv_req {
     int n_score;
     squad_dapi_req *dreq;
     uint64_t memo_hash;
+    uint32_t memo_tag; /* the first piece of its memo key: the endpoint */
     int memo_ok; /* the answer may be stored in the memo */
     /* the transport */
     void (*wake)(srv_req *r); /* sets job_done and wakes the waiter (see the top) */

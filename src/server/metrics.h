@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "answer_json.h"
-#include "server/kvcache.h"
+#include "lru_map.h"
 #include "server/sched.h"
 
 typedef enum {
@@ -55,7 +55,7 @@ typedef struct srv_metrics_view {
     const srv_metrics *m;
     const squad_specialists *sp; /* labels for the per-route counts; NULL: none */
     srv_sched_stats sched;
-    srv_kv_stats memo, tokens;
+    squad_lru_map_stats memo, tokens;
     double uptime_s;
 } srv_metrics_view;
 

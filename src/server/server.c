@@ -15,7 +15,9 @@
 #define _GNU_SOURCE /* memmem, usleep */
 #include "server/internal.h"
 
+#include "hash_index.h"
 #include "json_text.h"
+#include "server/token_cache.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -29,9 +31,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Texts at least this long go through the token cache (shorter ones cost less to encode than to
- * look up and keep). */
-#define SRV_TOKEN_CACHE_MIN_BYTES 1024
 /* Retry-After (seconds) for a full queue and for a request that ran out of time. */
 #define SRV_RETRY_AFTER_S 1
 
@@ -49,32 +48,6 @@ void srv_log(squad_server *srv, const char *fmt, ...) {
 }
 
 static void sched_log_cb(void *ctx, const char *line) { srv_log(ctx, "%s", line); }
-
-/* ---------------------------------------------------------------------------------------------
- * The token cache: the tokenizer's text cache hook over a kvcache (tag: the encode flags)
- * ------------------------------------------------------------------------------------------- */
-
-typedef struct tc_use {
-    squad_idvec *out;
-    squad_err *err;
-} tc_use;
-
-static int tc_copy(void *ctx, const void *val, size_t vlen) {
-    tc_use *u = ctx;
-    return squad_idvec_append(u->out, val, vlen / sizeof(int32_t), u->err) < 0 ? -2 : 1;
-}
-
-static int tc_get(void *ctx, unsigned flags, const char *text, size_t len, squad_idvec *out, squad_err *err) {
-    srv_kv *kv = ctx;
-    tc_use u = {out, err};
-    int rc = srv_kv_get(kv, srv_kv_hash(flags, text, len), flags, text, len, tc_copy, &u);
-    if (rc == -1) return 0;
-    return rc < 0 ? SQUAD_E_NOMEM : 1;
-}
-
-static void tc_put(void *ctx, unsigned flags, const char *text, size_t len, const int32_t *ids, size_t n) {
-    srv_kv_put(ctx, srv_kv_hash(flags, text, len), flags, text, len, ids, n * sizeof(int32_t));
-}
 
 /* ---------------------------------------------------------------------------------------------
  * The server object
@@ -135,10 +108,9 @@ static int load_text_side(squad_server *srv, squad_err *err) {
     free(tok_path);
     if (!srv->tok) return err->code;
     if (o->token_cache_bytes) {
-        srv->tokens = srv_kv_new(o->token_cache_bytes, err);
+        srv->tokens = squad_lru_map_new(o->token_cache_bytes, SQUAD_LRU_MAP_LOCKED, err);
         if (!srv->tokens) return err->code;
-        squad_tok_text_cache tc = {SRV_TOKEN_CACHE_MIN_BYTES, tc_get, tc_put, srv->tokens};
-        squad_tokenizer_set_text_cache(srv->tok, &tc);
+        srv_token_cache_attach(srv->tok, srv->tokens, SRV_TOKEN_CACHE_MIN_BYTES);
     }
     srv->tpl = o->template_path ? squad_template_load_file(o->template_path, err)
                                 : squad_template_load_dir(o->model_dir, err);
@@ -224,7 +196,7 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
                 opts->specialists_dir, squad_specialists_count(srv->sp));
     }
     srv->opts.engine.specialists = srv->sp;
-    if (opts->memo_bytes && !(srv->memo = srv_kv_new(opts->memo_bytes, err))) goto fail;
+    if (opts->memo_bytes && !(srv->memo = squad_lru_map_new(opts->memo_bytes, SQUAD_LRU_MAP_LOCKED, err))) goto fail;
     srv->sched = srv_sched_start(srv->model, &srv->opts.engine, opts->queue > 0 ? opts->queue : 1, sched_log_cb,
                                  on_engine_ready, srv, err);
     if (!srv->sched) goto fail;
@@ -266,8 +238,8 @@ void squad_server_free(squad_server *srv) {
     squad_model_free(srv->model);
     squad_template_free(srv->tpl);
     squad_tokenizer_free(srv->tok);
-    srv_kv_free(srv->tokens);
-    srv_kv_free(srv->memo);
+    squad_lru_map_free(srv->tokens);
+    squad_lru_map_free(srv->memo);
     for (int i = 0; srv->api_keys && i < srv->opts.n_api_keys; i++) free(srv->api_keys[i]);
     free(srv->api_keys);
     free(srv->served_name);
@@ -433,25 +405,15 @@ int srv_req_route(srv_req *r, const char *method, const char *path, const char *
 
 void srv_req_body(srv_req *r, const char *data, size_t n) {
     if (r->too_big || r->state != SRV_REQ_NEW) return;
-    if (r->len + n > r->srv->opts.max_body) {
+    if (r->body.n + n > r->srv->opts.max_body) {
         r->too_big = 1;
         return;
     }
-    if (r->len + n + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 4096;
-        while (cap < r->len + n + 1) cap *= 2;
-        char *b = realloc(r->body, cap);
-        if (!b) {
-            r->too_big = 2;
-            return;
-        }
-        r->body = b;
-        r->cap = cap;
-    }
-    memcpy(r->body + r->len, data, n);
-    r->len += n;
-    r->body[r->len] = 0;
+    if (squad_buf_put(&r->body, data, n) < 0) r->too_big = 2;
 }
+
+/* The body as text ("" before any byte came). */
+static const char *body_text(const srv_req *r) { return r->body.s ? r->body.s : ""; }
 
 /* ---------------------------------------------------------------------------------------------
  * The request memo
@@ -476,7 +438,7 @@ static size_t hole_text(srv_req *r, int kind, char *buf, size_t cap) {
     }
 }
 
-/* The kvcache hit callback: the stored text with its holes filled. */
+/* The map's use of a hit: the stored text with its holes filled. */
 static int memo_copy(void *ctx, const void *val, size_t vlen) {
     memo_fill *f = ctx;
     const unsigned char *v = val;
@@ -506,13 +468,22 @@ static int memo_copy(void *ctx, const void *val, size_t vlen) {
     return 1;
 }
 
+/* The memo's key: the endpoint, then the body. */
+static void memo_key(srv_req *r, squad_bytes key[2]) {
+    r->memo_tag = (uint32_t)r->ep;
+    key[0] = (squad_bytes){&r->memo_tag, sizeof r->memo_tag};
+    key[1] = (squad_bytes){body_text(r), r->body.n};
+}
+
 /* 1 when the memo answered r. */
 static int memo_lookup(srv_req *r) {
     squad_server *srv = r->srv;
     if (!srv->memo) return 0;
-    r->memo_hash = srv_kv_hash((uint32_t)r->ep, r->body ? r->body : "", r->len);
+    squad_bytes key[2];
+    memo_key(r, key);
+    r->memo_hash = squad_hash_bytes((uint32_t)r->ep, key[1].p, key[1].n);
     memo_fill f = {r, NULL, 0};
-    int rc = srv_kv_get(srv->memo, r->memo_hash, (uint32_t)r->ep, r->body ? r->body : "", r->len, memo_copy, &f);
+    int rc = squad_lru_map_get(srv->memo, r->memo_hash, key, 2, memo_copy, &f);
     if (rc != 1) {
         atomic_fetch_add_explicit(&srv->metrics.memo_misses, 1, memory_order_relaxed);
         return 0;
@@ -550,18 +521,10 @@ static void memo_store(srv_req *r, const char *text, size_t len) {
         squad_buf_free(&out);
         return;
     }
-    size_t head = 4 + (size_t)nh * 8;
-    unsigned char *val = malloc(head + out.n);
-    if (val) {
-        memcpy(val, &nh, 4);
-        for (uint32_t i = 0; i < nh; i++) {
-            memcpy(val + 4 + i * 8, &holes[i][0], 4);
-            memcpy(val + 8 + i * 8, &holes[i][1], 4);
-        }
-        memcpy(val + head, out.s, out.n);
-        srv_kv_put(srv->memo, r->memo_hash, (uint32_t)r->ep, r->body ? r->body : "", r->len, val, head + out.n);
-        free(val);
-    }
+    squad_bytes key[2];
+    memo_key(r, key);
+    const squad_bytes val[3] = {{&nh, 4}, {holes, (size_t)nh * 8}, {out.s, out.n}};
+    squad_lru_map_put(srv->memo, r->memo_hash, key, 2, val, 3, NULL); /* a cache may forget */
     squad_buf_free(&out);
 }
 
@@ -579,8 +542,8 @@ static void view_of(squad_server *srv, srv_metrics_view *v) {
     v->m = &srv->metrics;
     v->sp = srv->sp;
     if (srv->sched) srv_sched_get_stats(srv->sched, &v->sched);
-    if (srv->memo) srv_kv_get_stats(srv->memo, &v->memo);
-    if (srv->tokens) srv_kv_get_stats(srv->tokens, &v->tokens);
+    if (srv->memo) squad_lru_map_get_stats(srv->memo, &v->memo);
+    if (srv->tokens) squad_lru_map_get_stats(srv->tokens, &v->tokens);
     v->uptime_s = squad_now_seconds() - srv->t_start;
 }
 
@@ -644,13 +607,13 @@ static int alloc_work(srv_req *r, int n) {
 /* Parses the body once with duplicate keys refused (section F: 400 on the decision endpoints and
  * squad's own): NULL after answering. */
 static json_t *parse_strict(srv_req *r) {
-    size_t bad = squad_utf8_invalid_offset(r->body ? r->body : "", r->len);
-    if (bad < r->len) {
+    size_t bad = squad_utf8_invalid_offset(body_text(r), r->body.n);
+    if (bad < r->body.n) {
         fail_req(r, 400, NULL, "the body is not valid UTF-8 (byte offset %zu)", bad);
         return NULL;
     }
     json_error_t je;
-    json_t *root = json_loadb(r->body ? r->body : "", r->len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(body_text(r), r->body.n, JSON_REJECT_DUPLICATES, &je);
     if (!root) fail_req(r, 400, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, je.text);
     return root;
 }
@@ -723,7 +686,7 @@ static int prepare_ask(srv_req *r) {
         return 1;
     }
     squad_err err = {0};
-    int rc = squad_template_build(srv->tpl, srv->tok, r->body, r->len, srv->max_tokens, &r->ask, &err);
+    int rc = squad_template_build(srv->tpl, srv->tok, body_text(r), r->body.n, srv->max_tokens, &r->ask, &err);
     if (rc < 0) {
         if (rc == SQUAD_E_INVALID) fail_req(r, 422, NULL, "%s", err.msg);
         else fail_req(r, 500, NULL, "%s", err.msg);
@@ -792,7 +755,7 @@ static int prepare_dapi(srv_req *r) {
         fail_req(r, 501, NULL, "%s", why);
         return 1;
     }
-    if (squad_dapi_parse(srv->dapi, api, r->body ? r->body : "", r->len, &r->dreq, &de) < 0) {
+    if (squad_dapi_parse(srv->dapi, api, body_text(r), r->body.n, &r->dreq, &de) < 0) {
         fail_dapi(r, &de);
         return 1;
     }
@@ -839,8 +802,8 @@ int srv_req_prepare(srv_req *r) {
         return 1;
     }
     case SRV_EP_CACHE_CLEAR:
-        if (srv->memo) srv_kv_clear(srv->memo);
-        if (srv->tokens) srv_kv_clear(srv->tokens);
+        if (srv->memo) squad_lru_map_clear(srv->memo);
+        if (srv->tokens) squad_lru_map_clear(srv->tokens);
         if (alloc_work(r, 1) < 0) return 1;
         r->job.kind = SRV_JOB_CLEAR;
         return 0;
@@ -1072,7 +1035,7 @@ void srv_req_end(srv_req *r, int delivered) {
                     SRV_EP_PATH[r->ep], r->status, dt * 1000.0, before_ms, engine_ms, r->job.steps_ran,
                     r->job.steps_waited, r->job.longest_step_s * 1000.0, computed, reused);
     }
-    free(r->body);
+    squad_buf_free(&r->body);
     free(r->resp);
     free(r->row_ptrs);
     free(r->results);
