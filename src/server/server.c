@@ -100,13 +100,15 @@ static void make_nonce(char *out, size_t cap) {
     snprintf(out, cap, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
 }
 
-static int load_text_side(squad_server *srv, squad_err *err) {
-    const squad_server_opts *o = &srv->opts;
+/* The tokenizer (--tokenizer, else DIR/tokenizer.json), the token cache and the template
+ * (--template, else DIR/squad-template.json or the default). o is the caller's options: the paths
+ * are borrowed for this call only. A path given that cannot be loaded is an error. */
+static int load_text_side(squad_server *srv, const squad_server_opts *o, squad_err *err) {
     char *tok_path = o->tokenizer_path ? NULL : squad_path_join(o->model_dir, "tokenizer.json", err);
     if (!o->tokenizer_path && !tok_path) return err->code;
     srv->tok = squad_tokenizer_load(o->tokenizer_path ? o->tokenizer_path : tok_path, err);
     free(tok_path);
-    if (!srv->tok) return err->code;
+    if (!srv->tok) return o->tokenizer_path ? squad_fail_context(err, "--tokenizer %s: ", o->tokenizer_path) : err->code;
     if (o->token_cache_bytes) {
         srv->tokens = squad_lru_map_new(o->token_cache_bytes, SQUAD_LRU_MAP_LOCKED, err);
         if (!srv->tokens) return err->code;
@@ -114,7 +116,7 @@ static int load_text_side(squad_server *srv, squad_err *err) {
     }
     srv->tpl = o->template_path ? squad_template_load_file(o->template_path, err)
                                 : squad_template_load_dir(o->model_dir, err);
-    if (!srv->tpl) return err->code;
+    if (!srv->tpl) return o->template_path ? squad_fail_context(err, "--template %s: ", o->template_path) : err->code;
     return 0;
 }
 
@@ -181,7 +183,7 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
         strftime(srv->release_date, sizeof srv->release_date, "%Y-%m-%d", &tm);
     }
     free(cfg);
-    if (load_text_side(srv, err) < 0) goto fail;
+    if (load_text_side(srv, opts, err) < 0) goto fail;
     srv->model = squad_model_load(opts->model_dir, err);
     if (!srv->model) goto fail;
     if (squad_tokenizer_vocab_size(srv->tok) > squad_model_vocab_size(srv->model)) {
