@@ -14,7 +14,7 @@
 
 #include "answer_json.h"
 #include "lru_map.h"
-#include "server/sched.h"
+#include "server/jobs.h"
 
 typedef enum {
     SRV_EP_ASK,
@@ -54,7 +54,7 @@ void srv_metrics_request(srv_metrics *m, srv_endpoint ep, int status, double sec
 typedef struct srv_metrics_view {
     const srv_metrics *m;
     const squad_specialists *sp; /* labels for the per-route counts; NULL: none */
-    srv_sched_stats sched;
+    srv_jobs_stats jobs;
     squad_lru_map_stats memo, tokens;
     double uptime_s;
 } srv_metrics_view;
