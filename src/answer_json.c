@@ -22,6 +22,14 @@ void squad_buf_json_string(squad_buf *b, const char *s) {
 
 void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_result *results,
                          const squad_specialists *sp, long computed, long reused) {
+    char c[24], u[24];
+    snprintf(c, sizeof c, "%ld", computed);
+    snprintf(u, sizeof u, "%ld", reused);
+    squad_ask_json_head_text(b, r, results, sp, c, u);
+}
+
+void squad_ask_json_head_text(squad_buf *b, const squad_text_rows *r, const squad_result *results,
+                              const squad_specialists *sp, const char *computed, const char *reused) {
     squad_buf_puts(b, "{\"answers\": [");
     for (int q = 0; q < r->n_questions; q++) {
         int row = r->q_row[q], slot = r->q_slot[q], nopts = r->rows[row].nopts[slot], best = 0;
@@ -53,19 +61,27 @@ void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_res
         }
         squad_buf_puts(b, "}");
     }
-    squad_buf_printf(b, ", \"tokens\": {\"state\": %d, \"computed\": %ld, \"reused\": %ld}", r->state_len, computed,
+    squad_buf_printf(b, ", \"tokens\": {\"state\": %d, \"computed\": %s, \"reused\": %s}", r->state_len, computed,
                      reused);
 }
 
 void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r,
                              const squad_specialists *sp) {
+    char u[16], c[16];
+    snprintf(u, sizeof u, "%d", r->reused);
+    snprintf(c, sizeof c, "%d", r->computed);
+    squad_score_result_json_text(b, row, r, sp, u, c);
+}
+
+void squad_score_result_json_text(squad_buf *b, const squad_row *row, const squad_result *r,
+                                  const squad_specialists *sp, const char *reused, const char *computed) {
     squad_buf_puts(b, "{\"probs\": [");
     for (int s = 0; s < r->n_slots; s++) {
         squad_buf_puts(b, s ? ", [" : "[");
         for (int l = 0; l < row->nopts[s]; l++) squad_buf_printf(b, l ? ", %.9g" : "%.9g", r->probs[s][l]);
         squad_buf_puts(b, "]");
     }
-    squad_buf_printf(b, "], \"reused\": %d, \"computed\": %d", r->reused, r->computed);
+    squad_buf_printf(b, "], \"reused\": %s, \"computed\": %s", reused, computed);
     if (sp) {
         squad_buf_puts(b, ", \"route\": ");
         squad_buf_json_string(b, squad_specialists_label(sp, r->route));

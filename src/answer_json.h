@@ -25,12 +25,18 @@ void squad_buf_json_string(squad_buf *b, const char *s);
  * ({label: probability}). */
 void squad_ask_json_head(squad_buf *b, const squad_text_rows *rows, const squad_result *results,
                          const squad_specialists *sp, long computed, long reused);
+/* The same with computed / reused as text written as it is (the server's memo placeholders). */
+void squad_ask_json_head_text(squad_buf *b, const squad_text_rows *rows, const squad_result *results,
+                              const squad_specialists *sp, const char *computed, const char *reused);
 
 /* squad score's line for one answered row (without the newline):
  * {"probs": [[...], ...], "reused": R, "computed": C}, plus "route": "label" and "router": [p, ...]
  * with specialists (sp not NULL). */
 void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r,
                              const squad_specialists *sp);
+/* The same with reused / computed as text written as it is (the server's memo placeholders). */
+void squad_score_result_json_text(squad_buf *b, const squad_row *row, const squad_result *r,
+                                  const squad_specialists *sp, const char *reused, const char *computed);
 /* squad score's line for a row that failed: {"error":"..."} (jansson's compact form). */
 void squad_score_error_json(squad_buf *b, const char *msg);
 

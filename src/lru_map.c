@@ -141,9 +141,10 @@ static void evict_locked(squad_lru_map *m, size_t bytes, const map_entry *keep) 
 int squad_lru_map_put(squad_lru_map *m, uint64_t hash, const squad_bytes *key, int n_key, const squad_bytes *val,
                       int n_val, squad_err *err) {
     const size_t klen = pieces_len(key, n_key), vlen = pieces_len(val, n_val);
-    const size_t size = sizeof(map_entry) + klen + vlen;
     /* an entry that cannot fit even alone, with the smallest bucket array, is never stored */
-    if (size < klen || size + SQUAD_HINDEX_MIN_BUCKETS * sizeof(squad_hnode *) > m->budget) return 0;
+    const size_t alone = sizeof(map_entry) + SQUAD_HINDEX_MIN_BUCKETS * sizeof(squad_hnode *);
+    if (klen > m->budget || vlen > m->budget || alone + klen + vlen > m->budget) return 0;
+    const size_t size = sizeof(map_entry) + klen + vlen;
     map_entry *e = squad_malloc(size, err);
     if (!e) return SQUAD_E_NOMEM;
     e->node.key = hash;

@@ -5,7 +5,7 @@
 // The npm packages `openai` (client.decisions.create) and `@typesafe-ai/sdk` (client.systemOne,
 // client.models.list), at the versions pinned in tests/clients/package.json, talk to a real server
 // with an API key. Their requests must succeed and their parsed responses must carry the
-// probabilities squad computes for the rows of DECISIONS-API.md section C (rendered by
+// probabilities squad computes for the rows of docs/decisions-api.md section C (rendered by
 // tests/server_lib.js, scored with `squad score`); a tool-call item must come back as the client's
 // 400 error naming it.
 'use strict';

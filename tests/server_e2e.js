@@ -6,7 +6,7 @@
 // Qwen3 tokenizer and checks, against squad's own command line as the reference:
 //   1. /v1/score equals `squad score` on the same rows (probabilities, reuse figures, row errors);
 //      /v1/ask equals `squad ask` (answers, state tokens);
-//   2. /v1/decisions and /v1/systemone answer what the rows of DECISIONS-API.md section C give when
+//   2. /v1/decisions and /v1/systemone answer what the rows of docs/decisions-api.md section C give when
 //      scored with `squad score` (the rows are rendered here from the contract's text and tokenised
 //      with `squad tokenize`), with the response fields of sections A / B;
 //   3. the request memo (section G): the same answers, "memo": true, usage all cached;

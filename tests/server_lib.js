@@ -1,7 +1,7 @@
 // server_lib.js — what the server tests share (tests/server_e2e.js, tests/server_clients.js): start
 // and stop a real `squad serve` on a free loopback port, HTTP requests over keep-alive connections,
 // the `squad` command line (score / ask / tokenize) as the reference, and an independent rendering of
-// the decision APIs' questions into rows (../shared/DECISIONS-API.md section C, JSON text section E).
+// the decision APIs' questions into rows (docs/decisions-api.md section C, JSON text section E).
 //
 // The rendering here is written from the contract's text, not from the server's code: the tests
 // score these rows with `squad score` and require the server's answers to equal them, so a

@@ -43,39 +43,27 @@ int srv_decision_prepare(srv_req *r) {
     return 0;
 }
 
-/* The decision response as text; with holes for the memo's copy. */
-static char *dapi_text(srv_req *r, int from_memo, size_t *len) {
-    squad_err err = {0};
-    json_t *resp = squad_dapi_respond(r->dreq, r->results, from_memo, &err);
-    if (!resp) return NULL;
-    if (from_memo) {
-        char ph[64];
-        if (json_object_get(resp, "id")) {
-            snprintf(ph, sizeof ph, "%s-%d", r->srv->hole_nonce, SRV_HOLE_ID);
-            json_object_set_new(resp, "id", json_string(ph));
-        }
-        if (json_object_get(resp, "created")) {
-            snprintf(ph, sizeof ph, "%s-%d", r->srv->hole_nonce, SRV_HOLE_CREATED);
-            json_object_set_new(resp, "created", json_string(ph));
-        }
-    }
-    char *text = squad_json_text(resp, len, &err); /* reals in their shortest form */
-    json_decref(resp);
-    return text;
-}
-
+/* The response once, its per-call fields and cache figures placeholders that srv_memo_answer fills
+ * for the client and for the memo. */
 void srv_decision_render(srv_req *r) {
+    const squad_server *srv = r->srv;
+    squad_dapi_fields f = {srv_memo_hole_json(srv, SRV_HOLE_ID, -1), srv_memo_hole_json(srv, SRV_HOLE_CREATED, -1),
+                           srv_memo_hole_json(srv, SRV_HOLE_REUSED, -1), srv_memo_hole_json(srv, SRV_HOLE_WRITTEN, -1)};
+    squad_err err = {0};
+    json_t *resp = f.id && f.created && f.cached_tokens && f.cache_write_tokens
+                       ? squad_dapi_respond(r->dreq, r->results, &f, &err)
+                       : NULL;
+    json_decref(f.id);
+    json_decref(f.created);
+    json_decref(f.cached_tokens);
+    json_decref(f.cache_write_tokens);
     size_t len = 0;
-    char *text = dapi_text(r, 0, &len);
+    char *text = resp ? squad_json_text(resp, &len, &err) : NULL; /* reals in their shortest form */
+    json_decref(resp);
     if (!text) {
         srv_fail(r, 500, NULL, "could not render the response");
         return;
     }
-    if (r->srv->memo) {
-        size_t mlen = 0;
-        char *m = dapi_text(r, 1, &mlen);
-        if (m) srv_memo_store(r, m, mlen);
-        free(m);
-    }
-    srv_answer(r, 200, text, len, SRV_CT_JSON);
+    squad_buf b = {text, len, len + 1, 0};
+    srv_memo_answer(r, &b);
 }

@@ -8,6 +8,8 @@
 
 #include <string.h>
 
+#include "answer_json.h"
+
 static void view_of(squad_server *srv, srv_metrics_view *v) {
     memset(v, 0, sizeof *v);
     v->m = &srv->metrics;

@@ -155,61 +155,49 @@ int srv_score_prepare(srv_req *r) {
     return 0;
 }
 
+/* The answer as `squad ask` writes it, then the server's fields; the figures and the ms are
+ * placeholders that srv_memo_answer fills for the client and for the memo. */
 void srv_ask_render(srv_req *r) {
-    long computed = 0, reused = 0, written = 0, total = 0;
-    for (int i = 0; i < r->ask.n_rows; i++) {
-        computed += r->results[i].computed;
-        reused += r->results[i].reused;
-        written += r->results[i].cache_written;
-        total += r->ask.rows[i].n_ids;
-    }
-    squad_buf b = {0}, m = {0};
-    squad_ask_json_head(&b, &r->ask, r->results, r->srv->sp, computed, reused);
-    squad_buf_printf(&b, ", \"ms\": %.1f, \"memo\": false, \"cache\": {\"reused\": %ld, \"computed\": %ld, \"written\": %ld}}",
-                     1000.0 * (squad_now_seconds() - r->t0), reused, computed, written);
-    if (r->srv->memo) {
-        squad_ask_json_head(&m, &r->ask, r->results, r->srv->sp, 0, total);
-        squad_buf_puts(&m, ", \"ms\": ");
-        srv_memo_hole(&m, r->srv, SRV_HOLE_MS);
-        squad_buf_printf(&m, ", \"memo\": true, \"cache\": {\"reused\": %ld, \"computed\": 0, \"written\": 0}}", total);
-        if (!m.oom) srv_memo_store(r, m.s, m.n);
-        squad_buf_free(&m);
-    }
-    srv_answer_buf(r, 200, &b, SRV_CT_JSON);
+    const squad_server *srv = r->srv;
+    char computed[SRV_HOLE_TEXT], reused[SRV_HOLE_TEXT];
+    srv_memo_placeholder(computed, sizeof computed, srv, SRV_HOLE_COMPUTED, -1);
+    srv_memo_placeholder(reused, sizeof reused, srv, SRV_HOLE_REUSED, -1);
+    squad_buf b = {0};
+    squad_ask_json_head_text(&b, &r->ask, r->results, srv->sp, computed, reused);
+    squad_buf_puts(&b, ", \"ms\": ");
+    srv_memo_hole(&b, srv, SRV_HOLE_MS, -1);
+    squad_buf_puts(&b, ", \"memo\": ");
+    srv_memo_hole(&b, srv, SRV_HOLE_MEMO, -1);
+    squad_buf_printf(&b, ", \"cache\": {\"reused\": %s, \"computed\": %s, \"written\": ", reused, computed);
+    srv_memo_hole(&b, srv, SRV_HOLE_WRITTEN, -1);
+    squad_buf_puts(&b, "}}");
+    srv_memo_answer(r, &b);
 }
 
-static void score_results(squad_buf *b, srv_req *r, int from_memo) {
-    squad_buf_puts(b, "{\"results\": [");
+/* Each row's answer or error as `squad score` writes it; a row's figures are placeholders. */
+void srv_score_render(srv_req *r) {
+    const squad_server *srv = r->srv;
+    squad_buf b = {0};
+    squad_buf_puts(&b, "{\"results\": [");
     int k = 0;
     for (int i = 0; i < r->n_score; i++) {
-        if (i) squad_buf_puts(b, ", ");
+        if (i) squad_buf_puts(&b, ", ");
         if (r->score_errs[i].code) {
-            squad_score_error_json(b, r->score_errs[i].msg);
+            squad_score_error_json(&b, r->score_errs[i].msg);
             continue;
         }
         int j = k++;
         if (r->errs[j].code) {
-            squad_score_error_json(b, r->errs[j].msg);
+            squad_score_error_json(&b, r->errs[j].msg);
             continue;
         }
-        squad_result res = r->results[j];
-        if (from_memo) {
-            res.reused = r->row_ptrs[j]->n_ids;
-            res.computed = 0;
-        }
-        squad_score_result_json(b, r->row_ptrs[j], &res, r->srv->sp);
+        char reused[SRV_HOLE_TEXT], computed[SRV_HOLE_TEXT];
+        srv_memo_placeholder(reused, sizeof reused, srv, SRV_HOLE_REUSED, j);
+        srv_memo_placeholder(computed, sizeof computed, srv, SRV_HOLE_COMPUTED, j);
+        squad_score_result_json_text(&b, r->row_ptrs[j], &r->results[j], srv->sp, reused, computed);
     }
-    squad_buf_printf(b, "], \"memo\": %s}", from_memo ? "true" : "false");
-}
-
-void srv_score_render(srv_req *r) {
-    squad_buf b = {0};
-    score_results(&b, r, 0);
-    if (r->srv->memo) {
-        squad_buf m = {0};
-        score_results(&m, r, 1);
-        if (!m.oom) srv_memo_store(r, m.s, m.n);
-        squad_buf_free(&m);
-    }
-    srv_answer_buf(r, 200, &b, SRV_CT_JSON);
+    squad_buf_puts(&b, "], \"memo\": ");
+    srv_memo_hole(&b, srv, SRV_HOLE_MEMO, -1);
+    squad_buf_puts(&b, "}");
+    srv_memo_answer(r, &b);
 }

@@ -7,6 +7,8 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "answer_json.h"
+
 const char *const SRV_EP_PATH[SRV_EP_COUNT] = {"/v1/ask",  "/v1/score", "/v1/decisions", "/v1/systemone",
                                                "/v1/models", "/health", "/ready",       "/metrics",
                                                "/v1/stats", "/v1/cache/clear", "other"};

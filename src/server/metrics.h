@@ -12,9 +12,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "answer_json.h"
 #include "lru_map.h"
 #include "server/jobs.h"
+#include "util.h"
 
 typedef enum {
     SRV_EP_ASK,

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "answer_json.h"
+
 void srv_log(squad_server *srv, const char *fmt, ...) {
     if (!srv->opts.log) return;
     char line[1024];

@@ -1,6 +1,6 @@
 /*
  * request_memo.c — the request memo (request_memo.h): the lookup that fills a stored answer's holes,
- * and the store that cuts a rendered answer's placeholders into holes.
+ * and the answer that fills a rendered text's placeholders for the client and for the memo.
  */
 #define _GNU_SOURCE /* memmem */
 #include "server/request_memo.h"
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <time.h>
 
 #include "hash_index.h"
@@ -86,41 +87,120 @@ int srv_memo_lookup(srv_req *r) {
     return 1;
 }
 
-/* The memo's text of an answer: placeholders "<nonce>-<kind>" (with their quotes) become holes. */
-void srv_memo_store(srv_req *r, const char *text, size_t len) {
-    squad_server *srv = r->srv;
-    if (!srv->memo || !r->memo_ok) return;
-    char pat[64];
-    uint32_t holes[MEMO_MAX_HOLES][2];
-    uint32_t nh = 0;
-    squad_buf out = {0};
-    size_t at = 0;
-    int plen = snprintf(pat, sizeof pat, "\"%s-", srv->hole_nonce);
-    while (at < len) {
-        const char *p = memmem(text + at, len - at, pat, (size_t)plen);
-        if (!p || nh == MEMO_MAX_HOLES) break;
-        const char *kind = p + plen;
-        const char *end = memchr(kind, '"', (size_t)(text + len - kind));
-        if (!end) break;
-        squad_buf_put(&out, text + at, (size_t)(p - (text + at)));
-        holes[nh][0] = (uint32_t)out.n;
-        holes[nh][1] = (uint32_t)atoi(kind);
-        nh++;
-        at = (size_t)(end + 1 - text);
-    }
-    squad_buf_put(&out, text + at, len - at);
-    if (out.oom || out.n > UINT32_MAX) {
-        squad_buf_free(&out);
-        return;
-    }
-    squad_bytes key[2];
-    memo_key(r, key);
-    const squad_bytes val[3] = {{&nh, 4}, {holes, (size_t)nh * 8}, {out.s, out.n}};
-    squad_lru_map_put(srv->memo, r->memo_hash, key, 2, val, 3, NULL); /* a cache may forget */
-    squad_buf_free(&out);
+void srv_memo_placeholder(char *out, size_t cap, const squad_server *srv, int kind, int row) {
+    snprintf(out, cap, "\"%s-%d.%d\"", srv->hole_nonce, kind, row);
 }
 
-/* A placeholder the memo turns into a hole (a JSON string: "<nonce>-<kind>"). */
-void srv_memo_hole(squad_buf *b, const squad_server *srv, int kind) {
-    squad_buf_printf(b, "\"%s-%d\"", srv->hole_nonce, kind);
+void srv_memo_hole(squad_buf *b, const squad_server *srv, int kind, int row) {
+    char ph[SRV_HOLE_TEXT];
+    srv_memo_placeholder(ph, sizeof ph, srv, kind, row);
+    squad_buf_puts(b, ph);
+}
+
+json_t *srv_memo_hole_json(const squad_server *srv, int kind, int row) {
+    char ph[SRV_HOLE_TEXT];
+    srv_memo_placeholder(ph, sizeof ph, srv, kind, row);
+    return json_stringn(ph + 1, strlen(ph) - 2);
+}
+
+static int per_call(int kind) { return kind == SRV_HOLE_MS || kind == SRV_HOLE_ID || kind == SRV_HOLE_CREATED; }
+
+/* A figure of the rows [from, to): this call's (the results) or the memo's. */
+static long figure(const srv_req *r, int kind, int row, int memo) {
+    const int from = row < 0 ? 0 : row, to = row < 0 ? r->job.n_rows : row + 1;
+    long v = 0;
+    for (int i = from; i < to && i < r->job.n_rows; i++) {
+        const squad_result *res = &r->results[i];
+        if (kind == SRV_HOLE_REUSED) v += memo ? r->row_ptrs[i]->n_ids : res->reused;
+        else if (kind == SRV_HOLE_COMPUTED) v += memo ? 0 : res->computed;
+        else v += memo ? 0 : res->cache_written;
+    }
+    return v;
+}
+
+/* A figure hole's text: this call's value, or the memo's. */
+static void put_figure(squad_buf *b, const srv_req *r, int kind, int row, int memo) {
+    if (kind == SRV_HOLE_MEMO) squad_buf_puts(b, memo ? "true" : "false");
+    else squad_buf_printf(b, "%ld", figure(r, kind, row, memo));
+}
+
+/* A per-call hole's text for the client's answer. */
+static void put_per_call(squad_buf *b, const srv_req *r, int kind) {
+    if (kind == SRV_HOLE_MS) {
+        squad_buf_printf(b, "%.1f", 1000.0 * (squad_now_seconds() - r->t0));
+    } else if (kind == SRV_HOLE_CREATED) {
+        squad_buf_printf(b, "%ld", (long)time(NULL));
+    } else {
+        char id[64];
+        squad_dapi_new_id(id, sizeof id);
+        squad_buf_printf(b, "\"%s\"", id);
+    }
+}
+
+/* A placeholder at p (after its opening quote and the nonce's "<nonce>-"): its kind and row, and
+ * the byte after its closing quote; NULL when p does not hold one. */
+static const char *parse_hole(const char *p, const char *end, int *kind, int *row) {
+    char *e = NULL;
+    long k = strtol(p, &e, 10);
+    if (e == p || e >= end || *e != '.') return NULL;
+    const char *q = e + 1;
+    long w = strtol(q, &e, 10);
+    if (e == q || e >= end || *e != '"' || k < SRV_HOLE_MS || k > SRV_HOLE_WRITTEN || w < -1 || w > INT32_MAX) return NULL;
+    *kind = (int)k;
+    *row = (int)w;
+    return e + 1;
+}
+
+void srv_memo_answer(srv_req *r, squad_buf *rendered) {
+    squad_server *srv = r->srv;
+    if (rendered->oom) {
+        squad_buf_free(rendered);
+        srv_fail(r, 500, NULL, "out of memory rendering the answer");
+        return;
+    }
+    const char *text = rendered->s ? rendered->s : "";
+    const size_t len = rendered->n;
+    int keep = srv->memo && r->memo_ok; /* the memo's copy is wanted */
+    squad_buf live = {0}, memo = {0};
+    uint32_t holes[MEMO_MAX_HOLES][2];
+    uint32_t nh = 0;
+    char pat[SRV_HOLE_TEXT];
+    const int plen = snprintf(pat, sizeof pat, "\"%s-", srv->hole_nonce);
+    size_t at = 0;
+    for (;;) {
+        const char *p = memmem(text + at, len - at, pat, (size_t)plen);
+        if (!p) break;
+        int kind, row;
+        const char *after = parse_hole(p + plen, text + len, &kind, &row);
+        const size_t upto = (size_t)(p - text) + (after ? 0 : 1);
+        squad_buf_put(&live, text + at, upto - at);
+        if (keep) squad_buf_put(&memo, text + at, upto - at);
+        at = upto;
+        if (!after) continue; /* not a placeholder after all: its first byte is copied, look on */
+        if (per_call(kind)) {
+            put_per_call(&live, r, kind);
+            if (keep && nh < MEMO_MAX_HOLES) {
+                holes[nh][0] = (uint32_t)memo.n;
+                holes[nh][1] = (uint32_t)kind;
+                nh++;
+            } else {
+                keep = 0;
+            }
+        } else {
+            put_figure(&live, r, kind, row, 0);
+            if (keep) put_figure(&memo, r, kind, row, 1);
+        }
+        at = (size_t)(after - text);
+    }
+    squad_buf_put(&live, text + at, len - at);
+    if (keep) squad_buf_put(&memo, text + at, len - at);
+    squad_buf_free(rendered);
+    if (keep && !memo.oom && memo.n <= UINT32_MAX) {
+        squad_bytes key[2];
+        memo_key(r, key);
+        const squad_bytes val[3] = {{&nh, 4}, {holes, (size_t)nh * 8}, {memo.s, memo.n}};
+        squad_lru_map_put(srv->memo, r->memo_hash, key, 2, val, 3, NULL); /* a cache may forget */
+    }
+    squad_buf_free(&memo);
+    srv_answer_buf(r, 200, &live, SRV_CT_JSON);
 }
