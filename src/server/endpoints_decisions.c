@@ -64,6 +64,6 @@ void srv_decision_render(srv_req *r) {
         srv_fail(r, 500, NULL, "could not render the response");
         return;
     }
-    squad_buf b = {text, len, len + 1, 0};
+    squad_buf b = {.s = text, .n = len, .cap = len + 1}; /* squad_json_text allocated len + 1 */
     srv_memo_answer(r, &b);
 }
