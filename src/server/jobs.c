@@ -1,13 +1,13 @@
 /*
- * sched.c — the scheduler thread and its bounded FIFO of jobs (see sched.h). This is the one file
- * that calls the engine: creating it, feeding rows in (squad_engine_submit), stepping it, its
- * statistics and clearing it.
+ * jobs.c — the server's request queue: a bounded FIFO of jobs and the scheduler thread that feeds
+ * them to the engine (see jobs.h). This is the one file of the server that calls the engine:
+ * creating it, feeding rows in (squad_engine_submit), stepping it, its statistics and clearing it.
  *
  * The scheduler thread alone touches the engine and the list of jobs in it; the queue is shared with
  * the connection threads (submit) and the sweeper (late waiting jobs) under the lock.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "server/sched.h"
+#include "server/jobs.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -35,7 +35,7 @@ typedef struct srv_row_run {
     int ended; /* its end was recorded (a row ends once, however the engine reports it) */
 } srv_row_run;
 
-struct srv_sched {
+struct srv_jobs {
     pthread_mutex_t lock;
     pthread_cond_t wake; /* a job arrived, or stop */
     pthread_t thread;
@@ -61,14 +61,14 @@ struct srv_sched {
     int max_rows, batch_tokens;      /* the engine's */
     int room;                        /* max_rows + SRV_LOOKAHEAD_ROWS */
 
-    srv_sched_stats stats; /* counters and the engine figures, published under lock */
+    srv_jobs_stats stats; /* counters and the engine figures, published under lock */
     void (*log)(void *ctx, const char *line);
-    srv_sched_on_ready on_ready;
+    srv_jobs_on_ready on_ready;
     void *log_ctx; /* the owner's context for log and on_ready */
 };
 
-static void sched_log(srv_sched *s, const char *fmt, ...) SQUAD_PRINTF(2, 3);
-static void sched_log(srv_sched *s, const char *fmt, ...) {
+static void jobs_log(srv_jobs *s, const char *fmt, ...) SQUAD_PRINTF(2, 3);
+static void jobs_log(srv_jobs *s, const char *fmt, ...) {
     if (!s->log) return;
     char line[640];
     va_list ap;
@@ -79,7 +79,7 @@ static void sched_log(srv_sched *s, const char *fmt, ...) {
 }
 
 /* Ends a job: its figures, then its callback (the scheduler's last touch of the job). */
-static void complete(srv_sched *s, srv_job *job, srv_job_status status) {
+static void complete(srv_jobs *s, srv_job *job, srv_job_status status) {
     job->status = status;
     job->t_end = squad_now_seconds();
     free(job->run);
@@ -94,7 +94,7 @@ static void complete(srv_sched *s, srv_job *job, srv_job_status status) {
 }
 
 /* Answers the waiting jobs whose deadline has passed or whose client left (the sweeper's work). */
-static void expire_waiting(srv_sched *s, double now) {
+static void expire_waiting(srv_jobs *s, double now) {
     srv_job *expired = NULL, **tail = &expired;
     pthread_mutex_lock(&s->lock);
     srv_job **pp = &s->head, *prev = NULL;
@@ -125,7 +125,7 @@ static void expire_waiting(srv_sched *s, double now) {
 }
 
 /* 1 when a shutdown's grace has run out. */
-static int past_grace(srv_sched *s, double now) {
+static int past_grace(srv_jobs *s, double now) {
     pthread_mutex_lock(&s->lock);
     int late = s->stopping && now > s->stop_deadline;
     pthread_mutex_unlock(&s->lock);
@@ -134,7 +134,7 @@ static int past_grace(srv_sched *s, double now) {
 
 /* Polled before every row goes in and, through the engine, before every chunk: 1 when the job must
  * stop (why in job->cancel_seen; a failed job's rows stop with it). */
-static int job_should_stop(srv_sched *s, srv_job *job) {
+static int job_should_stop(srv_jobs *s, srv_job *job) {
     if (job->cancel_seen || job->failed) return 1;
     double now = squad_now_seconds();
     if (job->deadline > 0 && now > job->deadline) job->cancel_seen = SRV_JOB_TIMEOUT;
@@ -146,12 +146,12 @@ static int job_should_stop(srv_sched *s, srv_job *job) {
 /* The engine's cancel check of one row. */
 static int row_cancelled(void *ctx) {
     srv_row_run *rr = ctx;
-    return job_should_stop(rr->job->sched, rr->job);
+    return job_should_stop(rr->job->queue, rr->job);
 }
 
 /* Publishes the engine's figures after a step (or a clear); step_s: how long that step took (0:
  * not a step), named in the log line of the CUDA graphs it captured. */
-static void publish_engine_stats(srv_sched *s, double step_s) {
+static void publish_engine_stats(srv_jobs *s, double step_s) {
     squad_cache_stats st;
     squad_engine_cache_stats(s->engine, &st);
     uint64_t routes[SQUAD_MAX_ROUTES] = {0};
@@ -171,11 +171,11 @@ static void publish_engine_stats(srv_sched *s, double step_s) {
     s->stats.rows_in_flight = s->in_flight;
     pthread_mutex_unlock(&s->lock);
     if (graphs_before > 0 && dev.graphs > graphs_before)
-        sched_log(s, "captured %d CUDA graph(s) for a new batch shape in %.1f ms, a step of %.1f ms (%d in all, "
+        jobs_log(s, "captured %d CUDA graph(s) for a new batch shape in %.1f ms, a step of %.1f ms (%d in all, "
                   "%.2f s capturing so far)", dev.graphs - graphs_before, (dev.capture_s - capture_before) * 1000.0,
                   step_s * 1000.0, dev.graphs, dev.capture_s);
     if (before == 0 && st.uncacheable > 0) /* once: the metric counts the rest */
-        sched_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
+        jobs_log(s, "a state did not fit the state cache's budget (%.1f MB) and was computed uncached; such rows "
                   "are counted in squad_cache_uncacheable_total (raise --cache-mb to cache them)",
                   (double)st.budget_bytes / (1 << 20));
 }
@@ -187,7 +187,7 @@ static void publish_engine_stats(srv_sched *s, double step_s) {
 static void row_done(void *ctx, int rc, const squad_err *err) {
     srv_row_run *rr = ctx;
     srv_job *job = rr->job;
-    srv_sched *s = job->sched;
+    srv_jobs *s = job->queue;
     if (rr->ended) return;
     rr->ended = 1;
     job->outstanding--;
@@ -210,13 +210,13 @@ static void row_done(void *ctx, int rc, const squad_err *err) {
     if (!job->failed) {
         job->failed = 1;
         job->fail_err = *err;
-        sched_log(s, "engine error: %s", err->msg);
+        jobs_log(s, "engine error: %s", err->msg);
     }
     job->stopped = 1;
 }
 
 /* Submits row i of job. A row the engine refuses (a bad row) is that row's error at once. */
-static void submit_row(srv_sched *s, srv_job *job, int i) {
+static void submit_row(srv_jobs *s, srv_job *job, int i) {
     srv_row_run *rr = &job->run[i];
     job->next_row = i + 1;
     job->outstanding++;
@@ -227,11 +227,11 @@ static void submit_row(srv_sched *s, srv_job *job, int i) {
 }
 
 /* Takes job into the engine's list: the per-row options, with the checkpoints rule of the moment. */
-static int admit(srv_sched *s, srv_job *job, int others) {
+static int admit(srv_jobs *s, srv_job *job, int others) {
     squad_err err = {0};
     job->run = squad_calloc((size_t)(job->n_rows > 0 ? job->n_rows : 1), sizeof *job->run, &err);
     if (!job->run) return -1;
-    job->sched = s;
+    job->queue = s;
     job->t_start = squad_now_seconds();
     for (int i = 0; i < job->n_rows; i++) {
         srv_row_run *rr = &job->run[i];
@@ -255,7 +255,7 @@ static int admit(srv_sched *s, srv_job *job, int others) {
 }
 
 /* Submits the rows of the jobs in the engine, oldest job first, while there is room. */
-static void fill(srv_sched *s) {
+static void fill(srv_jobs *s) {
     for (srv_job *j = s->running; j; j = j->next) {
         while (!j->stopped && j->next_row < j->n_rows) {
             if (s->in_flight >= s->room) return;
@@ -269,7 +269,7 @@ static void fill(srv_sched *s) {
 }
 
 /* 1 when a job in the engine still has rows to submit (no later job may pass it). */
-static int running_unsubmitted(const srv_sched *s) {
+static int running_unsubmitted(const srv_jobs *s) {
     for (const srv_job *j = s->running; j; j = j->next)
         if (!j->stopped && j->next_row < j->n_rows) return 1;
     return 0;
@@ -283,7 +283,7 @@ static srv_job_status job_status(const srv_job *job) {
 
 /* Completes the jobs in the engine that are over: every row done, or stopped with none left in the
  * engine (it borrows a row's arrays until its done). */
-static void reap(srv_sched *s) {
+static void reap(srv_jobs *s) {
     srv_job **pp = &s->running, *prev = NULL;
     while (*pp) {
         srv_job *j = *pp;
@@ -304,16 +304,16 @@ static void reap(srv_sched *s) {
 /* ---- the queue into the engine ---------------------------------------------------------------- */
 
 /* Runs a cache-clear job: only with nothing in the engine (no checkpoint is pinned by a row). */
-static void run_clear(srv_sched *s, srv_job *job) {
+static void run_clear(srv_jobs *s, srv_job *job) {
     job->t_start = squad_now_seconds();
     squad_engine_cache_clear(s->engine);
     publish_engine_stats(s, 0.0);
     complete(s, job, SRV_JOB_OK);
 }
 
-/* Moves jobs from the head of the queue into the engine while they fit (sched.h); after a
+/* Moves jobs from the head of the queue into the engine while they fit (jobs.h); after a
  * shutdown's grace, answers the waiting ones instead. */
-static void take_from_queue(srv_sched *s) {
+static void take_from_queue(srv_jobs *s) {
     for (;;) {
         const double now = squad_now_seconds();
         pthread_mutex_lock(&s->lock);
@@ -350,7 +350,7 @@ static void take_from_queue(srv_sched *s) {
 }
 
 /* Counts one step (rows run, tokens computed, its wall time) into the published figures. */
-static void count_step(srv_sched *s, int rows, uint64_t tokens, double step_s) {
+static void count_step(srv_jobs *s, int rows, uint64_t tokens, double step_s) {
     int rb = 0, tb = 0, sb = 0;
     while (rb < SRV_STEP_BUCKETS && rows > SRV_STEP_ROWS_BOUNDS[rb]) rb++;
     while (tb < SRV_STEP_BUCKETS && (double)tokens > SRV_STEP_TOKENS_BOUNDS[tb]) tb++;
@@ -371,12 +371,12 @@ static void count_step(srv_sched *s, int rows, uint64_t tokens, double step_s) {
  * (squad_result.computed, grown chunk by chunk), so the rows a step ran are those whose count grew
  * in it and its tokens the sum of the growth: read after the step from the rows submitted, before
  * reap hands any job back. */
-static void step(srv_sched *s) {
+static void step(srv_jobs *s) {
     squad_err err = {0};
     const double t0 = squad_now_seconds();
     int rc = squad_engine_step(s->engine, &err);
     const double step_s = squad_now_seconds() - t0;
-    if (rc < 0) sched_log(s, "engine step failed (its rows failed with it): %s", err.msg);
+    if (rc < 0) jobs_log(s, "engine step failed (its rows failed with it): %s", err.msg);
     int rows = 0;
     uint64_t tokens = 0;
     for (srv_job *j = s->running; j; j = j->next) {
@@ -401,10 +401,10 @@ static void step(srv_sched *s) {
 
 /* The engine says it holds no row while jobs wait for rows it took: a broken promise of the engine,
  * which would hang those jobs. They fail instead (the engine holds nothing of theirs any more). */
-static void fail_lost_rows(srv_sched *s) {
+static void fail_lost_rows(srv_jobs *s) {
     for (srv_job *j = s->running; j; j = j->next) {
         if (j->outstanding == 0) continue;
-        sched_log(s, "the engine dropped %d rows of a request without ending them", j->outstanding);
+        jobs_log(s, "the engine dropped %d rows of a request without ending them", j->outstanding);
         s->in_flight -= j->outstanding;
         j->outstanding = 0;
         j->stopped = 1;
@@ -416,7 +416,7 @@ static void fail_lost_rows(srv_sched *s) {
 }
 
 /* Waits until a job arrives or the scheduler stops; 0 when it should stop (nothing left). */
-static int wait_for_work(srv_sched *s) {
+static int wait_for_work(srv_jobs *s) {
     pthread_mutex_lock(&s->lock);
     while (!s->head && !s->stopping) pthread_cond_wait(&s->wake, &s->lock);
     int more = s->head != NULL;
@@ -425,7 +425,7 @@ static int wait_for_work(srv_sched *s) {
 }
 
 /* The engine could not be created: every job fails with why. */
-static void fail_all(srv_sched *s) {
+static void fail_all(srv_jobs *s) {
     for (;;) {
         if (!wait_for_work(s)) return;
         pthread_mutex_lock(&s->lock);
@@ -441,8 +441,8 @@ static void fail_all(srv_sched *s) {
     }
 }
 
-static void *sched_main(void *arg) {
-    srv_sched *s = arg;
+static void *jobs_main(void *arg) {
+    srv_jobs *s = arg;
     double t0 = squad_now_seconds();
     squad_engine *e = squad_engine_new(s->model, &s->opts, &s->engine_err);
     if (e && s->on_ready && s->on_ready(s->log_ctx, e, &s->engine_err) < 0) {
@@ -463,12 +463,12 @@ static void *sched_main(void *arg) {
     if (e) snprintf(s->stats.device, sizeof s->stats.device, "%s", squad_engine_device(e));
     pthread_mutex_unlock(&s->lock);
     if (!e) {
-        sched_log(s, "the engine could not be created: %s", s->engine_err.msg);
+        jobs_log(s, "the engine could not be created: %s", s->engine_err.msg);
         fail_all(s);
         return NULL;
     }
     publish_engine_stats(s, 0.0);
-    sched_log(s, "engine ready on %s in %.1f s; state cache budget %.1f MB; batching: --max-rows %d, --batch-tokens %d "
+    jobs_log(s, "engine ready on %s in %.1f s; state cache budget %.1f MB; batching: --max-rows %d, --batch-tokens %d "
               "(%d rows submitted at most)", squad_engine_device(e), squad_now_seconds() - t0,
               (double)s->stats.cache.budget_bytes / (1 << 20), s->max_rows, s->batch_tokens, s->room);
     for (;;) {
@@ -495,7 +495,7 @@ static void *sched_main(void *arg) {
 /* The sweeper: the scheduler thread cannot look at the queue while the engine runs a step (a long
  * chunk on a CPU takes seconds), so this thread does, every SRV_SWEEP_MS. */
 static void *sweeper_main(void *arg) {
-    srv_sched *s = arg;
+    srv_jobs *s = arg;
     pthread_mutex_lock(&s->lock);
     while (!s->sweeper_stop) {
         struct timespec ts;
@@ -515,10 +515,10 @@ static void *sweeper_main(void *arg) {
     return NULL;
 }
 
-srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, int capacity,
-                           void (*log)(void *ctx, const char *line), srv_sched_on_ready on_ready, void *log_ctx,
+srv_jobs *srv_jobs_start(squad_model *model, const squad_engine_opts *opts, int capacity,
+                           void (*log)(void *ctx, const char *line), srv_jobs_on_ready on_ready, void *log_ctx,
                            squad_err *err) {
-    srv_sched *s = squad_calloc(1, sizeof *s, err);
+    srv_jobs *s = squad_calloc(1, sizeof *s, err);
     if (!s) return NULL;
     s->model = model;
     s->opts = *opts;
@@ -545,14 +545,14 @@ srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, in
         squad_fail(err, SQUAD_E_NOMEM, "cannot create the scheduler's condition variable");
         return NULL;
     }
-    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
-        srv_sched_stop(s, 0);
+    if (pthread_create(&s->thread, NULL, jobs_main, s) != 0) {
+        srv_jobs_stop(s, 0);
         squad_fail(err, SQUAD_E_NOMEM, "cannot start the scheduler thread");
         return NULL;
     }
     s->thread_started = 1;
     if (pthread_create(&s->sweeper, NULL, sweeper_main, s) != 0) {
-        srv_sched_stop(s, 0);
+        srv_jobs_stop(s, 0);
         squad_fail(err, SQUAD_E_NOMEM, "cannot start the scheduler's sweeper thread");
         return NULL;
     }
@@ -560,12 +560,12 @@ srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, in
     return s;
 }
 
-int srv_sched_submit(srv_sched *s, srv_job *job) {
+int srv_jobs_submit(srv_jobs *s, srv_job *job) {
     job->next = NULL;
     job->cancel_seen = 0;
     job->status = SRV_JOB_OK;
     job->rows_run = 0;
-    job->sched = s;
+    job->queue = s;
     job->run = NULL;
     job->next_row = job->outstanding = job->stopped = job->failed = 0;
     memset(&job->fail_err, 0, sizeof job->fail_err);
@@ -584,7 +584,7 @@ int srv_sched_submit(srv_sched *s, srv_job *job) {
     return 0;
 }
 
-int srv_sched_ready(srv_sched *s, squad_err *err) {
+int srv_jobs_ready(srv_jobs *s, squad_err *err) {
     pthread_mutex_lock(&s->lock);
     int r = s->ready;
     if (r < 0 && err) *err = s->engine_err;
@@ -592,13 +592,13 @@ int srv_sched_ready(srv_sched *s, squad_err *err) {
     return r;
 }
 
-void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out) {
+void srv_jobs_get_stats(srv_jobs *s, srv_jobs_stats *out) {
     pthread_mutex_lock(&s->lock);
     *out = s->stats;
     pthread_mutex_unlock(&s->lock);
 }
 
-void srv_sched_stop(srv_sched *s, double grace_s) {
+void srv_jobs_stop(srv_jobs *s, double grace_s) {
     if (!s) return;
     pthread_mutex_lock(&s->lock);
     s->stopping = 1;

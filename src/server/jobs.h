@@ -1,6 +1,7 @@
 /*
- * sched.h — the server's scheduler: one thread owns the engine and feeds its continuous batching
- * from a bounded FIFO of jobs (docs/server.md).
+ * jobs.h — the server's request queue: a bounded FIFO of jobs (one request's rows each) and the one
+ * thread, the scheduler, that owns the engine and feeds its continuous batching from it
+ * (docs/server.md). Not the engine's own batcher (src/scheduler.c), which this feeds.
  *
  * A job is one request's rows plus how to answer it (a completion callback). Connection threads
  * build jobs (parse, validate, tokenise) and submit them; a full queue refuses at once (the caller
@@ -27,8 +28,8 @@
  * A sweeper thread answers jobs still waiting in the queue whose deadline passed or whose client
  * left every few tens of milliseconds, so nothing waits silently behind a long step.
  */
-#ifndef SQUAD_SERVER_SCHED_H
-#define SQUAD_SERVER_SCHED_H
+#ifndef SQUAD_SERVER_JOBS_H
+#define SQUAD_SERVER_JOBS_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -77,7 +78,7 @@ struct srv_job {
     /* private: the scheduler's */
     srv_job *next;   /* in the queue, then in the list of jobs in the engine */
     int cancel_seen; /* why it must stop (an srv_job_status), 0 while it may go on */
-    struct srv_sched *sched;
+    struct srv_jobs *queue; /* the queue it was submitted to */
     struct srv_row_run *run; /* [n_rows] while in the engine */
     int next_row;    /* rows submitted so far */
     int outstanding; /* rows submitted and not yet done */
@@ -86,7 +87,7 @@ struct srv_job {
     squad_err fail_err;
 };
 
-typedef struct srv_sched srv_sched;
+typedef struct srv_jobs srv_jobs;
 
 /* Rows the scheduler submits beyond the engine's max_rows: the next rows are in the engine when a
  * row leaves, while the queue stays where the sweeper can answer late requests. */
@@ -98,7 +99,7 @@ extern const double SRV_STEP_ROWS_BOUNDS[SRV_STEP_BUCKETS];
 extern const double SRV_STEP_TOKENS_BOUNDS[SRV_STEP_BUCKETS];
 extern const double SRV_STEP_SECONDS_BOUNDS[SRV_STEP_BUCKETS];
 
-typedef struct srv_sched_stats {
+typedef struct srv_jobs_stats {
     int ready;           /* the engine exists */
     int queue_depth;     /* jobs waiting */
     int queue_capacity;
@@ -121,31 +122,31 @@ typedef struct srv_sched_stats {
     uint64_t route_rows[SQUAD_MAX_ROUTES]; /* rows the engine answered per route */
     char device[16];
     squad_device_stats device_stats; /* the engine's, after its last step */
-} srv_sched_stats;
+} srv_jobs_stats;
 
 /* What the scheduler's owner learns from the engine once it exists (on the scheduler thread, before
  * the scheduler says it is ready, so whatever it sets is seen by anyone who has seen ready == 1):
  * 0, or a negative code with *err, and the scheduler counts as failed. */
-typedef int (*srv_sched_on_ready)(void *ctx, squad_engine *engine, squad_err *err);
+typedef int (*srv_jobs_on_ready)(void *ctx, squad_engine *engine, squad_err *err);
 
 /* Starts the scheduler thread; it creates the engine from model and opts (the model must outlive
  * the scheduler), then calls on_ready (may be NULL). log(ctx, line) receives its log lines (may be
  * NULL); ctx is passed to both. */
-srv_sched *srv_sched_start(squad_model *model, const squad_engine_opts *opts, int queue_capacity,
-                           void (*log)(void *ctx, const char *line), srv_sched_on_ready on_ready, void *ctx,
+srv_jobs *srv_jobs_start(squad_model *model, const squad_engine_opts *opts, int queue_capacity,
+                           void (*log)(void *ctx, const char *line), srv_jobs_on_ready on_ready, void *ctx,
                            squad_err *err);
 
 /* Queues a job: 0, or -1 when the queue is full or the scheduler is stopping (the job is not taken;
  * done is not called). */
-int srv_sched_submit(srv_sched *s, srv_job *job);
+int srv_jobs_submit(srv_jobs *s, srv_job *job);
 
 /* 1 once the engine exists; -1 when creating it failed (why in *err). */
-int srv_sched_ready(srv_sched *s, squad_err *err);
-void srv_sched_get_stats(srv_sched *s, srv_sched_stats *out);
+int srv_jobs_ready(srv_jobs *s, squad_err *err);
+void srv_jobs_get_stats(srv_jobs *s, srv_jobs_stats *out);
 
 /* Stops: refuses new jobs, runs those queued and in the engine until grace_s passes, then stops the
  * rows in the engine at their next chunk and answers every job left with SRV_JOB_SHUTDOWN; joins
  * the thread and frees the engine. */
-void srv_sched_stop(srv_sched *s, double grace_s);
+void srv_jobs_stop(srv_jobs *s, double grace_s);
 
-#endif /* SQUAD_SERVER_SCHED_H */
+#endif /* SQUAD_SERVER_JOBS_H */
