@@ -363,7 +363,7 @@ static void check_cut_row_keeps_pace(void) {
             sent_at[sent] = step;
         }
         const squad_sched_row *r = in_flight_row(e, &cr);
-        const int want = r ? squad_sched_want(e, r) : -1, before = r ? r->pos : 0;
+        const int want = r ? squad_sched_want(&e->sched, r) : -1, before = r ? r->pos : 0;
         CHECK(squad_engine_step(e, &err) >= 0);
         step++;
         if (!r) continue;
@@ -429,7 +429,7 @@ static void check_starved_in_order(void) {
     for (int step = 0; step < 8 && sent + PER_STEP <= MAX_HITS; step++) {
         const squad_sched_row *o = in_flight_row(e, &orr), *y = in_flight_row(e, &yr); /* joined at a step */
         const int both_starved = o && y && o->shorted >= SCHED_STARVE_STEPS && y->shorted >= SCHED_STARVE_STEPS;
-        const int o_want = o ? squad_sched_want(e, o) : 0, o_pos = o ? o->pos : 0, y_pos = y ? y->pos : 0;
+        const int o_want = o ? squad_sched_want(&e->sched, o) : 0, o_pos = o ? o->pos : 0, y_pos = y ? y->pos : 0;
         CHECK(squad_engine_step(e, &err) >= 0);
         if (both_starved && !checked) { /* the rows again: one that ran to its end has left */
             o = in_flight_row(e, &orr);
