@@ -293,9 +293,11 @@ static void row_ended(squad_engine *e, squad_sched_row *r) {
         if (!r->cached) e->plain_rows++;
         rc = row_answered(e, r, &err);
     }
-    if (rc) { /* nothing of a failed row is an answer */
+    if (rc) { /* nothing of a failed row is an answer; the tokens it ran still count */
+        const int computed = r->out->computed;
         memset(r->out, 0, sizeof *r->out);
         r->out->n_slots = r->row.n_slots;
+        r->out->computed = computed;
         if (!err.code) err.code = rc;
     }
     if (r->done) r->done(r->ctx, rc, &err);

@@ -43,10 +43,14 @@
  * from) comes in as an argument of the step.
  *
  * Every row's chunks continue its own slot's state, so batching changes where a row's chunks are
- * cut (round-off only: docs/design.md section 5) and nothing else. The cancel callback is polled
- * for every queued row and before each step a row takes part in; a cancelled or failing row ends
- * alone (its plan abandoned: pending checkpoints dropped, pins released; its slot freed). A failed
- * forward ends every row in flight with its error, and the engine stays usable.
+ * cut (round-off only: docs/design.md section 5) and nothing else. The cancel callback (a caller
+ * gone, a deadline passed) is polled once a step for every row taken in: a queued row at
+ * admission, a row in flight right after it, before the budget is shared out. A cancelled row
+ * leaves at that step boundary, whether or not the step would have given it tokens: it runs no
+ * further chunk and takes no budget from the others. A cancelled or failing row ends alone (its
+ * plan abandoned: pending checkpoints dropped, those committed kept as valid states, pins
+ * released; its slot freed; out->computed still counts the tokens it ran). A failed forward ends
+ * every row in flight with its error, and the engine stays usable.
  */
 #include "scheduler.h"
 
@@ -335,6 +339,13 @@ static void admit(squad_sched *s) {
     }
 }
 
+/* Rows in flight whose caller asked them to stop leave now, at the step boundary (one poll per row
+ * a step; a row just admitted is polled here, not in admit). */
+static void drop_cancelled(squad_sched *s) {
+    for (int i = 0; i < s->max_rows; i++)
+        if (s->slots[i] && cancelled(s->slots[i])) row_cancel(s, s->slots[i]);
+}
+
 /* ---- packing --------------------------------------------------------------------------------- */
 
 /* The step's budget and the longest chunk, from the backend's limits as they are now. */
@@ -424,10 +435,6 @@ static int pack(squad_sched *s) {
         squad_sched_row *r = cand[j];
         r->shorted = got[j] < want[j] ? r->shorted + 1 : 0;
         if (!got[j]) continue;
-        if (cancelled(r)) { /* polled before each step the row takes part in */
-            row_cancel(s, r);
-            continue;
-        }
         fill_chunk(s, r, got[j], &s->chunks[m]);
         cand[m++] = r;
     }
@@ -542,6 +549,7 @@ static int hand_back(squad_sched *s, squad_sched_row **ended, int rc) {
 int squad_sched_step(squad_sched *s, int last_route, squad_sched_row **ended, squad_err *err) {
     s->guess_route = last_route;
     admit(s);
+    drop_cancelled(s);
     const int n = pack(s);
     if (n == 0) return hand_back(s, ended, 0);
     const int rc = forward(s, n, err);

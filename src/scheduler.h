@@ -122,7 +122,7 @@ void squad_sched_enqueue(squad_sched *s, squad_sched_row *r);
 /* A row squad_sched_step handed back, once its owner is done with it. */
 void squad_sched_row_free(squad_sched_row *r);
 
-/* One batched step: admission, packing, one forward (or one per route), each row's state machine
+/* One batched step: admission, the cancel polls of the rows in flight, packing, one forward (or one per route), each row's state machine
  * one step on. last_route: the route a row no checkpoint routes guesses (the route of the last row
  * answered). *ended gets the rows that left in the step, in the order they left, linked by next
  * (their slots already free; done not called: the caller's, then squad_sched_row_free). Returns the
