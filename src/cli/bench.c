@@ -291,38 +291,48 @@ int cmd_bench(int argc, char **argv) {
     squad_engine_opts_default(&opts);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_engine_option(argc, argv, &i, &opts);
         if (r < 0) return 2;
         if (r > 0) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             bench_help(stdout);
             return 0;
-        } else if (!strcmp(a, "--model") && val) {
-            model_dir = argv[++i];
-        } else if (!strcmp(a, "--specialists") && val) {
-            spec_dir = argv[++i];
-        } else if (!strcmp(a, "--wrong-guess")) {
+        }
+        if (cli_is_option(a, "--wrong-guess")) {
+            if (cli_flag(argv, i)) return 2;
             wrong_guess = 1;
-        } else if (!strcmp(a, "--batch-routes") && val) {
-            if (cli_parse_int(a, argv[++i], 1, 256, &batch_routes)) return 2;
-        } else if (!strcmp(a, "--specialist") && val) {
-            spec_label = argv[++i];
-        } else if (!strcmp(a, "--lengths") && val) {
-            if ((n_lengths = parse_list(a, argv[++i], lengths, BENCH_MAX_LENGTHS)) < 0) return 2;
-        } else if (!strcmp(a, "--suffix") && val) {
-            if ((n_suffixes = parse_list(a, argv[++i], suffixes, BENCH_MAX_LENGTHS)) < 0) return 2;
-        } else if (!strcmp(a, "--reps")) {
-            if (cli_parse_int(a, argv[++i], 1, 1000, &reps)) return 2;
-        } else if (!strcmp(a, "--state")) {
-            if (cli_parse_int(a, argv[++i], 1, 1 << 20, &state)) return 2;
-        } else {
-            fprintf(stderr, "squad bench: unknown or incomplete option '%s'\n", a);
+            continue;
+        }
+        static const char *const VALUE_OPTIONS[] = {"--model", "--specialists", "--specialist", "--batch-routes",
+                                                    "--lengths", "--suffix", "--reps", "--state"};
+        const char *name = NULL, *val;
+        for (size_t k = 0; k < sizeof VALUE_OPTIONS / sizeof VALUE_OPTIONS[0] && !name; k++)
+            if (cli_is_option(a, VALUE_OPTIONS[k])) name = VALUE_OPTIONS[k];
+        if (!name) {
+            fprintf(stderr, "squad bench: unknown option '%s' (see squad bench --help)\n", a);
             return 2;
+        }
+        if (!(val = cli_option_value(argc, argv, &i))) return 2;
+        if (!strcmp(name, "--model")) {
+            model_dir = val;
+        } else if (!strcmp(name, "--specialists")) {
+            spec_dir = val;
+        } else if (!strcmp(name, "--specialist")) {
+            spec_label = val;
+        } else if (!strcmp(name, "--batch-routes")) {
+            if (cli_parse_int(name, val, 1, 256, &batch_routes)) return 2;
+        } else if (!strcmp(name, "--lengths")) {
+            if ((n_lengths = parse_list(name, val, lengths, BENCH_MAX_LENGTHS)) < 0) return 2;
+        } else if (!strcmp(name, "--suffix")) {
+            if ((n_suffixes = parse_list(name, val, suffixes, BENCH_MAX_LENGTHS)) < 0) return 2;
+        } else if (!strcmp(name, "--reps")) {
+            if (cli_parse_int(name, val, 1, 1000, &reps)) return 2;
+        } else { /* --state */
+            if (cli_parse_int(name, val, 1, 1 << 20, &state)) return 2;
         }
     }
     if (!model_dir) {
-        fprintf(stderr, "squad bench: --model DIR is required\n");
+        fprintf(stderr, "squad bench: --model DIR is required (see squad bench --help)\n");
         return 2;
     }
     squad_err err = {0};
