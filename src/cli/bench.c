@@ -100,9 +100,10 @@ static void print_case(const bench_ctx *c, const char *kind, const squad_row *ro
     const double med = ms[n / 2];
     /* process CPU time over the threads: on a shared machine wall time measures the neighbours too */
     printf("{\"case\": \"%s\", \"tokens\": %d, \"computed\": %d, \"reused\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, "
-           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", ",
+           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", "
+           "\"threads\": %d, \"reps\": %d, ",
            kind, row->n_ids, last->computed, last->reused, med, ms[0], computed_tokens / (med / 1e3),
-           cpu[n / 2] / c->threads, squad_engine_device(c->e), c->precision);
+           cpu[n / 2] / c->threads, squad_engine_device(c->e), c->precision, c->threads, n);
     if (c->sp)
         printf("\"route\": \"%s\", \"mispredicted\": %d, \"timed\": %d, ", squad_specialists_label(c->sp, last->route),
                mispredicted, n);
@@ -348,6 +349,11 @@ int cmd_bench(int argc, char **argv) {
         squad_model_free(m);
         return 2;
     }
+    if (state > 0 && opts.cache.budget_bytes == 0) {
+        fprintf(stderr, "squad bench: --state times cache hits, which --cache-mb 0 turns off\n");
+        squad_model_free(m);
+        return 2;
+    }
     if (batch_routes && (!spec_dir || spec_label || state == 0)) {
         fprintf(stderr, "squad bench: --batch-routes needs --specialists, --state and no --specialist\n");
         squad_model_free(m);
@@ -402,7 +408,6 @@ int cmd_bench(int argc, char **argv) {
     squad_engine_free(e);
     /* hits: the state cached by a first row, then each question length */
     if (!rc && state > 0) {
-        if (opts.cache.budget_bytes == 0) opts.cache.budget_bytes = (size_t)1024 << 20;
         if (batch_routes > opts.max_rows) opts.max_rows = (int)batch_routes; /* the whole batch in flight */
         e = squad_engine_new(m, &opts, &err);
         if (!e) {
