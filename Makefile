@@ -64,11 +64,12 @@ build-tests: configure
 test: test-deps build-tests test-asan
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE gpu
 
-# The same tests (CPU) under AddressSanitizer + UndefinedBehaviorSanitizer, CUDA off.
+# The same tests (CPU) under AddressSanitizer + UndefinedBehaviorSanitizer, CUDA off (the newcomer
+# test, a fresh clone's build, runs once, in the build above).
 test-asan: test-deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSQUAD_SANITIZE=ON -DSQUAD_CUDA=OFF -DSQUAD_WERROR=$(WERROR) >/dev/null
 	cmake --build $(ASAN_BUILD) -j$(JOBS) --target tests
-	cd $(ASAN_BUILD) && SQUAD_SANITIZED=1 ctest --output-on-failure -j$(JOBS) -LE gpu
+	cd $(ASAN_BUILD) && SQUAD_SANITIZED=1 ctest --output-on-failure -j$(JOBS) -LE 'gpu|newcomer'
 
 test-gpu: test-deps build-tests
 	cd $(BUILD) && ctest --output-on-failure -L gpu
