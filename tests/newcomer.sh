@@ -13,10 +13,13 @@
 # Exits 77 (CTest: skipped) with a message only when this checkout is not a git repository.
 # Run from the repository root: bash tests/newcomer.sh
 set -uo pipefail
-if ! root="$(git rev-parse --show-toplevel 2> /dev/null)"; then
-  echo "newcomer: skipped: $(pwd) is not a git checkout, so there is nothing to clone"
+if ! root="$(git rev-parse --show-toplevel 2> "${TMPDIR:-/tmp}/newcomer-git.$$")"; then
+  echo "newcomer: skipped: $(pwd) is not a git checkout, so there is nothing to clone" \
+    "(git: $(head -1 "${TMPDIR:-/tmp}/newcomer-git.$$"))"
+  rm -f "${TMPDIR:-/tmp}/newcomer-git.$$"
   exit 77
 fi
+rm -f "${TMPDIR:-/tmp}/newcomer-git.$$"
 TOK="$root/third_party/qwen3/tokenizer.json"
 pass=0
 fail=0
