@@ -39,6 +39,10 @@ WARMUP_SEED=${WARMUP_SEED:-}
 cd "$(dirname "$0")/.."
 SQUAD="$BUILD/squad"
 BENCH="$BUILD/bench_server"
+# plain `make` builds the product only: build the load generator (and squad) here when missing
+if [ ! -x "$BENCH" ] || [ ! -x "$SQUAD" ]; then
+    [ -f "$BUILD/CMakeCache.txt" ] && cmake --build "$BUILD" -j2 --target squad bench_server >/dev/null
+fi
 DATA="$BUILD/bench-data"
 MODEL="$DATA/$PRESET-qwen-tokenizer"
 mkdir -p "$DATA"
