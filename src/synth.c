@@ -88,6 +88,13 @@ static const synth_preset *find_preset(const char *name, squad_err *err) {
     return NULL;
 }
 
+/* The mrope_section a preset writes (the rotary half-dims over t, h, w, as the 0.8B's [11, 11, 10]). */
+static void preset_mrope_section(int rotary_dim, int sec[3]) {
+    int half = rotary_dim / 2;
+    sec[0] = sec[1] = (half + 2) / 3;
+    sec[2] = half - sec[0] - sec[1];
+}
+
 static void preset_to_config(const synth_preset *p, squad_config *c) {
     memset(c, 0, sizeof *c);
     c->hidden_size = p->hidden;
@@ -109,6 +116,10 @@ static void preset_to_config(const synth_preset *p, squad_config *c) {
     c->tie_embeddings = p->tied;
     c->max_position = p->max_position;
     for (int i = 0; i < c->num_layers; i++) c->layer_types[i] = p->pattern[i] == 'F' ? SQUAD_LAYER_FULL : SQUAD_LAYER_LINEAR;
+    /* What config.json parses back to: the preset's own section, or transformers' default. */
+    c->mrope_section[0] = 11, c->mrope_section[1] = 11, c->mrope_section[2] = 10;
+    if (p->mrope) preset_mrope_section(c->rotary_dim, c->mrope_section);
+    c->mrope_interleaved = 1;
 }
 
 int squad_synth_preset_config(const char *preset, squad_config *cfg, squad_err *err) {
@@ -408,8 +419,9 @@ static json_t *text_config_json(const squad_config *c, const synth_preset *p) {
                              "partial_rotary_factor", c->partial_rotary_factor);
     if (rope && p->mrope) {
         /* mrope_section splits the rotary half-dims over (t, h, w); for text all are equal. */
-        int half = c->rotary_dim / 2, s0 = (half + 2) / 3, s1 = (half + 2) / 3, s2 = half - s0 - s1;
-        if (json_object_set_new(rope, "mrope_section", json_pack("[i, i, i]", s0, s1, s2)) != 0 ||
+        int sec[3];
+        preset_mrope_section(c->rotary_dim, sec);
+        if (json_object_set_new(rope, "mrope_section", json_pack("[i, i, i]", sec[0], sec[1], sec[2])) != 0 ||
             json_object_set_new(rope, "mrope_interleaved", json_true()) != 0) {
             json_decref(rope);
             rope = NULL;
