@@ -9,8 +9,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "config.h"
+#include "model.h"
 #include "testutil.h"
+#include "util.h"
+#include "vision_model.h"
+
+#define FIXTURE_COND "tests/fixtures/models/tiny-cond-untied" /* saved by transformers, with a tower */
 
 /* A conditional-generation config with a complete vision_config; variants edit it. */
 static const char *BASE =
@@ -116,7 +123,68 @@ static void test_config(void) {
     expect_fail("", "vision_config", json_integer(3), "'vision_config' must be an object");
 }
 
+/* A copy of the fixture checkpoint whose config.json has vision_config.key = value (links to the
+ * weights); returns the directory (static storage). */
+static const char *fixture_variant(const char *key, json_t *value) {
+    static char dir[512];
+    snprintf(dir, sizeof dir, "%s/cond-variant", test_tmpdir());
+    squad_err e;
+    squad_mkdir_p(dir, &e);
+    json_error_t je;
+    json_t *j = json_load_file(FIXTURE_COND "/config.json", 0, &je);
+    if (!j) return NULL;
+    json_object_set_new(json_object_get(j, "vision_config"), key, value);
+    char path[600], target[600];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_dump_file(j, path, 0);
+    json_decref(j);
+    const char *files[] = {"model.safetensors.index.json", "model-00001-of-00004.safetensors",
+                           "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
+                           "model-00004-of-00004.safetensors"};
+    char cwd[400];
+    if (!getcwd(cwd, sizeof cwd)) return NULL;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        snprintf(target, sizeof target, "%s/%s/%s", cwd, FIXTURE_COND, files[i]);
+        unlink(path);
+        if (symlink(target, path) != 0) return NULL;
+    }
+    return dir;
+}
+
+/* The tower's tensors of a checkpoint transformers saved bind with the shapes its config implies. */
+static void test_bind_fixture(void) {
+    squad_err e;
+    squad_model *m = squad_model_load(FIXTURE_COND, &e);
+    CHECKF(m != NULL, "%s", e.msg);
+    if (!m) return;
+    const squad_vision_config *v = &m->cfg.vision;
+    const squad_vision_weights *w = m->vision;
+    CHECK(m->cfg.has_vision && w != NULL);
+    if (w) {
+        CHECK(w->patch.rows == v->hidden_size &&
+              w->patch.cols == v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size);
+        CHECK(w->blocks[v->depth - 1].qkv.rows == 3 * v->hidden_size && w->blocks[0].fc1.rows == v->intermediate_size);
+        CHECK(w->merger_fc1.rows == 4 * v->hidden_size && w->merger_fc2.rows == m->cfg.hidden_size);
+        CHECK(w->pos_embed != NULL && w->merger_norm_b != NULL && w->blocks[0].norm1_w != NULL);
+    }
+    squad_model_free(m);
+
+    /* A config that disagrees with the weights: the error names the tensor. */
+    const char *dir = fixture_variant("intermediate_size", json_integer(65));
+    m = dir ? squad_model_load(dir, &e) : NULL;
+    CHECKF(!m && strstr(e.msg, "model.visual.blocks.0.mlp.linear_fc1.weight") && strstr(e.msg, "[65, 32]"), "%s",
+           m ? "(loaded)" : e.msg);
+    squad_model_free(m);
+    /* A deeper tower than the checkpoint holds: the first missing tensor is named. */
+    dir = fixture_variant("depth", json_integer(2));
+    m = dir ? squad_model_load(dir, &e) : NULL;
+    CHECKF(!m && strstr(e.msg, "missing tensor 'model.visual.blocks.1.norm1.weight'"), "%s", m ? "(loaded)" : e.msg);
+    squad_model_free(m);
+}
+
 int main(void) {
     test_config();
+    test_bind_fixture();
     return test_summary("test_vision");
 }
