@@ -12,7 +12,13 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "cpu/pool.h"
+#include "cpu/vision.h"
+#include "image/decode.h"
+#include "image/identity.h"
+#include "image/preprocess.h"
 #include "model.h"
+#include "synth.h"
 #include "testutil.h"
 #include "util.h"
 #include "vision_model.h"
@@ -183,8 +189,271 @@ static void test_bind_fixture(void) {
     squad_model_free(m);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The CPU tower's pieces against hand computations
+ */
+
+/* Grid position (row, column) of patch p of a frame of width w (merge-window order, merge m):
+ * written from the processor's layout, independently of cpu/vision.c. */
+static void coords(int p, int w, int m, int *row, int *col) {
+    int windows_per_row = w / m, window = p / (m * m), in = p % (m * m);
+    *row = (window / windows_per_row) * m + in / m;
+    *col = (window % windows_per_row) * m + in % m;
+}
+
+static double lin(int n, int side, int i) { return n == 1 ? 0.0 : (double)(side - 1) * i / (n - 1); }
+
+/* Bilinear interpolation reproduces an affine function of the grid: table[r][c][d] = 10 r + c +
+ * 100 d gives 10 y + x + 100 d at the interpolated (y, x) of every patch; and a 2 x 2 grid takes
+ * the four corners exactly. */
+static void test_pos_embed(void) {
+    squad_vision_config v = {0};
+    v.hidden_size = 3, v.spatial_merge_size = 2, v.position_grid_side = 4, v.num_position_embeddings = 16;
+    float table[16 * 3];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++)
+            for (int d = 0; d < 3; d++) table[(r * 4 + c) * 3 + d] = (float)(10 * r + c + 100 * d);
+    const int grids[][2] = {{2, 2}, {4, 6}, {8, 8}, {6, 2}, {2, 10}};
+    for (size_t g = 0; g < sizeof grids / sizeof grids[0]; g++) {
+        int h = grids[g][0], w = grids[g][1];
+        float *out = calloc((size_t)2 * h * w * 3, sizeof *out);
+        cpu_vision_pos_embed(&v, table, 2, h, w, out); /* two frames: the second repeats the first */
+        double worst = 0;
+        for (int p = 0; p < h * w; p++) {
+            int row, col;
+            coords(p, w, 2, &row, &col);
+            for (int d = 0; d < 3; d++) {
+                double want = 10 * lin(h, 4, row) + lin(w, 4, col) + 100 * d;
+                double e = fabs(out[p * 3 + d] - want);
+                if (e > worst) worst = e;
+                CHECK(out[(h * w + p) * 3 + d] == out[p * 3 + d]);
+            }
+        }
+        CHECKF(worst < 1e-4, "grid %dx%d: worst %g", h, w, worst); /* float round-off of values up to 233 */
+        if (h == 2 && w == 2) /* the corners, exactly, in window order */
+            CHECK(out[0] == 0 && out[3] == 3 && out[6] == 30 && out[9] == 33 && out[11] == 233);
+        free(out);
+    }
+}
+
+/* cos / sin of the 2D rotary: rows on the first quarter of the head, columns on the second, the
+ * second half repeating the first; inv_freq = theta^(-2j / (hd / 2)). */
+static void test_rotary(void) {
+    squad_vision_config v = {0};
+    v.head_dim = 16, v.spatial_merge_size = 2, v.rope_theta = 10000.0;
+    int h = 4, w = 6;
+    float c[24 * 16], s[24 * 16];
+    cpu_vision_rotary(&v, h, w, c, s);
+    double worst = 0;
+    for (int p = 0; p < h * w; p++) {
+        int row, col;
+        coords(p, w, 2, &row, &col);
+        for (int d = 0; d < 16; d++) {
+            int q = d % 8, j = q % 4;
+            double angle = (q < 4 ? row : col) * pow(10000.0, -2.0 * j / 8.0);
+            worst = fmax(worst, fabs(c[p * 16 + d] - cos(angle)));
+            worst = fmax(worst, fabs(s[p * 16 + d] - sin(angle)));
+        }
+    }
+    CHECKF(worst < 2e-6, "worst %g", worst);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The whole tower: a double-precision transcription of the reference's math (plain loops, no
+ * blocking), against which the CPU tower's EXACT path must agree within fp32 round-off.
+ */
+
+static void ref_linear(const squad_mat *W, const float *bias, const double *x, int T, double *y) {
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < W->rows; n++) {
+            double acc = bias[n];
+            for (int k = 0; k < W->cols; k++)
+                acc += x[(size_t)t * W->cols + k] * squad_bf16_to_f32(W->w[(size_t)n * W->cols + k]);
+            y[(size_t)t * W->rows + n] = acc;
+        }
+}
+
+static void ref_layernorm(const double *x, int T, int n, const float *w, const float *b, double *y) {
+    for (int t = 0; t < T; t++) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < n; i++) mean += x[t * n + i];
+        mean /= n;
+        for (int i = 0; i < n; i++) var += (x[t * n + i] - mean) * (x[t * n + i] - mean);
+        var /= n;
+        for (int i = 0; i < n; i++) y[t * n + i] = (x[t * n + i] - mean) / sqrt(var + 1e-6) * w[i] + b[i];
+    }
+}
+
+static double *ref_tower(const squad_model *m, const float *pv, int h, int w) {
+    const squad_vision_config *v = &m->cfg.vision;
+    const squad_vision_weights *W = m->vision;
+    int H = v->hidden_size, I = v->intermediate_size, hd = v->head_dim, nh = v->num_heads, N = h * w, K = W->patch.cols;
+    int S = v->position_grid_side, mg = v->spatial_merge_size;
+    double *px = malloc(sizeof(double) * N * K), *x = malloc(sizeof(double) * N * H), *xn = malloc(sizeof(double) * N * H);
+    double *qkv = malloc(sizeof(double) * N * 3 * H), *o = malloc(sizeof(double) * N * H);
+    double *f1 = malloc(sizeof(double) * N * (I > 4 * H ? I : 4 * H)), *tmp = malloc(sizeof(double) * N * H);
+    for (size_t i = 0; i < (size_t)N * K; i++) px[i] = pv[i];
+    ref_linear(&W->patch, W->patch_b, px, N, x);
+    for (int p = 0; p < N; p++) { /* bilinear position embedding */
+        int row, col;
+        coords(p, w, mg, &row, &col);
+        double y = lin(h, S, row), xx = lin(w, S, col);
+        int y0 = (int)y, x0 = (int)xx, y1 = y0 + 1 < S ? y0 + 1 : S - 1, x1 = x0 + 1 < S ? x0 + 1 : S - 1;
+        double dy = y - y0, dx = xx - x0;
+        for (int d = 0; d < H; d++)
+            x[p * H + d] += (1 - dy) * (1 - dx) * W->pos_embed[(y0 * S + x0) * H + d] +
+                            (1 - dy) * dx * W->pos_embed[(y0 * S + x1) * H + d] +
+                            dy * (1 - dx) * W->pos_embed[(y1 * S + x0) * H + d] + dy * dx * W->pos_embed[(y1 * S + x1) * H + d];
+    }
+    for (int l = 0; l < v->depth; l++) {
+        const squad_vision_block *B = &W->blocks[l];
+        ref_layernorm(x, N, H, B->norm1_w, B->norm1_b, xn);
+        ref_linear(&B->qkv, B->qkv_b, xn, N, qkv);
+        for (int p = 0; p < N; p++) { /* rotary on q and k */
+            int row, col;
+            coords(p, w, mg, &row, &col);
+            for (int part = 0; part < 2; part++)
+                for (int hh = 0; hh < nh; hh++) {
+                    double *q = qkv + (size_t)p * 3 * H + part * H + hh * hd, r[CPU_VISION_MAX_HEAD_DIM];
+                    for (int d = 0; d < hd; d++) {
+                        int qd = d % (hd / 2), j = qd % (hd / 4);
+                        double a = (qd < hd / 4 ? row : col) * pow(v->rope_theta, -2.0 * j / (hd / 2));
+                        double partner = d < hd / 2 ? -q[d + hd / 2] : q[d - hd / 2];
+                        r[d] = q[d] * cos(a) + partner * sin(a);
+                    }
+                    memcpy(q, r, sizeof(double) * hd);
+                }
+        }
+        for (int hh = 0; hh < nh; hh++)
+            for (int i = 0; i < N; i++) {
+                double sc[4096], mx = -1e300, sum = 0;
+                for (int j = 0; j < N; j++) {
+                    double dot = 0;
+                    for (int d = 0; d < hd; d++) dot += qkv[i * 3 * H + hh * hd + d] * qkv[j * 3 * H + H + hh * hd + d];
+                    sc[j] = dot / sqrt((double)hd);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int j = 0; j < N; j++) sum += (sc[j] = exp(sc[j] - mx));
+                for (int d = 0; d < hd; d++) {
+                    double acc = 0;
+                    for (int j = 0; j < N; j++) acc += sc[j] / sum * qkv[j * 3 * H + 2 * H + hh * hd + d];
+                    o[i * H + hh * hd + d] = acc;
+                }
+            }
+        ref_linear(&B->proj, B->proj_b, o, N, tmp);
+        for (int i = 0; i < N * H; i++) x[i] += tmp[i];
+        ref_layernorm(x, N, H, B->norm2_w, B->norm2_b, xn);
+        ref_linear(&B->fc1, B->fc1_b, xn, N, f1);
+        for (int i = 0; i < N * I; i++) f1[i] = 0.5 * f1[i] * (1 + tanh(sqrt(2 / M_PI) * (f1[i] + 0.044715 * pow(f1[i], 3))));
+        ref_linear(&B->fc2, B->fc2_b, f1, N, tmp);
+        for (int i = 0; i < N * H; i++) x[i] += tmp[i];
+    }
+    int Nm = N / (mg * mg), M = mg * mg * H;
+    double *out = malloc(sizeof(double) * Nm * v->out_hidden_size);
+    ref_layernorm(x, N, H, W->merger_norm_w, W->merger_norm_b, xn); /* xn viewed as [Nm][M] */
+    ref_linear(&W->merger_fc1, W->merger_fc1_b, xn, Nm, f1);
+    for (int i = 0; i < Nm * M; i++) f1[i] = 0.5 * f1[i] * (1 + erf(f1[i] / sqrt(2.0)));
+    ref_linear(&W->merger_fc2, W->merger_fc2_b, f1, Nm, out);
+    free(px), free(x), free(xn), free(qkv), free(o), free(f1), free(tmp);
+    return out;
+}
+
+/* A tiny-vl checkpoint (Qwen3's tokenizer when present: the fixture's command) into dir. */
+static squad_model *tiny_vl(const char *dir, squad_err *e) {
+    const char *tok = "third_party/qwen3/tokenizer.json";
+    squad_synth_opts o = {.preset = "tiny-vl", .out_dir = dir, .seed = 0, .tokenizer = access(tok, R_OK) ? NULL : tok};
+    if (squad_synth_write(&o, e) != 0) return NULL;
+    return squad_model_load(dir, e);
+}
+
+/* Decodes and preprocesses a fixture image with a checkpoint's processor config. */
+static int load_patches(const char *dir, const char *file, squad_image_patches *pp) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+    squad_image_proc_config pc;
+    squad_err e;
+    if (squad_image_proc_config_load(&pc, path, &e) != 0) return -1;
+    snprintf(path, sizeof path, "tests/fixtures/images/%s", file);
+    size_t n;
+    uint8_t *bytes = (uint8_t *)squad_read_file(path, &n, &e);
+    if (!bytes) return -1;
+    squad_image img;
+    int rc = squad_image_decode(bytes, n, SQUAD_IMAGE_DEFAULT_MAX_PIXELS, &img, &e);
+    free(bytes);
+    if (rc != 0) return -1;
+    rc = squad_image_preprocess(&pc, &img, pp, &e);
+    squad_image_free(&img);
+    return rc;
+}
+
+static float *run_tower(const squad_model *m, const squad_image_patches *pp, int threads, cpu_gemm_precision prec) {
+    squad_err e;
+    cpu_pool *pool = cpu_pool_new(threads, &e);
+    const squad_vision_config *v = &m->cfg.vision;
+    size_t n = (size_t)squad_vision_tokens(v, pp->grid[0], pp->grid[1], pp->grid[2]) * v->out_hidden_size;
+    float *out = calloc(n, sizeof *out);
+    int rc = pool ? cpu_vision_forward(pool, prec, m, pp->pixel_values, pp->grid[0], pp->grid[1], pp->grid[2], out, &e)
+                  : -1;
+    CHECKF(rc == 0, "%s", e.msg);
+    cpu_pool_free(pool);
+    return out;
+}
+
+static void test_tower(squad_model *m, const char *dir) {
+    const char *files[] = {"small_64x48.png", "photo_333x517.png"};
+    for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
+        squad_image_patches pp;
+        int loaded = load_patches(dir, files[f], &pp) == 0;
+        CHECKF(loaded, "%s", files[f]);
+        if (!loaded) continue;
+        const squad_vision_config *v = &m->cfg.vision;
+        int ntok = (int)squad_vision_tokens(v, pp.grid[0], pp.grid[1], pp.grid[2]), D = v->out_hidden_size;
+        if (f == 0) CHECK(pp.grid[0] == 1 && pp.grid[1] == 4 && pp.grid[2] == 4 && ntok == 4);
+        float *a = run_tower(m, &pp, 1, CPU_GEMM_EXACT), *b = run_tower(m, &pp, 2, CPU_GEMM_EXACT);
+        float *again = run_tower(m, &pp, 2, CPU_GEMM_EXACT);
+        CHECKF(!memcmp(a, b, sizeof(float) * ntok * D), "%s: 1 and 2 threads differ", files[f]);
+        CHECK(!memcmp(b, again, sizeof(float) * ntok * D));
+        double *ref = ref_tower(m, pp.pixel_values, pp.grid[1], pp.grid[2]);
+        double worst = 0, mag = 0;
+        int finite = 1;
+        for (int i = 0; i < ntok * D; i++) {
+            finite &= isfinite(a[i]);
+            worst = fmax(worst, fabs(a[i] - ref[i]));
+            mag = fmax(mag, fabs(ref[i]));
+        }
+        CHECKF(finite && mag > 1e-3 && worst <= 1e-5 * fmax(1.0, mag), "%s: worst %g (magnitude %g)", files[f], worst,
+               mag);
+        printf("test_vision: %s grid %dx%dx%d, %d tokens: CPU tower vs double reference %.3g (max |out| %.3g)\n",
+               files[f], pp.grid[0], pp.grid[1], pp.grid[2], ntok, worst, mag);
+        /* FAST (bf16 activations into the GEMMs) stays close. */
+        float *fast = run_tower(m, &pp, 2, CPU_GEMM_FAST);
+        double fw = 0;
+        for (int i = 0; i < ntok * D; i++) fw = fmax(fw, fabs(fast[i] - ref[i]));
+        CHECKF(fw <= 0.05 * fmax(1.0, mag), "%s: FAST worst %g", files[f], fw);
+        free(a), free(b), free(again), free(ref), free(fast);
+        squad_image_patches_free(&pp);
+    }
+    /* Bad grids are errors, not crashes. */
+    squad_err e;
+    float dummy[64] = {0};
+    cpu_pool *pool = cpu_pool_new(1, &e);
+    CHECK(cpu_vision_forward(pool, CPU_GEMM_EXACT, m, dummy, 1, 3, 4, dummy, &e) == SQUAD_E_INVALID &&
+          strstr(e.msg, "multiples of the merge size"));
+    CHECK(cpu_vision_forward(pool, CPU_GEMM_EXACT, m, dummy, 0, 2, 2, dummy, &e) == SQUAD_E_INVALID);
+    cpu_pool_free(pool);
+}
+
 int main(void) {
     test_config();
     test_bind_fixture();
+    test_pos_embed();
+    test_rotary();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tiny-vl", test_tmpdir());
+    squad_err e;
+    squad_model *m = tiny_vl(dir, &e);
+    CHECKF(m && m->vision, "%s", e.msg);
+    if (m) test_tower(m, dir);
+    squad_model_free(m);
     return test_summary("test_vision");
 }

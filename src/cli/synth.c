@@ -37,7 +37,7 @@ static void synth_help(FILE *f) {
             "                     tensors model.language_model.layers.N... (no vision weights but with\n"
             "                     --vision or the tiny-vl preset)\n"
             "  --vision           also the preset's vision tower (qwen3.5-0.8b: the real tower's shapes,\n"
-            "                     ~0.8 GB more) in the conditional layout, with vision_config, the image\n"
+            "                     ~0.2 GB more) in the conditional layout, with vision_config, the image\n"
             "                     token ids (from --tokenizer by content: <|image_pad|>, <|vision_start|>,\n"
             "                     <|vision_end|>; else Qwen3.5's) and a preprocessor_config.json; the\n"
             "                     tiny-vl preset always has its tower\n"
