@@ -443,6 +443,86 @@ static void test_tower(squad_model *m, const char *dir) {
     cpu_pool_free(pool);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Against transformers (tests/fixtures/vision/fixture.json, made by tools/make_vision_fixtures.py)
+ */
+
+#define VISION_FIXTURE "tests/fixtures/vision/fixture.json"
+#define FIXTURE_TOL 1e-4 /* fp32 against fp32 through the same math: far below this */
+
+static void blake2b_hex(const void *data, size_t n, char hex[33]) {
+    squad_blake2b s;
+    uint8_t d[16];
+    squad_blake2b_init(&s, 16);
+    squad_blake2b_update(&s, data, n);
+    squad_blake2b_final(&s, d);
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", d[i]);
+}
+
+static int file_blake2b_is(const char *dir, const char *name, const char *want) {
+    char path[600], hex[33];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t n;
+    squad_err e;
+    char *data = squad_read_file(path, &n, &e);
+    if (!data) return 0;
+    blake2b_hex(data, n, hex);
+    free(data);
+    return want && !strcmp(hex, want);
+}
+
+static void test_fixture(squad_model *m, const char *dir) {
+    json_error_t je;
+    json_t *fx = json_load_file(VISION_FIXTURE, 0, &je);
+    if (!fx) {
+        printf("test_vision: no %s (tools/make_vision_fixtures.py makes it): the tower is checked against the "
+               "double-precision transcription only\n",
+               VISION_FIXTURE);
+        return;
+    }
+    json_t *ck = json_object_get(fx, "checkpoint");
+    int same = file_blake2b_is(dir, "config.json", json_string_value(json_object_get(ck, "config_blake2b"))) &&
+               file_blake2b_is(dir, "model.safetensors", json_string_value(json_object_get(ck, "weights_blake2b")));
+    CHECKF(same, "the fixture was made from another checkpoint than `%s` writes here (is "
+                 "third_party/qwen3/tokenizer.json present?)",
+           json_string_value(json_object_get(fx, "command")));
+    json_t *towers = json_object_get(fx, "towers");
+    CHECK(json_array_size(towers) >= 2);
+    for (size_t i = 0; same && i < json_array_size(towers); i++) {
+        json_t *t = json_array_get(towers, i);
+        const char *file = json_string_value(json_object_get(t, "file"));
+        squad_image_patches pp;
+        int loaded = file && load_patches(dir, file, &pp) == 0;
+        CHECKF(loaded, "%s", file ? file : "(no file)");
+        if (!loaded) continue;
+        json_t *g = json_object_get(t, "grid");
+        CHECK(json_integer_value(json_array_get(g, 0)) == pp.grid[0] &&
+              json_integer_value(json_array_get(g, 1)) == pp.grid[1] &&
+              json_integer_value(json_array_get(g, 2)) == pp.grid[2]);
+        char hex[33];
+        blake2b_hex(pp.pixel_values, (size_t)pp.n_patches * pp.patch_dim * sizeof(float), hex);
+        CHECKF(!strcmp(hex, json_string_value(json_object_get(t, "pv_blake2b"))), "%s: pixel values differ", file);
+        const squad_vision_config *v = &m->cfg.vision;
+        size_t n = (size_t)squad_vision_tokens(v, pp.grid[0], pp.grid[1], pp.grid[2]) * v->out_hidden_size;
+        json_t *vals = json_object_get(t, "values"), *shape = json_object_get(t, "shape");
+        CHECK(json_array_size(vals) == n && (size_t)json_integer_value(json_array_get(shape, 1)) == (size_t)v->out_hidden_size);
+        float *out = run_tower(m, &pp, 2, CPU_GEMM_EXACT);
+        double worst = 0, sum = 0;
+        for (size_t k = 0; k < n && k < json_array_size(vals); k++) {
+            double ref = json_number_value(json_array_get(vals, k));
+            worst = fmax(worst, fabs(out[k] - ref) / fmax(1.0, fabs(ref)));
+            sum += out[k];
+        }
+        CHECKF(worst <= FIXTURE_TOL, "%s: worst %g against transformers", file, worst);
+        CHECK_NEAR(sum, json_number_value(json_object_get(t, "sum")), FIXTURE_TOL * n);
+        printf("test_vision: %s grid %dx%dx%d: CPU tower vs transformers %.3g\n", file, pp.grid[0], pp.grid[1],
+               pp.grid[2], worst);
+        free(out);
+        squad_image_patches_free(&pp);
+    }
+    json_decref(fx);
+}
+
 int main(void) {
     test_config();
     test_bind_fixture();
@@ -454,6 +534,7 @@ int main(void) {
     squad_model *m = tiny_vl(dir, &e);
     CHECKF(m && m->vision, "%s", e.msg);
     if (m) test_tower(m, dir);
+    if (m) test_fixture(m, dir);
     squad_model_free(m);
     return test_summary("test_vision");
 }
