@@ -31,7 +31,9 @@
  * most CPU_VISION_MAX_PATCHES patches), else SQUAD_E_INVALID with a message. */
 int cpu_vision_check_grid(const squad_vision_config *v, int t, int h, int w, squad_err *err);
 
-/* Runs the tower of m (m->vision must be bound) on one image. out holds
+/* Runs the tower of m (m->vision must be bound) on one image: pixel_values has t h w rows of
+ * C T P P floats as m's vision_config sizes them (the caller checks that the image processor's
+ * patch, temporal and merge sizes are the tower's). out holds
  * t * (h / m) * (w / m) * out_hidden_size floats. 0, SQUAD_E_INVALID (grid; no tower),
  * SQUAD_E_UNSUPPORTED (a head dim over CPU_VISION_MAX_HEAD_DIM) or SQUAD_E_NOMEM. Uses the pool
  * (and its GEMM scratch): not at the same time as another call on the same pool. */
