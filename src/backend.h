@@ -121,6 +121,13 @@ struct squad_backend {
      * captured and the seconds spent capturing them; NULL for a backend without graphs (the CPU). */
     void (*graph_stats)(const squad_backend *be, int *graphs, double *capture_s);
 
+    /* The vision tower on one image (optional: NULL where the backend has none, and the engine
+     * refuses images). pixel_values [t h w][C T P P] (the model's vision_config sizes; the caller
+     * checks its processor agrees) in the processor's order (src/image/), grid
+     * (t, h, w) in patches; out [t (h/m) (w/m)][out_hidden_size], one row per <|image_pad|>. Not at
+     * the same time as forward(). */
+    int (*vision_forward)(squad_backend *be, const float *pixel_values, const int grid[3], float *out, squad_err *err);
+
     void (*destroy)(squad_backend *be);
     void *impl; /* the backend's own state */
 };

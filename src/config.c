@@ -14,7 +14,13 @@
  *  - RoPE comes from "rope_parameters" (possibly keyed per layer type) or from the legacy top-level
  *    rope_theta / partial_rotary_factor / rope_scaling. mrope sections reduce to plain RoPE for text
  *    (all position axes equal), so they are accepted; any other rope_type changes the math and is
- *    refused as unsupported.
+ *    refused as unsupported. mrope_section / mrope_interleaved are recorded for the image rows'
+ *    positions (transformers' default section [11, 11, 10] when absent).
+ *  - "vision_config" (the vision tower of Qwen3_5ForConditionalGeneration) is read only when present:
+ *    its sizes are required (no default stands in for a size), its conventions (patch 16, temporal
+ *    2, merge 2, 3 channels, gelu_pytorch_tanh) default as in transformers' Qwen3_5VisionConfig, and
+ *    the image token ids come from the top level (transformers' defaults when absent). A config
+ *    without it is parsed exactly as before: none of these checks apply to text-only models.
  */
 #include "config.h"
 
@@ -119,6 +125,22 @@ static int rope_type_supported(json_t *params, const char *where, squad_err *err
     return 0;
 }
 
+/* mrope_section and mrope_interleaved of a RoPE parameter object (the section already checked to
+ * be a list of non-negative integers by rope_type_supported); defaults stay when absent. Text-only
+ * models never use them, so nothing here is an error: a section without 3 entries or a
+ * non-boolean flag is recorded as -1 and refused only by a config with a vision tower. */
+static void rope_mrope(json_t *params, squad_config *cfg) {
+    json_t *sec = json_object_get(params, "mrope_section");
+    if (sec && !json_is_null(sec)) {
+        for (int i = 0; i < 3; i++) {
+            long long x = json_array_size(sec) == 3 ? json_integer_value(json_array_get(sec, (size_t)i)) : -1;
+            cfg->mrope_section[i] = x > CFG_MAX_DIM ? -1 : (int)x;
+        }
+    }
+    json_t *il = json_object_get(params, "mrope_interleaved");
+    if (il && !json_is_null(il)) cfg->mrope_interleaved = json_is_boolean(il) ? json_is_true(il) : -1;
+}
+
 /* RoPE theta and partial rotary factor, from rope_parameters or the legacy fields. */
 static int cfg_rope(const cfg_src *s, squad_config *cfg, squad_err *err) {
     json_t *params = cfg_get(s, "rope_parameters");
@@ -142,7 +164,9 @@ static int cfg_rope(const cfg_src *s, squad_config *cfg, squad_err *err) {
         if (!f || json_is_null(f)) f = cfg_get(s, "partial_rotary_factor");
         if (f && json_number(f, &cfg->partial_rotary_factor) != 0)
             return squad_fail(err, SQUAD_E_MODEL, "config.json: field '%spartial_rotary_factor' must be a number", where);
-        return rope_type_supported(params, where, err);
+        if (rope_type_supported(params, where, err) != 0) return err->code;
+        rope_mrope(params, cfg);
+        return 0;
     }
     /* Legacy layout: rope_theta (and partial_rotary_factor, rope_scaling) at the top level. */
     json_t *theta = cfg_get(s, "rope_theta");
@@ -160,7 +184,8 @@ static int cfg_rope(const cfg_src *s, squad_config *cfg, squad_err *err) {
     if (scaling) {
         if (!json_is_object(scaling))
             return squad_fail(err, SQUAD_E_MODEL, "config.json: field 'rope_scaling' must be an object");
-        return rope_type_supported(scaling, "rope_scaling.", err);
+        if (rope_type_supported(scaling, "rope_scaling.", err) != 0) return err->code;
+        rope_mrope(scaling, cfg);
     }
     return 0;
 }
@@ -277,6 +302,137 @@ static int cfg_consistency(squad_config *c, squad_err *err) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The vision tower
+ */
+
+/* An integer field of vision_config in [lo, hi]; `def` < 0 means required. */
+static int vision_int(json_t *vc, const char *name, long long lo, long long hi, int def, int *out, squad_err *err) {
+    json_t *v = json_object_get(vc, name);
+    if (!v || json_is_null(v)) {
+        if (def < 0) return squad_fail(err, SQUAD_E_MODEL, "config.json: missing field 'vision_config.%s'", name);
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return squad_fail(err, SQUAD_E_MODEL, "config.json: field 'vision_config.%s' must be an integer", name);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return squad_fail(err, SQUAD_E_MODEL, "config.json: field 'vision_config.%s' = %lld is out of range [%lld, %lld]",
+                          name, x, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+/* A top-level token id (transformers' default when absent). It is not checked against the
+ * vocabulary here: transformers itself saves configs whose default ids lie outside a small
+ * vocabulary; whoever puts images into a row checks that the ids exist. */
+static int vision_token_id(json_t *root, const char *name, int def, int *out, squad_err *err) {
+    json_t *v = json_object_get(root, name);
+    *out = def;
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > CFG_MAX_VOCAB)
+            return squad_fail(err, SQUAD_E_MODEL, "config.json: field '%s' must be a token id", name);
+        *out = (int)json_integer_value(v);
+    }
+    return 0;
+}
+
+/* The tower's 2D rotary: rope_parameters {"rope_type": "axial", "rope_theta": ...} (transformers
+ * 5.x; theta 10000 when absent, as its Qwen3_5VisionRotaryEmbedding defaults). */
+static int vision_rope(json_t *vc, squad_vision_config *v, squad_err *err) {
+    v->rope_theta = SQUAD_VISION_DEFAULT_ROPE_THETA;
+    json_t *rp = json_object_get(vc, "rope_parameters");
+    if (!rp || json_is_null(rp)) return 0;
+    if (!json_is_object(rp))
+        return squad_fail(err, SQUAD_E_MODEL, "config.json: field 'vision_config.rope_parameters' must be an object");
+    json_t *t = json_object_get(rp, "rope_type");
+    if (t && !json_is_null(t) &&
+        (!json_is_string(t) || (strcmp(json_string_value(t), "axial") && strcmp(json_string_value(t), "default"))))
+        return squad_fail(err, SQUAD_E_UNSUPPORTED,
+                          "config.json: field 'vision_config.rope_parameters.rope_type' must be \"axial\"");
+    if (json_object_get(rp, "rope_theta"))
+        return obj_positive(rp, "rope_theta", "vision_config.rope_parameters.", &v->rope_theta, err);
+    return 0;
+}
+
+static int cfg_vision(json_t *root, json_t *vc, squad_config *c, squad_err *err) {
+    squad_vision_config *v = &c->vision;
+    if (!json_is_object(vc)) return squad_fail(err, SQUAD_E_MODEL, "config.json: field 'vision_config' must be an object");
+    struct {
+        const char *name;
+        long long lo, hi;
+        int def;
+        int *out;
+    } fields[] = {
+        {"depth", 1, SQUAD_MAX_LAYERS, -1, &v->depth},
+        {"hidden_size", 1, CFG_MAX_DIM, -1, &v->hidden_size},
+        {"num_heads", 1, CFG_MAX_HEADS, -1, &v->num_heads},
+        {"intermediate_size", 1, CFG_MAX_DIM, -1, &v->intermediate_size},
+        {"out_hidden_size", 1, CFG_MAX_DIM, -1, &v->out_hidden_size},
+        {"num_position_embeddings", 1, CFG_MAX_DIM, -1, &v->num_position_embeddings},
+        {"patch_size", 1, 1024, 16, &v->patch_size},
+        {"temporal_patch_size", 1, 64, 2, &v->temporal_patch_size},
+        {"spatial_merge_size", 1, 64, 2, &v->spatial_merge_size},
+        {"in_channels", 1, 16, 3, &v->in_channels},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (vision_int(vc, fields[i].name, fields[i].lo, fields[i].hi, fields[i].def, fields[i].out, err) != 0)
+            return err->code;
+    json_t *act = json_object_get(vc, "hidden_act");
+    const char *a = act && !json_is_null(act) ? json_string_value(act) : "gelu_pytorch_tanh";
+    if (a && (!strcmp(a, "gelu_pytorch_tanh") || !strcmp(a, "gelu_new")))
+        v->hidden_act = SQUAD_VISION_ACT_GELU_TANH;
+    else if (a && !strcmp(a, "gelu"))
+        v->hidden_act = SQUAD_VISION_ACT_GELU_ERF;
+    else
+        return squad_fail(err, SQUAD_E_UNSUPPORTED,
+                          "config.json: field 'vision_config.hidden_act' must be \"gelu_pytorch_tanh\" or \"gelu\"");
+    json_t *deep = json_object_get(vc, "deepstack_visual_indexes");
+    if (deep && !json_is_null(deep) && (!json_is_array(deep) || json_array_size(deep) != 0))
+        return squad_fail(err, SQUAD_E_UNSUPPORTED,
+                          "config.json: field 'vision_config.deepstack_visual_indexes' is not empty: DeepStack (Qwen3-VL) "
+                          "is not supported, only Qwen3.5's tower without it");
+    if (v->hidden_size % v->num_heads != 0 || (v->hidden_size / v->num_heads) % 4 != 0)
+        return squad_fail(err, SQUAD_E_MODEL,
+                          "config.json: field 'vision_config.hidden_size' (%d) must be num_heads (%d) x a head dim "
+                          "that is a multiple of 4 (the 2D rotary)",
+                          v->hidden_size, v->num_heads);
+    v->head_dim = v->hidden_size / v->num_heads;
+    int side = 0;
+    while ((long long)(side + 1) * (side + 1) <= v->num_position_embeddings) side++;
+    if (side * side != v->num_position_embeddings)
+        return squad_fail(err, SQUAD_E_MODEL, "config.json: field 'vision_config.num_position_embeddings' = %d must be a square",
+                          v->num_position_embeddings);
+    v->position_grid_side = side;
+    long long patch_width = (long long)v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
+    long long merged_width = (long long)v->hidden_size * v->spatial_merge_size * v->spatial_merge_size;
+    if (patch_width > CFG_MAX_PRODUCT || merged_width > CFG_MAX_PRODUCT || 3LL * v->hidden_size > CFG_MAX_PRODUCT)
+        return squad_fail(err, SQUAD_E_MODEL, "config.json: the vision tower's patch or merge width is too large");
+    if (v->out_hidden_size != c->hidden_size)
+        return squad_fail(err, SQUAD_E_MODEL,
+                          "config.json: field 'vision_config.out_hidden_size' = %d must equal the text hidden_size %d",
+                          v->out_hidden_size, c->hidden_size);
+    /* The image rows' positions split the text rotary's frequencies over (t, h, w). */
+    int half = c->rotary_dim / 2;
+    if (c->mrope_section[0] < 0 || c->mrope_interleaved < 0)
+        return squad_fail(err, SQUAD_E_MODEL,
+                          "config.json: field 'rope_parameters.mrope_section' must hold 3 integers (t, h, w) and "
+                          "'mrope_interleaved' must be true or false");
+    if (c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2] != half)
+        return squad_fail(err, SQUAD_E_MODEL,
+                          "config.json: field 'mrope_section' [%d, %d, %d] must add up to the rotary dim / 2 = %d",
+                          c->mrope_section[0], c->mrope_section[1], c->mrope_section[2], half);
+    if (vision_rope(vc, v, err) != 0 ||
+        vision_token_id(root, "image_token_id", SQUAD_DEFAULT_IMAGE_TOKEN_ID, &c->image_token_id, err) ||
+        vision_token_id(root, "vision_start_token_id", SQUAD_DEFAULT_VISION_START_TOKEN_ID, &c->vision_start_token_id,
+                        err) ||
+        vision_token_id(root, "vision_end_token_id", SQUAD_DEFAULT_VISION_END_TOKEN_ID, &c->vision_end_token_id, err))
+        return err->code;
+    c->has_vision = 1;
+    return 0;
+}
+
 int squad_config_parse(squad_config *cfg, const char *text, size_t len, squad_err *err) {
     squad_err local;
     if (!err) err = &local; /* callers may pass NULL */
@@ -301,6 +457,11 @@ int squad_config_parse(squad_config *cfg, const char *text, size_t len, squad_er
         cfg->nested = 1;
     }
     if ((rc = cfg_sizes(&s, cfg, err)) != 0) goto done;
+    /* transformers' Qwen3.5 text rotary: section [11, 11, 10] by default, always interleaved. */
+    cfg->mrope_section[0] = 11;
+    cfg->mrope_section[1] = 11;
+    cfg->mrope_section[2] = 10;
+    cfg->mrope_interleaved = 1;
 
     json_t *eps = cfg_get(&s, "rms_norm_eps");
     double e;
@@ -323,7 +484,9 @@ int squad_config_parse(squad_config *cfg, const char *text, size_t len, squad_er
     if ((rc = cfg_tie(&s, cfg, err)) != 0) goto done;
     if ((rc = cfg_rope(&s, cfg, err)) != 0) goto done;
     if ((rc = cfg_layer_types(&s, cfg, err)) != 0) goto done;
-    rc = cfg_consistency(cfg, err);
+    if ((rc = cfg_consistency(cfg, err)) != 0) goto done;
+    json_t *vision = json_object_get(root, "vision_config");
+    if (vision && !json_is_null(vision)) rc = cfg_vision(root, vision, cfg, err);
 done:
     json_decref(root);
     return rc;

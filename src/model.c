@@ -5,8 +5,8 @@
  * Design:
  *  - The layout is recognised by the embedding's name: "model.embed_tokens.weight"
  *    (Qwen3_5ForCausalLM) or "model.language_model.embed_tokens.weight"
- *    (Qwen3_5ForConditionalGeneration); lm_head.weight is top level in both. model.visual.* and
- *    mtp.* are never looked at.
+ *    (Qwen3_5ForConditionalGeneration); lm_head.weight is top level in both. mtp.* is never looked
+ *    at; model.visual.* only when the config has a vision tower (vision_model.c binds it).
  *  - Every tensor's shape is checked against the configuration; a missing tensor or a wrong shape is
  *    an error naming the tensor and the shape the config implies. A tensor under the text model's
  *    prefix that the architecture does not have (a bias, an expert...) is an error too: silently
@@ -103,18 +103,21 @@ static const st_tensor *find_checked(const squad_model *m, const char *name, con
     return t;
 }
 
-/* A [rows][cols] matrix as bf16: in place when possible, else converted once. */
-static int bind_matrix(squad_model *m, const char *name, int rows, int cols, squad_mat *out, squad_err *err) {
-    int64_t shape[2] = {rows, cols};
-    const st_tensor *t = find_checked(m, name, shape, 2, err);
+/* A matrix as bf16, shape[0] rows by the product of the other dims: in place when possible, else
+ * converted once. */
+static int bind_matrix_nd(squad_model *m, const char *name, const int64_t *shape, int ndim, squad_mat *out,
+                          squad_err *err) {
+    const st_tensor *t = find_checked(m, name, shape, ndim, err);
     if (!t) return err->code;
-    out->rows = rows;
-    out->cols = cols;
+    int64_t cols = 1;
+    for (int d = 1; d < ndim; d++) cols *= shape[d];
+    out->rows = (int)shape[0];
+    out->cols = (int)cols;
     if (t->dtype == ST_BF16 && ((uintptr_t)t->data & 1) == 0) {
         out->w = t->data;
         return 0;
     }
-    size_t n = (size_t)rows * (size_t)cols;
+    size_t n = (size_t)shape[0] * (size_t)cols;
     uint16_t *w = owned_alloc(m, n * sizeof *w, err);
     if (!w) return squad_fail_context(err, "converting '%s': ", name);
     if (t->dtype == ST_BF16)
@@ -123,6 +126,12 @@ static int bind_matrix(squad_model *m, const char *name, int rows, int cols, squ
         for (size_t i = 0; i < n; i++) w[i] = squad_f32_to_bf16(element_f32(t, i));
     out->w = w;
     return 0;
+}
+
+/* A [rows][cols] matrix as bf16. */
+static int bind_matrix(squad_model *m, const char *name, int rows, int cols, squad_mat *out, squad_err *err) {
+    int64_t shape[2] = {rows, cols};
+    return bind_matrix_nd(m, name, shape, 2, out, err);
 }
 
 /* A tensor of the given shape converted to an owned fp32 array. */
@@ -294,7 +303,8 @@ int squad_model_bind(squad_model *m, squad_err *err) {
     bind_ctx b = {.m = m, .prefix = prefix};
     for (b.layer = 0; b.layer < c->num_layers; b.layer++)
         if (bind_layer(&b, err) != 0) return err->code;
-    return check_no_unknown(m, prefix, err);
+    if (check_no_unknown(m, prefix, err) != 0) return err->code;
+    return c->has_vision ? squad_vision_bind(m, err) : 0;
 }
 
 int squad_model_dir_check(const char *dir, squad_err *err) {
@@ -303,6 +313,18 @@ int squad_model_dir_check(const char *dir, squad_err *err) {
     if (!S_ISDIR(st.st_mode)) return squad_fail(err, SQUAD_E_MODEL, "model directory %s: not a directory", dir);
     return 0;
 }
+
+int squad_model_bind_matrix_nd(squad_model *m, const char *name, const int64_t *shape, int ndim, squad_mat *out,
+                               squad_err *err) {
+    return bind_matrix_nd(m, name, shape, ndim, out, err);
+}
+
+int squad_model_bind_floats(squad_model *m, const char *name, const int64_t *shape, int ndim, float **out,
+                            squad_err *err) {
+    return bind_floats(m, name, shape, ndim, out, err);
+}
+
+void *squad_model_owned_alloc(squad_model *m, size_t bytes, squad_err *err) { return owned_alloc(m, bytes, err); }
 
 squad_model *squad_model_load(const char *dir, squad_err *err) {
     squad_err local;

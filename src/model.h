@@ -5,7 +5,8 @@
  * pointing into the mmapped safetensors when the file is bf16, converted once (owned) when it is
  * F16 or F32. Vectors (norm weights, A_log, dt_bias, conv weights) are converted to fp32 (owned).
  * Both Qwen3_5ForCausalLM (model.layers.N...) and Qwen3_5ForConditionalGeneration
- * (model.language_model.layers.N...) layouts are read; model.visual.* and mtp.* are ignored.
+ * (model.language_model.layers.N...) layouts are read; mtp.* is ignored. When the config has a
+ * vision tower, model.visual.* is bound into `vision` (vision_model.h), else it is ignored too.
  */
 #ifndef SQUAD_MODEL_H
 #define SQUAD_MODEL_H
@@ -48,6 +49,8 @@ typedef struct squad_layer_weights {
     float *k_norm;    /* [hd], zero-centred */
 } squad_layer_weights;
 
+struct squad_vision_weights; /* vision_model.h */
+
 struct squad_model {
     squad_config cfg;
     char *dir;
@@ -56,6 +59,7 @@ struct squad_model {
     squad_mat lm_head; /* [V][H]: == embed when tied */
     float *final_norm; /* [H], zero-centred */
     squad_layer_weights layers[SQUAD_MAX_LAYERS];
+    struct squad_vision_weights *vision; /* the vision tower when cfg.has_vision, else NULL */
     /* every owned buffer (converted matrices and vectors), freed with the model */
     void **owned;
     int n_owned, cap_owned;
@@ -69,5 +73,21 @@ int squad_model_dir_check(const char *dir, squad_err *err);
 /* Binds the tensors of an opened set to a model of configuration cfg (used by squad_model_load
  * and by tests). */
 int squad_model_bind(squad_model *m, squad_err *err);
+
+/* Binds model.visual.* into m->vision (implemented in vision_model.c; called by squad_model_bind
+ * when m->cfg.has_vision). */
+int squad_vision_bind(squad_model *m, squad_err *err);
+
+/* The binding helpers squad_model_bind uses, for vision_model.c. Every check and conversion is
+ * theirs: a missing tensor, a wrong shape or an unsupported dtype is an error naming the tensor.
+ *  - a matrix stored with shape[0] rows and the product of the other dims as columns (a Conv3d's
+ *    [out, C, T, P, P] is the matrix [out][C T P P]), kept bf16;
+ *  - a tensor of any shape converted to an owned fp32 array;
+ *  - a zeroed, 64-byte aligned buffer freed with the model. */
+int squad_model_bind_matrix_nd(squad_model *m, const char *name, const int64_t *shape, int ndim, squad_mat *out,
+                               squad_err *err);
+int squad_model_bind_floats(squad_model *m, const char *name, const int64_t *shape, int ndim, float **out,
+                            squad_err *err);
+void *squad_model_owned_alloc(squad_model *m, size_t bytes, squad_err *err);
 
 #endif /* SQUAD_MODEL_H */

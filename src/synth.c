@@ -16,6 +16,12 @@
  *    weights N(0, 0.5), the output embedding N(0, (f / sqrt(H))^2) with a per-preset factor f.
  *    Values are rounded to bf16 first, so F16 / F32 checkpoints (for tests) hold the same numbers.
  *  - Writing streams blocks of elements through st_writer; memory stays a few MB whatever the size.
+ *  - A vision tower (tiny-vl; qwen3.5-0.8b with opts.vision) adds model.visual.* in transformers'
+ *    names, keyed by their full names; Conv3d and linear weights N(0, 1/fan_in), LayerNorm weights
+ *    1 + N(0, 0.2), biases N(0, 0.1), the position table N(0, 0.5). The image token ids come from the
+ *    tokenizer by content (<|image_pad|>, <|vision_start|>, <|vision_end|>), else Qwen3.5's ids, and
+ *    the vocabulary grows to cover them. A preprocessor_config.json (Qwen2VLImageProcessorFast with
+ *    the tower's patch / merge sizes) makes the directory usable by transformers' AutoProcessor.
  */
 #define _XOPEN_SOURCE 700 /* realpath */
 #include "synth.h"
@@ -35,6 +41,26 @@
  * Presets
  */
 
+/* A vision tower's shape (transformers' Qwen3_5VisionConfig fields; out_hidden_size is the text
+ * hidden size) and the image processor's pixel bounds for it. */
+typedef struct synth_tower {
+    int depth, hidden, heads, intermediate;
+    int patch, temporal, merge, channels, positions;
+    long min_pixels, max_pixels; /* preprocessor_config.json size.shortest_edge / longest_edge */
+} synth_tower;
+
+/* tiny-vl's tower: a 4 x 4 position grid, so any image larger than 4 x 4 patches interpolates;
+ * pixel bounds that keep a 64 x 64 image at 4 x 4 patches and any image at most 8 x 8. */
+static const synth_tower TOWER_TINY = {2, 32, 2, 64, 16, 2, 2, 3, 16, 1024, 16384};
+/* The 0.8B's tower (its config.json and preprocessor_config.json). */
+static const synth_tower TOWER_08B = {12, 768, 12, 3072, 16, 2, 2, 3, 2304, 65536, 16777216};
+
+/* Qwen3.5's image token ids (its tokenizer), used when no tokenizer is given. */
+#define QWEN35_IMAGE_PAD_ID 248056
+#define QWEN35_VISION_START_ID 248053
+#define QWEN35_VISION_END_ID 248054
+#define VISION_ROPE_THETA 10000.0
+
 typedef struct synth_preset {
     const char *name;
     const char *summary;
@@ -49,26 +75,32 @@ typedef struct synth_preset {
     double out_scale; /* f in N(0, (f / sqrt(H))^2) for the output embedding: chosen on the CPU engine
                          so random 4-option rows give a mean top probability of about 0.55-0.7 */
     int mrope;        /* write mrope_section (as the 0.8B reference config does) */
+    const synth_tower *tower; /* the vision tower the preset may have, or NULL */
+    int tower_always;         /* 1: the preset always has it (tiny-vl); 0: only with opts.vision */
 } synth_preset;
 
 static const synth_preset PRESETS[] = {
     {"tiny", "H 64, 4 layers [lin lin lin full], GQA 4/2 x 32, GDN nk 2 / nv 4 x 16, I 128, vocab 300, tied",
-     "LLLF", 64, 128, 4, 2, 32, 2, 4, 16, 16, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 1.7, 0},
+     "LLLF", 64, 128, 4, 2, 32, 2, 4, 16, 16, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 1.7, 0, NULL, 0},
     {"tiny-mha",
      "H 96, 5 layers [full lin lin full lin], MHA 3/3 x 32, GDN nk 2 / nv 2 (dk 24, dv 32), I 192, vocab 320, "
      "untied",
-     "FLLFL", 96, 192, 3, 3, 32, 2, 2, 24, 32, 4, 0.5, 1e6, 320, 0, 1e-6, 262144, 1.5, 0},
+     "FLLFL", 96, 192, 3, 3, 32, 2, 2, 24, 32, 4, 0.5, 1e6, 320, 0, 1e-6, 262144, 1.5, 0, NULL, 0},
     {"tiny-hd256",
      "H 128, 4 layers [lin lin lin full], GQA 4/2 x 256 (the 0.8B attention head dim, rotary 64), GDN 2/2 x 32, "
      "I 256, vocab 300, tied",
-     "LLLF", 128, 256, 4, 2, 256, 2, 2, 32, 32, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 1.7, 0},
+     "LLLF", 128, 256, 4, 2, 256, 2, 2, 32, 32, 4, 0.25, 1e7, 300, 1, 1e-6, 262144, 1.7, 0, NULL, 0},
     {"demo", "H 256, 8 layers ([3 lin, 1 full] x 2), GQA 4/2 x 64, GDN 4/4 x 64, I 768, vocab 248320, tied",
-     "LLLFLLLF", 256, 768, 4, 2, 64, 4, 4, 64, 64, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144, 1.7, 0},
+     "LLLFLLLF", 256, 768, 4, 2, 64, 4, 4, 64, 64, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144, 1.7, 0, NULL, 0},
     {"qwen3.5-0.8b",
      "the reference shapes: H 1024, 24 layers ([3 lin, 1 full] x 6), I 3584, GQA 8/2 x 256, GDN 16/16 x 128, "
      "vocab 248320, tied (~1.5 GB)",
      "LLLFLLLFLLLFLLLFLLLFLLLF", 1024, 3584, 8, 2, 256, 16, 16, 128, 128, 4, 0.25, 1e7, 248320, 1, 1e-6, 262144,
-     2.0, 1},
+     2.0, 1, &TOWER_08B, 0},
+    {"tiny-vl",
+     "H 32, 2 layers [lin full], GQA 2/1 x 32, GDN 2/2 x 16, I 64, tied, with a vision tower (depth 2, hidden 32, "
+     "2 heads, I 64, patch 16, merge 2, a 4x4 position grid); the vocabulary covers the image token ids",
+     "LF", 32, 64, 2, 1, 32, 2, 2, 16, 16, 4, 0.5, 1e7, 300, 1, 1e-6, 262144, 1.7, 1, &TOWER_TINY, 1},
 };
 #define N_PRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
 
@@ -86,6 +118,36 @@ static const synth_preset *find_preset(const char *name, squad_err *err) {
     }
     squad_fail(err, SQUAD_E_INVALID, "unknown preset '%.64s' (presets: %s)", name ? name : "(none)", list);
     return NULL;
+}
+
+/* The mrope_section a preset writes (the rotary half-dims over t, h, w, as the 0.8B's [11, 11, 10]). */
+static void preset_mrope_section(int rotary_dim, int sec[3]) {
+    int half = rotary_dim / 2;
+    sec[0] = sec[1] = (half + 2) / 3;
+    sec[2] = half - sec[0] - sec[1];
+}
+
+/* The tower's fields of a config (the ids: Qwen3.5's, until a tokenizer says otherwise). */
+static void tower_to_config(const synth_tower *t, squad_config *c) {
+    squad_vision_config *v = &c->vision;
+    c->has_vision = 1;
+    v->depth = t->depth;
+    v->hidden_size = t->hidden;
+    v->num_heads = t->heads;
+    v->head_dim = t->hidden / t->heads;
+    v->intermediate_size = t->intermediate;
+    v->hidden_act = SQUAD_VISION_ACT_GELU_TANH;
+    v->patch_size = t->patch;
+    v->temporal_patch_size = t->temporal;
+    v->spatial_merge_size = t->merge;
+    v->in_channels = t->channels;
+    v->num_position_embeddings = t->positions;
+    v->position_grid_side = (int)lround(sqrt((double)t->positions));
+    v->out_hidden_size = c->hidden_size;
+    v->rope_theta = VISION_ROPE_THETA;
+    c->image_token_id = QWEN35_IMAGE_PAD_ID;
+    c->vision_start_token_id = QWEN35_VISION_START_ID;
+    c->vision_end_token_id = QWEN35_VISION_END_ID;
 }
 
 static void preset_to_config(const synth_preset *p, squad_config *c) {
@@ -109,15 +171,27 @@ static void preset_to_config(const synth_preset *p, squad_config *c) {
     c->tie_embeddings = p->tied;
     c->max_position = p->max_position;
     for (int i = 0; i < c->num_layers; i++) c->layer_types[i] = p->pattern[i] == 'F' ? SQUAD_LAYER_FULL : SQUAD_LAYER_LINEAR;
+    /* What config.json parses back to: the preset's own section, or transformers' default. */
+    c->mrope_section[0] = 11, c->mrope_section[1] = 11, c->mrope_section[2] = 10;
+    if (p->mrope) preset_mrope_section(c->rotary_dim, c->mrope_section);
+    c->mrope_interleaved = 1;
 }
 
-int squad_synth_preset_config(const char *preset, squad_config *cfg, squad_err *err) {
+int squad_synth_preset_config_vision(const char *preset, int vision, squad_config *cfg, squad_err *err) {
     squad_err local;
     if (!err) err = &local;
     const synth_preset *p = find_preset(preset, err);
     if (!p) return err->code;
+    if (vision && !p->tower)
+        return squad_fail(err, SQUAD_E_INVALID, "preset '%s' has no vision tower (--vision: qwen3.5-0.8b, tiny-vl)",
+                          p->name);
     preset_to_config(p, cfg);
+    if (p->tower && (vision || p->tower_always)) tower_to_config(p->tower, cfg);
     return 0;
+}
+
+int squad_synth_preset_config(const char *preset, squad_config *cfg, squad_err *err) {
+    return squad_synth_preset_config_vision(preset, 0, cfg, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -134,6 +208,10 @@ enum {
     KIND_A_LOG,        /* exp(A_log) log-uniform in [0.5, 8] */
     KIND_DT_BIAS,      /* N(0, 0.5) */
     KIND_CONV,         /* N(0, 0.5) */
+    KIND_PATCH,        /* the Conv3d patch embedding: N(0, 1/(C T P P)) */
+    KIND_LN_WEIGHT,    /* a LayerNorm weight: 1 + N(0, 0.2) */
+    KIND_BIAS,         /* N(0, 0.1) */
+    KIND_POS_EMBED,    /* the learned position grid: N(0, 0.5) */
 };
 
 typedef struct plan_builder {
@@ -141,6 +219,49 @@ typedef struct plan_builder {
     int cap;
     const char *prefix;
 } plan_builder;
+
+static int plan_add(plan_builder *b, const char *top_name, const char *suffix, int kind, int ndim, int64_t d0,
+                    int64_t d1, int64_t d2, squad_err *err);
+
+/* The vision tower's tensors (model.visual.*, full names). */
+static int plan_tower(plan_builder *b, const squad_config *c, squad_err *err) {
+    const squad_vision_config *v = &c->vision;
+    int64_t H = v->hidden_size, I = v->intermediate_size, M = (int64_t)v->spatial_merge_size * v->spatial_merge_size * H;
+    char s[128];
+#define ADDV(kind, ndim, d0, d1, ...)                                                  \
+    do {                                                                               \
+        snprintf(s, sizeof s, "model.visual." __VA_ARGS__);                            \
+        if (plan_add(b, s, NULL, kind, ndim, d0, d1, 0, err) != 0) return err->code; \
+    } while (0)
+    ADDV(KIND_PATCH, 5, H, v->in_channels, "patch_embed.proj.weight");
+    squad_synth_tensor *t = &b->plan->tensors[b->plan->n - 1];
+    t->shape[2] = v->temporal_patch_size;
+    t->shape[3] = t->shape[4] = v->patch_size;
+    ADDV(KIND_BIAS, 1, H, 0, "patch_embed.proj.bias");
+    ADDV(KIND_POS_EMBED, 2, v->num_position_embeddings, H, "pos_embed.weight");
+    for (int i = 0; i < v->depth; i++) {
+        ADDV(KIND_LN_WEIGHT, 1, H, 0, "blocks.%d.norm1.weight", i);
+        ADDV(KIND_BIAS, 1, H, 0, "blocks.%d.norm1.bias", i);
+        ADDV(KIND_MATRIX, 2, 3 * H, H, "blocks.%d.attn.qkv.weight", i);
+        ADDV(KIND_BIAS, 1, 3 * H, 0, "blocks.%d.attn.qkv.bias", i);
+        ADDV(KIND_MATRIX, 2, H, H, "blocks.%d.attn.proj.weight", i);
+        ADDV(KIND_BIAS, 1, H, 0, "blocks.%d.attn.proj.bias", i);
+        ADDV(KIND_LN_WEIGHT, 1, H, 0, "blocks.%d.norm2.weight", i);
+        ADDV(KIND_BIAS, 1, H, 0, "blocks.%d.norm2.bias", i);
+        ADDV(KIND_MATRIX, 2, I, H, "blocks.%d.mlp.linear_fc1.weight", i);
+        ADDV(KIND_BIAS, 1, I, 0, "blocks.%d.mlp.linear_fc1.bias", i);
+        ADDV(KIND_MATRIX, 2, H, I, "blocks.%d.mlp.linear_fc2.weight", i);
+        ADDV(KIND_BIAS, 1, H, 0, "blocks.%d.mlp.linear_fc2.bias", i);
+    }
+    ADDV(KIND_LN_WEIGHT, 1, H, 0, "merger.norm.weight");
+    ADDV(KIND_BIAS, 1, H, 0, "merger.norm.bias");
+    ADDV(KIND_MATRIX, 2, M, M, "merger.linear_fc1.weight");
+    ADDV(KIND_BIAS, 1, M, 0, "merger.linear_fc1.bias");
+    ADDV(KIND_MATRIX, 2, v->out_hidden_size, M, "merger.linear_fc2.weight");
+    ADDV(KIND_BIAS, 1, v->out_hidden_size, 0, "merger.linear_fc2.bias");
+#undef ADDV
+    return 0;
+}
 
 static int plan_add(plan_builder *b, const char *top_name, const char *suffix, int kind, int ndim, int64_t d0,
                     int64_t d1, int64_t d2, squad_err *err) {
@@ -217,6 +338,7 @@ int squad_synth_plan_make(const squad_config *c, squad_synth_layout layout, squa
     if (rc == 0) rc = plan_add(&b, NULL, "norm.weight", KIND_NORM_ZERO, 1, H, 0, 0, err);
     if (rc == 0 && !c->tie_embeddings) rc = plan_add(&b, "lm_head.weight", NULL, KIND_LM_HEAD, 2, V, H, 0, err);
     for (int i = 0; rc == 0 && i < c->num_layers; i++) rc = plan_layer(&b, c, i, err);
+    if (rc == 0 && c->has_vision) rc = plan_tower(&b, c, err);
     if (rc != 0) {
         squad_synth_plan_free(plan);
         return rc;
@@ -286,7 +408,11 @@ static value_params kind_params(const squad_synth_tensor *t, const synth_preset 
     case KIND_NORM_ZERO: v.scale = 0.2f; break;
     case KIND_NORM_GATED: v.scale = 0.2f, v.mean = 1.0f; break;
     case KIND_DT_BIAS:
-    case KIND_CONV: v.scale = 0.5f; break;
+    case KIND_CONV:
+    case KIND_POS_EMBED: v.scale = 0.5f; break;
+    case KIND_PATCH: v.scale = 1.0f / sqrtf((float)(t->shape[1] * t->shape[2] * t->shape[3] * t->shape[4])); break;
+    case KIND_LN_WEIGHT: v.scale = 0.2f, v.mean = 1.0f; break;
+    case KIND_BIAS: v.scale = 0.1f; break;
     default: break;
     }
     return v;
@@ -408,8 +534,9 @@ static json_t *text_config_json(const squad_config *c, const synth_preset *p) {
                              "partial_rotary_factor", c->partial_rotary_factor);
     if (rope && p->mrope) {
         /* mrope_section splits the rotary half-dims over (t, h, w); for text all are equal. */
-        int half = c->rotary_dim / 2, s0 = (half + 2) / 3, s1 = (half + 2) / 3, s2 = half - s0 - s1;
-        if (json_object_set_new(rope, "mrope_section", json_pack("[i, i, i]", s0, s1, s2)) != 0 ||
+        int sec[3];
+        preset_mrope_section(c->rotary_dim, sec);
+        if (json_object_set_new(rope, "mrope_section", json_pack("[i, i, i]", sec[0], sec[1], sec[2])) != 0 ||
             json_object_set_new(rope, "mrope_interleaved", json_true()) != 0) {
             json_decref(rope);
             rope = NULL;
@@ -434,6 +561,29 @@ static json_t *text_config_json(const squad_config *c, const synth_preset *p) {
         "vocab_size", c->vocab_size);
 }
 
+/* vision_config as transformers 5.x writes Qwen3_5VisionConfig. */
+static json_t *vision_config_json(const squad_config *c) {
+    const squad_vision_config *v = &c->vision;
+    return json_pack("{s:i, s:s, s:i, s:i, s:f, s:i, s:s, s:i, s:i, s:i, s:i, s:{s:f, s:s}, s:i, s:i}", "depth",
+                     v->depth, "hidden_act", "gelu_pytorch_tanh", "hidden_size", v->hidden_size, "in_channels",
+                     v->in_channels, "initializer_range", 0.02, "intermediate_size", v->intermediate_size, "model_type",
+                     "qwen3_5_vision", "num_heads", v->num_heads, "num_position_embeddings", v->num_position_embeddings,
+                     "out_hidden_size", v->out_hidden_size, "patch_size", v->patch_size, "rope_parameters",
+                     "rope_theta", v->rope_theta, "rope_type", "axial", "spatial_merge_size", v->spatial_merge_size,
+                     "temporal_patch_size", v->temporal_patch_size);
+}
+
+/* The tower's fields of the composite config: vision_config and the image token ids. */
+static int add_vision_fields(json_t *root, const squad_config *c) {
+    json_t *vc = vision_config_json(c);
+    if (!vc || json_object_set_new(root, "vision_config", vc) != 0) return -1;
+    if (json_object_set_new(root, "image_token_id", json_integer(c->image_token_id)) != 0 ||
+        json_object_set_new(root, "vision_start_token_id", json_integer(c->vision_start_token_id)) != 0 ||
+        json_object_set_new(root, "vision_end_token_id", json_integer(c->vision_end_token_id)) != 0)
+        return -1;
+    return 0;
+}
+
 static char *config_text(const squad_config *c, const synth_preset *p, squad_synth_layout layout, st_dtype dtype,
                          squad_err *err) {
     json_t *text = text_config_json(c, p);
@@ -450,6 +600,10 @@ static char *config_text(const squad_config *c, const synth_preset *p, squad_syn
         root = json_pack("{s:[s], s:s, s:s, s:o, s:b}", "architectures", "Qwen3_5ForConditionalGeneration", "dtype",
                          dtype_torch_name(dtype), "model_type", "qwen3_5", "text_config", text, "tie_word_embeddings",
                          c->tie_embeddings);
+        if (root && c->has_vision && add_vision_fields(root, c) != 0) {
+            json_decref(root);
+            root = NULL;
+        }
     }
     char *s = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(root);
@@ -513,6 +667,59 @@ static int tokenizer_vocab(const char *text, size_t len, const char *path, int *
     return 0;
 }
 
+/* The id of a token given by its content: added_tokens first, then model.vocab; -1 when absent. */
+static long long token_id_by_content(json_t *root, const char *content) {
+    json_t *added = json_object_get(root, "added_tokens");
+    for (size_t i = 0; json_is_array(added) && i < json_array_size(added); i++) {
+        json_t *t = json_array_get(added, i);
+        const char *c = json_string_value(json_object_get(t, "content"));
+        json_t *id = json_object_get(t, "id");
+        if (c && !strcmp(c, content) && json_is_integer(id)) return json_integer_value(id);
+    }
+    json_t *id = json_object_get(json_object_get(json_object_get(root, "model"), "vocab"), content);
+    return json_is_integer(id) ? json_integer_value(id) : -1;
+}
+
+/* The image token ids of a tokenizer.json, looked up by content. */
+static int tokenizer_image_ids(const char *text, size_t len, const char *path, squad_config *c, squad_err *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root) return squad_fail(err, SQUAD_E_INVALID, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text);
+    struct {
+        const char *content;
+        int *id;
+    } tokens[] = {{"<|image_pad|>", &c->image_token_id},
+                  {"<|vision_start|>", &c->vision_start_token_id},
+                  {"<|vision_end|>", &c->vision_end_token_id}};
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < sizeof tokens / sizeof tokens[0]; i++) {
+        long long id = token_id_by_content(root, tokens[i].content);
+        if (id < 0 || id >= c->vocab_size)
+            rc = squad_fail(err, SQUAD_E_INVALID, "%s: no token %s, which a vision tower's image rows need", path,
+                            tokens[i].content);
+        else
+            *tokens[i].id = (int)id;
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* preprocessor_config.json for a tower: transformers' Qwen2VLImageProcessorFast with the tower's
+ * patch, temporal and merge sizes, mean / std 0.5 (Qwen3.5's) and the preset's pixel bounds. */
+static char *preprocessor_text(const squad_config *c, const synth_tower *t) {
+    const squad_vision_config *v = &c->vision;
+    json_t *root = json_pack(
+        "{s:b, s:b, s:b, s:b, s:[f, f, f], s:s, s:[f, f, f], s:i, s:i, s:i, s:f, s:{s:I, s:I}, s:i}",
+        "do_convert_rgb", 1, "do_normalize", 1, "do_rescale", 1, "do_resize", 1, "image_mean", 0.5, 0.5, 0.5,
+        "image_processor_type", "Qwen2VLImageProcessorFast", "image_std", 0.5, 0.5, 0.5, "merge_size",
+        v->spatial_merge_size, "patch_size", v->patch_size, "resample", 3, "rescale_factor", 1.0 / 255.0, "size",
+        "longest_edge", (json_int_t)t->max_pixels, "shortest_edge", (json_int_t)t->min_pixels, "temporal_patch_size",
+        v->temporal_patch_size);
+    char *s = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
+    json_decref(root);
+    return s;
+}
+
 int squad_synth_write(const squad_synth_opts *o, squad_err *err) {
     squad_err local;
     if (!err) err = &local;
@@ -522,18 +729,32 @@ int squad_synth_write(const squad_synth_opts *o, squad_err *err) {
     if (o->dtype != ST_BF16 && o->dtype != ST_F16 && o->dtype != ST_F32)
         return squad_fail(err, SQUAD_E_INVALID, "synth writes BF16, F16 or F32 only");
     squad_config cfg;
-    preset_to_config(p, &cfg);
+    if (squad_synth_preset_config_vision(p->name, o->vision, &cfg, err) != 0) return err->code;
+    /* A tower lives in the composite model: the conditional layout. */
+    const squad_synth_layout layout = cfg.has_vision ? SQUAD_SYNTH_CONDITIONAL : o->layout;
 
-    char *tok_text = NULL, *cfg_json = NULL, *path = NULL;
+    char *tok_text = NULL, *cfg_json = NULL, *path = NULL, *pre_json = NULL;
     size_t tok_len = 0;
     squad_synth_plan plan = {0};
     int rc;
     if (o->tokenizer) {
         if (!(tok_text = squad_read_file(o->tokenizer, &tok_len, err))) return err->code;
         if ((rc = tokenizer_vocab(tok_text, tok_len, o->tokenizer, &cfg.vocab_size, err)) != 0) goto done;
+        if (cfg.has_vision && (rc = tokenizer_image_ids(tok_text, tok_len, o->tokenizer, &cfg, err)) != 0) goto done;
+    } else if (cfg.has_vision) {
+        /* Qwen3.5's ids: the vocabulary covers them (rounded up to a multiple of 64, as for a tokenizer). */
+        int top = cfg.image_token_id;
+        if (cfg.vision_start_token_id > top) top = cfg.vision_start_token_id;
+        if (cfg.vision_end_token_id > top) top = cfg.vision_end_token_id;
+        int need = (top + 1 + 63) / 64 * 64;
+        if (cfg.vocab_size < need) cfg.vocab_size = need;
+    }
+    if (cfg.has_vision && !(pre_json = preprocessor_text(&cfg, p->tower))) {
+        rc = squad_fail(err, SQUAD_E_NOMEM, "out of memory writing preprocessor_config.json");
+        goto done;
     }
     /* config.json text first, checked by our own parser against the preset. */
-    if (!(cfg_json = config_text(&cfg, p, o->layout, o->dtype, err))) {
+    if (!(cfg_json = config_text(&cfg, p, layout, o->dtype, err))) {
         rc = err->code;
         goto done;
     }
@@ -554,12 +775,12 @@ int squad_synth_write(const squad_synth_opts *o, squad_err *err) {
         goto done;
     }
     free(path);
-    if ((rc = squad_synth_plan_make(&cfg, o->layout, &plan, err)) != 0) goto done;
+    if ((rc = squad_synth_plan_make(&cfg, layout, &plan, err)) != 0) goto done;
     if (!(path = squad_path_join(o->out_dir, "model.safetensors", err))) {
         rc = SQUAD_E_NOMEM;
         goto done;
     }
-    const char *prefix = o->layout == SQUAD_SYNTH_CONDITIONAL ? "model.language_model." : "model.";
+    const char *prefix = layout == SQUAD_SYNTH_CONDITIONAL ? "model.language_model." : "model.";
     if ((rc = write_weights(path, &plan, p, prefix, o->seed, o->dtype, err)) != 0) goto done;
     free(path);
     if (!(path = squad_path_join(o->out_dir, "config.json", err))) {
@@ -569,6 +790,16 @@ int squad_synth_write(const squad_synth_opts *o, squad_err *err) {
     if ((rc = write_text_file(path, cfg_json, strlen(cfg_json), err)) != 0 ||
         (rc = write_text_file_append_newline(path, err)) != 0)
         goto done;
+    if (pre_json) {
+        free(path);
+        if (!(path = squad_path_join(o->out_dir, "preprocessor_config.json", err))) {
+            rc = SQUAD_E_NOMEM;
+            goto done;
+        }
+        if ((rc = write_text_file(path, pre_json, strlen(pre_json), err)) != 0 ||
+            (rc = write_text_file_append_newline(path, err)) != 0)
+            goto done;
+    }
     if (tok_text) {
         free(path);
         if (!(path = squad_path_join(o->out_dir, "tokenizer.json", err))) {
@@ -585,6 +816,7 @@ done:
     squad_synth_plan_free(&plan);
     free(path);
     free(cfg_json);
+    free(pre_json);
     free(tok_text);
     return rc;
 }

@@ -8,6 +8,11 @@
  * tensor's values depend only on the seed and the tensor's name inside the text model, so both
  * layouts hold the same weights. The file is streamed tensor by tensor (the 0.8B preset writes
  * about 1.5 GB without holding it in memory).
+ *
+ * Vision: the tiny-vl preset (and qwen3.5-0.8b with opts.vision) also has a vision tower, written in
+ * the Qwen3_5ForConditionalGeneration layout (model.visual.*, a vision_config, the image token ids
+ * at the top level) with a preprocessor_config.json for the image processor. Text-only checkpoints
+ * are written exactly as before.
  */
 #ifndef SQUAD_SYNTH_H
 #define SQUAD_SYNTH_H
@@ -28,6 +33,8 @@ typedef struct squad_synth_opts {
     const char *tokenizer;     /* optional tokenizer.json: copied, and the vocabulary sized to cover it */
     squad_synth_layout layout; /* causal (default) or conditional */
     st_dtype dtype;            /* ST_BF16 (default); ST_F16 / ST_F32 hold the same bf16-rounded values */
+    int vision;                /* 1: also the preset's vision tower (qwen3.5-0.8b: the real tower's shapes);
+                                * tiny-vl always has its tower. A tower implies the conditional layout. */
 } squad_synth_opts;
 
 /* The presets, for --help and tests: i in [0, squad_synth_preset_count()). */
@@ -35,14 +42,17 @@ int squad_synth_preset_count(void);
 const char *squad_synth_preset_name(int i);
 const char *squad_synth_preset_summary(int i);
 
-/* The configuration of a preset (vocab_size as the preset has it). */
+/* The configuration of a preset (vocab_size as the preset has it; the vision tower only for a preset
+ * that always has one). */
 int squad_synth_preset_config(const char *preset, squad_config *cfg, squad_err *err);
+/* The same with the tower a preset may have (vision = 1): an error for a preset without one. */
+int squad_synth_preset_config_vision(const char *preset, int vision, squad_config *cfg, squad_err *err);
 
 /* The tensors a checkpoint of cfg holds in a layout, in file order. */
 typedef struct squad_synth_tensor {
     char name[128];
     int ndim;
-    int64_t shape[3];
+    int64_t shape[5]; /* the vision tower's patch embedding is 5-dimensional */
     int kind; /* how its values are drawn (synth.c) */
 } squad_synth_tensor;
 

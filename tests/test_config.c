@@ -44,7 +44,8 @@ static const char *NESTED =
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5,"
     " \"mrope_section\": [4, 2, 2], \"mrope_interleaved\": true},"
     " \"tie_word_embeddings\": true, \"vocab_size\": 300},"
-    " \"vision_config\": {\"depth\": 2, \"hidden_size\": 32}}";
+    " \"vision_config\": {\"depth\": 2, \"hidden_size\": 32, \"num_heads\": 2, \"intermediate_size\": 64,"
+    " \"out_hidden_size\": 64, \"num_position_embeddings\": 16}}";
 
 static int parse_str(const char *s, squad_config *cfg, squad_err *err) {
     memset(err, 0, sizeof *err);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "image/preprocess.h"
 #include "model.h"
 #include "synth.h"
 #include "testutil.h"
@@ -47,7 +48,8 @@ static void test_presets(void) {
         CHECK(squad_synth_plan_make(&c, SQUAD_SYNTH_CAUSAL, &plan, &e) == 0);
         int per_layer = 0;
         for (int l = 0; l < c.num_layers; l++) per_layer += c.layer_types[l] == SQUAD_LAYER_LINEAR ? 14 : 11;
-        CHECKF(plan.n == 2 + !c.tie_embeddings + per_layer, "%s: %d tensors", name, plan.n);
+        int tower = c.has_vision ? 3 + 12 * c.vision.depth + 6 : 0; /* model.visual.* */
+        CHECKF(plan.n == 2 + !c.tie_embeddings + per_layer + tower, "%s: %d tensors", name, plan.n);
         for (int k = 1; k < plan.n; k++) CHECK(strcmp(plan.tensors[k - 1].name, plan.tensors[k].name) < 0);
         squad_synth_plan_free(&plan);
     }
@@ -293,8 +295,135 @@ static void test_08b(void) {
     json_decref(fx);
 }
 
+/* FNV-1a 64 of a file's bytes (0 when unreadable). */
+static uint64_t file_hash(const char *dir, const char *name) {
+    size_t n = 0;
+    char *text = read_all(dir, name, &n);
+    if (!text) return 0;
+    uint64_t h = SQUAD_SYNTH_FNV_BASIS;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)text[i]) * 1099511628211ull;
+    free(text);
+    return h;
+}
+
+/* Text-only presets are written byte for byte as before the vision tower existed: hashes of the
+ * files written then (seed 7, both layouts). */
+static void test_text_only_unchanged(void) {
+    static const struct {
+        const char *preset;
+        int layout;
+        uint64_t config, weights;
+    } want[] = {
+        {"tiny", 0, 0xbed453e93fff6162ull, 0xd828f5871e9d3580ull},
+        {"tiny", 1, 0x66ab2791163f7362ull, 0x1527f31937571127ull},
+        {"tiny-mha", 0, 0xe9f3e17130381c35ull, 0xadfe7cf00520a427ull},
+        {"tiny-mha", 1, 0x4f17f382b73b18baull, 0xa753d23184d5b1f3ull},
+        {"tiny-hd256", 0, 0x808f24737d9fb01full, 0xef88e3d547850d84ull},
+        {"tiny-hd256", 1, 0x11c38de61c25ed41ull, 0xac68c31746aed2a1ull},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/unchanged-%zu", g_root, i);
+        squad_synth_opts o = {.preset = want[i].preset, .out_dir = dir, .seed = 7, .layout = want[i].layout};
+        squad_err e = {0};
+        CHECKF(squad_synth_write(&o, &e) == 0, "%s", e.msg);
+        CHECKF(file_hash(dir, "config.json") == want[i].config, "%s layout %d: config.json changed", want[i].preset,
+               want[i].layout);
+        CHECKF(file_hash(dir, "model.safetensors") == want[i].weights, "%s layout %d: model.safetensors changed",
+               want[i].preset, want[i].layout);
+        char *pre = path2(dir, "preprocessor_config.json");
+        CHECK(access(pre, F_OK) != 0); /* no tower, no image processor */
+        free(pre);
+    }
+}
+
+/* tiny-vl: the tower in the conditional layout, the ids from the tokenizer (or Qwen3.5's), a
+ * processor config, a checkpoint that loads and whose config parses back to the preset. */
+static void test_tiny_vl(void) {
+    const char *tok = "third_party/qwen3/tokenizer.json";
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/tiny-vl", g_root);
+    squad_synth_opts o = {.preset = "tiny-vl", .out_dir = dir, .seed = 3, .tokenizer = tok};
+    squad_err e = {0};
+    CHECKF(squad_synth_write(&o, &e) == 0, "%s", e.msg);
+    squad_config want, got;
+    CHECK(squad_synth_preset_config("tiny-vl", &want, &e) == 0 && want.has_vision && want.vision.depth == 2 &&
+          want.vision.num_position_embeddings == 16 && want.vision.out_hidden_size == want.hidden_size);
+    char *cp = path2(dir, "config.json");
+    CHECKF(squad_config_load(&got, cp, &e) == 0, "%s", e.msg);
+    free(cp);
+    /* Qwen3's tokenizer: its ids and its vocabulary (largest id 151668, rounded up to 151680). */
+    CHECKF(got.image_token_id == 151655 && got.vision_start_token_id == 151652 && got.vision_end_token_id == 151653,
+           "ids %d %d %d", got.image_token_id, got.vision_start_token_id, got.vision_end_token_id);
+    CHECK(got.vocab_size == 151680 && got.nested == 1);
+    want.vocab_size = got.vocab_size, want.nested = 1;
+    want.image_token_id = got.image_token_id;
+    want.vision_start_token_id = got.vision_start_token_id;
+    want.vision_end_token_id = got.vision_end_token_id;
+    CHECK(memcmp(&want, &got, sizeof want) == 0);
+    squad_model *m = squad_model_load(dir, &e);
+    CHECKF(m && m->vision, "%s", e.msg);
+    squad_model_free(m);
+    squad_image_proc_config pc;
+    char *pp = path2(dir, "preprocessor_config.json");
+    CHECKF(squad_image_proc_config_load(&pc, pp, &e) == 0, "%s", e.msg);
+    free(pp);
+    CHECK(pc.patch_size == 16 && pc.merge_size == 2 && pc.temporal_patch_size == 2 && pc.image_mean[0] == 0.5 &&
+          pc.image_std[2] == 0.5 && pc.min_pixels == 1024 && pc.max_pixels == 16384);
+    int grid[3];
+    CHECK(squad_image_grid(&pc, 64, 64, grid, &e) == 0 && grid[0] == 1 && grid[1] == 4 && grid[2] == 4);
+    /* Deterministic. */
+    uint64_t h1 = file_hash(dir, "model.safetensors");
+    char dir2[512];
+    snprintf(dir2, sizeof dir2, "%s/tiny-vl-again", g_root);
+    o.out_dir = dir2;
+    CHECKF(squad_synth_write(&o, &e) == 0, "%s", e.msg);
+    CHECK(h1 != 0 && file_hash(dir2, "model.safetensors") == h1);
+    CHECK(file_hash(dir2, "config.json") == file_hash(dir, "config.json"));
+
+    /* Without a tokenizer: Qwen3.5's ids, the vocabulary grown to cover them. */
+    snprintf(dir, sizeof dir, "%s/tiny-vl-noid", g_root);
+    squad_synth_opts o2 = {.preset = "tiny-vl", .out_dir = dir};
+    CHECKF(squad_synth_write(&o2, &e) == 0, "%s", e.msg);
+    cp = path2(dir, "config.json");
+    CHECKF(squad_config_load(&got, cp, &e) == 0, "%s", e.msg);
+    free(cp);
+    CHECK(got.image_token_id == 248056 && got.vision_start_token_id == 248053 && got.vision_end_token_id == 248054 &&
+          got.vocab_size == 248064);
+    m = squad_model_load(dir, &e);
+    CHECKF(m && m->vision, "%s", e.msg);
+    squad_model_free(m);
+
+    /* --vision on a preset without a tower is an error; the 0.8B's tower has the real shapes. */
+    squad_synth_opts o3 = {.preset = "tiny", .out_dir = dir, .vision = 1};
+    CHECK(squad_synth_write(&o3, &e) != 0 && strstr(e.msg, "no vision tower"));
+    squad_config c;
+    CHECK(squad_synth_preset_config("qwen3.5-0.8b", &c, &e) == 0 && !c.has_vision);
+    CHECK(squad_synth_preset_config_vision("qwen3.5-0.8b", 1, &c, &e) == 0 && c.has_vision && c.vision.depth == 12 &&
+          c.vision.hidden_size == 768 && c.vision.num_heads == 12 && c.vision.intermediate_size == 3072 &&
+          c.vision.num_position_embeddings == 2304 && c.vision.out_hidden_size == 1024 &&
+          c.vision.position_grid_side == 48);
+    squad_synth_plan plan;
+    CHECK(squad_synth_plan_make(&c, SQUAD_SYNTH_CONDITIONAL, &plan, &e) == 0);
+    int found = 0;
+    for (int i = 0; i < plan.n; i++) {
+        const squad_synth_tensor *t = &plan.tensors[i];
+        if (!strcmp(t->name, "model.visual.patch_embed.proj.weight"))
+            found += t->ndim == 5 && t->shape[0] == 768 && t->shape[1] == 3 && t->shape[2] == 2 && t->shape[3] == 16 &&
+                     t->shape[4] == 16;
+        if (!strcmp(t->name, "model.visual.merger.linear_fc2.weight"))
+            found += t->ndim == 2 && t->shape[0] == 1024 && t->shape[1] == 3072;
+        if (!strcmp(t->name, "model.visual.blocks.11.attn.qkv.weight"))
+            found += t->ndim == 2 && t->shape[0] == 2304 && t->shape[1] == 768;
+    }
+    CHECK(found == 3);
+    squad_synth_plan_free(&plan);
+}
+
 int main(void) {
     snprintf(g_root, sizeof g_root, "%s", test_tmpdir());
+    test_text_only_unchanged();
+    test_tiny_vl();
     test_presets();
     test_write_small();
     test_determinism_and_errors();

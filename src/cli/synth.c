@@ -18,7 +18,7 @@
 static void synth_help(FILE *f) {
     fprintf(f,
             "usage: squad synth --preset NAME --out DIR [--seed N] [--tokenizer FILE]\n"
-            "                   [--layout causal|conditional] [--dtype bf16|f16|f32]\n"
+            "                   [--layout causal|conditional] [--dtype bf16|f16|f32] [--vision]\n"
             "                   [--specialists SDIR [--spec-rank N]]\n"
             "\n"
             "Writes a random Qwen3.5 text checkpoint in the Hugging Face layout: DIR/config.json and\n"
@@ -35,7 +35,13 @@ static void synth_help(FILE *f) {
             "                     of 64), whatever the preset's own vocabulary\n"
             "  --layout L         causal (default): Qwen3_5ForCausalLM, tensors model.layers.N...;\n"
             "                     conditional: Qwen3_5ForConditionalGeneration, fields under text_config,\n"
-            "                     tensors model.language_model.layers.N... (no vision weights)\n"
+            "                     tensors model.language_model.layers.N... (no vision weights but with\n"
+            "                     --vision or the tiny-vl preset)\n"
+            "  --vision           also the preset's vision tower (qwen3.5-0.8b: the real tower's shapes,\n"
+            "                     ~0.2 GB more) in the conditional layout, with vision_config, the image\n"
+            "                     token ids (from --tokenizer by content: <|image_pad|>, <|vision_start|>,\n"
+            "                     <|vision_end|>; else Qwen3.5's) and a preprocessor_config.json; the\n"
+            "                     tiny-vl preset always has its tower\n"
             "  --dtype T          bf16 (default), f16 or f32; all hold the same bf16-rounded values\n"
             "  --specialists SDIR also a random specialists directory for the model (docs/specialists.md):\n"
             "                     labels trunk / e2e / nav, LoRA adapters (lora_alpha 8) on the upper half\n"
@@ -73,6 +79,11 @@ int cmd_synth(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             synth_help(stdout);
             return 0;
+        }
+        if (cli_is_option(a, "--vision")) {
+            if (cli_flag(argv, i)) return 2;
+            o.vision = 1;
+            continue;
         }
         static const char *const OPTIONS[] = {"--preset", "--out",   "--seed",        "--tokenizer",
                                               "--layout", "--dtype", "--specialists", "--spec-rank"};

@@ -70,6 +70,7 @@
 #include "lora.h"
 #include "ops.h"
 #include "pool.h"
+#include "vision.h"
 
 /* The longest chunk this backend runs at once; longer spans are split by the engine. */
 #define CPU_MAX_CHUNK 512
@@ -806,6 +807,12 @@ static int prepare_slots(cpu_backend *c, squad_err *err) {
 }
 
 /* A batch: validated as a whole (each chunk, distinct slots, the token budget), then run packed. */
+/* The vision tower (cpu/vision.c) on the backend's pool, in its precision. */
+static int cpu_vision(squad_backend *be, const float *pixel_values, const int grid[3], float *out, squad_err *err) {
+    cpu_backend *c = be->impl;
+    return cpu_vision_forward(c->pool, c->prec, c->m, pixel_values, grid[0], grid[1], grid[2], out, err);
+}
+
 static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
     cpu_backend *c = impl_of(be);
     const squad_model *m = c->m;
@@ -953,6 +960,7 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     be->save_kv = cpu_save_kv;
     be->load_kv = cpu_load_kv;
     be->forward = cpu_forward;
+    if (model->cfg.has_vision && model->vision) be->vision_forward = cpu_vision;
     be->destroy = cpu_destroy;
     be->impl = c;
     if (opts && opts->specialists) {
