@@ -116,11 +116,20 @@ def make_rows(cfg, grids, merge, rng):
     return rows
 
 
+def mm_types(model, ids):
+    """The processor's mm_token_type_ids for a row of ids: 1 at image pads, 0 elsewhere."""
+    return (ids == model.config.image_token_id).long()
+
+
 def rope_index(model, ids, grid_thw):
     """transformers' M-RoPE positions [3][len] for a row, or None when the call's signature differs."""
     import torch
     try:
-        pos, _ = model.model.get_rope_index(torch.tensor([ids]), image_grid_thw=grid_thw)
+        ids_t = torch.tensor([ids])
+        try:  # 5.17 asks for the token types (0 text, 1 image) beside the ids
+            pos, _ = model.model.get_rope_index(ids_t, image_grid_thw=grid_thw, mm_token_type_ids=mm_types(model, ids_t))
+        except TypeError:
+            pos, _ = model.model.get_rope_index(ids_t, image_grid_thw=grid_thw)
         return pos[:, 0, :].tolist()
     except Exception as e:  # noqa: BLE001 -- the signature moved between 5.x releases
         return {"error": f"{type(e).__name__}: {e}"}
@@ -182,7 +191,8 @@ def main():
         pv = torch.cat([pixel_values[n][0] for n in row["images"]], dim=0)
         grid_thw = torch.cat([pixel_values[n][1] for n in row["images"]], dim=0)
         ids = torch.tensor([row["ids"]])
-        logits = model(input_ids=ids, pixel_values=pv, image_grid_thw=grid_thw).logits[0].float()
+        logits = model(input_ids=ids, pixel_values=pv, image_grid_thw=grid_thw,
+                       mm_token_type_ids=mm_types(model, ids)).logits[0].float()
         probs = []
         for s, n in zip(row["slots"], row["nopts"]):
             z = logits[s, row["letters"][:n]].double()
