@@ -146,16 +146,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         srv_req_body(r, upload_data, *upload_size);
         *upload_size = 0;
-        if (r->state == SRV_REQ_NEW && (r->too_big || atomic_load(&srv->stopping))) {
-            /* answer now, with the body still arriving (over a budget, or the server stopping); where
-               MHD cannot queue an answer mid-body, the connection closes instead */
-            if (!r->too_big) {
-                r->close_after = 1;
-                srv_fail(r, 503, NULL, "the server is shutting down");
-            } else {
-                srv_req_prepare(r);
-            }
-            return send_answer(c, r);
+        if (r->state != SRV_REQ_NEW) return MHD_YES;
+        if (atomic_load(&srv->stopping)) {
+            /* the rest of the body is read and dropped, and the 503 goes once it is in (MHD queues
+               no answer mid-body); the shutdown closes those that do not finish sending soon */
+            r->close_after = 1;
+            srv_fail(r, 503, NULL, "the server is shutting down");
+        } else if (r->too_big) {
+            /* past a limit mid-body (a body longer than it declared): MHD cannot answer before the
+               body is in, so the connection closes */
+            srv_req_prepare(r);
+            return MHD_NO;
         }
         return MHD_YES;
     }
@@ -214,7 +215,18 @@ static int connection_limit(squad_server *srv) {
     return (int)room;
 }
 
+/* MHD's messages, at most SRV_MHD_LOG_PER_S a second: a flood of broken connections would otherwise
+ * write a line each; the count left out is said with the next second's first line. */
+#define SRV_MHD_LOG_PER_S 5
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    squad_server *srv = cls;
+    const long now = (long)squad_now_seconds();
+    long second = atomic_load(&srv->mhd_log_second);
+    if (second != now && atomic_compare_exchange_strong(&srv->mhd_log_second, &second, now)) {
+        const int left_out = atomic_exchange(&srv->mhd_log_lines, 0) - SRV_MHD_LOG_PER_S;
+        if (left_out > 0) srv_log(srv, "http: %d more messages like these left out", left_out);
+    }
+    if (atomic_fetch_add(&srv->mhd_log_lines, 1) >= SRV_MHD_LOG_PER_S) return;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);

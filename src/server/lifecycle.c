@@ -17,6 +17,10 @@
 #include "server/request.h"
 #include "server/token_cache.h"
 
+/* Seconds a shutdown waits, after the engine's requests, for requests still arriving (each gets 503
+ * at its next bytes); those that send nothing are closed when the daemon stops. */
+#define SRV_ARRIVING_GRACE_S 1.0
+
 static void jobs_log_cb(void *ctx, const char *line) { srv_log(ctx, "%s", line); }
 
 void squad_server_opts_default(squad_server_opts *o) {
@@ -208,6 +212,9 @@ void squad_server_shutdown(squad_server *srv, double grace_s) {
     srv->jobs = NULL;
     until = squad_now_seconds() + 2.0;
     while (srv->daemon && atomic_load(&srv->in_engine) > 0 && squad_now_seconds() < until) usleep(2000);
+    /* Requests still arriving get a moment to send their next bytes and be answered 503, not more. */
+    until = squad_now_seconds() + SRV_ARRIVING_GRACE_S;
+    while (srv->daemon && atomic_load(&srv->metrics.in_flight) > 0 && squad_now_seconds() < until) usleep(2000);
     if (srv->daemon) srv_http_stop(srv);
 }
 

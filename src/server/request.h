@@ -61,6 +61,8 @@ struct squad_server {
     size_t body_budget;                /* --max-inflight-body-mb */
     _Atomic size_t body_reserved;      /* bytes the requests being received hold of it */
     _Atomic int in_engine;             /* requests handed to the request queue, not yet ended */
+    _Atomic long mhd_log_second;       /* the second libmicrohttpd's last message was logged in */
+    _Atomic int mhd_log_lines;         /* its messages in that second (http.c logs a few) */
 };
 
 typedef enum { SRV_REQ_NEW, SRV_REQ_PENDING, SRV_REQ_ANSWERED } srv_req_state;
