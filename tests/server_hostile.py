@@ -19,8 +19,8 @@ tokenizer) and checks, each against the property a change to the server must kee
   5. keys: a wrong or missing key -> 401 at once, without reading the declared body;
   6. validation: the same bad bodies to /v1/ask, /v1/score, /v1/decisions and /v1/systemone get the
      same status and the same kind of message, in squad's words;
-  7. SIGTERM: a request still sending its body gets 503 once it is in, and the exit does
-     not wait for it (well within --timeout).
+  7. SIGTERM: a request still sending its body gets 503 once it is in, and the exit waits neither for
+     it nor for one that never finishes its body (well within --timeout).
 Python 3 standard library only; loopback only; about a minute.
 """
 import json
@@ -252,6 +252,8 @@ def test_keys(srv):
 
 def test_sigterm(model):
     srv = Server(model, "--timeout", "30")
+    stuck = socket.create_connection(("127.0.0.1", srv.port))  # never finishes its body
+    stuck.sendall(b"POST /v1/ask HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"state\"")
     s = socket.create_connection(("127.0.0.1", srv.port))
     body = flood.ASK.encode()
     s.sendall(f"POST /v1/ask HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:10])
@@ -276,11 +278,65 @@ def test_sigterm(model):
     check(srv.proc.poll() == 0 and dt < 5, f"SIGTERM: the exit does not wait for it ({dt:.1f} s, --timeout 30)",
           (srv.proc.poll(), dt))
     s.close()
+    stuck.close()
     srv.stop()
 
 
+# The same bad bodies to every endpoint: (name, body bytes, a phrase the message must have).
+BAD_BODIES = [
+    ("the body null", b"null", "must be a JSON object, not null"),
+    ("an array", b"[1, 2]", "must be a JSON object, not an array"),
+    ("a string", b'"x"', "must be a JSON object, not a string"),
+    ("empty", b"", "is empty"),
+    ("not JSON", b"{state: 1}", "is not valid JSON"),
+    ("cut short", b'{"state": "a"', "ends before its JSON value does"),
+    ("text after", b'{"state": "a"} x', "has more after its JSON value"),
+    ("a duplicate key", b'{"state": "a", "state": "b"}', "has a key twice"),
+    ("NUL in a string", b'{"state": "a\\u0000b"}', "NUL character"),
+    ("an integer past 64 bits", b'{"state": 123456789012345678901234567890}', "number out of range"),
+    ("a real past double", b'{"state": 1e999}', "number out of range"),
+    ("invalid UTF-8", b'{"state": "\xff"}', "not valid UTF-8"),
+]
+ENDPOINTS = ["/v1/ask", "/v1/score", "/v1/decisions", "/v1/systemone"]
+# A body each endpoint takes, to which an unknown field is added.
+GOOD = {
+    "/v1/ask": {"state": "Page", "questions": [{"text": "q", "options": ["a", "b"]}]},
+    "/v1/score": {"rows": [{"ids": [1, 2, 3], "slots": [2], "nopts": [2], "letters": [4, 5]}]},
+    "/v1/decisions": {"model": "model", "input": "Page", "questions": [{"type": "predicate", "instructions": "q"}]},
+    "/v1/systemone": {"model": "model", "state": "Page", "questions": {"q": {"type": "noul", "instructions": "q"}}},
+}
+
+
+def message_of(body):
+    try:
+        return json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def test_validation(srv):
-    pass
+    for name, body, phrase in BAD_BODIES:
+        got = {}
+        for ep in ENDPOINTS:
+            st, out = flood.request(srv.port, "POST", ep, body, AUTH, timeout=5)
+            got[ep] = (st, message_of(out) if st else out)
+        statuses = {st for st, _ in got.values()}
+        msgs = {m for _, m in got.values()}
+        check(statuses == {400} and len(msgs) == 1 and phrase in next(iter(msgs)) and "JSON_" not in next(iter(msgs)),
+              f"validation, {name}: 400 and the same message on every endpoint ({next(iter(msgs))!r})", got)
+    for ep in ENDPOINTS:
+        body = dict(GOOD[ep], bogus_field=1)
+        st, out = flood.request(srv.port, "POST", ep, json.dumps(body), AUTH, timeout=10)
+        msg = message_of(out) or ""
+        check(st in (400, 422) and "bogus_field" in msg, f"validation, an unknown field on {ep}: {st}, named", (st, out[:200]))
+    row = dict(GOOD["/v1/score"]["rows"][0], bogus_field=1)
+    st, out = flood.request(srv.port, "POST", "/v1/score", json.dumps({"rows": [row]}), AUTH, timeout=10)
+    res = json.loads(out)["results"][0] if st == 200 else {}
+    check("bogus_field" in json.dumps(res.get("error", "")), "validation, an unknown field in a /v1/score row: "
+          "that row's error names it", (st, out[:200]))
+    for ep in ENDPOINTS:
+        st, _ = flood.request(srv.port, "POST", ep, json.dumps(GOOD[ep]), AUTH, timeout=10)
+        check(st == 200, f"validation: a good body on {ep} still answers 200", st)
 
 
 def main():

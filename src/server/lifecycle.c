@@ -106,6 +106,9 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     squad_server *srv = ctx;
     squad_limit why = SQUAD_LIMIT_MODEL;
     srv->max_tokens = squad_engine_max_tokens(engine, &why);
+    srv->max_tokens_limit = why == SQUAD_LIMIT_OPTION   ? "--max-tokens"
+                            : why == SQUAD_LIMIT_MEMORY ? "what the device's memory holds"
+                                                        : "the model's positions";
     if (why == SQUAD_LIMIT_MEMORY)
         srv_log(srv, "rows up to %d tokens: bounded by memory, not the model (%d positions)", srv->max_tokens,
                 squad_model_max_tokens(srv->model));

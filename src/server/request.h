@@ -43,6 +43,7 @@ struct squad_server {
     squad_model *model;
     squad_specialists *sp; /* NULL: the model alone */
     int max_tokens;
+    const char *max_tokens_limit; /* which limit max_tokens is, for messages ("--max-tokens", ...) */
     srv_jobs *jobs; /* the request queue and its scheduler thread */
     squad_lru_map *memo;   /* the request memo (locked) */
     squad_lru_map *tokens; /* the token cache (locked) */
