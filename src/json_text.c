@@ -241,21 +241,25 @@ json_t *squad_json_read_object(const char *text, size_t len, const char *what, s
             squad_fail(err, SQUAD_E_INVALID, "%s has a NUL character (\\u0000) in a string (line %d, column %d); "
                        "squad's texts cannot hold one", what, je.line, je.column);
             break;
-        case json_error_duplicate_key:
-            squad_fail(err, SQUAD_E_INVALID, "%s has a key twice in one object (line %d, column %d)", what, je.line,
-                       je.column);
+        case json_error_duplicate_key: {
+            /* the key, from the text's "near '...'" (the library's own words are not passed on) */
+            const char *near = strstr(je.text, "near '");
+            const int n = near ? (int)strlen(near + 6) - 1 : 0;
+            squad_fail(err, SQUAD_E_INVALID, "%s has a duplicate key%s%.*s (line %d, column %d)", what, n > 0 ? " " : "",
+                       n > 0 ? n : 0, n > 0 ? near + 6 : "", je.line, je.column);
             break;
+        }
         case json_error_numeric_overflow:
             squad_fail(err, SQUAD_E_INVALID, "%s has a number out of range (line %d, column %d): integers must fit "
                        "in 64 bits, reals must be finite", what, je.line, je.column);
             break;
         case json_error_premature_end_of_input:
-            squad_fail(err, SQUAD_E_INVALID, "%s ends before its JSON value does (line %d, column %d)", what, je.line,
-                       je.column);
+            squad_fail(err, SQUAD_E_INVALID, "%s is not valid JSON (line %d, column %d): it ends before its value does",
+                       what, je.line, je.column);
             break;
         case json_error_end_of_input_expected:
-            squad_fail(err, SQUAD_E_INVALID, "%s has more after its JSON value (line %d, column %d)", what, je.line,
-                       je.column);
+            squad_fail(err, SQUAD_E_INVALID, "%s is not valid JSON (line %d, column %d): more text after its value",
+                       what, je.line, je.column);
             break;
         case json_error_stack_overflow:
             squad_fail(err, SQUAD_E_INVALID, "%s nests too deeply (line %d, column %d)", what, je.line, je.column);

@@ -19,7 +19,9 @@ tokenizer) and checks, each against the property a change to the server must kee
   5. keys: a wrong or missing key -> 401 at once, without reading the declared body;
   6. validation: the same bad bodies to /v1/ask, /v1/score, /v1/decisions and /v1/systemone get the
      same status and the same kind of message, in squad's words;
-  7. SIGTERM: a request still sending its body gets 503 once it is in, and the exit waits neither for
+  7. a row too long names the tighter limit (--max-tokens below the model's positions) on every
+     endpoint;
+  8. SIGTERM: a request still sending its body gets 503 once it is in, and the exit waits neither for
      it nor for one that never finishes its body (well within --timeout).
 Python 3 standard library only; loopback only; about a minute.
 """
@@ -289,9 +291,9 @@ BAD_BODIES = [
     ("a string", b'"x"', "must be a JSON object, not a string"),
     ("empty", b"", "is empty"),
     ("not JSON", b"{state: 1}", "is not valid JSON"),
-    ("cut short", b'{"state": "a"', "ends before its JSON value does"),
-    ("text after", b'{"state": "a"} x', "has more after its JSON value"),
-    ("a duplicate key", b'{"state": "a", "state": "b"}', "has a key twice"),
+    ("cut short", b'{"state": "a"', "not valid JSON (line 1, column 13): it ends before its value does"),
+    ("text after", b'{"state": "a"} x', "more text after its value"),
+    ("a duplicate key", b'{"state": "a", "state": "b"}', 'duplicate key "state"'),
     ("NUL in a string", b'{"state": "a\\u0000b"}', "NUL character"),
     ("an integer past 64 bits", b'{"state": 123456789012345678901234567890}', "number out of range"),
     ("a real past double", b'{"state": 1e999}', "number out of range"),
@@ -339,6 +341,27 @@ def test_validation(srv):
         check(st == 200, f"validation: a good body on {ep} still answers 200", st)
 
 
+def test_length_limit(srv):
+    """A server with --max-tokens 32 (the model has far more positions): each endpoint's too-long
+    error names --max-tokens and 32."""
+    long_state = "word " * 80
+    bodies = {
+        "/v1/ask": {"state": long_state, "questions": [{"text": "q", "options": ["a", "b"]}]},
+        "/v1/decisions": dict(GOOD["/v1/decisions"], input=long_state),
+        "/v1/systemone": dict(GOOD["/v1/systemone"], state=long_state),
+    }
+    for ep, body in bodies.items():
+        st, out = flood.request(srv.port, "POST", ep, json.dumps(body), timeout=10)
+        msg = message_of(out) or ""
+        check(st in (400, 422) and "at most 32 tokens (--max-tokens)" in msg, f"length on {ep}: the limit named ({msg!r})",
+              (st, out[:200]))
+    row = {"ids": [7] * 40, "slots": [39], "nopts": [2], "letters": [1, 2]}
+    st, out = flood.request(srv.port, "POST", "/v1/score", json.dumps({"rows": [row]}), timeout=10)
+    err = json.loads(out)["results"][0].get("error", "") if st == 200 else ""
+    check("at most 32 tokens (--max-tokens)" in err, f"length on /v1/score: the row's error names the limit ({err!r})",
+          (st, out[:200]))
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="squad-hostile-")
     model = make_model(tmp)
@@ -352,9 +375,10 @@ def main():
         test_validation(srv)
     finally:
         srv.stop()
-    srv2 = Server(model, "--max-conns-per-ip", "20")
+    srv2 = Server(model, "--max-conns-per-ip", "20", "--max-tokens", "32")
     try:
         test_per_ip(srv2)
+        test_length_limit(srv2)
     finally:
         srv2.stop()
     test_sigterm(model)
