@@ -21,7 +21,9 @@ tokenizer) and checks, each against the property a change to the server must kee
      same status and the same kind of message, in squad's words;
   7. a row too long names the tighter limit (--max-tokens below the model's positions) on every
      endpoint;
-  8. SIGTERM: a request still sending its body gets 503 once it is in, and the exit waits neither for
+  8. a request past --timeout stops computing at the engine's next step; its log line counts what
+     it computed;
+  9. SIGTERM: a request still sending its body gets 503 once it is in, and the exit waits neither for
      it nor for one that never finishes its body (well within --timeout).
 Python 3 standard library only; loopback only; about a minute.
 """
@@ -252,6 +254,30 @@ def test_keys(srv):
         check(status_of(out) == 401 and t < 1.0, f"{name}: 401 at once, the declared body unread ({t:.2f} s)", out[:120])
 
 
+def test_deadline(model):
+    """A request past --timeout stops computing at the engine's next step (the next request is not
+    kept waiting behind it), and its log line counts the tokens it did compute."""
+    srv = Server(model, "--timeout", "0.5", "--log-requests")
+    try:
+        row = {"ids": [7] * 150000, "slots": [149999], "nopts": [2], "letters": [1, 2]}
+        t = time.time()
+        st, _ = flood.request(srv.port, "POST", "/v1/score", json.dumps({"rows": [row]}), timeout=60)
+        dt = time.time() - t
+        short = {"ids": [7] * 10, "slots": [9], "nopts": [2], "letters": [1, 2]}
+        t = time.time()
+        st2, _ = flood.request(srv.port, "POST", "/v1/score", json.dumps({"rows": [short]}), timeout=60)
+        dt2 = time.time() - t
+        check(st == 503 and dt < 3, f"deadline: a 150k-token row past --timeout 0.5 gets 503 in {dt:.2f} s", (st, dt))
+        check(st2 == 200 and dt2 < 1, f"deadline: the next request is answered in {dt2:.3f} s (the late row left the "
+              "engine)", (st2, dt2))
+        time.sleep(0.2)
+        m = re.search(r"/v1/score 503 .* (\d+) tokens computed", srv.log())
+        check(m is not None and int(m.group(1)) > 0, "deadline: the log counts the tokens the late request computed",
+              m.group(0) if m else srv.log()[-400:])
+    finally:
+        srv.stop()
+
+
 def test_sigterm(model):
     srv = Server(model, "--timeout", "30")
     stuck = socket.create_connection(("127.0.0.1", srv.port))  # never finishes its body
@@ -381,6 +407,7 @@ def main():
         test_length_limit(srv2)
     finally:
         srv2.stop()
+    test_deadline(model)
     test_sigterm(model)
     if FAILS:
         print(f"server_hostile: {len(FAILS)} failed")
