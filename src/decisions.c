@@ -37,6 +37,7 @@
 
 #include "decisions_internal.h"
 #include "json_text.h"
+#include "rows.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
@@ -490,7 +491,7 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
     }
     size_t state_len = b.ids.n;
     if (c->max_tokens && state_len >= (size_t)c->max_tokens) {
-        rc = dapi_bad(ps->e, state_field, "%s renders as %zu tokens; the model supports at most %d tokens per row",
+        rc = dapi_bad(ps->e, state_field, "%s renders as %zu tokens" SQUAD_ROW_TOO_LONG "%d tokens",
                  state_field, state_len, c->max_tokens);
         goto done;
     }
@@ -533,7 +534,7 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
         if (r->api == SQUAD_DAPI_DECISIONS) FIELD(param, "questions[%d]", i);
         else FIELD(param, "questions.%.120s", dq->id);
         if (c->max_tokens && b.ids.n > (size_t)c->max_tokens) {
-            rc = dapi_bad(ps->e, param, "%s makes a row of %zu tokens; the model supports at most %d tokens per row", param,
+            rc = dapi_bad(ps->e, param, "%s makes a row of %zu tokens" SQUAD_ROW_TOO_LONG "%d tokens", param,
                      b.ids.n, c->max_tokens);
             goto done;
         }
@@ -588,20 +589,9 @@ int squad_dapi_parse(const squad_dapi_ctx *c, squad_dapi api, const char *body, 
         squad_dapi_error_set(e, 501, NULL, "this endpoint is disabled for this model's tokenizer: %s", c->disabled[api]);
         return -1;
     }
-    size_t badu = squad_utf8_invalid_offset(body, len);
-    if (badu < len) return dapi_bad(e, NULL, "the body is not valid UTF-8 (byte %zu)", badu);
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
-    if (!root) {
-        if (json_error_code(&jerr) == json_error_duplicate_key)
-            return dapi_bad(e, NULL, "the body has a duplicate key (line %d, column %d): %s", jerr.line, jerr.column,
-                       jerr.text);
-        return dapi_bad(e, NULL, "the body is not valid JSON (line %d, column %d): %s", jerr.line, jerr.column, jerr.text);
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return dapi_bad(e, NULL, "the body must be a JSON object");
-    }
+    squad_err rerr = {0};
+    json_t *root = squad_json_read_object(body, len, "the body", &rerr); /* squad's one reader */
+    if (!root) return rerr.code == SQUAD_E_NOMEM ? dapi_oom(e) : dapi_bad(e, NULL, "%s", rerr.msg);
     parse_state ps;
     memset(&ps, 0, sizeof ps);
     ps.ctx = c;

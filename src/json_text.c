@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "utf8.h"
 #include "util.h"
 
 /* repr switches to exponent notation outside this range of decimal exponents. */
@@ -202,4 +203,77 @@ char *squad_json_text(const json_t *v, size_t *len, squad_err *err) {
     char *text = squad_buf_take(&b, len);
     if (!text) squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes of JSON text)", tried);
     return text;
+}
+
+const char *squad_json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+json_t *squad_json_read_object(const char *text, size_t len, const char *what, squad_err *err) {
+    const size_t bad = squad_utf8_invalid_offset(text, len);
+    if (bad < len) {
+        squad_fail(err, SQUAD_E_INVALID, "%s is not valid UTF-8 (byte %zu)", what, bad);
+        return NULL;
+    }
+    size_t blank = 0;
+    while (blank < len && (text[blank] == ' ' || text[blank] == '\t' || text[blank] == '\r' || text[blank] == '\n'))
+        blank++;
+    if (blank == len) {
+        squad_fail(err, SQUAD_E_INVALID, "%s is empty (a JSON object is expected)", what);
+        return NULL;
+    }
+    json_error_t je;
+    json_t *v = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    if (!v) {
+        switch (json_error_code(&je)) {
+        case json_error_out_of_memory: squad_fail(err, SQUAD_E_NOMEM, "out of memory reading %s", what); break;
+        case json_error_null_character:
+        case json_error_null_byte_in_key:
+            squad_fail(err, SQUAD_E_INVALID, "%s has a NUL character (\\u0000) in a string (line %d, column %d); "
+                       "squad's texts cannot hold one", what, je.line, je.column);
+            break;
+        case json_error_duplicate_key: {
+            /* the key, from the text's "near '...'" (the library's own words are not passed on) */
+            const char *near = strstr(je.text, "near '");
+            const int n = near ? (int)strlen(near + 6) - 1 : 0;
+            squad_fail(err, SQUAD_E_INVALID, "%s has a duplicate key%s%.*s (line %d, column %d)", what, n > 0 ? " " : "",
+                       n > 0 ? n : 0, n > 0 ? near + 6 : "", je.line, je.column);
+            break;
+        }
+        case json_error_numeric_overflow:
+            squad_fail(err, SQUAD_E_INVALID, "%s has a number out of range (line %d, column %d): integers must fit "
+                       "in 64 bits, reals must be finite", what, je.line, je.column);
+            break;
+        case json_error_premature_end_of_input:
+            squad_fail(err, SQUAD_E_INVALID, "%s is not valid JSON (line %d, column %d): it ends before its value does",
+                       what, je.line, je.column);
+            break;
+        case json_error_end_of_input_expected:
+            squad_fail(err, SQUAD_E_INVALID, "%s is not valid JSON (line %d, column %d): more text after its value",
+                       what, je.line, je.column);
+            break;
+        case json_error_stack_overflow:
+            squad_fail(err, SQUAD_E_INVALID, "%s nests too deeply (line %d, column %d)", what, je.line, je.column);
+            break;
+        default:
+            squad_fail(err, SQUAD_E_INVALID, "%s is not valid JSON (line %d, column %d): %s", what, je.line, je.column,
+                       je.text);
+        }
+        return NULL;
+    }
+    if (!json_is_object(v)) {
+        squad_fail(err, SQUAD_E_INVALID, "%s must be a JSON object, not %s", what, squad_json_kind(v));
+        json_decref(v);
+        return NULL;
+    }
+    return v;
 }

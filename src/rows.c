@@ -1,13 +1,16 @@
 /*
  * rows.c — parsing rows from JSON lines with jansson (see rows.h). Every array element is checked to
- * be an integer in int32 range, so a hostile line gives a message, never a crash.
+ * be an integer in int32 range, so a hostile line gives a message, never a crash. A line is read by
+ * squad's one JSON reader (json_text.h), and a field a row does not have is refused.
  */
 #include "rows.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_text.h"
 #include "util.h"
 
 /* Reads an array of integers; the array is allocated (at least one element). */
@@ -47,12 +50,14 @@ static int int_array(json_t *root, const char *key, int required, int32_t **out,
  * precise message; this only bounds the memory a line can make us allocate). */
 #define ROW_MAX_JSON_ELEMENTS (1 << 24)
 
+/* The fields a row may have: any other is refused, as /v1/ask refuses a misspelt field. */
+static const char *const ROW_FIELDS[] = {"ids", "slots", "nopts", "letters", "state_len", "specialist", NULL};
+
 int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const int32_t *default_letters,
                          int n_default_letters, squad_err *err) {
     memset(out, 0, sizeof *out);
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return squad_fail(err, SQUAD_E_INVALID, "invalid JSON: %s (column %d)", jerr.text, jerr.column);
+    json_t *root = squad_json_read_object(text, len, "the row", err); /* squad's one reader */
+    if (!root) return err ? err->code : SQUAD_E_INVALID;
     int rc = squad_row_parse_value(out, root, default_letters, n_default_letters, err);
     json_decref(root);
     return rc;
@@ -65,6 +70,17 @@ int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *defau
     if (!json_is_object(root)) {
         rc = squad_fail(err, SQUAD_E_INVALID, "a row must be a JSON object");
         goto done;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        int known = 0;
+        for (int k = 0; ROW_FIELDS[k]; k++) known |= !strcmp(key, ROW_FIELDS[k]);
+        if (!known) {
+            rc = squad_fail(err, SQUAD_E_INVALID, "unknown field \"%.60s\" (a row has \"ids\", \"slots\", \"nopts\", "
+                            "\"letters\", \"state_len\" and \"specialist\")", key);
+            goto done;
+        }
     }
     int n_nopts = 0;
     if ((rc = int_array(root, "ids", 1, &out->ids, &out->row.n_ids, ROW_MAX_JSON_ELEMENTS, err))) goto done;
@@ -127,4 +143,10 @@ void squad_row_buf_free(squad_row_buf *b) {
     free(b->letters);
     free(b->specialist);
     memset(b, 0, sizeof *b);
+}
+
+void squad_row_limit_name(squad_err *err, const char *limit) {
+    if (!err || !limit || !strstr(err->msg, SQUAD_ROW_TOO_LONG)) return;
+    const size_t n = strlen(err->msg);
+    snprintf(err->msg + n, sizeof err->msg - n, " (%s)", limit);
 }

@@ -28,4 +28,11 @@ int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *defau
                           squad_err *err);
 void squad_row_buf_free(squad_row_buf *b);
 
+/* Every "row too long" message has this phrase before its limit (the template's, the decision
+ * APIs'), so the caller that chose the limit names it: squad_row_limit_name. */
+#define SQUAD_ROW_TOO_LONG "; rows are at most "
+/* When err is a "row too long" message, appends " (limit)": which limit it was ("--max-tokens",
+ * "the model's positions", ...), since the number alone does not say. */
+void squad_row_limit_name(squad_err *err, const char *limit);
+
 #endif

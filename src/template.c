@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "rows.h"
 #include "util.h"
 
 enum { PH_NONE = -1, PH_SYSTEM, PH_STATE, PH_QUESTION, PH_LABEL, PH_OPTION, PH_COUNT };
@@ -496,7 +497,7 @@ static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *r
     size_t state_len = b.ids.n;
     if (rc < 0) goto done;
     if (max_tokens > 0 && state_len >= (size_t)max_tokens) {
-        rc = squad_fail(err, SQUAD_E_INVALID, "the state is %zu tokens; the model supports at most %d tokens per row",
+        rc = squad_fail(err, SQUAD_E_INVALID, "the state is %zu tokens" SQUAD_ROW_TOO_LONG "%d tokens",
                         state_len, max_tokens);
         goto done;
     }
@@ -537,7 +538,7 @@ static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *r
         }
         if (max_tokens > 0 && b.ids.n > (size_t)max_tokens) {
             rc = squad_fail(err, SQUAD_E_INVALID,
-                            "request.questions[%d] makes a row of %zu tokens; the model supports at most %d", q0,
+                            "request.questions[%d] makes a row of %zu tokens" SQUAD_ROW_TOO_LONG "%d tokens", q0,
                             b.ids.n, max_tokens);
             goto done;
         }

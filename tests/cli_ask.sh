@@ -63,7 +63,7 @@ cp -r "$M" "$tmp/short"
 sed -i -E 's/"max_position_embeddings": [0-9]+/"max_position_embeddings": 64/' "$tmp/short/config.json"
 got="$("$SQUAD" ask --model "$tmp/short" --request examples/login.json)"
 check "long state exit status" "$?" 1
-has "long state message" "$got" "the model supports at most 64 tokens"
+has "long state message" "$got" "rows are at most 64 tokens (the model's positions)"
 
 # the model directory's template: three questions in one row
 echo '{"questions_per_row": 3}' > "$M/squad-template.json"

@@ -261,7 +261,7 @@ static void test_bad_requests(void) {
     /* a state longer than the model supports, and a row that does not fit */
     expect_bad_request("{\"state\": \"a long state with many words in it\", \"questions\": [{\"text\": \"q\", "
                        "\"options\": [\"a\"]}]}",
-                       8, "the model supports at most 8 tokens");
+                       8, "rows are at most 8 tokens");
     expect_bad_request("{\"state\": \"s\", \"questions\": [{\"text\": \"q\", \"options\": [\"a\"]}]}", 12,
                        "request.questions[0] makes a row of");
 }

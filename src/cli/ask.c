@@ -20,7 +20,9 @@
 
 #include "answer_json.h"
 #include "commands.h"
+#include "json_text.h"
 #include "options.h"
+#include "rows.h"
 #include "squad.h"
 #include "template.h"
 #include "tokenizer.h"
@@ -206,9 +208,17 @@ int cmd_ask(int argc, char **argv) {
         return rc;
     }
     squad_err err = {0};
+    json_t *req = squad_json_read_object(s.request, req_len, "the request", &err); /* as the server reads it */
+    if (!req) {
+        rc = fail_json(err.code == SQUAD_E_INVALID ? 1 : 2, err.msg);
+        ask_free(&s);
+        return rc;
+    }
+    json_decref(req);
     double t0 = squad_now_seconds();
     rc = squad_template_build(s.tpl, s.tok, s.request, req_len, squad_model_max_tokens(s.model), &s.rows, &err);
     if (rc < 0) {
+        squad_row_limit_name(&err, "the model's positions");
         rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
         ask_free(&s);
         return rc;

@@ -47,6 +47,10 @@ static void serve_help(FILE *f) {
             "  --max-questions N        questions in one request (default %d)\n"
             "  --timeout S              seconds a request may wait and run (default %g; then 503; 0: none)\n"
             "  --http-threads N         connection threads (default: the number of cores)\n"
+            "  --max-conns-per-ip N     open connections from one client address (default %d; 0: no limit;\n"
+            "                           agents behind one gateway share its address)\n"
+            "  --max-inflight-body-mb N request bodies being received, all together (default 1/%d of RAM;\n"
+            "                           more: 503 with Retry-After)\n"
 
             "  --log-requests           a line on stderr per request\n"
             "  --tokenizer FILE         a tokenizer.json other than DIR/tokenizer.json\n"
@@ -61,7 +65,8 @@ static void serve_help(FILE *f) {
             "  (on the server --cache-mb defaults to auto: sized from the device memory on CUDA, the\n"
             "   engine's default on the CPU; the log says what it chose)\n",
             SQUAD_SERVE_PORT, SQUAD_SERVE_MEMO_MB, SQUAD_SERVE_TOKEN_CACHE_MB, SQUAD_SERVE_QUEUE,
-            (unsigned)SQUAD_SERVE_MAX_BODY, SQUAD_SERVE_MAX_QUESTIONS, SQUAD_SERVE_TIMEOUT_S, CLI_ENGINE_OPTIONS_HELP,
+            (unsigned)SQUAD_SERVE_MAX_BODY, SQUAD_SERVE_MAX_QUESTIONS, SQUAD_SERVE_TIMEOUT_S, SQUAD_SERVE_MAX_CONNS_PER_IP,
+            SQUAD_SERVE_INFLIGHT_BODY_RAM_FRACTION, CLI_ENGINE_OPTIONS_HELP,
             SQUAD_SERVE_LOOKAHEAD_ROWS);
 }
 
@@ -189,6 +194,12 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         } else if (!strcmp(s, "--max-questions")) {
             if (cli_parse_int(s, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return 2;
             o->max_questions = (int)v;
+        } else if (!strcmp(s, "--max-conns-per-ip")) {
+            if (cli_parse_int(s, val, 0, 1L << 20, &v)) return 2;
+            o->max_conns_per_ip = (int)v;
+        } else if (!strcmp(s, "--max-inflight-body-mb")) {
+            if (cli_parse_int(s, val, 1, 1L << 20, &v)) return 2;
+            o->max_inflight_body = (size_t)v << 20;
         } else if (!strcmp(s, "--http-threads")) {
             if (cli_parse_int(s, val, 0, 1024, &v)) return 2;
             o->http_threads = (int)v;

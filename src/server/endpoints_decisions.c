@@ -24,6 +24,10 @@ int srv_decision_prepare(srv_req *r) {
         return 1;
     }
     if (squad_dapi_parse(srv->dapi, api, srv_req_body_text(r), r->body.n, &r->dreq, &de) < 0) {
+        if (strstr(de.message, SQUAD_ROW_TOO_LONG)) { /* which limit it was */
+            const size_t n = strlen(de.message);
+            snprintf(de.message + n, sizeof de.message - n, " (%s)", srv->max_tokens_limit);
+        }
         srv_fail_dapi(r, &de);
         return 1;
     }

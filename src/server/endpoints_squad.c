@@ -12,19 +12,15 @@
 #include <string.h>
 
 #include "answer_json.h"
+#include "json_text.h"
 #include "server/request_memo.h"
 
-/* Parses the body once with duplicate keys refused (section F: 400 on the decision endpoints and
- * squad's own): NULL after answering. */
+/* Reads the body with squad's one JSON reader (json_text.h: the same policy on every endpoint and
+ * the command line): NULL after answering 400. */
 static json_t *parse_strict(srv_req *r) {
-    size_t bad = squad_utf8_invalid_offset(srv_req_body_text(r), r->body.n);
-    if (bad < r->body.n) {
-        srv_fail(r, 400, NULL, "the body is not valid UTF-8 (byte offset %zu)", bad);
-        return NULL;
-    }
-    json_error_t je;
-    json_t *root = json_loadb(srv_req_body_text(r), r->body.n, JSON_REJECT_DUPLICATES, &je);
-    if (!root) srv_fail(r, 400, NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, je.text);
+    squad_err err = {0};
+    json_t *root = squad_json_read_object(srv_req_body_text(r), r->body.n, "the body", &err);
+    if (!root) srv_fail(r, err.code == SQUAD_E_NOMEM ? 500 : 400, NULL, "%s", err.msg);
     return root;
 }
 
@@ -98,6 +94,7 @@ int srv_ask_prepare(srv_req *r) {
     squad_err err = {0};
     int rc = squad_template_build(srv->tpl, srv->tok, srv_req_body_text(r), r->body.n, srv->max_tokens, &r->ask, &err);
     if (rc < 0) {
+        squad_row_limit_name(&err, srv->max_tokens_limit);
         if (rc == SQUAD_E_INVALID) srv_fail(r, 422, NULL, "%s", err.msg);
         else srv_fail(r, 500, NULL, "%s", err.msg);
         return 1;
@@ -118,8 +115,17 @@ int srv_score_prepare(srv_req *r) {
     squad_server *srv = r->srv;
     json_t *root = parse_strict(r);
     if (!root) return 1;
-    json_t *rows = json_is_object(root) ? json_object_get(root, "rows") : NULL;
-    if (!json_is_array(rows) || json_object_size(root) != 1) {
+    json_t *rows = json_object_get(root, "rows");
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        if (strcmp(key, "rows")) {
+            srv_fail(r, 400, NULL, "unknown field %.60s (the body is {\"rows\": [row, ...]})", key);
+            json_decref(root);
+            return 1;
+        }
+    }
+    if (!json_is_array(rows)) {
         json_decref(root);
         srv_fail(r, 400, "rows", "the body must be {\"rows\": [row, ...]} with nothing else");
         return 1;
@@ -146,6 +152,11 @@ int srv_score_prepare(srv_req *r) {
             const int forced = forced_specialist(srv, r->score_rows[i].specialist, e);
             if (forced < 0) continue;
             r->score_rows[i].row.specialist = forced;
+        }
+        if (r->score_rows[i].row.n_ids > srv->max_tokens) { /* the tighter limit, named */
+            squad_fail(e, SQUAD_E_INVALID, "row has %d tokens" SQUAD_ROW_TOO_LONG "%d tokens (%s)",
+                       r->score_rows[i].row.n_ids, srv->max_tokens, srv->max_tokens_limit);
+            continue;
         }
         if (squad_row_check(srv->model, &r->score_rows[i].row, e) < 0) continue;
         r->row_ptrs[k++] = &r->score_rows[i].row;

@@ -11,6 +11,15 @@
  * suspended, MHD does not watch the socket: the scheduler's cancel check peeks at it instead
  * (router.c client_gone). The request object lives from the handler's first call to MHD's
  * completion notice, which ends it (metrics, log, free).
+ *
+ * Hostile clients (docs/server.md, Limits): the connection limit is sized from the process's file
+ * limit (its soft limit raised to the hard one first), one address may hold --max-conns-per-ip,
+ * MHD's own timeout is the keep-alive idleness, and the connection guard (conn_guard.h) keeps the
+ * deadlines for a request's headers and body that MHD cannot (its timeout restarts at every byte)
+ * and closes idle connections when the limit nears. MHD is strict about the client (HTTP/1.1
+ * without Host is refused); what it lets through, this file refuses before routing: a repeated
+ * Content-Length that disagrees, and chunked request bodies (MHD would wait for a chunk of any
+ * declared size; a body must declare its length, which the body budget then holds up front).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
@@ -20,15 +29,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include "server/conn_guard.h"
 #include "server/http.h"
 #include "server/router.h"
 
-/* Seconds an idle keep-alive connection is kept. */
-#define SRV_IDLE_TIMEOUT_S 120
+/* Seconds an idle keep-alive connection is kept (MHD's timeout: no byte for this long). */
+#define SRV_IDLE_TIMEOUT_S 30
+/* Seconds a new connection's request headers have to arrive, however slowly bytes trickle in. */
+#define SRV_HEADER_DEADLINE_S 10.0
+/* Seconds a request's body has to arrive once its headers are in (8 MiB at 300 KB/s). */
+#define SRV_BODY_DEADLINE_S 30.0
 /* Memory MHD gives each connection for its headers and buffers. */
 #define SRV_CONN_MEMORY (64u << 10)
+/* File descriptors kept for everything but connections (the model's files, logs, the listener,
+ * epoll, the threads' pipes). */
+#define SRV_FD_RESERVE 256
+/* The most connections whatever the file limit allows (each may take SRV_CONN_MEMORY). */
+#define SRV_MAX_CONNECTIONS 16384
 
 /* Marks the request done, then resumes its connection. The connection is suspended until the resume,
    so no pool thread can see the mark and end the request before it; the connection is read first
@@ -55,10 +76,50 @@ static enum MHD_Result send_answer(struct MHD_Connection *c, srv_req *r) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, s);
     }
     if (r->allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
-    if (atomic_load(&r->srv->stopping)) MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (r->close_after || atomic_load(&r->srv->stopping))
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)r->status, resp);
     MHD_destroy_response(resp);
     return ok;
+}
+
+/* Counts the Content-Length headers and notes whether they disagree. */
+typedef struct length_headers {
+    const char *first;
+    int n, differ;
+} length_headers;
+
+static enum MHD_Result count_lengths(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    length_headers *h = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) return MHD_YES;
+    if (h->n++ == 0) h->first = value;
+    else if (strcmp(h->first ? h->first : "", value ? value : "")) h->differ = 1;
+    return MHD_YES;
+}
+
+/* A request whose framing this server refuses: 1 after answering (the connection then closes, since
+ * where its body ends is not known). */
+static int refuse_framing(srv_req *r, struct MHD_Connection *c) {
+    length_headers h = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_lengths, &h);
+    const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    if (h.differ) {
+        r->close_after = 1;
+        srv_fail(r, 400, NULL, "the request has %d Content-Length headers that disagree", h.n);
+        return 1;
+    }
+    if (te) {
+        r->close_after = 1;
+        srv_fail(r, 411, NULL, "a request body must come with a Content-Length (Transfer-Encoding is not taken)");
+        return 1;
+    }
+    return 0;
+}
+
+static srv_conn *guard_entry(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -73,6 +134,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r->wake = wake_resume;
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         r->client_fd = ci ? ci->connect_fd : -1;
+        r->guard = guard_entry(c);
+        srv_conns_phase(srv->conns, r->guard, SRV_CONN_RECEIVING);
+        if (refuse_framing(r, c)) return send_answer(c, r);
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len = cl ? strtoll(cl, NULL, 10) : -1;
@@ -82,8 +146,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         srv_req_body(r, upload_data, *upload_size);
         *upload_size = 0;
+        if (r->state != SRV_REQ_NEW) return MHD_YES;
+        if (atomic_load(&srv->stopping)) {
+            /* the rest of the body is read and dropped, and the 503 goes once it is in (MHD queues
+               no answer mid-body); the shutdown closes those that do not finish sending soon */
+            r->close_after = 1;
+            srv_fail(r, 503, NULL, "the server is shutting down");
+        } else if (r->too_big) {
+            /* past a limit mid-body (a body longer than it declared): MHD cannot answer before the
+               body is in, so the connection closes */
+            srv_req_prepare(r);
+            return MHD_NO;
+        }
         return MHD_YES;
     }
+    if (r->state == SRV_REQ_NEW) srv_conns_phase(srv->conns, r->guard, SRV_CONN_WORKING);
     if (r->state == SRV_REQ_PENDING) {
         if (!atomic_load_explicit(&r->job_done, memory_order_acquire)) return MHD_YES; /* not ours yet */
         srv_req_finish(r);
@@ -97,12 +174,59 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    squad_server *srv = cls;
     srv_req *r = *con_cls;
-    if (r) srv_req_end(r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    if (r) {
+        srv_conns_phase(srv->conns, r->guard, SRV_CONN_WAITING);
+        srv_req_end(r, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+    }
     *con_cls = NULL;
 }
 
+/* Each connection's open and close, for the guard: its entry is the connection's socket context. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    squad_server *srv = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? srv_conns_open(srv->conns, ci->connect_fd) : NULL;
+    } else {
+        srv_conns_close(srv->conns, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+/* Raises the soft file limit to the hard one and sizes the connection limit from it: each connection
+ * is a descriptor, and a process out of descriptors can accept nobody. */
+static int connection_limit(squad_server *srv) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1000;
+    const rlim_t soft = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = soft;
+    }
+    rlim_t room = rl.rlim_cur > SRV_FD_RESERVE * 2 ? rl.rlim_cur - SRV_FD_RESERVE : rl.rlim_cur / 2;
+    if (room > SRV_MAX_CONNECTIONS) room = SRV_MAX_CONNECTIONS;
+    srv_log(srv, "connections: at most %u (open files: soft limit %llu, raised to %llu, hard %llu), %d per client "
+            "address; request headers within %g s, bodies within %g s, idle keep-alive %d s", (unsigned)room,
+            (unsigned long long)soft, (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+            srv->opts.max_conns_per_ip, SRV_HEADER_DEADLINE_S, SRV_BODY_DEADLINE_S, SRV_IDLE_TIMEOUT_S);
+    return (int)room;
+}
+
+/* MHD's messages, at most SRV_MHD_LOG_PER_S a second: a flood of broken connections would otherwise
+ * write a line each; the count left out is said with the next second's first line. */
+#define SRV_MHD_LOG_PER_S 5
 static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    squad_server *srv = cls;
+    const long now = (long)squad_now_seconds();
+    long second = atomic_load(&srv->mhd_log_second);
+    if (second != now && atomic_compare_exchange_strong(&srv->mhd_log_second, &second, now)) {
+        const int left_out = atomic_exchange(&srv->mhd_log_lines, 0) - SRV_MHD_LOG_PER_S;
+        if (left_out > 0) srv_log(srv, "http: %d more messages like these left out", left_out);
+    }
+    if (atomic_fetch_add(&srv->mhd_log_lines, 1) >= SRV_MHD_LOG_PER_S) return;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
     size_t n = strlen(line);
@@ -139,13 +263,23 @@ int srv_http_start(squad_server *srv, squad_err *err) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (unsigned)n : 1;
     }
+    srv->max_conns = connection_limit(srv);
+    const srv_conn_limits lim = {srv->max_conns, SRV_HEADER_DEADLINE_S, SRV_BODY_DEADLINE_S, SRV_IDLE_TIMEOUT_S};
+    if (!(srv->conns = srv_conns_start(&lim, err))) return err->code;
     srv->daemon = MHD_start_daemon(flags, (uint16_t)srv->opts.port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER,
                                    on_mhd_log, srv, MHD_OPTION_SOCK_ADDR,
                                    addr, MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_NOTIFY_COMPLETED,
-                                   on_completed, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SRV_IDLE_TIMEOUT_S,
+                                   on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SRV_IDLE_TIMEOUT_S,
                                    MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_CONN_MEMORY,
-                                   MHD_OPTION_END);
-    if (!srv->daemon) return squad_fail(err, SQUAD_E_IO, "cannot listen on %s:%d (in use, or not allowed)", host, srv->opts.port);
+                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_conns,
+                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)srv->opts.max_conns_per_ip,
+                                   MHD_OPTION_STRICT_FOR_CLIENT, 1, MHD_OPTION_END);
+    if (!srv->daemon) {
+        srv_conns_stop(srv->conns);
+        srv->conns = NULL;
+        return squad_fail(err, SQUAD_E_IO, "cannot listen on %s:%d (in use, or not allowed)", host, srv->opts.port);
+    }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
     srv->port = di ? di->port : srv->opts.port;
     return 0;
@@ -159,4 +293,6 @@ void srv_http_quiesce(squad_server *srv) {
 void srv_http_stop(squad_server *srv) {
     MHD_stop_daemon(srv->daemon);
     srv->daemon = NULL;
+    srv_conns_stop(srv->conns); /* after the daemon: it has closed every connection */
+    srv->conns = NULL;
 }

@@ -17,6 +17,10 @@
 #include "server/request.h"
 #include "server/token_cache.h"
 
+/* Seconds a shutdown waits, after the engine's requests, for requests still arriving (each gets 503
+ * at its next bytes); those that send nothing are closed when the daemon stops. */
+#define SRV_ARRIVING_GRACE_S 1.0
+
 static void jobs_log_cb(void *ctx, const char *line) { srv_log(ctx, "%s", line); }
 
 void squad_server_opts_default(squad_server_opts *o) {
@@ -31,6 +35,7 @@ void squad_server_opts_default(squad_server_opts *o) {
     o->max_body = SQUAD_SERVE_MAX_BODY;
     o->max_questions = SQUAD_SERVE_MAX_QUESTIONS;
     o->timeout_s = SQUAD_SERVE_TIMEOUT_S;
+    o->max_conns_per_ip = SQUAD_SERVE_MAX_CONNS_PER_IP;
 }
 
 /* The last path component of dir (trailing slashes ignored). */
@@ -48,6 +53,13 @@ static char *dir_basename(const char *dir, squad_err *err) {
         return squad_strdup("model", err);
     }
     return out;
+}
+
+/* The default budget for request bodies being received: a fraction of the machine's RAM. */
+static size_t default_body_budget(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return (size_t)1 << 30;
+    return (size_t)pages / SQUAD_SERVE_INFLIGHT_BODY_RAM_FRACTION * (size_t)page;
 }
 
 /* A random nonce for the memo's holes: request text cannot guess it, so it cannot fake a hole. */
@@ -94,6 +106,9 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     squad_server *srv = ctx;
     squad_limit why = SQUAD_LIMIT_MODEL;
     srv->max_tokens = squad_engine_max_tokens(engine, &why);
+    srv->max_tokens_limit = why == SQUAD_LIMIT_OPTION   ? "--max-tokens"
+                            : why == SQUAD_LIMIT_MEMORY ? "what the device's memory holds"
+                                                        : "the model's positions";
     if (why == SQUAD_LIMIT_MEMORY)
         srv_log(srv, "rows up to %d tokens: bounded by memory, not the model (%d positions)", srv->max_tokens,
                 squad_model_max_tokens(srv->model));
@@ -137,6 +152,9 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
             if (!(srv->api_keys[i] = squad_strdup(opts->api_keys[i], err))) goto fail;
         srv->opts.api_keys = (const char *const *)srv->api_keys;
     }
+    srv->body_budget = opts->max_inflight_body ? opts->max_inflight_body : default_body_budget();
+    srv_log(srv, "request bodies being received: at most %zu MiB together (--max-inflight-body-mb), each at most %zu "
+            "bytes (--max-body)", srv->body_budget >> 20, srv->opts.max_body);
     srv->opts.host = NULL; /* borrowed strings are not kept past this call */
     srv->opts.specialists_dir = NULL;
     srv->opts.tokenizer_path = srv->opts.template_path = NULL;
@@ -187,13 +205,18 @@ void squad_server_shutdown(squad_server *srv, double grace_s) {
     srv->shut_down = 1;
     atomic_store(&srv->stopping, 1);
     if (srv->daemon) srv_http_quiesce(srv);
-    /* In-flight requests finish while the scheduler still runs (bounded by grace_s) ... */
+    /* Requests in the engine finish while the scheduler still runs (bounded by grace_s); requests
+       still arriving are not waited for: their next bytes get 503 (http.c), and the daemon's stop
+       closes those that send nothing more ... */
     double until = squad_now_seconds() + grace_s;
-    while (atomic_load(&srv->metrics.in_flight) > 0 && squad_now_seconds() < until) usleep(2000);
+    while (atomic_load(&srv->in_engine) > 0 && squad_now_seconds() < until) usleep(2000);
     /* ... then the scheduler answers what is left (503) and stops; the daemon sends those answers. */
     srv_jobs_stop(srv->jobs, 0);
     srv->jobs = NULL;
     until = squad_now_seconds() + 2.0;
+    while (srv->daemon && atomic_load(&srv->in_engine) > 0 && squad_now_seconds() < until) usleep(2000);
+    /* Requests still arriving get a moment to send their next bytes and be answered 503, not more. */
+    until = squad_now_seconds() + SRV_ARRIVING_GRACE_S;
     while (srv->daemon && atomic_load(&srv->metrics.in_flight) > 0 && squad_now_seconds() < until) usleep(2000);
     if (srv->daemon) srv_http_stop(srv);
 }

@@ -102,10 +102,25 @@ srv_req *srv_req_new(squad_server *srv) {
     return r;
 }
 
+int srv_req_hold_body(srv_req *r, size_t n) {
+    squad_server *srv = r->srv;
+    size_t held = atomic_load(&srv->body_reserved);
+    do {
+        if (n > srv->body_budget || held > srv->body_budget - n) return -1;
+    } while (!atomic_compare_exchange_weak(&srv->body_reserved, &held, held + n));
+    r->body_held += n;
+    return 0;
+}
+
 void srv_req_body(srv_req *r, const char *data, size_t n) {
     if (r->too_big || r->state != SRV_REQ_NEW) return;
     if (r->body.n + n > r->srv->opts.max_body) {
         r->too_big = 1;
+        return;
+    }
+    /* a body longer than it declared (or one that declared nothing) holds the rest as it comes */
+    if (r->body.n + n > r->body_held && srv_req_hold_body(r, r->body.n + n - r->body_held) < 0) {
+        r->too_big = 3;
         return;
     }
     if (squad_buf_put(&r->body, data, n) < 0) r->too_big = 2;
@@ -156,6 +171,8 @@ void srv_req_end(srv_req *r, int delivered) {
                     r->job.steps_waited, r->job.longest_step_s * 1000.0, computed, reused);
     }
     squad_buf_free(&r->body);
+    atomic_fetch_sub(&srv->body_reserved, r->body_held);
+    if (r->submitted) atomic_fetch_sub(&srv->in_engine, 1);
     free(r->resp);
     free(r->row_ptrs);
     free(r->results);

@@ -28,6 +28,8 @@
 #include "util.h"
 
 struct MHD_Daemon;
+struct srv_conns;
+struct srv_conn;
 
 struct squad_server {
     squad_server_opts opts;
@@ -41,6 +43,7 @@ struct squad_server {
     squad_model *model;
     squad_specialists *sp; /* NULL: the model alone */
     int max_tokens;
+    const char *max_tokens_limit; /* which limit max_tokens is, for messages ("--max-tokens", ...) */
     srv_jobs *jobs; /* the request queue and its scheduler thread */
     squad_lru_map *memo;   /* the request memo (locked) */
     squad_lru_map *tokens; /* the token cache (locked) */
@@ -54,6 +57,13 @@ struct squad_server {
     int shut_down;
     struct MHD_Daemon *daemon;
     int port;
+    struct srv_conns *conns;           /* the connection deadlines (conn_guard.h) */
+    int max_conns;                     /* the daemon's connection limit */
+    size_t body_budget;                /* --max-inflight-body-mb */
+    _Atomic size_t body_reserved;      /* bytes the requests being received hold of it */
+    _Atomic int in_engine;             /* requests handed to the request queue, not yet ended */
+    _Atomic long mhd_log_second;       /* the second libmicrohttpd's last message was logged in */
+    _Atomic int mhd_log_lines;         /* its messages in that second (http.c logs a few) */
 };
 
 typedef enum { SRV_REQ_NEW, SRV_REQ_PENDING, SRV_REQ_ANSWERED } srv_req_state;
@@ -67,7 +77,10 @@ struct srv_req {
     int is_post;
     /* the body */
     squad_buf body; /* the body as it arrives, bounded by --max-body */
-    int too_big;
+    int too_big;    /* 1 over --max-body, 2 out of memory, 3 over --max-inflight-body-mb */
+    size_t body_held; /* bytes this request holds of the server's body budget */
+    int close_after;  /* the answer closes the connection (a malformed request) */
+    int submitted;    /* counted in in_engine */
     /* the answer */
     int status;
     char *resp;
@@ -96,6 +109,7 @@ struct srv_req {
     void (*wake)(srv_job *job); /* the job's done (job->owner: this request): sets job_done and
                                  * wakes the waiter (see the top) */
     void *conn;    /* the MHD connection */
+    struct srv_conn *guard; /* its entry in the connection guard (http.c) */
     int client_fd; /* the socket to peek at for a disconnect; -1: none */
     pthread_mutex_t *wait_lock;
     pthread_cond_t *wait_cond;
@@ -115,8 +129,11 @@ void srv_log(squad_server *srv, const char *fmt, ...) SQUAD_PRINTF(2, 3);
 
 /* A new request (counted in flight until srv_req_end); NULL when out of memory. */
 srv_req *srv_req_new(squad_server *srv);
-/* Appends body bytes, bounded by --max-body (over it: too_big = 1; out of memory: 2). */
+/* Appends body bytes, bounded by --max-body (over it: too_big = 1; out of memory: 2) and by the
+ * server's budget for bodies being received (over it: too_big = 3). */
 void srv_req_body(srv_req *r, const char *data, size_t n);
+/* Takes n more bytes of the server's body budget for r: 0, or -1 when the budget has no room. */
+int srv_req_hold_body(srv_req *r, size_t n);
 /* The body as text ("" before any byte came); r->body.n bytes. */
 static inline const char *srv_req_body_text(const srv_req *r) { return r->body.s ? r->body.s : ""; }
 /* Arrays for n rows of work (row_ptrs, results, errs): 0, or -1 after answering 500. */

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
@@ -52,6 +53,28 @@ static int key_ok(const squad_server *srv, const char *auth) {
     return ok;
 }
 
+/* Holds a declared body's length of the server's budget for bodies being received, and sizes the
+ * body's buffer to it, before a byte of it is read: 1 after answering 503 when the budget is full
+ * (the connection closes: the body is not read), or out of memory. */
+static int hold_declared_body(srv_req *r, size_t len) {
+    squad_server *srv = r->srv;
+    if (srv_req_hold_body(r, len) < 0) {
+        r->close_after = 1;
+        srv_fail(r, 503, NULL, "the server is receiving as many request bodies as --max-inflight-body-mb (%zu MiB) "
+                 "allows; retry shortly", srv->body_budget >> 20);
+        return 1;
+    }
+    r->body.s = malloc(len + 1); /* the whole body at once: no doubling past what it declared */
+    if (!r->body.s) {
+        r->close_after = 1;
+        srv_fail(r, 500, NULL, "out of memory for a body of %zu bytes", len);
+        return 1;
+    }
+    r->body.s[0] = 0;
+    r->body.cap = len + 1;
+    return 0;
+}
+
 int srv_req_route(srv_req *r, const char *method, const char *path, const char *auth, long long content_length) {
     squad_server *srv = r->srv;
     size_t plen = strcspn(path, "?");
@@ -80,9 +103,11 @@ int srv_req_route(srv_req *r, const char *method, const char *path, const char *
         return 1;
     }
     if (atomic_load(&srv->stopping) && rt->post) {
+        r->close_after = 1;
         srv_fail(r, 503, NULL, "the server is shutting down");
         return 1;
     }
+    if (rt->post && content_length > 0 && hold_declared_body(r, (size_t)content_length)) return 1;
     return 0;
 }
 
@@ -90,7 +115,11 @@ int srv_req_prepare(srv_req *r) {
     squad_server *srv = r->srv;
     if (r->state == SRV_REQ_ANSWERED) return 1;
     if (r->too_big) {
+        r->close_after = 1; /* the rest of the body is not read */
         if (r->too_big == 2) srv_fail(r, 500, NULL, "out of memory reading the body");
+        else if (r->too_big == 3)
+            srv_fail(r, 503, NULL, "the server is receiving as many request bodies as --max-inflight-body-mb (%zu "
+                     "MiB) allows; retry shortly", srv->body_budget >> 20);
         else srv_fail(r, 413, NULL, "the body is over --max-body (%zu bytes)", srv->opts.max_body);
         return 1;
     }
@@ -147,6 +176,8 @@ int srv_req_submit(srv_req *r) {
         else srv_fail(r, 503, NULL, "the queue is full (--queue %d requests waiting); retry shortly", srv->opts.queue);
         return 1;
     }
+    r->submitted = 1;
+    atomic_fetch_add(&srv->in_engine, 1);
     atomic_fetch_add_explicit(&srv->metrics.rows_submitted, (uint64_t)j->n_rows, memory_order_relaxed);
     return 0;
 }

@@ -26,6 +26,11 @@
 #define SQUAD_SERVE_TIMEOUT_S 30.0
 #define SQUAD_SERVE_TOKEN_CACHE_MB 64
 #define SQUAD_SERVE_MAX_SCORE_ROWS 1024 /* rows of one /v1/score request */
+/* Connections one client address may hold open: agents behind one gateway or NAT share an address,
+ * so this is generous; a balancer in front should set its own per-client limit. */
+#define SQUAD_SERVE_MAX_CONNS_PER_IP 256
+/* The request bodies being received, all together, default to this fraction of the machine's RAM. */
+#define SQUAD_SERVE_INFLIGHT_BODY_RAM_FRACTION 16
 /* Bounds of --max-rows and --batch-tokens (the engine caps them by what its backend can do). */
 #define SQUAD_SERVE_MAX_ROWS (1 << 16)
 #define SQUAD_SERVE_MAX_BATCH_TOKENS INT32_MAX
@@ -52,6 +57,8 @@ typedef struct squad_server_opts {
     int max_questions;        /* questions of an ask / decision request */
     double timeout_s;         /* wait + run of a request; 0: none */
     int http_threads;         /* connection threads; 0: the number of cores */
+    int max_conns_per_ip;     /* open connections from one address; 0: no limit */
+    size_t max_inflight_body; /* bytes of request bodies being received, all together; 0: 1/16 of RAM */
     int log_requests;         /* a log line per request */
     void (*log)(void *ctx, const char *line);
     void *log_ctx;
