@@ -29,7 +29,7 @@ model_message() { # command, directory
   fi
 }
 touch "$tmp/a-file"
-COMMANDS="ask score bench tokenize"
+COMMANDS="ask score bench tokenize serve"
 for dir in "$tmp/nonexistent" "$tmp/a-file"; do
   case "$dir" in
     *nonexistent) want="model directory $dir: No such file or directory" ;;
@@ -39,6 +39,19 @@ for dir in "$tmp/nonexistent" "$tmp/a-file"; do
     check "$cmd: the message for $dir" "$(model_message "$cmd" "$dir")" "$want"
   done
 done
+
+# serve: its own options take --opt=value too (the model directory's message proves --model= was read)
+"$SQUAD" serve --model="$tmp/nonexistent" --port=0 --timeout=5 2> "$tmp/err"
+check "serve --model=DIR --port=0 --timeout=5: exit status" "$?" 2
+has "serve --model=DIR: the model directory's message" "$(cat "$tmp/err")" "model directory $tmp/nonexistent: No such file or directory"
+"$SQUAD" serve --model "$tmp/nonexistent" --log-requests=yes 2> "$tmp/err"
+check "serve --log-requests=yes: exit status" "$?" 2
+has "serve --log-requests=yes: a flag takes no value" "$(cat "$tmp/err")" "takes no value"
+"$SQUAD" serve --model "$tmp/nonexistent" --no-such-option=1 2> "$tmp/err"
+check "serve --no-such-option=1: exit status" "$?" 2
+has "serve --no-such-option=1: named" "$(cat "$tmp/err")" "unknown option '--no-such-option=1'"
+"$SQUAD" serve --model "$tmp/nonexistent" --port=70000 2> "$tmp/err"
+check "serve --port=70000: exit status" "$?" 2
 
 # synth: --opt=value gives the same checkpoint as --opt value
 "$SQUAD" synth --preset tiny --out "$tmp/a" --seed 7 2> /dev/null

@@ -134,19 +134,21 @@ static int read_key_file(serve_args *a, const char *path) {
 /* 0 ok, 1 help printed, 2 usage error (reported). */
 static int parse_args(int argc, char **argv, serve_args *a) {
     squad_server_opts *o = &a->o;
+    /* serve's own options that take a value (--opt value or --opt=value) */
+    static const char *const VALUE_OPTIONS[] = {
+        "--model",     "--host",       "--served-model-name", "--tokenizer",         "--template",
+        "--specialists", "--api-key",  "--api-key-file",      "--port",              "--memo-mb",
+        "--token-cache-mb", "--queue", "--max-body",          "--max-questions",     "--max-conns-per-ip",
+        "--max-inflight-body-mb", "--http-threads", "--timeout"};
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *s = argv[i], *val = NULL;
         long v;
         /* the engine's batching options, with the bounds squad score gives them (0: the backend's) */
-        if (!strcmp(s, "--max-rows") || !strcmp(s, "--batch-tokens")) {
-            if (!val) {
-                fprintf(stderr, "squad serve: %s needs a number (see squad serve --help)\n", s);
-                return 2;
-            }
-            i++;
-            const int rows = !strcmp(s, "--max-rows");
-            if (cli_parse_int(s, val, 0, rows ? SQUAD_SERVE_MAX_ROWS : SQUAD_SERVE_MAX_BATCH_TOKENS, &v)) return 2;
+        if (cli_is_option(s, "--max-rows") || cli_is_option(s, "--batch-tokens")) {
+            const int rows = cli_is_option(s, "--max-rows");
+            const char *name = rows ? "--max-rows" : "--batch-tokens";
+            if (!(val = cli_option_value(argc, argv, &i))) return 2;
+            if (cli_parse_int(name, val, 0, rows ? SQUAD_SERVE_MAX_ROWS : SQUAD_SERVE_MAX_BATCH_TOKENS, &v)) return 2;
             if (rows) o->engine.max_rows = (int)v;
             else o->engine.batch_tokens = (int)v;
             continue;
@@ -157,15 +159,18 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             serve_help(stdout);
             return 1;
-        } else if (!strcmp(s, "--log-requests")) {
+        } else if (cli_is_option(s, "--log-requests")) {
+            if (cli_flag(argv, i)) return 2;
             o->log_requests = 1;
             continue;
         }
-        if (!val) {
-            fprintf(stderr, "squad serve: unknown or incomplete option '%s' (see squad serve --help)\n", s);
+        for (size_t k = 0; k < sizeof VALUE_OPTIONS / sizeof VALUE_OPTIONS[0] && s == argv[i]; k++)
+            if (cli_is_option(argv[i], VALUE_OPTIONS[k])) s = VALUE_OPTIONS[k];
+        if (s == argv[i]) {
+            fprintf(stderr, "squad serve: unknown option '%s' (see squad serve --help)\n", s);
             return 2;
         }
-        i++;
+        if (!(val = cli_option_value(argc, argv, &i))) return 2;
         if (!strcmp(s, "--model")) o->model_dir = val;
         else if (!strcmp(s, "--host")) o->host = val;
         else if (!strcmp(s, "--served-model-name")) o->served_name = val;
@@ -236,6 +241,12 @@ int cmd_serve(int argc, char **argv) {
         return rc == 1 ? 0 : rc;
     }
     a.o.log = log_line;
+    squad_err dir_err = {0};
+    if (cli_check_model_dir(a.o.model_dir, &dir_err)) { /* the same words as every other command */
+        fprintf(stderr, "squad serve: %s\n", dir_err.msg);
+        free(a.file_keys);
+        return 2;
+    }
     /* Block the stop signals before any thread exists; ignore SIGPIPE (a client that hangs up). */
     sigset_t stop;
     sigemptyset(&stop);
