@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 60
 # Warnings are errors in these builds (C and CUDA): CI keeps them clean. WERROR=OFF to look past one.
 WERROR ?= ON
 DEBIAN_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
-                  libmicrohttpd-dev clang libclang-rt-14-dev libopenblas-dev curl python3 haproxy nginx
+                  libmicrohttpd-dev clang libclang-rt-14-dev libopenblas-dev curl python3 libpng-dev libjpeg62-turbo-dev libwebp-dev haproxy nginx
 
 .PHONY: all deps build test test-asan test-gpu run bench fuzz clean
 

@@ -24,7 +24,7 @@
  * The engines run the default precision (SQUAD_PRECISION_DEFAULT: bf16, the fast path the targets are
  * about); each case's first row also runs once through an EXACT (fp32) engine, whose time and
  * probabilities are reported too. --ablate uses the ablation timing of the internal library
- * (src/cuda/ablate.h), which libsquad does not carry.
+ * (bench/cuda/ablate.h), which libsquad does not carry.
  * --rows-out writes one row per case with squad's probabilities (both precisions), for
  * tools/hf_timing.py to run through transformers on the same weights.
  * The default cases run engines of LEGACY_MAX_TOKENS positions (their graphs and memory as they
@@ -50,8 +50,8 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/ablate.h"
-#include "cuda/cuda_backend.h"
+#include "ablate.h" /* bench/cuda */
+#include "cuda/backend_cuda.h"
 #endif
 
 #define N_LETTERS 4
@@ -302,7 +302,7 @@ static int hit_outside_graph(squad_backend *be, int reps, int vocab, squad_err *
 #ifdef SQUAD_HAVE_CUDA
 /* --batch: N concurrent hits in one forward through the backend (its sequence slots and batched
  * forward, without the engine): N = 1, 4, 16, 64 questions of 32 and 128 tokens, each on a cached
- * 4096-token state restored into its own slot as the engine restores (squad_cache_restore: load_gdn,
+ * 4096-token state restored into its own slot as the engine restores (squad_plan_restore: load_gdn,
  * which overwrites all a reset would clear, and load_kv, read in place), on one
  * state shared by every row and on N different states. Per repetition: the restores, then one
  * forward of the N chunks (fresh pseudo-random questions), p50 of reps after two warm-ups; timed
@@ -332,7 +332,7 @@ static void batch_chunks(squad_chunk *ck, int n, int q, const int32_t *ids, cons
     }
 }
 
-/* The rows' restores as squad_cache_restore does them (no reset): slot i from state 0 (shared)
+/* The rows' restores as squad_plan_restore does them (no reset): slot i from state 0 (shared)
  * or state i. */
 static int batch_restore(squad_backend *be, int n, int shared, void *const *G, void *const *KV, squad_err *err) {
     int rc = 0;

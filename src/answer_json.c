@@ -11,57 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int buf_reserve(squad_buf *b, size_t more) {
-    if (b->oom) return -1;
-    if (b->n + more + 1 <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->n + more + 1) {
-        if (cap > ((size_t)-1) / 2) {
-            b->oom = 1;
-            return -1;
-        }
-        cap *= 2;
-    }
-    char *s = realloc(b->s, cap);
-    if (!s) {
-        b->oom = 1;
-        return -1;
-    }
-    b->s = s;
-    b->cap = cap;
-    return 0;
-}
-
-void squad_buf_put(squad_buf *b, const void *p, size_t n) {
-    if (buf_reserve(b, n) < 0) return;
-    if (n) memcpy(b->s + b->n, p, n);
-    b->n += n;
-    b->s[b->n] = 0;
-}
-
-void squad_buf_puts(squad_buf *b, const char *s) { squad_buf_put(b, s, strlen(s)); }
-
-void squad_buf_printf(squad_buf *b, const char *fmt, ...) {
-    va_list ap;
-    char small[256];
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->oom = 1;
-        return;
-    }
-    if ((size_t)n < sizeof small) {
-        squad_buf_put(b, small, (size_t)n);
-        return;
-    }
-    if (buf_reserve(b, (size_t)n) < 0) return;
-    va_start(ap, fmt);
-    vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->n += (size_t)n;
-}
-
 void squad_buf_json_string(squad_buf *b, const char *s) {
     json_t *v = json_string(s);
     char *t = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
@@ -71,24 +20,16 @@ void squad_buf_json_string(squad_buf *b, const char *s) {
     json_decref(v);
 }
 
-char *squad_buf_take(squad_buf *b, size_t *len) {
-    if (b->oom || buf_reserve(b, 0) < 0) {
-        squad_buf_free(b);
-        return NULL;
-    }
-    char *s = b->s;
-    if (len) *len = b->n;
-    memset(b, 0, sizeof *b);
-    return s;
-}
-
-void squad_buf_free(squad_buf *b) {
-    free(b->s);
-    memset(b, 0, sizeof *b);
-}
-
 void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_result *results,
                          const squad_specialists *sp, long computed, long reused) {
+    char c[24], u[24];
+    snprintf(c, sizeof c, "%ld", computed);
+    snprintf(u, sizeof u, "%ld", reused);
+    squad_ask_json_head_text(b, r, results, sp, c, u);
+}
+
+void squad_ask_json_head_text(squad_buf *b, const squad_text_rows *r, const squad_result *results,
+                              const squad_specialists *sp, const char *computed, const char *reused) {
     squad_buf_puts(b, "{\"answers\": [");
     for (int q = 0; q < r->n_questions; q++) {
         int row = r->q_row[q], slot = r->q_slot[q], nopts = r->rows[row].nopts[slot], best = 0;
@@ -120,19 +61,27 @@ void squad_ask_json_head(squad_buf *b, const squad_text_rows *r, const squad_res
         }
         squad_buf_puts(b, "}");
     }
-    squad_buf_printf(b, ", \"tokens\": {\"state\": %d, \"computed\": %ld, \"reused\": %ld}", r->state_len, computed,
+    squad_buf_printf(b, ", \"tokens\": {\"state\": %d, \"computed\": %s, \"reused\": %s}", r->state_len, computed,
                      reused);
 }
 
 void squad_score_result_json(squad_buf *b, const squad_row *row, const squad_result *r,
                              const squad_specialists *sp) {
+    char u[16], c[16];
+    snprintf(u, sizeof u, "%d", r->reused);
+    snprintf(c, sizeof c, "%d", r->computed);
+    squad_score_result_json_text(b, row, r, sp, u, c);
+}
+
+void squad_score_result_json_text(squad_buf *b, const squad_row *row, const squad_result *r,
+                                  const squad_specialists *sp, const char *reused, const char *computed) {
     squad_buf_puts(b, "{\"probs\": [");
     for (int s = 0; s < r->n_slots; s++) {
         squad_buf_puts(b, s ? ", [" : "[");
         for (int l = 0; l < row->nopts[s]; l++) squad_buf_printf(b, l ? ", %.9g" : "%.9g", r->probs[s][l]);
         squad_buf_puts(b, "]");
     }
-    squad_buf_printf(b, "], \"reused\": %d, \"computed\": %d", r->reused, r->computed);
+    squad_buf_printf(b, "], \"reused\": %s, \"computed\": %s", reused, computed);
     if (sp) {
         squad_buf_puts(b, ", \"route\": ");
         squad_buf_json_string(b, squad_specialists_label(sp, r->route));

@@ -49,10 +49,11 @@
  *
  *  - Plans and pins: the cache never runs the model. squad_cache_plan_open looks a row up and
  *    returns a plan (the checkpoint to restore, the route, the chunk ends and which of them get
- *    checkpoints); the executor (cache_exec.c) restores, runs the spans and saves the GDN blobs the
- *    cache hands out (pending: counted in the budget, not yet found by lookups); the commit joins
- *    them to a new group (whose K / V the executor saves) or to a cached group that already holds
- *    the row's [0, p); the close releases what is left and counts the row. A plan pins the groups
+ *    checkpoints); the caller applies it (plan_apply.c, a layer above, never included here): it
+ *    restores, runs the spans and saves the GDN blobs the cache hands out (pending: counted in
+ *    the budget, not yet found by lookups); the commit joins them to a new group (whose K / V the
+ *    caller saves) or to a cached group that already holds the row's [0, p); the close releases
+ *    what is left and counts the row. A plan pins the groups
  *    it reads or adds to (a reference count per group), so several plans may be open on one
  *    checkpoint and nothing an open plan reads (the restored GDN blob, the group's K / V read in
  *    place) is evicted under it. The cache lists its open plans so squad_cache_check can verify

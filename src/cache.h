@@ -23,15 +23,16 @@ void squad_cache_free(squad_cache *cache);
  * at most max_slots slots, fits the backend); 0 otherwise. */
 int squad_cache_eligible(const squad_cache *cache, const squad_row *row);
 
-/* ---- plans: the cache plans a row, the engine runs it, the cache commits ----------------------
+/* ---- plans: the cache plans a row, its caller applies the plan, the cache commits ------------
  *
  * squad_cache_plan_open looks a row up and fills a plan: the checkpoint to restore (its blobs and
  * router features; pinned), the route the pass runs with, and the chunk ends of the prefix, the
- * deepest of which get new checkpoints. The engine (cache_exec.c) restores, runs the spans, and at
- * each kept bound asks squad_cache_plan_blob for a blob and saves the working state's GDN part
- * into it; squad_cache_commit_begin / _end then hand it the K / V blob of a new group (when one is
- * needed) and join the checkpoints to the cache; squad_cache_plan_close releases the pins and any
- * blob still pending, and counts the row.
+ * deepest of which get new checkpoints. The caller (a layer above: the scheduler, through
+ * plan_apply.c) restores, runs the spans, and at each kept bound asks squad_cache_plan_blob for a
+ * blob and saves the working state's GDN part into it; squad_cache_commit_begin / _end then hand
+ * it the K / V blob of a new group (when one is needed) and join the checkpoints to the cache;
+ * squad_cache_plan_close releases the pins and any blob still pending, and counts the row. The
+ * cache never touches a sequence slot and never calls up.
  *
  * A pin is a reference count on a group: while any open plan holds it (the group of the restored
  * checkpoint, the cached group that takes the new checkpoints, the new group itself), none of its
@@ -42,7 +43,7 @@ typedef struct cache_group cache_group;
 typedef struct cache_pending cache_pending;
 
 typedef struct squad_cache_plan {
-    /* what the engine executes */
+    /* what the caller applies */
     int route;           /* the route this pass runs with */
     int c0;              /* the restored position (0: start from a reset) */
     int p;               /* the state's end, aligned: the prefix is [c0, p) */

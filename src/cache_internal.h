@@ -1,12 +1,14 @@
 /*
  * cache_internal.h — the state cache's internals that tests and benchmarks reach (cache.h is the
- * engine's view).
+ * view of the layers above).
  *
- * The cache plans rows and the executor (cache_exec.h) runs them through a span runner: the
- * engine's squad_engine_run_span in production, a stand-in in tests, so the index, the LRU, the
+ * The cache only plans rows; a layer above it applies the plans (plan_apply.h: the scheduler in
+ * production, squad_plan_run_row with a stand-in span runner in tests), so the index, the LRU, the
  * pins and the byte accounting can be checked in isolation with a fake backend that records what
- * it was given. The placement policy and the prefix hashes are exposed so a test can compute the
- * earlier runtime's reuse independently of the cache's own bookkeeping.
+ * it was given. Nothing here names that layer: the cache exposes what an applier needs (cache.h's
+ * plan and its blobs), never the other way round. The placement policy and the prefix hashes are
+ * exposed so a test can compute the earlier runtime's reuse independently of the cache's own
+ * bookkeeping.
  */
 #ifndef SQUAD_CACHE_INTERNAL_H
 #define SQUAD_CACHE_INTERNAL_H
@@ -15,7 +17,6 @@
 #include <stdint.h>
 
 #include "cache.h"
-#include "cache_exec.h"
 
 /* The placement policy: the chunk ends of a state of state_len tokens computed from position c0,
  * ascending, each a checkpoint position: the multiples of stride, state_len - tail and state_len

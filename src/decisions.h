@@ -1,5 +1,5 @@
 /*
- * decisions.h — the two decision APIs the ecosystem's clients speak (DECISIONS-API.md): OpenAI's
+ * decisions.h — the two decision APIs the ecosystem's clients speak (docs/decisions-api.md): OpenAI's
  * `POST /v1/decisions` and System One's `POST /v1/systemone`, as request -> rows -> response.
  *
  * The HTTP server calls this module from its connection threads:
@@ -10,8 +10,8 @@
  *      squad_dapi_error with the HTTP status and a message naming the field) and renders one row
  *      per question (section C), all rows sharing the same state prefix of state_len tokens;
  *   3. the scheduler scores the rows with want_vocab = 1 (confidence and the diagnostics need the
- *      full-vocabulary figures) and hands the results back to squad_dapi_respond, which builds the
- *      response body (sections A, B, D); squad_json_text (json_text.h) writes it with short reals.
+ *      full-vocabulary figures); squad_dapi_respond builds the response body from the results
+ *      (sections A, B, D), once; squad_json_text (json_text.h) writes it with short reals.
  *
  * Request text is always tokenised as plain text: a "<|im_end|>" in a state stays text.
  *
@@ -89,11 +89,26 @@ int squad_dapi_parse(const squad_dapi_ctx *ctx, squad_dapi api, const char *body
                      squad_dapi_error *err);
 void squad_dapi_req_free(squad_dapi_req *req);
 
+/* The fields of a response that are not the rows' answers, as the caller wants them written (values
+ * borrowed; NULL: this call's own). The server gives its request memo's placeholders here, so that
+ * one rendering serves both the client's answer and the memo's copy (server/request_memo.h). */
+typedef struct squad_dapi_fields {
+    json_t *id;                 /* System One's "id"; NULL: a new one (squad_dapi_new_id) */
+    json_t *created;            /* System One's "created"; NULL: the time now */
+    json_t *cached_tokens;      /* the decisions API's usage.input_tokens_details.cached_tokens;
+                                 * NULL: the tokens the results restored */
+    json_t *cache_write_tokens; /* ... .cache_write_tokens; NULL: the results' cache_written */
+} squad_dapi_fields;
+
 /* The response body for the rows' results (results[req->n_rows], each scored with want_vocab = 1;
- * without the vocabulary figures label_mass counts as 1 and argmax_is_label as true).
- * from_memo: the answer comes from the request memo, so usage says every input token was cached
- * and none written. System One's "id" and "created" are new on every call. NULL on failure. */
-json_t *squad_dapi_respond(const squad_dapi_req *req, const squad_result *results, int from_memo, squad_err *err);
+ * without the vocabulary figures label_mass counts as 1 and argmax_is_label as true), with the
+ * per-call fields of f (NULL: all this call's own). NULL on failure. */
+json_t *squad_dapi_respond(const squad_dapi_req *req, const squad_result *results, const squad_dapi_fields *f,
+                           squad_err *err);
+
+/* A new response id: "decision-" and 24 hex digits from the kernel's random source (the clock when
+ * that fails); cap >= 34. */
+void squad_dapi_new_id(char *out, size_t cap);
 
 /* Fills err: status, the type that status has, param (may be NULL) and the formatted message. */
 void squad_dapi_error_set(squad_dapi_error *err, int status, const char *param, const char *fmt, ...)

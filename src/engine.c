@@ -4,6 +4,12 @@
  * cache or down the plain path; what is left here is the bookkeeping around a row (the router's
  * view, the memo, the counters).
  *
+ * The layers are one-way, as in a decode loop over a memory that plans and a caller that applies:
+ * the cache plans a row's pass (cache.c), the scheduler applies the plan on a sequence slot
+ * (plan_apply.c) and runs the batched steps, and squad_sched_step returns the rows that left in
+ * the step. Only then, here, does a row become an answer: the router's view of it, its memo entry,
+ * the counters, the done callback. Nothing below calls back up into the engine.
+ *
  * Every way in is the scheduler: squad_engine_submit queues a row, squad_engine_step runs one
  * batched step, and squad_engine_score_ex / squad_engine_score_batch are submit plus steps until
  * their rows are done. With max_rows 1 that is one row at a time, chunk by chunk, as a caller
@@ -153,7 +159,7 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
         if (!e->memo) goto fail;
     }
     if (e->opts.specialists && engine_specialists(e, err)) goto fail;
-    if (squad_sched_init(&e->sched, e->be, &e->opts, err)) goto fail;
+    if (squad_sched_init(&e->sched, e->be, e->cache, e->memo, e->sp, &e->opts, err)) goto fail;
     return e;
 fail:
     squad_engine_free(e);
@@ -162,7 +168,7 @@ fail:
 
 void squad_engine_free(squad_engine *e) {
     if (!e) return;
-    squad_sched_free(e); /* rows still taken in are dropped (their plans first) */
+    squad_sched_free(&e->sched); /* rows still taken in are dropped (their plans first) */
     squad_memo_free(e->memo);
     squad_cache_free(e->cache);
     if (e->be) e->be->destroy(e->be);
@@ -227,7 +233,7 @@ int squad_engine_row_check(const squad_engine *e, const squad_row *r, squad_err 
 
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err) {
-    return squad_sched_run_span(e, 0, 0, row, start, end, e->call, out, err);
+    return squad_sched_run_span(&e->sched, 0, 0, row, start, end, e->call, out, err);
 }
 
 /* label_mass from the two log-sum-exps. A share cannot exceed 1; the round-off between the two
@@ -239,18 +245,26 @@ static void fill_label_mass(squad_result *out) {
     }
 }
 
-int squad_engine_memo_answer(squad_engine *e, const squad_row *row, const squad_score_opts *o, squad_result *out) {
-    if (!e->memo || !squad_memo_lookup(e->memo, row, o && o->want_vocab, out)) return 0;
+/* A row the memo answered (out filled by the lookup): its figures and the counters. */
+static void memo_answered(squad_engine *e, const squad_row *row, squad_result *out) {
     out->reused = row->n_ids;
     out->computed = 0;
     out->memo = 1;
     e->memo_hits++;
     e->tokens_memo += (uint64_t)row->n_ids;
     e->route_rows[out->route]++;
+}
+
+/* 1 when the memo answers the row (out filled, the counters counted), else 0. */
+static int memo_answer(squad_engine *e, const squad_row *row, const squad_score_opts *o, squad_result *out) {
+    if (!e->memo || !squad_memo_lookup(e->memo, row, o && o->want_vocab, out)) return 0;
+    memo_answered(e, row, out);
     return 1;
 }
 
-int squad_engine_row_answered(squad_engine *e, squad_sched_row *r, squad_err *err) {
+/* A row whose last pass is done (out holds its answers and route): the router's view, the route
+ * and memo bookkeeping, the vocabulary figures' label mass. 0, or a negative code with err filled. */
+static int row_answered(squad_engine *e, squad_sched_row *r, squad_err *err) {
     squad_result *out = r->out;
     if (e->sp) {
         /* the router's view of the row (a forced row's too), from the features of its final pass */
@@ -269,6 +283,27 @@ int squad_engine_row_answered(squad_engine *e, squad_sched_row *r, squad_err *er
     return 0;
 }
 
+/* A row the scheduler handed back: answered (or failed) here, its done called, freed. */
+static void row_ended(squad_engine *e, squad_sched_row *r) {
+    int rc = r->rc;
+    squad_err err = r->err;
+    if (r->end == SQUAD_SCHED_MEMO) {
+        memo_answered(e, &r->row, r->out);
+    } else if (!rc) {
+        if (!r->cached) e->plain_rows++;
+        rc = row_answered(e, r, &err);
+    }
+    if (rc) { /* nothing of a failed row is an answer; the tokens it ran still count */
+        const int computed = r->out->computed;
+        memset(r->out, 0, sizeof *r->out);
+        r->out->n_slots = r->row.n_slots;
+        r->out->computed = computed;
+        if (!err.code) err.code = rc;
+    }
+    if (r->done) r->done(r->ctx, rc, &err);
+    squad_sched_row_free(r);
+}
+
 /* ---- rows in: submit / step ------------------------------------------------------------------ */
 
 int squad_engine_submit(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out,
@@ -282,17 +317,27 @@ int squad_engine_submit(squad_engine *e, const squad_row *row, const squad_score
                      : squad_fail(err, SQUAD_E_INVALID, "the row forces a specialist but the engine has none");
     memset(out, 0, sizeof *out);
     out->n_slots = row->n_slots;
-    if (squad_engine_memo_answer(e, row, opts, out)) {
+    if (memo_answer(e, row, opts, out)) {
         if (done) done(ctx, 0, &(squad_err){0});
         return 0;
     }
-    squad_sched_row *r = squad_sched_row_new(e, row, opts, out, done, ctx, err);
+    squad_sched_row *r = squad_sched_row_new(&e->sched, row, opts, out, done, ctx, err);
     if (!r) return SQUAD_E_NOMEM;
-    squad_sched_enqueue(e, r);
+    squad_sched_enqueue(&e->sched, r);
     return 0;
 }
 
-int squad_engine_step(squad_engine *e, squad_err *err) { return squad_sched_step(e, err); }
+/* One scheduler step, then the rows it handed back, in the order they left. */
+int squad_engine_step(squad_engine *e, squad_err *err) {
+    squad_sched_row *ended = NULL;
+    const int rc = squad_sched_step(&e->sched, e->last_route, &ended, err);
+    while (ended) {
+        squad_sched_row *r = ended;
+        ended = r->next;
+        row_ended(e, r);
+    }
+    return rc < 0 ? rc : squad_sched_pending(&e->sched);
+}
 
 int squad_engine_pending(const squad_engine *e) { return squad_sched_pending(&e->sched); }
 
@@ -406,7 +451,7 @@ void squad_engine_cache_stats(const squad_engine *e, squad_cache_stats *out) {
     if (e->cache) squad_cache_get_stats(e->cache, out);
     else out->budget_bytes = e->opts.cache.budget_bytes;
     out->plain = e->plain_rows;
-    out->mispredictions += e->mispredictions_plain;
+    out->mispredictions += e->sched.mispredictions_plain;
     out->memo_hits = e->memo_hits;
     out->tokens_memo = e->tokens_memo;
 }

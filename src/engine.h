@@ -3,10 +3,15 @@
  * the batching scheduler.
  *
  * squad_engine_submit (squad.h) validates a row and answers an exact repeat from the memo; the
- * scheduler (scheduler.c) runs the other rows in batched steps, each row in flight in its own
- * sequence slot of the backend, through the state cache when eligible, else down the plain path
- * (reset, then the whole row in chunks). squad_engine_score_ex and squad_engine_score_batch are
- * submit plus steps until their rows are done, so every row goes through the batched path.
+ * scheduler (scheduler.c), an object the engine owns, runs the other rows in batched steps, each
+ * row in flight in its own sequence slot of the backend, through the state cache when eligible,
+ * else down the plain path (reset, then the whole row in chunks), and hands each finished row back
+ * to the engine, which answers it (router view, memo, counters, done). squad_engine_score_ex and
+ * squad_engine_score_batch are submit plus steps until their rows are done, so every row goes
+ * through the batched path.
+ *
+ * The stack is one-way (docs/design.md section 2): engine -> scheduler -> plan_apply -> cache ->
+ * backend; nothing below includes this header or calls the engine.
  */
 #ifndef SQUAD_ENGINE_H
 #define SQUAD_ENGINE_H
@@ -32,7 +37,7 @@ struct squad_engine {
     squad_engine_opts opts;
     int max_tokens;    /* the longest row: the model's positions, the option, or the memory */
     squad_limit limit; /* which of the three bounds max_tokens */
-    uint64_t plain_rows;
+    uint64_t plain_rows; /* rows answered off the cache */
     uint64_t memo_hits, tokens_memo;
     /* the options squad_engine_run_span reads (tests drive it directly; NULL: none) */
     const squad_score_opts *call;
@@ -40,9 +45,9 @@ struct squad_engine {
     const squad_specialists *sp;
     int last_route;                /* the route of the last row answered: the guess when no
                                     * checkpoint gives one */
-    uint64_t mispredictions_plain; /* second passes of rows off the cache */
     uint64_t route_rows[SQUAD_MAX_ROUTES];
-    squad_sched sched;             /* the rows taken in (scheduler.c) */
+    squad_sched sched;             /* the rows taken in (scheduler.c): the engine's, over its
+                                    * backend, cache, memo and specialists */
 };
 
 /* Runs row->ids[start, end) on sequence slot 0 from the backend's working state there (which must
@@ -53,12 +58,5 @@ struct squad_engine {
  * the engine's own rows go through the scheduler. */
 int squad_engine_run_span(squad_engine *e, const squad_row *row, int start, int end, squad_result *out,
                           squad_err *err);
-
-/* The scheduler's calls back into the engine. */
-/* 1 when the memo answers the row (out filled, the counters counted), else 0. */
-int squad_engine_memo_answer(squad_engine *e, const squad_row *row, const squad_score_opts *opts, squad_result *out);
-/* A row's last pass is done (out holds its answers and route): the router's view, the route and
- * memo bookkeeping, the vocabulary figures' label mass. 0, or a negative code with err filled. */
-int squad_engine_row_answered(squad_engine *e, squad_sched_row *r, squad_err *err);
 
 #endif /* SQUAD_ENGINE_H */

@@ -4,6 +4,7 @@
 #include "hash_index.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 uint64_t squad_hash_mix(uint64_t x) {
     x ^= x >> 30;
@@ -32,6 +33,22 @@ uint64_t squad_hash_ints(uint64_t h, const int32_t *v, size_t n) {
     x = squad_hash_mix(x ^ c1);
     x = squad_hash_mix(x ^ c2);
     return squad_hash_mix(x ^ c3);
+}
+
+uint64_t squad_hash_bytes(uint64_t seed, const void *key, size_t n) {
+    const unsigned char *p = key;
+    uint64_t h = squad_hash_mix(0x9e3779b97f4a7c15ull ^ seed ^ ((uint64_t)n << 32));
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, n);
+    return squad_hash_mix(h ^ w);
 }
 
 size_t squad_hindex_buckets_for(size_t n) {

@@ -1,6 +1,6 @@
 /*
  * hash_index.h — an intrusive chained hash table keyed by 64-bit hashes, shared by the state
- * cache's indexes and the memo.
+ * cache's indexes and the LRU map (lru_map.h), and the hashes they are keyed by.
  *
  * An entry embeds a squad_hnode (its key and its bucket link); the table owns only the bucket
  * array, a power of two sized for the entries (grown by squad_hindex_reserve, shrunk by
@@ -40,6 +40,9 @@ typedef struct squad_hindex {
  * prefix keys, memo store), the host's largest part of a hit; this takes a few us. */
 uint64_t squad_hash_mix(uint64_t x);
 uint64_t squad_hash_ints(uint64_t h, const int32_t *v, size_t n);
+/* Bytes p[0, n) from seed, eight at a time through a multiply-xorshift chain: a few GB/s, enough
+ * that the hash of a request body is a small part of answering it from the server's memo. */
+uint64_t squad_hash_bytes(uint64_t seed, const void *p, size_t n);
 
 /* The buckets an index wants for n entries (0 when empty). */
 size_t squad_hindex_buckets_for(size_t n);

@@ -2,7 +2,7 @@
  * json_text.c — JSON values as Python's json.dumps(value, ensure_ascii=False) writes them (see
  * json_text.h).
  *
- * Design: one recursive walk appends to a growable buffer. Strings escape exactly what Python's
+ * Design: one recursive walk appends to a squad_buf (util.h). Strings escape exactly what Python's
  * encoder escapes (the quote, the backslash, and code points below 0x20: \b \t \n \f \r by their
  * short forms, the rest as \u00xx with lowercase hex); everything else, DEL and non-ASCII included,
  * is copied as it is. Reals follow Python's repr: the shortest digit string that reads back as the
@@ -26,44 +26,10 @@
 #define REPR_EXP_MAX 16 /* exclusive */
 #define DOUBLE_MAX_DIGITS 17
 
-typedef struct text_buf {
-    char *s;
-    size_t n, cap;
-    squad_err *err;
-    int failed;
-} text_buf;
-
-static int tb_put(text_buf *b, const char *s, size_t n) {
-    if (b->failed) return -1;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1) {
-            if (cap > SIZE_MAX / 2) {
-                b->failed = 1;
-                return squad_fail(b->err, SQUAD_E_NOMEM, "JSON text too large");
-            }
-            cap *= 2;
-        }
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            b->failed = 1;
-            return squad_fail(b->err, SQUAD_E_NOMEM, "out of memory (%zu bytes of JSON text)", cap);
-        }
-        b->s = ns;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = 0;
-    return 0;
-}
-
-static int tb_str(text_buf *b, const char *s) { return tb_put(b, s, strlen(s)); }
-
 /* A JSON string literal with Python's escapes. */
-static int put_string(text_buf *b, const char *s, size_t n) {
+static int put_string(squad_buf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
-    if (tb_put(b, "\"", 1) < 0) return -1;
+    if (squad_buf_put(b, "\"", 1) < 0) return -1;
     size_t run = 0; /* bytes copied as they are, pending */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -87,11 +53,11 @@ static int put_string(text_buf *b, const char *s, size_t n) {
             }
         }
         if (!esc) continue;
-        if (tb_put(b, s + run, i - run) < 0 || tb_str(b, esc) < 0) return -1;
+        if (squad_buf_put(b, s + run, i - run) < 0 || squad_buf_puts(b, esc) < 0) return -1;
         run = i + 1;
     }
-    if (tb_put(b, s + run, n - run) < 0) return -1;
-    return tb_put(b, "\"", 1);
+    if (squad_buf_put(b, s + run, n - run) < 0) return -1;
+    return squad_buf_put(b, "\"", 1);
 }
 
 /* Adds delta (+1 or -1) to the last digit of a string of decimal digits; 0 when the result keeps
@@ -178,59 +144,62 @@ int squad_json_real_text(double x, char *buf, size_t cap) {
     return snprintf(buf, cap, "%s", out);
 }
 
-static int put_value(text_buf *b, const json_t *v) {
+/* -1 when out of memory (b->oom) or a real is not finite (err says so). */
+static int put_value(squad_buf *b, const json_t *v, squad_err *err) {
     char num[64];
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
-        if (tb_put(b, "{", 1) < 0) return -1;
+        if (squad_buf_put(b, "{", 1) < 0) return -1;
         const char *key;
         json_t *item;
         int first = 1;
         /* json_object_foreach takes a non-const object; iteration does not modify it. */
         json_object_foreach((json_t *)v, key, item) {
-            if (!first && tb_put(b, ", ", 2) < 0) return -1;
+            if (!first && squad_buf_put(b, ", ", 2) < 0) return -1;
             first = 0;
-            if (put_string(b, key, strlen(key)) < 0 || tb_put(b, ": ", 2) < 0 || put_value(b, item) < 0) return -1;
+            if (put_string(b, key, strlen(key)) < 0 || squad_buf_put(b, ": ", 2) < 0 || put_value(b, item, err) < 0) return -1;
         }
-        return tb_put(b, "}", 1);
+        return squad_buf_put(b, "}", 1);
     }
     case JSON_ARRAY:
-        if (tb_put(b, "[", 1) < 0) return -1;
+        if (squad_buf_put(b, "[", 1) < 0) return -1;
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i && tb_put(b, ", ", 2) < 0) return -1;
-            if (put_value(b, json_array_get(v, i)) < 0) return -1;
+            if (i && squad_buf_put(b, ", ", 2) < 0) return -1;
+            if (put_value(b, json_array_get(v, i), err) < 0) return -1;
         }
-        return tb_put(b, "]", 1);
+        return squad_buf_put(b, "]", 1);
     case JSON_STRING: return put_string(b, json_string_value(v), json_string_length(v));
     case JSON_INTEGER:
         snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        return tb_str(b, num);
+        return squad_buf_puts(b, num);
     case JSON_REAL: {
         double x = json_real_value(v);
         if (!isfinite(x)) {
-            b->failed = 1;
-            return squad_fail(b->err, SQUAD_E_INVALID, "a JSON number is not finite");
+            squad_fail(err, SQUAD_E_INVALID, "a JSON number is not finite");
+            return -1;
         }
         squad_json_real_text(x, num, sizeof num);
-        return tb_str(b, num);
+        return squad_buf_puts(b, num);
     }
-    case JSON_TRUE: return tb_str(b, "true");
-    case JSON_FALSE: return tb_str(b, "false");
-    case JSON_NULL: return tb_str(b, "null");
+    case JSON_TRUE: return squad_buf_puts(b, "true");
+    case JSON_FALSE: return squad_buf_puts(b, "false");
+    case JSON_NULL: return squad_buf_puts(b, "null");
     }
     return -1;
 }
 
 char *squad_json_text(const json_t *v, size_t *len, squad_err *err) {
-    text_buf b = {NULL, 0, 0, err, 0};
+    squad_buf b = {0};
     if (!v) {
         squad_fail(err, SQUAD_E_INVALID, "no JSON value");
         return NULL;
     }
-    if (put_value(&b, v) < 0 || tb_put(&b, "", 0) < 0) {
-        free(b.s);
+    if (put_value(&b, v, err) < 0 && !b.oom) {
+        squad_buf_free(&b);
         return NULL;
     }
-    if (len) *len = b.n;
-    return b.s;
+    const size_t tried = b.n;
+    char *text = squad_buf_take(&b, len);
+    if (!text) squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes of JSON text)", tried);
+    return text;
 }

@@ -1,6 +1,6 @@
 /*
  * json_text.h — a JSON value as the text Python's json.dumps(value, ensure_ascii=False) gives
- * (DECISIONS-API.md section E), so a state or an input_json part renders exactly as the
+ * (docs/decisions-api.md section E), so a state or an input_json part renders exactly as the
  * ecosystem's Python servers render it: keys in their order, ", " and ": " separators, non-ASCII
  * as itself, control characters escaped, integers as integers, reals in Python's repr.
  */

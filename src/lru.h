@@ -1,5 +1,6 @@
 /*
- * lru.h — an intrusive least-recently-used list, shared by the state cache and the memo.
+ * lru.h — an intrusive least-recently-used list, shared by the state cache and the LRU map
+ * (lru_map.h).
  *
  * An entry embeds a squad_lru_node; the list links nodes from the oldest (evicted first) to the
  * newest. SQUAD_LRU_ENTRY turns a node back into its entry. O(1) unlink and push, no allocation.

@@ -1,13 +1,14 @@
 /*
- * memo.c — the exact-request memo (memo.h).
+ * memo.c — the exact-request memo (memo.h), a byte-bounded LRU map (lru_map.h) from a row to its
+ * answer.
  *
- * One allocation per entry: the structure, then the row's ids, slots, nopts and letters (the
- * copy every hit is verified against), then the answer's probabilities for each slot's options,
- * then the router's probabilities (with specialists), then, when the answer has them, the
- * full-vocabulary figures of each slot. A forced specialist is part of the key: the same tokens
- * forced to another route (or left to the router) are another request.
- * A chained hash table over the 64-bit row hash finds candidates; an LRU list orders eviction.
- * The bytes held are the entries' allocations plus the bucket array, kept within the budget.
+ * The key is the row's content: a header (n_ids, n_slots, n_letters, state_len, specialist), then
+ * its ids, slots, nopts and letters, given to the map in pieces (never copied to look a row up) and
+ * hashed with squad_hash_ints. A forced specialist is part of the key: the same tokens forced to
+ * another route (or left to the router) are another request. The value is the answer: a header
+ * (route, n_routes, whether the full-vocabulary figures follow), the probabilities of each slot's
+ * options, the router's probabilities (with specialists), then, when the answer has them, the
+ * full-vocabulary figures of each slot. The map counts every byte against the budget.
  */
 #include "memo.h"
 
@@ -15,7 +16,7 @@
 #include <string.h>
 
 #include "hash_index.h"
-#include "lru.h"
+#include "lru_map.h"
 #include "util.h"
 
 #define MEMO_HASH_SEED 0x243f6a8885a308d3ull
@@ -26,24 +27,21 @@ typedef struct memo_vocab {
     int32_t top_token;
 } memo_vocab;
 
-typedef struct memo_entry {
-    squad_hnode node;   /* key: the hash of the row's content */
-    squad_lru_node lru; /* in the memo's LRU list */
-    size_t bytes;
-    int n_ids, n_slots, n_letters, state_len, specialist, route, n_routes;
-    int32_t *ids, *slots, *nopts, *letters; /* inside this allocation */
-    float *probs;                           /* the options of each slot, one slot after another */
-    float *route_probs;                     /* [n_routes] */
-    memo_vocab *vocab;                      /* [n_slots], or NULL when the answer had none */
-} memo_entry;
+/* The head of the key: the row's counts and the fields that are not arrays. */
+typedef struct memo_key_head {
+    int32_t n_ids, n_slots, n_letters, state_len, specialist;
+} memo_key_head;
+
+/* The head of the value. */
+typedef struct memo_answer_head {
+    int32_t route, n_routes, has_vocab;
+} memo_answer_head;
+
+/* The key's pieces: head, ids, slots, nopts, letters. */
+#define MEMO_KEY_PIECES 5
 
 struct squad_memo {
-    size_t budget;
-    squad_hindex index;
-    size_t n_entries;
-    size_t entry_bytes; /* the entries' allocations (the index's buckets are counted apart) */
-    squad_lru lru; /* entries, least recently used first */
-    squad_memo_stats stats;
+    squad_lru_map *map;
 };
 
 static uint64_t row_key(const squad_row *r) {
@@ -56,93 +54,87 @@ static uint64_t row_key(const squad_row *r) {
     return squad_hash_mix(h ^ (uint64_t)(uint32_t)r->state_len);
 }
 
-static int same_ints(const int32_t *a, const int32_t *b, int n) { return n == 0 || !memcmp(a, b, (size_t)n * sizeof *a); }
-
-static int entry_matches(const memo_entry *e, const squad_row *r) {
-    return e->n_ids == r->n_ids && e->n_slots == r->n_slots && e->n_letters == r->n_letters &&
-           e->state_len == r->state_len && e->specialist == r->specialist && same_ints(e->ids, r->ids, r->n_ids) &&
-           same_ints(e->slots, r->slots, r->n_slots) && same_ints(e->nopts, r->nopts, r->n_slots) &&
-           same_ints(e->letters, r->letters, r->n_letters);
+static void key_pieces(const squad_row *r, memo_key_head *head, squad_bytes *key) {
+    head->n_ids = r->n_ids;
+    head->n_slots = r->n_slots;
+    head->n_letters = r->n_letters;
+    head->state_len = r->state_len;
+    head->specialist = r->specialist;
+    key[0] = (squad_bytes){head, sizeof *head};
+    key[1] = (squad_bytes){r->ids, (size_t)r->n_ids * sizeof(int32_t)};
+    key[2] = (squad_bytes){r->slots, (size_t)r->n_slots * sizeof(int32_t)};
+    key[3] = (squad_bytes){r->nopts, (size_t)r->n_slots * sizeof(int32_t)};
+    key[4] = (squad_bytes){r->letters, (size_t)r->n_letters * sizeof(int32_t)};
 }
-
-static int total_options(const squad_row *r) {
-    int n = 0;
-    for (int i = 0; i < r->n_slots; i++) n += r->nopts[i];
-    return n;
-}
-
-/* ---- index and LRU --------------------------------------------------------------------------- */
-
-/* Every byte held: the entries and the bucket array. */
-static size_t held(const squad_memo *m) { return m->entry_bytes + squad_hindex_bytes(&m->index); }
-
-static memo_entry *entry_of(squad_lru_node *n) { return SQUAD_LRU_ENTRY(n, memo_entry, lru); }
-
-static memo_entry *find(const squad_memo *m, const squad_row *r, uint64_t key) {
-    for (const squad_hnode *x = squad_hindex_chain(&m->index, key); x; x = x->next) {
-        memo_entry *e = SQUAD_HNODE_ENTRY(x, memo_entry, node);
-        if (x->key == key && entry_matches(e, r)) return e;
-    }
-    return NULL;
-}
-
-static void remove_entry(squad_memo *m, memo_entry *e) {
-    squad_hindex_remove(&m->index, &e->node);
-    squad_lru_unlink(&m->lru, &e->lru);
-    m->entry_bytes -= e->bytes;
-    m->n_entries--;
-    free(e);
-    if (m->n_entries == 0) squad_hindex_fit(&m->index);
-}
-
-/* ---- the API --------------------------------------------------------------------------------- */
 
 squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err) {
     squad_memo *m = squad_calloc(1, sizeof *m, err);
-    if (m) m->budget = budget_bytes;
+    if (!m) return NULL;
+    m->map = squad_lru_map_new(budget_bytes, 0, err); /* the engine's: one thread */
+    if (!m->map) {
+        free(m);
+        return NULL;
+    }
     return m;
 }
 
 void squad_memo_free(squad_memo *m) {
     if (!m) return;
-    squad_memo_clear(m);
-    squad_hindex_free(&m->index);
+    squad_lru_map_free(m->map);
     free(m);
 }
 
 int squad_memo_get(squad_memo *m, const squad_row *r, squad_result *out) { return squad_memo_lookup(m, r, 0, out); }
 
-int squad_memo_lookup(squad_memo *m, const squad_row *r, int need_vocab, squad_result *out) {
-    if (!m || !r) return 0;
-    memo_entry *e = find(m, r, row_key(r));
-    if (!e || (need_vocab && !e->vocab)) {
-        m->stats.misses++;
-        return 0;
-    }
-    squad_lru_unlink(&m->lru, &e->lru);
-    squad_lru_push_newest(&m->lru, &e->lru);
+typedef struct memo_hit {
+    const squad_row *row; /* equal to the stored one: its nopts say how the probabilities are laid out */
+    int need_vocab;
+    squad_result *out;
+} memo_hit;
+
+/* The map's use of a hit: the stored answer into out, or 0 when it lacks the figures asked for. */
+static int copy_answer(void *ctx, const void *val, size_t vlen) {
+    const memo_hit *h = ctx;
+    const unsigned char *v = val;
+    memo_answer_head head;
+    if (vlen < sizeof head) return -1;
+    memcpy(&head, v, sizeof head);
+    if (h->need_vocab && !head.has_vocab) return 0;
+    const squad_row *r = h->row;
+    squad_result *out = h->out;
     memset(out, 0, sizeof *out);
-    out->n_slots = e->n_slots;
-    out->route = e->route;
-    out->n_routes = e->n_routes;
-    if (e->n_routes) memcpy(out->route_probs, e->route_probs, (size_t)e->n_routes * sizeof *e->route_probs);
-    const float *p = e->probs;
-    for (int i = 0; i < e->n_slots; i++) {
-        memcpy(out->probs[i], p, (size_t)e->nopts[i] * sizeof *p);
-        p += e->nopts[i];
+    out->n_slots = r->n_slots;
+    out->route = head.route;
+    out->n_routes = head.n_routes;
+    v += sizeof head;
+    for (int i = 0; i < r->n_slots; i++) {
+        memcpy(out->probs[i], v, (size_t)r->nopts[i] * sizeof(float));
+        v += (size_t)r->nopts[i] * sizeof(float);
     }
-    if (need_vocab) {
+    if (head.n_routes) memcpy(out->route_probs, v, (size_t)head.n_routes * sizeof(float));
+    v += (size_t)head.n_routes * sizeof(float);
+    if (h->need_vocab) {
         out->has_vocab = 1;
-        for (int i = 0; i < e->n_slots; i++) {
-            out->vocab_lse[i] = e->vocab[i].vocab_lse;
-            out->letters_lse[i] = e->vocab[i].letters_lse;
-            out->top_logit[i] = e->vocab[i].top_logit;
-            out->top_token[i] = e->vocab[i].top_token;
-            out->label_mass[i] = e->vocab[i].label_mass;
+        for (int i = 0; i < r->n_slots; i++, v += sizeof(memo_vocab)) {
+            memo_vocab mv;
+            memcpy(&mv, v, sizeof mv);
+            out->vocab_lse[i] = mv.vocab_lse;
+            out->letters_lse[i] = mv.letters_lse;
+            out->top_logit[i] = mv.top_logit;
+            out->top_token[i] = mv.top_token;
+            out->label_mass[i] = mv.label_mass;
         }
     }
-    m->stats.hits++;
     return 1;
+}
+
+int squad_memo_lookup(squad_memo *m, const squad_row *r, int need_vocab, squad_result *out) {
+    if (!m || !r) return 0;
+    memo_key_head kh;
+    squad_bytes key[MEMO_KEY_PIECES];
+    key_pieces(r, &kh, key);
+    memo_hit h = {r, need_vocab, out};
+    return squad_lru_map_get(m->map, row_key(r), key, MEMO_KEY_PIECES, copy_answer, &h) > 0;
 }
 
 int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, squad_err *err) {
@@ -151,89 +143,45 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
     if (res->n_routes < 0 || res->n_routes > SQUAD_MAX_ROUTES) return squad_fail(err, SQUAD_E_INVALID, "memo: bad routes");
     for (int i = 0; i < r->n_slots; i++)
         if (r->nopts[i] < 0 || r->nopts[i] > SQUAD_MAX_LETTERS) return squad_fail(err, SQUAD_E_INVALID, "memo: bad nopts");
-    const uint64_t key = row_key(r);
-    memo_entry *old = find(m, r, key);
-    if (old) remove_entry(m, old); /* the newer answer replaces it */
-
-    const size_t n_ints = (size_t)r->n_ids + 2 * (size_t)r->n_slots + (size_t)r->n_letters;
-    const size_t n_probs = (size_t)total_options(r) + (size_t)res->n_routes;
-    const size_t n_vocab = res->has_vocab ? (size_t)r->n_slots : 0;
-    /* the figures after the probabilities, aligned for their struct */
-    const size_t vocab_off = (sizeof(memo_entry) + n_ints * sizeof(int32_t) + n_probs * sizeof(float) +
-                              _Alignof(memo_vocab) - 1) / _Alignof(memo_vocab) * _Alignof(memo_vocab);
-    const size_t bytes = vocab_off + n_vocab * sizeof(memo_vocab);
-    if (bytes + SQUAD_HINDEX_MIN_BUCKETS * sizeof(squad_hnode *) > m->budget) return 0; /* never fits */
-    memo_entry *e = squad_malloc(bytes, err);
-    if (!e) return SQUAD_E_NOMEM;
-    memset(e, 0, sizeof *e);
-    e->node.key = key;
-    e->bytes = bytes;
-    e->n_ids = r->n_ids;
-    e->n_slots = r->n_slots;
-    e->n_letters = r->n_letters;
-    e->state_len = r->state_len;
-    e->specialist = r->specialist;
-    e->route = res->route;
-    e->n_routes = res->n_routes;
-    e->ids = (int32_t *)(e + 1);
-    e->slots = e->ids + r->n_ids;
-    e->nopts = e->slots + r->n_slots;
-    e->letters = e->nopts + r->n_slots;
-    e->probs = (float *)(e->letters + r->n_letters);
-    if (r->n_ids) memcpy(e->ids, r->ids, (size_t)r->n_ids * sizeof *e->ids);
-    if (r->n_slots) {
-        memcpy(e->slots, r->slots, (size_t)r->n_slots * sizeof *e->slots);
-        memcpy(e->nopts, r->nopts, (size_t)r->n_slots * sizeof *e->nopts);
+    memo_key_head kh;
+    squad_bytes key[MEMO_KEY_PIECES];
+    key_pieces(r, &kh, key);
+    /* the value's pieces: head, each slot's probabilities, the router's, the figures */
+    const memo_answer_head head = {res->route, res->n_routes, res->has_vocab ? 1 : 0};
+    memo_vocab vocab[SQUAD_MAX_SLOTS_PER_ROW];
+    squad_bytes val[SQUAD_MAX_SLOTS_PER_ROW + 3];
+    int n_val = 0;
+    val[n_val++] = (squad_bytes){&head, sizeof head};
+    for (int i = 0; i < r->n_slots; i++) val[n_val++] = (squad_bytes){res->probs[i], (size_t)r->nopts[i] * sizeof(float)};
+    val[n_val++] = (squad_bytes){res->route_probs, (size_t)res->n_routes * sizeof(float)};
+    if (head.has_vocab) {
+        for (int i = 0; i < r->n_slots; i++) {
+            memset(&vocab[i], 0, sizeof vocab[i]); /* no padding bytes of the stack in the entry */
+            vocab[i].vocab_lse = res->vocab_lse[i];
+            vocab[i].letters_lse = res->letters_lse[i];
+            vocab[i].top_logit = res->top_logit[i];
+            vocab[i].top_token = res->top_token[i];
+            vocab[i].label_mass = res->label_mass[i];
+        }
+        val[n_val++] = (squad_bytes){vocab, (size_t)r->n_slots * sizeof *vocab};
     }
-    if (r->n_letters) memcpy(e->letters, r->letters, (size_t)r->n_letters * sizeof *e->letters);
-    float *p = e->probs;
-    for (int i = 0; i < r->n_slots; i++) {
-        memcpy(p, res->probs[i], (size_t)r->nopts[i] * sizeof *p);
-        p += r->nopts[i];
-    }
-    e->route_probs = p;
-    if (res->n_routes) memcpy(p, res->route_probs, (size_t)res->n_routes * sizeof *p);
-    e->vocab = n_vocab ? (memo_vocab *)((char *)e + vocab_off) : NULL;
-    for (size_t i = 0; i < n_vocab; i++) {
-        e->vocab[i].vocab_lse = res->vocab_lse[i];
-        e->vocab[i].letters_lse = res->letters_lse[i];
-        e->vocab[i].top_logit = res->top_logit[i];
-        e->vocab[i].top_token = res->top_token[i];
-        e->vocab[i].label_mass = res->label_mass[i];
-    }
-
-    if (squad_hindex_reserve(&m->index, 1)) {
-        free(e);
-        return squad_fail(err, SQUAD_E_NOMEM, "memo: out of memory for its index");
-    }
-    squad_hindex_insert(&m->index, &e->node);
-    squad_lru_push_newest(&m->lru, &e->lru);
-    m->n_entries++;
-    m->entry_bytes += bytes;
-    m->stats.stored++;
-    /* least recently used first; the new entry is the most recent and fits on its own */
-    while (held(m) > m->budget && entry_of(m->lru.oldest) != e) {
-        remove_entry(m, entry_of(m->lru.oldest));
-        m->stats.evicted++;
-    }
-    squad_hindex_fit(&m->index);
-    if (held(m) > m->budget) { /* only when the index could not shrink: give the entry up */
-        remove_entry(m, e);
-        m->stats.evicted++;
-    }
-    return 0;
+    return squad_lru_map_put(m->map, row_key(r), key, MEMO_KEY_PIECES, val, n_val, err);
 }
 
 void squad_memo_clear(squad_memo *m) {
-    if (!m) return;
-    while (m->lru.oldest) remove_entry(m, entry_of(m->lru.oldest));
+    if (m) squad_lru_map_clear(m->map);
 }
 
 void squad_memo_get_stats(const squad_memo *m, squad_memo_stats *out) {
     memset(out, 0, sizeof *out);
     if (!m) return;
-    *out = m->stats;
-    out->entries = m->n_entries;
-    out->bytes_held = held(m);
-    out->budget_bytes = m->budget;
+    squad_lru_map_stats st;
+    squad_lru_map_get_stats(m->map, &st);
+    out->hits = st.hits;
+    out->misses = st.misses;
+    out->stored = st.stored;
+    out->evicted = st.evicted;
+    out->entries = st.entries;
+    out->bytes_held = st.bytes_held;
+    out->budget_bytes = st.budget_bytes;
 }

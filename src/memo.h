@@ -5,9 +5,9 @@
  * Entries are keyed by a 64-bit hash of the row's whole content and verified by comparing the
  * stored copy of the row, so two different rows are never confused. An entry also keeps the
  * answer's full-vocabulary figures when the call that made it asked for them; a later call that
- * asks for them is answered only by an entry that has them. Bounded LRU: every byte an
- * entry holds (the structure, its row copy, its probabilities) and the bucket array count against
- * the budget; the least recently used entries go first.
+ * asks for them is answered only by an entry that has them. A byte-bounded LRU map (lru_map.h):
+ * every byte an entry holds (its header, the row's copy, the answer) and the bucket array count
+ * against the budget; the least recently used entries go first.
  */
 #ifndef SQUAD_MEMO_H
 #define SQUAD_MEMO_H

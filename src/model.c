@@ -25,7 +25,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
 #include "util.h"
 
 #define PREFIX_CAUSAL "model."

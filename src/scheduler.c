@@ -33,30 +33,45 @@
  *     a certain route (forced, or no specialists) commits the plan (slot's K / V of [0, p)); at the
  *     row's end a guessed route is decided by the router: a confirmed guess commits, a wrong one
  *     closes the plan as RETRY and the row runs again in its slot from the router's route's
- *     deepest checkpoint (off the cache: from a reset). A finished row closes its plan, is
- *     answered (engine.c: router probabilities, memo, counters), frees its slot and calls done.
+ *     deepest checkpoint (off the cache: from a reset). A finished row closes its plan, frees
+ *     its slot and joins the step's ended list.
+ *
+ * The scheduler sits below the engine and never calls it: squad_sched_step hands the rows that
+ * left back (answered, answered by the memo, failed), and the engine does the rest of a row's end
+ * (router probabilities, memo insert, counters, done). It reads the memo (a queued row's twin may
+ * have been answered) but never writes it; what it needs from above (the route a guess starts
+ * from) comes in as an argument of the step.
  *
  * Every row's chunks continue its own slot's state, so batching changes where a row's chunks are
- * cut (round-off only: docs/design.md section 5) and nothing else. The cancel callback is polled
- * for every queued row and before each step a row takes part in; a cancelled or failing row ends
- * alone (its plan abandoned: pending checkpoints dropped, pins released; its slot freed). A failed
- * forward ends every row in flight with its error, and the engine stays usable.
+ * cut (round-off only: docs/design.md section 5) and nothing else. The cancel callback (a caller
+ * gone, a deadline passed) is polled once a step for every row taken in: a queued row at
+ * admission, a row in flight right after it, before the budget is shared out. A cancelled row
+ * leaves at that step boundary, whether or not the step would have given it tokens: it runs no
+ * further chunk and takes no budget from the others. A cancelled or failing row ends alone (its
+ * plan abandoned: pending checkpoints dropped, those committed kept as valid states, pins
+ * released; its slot freed; out->computed still counts the tokens it ran). A failed forward ends
+ * every row in flight with its error, and the engine stays usable.
  */
 #include "scheduler.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache_exec.h"
-#include "engine.h"
+#include "plan_apply.h"
 #include "util.h"
 
 static int min_int(int a, int b) { return a < b ? a : b; }
 
 /* ---- setup ----------------------------------------------------------------------------------- */
 
-int squad_sched_init(squad_sched *s, const squad_backend *be, const squad_engine_opts *o, squad_err *err) {
+int squad_sched_init(squad_sched *s, squad_backend *be, squad_cache *cache, squad_memo *memo,
+                     const squad_specialists *sp, const squad_engine_opts *o, squad_err *err) {
     memset(s, 0, sizeof *s);
+    s->be = be;
+    s->cache = cache;
+    s->memo = memo;
+    s->sp = sp;
+    s->align = o->cache.align;
     if (o->max_rows < 0) return squad_fail(err, SQUAD_E_INVALID, "max_rows %d: 0 (the backend's) or more", o->max_rows);
     if (o->batch_tokens < 0)
         return squad_fail(err, SQUAD_E_INVALID, "batch_tokens %d: 0 (the backend's) or more", o->batch_tokens);
@@ -77,14 +92,14 @@ int squad_sched_init(squad_sched *s, const squad_backend *be, const squad_engine
     return 0;
 }
 
-static void row_free(squad_sched_row *r) {
+void squad_sched_row_free(squad_sched_row *r) {
     if (!r) return;
     squad_router_feat_free(&r->feat);
     free(r->chunk_sum);
     free(r);
 }
 
-squad_sched_row *squad_sched_row_new(squad_engine *e, const squad_row *row, const squad_score_opts *opts,
+squad_sched_row *squad_sched_row_new(const squad_sched *s, const squad_row *row, const squad_score_opts *opts,
                                      squad_result *out, squad_done_fn done, void *ctx, squad_err *err) {
     squad_sched_row *r = squad_calloc(1, sizeof *r, err);
     if (!r) return NULL;
@@ -94,19 +109,18 @@ squad_sched_row *squad_sched_row_new(squad_engine *e, const squad_row *row, cons
     r->done = done;
     r->ctx = ctx;
     r->seq = -1;
-    r->forced = e->sp ? row->specialist - 1 : 0;
-    if (e->sp) {
-        if (squad_router_feat_init(&r->feat, e->sp->hidden, err) ||
-            !(r->chunk_sum = squad_calloc((size_t)e->sp->hidden, sizeof *r->chunk_sum, err))) {
-            row_free(r);
+    r->forced = s->sp ? row->specialist - 1 : 0;
+    if (s->sp) {
+        if (squad_router_feat_init(&r->feat, s->sp->hidden, err) ||
+            !(r->chunk_sum = squad_calloc((size_t)s->sp->hidden, sizeof *r->chunk_sum, err))) {
+            squad_sched_row_free(r);
             return NULL;
         }
     }
     return r;
 }
 
-void squad_sched_enqueue(squad_engine *e, squad_sched_row *r) {
-    squad_sched *s = &e->sched;
+void squad_sched_enqueue(squad_sched *s, squad_sched_row *r) {
     r->next = NULL;
     if (s->queue_tail) s->queue_tail->next = r;
     else s->queue_head = r;
@@ -118,60 +132,65 @@ int squad_sched_pending(const squad_sched *s) { return s->n_queued + s->n_flight
 
 /* ---- ending a row ---------------------------------------------------------------------------- */
 
-static void plan_close(squad_engine *e, squad_sched_row *r, squad_plan_end how) {
+static void plan_close(squad_sched *s, squad_sched_row *r, squad_plan_end how) {
     if (!r->plan_open) return;
     r->plan_open = 0;
-    squad_cache_plan_close(e->cache, &r->plan, how, &r->row, r->computed, r->out);
+    squad_cache_plan_close(s->cache, &r->plan, how, &r->row, r->computed, r->out);
 }
 
-static void slot_free(squad_engine *e, squad_sched_row *r) {
+static void slot_free(squad_sched *s, squad_sched_row *r) {
     if (r->seq < 0) return;
-    e->sched.slots[r->seq] = NULL;
-    e->sched.n_flight--;
+    s->slots[r->seq] = NULL;
+    s->n_flight--;
     r->seq = -1;
 }
 
-/* The row leaves (answered when rc is 0, else failed alone): plan, slot, callback, memory. */
-static void row_end(squad_engine *e, squad_sched_row *r, int rc, const squad_err *why) {
-    squad_err err = {0};
-    if (why) err = *why;
-    plan_close(e, r, rc ? SQUAD_PLAN_FAILED : SQUAD_PLAN_DONE);
-    if (!rc) {
-        if (!r->cached) e->plain_rows++;
-        rc = squad_engine_row_answered(e, r, &err);
-    }
-    if (rc) { /* nothing of a failed row is an answer */
-        memset(r->out, 0, sizeof *r->out);
-        r->out->n_slots = r->row.n_slots;
-        if (!err.code) err.code = rc;
-    }
-    slot_free(e, r);
-    if (r->done) r->done(r->ctx, rc, &err);
-    row_free(r);
+/* The row leaves the scheduler (its plan closed, its slot freed) onto the step's ended list. */
+static void row_leave(squad_sched *s, squad_sched_row *r, squad_sched_end end, int rc, const squad_err *why) {
+    memset(&r->err, 0, sizeof r->err);
+    if (why) r->err = *why;
+    if (rc && !r->err.code) r->err.code = rc;
+    r->end = (int)end;
+    r->rc = rc;
+    plan_close(s, r, rc ? SQUAD_PLAN_FAILED : SQUAD_PLAN_DONE);
+    slot_free(s, r);
+    r->next = NULL;
+    if (s->ended_tail) s->ended_tail->next = r;
+    else s->ended_head = r;
+    s->ended_tail = r;
+}
+
+/* Answered (its last pass done), or failed alone with rc and why. */
+static void row_end(squad_sched *s, squad_sched_row *r, int rc, const squad_err *why) {
+    row_leave(s, r, rc ? SQUAD_SCHED_FAILED : SQUAD_SCHED_ANSWERED, rc, why);
 }
 
 static int cancelled(const squad_sched_row *r) { return r->opts.cancelled && r->opts.cancelled(r->opts.cancel_ctx); }
 
-static void row_cancel(squad_engine *e, squad_sched_row *r) {
+static void row_cancel(squad_sched *s, squad_sched_row *r) {
     squad_err err = {0};
     squad_fail(&err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", r->seq >= 0 ? r->pos : 0,
                r->row.n_ids);
-    row_end(e, r, SQUAD_E_CANCELLED, &err);
+    row_end(s, r, SQUAD_E_CANCELLED, &err);
 }
 
-void squad_sched_free(squad_engine *e) {
-    squad_sched *s = &e->sched;
+static void free_list(squad_sched_row *r) {
+    while (r) {
+        squad_sched_row *next = r->next;
+        squad_sched_row_free(r);
+        r = next;
+    }
+}
+
+void squad_sched_free(squad_sched *s) {
     for (int i = 0; s->slots && i < s->max_rows; i++) {
         squad_sched_row *r = s->slots[i];
         if (!r) continue;
-        plan_close(e, r, SQUAD_PLAN_FAILED);
-        row_free(r);
+        plan_close(s, r, SQUAD_PLAN_FAILED);
+        squad_sched_row_free(r);
     }
-    while (s->queue_head) {
-        squad_sched_row *r = s->queue_head;
-        s->queue_head = r->next;
-        row_free(r);
-    }
+    free_list(s->queue_head);
+    free_list(s->ended_head);
     free(s->slots);
     free(s->batch);
     free(s->chunks);
@@ -192,30 +211,30 @@ static int first_slot_from(const squad_row *row, int pos) {
 
 /* A pass of the row in its slot: on the cache's path, a plan (route < 0: guess) and its restore;
  * else a reset. route: the route the pass must run with (-1: the router decides afterwards). */
-static int pass_start(squad_engine *e, squad_sched_row *r, int route, squad_err *err) {
-    squad_backend *be = e->be;
-    squad_router_feat *feat = e->sp ? &r->feat : NULL;
-    r->guessed = e->sp && route < 0;
+static int pass_start(squad_sched *s, squad_sched_row *r, int route, squad_err *err) {
+    squad_backend *be = s->be;
+    squad_router_feat *feat = s->sp ? &r->feat : NULL;
+    r->guessed = s->sp && route < 0;
     r->committed = 0;
     r->bound = 0;
     if (r->cached) {
-        const int want = e->sp ? route : 0;
-        int rc = squad_cache_plan_open_at(e->cache, &r->row, r->opts.end_checkpoint_only, r->opts.checkpoints,
-                                          r->opts.n_checkpoints, want, e->last_route, &r->plan, err);
+        const int want = s->sp ? route : 0;
+        int rc = squad_cache_plan_open_at(s->cache, &r->row, r->opts.end_checkpoint_only, r->opts.checkpoints,
+                                          r->opts.n_checkpoints, want, s->guess_route, &r->plan, err);
         if (rc) return rc;
         r->plan_open = 1;
         r->route = r->plan.route;
         r->pos = r->plan.c0;
         r->out->reused = r->plan.c0;
-        rc = squad_cache_restore(be, r->seq, &r->plan, feat, err);
+        rc = squad_plan_restore(be, r->seq, &r->plan, feat, err);
         if (rc) return rc;
         if (r->plan.n_bounds == 0 && !r->guessed) { /* a hit on a certain route: nothing to commit */
-            rc = squad_cache_commit(e->cache, be, r->seq, &r->row, &r->plan, err);
+            rc = squad_plan_commit(s->cache, be, r->seq, &r->row, &r->plan, err);
             if (rc) return rc;
             r->committed = 1;
         }
     } else {
-        r->route = route >= 0 ? route : e->last_route;
+        r->route = route >= 0 ? route : s->guess_route;
         r->pos = 0;
         if (feat) squad_router_feat_reset(feat);
         int rc = be->reset(be, r->seq, err);
@@ -248,15 +267,14 @@ static int same_request(const squad_row *a, const squad_row *b) {
 /* 1 when a queued row should wait: its exact twin is in flight (the memo answers it once the twin
  * is done), or an in-flight row's open plan will commit a checkpoint of the prefix the row shares
  * with it, deeper than what the cache can restore for the row now. */
-static int must_wait(squad_engine *e, const squad_sched_row *r) {
-    for (int i = 0; e->memo && i < e->sched.max_rows; i++)
-        if (e->sched.slots[i] && same_request(&r->row, &e->sched.slots[i]->row)) return 1;
-    if (!e->cache || !squad_cache_eligible(e->cache, &r->row)) return 0;
-    const int route = e->sp ? r->forced : 0;
-    const int align = e->opts.cache.align;
+static int must_wait(squad_sched *s, const squad_sched_row *r) {
+    for (int i = 0; s->memo && i < s->max_rows; i++)
+        if (s->slots[i] && same_request(&r->row, &s->slots[i]->row)) return 1;
+    if (!s->cache || !squad_cache_eligible(s->cache, &r->row)) return 0;
+    const int route = s->sp ? r->forced : 0;
+    const int align = s->align;
     const int p = r->row.state_len - r->row.state_len % align;
     int have = -1; /* looked up once, and only when some plan could give more */
-    const squad_sched *s = &e->sched;
     for (int i = 0; i < s->max_rows; i++) {
         const squad_sched_row *o = s->slots[i];
         if (!o || !o->plan_open || o->committed) continue;
@@ -271,18 +289,17 @@ static int must_wait(squad_engine *e, const squad_sched_row *r) {
                 break;
             }
         if (deepest == 0) continue;
-        if (have < 0) have = squad_cache_restorable(e->cache, &r->row, route);
+        if (have < 0) have = squad_cache_restorable(s->cache, &r->row, route);
         if (deepest > have) return 1;
     }
     return 0;
 }
 
-/* The row into a free slot: its first pass starts. A row the memo answers now leaves at once. */
-static void row_start(squad_engine *e, squad_sched_row *r, int seq) {
-    squad_sched *s = &e->sched;
-    if (squad_engine_memo_answer(e, &r->row, &r->opts, r->out)) { /* a twin answered while it queued */
-        if (r->done) r->done(r->ctx, 0, &(squad_err){0});
-        row_free(r);
+/* The row into a free slot: its first pass starts. A row the memo answers now (a twin answered
+ * while it queued) leaves at once, without the slot. */
+static void row_start(squad_sched *s, squad_sched_row *r, int seq) {
+    if (s->memo && squad_memo_lookup(s->memo, &r->row, r->opts.want_vocab, r->out)) {
+        row_leave(s, r, SQUAD_SCHED_MEMO, 0, NULL);
         return;
     }
     r->seq = seq;
@@ -290,20 +307,19 @@ static void row_start(squad_engine *e, squad_sched_row *r, int seq) {
     r->shorted = 0;
     s->slots[seq] = r;
     s->n_flight++;
-    r->cached = e->cache && squad_cache_eligible(e->cache, &r->row);
+    r->cached = s->cache && squad_cache_eligible(s->cache, &r->row);
     squad_err err = {0};
-    const int rc = pass_start(e, r, r->forced, &err);
-    if (rc) row_end(e, r, rc, &err);
+    const int rc = pass_start(s, r, r->forced, &err);
+    if (rc) row_end(s, r, rc, &err);
 }
 
 /* Queued rows into free slots, oldest first; a row that must wait, or finds no slot, stays queued
  * (polled for a cancel there, so a caller gone does not hold its place). */
-static void admit(squad_engine *e) {
-    squad_sched *s = &e->sched;
+static void admit(squad_sched *s) {
     squad_sched_row **link = &s->queue_head, *prev = NULL;
     while (*link) {
         squad_sched_row *r = *link;
-        const int go = s->n_flight < s->max_rows && !must_wait(e, r);
+        const int go = s->n_flight < s->max_rows && !must_wait(s, r);
         if (!go && !cancelled(r)) {
             prev = r;
             link = &r->next;
@@ -314,20 +330,27 @@ static void admit(squad_engine *e) {
         s->n_queued--;
         r->next = NULL;
         if (!go) {
-            row_cancel(e, r);
+            row_cancel(s, r);
             continue;
         }
         int seq = 0;
         while (s->slots[seq]) seq++;
-        row_start(e, r, seq);
+        row_start(s, r, seq);
     }
+}
+
+/* Rows in flight whose caller asked them to stop leave now, at the step boundary (one poll per row
+ * a step; a row just admitted is polled here, not in admit). */
+static void drop_cancelled(squad_sched *s) {
+    for (int i = 0; i < s->max_rows; i++)
+        if (s->slots[i] && cancelled(s->slots[i])) row_cancel(s, s->slots[i]);
 }
 
 /* ---- packing --------------------------------------------------------------------------------- */
 
 /* The step's budget and the longest chunk, from the backend's limits as they are now. */
-static int batch_tokens(const squad_engine *e) { return min_int(e->sched.batch_tokens, e->be->max_batch_tokens); }
-static int chunk_cap(const squad_engine *e) { return min_int(e->be->max_chunk, batch_tokens(e)); }
+static int batch_tokens(const squad_sched *s) { return min_int(s->batch_tokens, s->be->max_batch_tokens); }
+static int chunk_cap(const squad_sched *s) { return min_int(s->be->max_chunk, batch_tokens(s)); }
 
 /* Where the row's next chunk must stop: the plan's next bound in the prefix, else the row's end. */
 static int chunk_target(const squad_sched_row *r) {
@@ -336,7 +359,7 @@ static int chunk_target(const squad_sched_row *r) {
 }
 
 /* The chunk of `len` tokens from the row's position, on its slot, with its answer slots. */
-static void fill_chunk(squad_engine *e, squad_sched_row *r, int len, squad_chunk *ck) {
+static void fill_chunk(squad_sched *s, squad_sched_row *r, int len, squad_chunk *ck) {
     const squad_row *row = &r->row;
     memset(ck, 0, sizeof *ck);
     ck->seq = r->seq;
@@ -354,15 +377,15 @@ static void fill_chunk(squad_engine *e, squad_sched_row *r, int len, squad_chunk
     r->ck_n = ck->n_slots;
     r->ck_len = len;
     if (r->opts.want_vocab && ck->n_slots) ck->vocab = r->vocab;
-    if (e->sp) {
+    if (s->sp) {
         ck->route = r->route;
         ck->router_sum = r->chunk_sum;
     }
     ck->probs = ck->n_slots ? &r->probs[0][0] : NULL;
 }
 
-int squad_sched_want(const squad_engine *e, const squad_sched_row *r) {
-    return min_int(chunk_target(r) - r->pos, chunk_cap(e));
+int squad_sched_want(const squad_sched *s, const squad_sched_row *r) {
+    return min_int(chunk_target(r) - r->pos, chunk_cap(s));
 }
 
 /* Orders candidates: starved rows first, oldest first among them; then the shortest wants, then the
@@ -376,8 +399,7 @@ static int before(const squad_sched_row *a, int wa, const squad_sched_row *b, in
 }
 
 /* Picks this step's chunks (the policy in the header comment); returns how many. */
-static int pack(squad_engine *e) {
-    squad_sched *s = &e->sched;
+static int pack(squad_sched *s) {
     squad_sched_row **cand = s->batch;
     int *want = s->want, *got = s->got;
     int n = 0;
@@ -385,7 +407,7 @@ static int pack(squad_engine *e) {
         squad_sched_row *r = s->slots[i];
         if (!r) continue;
         /* insertion by the order above */
-        const int w = squad_sched_want(e, r);
+        const int w = squad_sched_want(s, r);
         int j = n++;
         for (; j > 0 && before(r, w, cand[j - 1], want[j - 1]); j--) {
             cand[j] = cand[j - 1];
@@ -394,7 +416,7 @@ static int pack(squad_engine *e) {
         cand[j] = r;
         want[j] = w;
     }
-    int left = batch_tokens(e);
+    int left = batch_tokens(s);
     for (int j = 0; j < n; j++) { /* whole wants while they fit (the first always does) */
         got[j] = want[j] <= left ? want[j] : 0;
         left -= got[j];
@@ -413,11 +435,7 @@ static int pack(squad_engine *e) {
         squad_sched_row *r = cand[j];
         r->shorted = got[j] < want[j] ? r->shorted + 1 : 0;
         if (!got[j]) continue;
-        if (cancelled(r)) { /* polled before each step the row takes part in */
-            row_cancel(e, r);
-            continue;
-        }
-        fill_chunk(e, r, got[j], &s->chunks[m]);
+        fill_chunk(s, r, got[j], &s->chunks[m]);
         cand[m++] = r;
     }
     return m;
@@ -426,8 +444,7 @@ static int pack(squad_engine *e) {
 /* ---- forward --------------------------------------------------------------------------------- */
 
 /* The chunks one route at a time (a backend that cannot mix them in one batch). */
-static int forward_by_route(squad_engine *e, int n, squad_err *err) {
-    squad_sched *s = &e->sched;
+static int forward_by_route(squad_sched *s, int n, squad_err *err) {
     unsigned char *done = s->routed;
     memset(done, 0, (size_t)n);
     for (int i = 0; i < n; i++) {
@@ -438,27 +455,26 @@ static int forward_by_route(squad_engine *e, int n, squad_err *err) {
                 s->sub[m++] = s->chunks[j];
                 done[j] = 1;
             }
-        int rc = e->be->forward(e->be, s->sub, m, err);
+        int rc = s->be->forward(s->be, s->sub, m, err);
         if (rc) return rc;
     }
     return 0;
 }
 
-static int forward(squad_engine *e, int n, squad_err *err) {
-    squad_sched *s = &e->sched;
+static int forward(squad_sched *s, int n, squad_err *err) {
     int mixed = 0;
     for (int i = 1; i < n; i++) mixed |= s->chunks[i].route != s->chunks[0].route;
-    if (mixed && !e->be->mixed_routes) return forward_by_route(e, n, err);
-    int rc = e->be->forward(e->be, s->chunks, n, err);
+    if (mixed && !s->be->mixed_routes) return forward_by_route(s, n, err);
+    int rc = s->be->forward(s->be, s->chunks, n, err);
     /* a backend may refuse a mix it cannot run (before any state changed): one route at a time */
-    if (rc == SQUAD_E_UNSUPPORTED && mixed) rc = forward_by_route(e, n, err);
+    if (rc == SQUAD_E_UNSUPPORTED && mixed) rc = forward_by_route(s, n, err);
     return rc;
 }
 
 /* ---- advancing ------------------------------------------------------------------------------- */
 
 /* The chunk's answers into the row's result, its router features into the row's. */
-static void take_chunk(squad_engine *e, squad_sched_row *r) {
+static void take_chunk(squad_sched_row *r) {
     squad_result *out = r->out;
     for (int i = 0; i < r->ck_n; i++) {
         const int k = r->ck_first + i;
@@ -479,68 +495,76 @@ static void take_chunk(squad_engine *e, squad_sched_row *r) {
 
 /* The row's pass reached its end: the router confirms or overturns a guess. Returns 1 when the row
  * is answered, 0 when it runs again (a misprediction), negative on failure. */
-static int pass_end(squad_engine *e, squad_sched_row *r, squad_err *err) {
+static int pass_end(squad_sched *s, squad_sched_row *r, squad_err *err) {
     int decided = r->route;
     if (r->guessed) {
-        decided = squad_router_route(&e->sp->router, &r->feat, NULL, NULL, err);
+        decided = squad_router_route(&s->sp->router, &r->feat, NULL, NULL, err);
         if (decided < 0) return decided;
     }
     if (decided == r->route) {
         if (r->cached && !r->committed) {
-            int rc = squad_cache_commit(e->cache, e->be, r->seq, &r->row, &r->plan, err);
+            int rc = squad_plan_commit(s->cache, s->be, r->seq, &r->row, &r->plan, err);
             if (rc) return rc;
             r->committed = 1;
         }
         return 1;
     }
     /* a misprediction: again with the router's route, in the same slot */
-    if (r->cached) plan_close(e, r, SQUAD_PLAN_RETRY);
-    else e->mispredictions_plain++;
-    int rc = pass_start(e, r, decided, err);
+    if (r->cached) plan_close(s, r, SQUAD_PLAN_RETRY);
+    else s->mispredictions_plain++;
+    int rc = pass_start(s, r, decided, err);
     return rc ? rc : 0;
 }
 
 /* After the row's chunk ran: its state machine one step on. */
-static void advance(squad_engine *e, squad_sched_row *r) {
+static void advance(squad_sched *s, squad_sched_row *r) {
     squad_err err = {0};
     int rc = 0;
-    take_chunk(e, r);
+    take_chunk(r);
     if (r->cached && r->bound < r->plan.n_bounds && r->pos == r->plan.bounds[r->bound]) {
-        rc = squad_cache_save_bound(e->cache, e->be, r->seq, &r->plan, r->bound, e->sp ? &r->feat : NULL, &err);
+        rc = squad_plan_save_bound(s->cache, s->be, r->seq, &r->plan, r->bound, s->sp ? &r->feat : NULL, &err);
         r->bound++;
         if (!rc && r->bound == r->plan.n_bounds && !r->guessed) { /* at p on a certain route */
-            rc = squad_cache_commit(e->cache, e->be, r->seq, &r->row, &r->plan, &err);
+            rc = squad_plan_commit(s->cache, s->be, r->seq, &r->row, &r->plan, &err);
             r->committed = !rc;
         }
     }
     if (!rc && r->pos == r->row.n_ids) {
-        rc = pass_end(e, r, &err);
+        rc = pass_end(s, r, &err);
         if (rc == 1) {
-            row_end(e, r, 0, NULL);
+            row_end(s, r, 0, NULL);
             return;
         }
     }
-    if (rc) row_end(e, r, rc, &err);
+    if (rc) row_end(s, r, rc, &err);
 }
 
-int squad_sched_step(squad_engine *e, squad_err *err) {
-    squad_sched *s = &e->sched;
-    admit(e);
-    const int n = pack(e);
-    if (n == 0) return squad_sched_pending(s);
-    const int rc = forward(e, n, err);
+/* The step's ended rows to the caller; the list starts empty for the next step. */
+static int hand_back(squad_sched *s, squad_sched_row **ended, int rc) {
+    *ended = s->ended_head;
+    s->ended_head = s->ended_tail = NULL;
+    return rc ? rc : squad_sched_pending(s);
+}
+
+int squad_sched_step(squad_sched *s, int last_route, squad_sched_row **ended, squad_err *err) {
+    s->guess_route = last_route;
+    admit(s);
+    drop_cancelled(s);
+    const int n = pack(s);
+    if (n == 0) return hand_back(s, ended, 0);
+    const int rc = forward(s, n, err);
     if (rc) { /* the backend failed: every row in flight ends with its error */
         for (int i = 0; i < s->max_rows; i++)
-            if (s->slots[i]) row_end(e, s->slots[i], rc, err);
-        return rc;
+            if (s->slots[i]) row_end(s, s->slots[i], rc, err);
+        return hand_back(s, ended, rc);
     }
-    for (int i = 0; i < n; i++) advance(e, s->batch[i]);
-    return squad_sched_pending(s);
+    for (int i = 0; i < n; i++) advance(s, s->batch[i]);
+    return hand_back(s, ended, 0);
 }
 
 /* ---- one row, one span (squad_engine_run_span) ------------------------------------------------ */
 
-int squad_sched_run_span(squad_engine *e, int seq, int route, const squad_row *row, int start, int end,
+int squad_sched_run_span(squad_sched *s, int seq, int route, const squad_row *row, int start, int end,
                          const squad_score_opts *opts, squad_result *out, squad_err *err) {
     squad_sched_row *r = squad_calloc(1, sizeof *r, err);
     if (!r) return SQUAD_E_NOMEM;
@@ -558,9 +582,9 @@ int squad_sched_run_span(squad_engine *e, int seq, int route, const squad_row *r
             break;
         }
         squad_chunk ck;
-        fill_chunk(e, r, min_int(end - r->pos, chunk_cap(e)), &ck);
-        rc = e->be->forward(e->be, &ck, 1, err);
-        if (!rc) take_chunk(e, r);
+        fill_chunk(s, r, min_int(end - r->pos, chunk_cap(s)), &ck);
+        rc = s->be->forward(s->be, &ck, 1, err);
+        if (!rc) take_chunk(r);
     }
     free(r);
     return rc;

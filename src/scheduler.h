@@ -3,6 +3,13 @@
  * wait in a FIFO queue, run in flight each in a sequence slot of the backend, and advance together
  * in batched steps. src/scheduler.c's header comment is the design; docs/batching.md the whole
  * story.
+ *
+ * The stack is one-way: the engine owns a squad_sched and lends it the lower layers it runs rows
+ * on (backend, state cache, memo, specialists) at squad_sched_init; squad_sched_step runs one
+ * batched step and *returns* the rows that left in it (answered, answered by the memo, or failed),
+ * plans closed and slots freed. The scheduler never calls up: the engine then does what belongs to
+ * a finished row above the scheduler (the router's view, the memo insert, the counters, the done
+ * callback) and frees it.
  */
 #ifndef SQUAD_SCHEDULER_H
 #define SQUAD_SCHEDULER_H
@@ -11,10 +18,9 @@
 
 #include "backend.h"
 #include "cache.h"
+#include "memo.h"
 #include "specialists.h"
 #include "squad.h"
-
-typedef struct squad_engine squad_engine;
 
 /* A cut row's chunk is a multiple of this many tokens (the cache's align and the CUDA delta
  * rule's block), and a budget left over smaller than it cuts nothing. */
@@ -58,10 +64,31 @@ typedef struct squad_sched_row {
     float probs[SQUAD_MAX_SLOTS_PER_ROW][SQUAD_MAX_LETTERS];
     squad_slot_vocab vocab[SQUAD_MAX_SLOTS_PER_ROW];
 
-    struct squad_sched_row *next; /* the queue */
+    /* how it left (squad_sched_step's ended list) */
+    int end;       /* a squad_sched_end */
+    int rc;        /* SQUAD_SCHED_FAILED: why, with err */
+    squad_err err;
+
+    struct squad_sched_row *next; /* the queue, then the ended list */
 } squad_sched_row;
 
+/* How a row left the scheduler. */
+typedef enum {
+    SQUAD_SCHED_ANSWERED = 1, /* its last pass is done: out holds its answers and route, r->feat the
+                               * router features of that pass; its plan closed (counted) */
+    SQUAD_SCHED_MEMO,         /* a twin answered it while it queued: out filled from the memo */
+    SQUAD_SCHED_FAILED,       /* failed or cancelled alone (rc, err): its plan abandoned; out->computed
+                               * counts the tokens it ran, the rest of out is not an answer */
+} squad_sched_end;
+
 typedef struct squad_sched {
+    /* the lower layers, lent by the owner for the scheduler's lifetime */
+    squad_backend *be;
+    squad_cache *cache;           /* NULL: every row down the plain path */
+    squad_memo *memo;             /* NULL: no exact repeats (a twin does not wait for its twin) */
+    const squad_specialists *sp;  /* NULL: every row the trunk */
+    int align;                    /* the cache's align (its checkpoints' positions) */
+
     int max_rows;     /* rows in flight at once: min(max_rows option, the backend's slots) */
     int batch_tokens; /* tokens one step runs, all its chunks together; the longest chunk is the
                        * smaller of it and the backend's max_chunk */
@@ -76,31 +103,42 @@ typedef struct squad_sched {
     squad_chunk *sub; /* one route's chunks when a backend cannot mix routes */
     int *want, *got;  /* each candidate's wanted and granted tokens */
     unsigned char *routed; /* chunks already run, when they run one route at a time */
+    uint64_t mispredictions_plain; /* second passes of rows off the cache (the cache counts its own) */
+    squad_sched_row *ended_head, *ended_tail; /* the rows that left in the current step */
+    int guess_route; /* the current step's last_route (squad_sched_step) */
 } squad_sched;
 
-/* The scheduler of an engine whose backend is be: opts->max_rows and opts->batch_tokens (0: the
- * backend's; more than it has: what it has; negative: refused). */
-int squad_sched_init(squad_sched *s, const squad_backend *be, const squad_engine_opts *opts, squad_err *err);
+/* A scheduler over be (and cache, memo, sp; each may be NULL) with opts->max_rows and
+ * opts->batch_tokens (0: the backend's; more than it has: what it has; negative: refused). */
+int squad_sched_init(squad_sched *s, squad_backend *be, squad_cache *cache, squad_memo *memo,
+                     const squad_specialists *sp, const squad_engine_opts *opts, squad_err *err);
 /* Drops every row still taken in (their plans abandoned, done not called) and the scratch. */
-void squad_sched_free(squad_engine *e);
+void squad_sched_free(squad_sched *s);
 
 /* A row for the queue (validated by the caller): NULL and err when memory is short. */
-squad_sched_row *squad_sched_row_new(squad_engine *e, const squad_row *row, const squad_score_opts *opts,
+squad_sched_row *squad_sched_row_new(const squad_sched *s, const squad_row *row, const squad_score_opts *opts,
                                      squad_result *out, squad_done_fn done, void *ctx, squad_err *err);
-void squad_sched_enqueue(squad_engine *e, squad_sched_row *r);
+void squad_sched_enqueue(squad_sched *s, squad_sched_row *r);
+/* A row squad_sched_step handed back, once its owner is done with it. */
+void squad_sched_row_free(squad_sched_row *r);
 
-/* One batched step (squad_engine_step's contract). */
-int squad_sched_step(squad_engine *e, squad_err *err);
+/* One batched step: admission, the cancel polls of the rows in flight, packing, one forward (or one per route), each row's state machine
+ * one step on. last_route: the route a row no checkpoint routes guesses (the route of the last row
+ * answered). *ended gets the rows that left in the step, in the order they left, linked by next
+ * (their slots already free; done not called: the caller's, then squad_sched_row_free). Returns the
+ * rows still taken in, or a negative code with err filled when the backend failed (every row in
+ * flight then left, failed with it). */
+int squad_sched_step(squad_sched *s, int last_route, squad_sched_row **ended, squad_err *err);
 int squad_sched_pending(const squad_sched *s);
 /* The tokens a row in flight wants at the next step: to its next chunk target, at most the longest
  * chunk (what the packing gives it whole, or cuts; tests read it). */
-int squad_sched_want(const squad_engine *e, const squad_sched_row *r);
+int squad_sched_want(const squad_sched *s, const squad_sched_row *r);
 
 /* Runs row->ids[start, end) on sequence slot `seq` in chunks of at most the longest chunk with
  * `route` (no router features), answering the row's slots in the span into out; polls opts'
  * cancel callback and asks for the vocabulary figures as opts says (opts may be NULL). The
  * one-row span runner of squad_engine_run_span. */
-int squad_sched_run_span(squad_engine *e, int seq, int route, const squad_row *row, int start, int end,
+int squad_sched_run_span(squad_sched *s, int seq, int route, const squad_row *row, int start, int end,
                          const squad_score_opts *opts, squad_result *out, squad_err *err);
 
 #endif /* SQUAD_SCHEDULER_H */

@@ -187,3 +187,84 @@ int squad_mkdir_p(const char *dir, squad_err *err) {
     free(p);
     return rc;
 }
+
+/* ---- squad_buf ------------------------------------------------------------------------------ */
+
+/* The first allocation of a buffer; it doubles from there. */
+#define SQUAD_BUF_FIRST_CAP 256
+
+static int buf_reserve(squad_buf *b, size_t more) {
+    if (b->oom) return -1;
+    if (more > SIZE_MAX - 1 - b->n) {
+        b->oom = 1;
+        return -1;
+    }
+    if (b->n + more + 1 <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : SQUAD_BUF_FIRST_CAP;
+    while (cap < b->n + more + 1) {
+        if (cap > SIZE_MAX / 2) {
+            b->oom = 1;
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *s = realloc(b->s, cap);
+    if (!s) {
+        b->oom = 1;
+        return -1;
+    }
+    b->s = s;
+    b->cap = cap;
+    return 0;
+}
+
+int squad_buf_put(squad_buf *b, const void *p, size_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    if (n) memcpy(b->s + b->n, p, n);
+    b->n += n;
+    b->s[b->n] = 0;
+    return 0;
+}
+
+int squad_buf_puts(squad_buf *b, const char *s) { return squad_buf_put(b, s, strlen(s)); }
+
+int squad_buf_printf(squad_buf *b, const char *fmt, ...) {
+    va_list ap;
+    char small[256];
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = 1;
+        return -1;
+    }
+    if ((size_t)n < sizeof small) return squad_buf_put(b, small, (size_t)n);
+    if (buf_reserve(b, (size_t)n) < 0) return -1;
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->n, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)n;
+    return 0;
+}
+
+void squad_buf_reset(squad_buf *b) {
+    b->n = 0;
+    if (b->s) b->s[0] = 0;
+}
+
+char *squad_buf_take(squad_buf *b, size_t *len) {
+    if (b->oom || buf_reserve(b, 0) < 0) {
+        squad_buf_free(b);
+        return NULL;
+    }
+    b->s[b->n] = 0; /* a buffer never appended to gets its first allocation here */
+    char *s = b->s;
+    if (len) *len = b->n;
+    memset(b, 0, sizeof *b);
+    return s;
+}
+
+void squad_buf_free(squad_buf *b) {
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}

@@ -1,6 +1,7 @@
 /*
  * util.h — small helpers shared by every module: error reporting into squad_err, checked
- * allocation, whole-file reads, bf16/f16 conversion and a monotonic clock.
+ * allocation, a growable byte buffer (squad_buf), whole-file reads, bf16/f16 conversion and a
+ * monotonic clock.
  *
  * Every fallible function in squad returns a negative squad error code and fills a squad_err via
  * squad_fail(); nothing here prints or exits.
@@ -32,6 +33,26 @@ void *squad_calloc(size_t count, size_t size, squad_err *err);
 void *squad_aligned_alloc(size_t n, squad_err *err);
 void squad_aligned_free(void *p);
 char *squad_strdup(const char *s, squad_err *err);
+
+/* A growable NUL-terminated byte buffer: JSON answers, request bodies, text to encode. Zero-
+ * initialise; oom is set (and stays set) when an append could not allocate, so code that writes a
+ * sequence of appends checks once at the end; free with squad_buf_free. The appends return 0, or -1
+ * once oom is set. */
+typedef struct squad_buf {
+    char *s; /* NULL until the first append */
+    size_t n, cap;
+    int oom;
+} squad_buf;
+
+int squad_buf_put(squad_buf *b, const void *p, size_t n);
+int squad_buf_puts(squad_buf *b, const char *s);
+int squad_buf_printf(squad_buf *b, const char *fmt, ...) SQUAD_PRINTF(2, 3);
+/* Empties b, keeping its allocation (and its oom mark). */
+void squad_buf_reset(squad_buf *b);
+/* Hands the text over (the caller frees it; never NULL for an empty buffer) and empties b; NULL,
+ * and b freed, when an append failed. */
+char *squad_buf_take(squad_buf *b, size_t *len);
+void squad_buf_free(squad_buf *b);
 
 /* Reads a whole file into a NUL-terminated buffer (length in *len). */
 char *squad_read_file(const char *path, size_t *len, squad_err *err);

@@ -59,7 +59,7 @@
 
 #ifdef SQUAD_HAVE_CUDA
 static const char *PREC_NAME[2] = {"exact", "bf16"};
-#include "cuda/cuda_backend.h"
+#include "cuda/backend_cuda.h"
 
 typedef float probs_t[SQUAD_MAX_LETTERS];
 

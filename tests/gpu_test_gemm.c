@@ -30,7 +30,7 @@
 #include "util.h"
 
 #ifdef SQUAD_HAVE_CUDA
-#include "cuda/cuda_test_gemm.h"
+#include "cuda_test_gemm.h" /* tests/cuda */
 
 #define MAX_CFGS 32
 

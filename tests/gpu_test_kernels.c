@@ -1,6 +1,6 @@
 /*
  * gpu_test_kernels.c — each CUDA kernel group against its plain host reference on fresh random
- * inputs (src/cuda/cuda_test_api.h): the GDN mixer (conv with saved inputs, gates, the chunked
+ * inputs (tests/cuda/cuda_test_api.h): the GDN mixer (conv with saved inputs, gates, the chunked
  * delta rule from a nonzero initial state, padding, the gated norm) against the per-token
  * recurrence, chained over two chunks; attention over cached K / V (RoPE offsets, GQA, padding,
  * head dims 16..256) — each on the bf16 path (tensor cores) and the exact fp32 path; RMSNorm, SiLU * up, and the cuBLASLt
@@ -23,7 +23,7 @@
 #include "util.h"
 
 #ifdef SQUAD_HAVE_CUDA
-#include "cuda/cuda_test_api.h"
+#include "cuda_test_api.h" /* tests/cuda */
 
 /* ---- random inputs (testutil.h's stream) ---- */
 static float bf(float x) { return squad_bf16_to_f32(squad_f32_to_bf16(x)); }
@@ -61,8 +61,13 @@ static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
+/* A launch variant of the bf16 mixer (cu_ref_gdn_args: short_rows, prep_split, conv_groups). */
+typedef struct gdn_variant {
+    int short_rows, prep_split, conv_groups;
+} gdn_variant;
+
 /* Returns a hash of the device's outputs (both chunks' Y and states, the conv state). */
-static uint64_t test_gdn(rng *r, const gdn_case *c, int exact) {
+static uint64_t test_gdn(rng *r, const gdn_case *c, int exact, const gdn_variant *v) {
     const int C = 2 * c->nk * c->dk + c->nv * c->dv;
     const int ldP = ((C + c->nv * c->dv + 2 * c->nv + 7) & ~7) + 8; /* padded, 8-aligned as the backend has it */
     const size_t nS = (size_t)c->nv * c->dk * c->dv;
@@ -83,7 +88,7 @@ static uint64_t test_gdn(rng *r, const gdn_case *c, int exact) {
         float *P = randn(r, (size_t)rows * ldP, 1.0, 1);
         float *Y = malloc(sizeof(float) * rows * c->nv * c->dv), *Yr = calloc((size_t)rows * c->nv * c->dv, 4);
         cu_ref_gdn_args a = {c->nk, c->nv, c->dk, c->dv, c->K, ldP, rows, len, 1e-6f, P, cs_dev, conv_w, A_log, dt, nw,
-                             S_dev, Y, exact};
+                             S_dev, Y, exact, v->short_rows, v->prep_split, v->conv_groups};
         squad_err err = {0};
         const int rc = squad_cuda_test_gdn(&a, &err);
         CHECKF(rc == 0, "squad_cuda_test_gdn: %s", err.msg);
@@ -374,45 +379,30 @@ int main(void) {
         {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
         {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
-    /* the bf16 path in twelve launch variants (switches the library reads): the long-chunk or the
-     * short-chunk conv and output kernels (SQUAD_GDN_SHORT_ROWS), the prep whole or split over 2 or
-     * 4 blocks a (block, head) (SQUAD_GDN_PREP_SPLIT, bounded by the head dims), on short chunks
-     * the conv fused into the prep (SQUAD_GDN_EXP=4; the 0.8B's shapes, the others run unfused),
-     * the conv one tile a block (SQUAD_GDN_EXP=8) or pipelined over runs of 16-row groups (3 a block
-     * here, where the tests give no SM count; 1 or 5 fixed by SQUAD_GDN_EXP's bits 16 .. 23), and
-     * long chunks cut into 3 or 4 segments whose prep and output kernels run on their own streams
-     * beside the scan (SQUAD_GDN_SEGMENTS, bounded by two blocks of 64 tokens a segment: the cases
-     * of 3 to 8 blocks get 1 to 4, uneven where the blocks do not divide).
+    /* the bf16 path in ten launch variants: the long-chunk or the short-chunk conv and output
+     * kernels (short_rows), the prep whole or split over 2 or 4 blocks a (block, head) (prep_split,
+     * bounded by the head dims), the conv one tile a block (conv_groups < 0) or pipelined over runs
+     * of 16-row groups (3 a block by default here, where the tests give no SM count; 1 or 5 fixed).
      * Each case has the same inputs in every variant, and the variants of one conv tiling must give
-     * the same bits: the splits, the fusion, the conv's blocks and the segments change who computes
-     * a value, not how. */
-    static const char *const short_rows[] = {"0", "0", "1000000", "1000000", "1000000", "1000000",
-                                             "0", "1000000", "0", "1000000", "0", "0"};
-    static const char *const split[] = {"1", "4", "1", "2", "4", "4", "1", "1", "1", "1", "1", "2"};
-    static const char *const exps[] = {"0", "0", "0", "0", "0", "4", "8", "8", "65536", "327680", "0", "65536"};
-    static const char *const segs[] = {"1", "1", "1", "1", "1", "1", "1", "1", "1", "1", "3", "4"};
-    enum { NV = 12, NC = sizeof gc / sizeof gc[0] };
+     * the same bits: the splits and the conv's blocks change who computes a value, not how. */
+    enum { LONG = -1, SHORT = 1000000 };
+    static const gdn_variant gv[] = {{LONG, 1, 0},  {LONG, 4, 0},   {SHORT, 1, 0}, {SHORT, 2, 0}, {SHORT, 4, 0},
+                                     {LONG, 1, -1}, {SHORT, 1, -1}, {LONG, 1, 1},  {SHORT, 1, 5}, {LONG, 2, 1}};
+    enum { NV = sizeof gv / sizeof gv[0], NC = sizeof gc / sizeof gc[0] };
     uint64_t bits[NV][NC];
     for (int v = 0; v < NV; v++) {
-        setenv("SQUAD_GDN_SHORT_ROWS", short_rows[v], 1);
-        setenv("SQUAD_GDN_PREP_SPLIT", split[v], 1);
-        setenv("SQUAD_GDN_EXP", exps[v], 1);
-        setenv("SQUAD_GDN_SEGMENTS", segs[v], 1);
-        printf("gdn kernels for %s chunks (SQUAD_GDN_SHORT_ROWS=%s), prep split %s, SQUAD_GDN_EXP=%s, segments %s\n",
-               short_rows[v][0] == '0' ? "long" : "short", short_rows[v], split[v], exps[v], segs[v]);
+        printf("gdn kernels for %s chunks, prep split %d, conv groups %d\n", gv[v].short_rows == LONG ? "long" : "short",
+               gv[v].prep_split, gv[v].conv_groups);
         for (int i = 0; i < NC; i++) {
             rng ri = {0x9e3779b97f4a7c15ull + (uint64_t)i};
-            bits[v][i] = test_gdn(&ri, &gc[i], 0);
+            bits[v][i] = test_gdn(&ri, &gc[i], 0, &gv[v]);
             /* long variants tile the conv by 16 tokens (variant 0 the first), short ones by 4 (variant 2) */
-            const int first = short_rows[v][0] == '0' ? 0 : 2;
+            const int first = gv[v].short_rows == LONG ? 0 : 2;
             CHECKF(bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v, first);
         }
     }
-    unsetenv("SQUAD_GDN_SEGMENTS");
-    unsetenv("SQUAD_GDN_EXP");
-    unsetenv("SQUAD_GDN_PREP_SPLIT");
-    unsetenv("SQUAD_GDN_SHORT_ROWS");
-    for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1);
+    static const gdn_variant as_backend = {0, 0, 0};
+    for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1, &as_backend);
     const attn_case ac[] = {
         {4, 2, 32, 8, 64, 0, 64, 0},    /* tiny: one full chunk from position 0 */
         {4, 2, 32, 8, 128, 300, 100, 0},   /* cached keys, padding */
@@ -437,14 +427,13 @@ int main(void) {
     printf("attention forward on mma.sync (SQUAD_ATT_SM90=0)\n");
     for (int exact = 0; exact < 2; exact++)
         for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], exact);
-    /* the bf16 forward on wgmma (head_dim 256 on an H100 / H200 class GPU), both variants: the same
-     * cases */
-    for (int v = 1; v <= 2; v++) {
-        setenv("SQUAD_ATT_SM90", v == 1 ? "1" : "2", 1);
+    /* the bf16 forward on wgmma (head_dim 256 on an H100 / H200 class GPU): the same cases */
+    {
+        setenv("SQUAD_ATT_SM90", "1", 1);
         squad_err err = {0};
         const int on = squad_cuda_test_attn_sm90(256, &err);
         CHECKF(on >= 0, "squad_cuda_test_attn_sm90: %s", err.msg);
-        printf("attention forward on wgmma (SQUAD_ATT_SM90=%d): %s\n", v, on == 1 ? "runs here" : "not on this GPU");
+        printf("attention forward on wgmma (SQUAD_ATT_SM90=1): %s\n", on == 1 ? "runs here" : "not on this GPU");
         if (on == 1)
             for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, &ac[i], 0);
     }

@@ -32,7 +32,7 @@
 #include "tolerances.h"
 
 #ifdef SQUAD_HAVE_CUDA
-#include "cuda/cuda_backend.h"
+#include "cuda/backend_cuda.h"
 
 /* Across a CUDA slot's K / V growth steps (256 doubling up to 16384) and span buckets (1024 ... 16384). */
 static const int LENGTHS[] = {200, 1500, 4500, 9000, 700, 13000, 2500};

@@ -62,8 +62,8 @@
 #include "util.h"
 
 #ifdef SQUAD_HAVE_CUDA
-#include "cuda/cuda_backend.h"
-#include "cuda/cuda_test_api.h"
+#include "cuda/backend_cuda.h"
+#include "cuda_test_api.h" /* tests/cuda */
 
 #define FIXTURE "tests/fixtures/specialists"
 #define N_ROUTES 3
@@ -813,10 +813,10 @@ static void lora_slots(int *ts, int rows, int n_slots) {
 
 static const char *const LORA_SRC_NAME[4] = {"norm", "silu", "copy", "in place"};
 
-/* One case on one path (f32; else bf16 in the short chain or the earlier kernel): x within its bound, each token's own slot's u within its bound, every other slot's
+/* One case on one path (f32, else bf16): x within its bound, each token's own slot's u within its bound, every other slot's
  * columns exactly zero (the output starts as NaN: nothing may be left unwritten), and a second
  * launch the same bits. Returns the launch's xw (malloc'd; NULL on failure). */
-static float *lora_case_run(const lora_case *c, int f32, int earlier) {
+static float *lora_case_run(const lora_case *c, int f32) {
     const int bf = !f32, end = c->in + c->n_slots * c->R, ldw = end + c->pad;
     const size_t nsrc = (size_t)c->rows * (c->src == 1 ? 2 * (size_t)c->in : (size_t)c->ld_src);
     const size_t na = (size_t)c->n_slots * c->R * c->in, nw = (size_t)c->rows * ldw;
@@ -858,7 +858,6 @@ static float *lora_case_run(const lora_case *c, int f32, int earlier) {
     a.A = A;
     a.token_slot = ts;
     a.f32 = f32;
-    a.earlier = earlier;
     a.ldw = ldw;
     a.xw = ref;
     cu_ref_lora(&a);
@@ -870,8 +869,8 @@ static float *lora_case_run(const lora_case *c, int f32, int earlier) {
         a.xw = again;
         rc = squad_cuda_test_lora(&a, &err);
         CHECKF(rc == 0, "lora %s rows %d in %d (again): %s", LORA_SRC_NAME[c->src], c->rows, c->in, err.msg);
-        CHECKF(rc != 0 || memcmp(got, again, sizeof(float) * nw) == 0, "lora %s rows %d in %d f32 %d earlier %d: "
-               "a second launch gave other bits", LORA_SRC_NAME[c->src], c->rows, c->in, f32, earlier);
+        CHECKF(rc != 0 || memcmp(got, again, sizeof(float) * nw) == 0, "lora %s rows %d in %d f32 %d: "
+               "a second launch gave other bits", LORA_SRC_NAME[c->src], c->rows, c->in, f32);
     }
     const double tx = f32 ? LORA_TOL_EXACT : LORA_TOL_X_BF16, tu = f32 ? LORA_TOL_EXACT : LORA_TOL_BF16;
     double worst_x = 0, worst_u = 0;
@@ -944,15 +943,8 @@ static void test_lora_kernel(void) {
     };
     for (size_t k = 0; k < sizeof CASES / sizeof CASES[0]; k++) {
         const lora_case *c = &CASES[k];
-        free(lora_case_run(c, 1, 0));
-        if (c->f32_only) continue;
-        /* bf16: the short chain (where the shape takes it) gives the earlier kernel's bits */
-        float *now = lora_case_run(c, 0, 0), *before = lora_case_run(c, 0, 1);
-        const size_t n = (size_t)c->rows * (c->in + c->n_slots * c->R + c->pad);
-        CHECKF(!now || !before || memcmp(now, before, sizeof(float) * n) == 0,
-               "lora %s rows %d in %d R %d: the short chain's bits differ from the earlier kernel's",
-               LORA_SRC_NAME[c->src], c->rows, c->in, c->R);
-        free(now), free(before);
+        free(lora_case_run(c, 1));
+        if (!c->f32_only) free(lora_case_run(c, 0));
     }
 }
 
@@ -1113,14 +1105,13 @@ static void bench_lora_kernel(void) {
     for (size_t i = 0; i < sizeof ROWS / sizeof ROWS[0]; i++)
         for (size_t j = 0; j < sizeof RANKS / sizeof RANKS[0]; j++) {
             squad_err err = {0};
-            double us = -1, us_trunk = -1, us_earlier = -1, us_fold = -1;
+            double us = -1, us_trunk = -1, us_fold = -1;
             int rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA, &us, &err);
             if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_TRUNK, &us_trunk, &err);
-            if (!rc) rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_EARLIER, &us_earlier, &err);
             CHECKF(rc == 0, "bench_lora: %s", err.msg);
-            printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer's widened inputs (4 launches; the earlier "
-                   "form %7.2f), %6.2f us the trunk's producers (3); x 12 layers = +%7.1f us (earlier +%7.1f)\n",
-                   ROWS[i], RANKS[j], us, us_earlier, us_trunk, 12 * (us - us_trunk), 12 * (us_earlier - us_trunk));
+            printf("lora bench: rows %4d rank %2d: %7.2f us a GDN layer's widened inputs (4 launches), %6.2f us the "
+                   "trunk's producers (3); x 12 layers = +%7.1f us\n",
+                   ROWS[i], RANKS[j], us, us_trunk, 12 * (us - us_trunk));
             if (RANKS[j] != 16 || ROWS[i] > 512) continue; /* the fold takes out's rank 16, a hit's chunks */
             rc = squad_cuda_bench_lora(ROWS[i], RANKS[j], 12, SQUAD_BENCH_LORA_FOLD, &us_fold, &err);
             CHECKF(rc == 0, "bench_lora (fold): %s", err.msg);
@@ -1128,23 +1119,6 @@ static void bench_lora_kernel(void) {
                    "launches); x 12 layers = +%7.1f us\n",
                    ROWS[i], RANKS[j], us_fold, 12 * (us_fold - us_trunk));
         }
-    /* the slices of `in` a tile's cluster may take (k_lora.cu's lx_slices, SQUAD_LORA_SLICES) */
-    static const char *const SLICES[] = {"1", "2", "4", "8"};
-    for (int rows = 32; rows <= 128; rows *= 4)
-        for (size_t k = 0; k < sizeof SLICES / sizeof SLICES[0]; k++) {
-            setenv("SQUAD_LORA_SLICES", SLICES[k], 1);
-            squad_err err = {0};
-            double us = -1;
-            int rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA, &us, &err);
-            CHECKF(rc == 0, "bench_lora: %s", err.msg);
-            double us_fold = -1; /* the fold takes at least 4 slices of these shapes */
-            if (!rc) rc = squad_cuda_bench_lora(rows, 16, 12, SQUAD_BENCH_LORA_FOLD, &us_fold, &err);
-            CHECKF(rc == 0, "bench_lora (fold): %s", err.msg);
-            printf("lora sweep: rows %3d rank 16 SQUAD_LORA_SLICES=%s: %7.2f us a GDN layer's widened inputs, "
-                   "%7.2f folded\n",
-                   rows, SLICES[k], us, us_fold);
-        }
-    unsetenv("SQUAD_LORA_SLICES");
 }
 
 int main(void) {

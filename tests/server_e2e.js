@@ -21,13 +21,18 @@
 //      --max-rows 1 (both --precision exact) get the same answers within 1e-5; the batching metrics
 //      parse and move (steps, rows and tokens per step, rows in flight, the limits); a request whose
 //      client leaves, and one whose --timeout passes, while others are in flight: the others are
-//      answered, the same as before.
+//      answered, the same as before;
+//   9. start-up: --tokenizer FILE outside a model directory that has no tokenizer.json serves /v1/ask
+//      with squad ask's answers; --template FILE changes /v1/ask's answers as `squad ask --template
+//      FILE` does; a --template or --tokenizer file that is missing, an empty --api-key and an
+//      --api-key-file with no key (empty, or only comments) stop the start with exit 2 and a message.
 // What these tests and tests/fuzz/fuzz_http.c find in the server is listed in NOTES-servertest.md.
 'use strict';
 const fs = require('fs');
 const os = require('os');
 const path = require('path');
 const L = require('./server_lib.js');
+const { spawnSync } = require('child_process');
 const { Checks, request } = L;
 
 const SQUAD = path.resolve(process.argv[2] || 'build/squad');
@@ -997,12 +1002,67 @@ async function phaseBatchCancel(S, reqs, want, timeoutS) {
   C.eq(after.inFlight, 0, 'batching, --timeout passes: its rows left the engine');
 }
 
+// ---- 9. start-up: the text side's files and the keys -----------------------------------------
+// `squad serve` with args must stop at start with exit 2 and a message matching why (a server that
+// started instead is killed at the timeout: status null).
+function startFails(M, args, what, why) {
+  const r = spawnSync(SQUAD, ['serve', '--model', M, '--host', '127.0.0.1', '--port', '0', ...args],
+    { encoding: 'utf8', timeout: 60000 * L.SLOW });
+  C.eq(r.status, 2, `start-up, ${what}: exit 2`);
+  C.ok(why.test(r.stderr || ''), `start-up, ${what}: the message says why`, r.stderr);
+}
+
+async function askLike(S, ex, cliArgs, what) {
+  const want = JSON.parse(L.runSquad(SQUAD, ['ask', ...cliArgs], JSON.stringify(ex)).stdout);
+  const r = await request(S.base, 'POST', '/v1/ask', ex);
+  C.eq(r.status, 200, `${what}: /v1/ask status`);
+  const d = r.json ? deepClose(r.json.answers, want.answers, TOL) : 'no JSON';
+  C.ok(!d, `${what}: /v1/ask answers = squad ask ${cliArgs.join(' ')}'s`, d);
+  return r.json;
+}
+
+async function phaseStartup(M, tmp, servers) {
+  startFails(M, ['--template', '/nonexistent.json'], '--template /nonexistent.json', /--template \/nonexistent\.json/);
+  startFails(M, ['--tokenizer', path.join(tmp, 'none.json')], '--tokenizer of a missing file', /--tokenizer .*none\.json/);
+  startFails(M, ['--api-key', ''], "--api-key ''", /--api-key is empty/);
+  const emptyKeys = path.join(tmp, 'keys-empty'), commentKeys = path.join(tmp, 'keys-comments');
+  fs.writeFileSync(emptyKeys, '');
+  fs.writeFileSync(commentKeys, '# the keys\n\n   \n# none yet\n');
+  startFails(M, ['--api-key-file', emptyKeys], 'an empty --api-key-file', /has no key/);
+  startFails(M, ['--api-key-file', commentKeys], 'an --api-key-file of comments only', /has no key/);
+
+  // --tokenizer FILE: a model directory without tokenizer.json, the tokenizer elsewhere
+  const bare = path.join(tmp, 'bare-model'), tokDir = path.join(tmp, 'elsewhere');
+  fs.mkdirSync(bare);
+  fs.mkdirSync(tokDir);
+  for (const f of fs.readdirSync(M)) if (f !== 'tokenizer.json') fs.copyFileSync(path.join(M, f), path.join(bare, f));
+  const tokFile = path.join(tokDir, 'my-tokenizer.json');
+  fs.copyFileSync(path.join(M, 'tokenizer.json'), tokFile);
+  startFails(bare, [], 'a model directory without tokenizer.json and no --tokenizer', /tokenizer\.json/);
+  const K = await L.startServer(SQUAD, bare, ['--tokenizer', tokFile, '--memo-mb', '0', '--threads', '1']);
+  servers.push(K);
+  await askLike(K, LOGIN, ['--model', M], '--tokenizer FILE outside the model directory');
+  C.eq(await L.stopServer(K), { code: 0, signal: null }, 'server --tokenizer: exit 0');
+
+  // --template FILE: three questions a row, as squad ask --template FILE gives; not the default's
+  const tpl = path.join(tmp, 'three-a-row.json');
+  fs.writeFileSync(tpl, JSON.stringify({ questions_per_row: 3 }));
+  const T = await L.startServer(SQUAD, M, ['--template', tpl, '--memo-mb', '0', '--threads', '1']);
+  servers.push(T);
+  const got = await askLike(T, LOGIN, ['--model', M, '--template', tpl], '--template FILE');
+  const plain = JSON.parse(L.runSquad(SQUAD, ['ask', '--model', M], JSON.stringify(LOGIN)).stdout);
+  C.ok(got && deepClose(got.answers, plain.answers, TOL), '--template FILE: the answers differ from the default template\'s',
+    got && got.answers);
+  C.eq(await L.stopServer(T), { code: 0, signal: null }, 'server --template: exit 0');
+}
+
 async function main() {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'squad-serve-'));
   const servers = [];
   try {
     const M = L.makeModel(SQUAD, path.join(tmp, 'tiny'), MAX_POS);
     const model = path.basename(M);  // the served name: the model directory's name
+    await phaseStartup(M, tmp, servers);
     const A = await L.startServer(SQUAD, M, ['--max-body', String(MAX_BODY), '--threads', '1']);
     servers.push(A);
     for (const ep of ['/health', '/ready']) C.eq((await request(A.base, 'GET', ep)).status, 200, `${ep}: 200 once ready`);

@@ -15,6 +15,9 @@
  *  - rows that share a new state compute it once (tokens_computed);
  *  - a row that fails validation inside a batch fails alone; a cancelled row ends alone; a
  *    backend error ends the rows in flight and the engine stays usable;
+ *  - a row cancelled mid-flight (a deadline) leaves at the next step with the tokens it ran
+ *    counted, none of its pending checkpoints visible, the others answered as alone, and the same
+ *    row later answered as uncached;
  *  - rows of different specialists in one batch, with a wrong guess, on a backend that mixes
  *    routes and on one that runs them one route at a time.
  */
@@ -363,7 +366,7 @@ static void check_cut_row_keeps_pace(void) {
             sent_at[sent] = step;
         }
         const squad_sched_row *r = in_flight_row(e, &cr);
-        const int want = r ? squad_sched_want(e, r) : -1, before = r ? r->pos : 0;
+        const int want = r ? squad_sched_want(&e->sched, r) : -1, before = r ? r->pos : 0;
         CHECK(squad_engine_step(e, &err) >= 0);
         step++;
         if (!r) continue;
@@ -429,7 +432,7 @@ static void check_starved_in_order(void) {
     for (int step = 0; step < 8 && sent + PER_STEP <= MAX_HITS; step++) {
         const squad_sched_row *o = in_flight_row(e, &orr), *y = in_flight_row(e, &yr); /* joined at a step */
         const int both_starved = o && y && o->shorted >= SCHED_STARVE_STEPS && y->shorted >= SCHED_STARVE_STEPS;
-        const int o_want = o ? squad_sched_want(e, o) : 0, o_pos = o ? o->pos : 0, y_pos = y ? y->pos : 0;
+        const int o_want = o ? squad_sched_want(&e->sched, o) : 0, o_pos = o ? o->pos : 0, y_pos = y ? y->pos : 0;
         CHECK(squad_engine_step(e, &err) >= 0);
         if (both_starved && !checked) { /* the rows again: one that ran to its end has left */
             o = in_flight_row(e, &orr);
@@ -563,6 +566,109 @@ static void check_failures(void) {
     e->be->forward = g_forward;
     CHECK(squad_engine_score(e, &rows[0].row, &got[0], &err) == 0); /* still usable */
     CHECK(answer_diff(&rows[0].row, &got[0], &ref[0]) <= TOL_CPU_EXACT_BATCHED);
+    squad_engine_free(e);
+}
+
+/* ---- a deadline: a row cancelled mid-flight leaves at the next step -------------------------- */
+
+/* A cancel callback the caller flips (a deadline passed, a client gone); it counts its polls. */
+typedef struct stop_flag {
+    int stop, polls;
+} stop_flag;
+static int stop_when_set(void *ctx) {
+    stop_flag *f = ctx;
+    f->polls++;
+    return f->stop;
+}
+
+/* A cold row with a long state (the victim) is cancelled mid-prefix among three others: a row of the
+ * same state waiting for the victim's checkpoint, a hit on another state and a plain row. The
+ * victim leaves at the very next step (polled once there, though that step's budget would have
+ * gone to a starved row first) with SQUAD_E_CANCELLED and computed equal to the tokens it ran,
+ * short of its length; none of its pending checkpoints becomes visible and no row of it is
+ * counted; the others are answered as alone; and the same row asked again later is answered as
+ * the uncached engine answers it, from the checkpoint the waiting row committed instead. */
+static void check_cancel_mid_flight(void) {
+    enum { N = 4, P = 1000, VICTIM = 0, TWIN = 1, HIT = 2, PLAIN = 3, BUDGET = 192 };
+    static trow rows[N], warm;
+    static int32_t state[P], other[700], plain[400];
+    g_rng = 4242;
+    fill_random(state, P, 0, g_V - 1);
+    fill_random(other, 700, 0, g_V - 1);
+    fill_random(plain, 400, 0, g_V - 1);
+    make_row(&rows[VICTIM], state, P, P, 40, 2);
+    make_row(&rows[TWIN], state, P, P, 25, 1);
+    make_row(&rows[HIT], other, 700, 700, 30, 2);
+    make_row(&rows[PLAIN], plain, 400, -1, 20, 1);
+    make_row(&warm, other, 700, 700, 10, 1);
+    squad_result ref[N], got[N], warm_out, later, uncached;
+    score_alone(g_m, NULL, rows, N, ref);
+    squad_engine *e = engine_new(g_m, 8, BUDGET, (size_t)64 << 20, NULL);
+    squad_engine *off = engine_new(g_m, 1, 0, 0, NULL); /* no cache, no memo */
+    if (!e || !off) {
+        squad_engine_free(e);
+        squad_engine_free(off);
+        return;
+    }
+    squad_err err = {0};
+    CHECK(squad_engine_score(e, &warm.row, &warm_out, &err) == 0); /* the hit's state cached */
+    stop_flag flag = {0, 0};
+    squad_score_opts so = {.cancelled = stop_when_set, .cancel_ctx = &flag};
+    ended ends[N] = {{0}};
+    for (int i = 0; i < N; i++)
+        CHECK(squad_engine_submit(e, &rows[i].row, i == VICTIM ? &so : NULL, &got[i], on_done, &ends[i], &err) == 0);
+    for (int k = 0; k < 2; k++) { /* the victim runs into its prefix; the twin waits for its checkpoint */
+        CHECK(squad_engine_step(e, &err) > 0);
+        check_in_flight(e, "before the cancel");
+    }
+    const squad_sched_row *v = in_flight_row(e, &got[VICTIM]);
+    const int ran = v ? v->pos : -1;
+    CHECKF(ran > 0 && ran < P - P % 64, "the victim ran %d tokens before the cancel", ran);
+    CHECK(v && v->plan_open && !v->committed);
+    CHECK(ends[TWIN].calls == 0 && in_flight_row(e, &got[TWIN]) == NULL);
+
+    flag.stop = 1; /* the deadline passes */
+    const int polls = flag.polls;
+    CHECK(squad_engine_step(e, &err) > 0);
+    check_in_flight(e, "the step of the cancel");
+    CHECKF(ends[VICTIM].calls == 1 && ends[VICTIM].rc == SQUAD_E_CANCELLED &&
+               ends[VICTIM].err.code == SQUAD_E_CANCELLED && ends[VICTIM].err.msg[0],
+           "the victim: %d calls, rc %d", ends[VICTIM].calls, ends[VICTIM].rc);
+    CHECK(flag.polls == polls + 1 && in_flight_row(e, &got[VICTIM]) == NULL);
+    CHECKF(got[VICTIM].computed == ran && got[VICTIM].computed < rows[VICTIM].row.n_ids,
+           "the victim ran %d tokens, computed says %d", ran, got[VICTIM].computed);
+    CHECK(got[VICTIM].memo == 0 && got[VICTIM].reused == 0 && got[VICTIM].probs[0][0] == 0.0f);
+    CHECK(squad_cache_lookup(e->cache, state, P) == 0); /* its pending checkpoints went with it */
+
+    while (squad_engine_pending(e) > 0) {
+        CHECK(squad_engine_step(e, &err) >= 0);
+        check_in_flight(e, "after the cancel");
+    }
+    CHECK(flag.polls == polls + 1); /* never polled again */
+    for (int i = 0; i < N; i++) {
+        if (i == VICTIM) continue;
+        CHECKF(ends[i].calls == 1 && ends[i].rc == 0, "row %d: %d calls, rc %d (%s)", i, ends[i].calls, ends[i].rc,
+               ends[i].err.msg);
+        const double d = answer_diff(&rows[i].row, &got[i], &ref[i]);
+        CHECKF(d <= TOL_CPU_EXACT_BATCHED, "row %d beside a cancel: %.3g from alone", i, d);
+        CHECK(got[i].route == ref[i].route);
+    }
+    CHECK(got[TWIN].reused == 0 && got[HIT].reused == 640); /* the twin computed the state itself */
+    squad_cache_stats st;
+    squad_engine_cache_stats(e, &st);
+    CHECKF(st.rows == 3 && st.cold == 2 && st.hits == 1 && st.plain == 1 && st.memo_hits == 0,
+           "rows %llu cold %llu hits %llu plain %llu memo %llu", (unsigned long long)st.rows,
+           (unsigned long long)st.cold, (unsigned long long)st.hits, (unsigned long long)st.plain,
+           (unsigned long long)st.memo_hits);
+
+    /* the same row again: the twin's checkpoint at p, the uncached engine's answer, no memo of it */
+    CHECK(squad_engine_score(e, &rows[VICTIM].row, &later, &err) == 0);
+    CHECK(squad_engine_score(off, &rows[VICTIM].row, &uncached, &err) == 0);
+    CHECK(later.memo == 0 && later.reused == P - P % 64 && later.computed == rows[VICTIM].row.n_ids - later.reused);
+    const double d = answer_diff(&rows[VICTIM].row, &later, &uncached);
+    CHECKF(d <= TOL_CPU_EXACT_CACHED, "the cancelled row asked again: %.3g from uncached", d);
+    check_in_flight(e, "after the row asked again");
+    squad_engine_free(off);
     squad_engine_free(e);
 }
 
@@ -750,6 +856,7 @@ int main(void) {
     check_starved_in_order();
     check_shared_prefix_once();
     check_failures();
+    check_cancel_mid_flight();
     check_specialists();
     squad_model_free(g_m);
     return test_summary("test_batch");

@@ -17,6 +17,7 @@
 #include "cache_internal.h"
 #include "hash_index.h"
 #include "memo.h"
+#include "plan_apply.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -256,7 +257,7 @@ static int score(squad_cache *c, fake *f, const squad_row *row, squad_result *ou
     squad_err err = {0};
     squad_result ref;
     reference(row, &ref);
-    int rc = squad_cache_score_with(c, fake_span, f, row, out, &err);
+    int rc = squad_plan_run_row(c, fake_span, f, row, out, &err);
     CHECKF(rc == 0, "score: %s", err.msg);
     CHECKF(rc || same_answer(row, out, &ref), "answer differs from the uncached one");
     CHECKF(rc || out->reused + out->computed == row->n_ids, "reused %d + computed %d != %d", out->reused,
@@ -605,7 +606,7 @@ static void test_failures(void) {
     for (long at = 0; at < 8; at++) {
         f.spans = 0;
         f.fail_span_at = at;
-        int rc = squad_cache_score_with(c, fake_span, &f, &t.row, &r, &err);
+        int rc = squad_plan_run_row(c, fake_span, &f, &t.row, &r, &err);
         CHECK(rc == SQUAD_E_BACKEND || at > 5);
         check_accounting(c, &f, "failed span");
     }

@@ -201,7 +201,7 @@ static void test_decisions_response(void) {
     fabricate(&res[1], pc, 3, 0.5f, 12345, req->state_len, 0);
     fabricate(&res[2], ps, 3, 0.8f, req->rows[2].letters[0], req->state_len, 0);
     squad_err err = {0};
-    json_t *r = squad_dapi_respond(req, res, 0, &err);
+    json_t *r = squad_dapi_respond(req, res, NULL, &err);
     CHECKF(r != NULL, "%s", err.msg);
     if (r) {
         CHECK(!strcmp(json_string_value(path(r, "model")), SERVED));
@@ -234,22 +234,29 @@ static void test_decisions_response(void) {
         free(t);
         json_decref(r);
     }
-    /* the memo: every input token cached, none written */
-    r = squad_dapi_respond(req, res, 1, &err);
-    CHECK(r && json_integer_value(path(r, "usage.input_tokens_details.cached_tokens")) ==
-                   json_integer_value(path(r, "usage.input_tokens")));
-    CHECK(r && json_integer_value(path(r, "usage.input_tokens_details.cache_write_tokens")) == 0);
+    /* the caller's fields (the server's memo placeholders) replace the figures, and only them */
+    squad_dapi_fields f = {json_string("id-x"), json_string("created-x"), json_string("cached-x"), json_string("written-x")};
+    r = squad_dapi_respond(req, res, &f, &err);
+    CHECK(r && !strcmp(json_string_value(path(r, "usage.input_tokens_details.cached_tokens")), "cached-x"));
+    CHECK(r && !strcmp(json_string_value(path(r, "usage.input_tokens_details.cache_write_tokens")), "written-x"));
+    CHECK(r && json_integer_value(path(r, "usage.total_tokens")) ==
+                   req->rows[0].n_ids + req->rows[1].n_ids + req->rows[2].n_ids + 3);
+    CHECK(r && json_object_size(r) == 3 && !path(r, "id")); /* id and created are System One's */
     json_decref(r);
+    json_decref(f.id);
+    json_decref(f.created);
+    json_decref(f.cached_tokens);
+    json_decref(f.cache_write_tokens);
     /* without the vocabulary figures label_mass counts as 1 */
     res[1].has_vocab = 0;
-    r = squad_dapi_respond(req, res, 0, &err);
+    r = squad_dapi_respond(req, res, NULL, &err);
     CHECK(r != NULL);
     if (r) CHECK_NEAR(num(path(r, "answers.1.confidence")), 0.7, 1e-6);
     json_decref(r);
     /* a tie goes to the first option */
     const float tie[] = {0.4f, 0.4f, 0.2f};
     fabricate(&res[1], tie, 3, 1.0f, 0, 0, 0);
-    r = squad_dapi_respond(req, res, 0, &err);
+    r = squad_dapi_respond(req, res, NULL, &err);
     CHECK(r && !strcmp(json_string_value(path(r, "answers.1.choice")), "x"));
     json_decref(r);
     squad_dapi_req_free(req);
@@ -270,7 +277,7 @@ static void test_systemone_response(void) {
     fabricate(&res[1], pc, 2, 0.25f, 7, 100, 0);
     fabricate(&res[2], ps, 3, 0.9f, req->rows[2].letters[1], 100, 0);
     squad_err err = {0};
-    json_t *r = squad_dapi_respond(req, res, 0, &err);
+    json_t *r = squad_dapi_respond(req, res, NULL, &err);
     CHECKF(r != NULL, "%s", err.msg);
     if (r) {
         const char *id = json_string_value(path(r, "id"));
@@ -302,13 +309,21 @@ static void test_systemone_response(void) {
         CHECK(json_integer_value(path(r, "usage.input_tokens")) == in);
         CHECK(json_integer_value(path(r, "usage.output_tokens")) == 3);
         /* a second response has another id */
-        json_t *r2 = squad_dapi_respond(req, res, 1, &err);
+        json_t *r2 = squad_dapi_respond(req, res, NULL, &err);
         CHECK(r2 && strcmp(json_string_value(path(r2, "id")), id));
         json_decref(r2);
+        /* the caller's id and time, when given */
+        squad_dapi_fields f = {json_string("id-x"), json_integer(42), NULL, NULL};
+        r2 = squad_dapi_respond(req, res, &f, &err);
+        CHECK(r2 && !strcmp(json_string_value(path(r2, "id")), "id-x") && json_integer_value(path(r2, "created")) == 42);
+        CHECK(r2 && json_integer_value(path(r2, "usage.input_tokens")) == in);
+        json_decref(r2);
+        json_decref(f.id);
+        json_decref(f.created);
         json_decref(r);
     }
     res[0].n_slots = 0;
-    CHECK(squad_dapi_respond(req, res, 0, &err) == NULL && err.code == SQUAD_E_INVALID);
+    CHECK(squad_dapi_respond(req, res, NULL, &err) == NULL && err.code == SQUAD_E_INVALID);
     squad_dapi_req_free(req);
 }
 

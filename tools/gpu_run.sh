@@ -41,7 +41,8 @@
 #              NCU_CACHE=none keeps the caches as they are
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
 #              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
-#              comma-separated assignments in the environment (experiment switches, docs/cuda.md) -> bench_ab.log
+#              comma-separated assignments in the environment (e.g. SQUAD_ATT_SM90=0 SQUAD_GEMM_SM90=0: the
+#              switches of docs/cuda.md's "Switches") -> bench_ab.log
 #   batch      (not by default) bench_gpu --batch: N = 1, 4, 16, 64 concurrent hits of 32 and 128 tokens
 #              on one and on N cached 4096-token states, one batched forward each -> batch.log; with
 #              BATCH_ABLATE=1 also bench_gpu --batch --ablate (each batch graph with one kernel group

@@ -2,12 +2,12 @@
 # spec_bench.sh — the specialists' end-to-end figures on the GPU machine (bench/RESULTS.md, "CUDA:
 # specialists"), A/B in one call: `squad bench` on the 0.8B preset with two rank-16 specialists on
 # every projection of the upper 12 layers, forced to one (e2e), against the trunk alone, each case
-# with the experiment switches given.
+# with the switches given (docs/cuda.md, "Switches").
 #
 #   tools/spec_bench.sh CARRY OUTDIR [ENV ...]
 #     CARRY   a carried build's folder (tools/gpu_run.sh --prepare; unpacked, e.g. by its tests step)
 #     ENV     extra e2e runs, one per item, its comma-separated assignments in the environment
-#             (e.g. SQUAD_LORA_FORM=0 SQUAD_LORA_SLICES=4)
+#             (e.g. SQUAD_GEMM_SM90=0 SQUAD_ATT_SM90=0,SQUAD_GEMM_SM90=0)
 # Runs: trunk, e2e, each ENV item, e2e again, trunk again (the repeats show the drift) -> OUTDIR/bench.log.
 # SPEC_REPS: timed rows a case (default 10).
 set -u

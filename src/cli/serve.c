@@ -82,8 +82,13 @@ typedef struct serve_args {
     int n_keys;
 } serve_args;
 
+/* Keys fail closed: an empty key would be a typo (an unset variable in `--api-key "$KEY"`) that
+ * serves without auth, so it stops the start instead. */
 static int add_key(serve_args *a, const char *k) {
-    if (!*k) return 0;
+    if (!*k) {
+        fprintf(stderr, "squad serve: --api-key is empty (an unset variable?); refusing to start without the key\n");
+        return -1;
+    }
     if (a->n_keys == SERVE_MAX_KEYS) {
         fprintf(stderr, "squad serve: at most %d API keys\n", SERVE_MAX_KEYS);
         return -1;
@@ -92,10 +97,16 @@ static int add_key(serve_args *a, const char *k) {
     return 0;
 }
 
+/* One key a line; blank lines and lines starting with # are skipped. A file without a key fails
+ * closed, as an empty --api-key does. */
 static int read_key_file(serve_args *a, const char *path) {
     squad_err err = {0};
     size_t len = 0;
-    free(a->file_keys);
+    const int before = a->n_keys;
+    if (a->file_keys) { /* the first file's keys point into its text: one file only */
+        fprintf(stderr, "squad serve: --api-key-file is given twice; put the keys in one file\n");
+        return -1;
+    }
     a->file_keys = squad_read_file(path, &len, &err);
     if (!a->file_keys) {
         fprintf(stderr, "squad serve: --api-key-file: %s\n", err.msg);
@@ -105,7 +116,12 @@ static int read_key_file(serve_args *a, const char *path) {
         while (*k == ' ' || *k == '\t') k++;
         char *e = k + strlen(k);
         while (e > k && (e[-1] == ' ' || e[-1] == '\t')) *--e = 0;
-        if (*k != '#' && add_key(a, k) < 0) return -1;
+        if (*k && *k != '#' && add_key(a, k) < 0) return -1;
+    }
+    if (a->n_keys == before) {
+        fprintf(stderr, "squad serve: --api-key-file %s has no key (empty, or only comments); refusing to start "
+                "without one\n", path);
+        return -1;
     }
     return 0;
 }

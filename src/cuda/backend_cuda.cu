@@ -62,12 +62,13 @@
  *    graphs). The router's feature sums (per row, the fp32 h entering router.layer) are in every
  *    graph and copied back only for rows that ask.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
- *    SQUAD_CUDA_GRAPHS=0 in the environment runs batches eagerly (debugging, sanitizers).
+ *  - The few switches the environment may set (cuda_knobs: graphs or eager, the longest chunk, the
+ *    sm_90a kernels, the GEMM plan file) are read and checked once, in build (cuda_knobs_read), and
+ *    travel in cu_be and the kernels' arguments; docs/cuda.md's "Switches" lists them.
  */
 #include "cuda_internal.cuh"
 
-#include "cuda_backend.h"
-#include "cuda_test_api.h"
+#include "backend_cuda.h"
 #include "k_lora.cuh"
 
 #include <math.h>
@@ -82,11 +83,8 @@ extern "C" {
 
 static const int CHUNK_BUCKETS[] = {16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096};
 #define N_CHUNK_BUCKETS ((int)(sizeof CHUNK_BUCKETS / sizeof CHUNK_BUCKETS[0]))
-/* The longest chunk (a bucket): rows longer than this run as several chunks. Each chunk pays a fixed
- * cost (~280 dependent kernels, each with its own ramp and tail) whatever its length, so longer
- * chunks are cheaper per token; the price is scratch, which grows linearly with it.
- * SQUAD_MAX_CHUNK (an experiment) picks a smaller bucket. */
-#define DEFAULT_MAX_CHUNK 4096
+/* The longest chunk is CU_DEFAULT_MAX_CHUNK (cuda_internal.cuh), or the smaller bucket SQUAD_MAX_CHUNK
+ * (cuda_knobs.max_chunk) asks for: rows longer than it run as several chunks. */
 #define SPAN_MIN 1024 /* span buckets: 1024, 2048, ... up to max_context */
 #define MAX_SPANS 24
 /* A slot's own K / V's first capacity, in positions (it doubles as its row grows, up to
@@ -172,7 +170,6 @@ typedef struct cu_be {
     cu_gemm_ctx gemm;
     cu_layer layers[SQUAD_MAX_LAYERS];
     cu_gdn_dims gd;
-    cu_gdn_overlap gdn_ov; /* the GDN mixer's long-chunk form: its streams and events (gd.ov) */
     cu_attn_dims ad;
     int NP;    /* GDN in-projection rows (padded to 8) */
     int ldQKV; /* attention in-projection rows (padded to 8) */
@@ -215,18 +212,16 @@ typedef struct cu_be {
     int *vocab_at;  /* [max_seqs]: chunk index -> its first figure in vocab_host */
     int *lora_at;   /* [max_seqs]: chunk index -> its route's resident adapter slot + 1 (0: the trunk) */
     int *run_bi;    /* [max_seqs]: chunk index -> the length bucket it runs in (plan_buckets) */
-    int merge_tokens; /* plan_buckets' bound (MERGE_PAD_TOKENS; SQUAD_BATCH_MERGE_TOKENS overrides) */
     int last_tok0, last_len; /* where the batch's first chunk sits in h after a forward, its real tokens */
 
     int n_spans, spans[MAX_SPANS];
     int splits[N_CHUNK_BUCKETS][N_ROW_BUCKETS][MAX_SPANS];
     size_t att_part_bytes; /* the partial-results buffer (the largest need over every shape) */
     cudaGraphExec_t graphs[N_CHUNK_BUCKETS][N_ROW_BUCKETS][MAX_SPANS];
-    int use_graphs;
-    int att_splits; /* SQUAD_ATT_SPLITS (an experiment): attention key splits fixed, 0 = chosen per shape */
+    cuda_knobs knobs; /* the switches, read once at creation (graphs: replay captured graphs, else eagerly) */
     unsigned parts; /* the SQUAD_CUDA_PART_* kernel groups enqueue_batch runs: all (set in build), except
-                       GEMMs only for plan making and tuning before a capture, and the ablation
-                       timing's graphs (cu_ablation_prepare) */
+                       GEMMs only for plan making and tuning before a capture, and the graphs of
+                       chosen groups (cu_backend_capture_parts) */
     int n_graphs;
     double capture_s;
     unsigned long long replays;
@@ -243,12 +238,8 @@ typedef struct cu_be {
     void *lora_xw;                     /* a widened GEMM's input [tok_cap][in + ext] (the widest site) */
     size_t lora_xw_bytes;
     int lora_fit[CU_LORA_FIT_MAX + 1]; /* cu_lora_fit: the clusters of each size the GPU holds at once */
-    int lora_prefetch;                 /* each widened input brings the next one's A into L2 */
-    int lora_earlier; /* SQUAD_LORA_FORM=0 (A/B timing): the earlier form, the mixers' output copied into
-                         lora_xw before out / o and k_lora.cu's earlier kernel; 0: the mixers write
-                         it there themselves and the short chain runs */
-    /* The out / o term folded into the gate | up norm's launch (k_lora.cuh's fold_y; off with
-     * SQUAD_LORA_FOLD=0, the earlier form or the exact path): at chunks of up to lora_fold_rows tokens
+    /* The out / o term folded into the gate | up norm's launch (k_lora.cuh's fold_y; not on the exact
+     * path): at chunks of up to lora_fold_rows tokens
      * the mixer writes y into lora_fold_y, whose rows' columns past y stay zero (written by nobody),
      * so the widened out GEMM adds y W^T alone and no launch makes out's u. Layers whose out site
      * has another shape than lora_fold_in + ext = lora_fold_ld keep the launch. */
@@ -345,12 +336,9 @@ static int chunk_bucket(int len) {
     return -1;
 }
 
-/* DEFAULT_MAX_CHUNK, or the bucket SQUAD_MAX_CHUNK asks for (the largest bucket not above it), and
- * no larger than the context needs (scratch is sized by it). */
-static int choose_max_chunk(int max_context) {
-    int want = DEFAULT_MAX_CHUNK;
-    const char *env = getenv("SQUAD_MAX_CHUNK");
-    if (env && atoi(env) > 0) want = atoi(env);
+/* The bucket cuda_knobs.max_chunk asks for (the largest bucket not above it), and no larger than the
+ * context needs (scratch is sized by it). */
+static int choose_max_chunk(int want, int max_context) {
     int bi = 0;
     while (bi + 1 < N_CHUNK_BUCKETS && CHUNK_BUCKETS[bi + 1] <= want) bi++;
     while (bi > 0 && CHUNK_BUCKETS[bi - 1] >= max_context) bi--;
@@ -403,7 +391,7 @@ static int set_spans(cu_be *cb, squad_err *err) {
             if (!shape_fits(cb, bi, rbi)) continue;
             const int nrows = ROW_BUCKETS[rbi], b = CHUNK_BUCKETS[bi];
             for (int si = 0; si < cb->n_spans; si++) {
-                const int sp = cu_attn_splits(&cb->ad, nrows, b, cb->spans[si], cb->n_sm, cb->att_splits);
+                const int sp = cu_attn_splits(&cb->ad, nrows, b, cb->spans[si], cb->n_sm);
                 cb->splits[bi][rbi][si] = sp;
                 const size_t bytes = cb->f32 ? 0 : cu_attn_partial_bytes(&cb->ad, nrows * b, sp);
                 if (bytes > cb->att_part_bytes) cb->att_part_bytes = bytes;
@@ -716,11 +704,10 @@ static int widen_layer(cu_be *cb, int l, int *max_ldw, squad_err *err) {
 }
 
 /* The folded out term's buffer (cu_be.lora_fold_y), sized for the first layer whose out and gate |
- * up sites k_lora_fold takes; none with SQUAD_LORA_FOLD=0, the earlier form or the exact path. */
+ * up sites k_lora_fold takes; none on the exact path. */
 #define LORA_FOLD_MAX_ROWS 512 /* a hit's chunks (the small-M GEMM's); longer ones make out's u on its own */
 static int setup_lora_fold(cu_be *cb, const squad_specialists *sp, squad_err *err) {
-    const char *fe = getenv("SQUAD_LORA_FOLD");
-    if (cb->f32 || cb->lora_earlier || (fe && fe[0] == '0')) return 0;
+    if (cb->f32) return 0;
     const int rows = cb->tok_cap < LORA_FOLD_MAX_ROWS ? cb->tok_cap : LORA_FOLD_MAX_ROWS;
     for (int l = sp->split; l < cb->nl; l++) {
         const lora_site *so = &cb->lsite[l][LORA_OUT], *sg = &cb->lsite[l][LORA_GU];
@@ -789,8 +776,7 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
     for (int s = 0; s < cb->n_lora_slots; s++) cb->slot_route[s] = -1;
     const size_t R = (size_t)cb->tok_cap;
     if ((rc = setup_lora_fold(cb, sp, err))) return rc;
-    const char *fe = getenv("SQUAD_LORA_FIT"); /* "0": no bound on the clusters (an experiment switch) */
-    if (!cb->f32 && !(fe && fe[0] == '0') && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
+    if (!cb->f32 && (rc = cu_lora_fit(cb->lora_fit, err))) return rc;
     cb->lora_xw_bytes = R * max_ldw * cb->es;
     if (max_ldw && (rc = dalloc(cb, &cb->lora_xw, cb->lora_xw_bytes, MEM_SCRATCH, err))) return rc;
     if ((rc = dalloc(cb, (void **)&cb->router_inv, R * sizeof(float), MEM_SCRATCH, err))) return rc;
@@ -857,9 +843,8 @@ static int enqueue_lora_input(cu_be *cb, const cu_batch *b, int l, int k, int sr
     a.xw = cb->lora_xw;
     a.ldw = st->in + st->ext;
     a.f32 = cb->f32;
-    a.earlier = cb->lora_earlier;
     memcpy(a.fit, cb->lora_fit, sizeof a.fit);
-    if (next && cb->lora_prefetch) { /* the next widened input's A into L2 while this one runs */
+    if (next) { /* the next widened input's A into L2 while this one runs */
         a.prefetch = next->A;
         a.prefetch_bytes = (size_t)cb->n_lora_slots * next->R * next->lda * cb->es;
         if (fold && k == LORA_IN) { /* the next launch is the folded one: gate | up's A too */
@@ -895,7 +880,7 @@ static int enqueue_router(cu_be *cb, const cu_batch *bt, squad_err *err) {
 
 /* The kernel groups of cb->parts, in forward order, for a replay of rows bucket rbi, length bucket
  * bi and span bucket si. With every group this is the forward; with a subset the groups left out
- * leave their outputs as they were (plan making, ablation timing). */
+ * leave their outputs as they were (plan making, the benchmarks' ablation timing). */
 static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
     const cu_batch bt = batch_of(cb, ROW_BUCKETS[rbi], CHUNK_BUCKETS[bi]);
     const cu_batch *b = &bt;
@@ -940,7 +925,7 @@ static int enqueue_batch(cu_be *cb, int bi, int rbi, int si, squad_err *err) {
         /* an adapted out / o: the mixer writes its output straight into the widened input's first
          * columns (its row stride the site's), and only u is made after it; folded (lora_fold_at),
          * into lora_fold_y, whose u columns stay zero, and gate | up's launch adds out's term */
-        const bool direct = s_out && !cb->lora_earlier, fold = lora_fold_at(cb, l, rows);
+        const bool direct = s_out != NULL, fold = lora_fold_at(cb, l, rows);
         void *mix = fold ? cb->lora_fold_y : direct ? cb->lora_xw : cb->mix;
         cb->gd.ldY = cb->ad.ldo = direct ? k_out + s_out->ext : 0;
         if (lin && gdn &&
@@ -1011,9 +996,7 @@ static int capture_batch(cu_be *cb, int bi, int rbi, int si, unsigned parts, cud
         return cu_fail(err, "cudaStreamEndCapture", ec, __FILE__, __LINE__);
     }
     cudaGraphExec_t ex = NULL;
-    /* with the GDN mixer's long-chunk form, node priorities as captured (its scan's stream has the
-     * greatest: cu_gdn_overlap) */
-    const cudaError_t ei = cudaGraphInstantiate(&ex, g, cb->gd.ov ? cudaGraphInstantiateFlagUseNodePriority : 0);
+    const cudaError_t ei = cudaGraphInstantiate(&ex, g, 0);
     cudaGraphDestroy(g);
     if (ei != cudaSuccess) return cu_fail(err, "cudaGraphInstantiate", ei, __FILE__, __LINE__);
     const cudaError_t eu = cudaGraphUpload(ex, cb->st);
@@ -1141,7 +1124,7 @@ static int prepare_slots(cu_be *cb, const squad_chunk *chunks, int n, squad_err 
 }
 
 /* The length bucket each chunk runs in (cb->run_bi): its own, except that a group of short chunks
- * rides in the next larger group present when that costs at most merge_tokens padded tokens and no
+ * rides in the next larger group present when that costs at most MERGE_PAD_TOKENS padded tokens and no
  * replay more: every replay reads all the weights and runs all the kernels once (on the 0.8B model
  * about 0.7 ms, the GEMM time of ~500 tokens), so a few padded tokens are cheaper than a pass. */
 static void plan_buckets(cu_be *cb, const squad_chunk *chunks, int n) {
@@ -1157,7 +1140,7 @@ static void plan_buckets(cu_be *cb, const squad_chunk *chunks, int n) {
         if (cap < 1) continue;
         const long extra = (long)count[i] * (CHUNK_BUCKETS[j] - CHUNK_BUCKETS[i]);
         const int before = (count[j] + cap - 1) / cap, after = (count[j] + count[i] + cap - 1) / cap;
-        if (extra <= cb->merge_tokens && after == before) {
+        if (extra <= MERGE_PAD_TOKENS && after == before) {
             count[j] += count[i];
             count[i] = 0;
             to[i] = j;
@@ -1265,7 +1248,7 @@ static int run_replay(cu_be *cb, const squad_chunk *chunks, const int *order, in
     const size_t bytes = stage_replay(cb, stage, chunks, order, k, nrows, bucket, &n_vocab, &max_vslots);
     int rc = upload_params(cb, stage, bytes, err);
     if (rc) return rc;
-    if (cb->use_graphs) {
+    if (cb->knobs.graphs) {
         if ((rc = get_graph(cb, bi, rbi, si, err))) return rc;
         CU_TRY(cudaGraphLaunch(cb->graphs[bi][rbi][si], cb->st));
     } else if ((rc = enqueue_batch(cb, bi, rbi, si, err))) {
@@ -1471,7 +1454,6 @@ static void be_destroy(squad_backend *be) {
                 for (int j = 0; j < MAX_SPANS; j++)
                     if (cb->graphs[i][r][j]) cudaGraphExecDestroy(cb->graphs[i][r][j]);
         cu_gemm_free(&cb->gemm);
-        cu_gdn_overlap_destroy(&cb->gdn_ov);
         for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
         free(cb->allocs);
         for (int s = 0; cb->seqs && s < cb->max_seqs; s++) {
@@ -1560,7 +1542,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->nl = c->num_layers;
     cb->eps = c->rms_eps;
     cb->max_context = max_context;
-    cb->max_chunk = choose_max_chunk(max_context);
+    if ((rc = cuda_knobs_read(&cb->knobs, err))) return rc;
+    cb->max_chunk = choose_max_chunk(cb->knobs.max_chunk, max_context);
     /* sequence slots and the scratch of a replay */
     if (opts && (opts->max_rows < 0 || opts->max_rows > MAX_SEQS))
         return cu_err(err, SQUAD_E_INVALID, "CUDA backend: max_rows %d (0: the default %d; at most %d)", opts->max_rows,
@@ -1580,8 +1563,6 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->vocab_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->lora_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->run_bi = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
-    const char *mt = getenv("SQUAD_BATCH_MERGE_TOKENS");
-    cb->merge_tokens = mt ? atoi(mt) : MERGE_PAD_TOKENS;
     if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at || !cb->run_bi)
         return cu_err(err, SQUAD_E_NOMEM, "out of memory (sequence slots)");
     cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
@@ -1589,10 +1570,6 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->n_gdn = squad_config_count_layers(c, SQUAD_LAYER_LINEAR);
     cb->n_attn = squad_config_count_layers(c, SQUAD_LAYER_FULL);
     cb->parts = SQUAD_CUDA_PART_ALL;
-    const char *g = getenv("SQUAD_CUDA_GRAPHS");
-    cb->use_graphs = !(g && g[0] == '0');
-    const char *as = getenv("SQUAD_ATT_SPLITS");
-    cb->att_splits = as ? atoi(as) : 0;
 
     cb->device = opts ? opts->device_index : 0;
     if (cb->device < 0 || cb->device >= squad_cuda_device_count())
@@ -1608,7 +1585,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
                       "CUDA backend: %s is compute capability %d.%d (%d.0+ needed: the kernels are built for sm_90)",
                       prop.name, prop.major, prop.minor, CU_MIN_MAJOR);
     CU_TRY(cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking));
-    if ((rc = cu_gemm_init(&cb->gemm, err))) return rc;
+    if ((rc = cu_gemm_init(&cb->gemm, &cb->knobs, err))) return rc;
 
     /* dims */
     cb->C = squad_config_gdn_channels(c);
@@ -1621,21 +1598,8 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.ldP = cb->NP;
     cb->gd.eps = c->rms_eps;
     cb->gd.f32 = cb->f32;
-    const char *sr = getenv("SQUAD_GDN_SHORT_ROWS");
-    cb->gd.short_rows = sr ? atoi(sr) : CU_GDN_SHORT_ROWS;
-    const char *rg = getenv("SQUAD_GDN_SCAN_RG");
-    cb->gd.scan_rg = rg ? atoi(rg) : 0;
-    cb->gd.n_sm = cb->n_sm;
-    const char *ps = getenv("SQUAD_GDN_PREP_SPLIT");
-    cb->gd.prep_split = ps ? atoi(ps) : 0;
-    const char *gx = getenv("SQUAD_GDN_EXP");
-    cb->gd.exp = gx ? atoi(gx) : 0;
-    const char *gs = getenv("SQUAD_GDN_SEGMENTS"); /* k >= 2: the long-chunk form (an experiment) */
-    cb->gd.segments = gs ? atoi(gs) : 0;
-    const char *lf = getenv("SQUAD_LORA_FORM");
-    cb->lora_earlier = lf && lf[0] == '0';
-    const char *lp = getenv("SQUAD_LORA_PREFETCH"); /* "0": no L2 prefetch of the next A (an experiment) */
-    cb->lora_prefetch = !cb->lora_earlier && !(lp && lp[0] == '0');
+    cb->gd.short_rows = CU_GDN_SHORT_ROWS;
+    cb->gd.n_sm = cb->n_sm; /* scan_rg, prep_split, conv_groups 0: chosen per launch */
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;
     cb->ad.nkv = c->num_kv_heads;
@@ -1654,17 +1618,13 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
                               "(dk, dv padded to 16, 32, 64 or 128; nv a multiple of nk; K <= %d)",
                               cb->gd.nk, cb->gd.nv, cb->gd.dk, cb->gd.dv, cb->gd.K, CU_MAX_CONV_K);
         if ((rc = cu_gdn_init(&cb->gd, err))) return rc;
-        if (!cb->f32 && cb->gd.segments >= 2) { /* the long-chunk form asked for */
-            if ((rc = cu_gdn_overlap_create(&cb->gdn_ov, err))) return rc;
-            cb->gd.ov = &cb->gdn_ov;
-        }
     }
     if (cb->n_attn) {
         if (!cu_attn_supported(&cb->ad))
             return cu_err(err, SQUAD_E_UNSUPPORTED,
                               "CUDA backend: attention shape nh %d nkv %d hd %d rd %d not supported (hd 16 .. 256)",
                               cb->ad.nh, cb->ad.nkv, cb->ad.hd, cb->ad.rd);
-        if ((rc = cu_attn_init(&cb->ad, err))) return rc;
+        if ((rc = cu_attn_init(&cb->ad, cb->knobs.att_sm90, err))) return rc;
     }
 
     if ((rc = set_spans(cb, err))) return rc; /* span buckets, as far as the asked context */
@@ -1778,7 +1738,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     CU_TRY(cudaDeviceSynchronize());
     if ((rc = bound_context(cb, err))) return rc;
 
-    if (opts && opts->precapture && cb->use_graphs && (rc = precapture_all(cb, err))) return rc;
+    if (opts && opts->precapture && cb->knobs.graphs && (rc = precapture_all(cb, err))) return rc;
     return 0;
 }
 
@@ -1847,6 +1807,7 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     info->state_bytes = cb->state_bytes + (size_t)kv_positions_held(cb) * kv_pos_bytes(cb);
     for (int s = 0; s < cb->max_seqs; s++) info->state_bytes += cb->seqs[s].gdn ? cb->gdn_bytes : 0;
     info->kv_positions = kv_positions_held(cb);
+    info->gdn_state_bytes = (size_t)cb->n_gdn * cu_gdn_state_bytes(&cb->gd);
     info->max_context = cb->max_context;
     info->scratch_bytes = cb->scratch_bytes + cb->gemm.ws_bytes + cb->gemm.rot_bytes;
     snprintf(info->precision, sizeof info->precision, "%s", cb->f32 ? "exact" : "bf16");
@@ -1860,20 +1821,22 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
     return 0;
 }
 
-/* ---- for the ablation timing (src/cuda/ablate.cu, in the internal library: not part of libsquad) ---- */
+/* ---- the backend's internals for tests and benchmarks (cuda_internal.cuh; callers outside libsquad) ---- */
 
-int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
-                        int want_engine, cu_ablation *a, squad_err *err) {
+int cu_backend_capture_parts(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                             int want_engine, cu_parts_graph *a, squad_err *err) {
     memset(a, 0, sizeof *a);
     if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
-        return cu_err(err, SQUAD_E_INVALID, "ablation: not a CUDA backend");
+        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: not a CUDA backend");
     cu_be *cb = impl_of(be);
     if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
-        return cu_err(err, SQUAD_E_INVALID, "ablation: chunk [%d, %d) outside the backend's limits", start, start + len);
-    if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL) return cu_err(err, SQUAD_E_INVALID, "ablation: parts 0x%x", parts);
+        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: chunk [%d, %d) outside the backend's limits",
+                      start, start + len);
+    if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL)
+        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: parts 0x%x", parts);
     const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), bucket = CHUNK_BUCKETS[bi];
     if (nrows < 1 || nrows > cb->max_seqs || nrows > max_rows_of(cb, bi))
-        return cu_err(err, SQUAD_E_INVALID, "ablation: %d rows of %d tokens (at most %d)", nrows, len,
+        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: %d rows of %d tokens (at most %d)", nrows, len,
                       max_rows_of(cb, bi) < cb->max_seqs ? max_rows_of(cb, bi) : cb->max_seqs);
     const int rbi = row_bucket(nrows);
     int *ids = (int *)malloc((size_t)nrows * len * sizeof(int));
@@ -1881,7 +1844,7 @@ int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int
     int *order = (int *)malloc((size_t)nrows * sizeof(int));
     if (!ids || !ch || !order) {
         free(ids), free(ch), free(order);
-        return cu_err(err, SQUAD_E_NOMEM, "out of memory (ablation ids)");
+        return cu_err(err, SQUAD_E_NOMEM, "out of memory (capture of kernel groups: ids)");
     }
     /* distinct pseudo-random tokens, as a real question has (the graph's time barely depends on
      * them: 1.680 against 1.689 ms on the 4096+128 hit with every id 0) */
@@ -1928,44 +1891,37 @@ int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int
     return 0;
 }
 
-int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err) {
-    (void)rows; /* the last staged replay's bytes, as forward uploads them */
-    cu_be *cb = impl_of(be);
+int cu_backend_upload_params(squad_backend *be, squad_err *err) {
+    cu_be *cb = impl_of(be); /* the last staged replay's bytes, as forward uploads them */
     return upload_params(cb, cb->prm_host, cb->last_upload, err);
 }
 
-/* ---- test hooks (cuda_test_api.h) ---------------------------------------------------------------- */
-
-extern "C" int squad_cuda_test_poison(squad_backend *be, squad_err *err) {
-    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
-        return cu_err(err, SQUAD_E_INVALID, "poison: not a CUDA backend");
-    cu_be *cb = impl_of(be);
+int cu_backend_scratch(const squad_backend *be, cu_scratch_region *out, int max) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl) return -1;
+    const cu_be *cb = (const cu_be *)be->impl;
     const size_t R = (size_t)cb->tok_cap, es = cb->es;
     int wproj = cb->NP > cb->ldQKV ? cb->NP : cb->ldQKV;
     if (2 * cb->I > wproj) wproj = 2 * cb->I;
     const int wmix = cb->gd.nv * cb->gd.dv > cb->ad.nh * cb->ad.hd ? cb->gd.nv * cb->gd.dv : cb->ad.nh * cb->ad.hd;
-    CU_TRY(cudaMemsetAsync(cb->h, 0xff, R * cb->H * 4, cb->st));
-    CU_TRY(cudaMemsetAsync(cb->x, 0xff, R * cb->H * es, cb->st));
-    CU_TRY(cudaMemsetAsync(cb->proj, 0xff, R * wproj * es, cb->st));
-    CU_TRY(cudaMemsetAsync(cb->mix, 0xff, R * wmix * es, cb->st));
-    CU_TRY(cudaMemsetAsync(cb->mlp, 0xff, R * cb->I * es, cb->st));
-    if (cb->lora_xw) CU_TRY(cudaMemsetAsync(cb->lora_xw, 0xff, cb->lora_xw_bytes, cb->st));
-    if (cb->lora_fold_y) { /* y's columns; those past it stay zero (the folded out GEMM's u) */
-        const size_t ld = (size_t)cb->lora_fold_ld * es, in = (size_t)cb->lora_fold_in * es;
-        CU_TRY(cudaMemsetAsync(cb->lora_fold_y, 0xff, (size_t)cb->lora_fold_rows * ld, cb->st));
-        CU_TRY(cudaMemset2DAsync((char *)cb->lora_fold_y + in, ld, 0, ld - in, (size_t)cb->lora_fold_rows, cb->st));
-    }
+    cu_scratch_region r[CU_SCRATCH_REGIONS];
+    int n = 0;
+    r[n++] = {cb->h, 1, R * cb->H * 4, R * cb->H * 4};
+    r[n++] = {cb->x, 1, R * cb->H * es, R * cb->H * es};
+    r[n++] = {cb->proj, 1, R * wproj * es, R * wproj * es};
+    r[n++] = {cb->mix, 1, R * wmix * es, R * wmix * es};
+    r[n++] = {cb->mlp, 1, R * cb->I * es, R * cb->I * es};
+    if (cb->lora_xw) r[n++] = {cb->lora_xw, 1, cb->lora_xw_bytes, cb->lora_xw_bytes};
+    if (cb->lora_fold_y) /* y's columns; those past it stay zero (the folded out GEMM's u) */
+        r[n++] = {cb->lora_fold_y, (size_t)cb->lora_fold_rows, (size_t)cb->lora_fold_ld * es,
+                  (size_t)cb->lora_fold_in * es};
     if (cb->n_attn) {
-        CU_TRY(cudaMemsetAsync(cb->qb, 0xff, R * cb->ad.nh * cb->ad.hd * es, cb->st));
-        if (cb->att_part_bytes) CU_TRY(cudaMemsetAsync(cb->att_part, 0xff, cb->att_part_bytes, cb->st));
+        r[n++] = {cb->qb, 1, R * cb->ad.nh * cb->ad.hd * es, R * cb->ad.nh * cb->ad.hd * es};
+        if (cb->att_part_bytes) r[n++] = {cb->att_part, 1, cb->att_part_bytes, cb->att_part_bytes};
     }
-    if (cb->n_gdn)
-        CU_TRY(cudaMemsetAsync(cb->gdn_scr, 0xff, cu_gdn_scratch_bytes(&cb->gd, cb->tok_cap, cb->blk_cap), cb->st));
-    CU_TRY(cudaStreamSynchronize(cb->st));
-    return 0;
-}
-
-extern "C" size_t squad_cuda_test_state_bytes(const squad_backend *be) {
-    const cu_be *cb = (const cu_be *)be->impl;
-    return (size_t)cb->n_gdn * cu_gdn_state_bytes(&cb->gd);
+    if (cb->n_gdn) {
+        const size_t gb = cu_gdn_scratch_bytes(&cb->gd, cb->tok_cap, cb->blk_cap);
+        r[n++] = {cb->gdn_scr, 1, gb, gb};
+    }
+    for (int i = 0; i < n && i < max; i++) out[i] = r[i];
+    return n;
 }

@@ -1,8 +1,8 @@
 /*
  * cuda_internal.cuh — what the CUDA backend's .cu files share: error checks that fill a squad_err
  * (never print, never exit), bf16 helpers, the mma.sync / ldmatrix / cp.async wrappers, the
- * device-resident chunk parameters, and the host launchers of every kernel (each kernel file
- * implements its launchers and a plain host reference used by the tests).
+ * device-resident chunk parameters, the host launchers of every kernel, and the few internals of
+ * the backend that the tests (tests/cuda) and the ablation timing (bench/cuda) use.
  *
  * Design: every shape that varies from chunk to chunk of one bucket (chunk start, real length,
  * ids, slots, nopts, letters) lives in one device struct (cu_chunk_params) that the host writes
@@ -125,6 +125,31 @@ static inline cu_batch cu_batch_at(void *base, int nrows, int bucket) {
     b.bucket = bucket;
     return b;
 }
+
+/* ---- the backend's switches ----------------------------------------------------------------------
+ * The few environment variables the backend honours, read and checked once when a backend is made
+ * (backend_cuda.cu's cuda_knobs_read) and passed where they matter; no kernel launch reads the
+ * environment. docs/cuda.md ("Switches") has the one table of them, with why each stays. */
+#define CUDA_KNOBS_PATH_BYTES 1024
+/* The longest chunk by default (a chunk bucket, backend_cuda.cu): each chunk pays a fixed cost (~280
+ * dependent kernels) whatever its length, so longer chunks are cheaper per token; scratch grows with it. */
+#define CU_DEFAULT_MAX_CHUNK 4096
+typedef struct cuda_knobs {
+    int graphs;    /* SQUAD_CUDA_GRAPHS: 1 (default) chunks replay captured graphs; 0 run eagerly (debuggers,
+                      sanitizers) */
+    int max_chunk; /* SQUAD_MAX_CHUNK: the longest chunk asked for in tokens (the largest bucket not above
+                      it; default CU_DEFAULT_MAX_CHUNK; a smaller one takes less scratch memory) */
+    int att_sm90;  /* SQUAD_ATT_SM90: 1 (default) attention's forward at head_dim 256 on wgmma where the GPU
+                      runs it; 0 the portable mma.sync kernel everywhere */
+    int gemm_sm90; /* SQUAD_GEMM_SM90: 1 (default) the GEMM tuning may pick the sm_90a small-M kernel; 0
+                      cuBLASLt only */
+    /* SQUAD_GEMM_PLANS: the tuned GEMM plans' file; "" none ("off" or empty), else the variable, else
+     * $XDG_CACHE_HOME/squad/gemm-plans.txt, else ~/.cache/squad/gemm-plans.txt */
+    char gemm_plans[CUDA_KNOBS_PATH_BYTES];
+} cuda_knobs;
+/* Fills k from the environment (the defaults where a variable is unset); SQUAD_E_INVALID with a
+ * message naming the variable for a value it does not take. */
+int cuda_knobs_read(cuda_knobs *k, squad_err *err);
 
 /* ---- error checks ---------------------------------------------------------------------------- */
 /* squad_fail's twin, so libsquadcuda needs nothing from libsquad (it links after it). */
@@ -305,17 +330,16 @@ typedef struct cu_plan_rec {
     cu_sm90_cfg cfg;
 } cu_plan_rec;
 typedef struct cu_plan_store {
-    int enabled;     /* a path is known and SQUAD_GEMM_PLANS is not "off" */
+    int enabled;     /* a path is known (cuda_knobs.gemm_plans) */
     int loaded;      /* the file was read (or found missing / unusable) */
     char path[1024];
     char header[512]; /* the file's first line: format, GPU model, cuBLASLt and CUDA versions, workspace */
     cu_plan_rec *recs;
     int n, cap;
 } cu_plan_store;
-/* Sets the file's path (SQUAD_GEMM_PLANS, else $XDG_CACHE_HOME/squad, else ~/.cache/squad) and the
- * header of device dev with a GEMM workspace of ws_bytes (an algorithm may need up to it); reads
- * nothing yet. */
-void cu_plan_store_init(cu_plan_store *s, int dev, size_t ws_bytes);
+/* Sets the file's path (path: cuda_knobs.gemm_plans; NULL or "": no file) and the header of device
+ * dev with a GEMM workspace of ws_bytes (an algorithm may need up to it); reads nothing yet. */
+void cu_plan_store_init(cu_plan_store *s, const char *path, int dev, size_t ws_bytes);
 /* The stored algorithm of a shape, or NULL; reads the file on the first call. A file that is
  * missing, malformed or of another GPU / library version holds nothing. */
 const cu_plan_rec *cu_plan_store_find(cu_plan_store *s, int M, int N, int K, int acc, int f32);
@@ -341,7 +365,8 @@ typedef struct cu_gemm_ctx {
     int *sm90_probe;     /* one device int: the probe kernel's answer at start */
     void *sm90_encode;   /* the driver's cuTensorMapEncodeTiled */
 } cu_gemm_ctx;
-int cu_gemm_init(cu_gemm_ctx *g, squad_err *err);
+/* knobs: the plan file (gemm_plans) and whether the sm_90a kernel may run (gemm_sm90). */
+int cu_gemm_init(cu_gemm_ctx *g, const cuda_knobs *knobs, squad_err *err);
 void cu_gemm_free(cu_gemm_ctx *g);
 int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N, int K, int acc, int f32,
             cudaStream_t st, squad_err *err);
@@ -353,7 +378,7 @@ int cu_gemm(cu_gemm_ctx *g, const void *W, const void *X, void *Y, int M, int N,
 #define CU_SM90_MAX_CFGS 32
 /* Finds out whether the kernel runs here (sets g->sm90, by a probe kernel from the same cubin); a GPU
  * without it is not an error. */
-int cu_sm90_init(cu_gemm_ctx *g, squad_err *err);
+int cu_sm90_init(cu_gemm_ctx *g, int wanted, squad_err *err);
 void cu_sm90_free(cu_gemm_ctx *g);
 /* The configurations worth timing for a shape (0 when the kernel does not take it). */
 int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm90_cfg *out, int max);
@@ -406,36 +431,23 @@ typedef struct cu_gdn_dims {
                               timing (ablate.cu) leaves some out */
     int short_rows;        /* batches of at most this many tokens take the conv and out kernels
                               spread for short chunks, and the conv also every batch whose rows
-                              (bucket) are that short (CU_GDN_SHORT_ROWS; SQUAD_GDN_SHORT_ROWS
-                              overrides) */
+                              (bucket) are that short (the backend: CU_GDN_SHORT_ROWS; the tests
+                              vary it) */
     int scan_rg;           /* the scan's row groups of 16 S^T rows a block: 1, 2 or 4 (more rows a
                               block: fewer copies of W and K' and fewer, fuller blocks for a batch
-                              of many rows); 0: chosen per launch from n_sm (SQUAD_GDN_SCAN_RG
-                              fixes it, an experiment) */
+                              of many rows); 0: chosen per launch from n_sm (the backend; the tests
+                              fix it) */
     int n_sm;              /* the GPU's SMs, for that choice and the prep's split (0: no split) */
     int prep_split;        /* the prep's blocks a (block of 64 tokens, head): 1, 2 or 4 (bounded by
                               the head dims); 0: chosen per launch from n_sm, more on short chunks
-                              (SQUAD_GDN_PREP_SPLIT fixes it, an experiment) */
-    int exp;               /* experiment switches (SQUAD_GDN_EXP, a bit mask; 0: the measured choices) */
+                              (the backend; the tests fix it) */
+    int conv_groups;       /* the pipelined conv's 16-row groups a block; 0: chosen per launch (the
+                              backend); < 0: the one-tile conv on every launch; > 0 fixed. The
+                              tests vary it: every form gives the same bits */
     int ldY;               /* the output Y's row stride in elements; 0: nv dv (packed). More when Y is
                               the first columns of a widened GEMM input (k_lora.cuh), so the
                               specialists' out_proj reads it without a copy */
-    int segments;          /* the long-chunk form's segments (cu_gdn_overlap): k >= 2 up to k
-                              (SQUAD_GDN_SEGMENTS, an experiment); 0 or 1: one stream */
-    const struct cu_gdn_overlap *ov; /* its streams and events; NULL: always one stream */
 } cu_gdn_dims;
-/* The long-chunk form: a chunk's blocks of 64 tokens cut into segments, the prep and output kernels
- * of the other segments on their own streams while the scan walks one (the scan's chain is the
- * mixer's critical path and leaves most of each SM idle). Event records and waits, so it runs the
- * same eagerly and inside a captured graph (the scan's stream has the greatest priority, which a
- * graph keeps with cudaGraphInstantiateFlagUseNodePriority). */
-#define CU_GDN_SEG_MAX 8
-typedef struct cu_gdn_overlap {
-    cudaStream_t prep, scan, out; /* non-blocking; scan at the greatest priority */
-    cudaEvent_t conv, prep_done[CU_GDN_SEG_MAX], scan_done[CU_GDN_SEG_MAX], out_done;
-} cu_gdn_overlap;
-int cu_gdn_overlap_create(cu_gdn_overlap *o, squad_err *err);
-void cu_gdn_overlap_destroy(cu_gdn_overlap *o); /* a zeroed or created one */
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
 typedef struct cu_gdn_scratch {
@@ -489,19 +501,19 @@ typedef struct cu_attn_dims {
     size_t kv_stride; /* elements between positions in the K / V cache (position-major cache) */
     int f32;          /* the exact path: fp32 QKV, K / V cache, q scratch and out; fp32 attention */
     unsigned stages;  /* the bf16 path's kernels that run (CU_ATT_*); 0: all (see cu_gdn_dims.stages) */
-    int sm90;         /* set by cu_attn_init: the forward runs on wgmma (k_attn_sm90.cu; its variant), 0: not */
+    int sm90;         /* set by cu_attn_init: 1 the forward runs on wgmma (k_attn_sm90.cu), 0: not */
     int ldo;          /* the output's row stride in elements; 0: nh hd (packed). More when it is the first
                          columns of a widened GEMM input (k_lora.cuh): the specialists' o_proj reads it
                          without a copy */
 } cu_attn_dims;
 enum { CU_ATT_PREP = 1, CU_ATT_FWD = 2, CU_ATT_COMBINE = 4 };
 int cu_attn_supported(const cu_attn_dims *d);
-/* Sets the kernels up for these dims (and d->sm90: whether the forward runs on wgmma). */
-int cu_attn_init(cu_attn_dims *d, squad_err *err);
+/* Sets the kernels up for these dims (and d->sm90: whether the forward runs on wgmma, where the GPU
+ * can and want_sm90 asks: cuda_knobs.att_sm90). */
+int cu_attn_init(cu_attn_dims *d, int want_sm90, squad_err *err);
 /* Splits of the key range for a batch of nrows rows of `bucket` query tokens each and keys up to
  * `span`. */
-int cu_attn_splits(const cu_attn_dims *d, int nrows, int bucket, int span, int n_sm,
-                   int force); /* force > 0: that many, bounded */
+int cu_attn_splits(const cu_attn_dims *d, int nrows, int bucket, int span, int n_sm);
 size_t cu_attn_partial_bytes(const cu_attn_dims *d, int tokens, int splits);
 /* Every row of the batch at once. QKV: [tokens][ldQKV] bf16; per row, this layer's K / V are at
  * element offsets wko, wvo from its prm[r].kv_work (the slot's first own position, kv_split),
@@ -515,28 +527,34 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKV, const float *q_norm,
                     void *Qb, void *part, int splits, void *out, const cu_batch *b, cudaStream_t st,
                     squad_err *err);
 
-/* ---- the ablation timing's view of a backend (backend_cuda.cu; used by ablate.cu) ----------- */
-typedef struct cu_ablation {
+/* ---- the backend's internals for tests and benchmarks (backend_cuda.cu) -----------------------
+ * What the test API (tests/cuda) and the ablation timing (bench/cuda) need of a backend and cannot
+ * get through backend.h; neither is part of libsquad. */
+typedef struct cu_parts_graph {
     cudaStream_t st;        /* the backend's stream */
     int rows;               /* the chunk's bucket */
     cudaGraphExec_t graph;  /* the chunk's forward with only the chosen parts (the caller destroys it) */
     cudaGraphExec_t engine; /* with want_engine: the backend's own graph of that bucket and span (the
                                backend's; not to be destroyed) */
-} cu_ablation;
+} cu_parts_graph;
 /* Writes the parameters of a batch of nrows chunks [start, start + len) on slots 0 .. nrows - 1
  * (pseudo-random ids, no answer slots; each row's GDN state from its own arena; with `shared` rows
  * 1 .. read [0, start) in place from row 0's K / V, as hits restored from one cached state do, else
- * each row reads its own), captures its
- * forward with only `parts` (SQUAD_CUDA_PART_*), and with want_engine captures (or finds) the
- * engine's graph of the same shape. */
-int cu_ablation_prepare(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
-                        int want_engine, cu_ablation *a, squad_err *err);
+ * each row reads its own), captures its forward with only `parts` (SQUAD_CUDA_PART_*), and with
+ * want_engine captures (or finds) the engine's graph of the same shape. */
+int cu_backend_capture_parts(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
+                             int want_engine, cu_parts_graph *a, squad_err *err);
 /* The parameters' host-to-device copy forward makes before each replay (timed with it). */
-int cu_ablation_upload_params(squad_backend *be, int rows, squad_err *err);
-
-/* Test support (cuda_test_api.cu, linked into the tests and benchmarks only): the GEMM timings'
- * operands, W (every rotated weight copy) and X, filled with hashed uniform values on st (no zeros
- * to time on; the same values for the same sizes). */
-int cu_test_fill_gemm_operands(bf16 *W, size_t w_elems, bf16 *X, size_t x_elems, cudaStream_t st, squad_err *err);
+int cu_backend_upload_params(squad_backend *be, squad_err *err);
+/* A scratch buffer: `rows` rows `pitch` bytes apart, of which the first `width` bytes of each are
+ * what the kernels write (the rest, if any, must stay zero). */
+typedef struct cu_scratch_region {
+    void *p;
+    size_t rows, pitch, width;
+} cu_scratch_region;
+#define CU_SCRATCH_REGIONS 12
+/* The backend's scratch buffers (activations, kernel scratch, partial results) into out (at most max
+ * of them); their count (at most CU_SCRATCH_REGIONS), -1 for a backend that is not CUDA's. */
+int cu_backend_scratch(const squad_backend *be, cu_scratch_region *out, int max);
 
 #endif

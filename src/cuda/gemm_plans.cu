@@ -7,8 +7,9 @@
  * later process on the same GPU model, cuBLASLt and CUDA runtime reads it, runs the same algorithm
  * (the same bits) and skips the tuning (a faster start).
  *
- * The file: SQUAD_GEMM_PLANS names it ("off" or empty: no file), else
- * $XDG_CACHE_HOME/squad/gemm-plans.txt, else ~/.cache/squad/gemm-plans.txt. Its first line is a
+ * The file: cuda_knobs.gemm_plans, resolved once at the backend's creation (SQUAD_GEMM_PLANS names
+ * it, "off" or empty: no file; else $XDG_CACHE_HOME/squad/gemm-plans.txt, else
+ * ~/.cache/squad/gemm-plans.txt: cuda_knobs_read). Its first line is a
  * header (format, GPU name, compute capability, multiprocessors, cuBLASLt, CUDA runtime and
  * workspace size); each further line one shape: "M N K acc f32" and the algorithm's eight opaque
  * 64-bit words in hex (cublasLtMatmulAlgo_t is plain data, meaningful to the same cuBLASLt on the
@@ -29,8 +30,6 @@
 #include <unistd.h>
 
 #define PLANS_FORMAT "squad-gemm-plans 1"
-#define PLANS_ENV "SQUAD_GEMM_PLANS"
-#define PLANS_FILE "squad/gemm-plans.txt"
 #define PLANS_MAX_RECS 4096 /* a real model has a few dozen shapes; more means a damaged file */
 #define PLANS_LINE_BYTES 512
 #define PLANS_SM90_TAG "sm90a" /* a line of the sm_90a kernel's configuration */
@@ -53,17 +52,9 @@ static void make_header(cu_plan_store *s, int dev, size_t ws_bytes) {
              name, prop.major, prop.minor, prop.multiProcessorCount, (size_t)cublasLtGetVersion(), rt, ws_bytes);
 }
 
-void cu_plan_store_init(cu_plan_store *s, int dev, size_t ws_bytes) {
+void cu_plan_store_init(cu_plan_store *s, const char *path, int dev, size_t ws_bytes) {
     memset(s, 0, sizeof *s);
-    const char *env = getenv(PLANS_ENV);
-    int n = -1;
-    if (env) {
-        if (env[0] && strcmp(env, "off")) n = snprintf(s->path, sizeof s->path, "%s", env);
-    } else {
-        const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-        if (xdg && xdg[0] == '/') n = snprintf(s->path, sizeof s->path, "%s/" PLANS_FILE, xdg);
-        else if (home && home[0] == '/') n = snprintf(s->path, sizeof s->path, "%s/.cache/" PLANS_FILE, home);
-    }
+    const int n = path && path[0] ? snprintf(s->path, sizeof s->path, "%s", path) : -1;
     s->enabled = n > 0 && n < (int)sizeof s->path;
     if (s->enabled) make_header(s, dev, ws_bytes);
 }

@@ -458,17 +458,8 @@ int cu_attn_supported(const cu_attn_dims *d) {
 }
 
 /* The bf16 forward runs on wgmma wherever it can (head_dim 256 on compute capability 9.0, this
- * build's sm_90a code loading); SQUAD_ATT_SM90 (an experiment switch) picks: 0 mma.sync everywhere,
- * 1 (the default) P V once P is whole, 2 P V slice by slice. */
-#define ATT_SM90_DEFAULT CU_ATT_SM90_WHOLE
-static int att_sm90_wanted(void) {
-    const char *e = getenv("SQUAD_ATT_SM90");
-    if (!e || !e[0]) return ATT_SM90_DEFAULT;
-    const int v = atoi(e);
-    return v == CU_ATT_SM90_WHOLE || v == CU_ATT_SM90_SLICED ? v : 0;
-}
-
-int cu_attn_init(cu_attn_dims *d, squad_err *err) {
+ * build's sm_90a code loading) and want_sm90 (cuda_knobs.att_sm90) allows; else on mma.sync. */
+int cu_attn_init(cu_attn_dims *d, int want_sm90, squad_err *err) {
     d->sm90 = 0;
     if (d->f32) return 0;
     int found = 0;
@@ -483,11 +474,10 @@ int cu_attn_init(cu_attn_dims *d, squad_err *err) {
     if (!found)
         return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention head_dim %d not supported (16, 32, 64, 128, 256)",
                       d->hd);
-    const int want = cu_attn_sm90_takes(d->hd) ? att_sm90_wanted() : 0;
-    if (!want) return 0;
+    if (!want_sm90 || !cu_attn_sm90_takes(d->hd)) return 0;
     int ok = 0;
     const int rc = cu_attn_sm90_probe(&ok, err);
-    d->sm90 = ok ? want : 0;
+    d->sm90 = ok;
     return rc;
 }
 
@@ -503,7 +493,7 @@ static int att_heads_per_block(const cu_attn_dims *d) {
 /* Tokens per attn_fwd block: 16 per warp of one head. */
 static int att_tokens_per_block(const cu_attn_dims *d) { return 16 * (ATT_WARPS / att_heads_per_block(d)); }
 
-int cu_attn_splits(const cu_attn_dims *d, int nrows, int rows, int span, int n_sm, int force) {
+int cu_attn_splits(const cu_attn_dims *d, int nrows, int rows, int span, int n_sm) {
     const int bt = att_tokens_per_block(d);
     const int base = nrows * ((rows + bt - 1) / bt) * (d->nh / att_heads_per_block(d));
     const int slots = ATT_BLOCKS_PER_SM * n_sm;
@@ -514,7 +504,6 @@ int cu_attn_splits(const cu_attn_dims *d, int nrows, int rows, int span, int n_s
                              took 3.11 ms, 32 x 4 2.85) */
     else
         s = (slots + base - 1) / base; /* every SM busy; past that the longest-first order balances */
-    if (force > 0) s = force; /* an experiment's fixed count, still bounded below */
     const int by_keys = span / ATT_SPLIT_MIN_KEYS;
     const int by_mem = ATT_SPLIT_ROWS_MAX / (nrows * rows);
     if (s > by_keys) s = by_keys;
@@ -574,7 +563,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     if (d->hd == HD_) {                                                                   \
         if (!(run & CU_ATT_FWD)) {                                                        \
         } else if (d->sm90 && cu_attn_sm90_takes(HD_)) {                                  \
-            cu_attn_sm90_launch(&fa, grid, d->sm90, st);                                  \
+            cu_attn_sm90_launch(&fa, grid, st);                                  \
         } else {                                                                          \
             attn_fwd_kernel<HD_><<<grid, ATT_THREADS, att_smem<HD_>::bytes, st>>>(fa);    \
         }                                                                                 \

@@ -304,9 +304,7 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
 int cu_attn_sm90_probe(int *ok, squad_err *err);
 /* Whether it takes this head_dim. */
 int cu_attn_sm90_takes(int hd);
-/* Its variants: P V issued once P is whole, or 16 keys at a time as P's slices are ready. */
-enum { CU_ATT_SM90_WHOLE = 1, CU_ATT_SM90_SLICED = 2 };
 /* attn_fwd's launch, on wgmma (same grid, same arguments, same outputs). */
-void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, int variant, cudaStream_t st);
+void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, cudaStream_t st);
 
 #endif

@@ -26,10 +26,10 @@
  *   - A tile wholly past a warpgroup's rows is skipped by the warpgroup (wgmma is warpgroup-wide);
  *     masked rows inside it are what the per-row limits mask.
  *   - Order within a tile: S's wgmma group is issued, then the next tile's copies (into the other
- *     stage), then the wait; P V either as one group once P is packed (CU_ATT_SM90_WHOLE) or slice
- *     by slice, 16 keys each, so the exponentials of the later slices overlap the earlier slices'
- *     wgmma (CU_ATT_SM90_SLICED). Registers an in-flight wgmma reads (P) or writes (S, O) are pinned
- *     (empty asm) until its wait, so the compiler cannot reuse or move them.
+ *     stage), then the wait; P V as one group once P is packed (issuing it 16 keys at a time as
+ *     P's slices were ready measured no faster, docs/cuda.md). Registers an in-flight wgmma reads
+ *     (P) or writes (S, O) are pinned (empty asm) until its wait, so the compiler cannot reuse or
+ *     move them.
  *   - Both warpgroups still meet at one barrier a tile (the stages are shared): the softmax of one
  *     does not overlap the other's wgmma by design, only by chance (a producer warp with
  *     per-stage barriers and ping-pong between the warpgroups is the next step).
@@ -104,7 +104,6 @@ __global__ void k_attn_sm90_probe(int *out) {
 #endif
 }
 
-template <bool SLICED>
 __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = ATS_HD;
@@ -213,9 +212,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
                 O[j][3] *= al1;
             }
         }
-        /* P = 2^(S scale - m) in bf16, 16 keys (two n8 column groups of S) a slice; SLICED issues each
-         * slice's P V as soon as it is packed, so the exponentials of the next slices run while the
-         * tensor cores work (each slice's registers stay untouched until the wait below) */
+        /* P = 2^(S scale - m) in bf16, 16 keys (two n8 column groups of S) a slice */
         float s0 = 0.f, s1 = 0.f;
         uint32_t pa[4][4];
 #pragma unroll
@@ -233,12 +230,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
             pa[ks][1] = cu_pack_bf16(S[2 * ks][2], S[2 * ks][3]);
             pa[ks][2] = cu_pack_bf16(S[2 * ks + 1][0], S[2 * ks + 1][1]);
             pa[ks][3] = cu_pack_bf16(S[2 * ks + 1][2], S[2 * ks + 1][3]);
-            if (SLICED) { /* 16 keys: two 8-row groups of every V panel */
-                wg_fence();
-                ats_pv(O, pa[ks], wg_desc(v_base + ks * 2048, ATS_KV_PANEL_BYTES, 1024));
-            }
         }
-        if (!SLICED) {
+        {
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
@@ -281,10 +274,7 @@ int cu_attn_sm90_probe(int *ok, squad_err *err) {
     cudaFree(d);
     if (e != cudaSuccess) return cu_fail(err, "k_attn_sm90_probe", e, __FILE__, __LINE__);
     if (h == 1) {
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    ATS_SMEM));
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    ATS_SMEM));
+        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
         *ok = 1;
     }
     return 0;
@@ -292,9 +282,6 @@ int cu_attn_sm90_probe(int *ok, squad_err *err) {
 
 int cu_attn_sm90_takes(int hd) { return hd == ATS_HD; }
 
-void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, int variant, cudaStream_t st) {
-    if (variant == CU_ATT_SM90_SLICED)
-        attn_fwd_sm90_kernel<true><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
-    else
-        attn_fwd_sm90_kernel<false><<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
+void cu_attn_sm90_launch(const attn_fwd_args *a, dim3 grid, cudaStream_t st) {
+    attn_fwd_sm90_kernel<<<grid, ATT_THREADS, ATS_SMEM, st>>>(*a);
 }

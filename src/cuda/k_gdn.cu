@@ -38,9 +38,6 @@
  *   separate steps):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
- * Long chunks may run prep, scan and out in segments of blocks, the prep and out of the other
- * segments on their own streams beside the scan (cu_gdn_overlap, gdn_run; SQUAD_GDN_SEGMENTS, off by
- * default: measured no faster, as the three kernels compete for the SMs' shared memory).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
  * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
@@ -62,10 +59,6 @@
 struct gdn_batch_args {
     size_t s_off, conv_off;     /* this layer's S and conv inputs in a slot's arena (bytes) */
     int bucket, ncb;
-    /* the launch's blocks of 64 tokens [cb0, cb1) of each row (a segment of the long-chunk form,
-     * cu_gdn_overlap; the conv ignores them): prep and out add cb0 to blockIdx.x's block, the scan
-     * walks them, starting from the state the previous segment left in the arena */
-    int cb0, cb1;
 };
 
 /* The scratch arrays moved to the row's tokens (tok0) and blocks (blk0 = row ncb). */
@@ -108,14 +101,6 @@ struct gdn_conv_args {
  * read its row from the batch (12 blocks an SM instead of 16: a cold row's conv 25 % slower).
  * Up to KC 5: 16 blocks (64 registers), 24 (40) on short chunks, no spills; KC 6 .. 8 spill
  * there and get 12 (85) and 16 (64). */
-/* SQUAD_GDN_EXP bits (cu_gdn_dims.exp), each the earlier form of a change, for A / B timing */
-#define GDN_EXP_CONV_FREE 1       /* the conv's registers unbounded (CONV_MIN_BLOCKS) */
-#define GDN_EXP_OUT_SHIFT_FIRST 2 /* the output kernel moves the conv state on before its copies */
-#define GDN_EXP_FUSE 4            /* short chunks: the conv inside the prep (gdn_prep_kernel's FUSE) */
-#define GDN_EXP_CONV_TILE 8       /* the conv one tile a block always (not gdn_conv_pipe_kernel) */
-/* Bits 16 .. 23: the pipelined conv's groups a block fixed (0: chosen from n_sm; conv_pipe_groups) */
-#define GDN_EXP_CONV_NG_SHIFT 16
-#define GDN_EXP_CONV_NG_MASK 0xff
 #define CONV_MIN_BLOCKS(KC, TT) ((KC) <= 5 ? ((TT) <= CONV_TT_SHORT ? 24 : 16) : ((TT) <= CONV_TT_SHORT ? 16 : 12))
 
 /* Block (x, seg): tokens [TT x, TT (x + 1)) of one head segment (q heads, then k heads, then v
@@ -132,8 +117,7 @@ struct gdn_conv_args {
 /* The conv + SiLU of tokens [t0, t0 + TT) of a row (its tokens from tok0 in P) for channels ch and
  * ch + 1 (r0, r1: real), 0 at tokens past len: the KC weights and TT + KC - 1 inputs are all loaded
  * before any is used (rows before the chunk from conv_in, the row's saved inputs, which only its first
- * blocks read: NULL elsewhere). Shared by the conv kernel and the fused prep, so both compute the
- * same bits. */
+ * blocks read: NULL elsewhere). */
 template <int KC, int TT>
 __device__ __forceinline__ void conv_tile(const bf16 *P, int ldP, const bf16 *conv_in, int C, const float *conv_w,
                                           int tok0, int t0, int len, int ch, bool r0, bool r1, float2 (&y)[TT]) {
@@ -408,15 +392,15 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PIPE_MIN_BLOCKS(KC))
 
 /* The pipelined conv's groups a block (0: the one-tile kernel instead). The one-tile kernel keeps
  * launches whose blocks all fit on the GPU at once (a hit's question: one wave, and nothing to
- * overlap), and runs when GDN_EXP_CONV_TILE or GDN_EXP_CONV_FREE asks for it. Otherwise about one
+ * overlap), and every launch when `fixed` (cu_gdn_dims.conv_groups) is < 0; fixed > 0 sets the
+ * groups (the tests' variants: both kernels give the same bits). Otherwise about one
  * wave of pipelined blocks: each (row, segment) gets as many blocks as the wave has room for, and the
  * groups are spread evenly over them; a batch of more (row, segment) pairs than that takes one block
  * a pair. Without an SM count (the tests' launches) 3 groups a block, so the carried rows and a
  * block's partial last run are exercised. */
-static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int n_sm, int exp) {
-    if (exp & (GDN_EXP_CONV_TILE | GDN_EXP_CONV_FREE)) return 0;
+static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, int n_sm, int fixed) {
+    if (fixed < 0) return 0;
     const int g_row = (rows + CONV_GROUP - 1) / CONV_GROUP;
-    const int fixed = (exp >> GDN_EXP_CONV_NG_SHIFT) & GDN_EXP_CONV_NG_MASK;
     if (fixed > 0) return fixed < g_row ? fixed : g_row;
     if (n_sm <= 0) return 3 < g_row ? 3 : g_row;
     const long pairs = (long)n_seg * nrows;
@@ -432,10 +416,9 @@ static int conv_pipe_groups(int rows, int tt, int n_seg, unsigned nrows, int K, 
 /* The conv kernel for the model's kernel size (1 .. CU_MAX_CONV_K), with 4 tokens a tile on short
  * chunks: pipelined over groups of rows on long launches (conv_pipe_groups), else one tile a block. */
 static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, int n_seg, unsigned nrows, int n_sm,
-                           int exp, cudaStream_t st, squad_err *err) {
+                           int conv_groups, cudaStream_t st, squad_err *err) {
     const int tt = short_rows ? CONV_TT_SHORT : CONV_TT_LONG;
-    const bool exp_free = (exp & GDN_EXP_CONV_FREE) != 0;
-    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, n_sm, exp);
+    const int ng = conv_pipe_groups(rows, tt, n_seg, nrows, ca.K, n_sm, conv_groups);
     const dim3 grid((rows + tt - 1) / tt, n_seg, nrows);
     const dim3 pgrid(ng > 0 ? ((rows + CONV_GROUP - 1) / CONV_GROUP + ng - 1) / ng : 1, n_seg, nrows);
     switch (ca.K) {
@@ -445,10 +428,6 @@ static int launch_gdn_conv(const gdn_conv_args &ca, int rows, bool short_rows, i
             gdn_conv_pipe_kernel<KC_, CONV_TT_SHORT><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                      \
         else if (ng > 0)                                                                                           \
             gdn_conv_pipe_kernel<KC_, CONV_TT_LONG><<<pgrid, CONV_THREADS, 0, st>>>(ca, ng);                       \
-        else if (exp_free && short_rows)                                                                           \
-            gdn_conv_kernel<KC_, CONV_TT_SHORT, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                             \
-        else if (exp_free)                                                                                         \
-            gdn_conv_kernel<KC_, CONV_TT_LONG, 1><<<grid, CONV_THREADS, 0, st>>>(ca);                              \
         else if (short_rows)                                                                                       \
             gdn_conv_kernel<KC_, CONV_TT_SHORT, CONV_MIN_BLOCKS(KC_, CONV_TT_SHORT)><<<grid, CONV_THREADS, 0, st>>>(ca); \
         else                                                                                                       \
@@ -469,7 +448,6 @@ struct gdn_prep_args {
     const bf16 *P;
     int ldP;
     const float *A_log, *dt_bias;
-    const float *conv_w; /* the fused prep's (conv + gates + prep, FUSE) */
     const cu_chunk_params *prm;
     gdn_batch_args bt;
     int nk, nv, C;
@@ -517,14 +495,7 @@ struct prep_split {
     static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
 };
 
-/* FUSE: the conv is done here, not by gdn_conv (short chunks, the fused prep: GDN_FUSE_*): q, k and v
- * of the block computed from P into shared memory by the conv kernel's own arithmetic (conv_tile,
- * conv_row_sums, its short 4-token tiles), so the same bits, one kernel less and no round trip of
- * q, k, v through memory. Each split block computes all of k, its q rows and its v columns. */
-#define GDN_FUSE_KC 4   /* the conv kernel size it is built for (the Qwen3.5 models') */
-#define GDN_FUSE_DK 128 /* and the head dims (unpadded) */
-#define GDN_FUSE_DV 128
-template <int DK, int DV, int SPLIT, bool FUSE>
+template <int DK, int DV, int SPLIT>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
     typedef prep_split<DK, DV, SPLIT> SP;
@@ -538,7 +509,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     float *gam = (float *)(smem + SM::vec_off);
     float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
-    const int c = blockIdx.x + a.bt.cb0, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
+    const int c = blockIdx.x, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
@@ -557,55 +528,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const size_t blk = (size_t)c * a.nv + h;
     const int dv = a.dv;
 
-    if constexpr (FUSE) { /* q, k, v of this block from P (the conv kernel's arithmetic) */
-        static_assert(DK == GDN_FUSE_DK && DV == GDN_FUSE_DV, "the fused prep's instances");
-        constexpr int KC = GDN_FUSE_KC, TT = CONV_TT_SHORT;
-        const bf16 *cin = c == 0 ? (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off) : NULL;
-        /* v: the split's columns, a thread a pair of channels over TTV tokens (no norm: any tiling
-         * gives the same bits) */
-        {
-            constexpr int VP = SP::UB / 2, VG = PREP_THREADS / VP, TTV = GDN_C / VG;
-            static_assert(VG * TTV == GDN_C, "v tiles cover the block");
-            const int vp = tid % VP, vg = tid / VP, col = sp * SP::UB + 2 * vp;
-            float2 yv[TTV];
-            conv_tile<KC, TTV>(a.P, a.ldP, cin, a.C, a.conv_w, 0, t0 + vg * TTV, len,
-                               2 * a.nk * DK + h * DV + col, true, true, yv);
-#pragma unroll
-            for (int t = 0; t < TTV; t++) *(float2 *)(Vs + (vg * TTV + t) * LDV + col) = yv[t];
-        }
-        /* k (all rows) and q (the split's), normalised: 4-token tiles of 128 channels, one a group of
-         * 64 threads (two warps) as in the conv kernel, their row sums through shared memory
-         * (two buffers: a tile's sums are read before the next barrier but one) */
-        __shared__ float fred[2][PREP_THREADS / 64][2][TT];
-        constexpr int KT = GDN_C / TT, QT = SP::ROWS / TT, NTL = KT + QT;
-        const int g = tid >> 6, wg = (tid >> 5) & 1, i = 2 * (tid & 63);
-        const float qs = rsqrtf((float)a.dk);
-#pragma unroll 1
-        for (int it = 0; it * (PREP_THREADS / 64) < NTL; it++) {
-            const int idx = it * (PREP_THREADS / 64) + g;
-            const bool act = idx < NTL, isk = idx < KT; /* both warp-uniform */
-            const int tt0 = isk ? idx * TT : row0 + (idx - KT) * TT;
-            float2 y[TT];
-            if (act)
-                conv_tile<KC, TT>(a.P, a.ldP, cin, a.C, a.conv_w, 0, t0 + tt0, len, (isk ? a.nk + hk : hk) * DK + i,
-                                  true, true, y);
-            else {
-#pragma unroll
-                for (int t = 0; t < TT; t++) y[t] = make_float2(0.f, 0.f);
-            }
-            const float q0 = conv_row_sums<TT>(y, lane);
-            if (conv_row_lane<TT>(lane)) fred[it & 1][g][wg][(lane >> 1) & (TT - 1)] = q0;
-            __syncthreads();
-            if (act) {
-                bf16 *dst = (isk ? Ks : Qs) + tt0 * LDK + i;
-#pragma unroll
-                for (int t = 0; t < TT; t++) {
-                    const float sc = conv_row_scale(fred[it & 1][g][0][t], fred[it & 1][g][1][t], isk ? 1.f : qs);
-                    *(uint32_t *)(dst + t * LDK) = cu_pack_bf16(y[t].x * sc, y[t].y * sc);
-                }
-            }
-        }
-    } else
     /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
     {
         /* Q: the split's rows only; K: all (L needs them); V: the split's U^T columns only */
@@ -970,13 +892,10 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
     const int len = a.prm->len;
     if (len < 1) return; /* a padding row: no state to touch */
     a.S = (float *)(a.prm->gdn + a.bt.s_off);
-    /* the state at the launch's first block: a restored blob's or the arena's at the chunk's start,
-     * else the arena's, where the previous segment's launch left it */
-    const float *S_in = a.bt.cb0 == 0 ? (const float *)(cu_gdn_in(a.prm) + a.bt.s_off) : a.S;
+    /* the state at the chunk's start: a restored blob's or the arena's */
+    const float *S_in = (const float *)(cu_gdn_in(a.prm) + a.bt.s_off);
     gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
-    const int cb0 = a.bt.cb0;
-    int nreal = (len + GDN_C - 1) / GDN_C; /* blocks [cb0, nreal) run here */
-    if (nreal > a.bt.cb1) nreal = a.bt.cb1;
+    const int nreal = (len + GDN_C - 1) / GDN_C; /* the row's blocks holding real tokens */
     float4 *X = (float4 *)(smem + SM::x_off);
     uint64_t *bar = (uint64_t *)(smem + SM::bar_off); /* bar[s]: stage s's copies have landed */
     if (tid == 0) {
@@ -985,7 +904,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         cu_mbar_init_fence();
     }
     __syncthreads();
-    if (tid == 0 && nreal > cb0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)cb0 * a.nv + h, n_base);
+    if (tid == 0 && nreal > 0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
     float Sacc[NJ][4];
@@ -1003,10 +922,9 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         Sacc[j][3] = hi.y;
     }
 
-    for (int ci = cb0; ci < nreal; ci++) {
-        const int li = ci - cb0; /* the launch's own count: its stages and barrier phases start at 0 */
+    for (int ci = 0; ci < nreal; ci++) {
         const size_t blk = (size_t)ci * a.nv + h;
-        const unsigned char *st = smem + (li & 1) * SM::stage;
+        const unsigned char *st = smem + (ci & 1) * SM::stage;
         const bf16 *Ws = (const bf16 *)(st + SM::w_off), *Ks = (const bf16 *)(st + SM::k_off);
         const float *Us = (const float *)(st + SM::u_off);
         uint32_t nS[NKS][4]; /* -S^T as bf16 A fragments */
@@ -1026,10 +944,10 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
                 nS[ks][3] = cu_pack_bf16(-Sacc[2 * ks + 1][2], -Sacc[2 * ks + 1][3]);
             }
         }
-        cu_mbar_wait(&bar[li & 1], (unsigned)(li >> 1) & 1u); /* block ci's operands have landed */
+        cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
         __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
         if (tid == 0 && ci + 1 < nreal)
-            scan_fetch<DK, DV, RG_>(smem + ((li + 1) & 1) * SM::stage, &bar[(li + 1) & 1], a.scr,
+            scan_fetch<DK, DV, RG_>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr,
                                     (size_t)(ci + 1) * a.nv + h, n_base);
         const float gl = a.scr.glast[blk];
 
@@ -1137,10 +1055,8 @@ struct gdn_out_args {
     gdn_batch_args bt;
     int nk, nv, dv, K, C, rows; /* rows: the bucket */
     float eps;
-    int exp; /* cu_gdn_dims.exp */
     cu_gdn_scratch scr;
     int ldY; /* Y's row stride (cu_gdn_dims.ldY, or nv dv) */
-    int shift; /* this launch moves the conv state on (of a segmented mixer's launches, the last) */
 };
 
 /* RT row tiles of 16 tokens a block, two warps (halves of dv) a tile: RT = 4, one block per (block
@@ -1298,7 +1214,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     constexpr int NT = 64 * RT, R = SM::R;
     extern __shared__ __align__(16) unsigned char smem[];
     /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
-    const int c = blockIdx.x / (OUT_TILES / RT) + a.bt.cb0, tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
+    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
     const int h = blockIdx.y;
     const int tid = threadIdx.x;
     a.prm += blockIdx.z;
@@ -1325,12 +1241,9 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
      * copies, which a short chunk's one wave of blocks pays in full. */
     const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
     const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
-    const bool shift_early = a.shift && (a.exp & GDN_EXP_OUT_SHIFT_FIRST) != 0;
-    const bool shift_late = a.shift && !shift_early;
-    if (shift_early) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
     const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
-        if (shift_late) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
             a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
@@ -1340,7 +1253,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
         const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
         out_copy<DK, DV, RT>(smem, Q, S, Pm, dT, a.P, a.ldP, a.C + h * dv, t0, len, dv, tid);
         cu_cp_async_commit();
-        if (shift_late) cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         cu_cp_async_wait<0>();
         __syncthreads();
     }
@@ -1436,44 +1349,24 @@ static void launch_gdn_scan(const gdn_scan_args &sa, int nv, unsigned nr, int nc
         gdn_scan_kernel<DK, DV, RG_, 2><<<dim3(nv, DV / SM::BV, nr), SM::NWARP * 32, SM::bytes, st>>>(sa);
 }
 
-/* The prep with `split` blocks a (block, head) (1, 2 or 4, bounded by the head dims: prep_split);
- * FUSE: the conv too (only the GDN_FUSE_* head dims are instantiated). */
-template <int DK, int DV, bool FUSE>
+/* The prep with `split` blocks a (block, head) (1, 2 or 4, bounded by the head dims: prep_split). */
+template <int DK, int DV>
 static void launch_gdn_prep(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, cudaStream_t st) {
     constexpr size_t sm = prep_smem<DK, DV>::bytes;
     if (split >= 4)
-        gdn_prep_kernel<DK, DV, 4, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS, sm, st>>>(pa);
+        gdn_prep_kernel<DK, DV, 4><<<dim3(nc, nv * prep_split<DK, DV, 4>::S, nr), PREP_THREADS, sm, st>>>(pa);
     else if (split == 2)
-        gdn_prep_kernel<DK, DV, 2, FUSE><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS, sm, st>>>(pa);
+        gdn_prep_kernel<DK, DV, 2><<<dim3(nc, nv * prep_split<DK, DV, 2>::S, nr), PREP_THREADS, sm, st>>>(pa);
     else
-        gdn_prep_kernel<DK, DV, 1, FUSE><<<dim3(nc, nv, nr), PREP_THREADS, sm, st>>>(pa);
-}
-template <int DK, int DV>
-static void launch_gdn_prep_any(const gdn_prep_args &pa, int nc, int nv, unsigned nr, int split, bool fused,
-                                cudaStream_t st) {
-    if constexpr (DK == GDN_FUSE_DK && DV == GDN_FUSE_DV)
-        if (fused) return launch_gdn_prep<DK, DV, true>(pa, nc, nv, nr, split, st);
-    launch_gdn_prep<DK, DV, false>(pa, nc, nv, nr, split, st);
-}
-template <int DK, int DV, bool FUSE>
-static int prep_attr(squad_err *err) {
-    constexpr int sm = (int)prep_smem<DK, DV>::bytes;
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
-    return 0;
+        gdn_prep_kernel<DK, DV, 1><<<dim3(nc, nv, nr), PREP_THREADS, sm, st>>>(pa);
 }
 template <int DK, int DV>
 static int prep_init(squad_err *err) {
-    if (int rc = prep_attr<DK, DV, false>(err)) return rc;
-    if constexpr (DK == GDN_FUSE_DK && DV == GDN_FUSE_DV) return prep_attr<DK, DV, true>(err);
+    constexpr int sm = (int)prep_smem<DK, DV>::bytes;
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
+    CU_TRY(cudaFuncSetAttribute(gdn_prep_kernel<DK, DV, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, sm));
     return 0;
-}
-/* The fused prep serves this layer and launch: short rows (the conv's 4-token tiles, whose bits it
- * reproduces), the kernel size and head dims it is built for; GDN_EXP_FUSE turns it on. */
-static bool gdn_fused(const cu_gdn_dims *d, bool short_conv) {
-    return (d->exp & GDN_EXP_FUSE) && short_conv && d->K == GDN_FUSE_KC && d->dk == GDN_FUSE_DK &&
-           d->dv == GDN_FUSE_DV;
 }
 
 /* The shared memory every scan instantiation of (DK, DV) may take. */
@@ -1544,11 +1437,11 @@ static int gdn_scan_rg(const cu_gdn_dims *d, unsigned nrows, int DVP) {
 }
 
 
-/* The output kernel over the launch's blocks (oa.bt.cb0, cb1): one row tile a block on short
+/* The output kernel over every block of 64 tokens: one row tile a block on short
  * launches, four on long ones. */
 template <int DK, int DV>
 static void launch_gdn_out(const gdn_out_args &oa, bool short_rows, int nv, unsigned nr, cudaStream_t st) {
-    const int nb = oa.bt.cb1 - oa.bt.cb0;
+    const int nb = oa.bt.ncb;
     if (short_rows)
         gdn_out_kernel<DK, DV, OUT_RT_SHORT><<<dim3(nb * (OUT_TILES / OUT_RT_SHORT), nv, nr), 64 * OUT_RT_SHORT,
                                                out_smem<DK, DV, OUT_RT_SHORT>::bytes, st>>>(oa);
@@ -1557,10 +1450,10 @@ static void launch_gdn_out(const gdn_out_args &oa, bool short_rows, int nv, unsi
                                               out_smem<DK, DV, OUT_RT_LONG>::bytes, st>>>(oa);
 }
 
-/* The scan over the launch's blocks (sa.bt.cb0, cb1) with rg row groups a block. */
+/* The scan over every block of 64 tokens with rg row groups a block. */
 template <int DK, int DV>
 static void launch_gdn_scan_rg(const gdn_scan_args &sa, int rg, int nv, unsigned nr, cudaStream_t st) {
-    const int nb = sa.bt.cb1 - sa.bt.cb0;
+    const int nb = sa.bt.ncb;
     if (rg == 4)
         launch_gdn_scan<DK, DV, 4>(sa, nv, nr, nb, st);
     else if (rg == 2)
@@ -1569,102 +1462,23 @@ static void launch_gdn_scan_rg(const gdn_scan_args &sa, int rg, int nv, unsigned
         launch_gdn_scan<DK, DV, 1>(sa, nv, nr, nb, st);
 }
 
-/* The long-chunk form's segments for a launch of nc blocks of 64 tokens a row: as asked
- * (cu_gdn_dims.segments), bounded so that each has GDN_SEG_MIN_BLOCKS; 1 (one stream) by default,
- * on short launches, without streams, or when the ablation leaves a kernel out. Off by default:
- * measured no faster on a cold row (docs/cuda.md, "The GDN mixer's long-chunk form"). */
-#define GDN_SEG_MIN_BLOCKS 2 /* a segment's least blocks (the scan's two stages both in use) */
-static int gdn_segments(const cu_gdn_dims *d, int nc, bool short_rows, unsigned run) {
-    if (!d->ov || short_rows || d->segments < 2 || run != (CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT))
-        return 1;
-    int n = d->segments < CU_GDN_SEG_MAX ? d->segments : CU_GDN_SEG_MAX;
-    if (n > nc / GDN_SEG_MIN_BLOCKS) n = nc / GDN_SEG_MIN_BLOCKS;
-    return n > 1 ? n : 1;
-}
-
-/* One layer's mixer after the conv, the kernels given their arguments (bt: [0, nc) for now). In
- * one stream: prep, scan, out over every block. Segmented (n_seg > 1, cu_gdn_overlap): segment k's
- * prep on the prep stream, its scan on the scan stream after that prep and the previous scan, its
- * output kernel on the output stream after its scan; the last output launch moves the conv state
- * on; st waits for all three. The blocks and their arithmetic are the same in both forms, and the
- * state passes between the scan's launches through the arena in fp32, so the bits are too. */
+/* One layer's mixer after the conv, in one stream: prep, scan, out over every block. */
 template <int DK, int DV>
-static int gdn_run(const cu_gdn_dims *d, gdn_prep_args pa, gdn_scan_args sa, gdn_out_args oa, int nc, unsigned nr,
-                   unsigned run, int prep_split, bool fused, int scan_rg, bool short_rows, int n_seg, cudaStream_t st,
-                   squad_err *err) {
-    if (n_seg <= 1) {
-        if (run & CU_GDN_PREP) {
-            launch_gdn_prep_any<DK, DV>(pa, nc, d->nv, nr, prep_split, fused, st);
-            CU_LAUNCH_CHECK("gdn_prep_kernel");
-        }
-        if (run & CU_GDN_SCAN) {
-            launch_gdn_scan_rg<DK, DV>(sa, scan_rg, d->nv, nr, st);
-            CU_LAUNCH_CHECK("gdn_scan_kernel");
-        }
-        if (run & CU_GDN_OUT) {
-            oa.shift = 1;
-            launch_gdn_out<DK, DV>(oa, short_rows, d->nv, nr, st);
-            CU_LAUNCH_CHECK("gdn_out_kernel");
-        }
-        return 0;
-    }
-    const cu_gdn_overlap *o = d->ov;
-    CU_TRY(cudaEventRecord(o->conv, st));
-    CU_TRY(cudaStreamWaitEvent(o->prep, o->conv, 0));
-    for (int k = 0; k < n_seg; k++) {
-        pa.bt.cb0 = (int)((long)nc * k / n_seg);
-        pa.bt.cb1 = (int)((long)nc * (k + 1) / n_seg);
-        launch_gdn_prep_any<DK, DV>(pa, pa.bt.cb1 - pa.bt.cb0, d->nv, nr, prep_split, fused, o->prep);
+static int gdn_run(const cu_gdn_dims *d, const gdn_prep_args &pa, const gdn_scan_args &sa, const gdn_out_args &oa, int nc, unsigned nr,
+                   unsigned run, int prep_split, int scan_rg, bool short_rows, cudaStream_t st, squad_err *err) {
+    if (run & CU_GDN_PREP) {
+        launch_gdn_prep<DK, DV>(pa, nc, d->nv, nr, prep_split, st);
         CU_LAUNCH_CHECK("gdn_prep_kernel");
-        CU_TRY(cudaEventRecord(o->prep_done[k], o->prep));
     }
-    for (int k = 0; k < n_seg; k++) {
-        sa.bt.cb0 = oa.bt.cb0 = (int)((long)nc * k / n_seg);
-        sa.bt.cb1 = oa.bt.cb1 = (int)((long)nc * (k + 1) / n_seg);
-        CU_TRY(cudaStreamWaitEvent(o->scan, o->prep_done[k], 0));
-        launch_gdn_scan_rg<DK, DV>(sa, scan_rg, d->nv, nr, o->scan);
+    if (run & CU_GDN_SCAN) {
+        launch_gdn_scan_rg<DK, DV>(sa, scan_rg, d->nv, nr, st);
         CU_LAUNCH_CHECK("gdn_scan_kernel");
-        CU_TRY(cudaEventRecord(o->scan_done[k], o->scan));
-        CU_TRY(cudaStreamWaitEvent(o->out, o->scan_done[k], 0));
-        oa.shift = k == n_seg - 1;
-        launch_gdn_out<DK, DV>(oa, short_rows, d->nv, nr, o->out);
+    }
+    if (run & CU_GDN_OUT) {
+        launch_gdn_out<DK, DV>(oa, short_rows, d->nv, nr, st);
         CU_LAUNCH_CHECK("gdn_out_kernel");
     }
-    CU_TRY(cudaEventRecord(o->out_done, o->out));
-    CU_TRY(cudaStreamWaitEvent(st, o->prep_done[n_seg - 1], 0));
-    CU_TRY(cudaStreamWaitEvent(st, o->scan_done[n_seg - 1], 0));
-    CU_TRY(cudaStreamWaitEvent(st, o->out_done, 0));
     return 0;
-}
-
-int cu_gdn_overlap_create(cu_gdn_overlap *o, squad_err *err) {
-    memset(o, 0, sizeof *o);
-    int lo = 0, hi = 0;
-    CU_TRY(cudaDeviceGetStreamPriorityRange(&lo, &hi)); /* hi: the greatest priority */
-    CU_TRY(cudaStreamCreateWithPriority(&o->prep, cudaStreamNonBlocking, lo));
-    CU_TRY(cudaStreamCreateWithPriority(&o->scan, cudaStreamNonBlocking, hi));
-    CU_TRY(cudaStreamCreateWithPriority(&o->out, cudaStreamNonBlocking, lo));
-    CU_TRY(cudaEventCreateWithFlags(&o->conv, cudaEventDisableTiming));
-    CU_TRY(cudaEventCreateWithFlags(&o->out_done, cudaEventDisableTiming));
-    for (int k = 0; k < CU_GDN_SEG_MAX; k++) {
-        CU_TRY(cudaEventCreateWithFlags(&o->prep_done[k], cudaEventDisableTiming));
-        CU_TRY(cudaEventCreateWithFlags(&o->scan_done[k], cudaEventDisableTiming));
-    }
-    return 0;
-}
-
-/* After a failed create too: it frees what exists. */
-void cu_gdn_overlap_destroy(cu_gdn_overlap *o) {
-    if (o->prep) cudaStreamDestroy(o->prep);
-    if (o->scan) cudaStreamDestroy(o->scan);
-    if (o->out) cudaStreamDestroy(o->out);
-    if (o->conv) cudaEventDestroy(o->conv);
-    if (o->out_done) cudaEventDestroy(o->out_done);
-    for (int k = 0; k < CU_GDN_SEG_MAX; k++) {
-        if (o->prep_done[k]) cudaEventDestroy(o->prep_done[k]);
-        if (o->scan_done[k]) cudaEventDestroy(o->scan_done[k]);
-    }
-    memset(o, 0, sizeof *o);
 }
 
 int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const float *conv_w, const float *A_log,
@@ -1680,12 +1494,12 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const int nc = (rows + GDN_C - 1) / GDN_C;
     const unsigned nr = (unsigned)b->nrows;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
-    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc, 0, nc};
+    const gdn_batch_args bt = {s_off, conv_off, b->bucket, nc};
     gdn_conv_args ca = {P, d->ldP, conv_w, b->prm, bt, d->nk, d->nv, d->K, C, d->dk, d->dv, DKP, DVP, *scr};
-    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, conv_w, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
+    gdn_prep_args pa = {P, d->ldP, A_log, dt_bias, b->prm, bt, d->nk, d->nv, C, d->dk, d->dv, *scr};
     gdn_scan_args sa = {NULL, b->prm, bt, d->nk, d->nv, rows, *scr};
     gdn_out_args oa = {P,     d->ldP, NULL, norm_w, Y,      b->prm, bt,   d->nk, d->nv, d->dv, d->K, C,
-                       rows,  d->eps, d->exp, *scr, d->ldY > 0 ? d->ldY : d->nv * d->dv, 1};
+                       rows,  d->eps, *scr, d->ldY > 0 ? d->ldY : d->nv * d->dv};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
@@ -1694,15 +1508,13 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const bool short_conv = short_rows || rows <= d->short_rows;
     const int scan_rg = gdn_scan_rg(d, nr, DVP);
     const int prep_split = gdn_prep_split(d, (long)nc * d->nv * nr, short_rows);
-    const bool fused = gdn_fused(d, short_conv);
-    const int n_seg = gdn_segments(d, nc, short_rows, run);
 #define GDN_RUN(DK_, DV_)                                                                                          \
     if (DKP == DK_ && DVP == DV_) {                                                                                \
-        if ((run & CU_GDN_CONV) && !fused)                                                                         \
-            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, d->n_sm, d->exp, st, err)) \
+        if (run & CU_GDN_CONV)                                                                                     \
+            if (int rc_ = launch_gdn_conv(ca, rows, short_conv, 2 * d->nk + d->nv, nr, d->n_sm, d->conv_groups, st, \
+                                          err))                                                                    \
                 return rc_;                                                                                        \
-        return gdn_run<DK_, DV_>(d, pa, sa, oa, nc, nr, run, prep_split, fused, scan_rg, short_rows, n_seg, st,     \
-                                 err);                                                                             \
+        return gdn_run<DK_, DV_>(d, pa, sa, oa, nc, nr, run, prep_split, scan_rg, short_rows, st, err);            \
     }
     GDN_SHAPES(GDN_RUN)
 #undef GDN_RUN

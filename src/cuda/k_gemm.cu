@@ -48,15 +48,15 @@ static const int GEMM_SPLITK_WAYS[] = {2, 3, 4, 8};
                               cublasLtGetStatusString(s_), (int)s_, __FILE__, __LINE__);               \
     } while (0)
 
-int cu_gemm_init(cu_gemm_ctx *g, squad_err *err) {
+int cu_gemm_init(cu_gemm_ctx *g, const cuda_knobs *knobs, squad_err *err) {
     memset(g, 0, sizeof *g);
     LT_TRY(cublasLtCreate(&g->lt));
     g->ws_bytes = GEMM_WORKSPACE_BYTES;
     CU_TRY(cudaMalloc(&g->ws, g->ws_bytes));
     int dev = 0;
     CU_TRY(cudaGetDevice(&dev));
-    cu_plan_store_init(&g->store, dev, g->ws_bytes);
-    return cu_sm90_init(g, err);
+    cu_plan_store_init(&g->store, knobs->gemm_plans, dev, g->ws_bytes);
+    return cu_sm90_init(g, knobs->gemm_sm90, err);
 }
 
 static void plan_free(cu_gemm_plan *p) {

@@ -399,10 +399,9 @@ static cudaError_t set_smem() {
                                 sm90_shape<WG, NT>::smem);
 }
 
-int cu_sm90_init(cu_gemm_ctx *g, squad_err *err) {
+int cu_sm90_init(cu_gemm_ctx *g, int wanted, squad_err *err) {
     g->sm90 = 0;
-    const char *off = getenv("SQUAD_GEMM_SM90"); /* "0": cuBLASLt only (an experiment switch) */
-    if (off && off[0] == '0') return 0;
+    if (!wanted) return 0; /* cuda_knobs.gemm_sm90 0: cuBLASLt only */
     int dev = 0, major = 0, minor = 0;
     CU_TRY(cudaGetDevice(&dev));
     CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));

@@ -26,7 +26,7 @@
  * start at once (it loads its weights while this kernel runs, and waits for it before reading
  * xw). A long chunk gets one slice and the widest column groups (x made once). A short chunk's
  * common case runs k_lora_input_short, the same steps with fewer waits (below); the first form
- * stays for the rest and, with a.earlier (SQUAD_LORA_FORM=0), for everything (A/B timing).
+ * stays for the rest.
  * Before out / o the mixer has written x into xw itself (CU_LORA_IN_PLACE): only u is made. On a
  * hit's chunks that launch is folded into the gate | up norm's (k_lora_fold, below: the out GEMM adds
  * y W^T alone and the norm's launch adds s B_o (A_o y) into h before normalising it).
@@ -1112,12 +1112,6 @@ __global__ void __launch_bounds__(LX_THREADS) k_lora_input_f32(cu_lora_input_arg
 
 static int lx_aligned(const void *p, unsigned bytes) { return ((uintptr_t)p & (bytes - 1)) == 0; }
 
-/* The cap SQUAD_LORA_SLICES puts on a tile's slices (an experiment switch; LX_SLICES_MAX unset). */
-static int lx_slices_cap(void) {
-    const char *env = getenv("SQUAD_LORA_SLICES");
-    return env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : LX_SLICES_MAX;
-}
-
 /* Rank columns a block takes on the tensor-core path: enough column groups for about one block an
  * SM on a short chunk, the widest group (LX_CW_MAX) on a long one. */
 static int lx_block_cols(int R, int tiles, int n_sm) {
@@ -1130,8 +1124,7 @@ static int lx_block_cols(int R, int tiles, int n_sm) {
 /* Slices of `in` (the blocks of a cluster) for `blocks` blocks of tiles and column groups: as many
  * as the SMs hold at once, each slice at least LX_MIN_SLICE wide. */
 static int lx_slices(int in16, int blocks, int n_sm, int nt) {
-    int cap = lx_slices_cap(); /* SQUAD_LORA_SLICES, for experiments */
-    if (cap > lx_max_slices(nt)) cap = lx_max_slices(nt);
+    const int cap = lx_max_slices(nt);
     int ks = n_sm * lx_blocks_per_sm(nt) / blocks; /* no second wave */
     if (ks > cap) ks = cap;
     while (ks > 1 && in16 / ks < LX_MIN_SLICE) ks--;
@@ -1154,8 +1147,7 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
     lc.dynamicSmemBytes = 0;
     lc.stream = st;
     lc.attrs = at;
-    const char *pdl = getenv("SQUAD_LORA_PDL"); /* "0": launched plainly ordered (an experiment switch) */
-    lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
+    lc.numAttrs = 2;
     void (*kern)(cu_lora_input_args, const int *, int, int) = k_lora_input_mma<NT>;
     if constexpr (NT == 2) /* the short chain's column groups */
         if (short_chain) kern = k_lora_input_short<NT>;
@@ -1168,8 +1160,7 @@ static cudaError_t lx_launch(dim3 grid, int slice, const cu_lora_input_args *a, 
 
 /* k_lora_fold's slices: as many as keep the grid within one block an SM (a hit's few tiles, so its
  * dependent steps are short), at least as many as its slices' widths need (LF_MAX_SLICE of h,
- * LF_MAX_YSLICE of y: SQUAD_LORA_FOLD_SLICES, else SQUAD_LORA_SLICES, caps the rest), at most a
- * portable cluster; the slices of h and of y both whole k-steps. */
+ * LF_MAX_YSLICE of y), at most a portable cluster; the slices of h and of y both whole k-steps. */
 int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_sm) {
     if (in < 16 || in % 16 || fold_in < 16 || fold_in % 16 || R < 1 || R > LF_MAX_R || fold_R != LF_MAX_RO ||
         rows < 1 || n_sm < 1)
@@ -1179,10 +1170,7 @@ int cu_lora_fold_slices(int in, int R, int fold_in, int fold_R, int rows, int n_
     const int lo_y = (fold_in + LF_MAX_YSLICE - 1) / LF_MAX_YSLICE;
     if (lo_y > lo) lo = lo_y;
     if (lo > LX_SLICES_MAX || lo > in / 16) return 0;
-    /* SQUAD_LORA_FOLD_SLICES (an experiment switch) caps them apart from the other kernels' */
-    const char *env = getenv("SQUAD_LORA_FOLD_SLICES");
-    const int cap = env && atoi(env) >= 1 && atoi(env) <= LX_SLICES_MAX ? atoi(env) : lx_slices_cap();
-    int ks = cap > lo ? cap : lo;
+    int ks = LX_SLICES_MAX > lo ? LX_SLICES_MAX : lo;
     if (ks > in / 16) ks = in / 16;
     while (ks > lo && tiles * ks > n_sm) ks--;
     /* the slices as k_lora_fold cuts them: whole k-steps, none empty */
@@ -1211,10 +1199,9 @@ static int lx_launch_fold(const cu_lora_input_args *a, const int *token_slot, in
     lc.blockDim = dim3(LX_THREADS);
     lc.stream = st;
     lc.attrs = at;
-    const char *pdl = getenv("SQUAD_LORA_PDL");
-    lc.numAttrs = pdl && pdl[0] == '0' ? 1 : 2;
+    lc.numAttrs = 2;
     cudaError_t e = cudaLaunchKernelEx(&lc, k_lora_fold, *a, token_slot, rows, slice, yslice);
-    if (e != cudaSuccess && lc.numAttrs == 2) { /* refused with the programmatic dependency */
+    if (e != cudaSuccess) { /* refused with the programmatic dependency */
         (void)cudaGetLastError();
         lc.numAttrs = 1;
         e = cudaLaunchKernelEx(&lc, k_lora_fold, *a, token_slot, rows, slice, yslice);
@@ -1269,14 +1256,14 @@ int cu_lora_input(const cu_lora_input_args *a, const int *token_slot, int rows, 
     const int in16 = lx_round(a->in, 16);
     int ks = lx_slices(in16, tiles * groups, sms, cw / 8);
     /* the short chain: no second wave of clusters where fewer slices fit in one */
-    if (!a->earlier && cw == 16)
+    if (cw == 16)
         while (ks > 1 && a->fit[ks] > 0 && a->fit[ks] < tiles * groups) ks--;
     const int slice = lx_round((in16 + ks - 1) / ks, 16);
     const dim3 grid((unsigned)tiles, (unsigned)groups, (unsigned)((in16 + slice - 1) / slice));
     /* the short chain: narrow column groups and a slice it takes in one pass (the norm's within
      * the units it holds in registers) */
     const int short_units = a->src == CU_LORA_NORM ? LX_SHORT_NORM_UNITS : LX_SHORT_UNITS;
-    const bool short_chain = !a->earlier && cw == 16 && LX_TM * (slice / 8) <= short_units * LX_THREADS;
+    const bool short_chain = cw == 16 && LX_TM * (slice / 8) <= short_units * LX_THREADS;
     const cudaError_t e = cw == 16   ? lx_launch<2>(grid, slice, a, token_slot, rows, short_chain, st)
                           : cw == 32 ? lx_launch<4>(grid, slice, a, token_slot, rows, false, st)
                                      : lx_launch<8>(grid, slice, a, token_slot, rows, false, st);

@@ -56,9 +56,6 @@ typedef struct cu_lora_input_args {
     int ldw;              /* xw's row stride: in + n_slots R, or more (zeros past the slots' columns,
                              a multiple of 8 on the bf16 path) */
     int f32;              /* the exact path: fp32 x, A, xw and fp32 FMAs; else bf16 on the tensor cores */
-    int earlier;          /* 1: the earlier bf16 kernel (two cluster barriers for the norm, the A
-                             fragments loaded after the slots), kept for A/B timing
-                             (SQUAD_LORA_FORM=0); 0: the short chain wherever it applies */
     /* fit[k]: how many clusters of k blocks of the short chain's narrow form the GPU holds at once
      * (cu_lora_fit; 0: not known). The short chain takes fewer slices of `in` rather than a second
      * wave of clusters: a cluster's blocks share one GPC, so a GPU's slots do not all pack into

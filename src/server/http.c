@@ -1,13 +1,15 @@
 /*
  * http.c — the server's HTTP transport on libmicrohttpd: a daemon with its own pool of connection
- * threads (epoll), each request driven through the core of internal.h.
+ * threads (epoll), each request driven through its life (router.h) and its answer sent here. Only
+ * the lifecycle (lifecycle.c) calls into this file; the router never does (a job's end reaches
+ * the connection through the wake this file puts in the request).
  *
  * A request that needs the engine suspends its connection (MHD_suspend_connection) before its job
  * is submitted, so no pool thread ever waits on the engine; the job's completion resumes it from the
  * scheduler thread and MHD calls the handler again, which renders and queues the answer. Suspending
  * first means a job that ends at once cannot resume a connection that is not yet suspended. While
  * suspended, MHD does not watch the socket: the scheduler's cancel check peeks at it instead
- * (server.c client_gone). The request object lives from the handler's first call to MHD's
+ * (router.c client_gone). The request object lives from the handler's first call to MHD's
  * completion notice, which ends it (metrics, log, free).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -20,7 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/internal.h"
+#include "server/http.h"
+#include "server/router.h"
 
 /* Seconds an idle keep-alive connection is kept. */
 #define SRV_IDLE_TIMEOUT_S 120
@@ -30,7 +33,8 @@
 /* Marks the request done, then resumes its connection. The connection is suspended until the resume,
    so no pool thread can see the mark and end the request before it; the connection is read first
    because once resumed the request may be freed at any moment. */
-static void wake_resume(srv_req *r) {
+static void wake_resume(srv_job *job) {
+    srv_req *r = job->owner;
     struct MHD_Connection *c = r->conn;
     atomic_store_explicit(&r->job_done, 1, memory_order_release);
     MHD_resume_connection(c);

@@ -7,6 +7,8 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "answer_json.h"
+
 const char *const SRV_EP_PATH[SRV_EP_COUNT] = {"/v1/ask",  "/v1/score", "/v1/decisions", "/v1/systemone",
                                                "/v1/models", "/health", "/ready",       "/metrics",
                                                "/v1/stats", "/v1/cache/clear", "other"};
@@ -78,7 +80,7 @@ static void label_value(squad_buf *b, const char *s) {
 
 void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     const srv_metrics *m = v->m;
-    const squad_cache_stats *c = &v->sched.cache;
+    const squad_cache_stats *c = &v->jobs.cache;
     squad_buf_puts(b, "# HELP squad_http_requests_total HTTP requests answered, by endpoint and status.\n"
                       "# TYPE squad_http_requests_total counter\n");
     for (int e = 0; e < SRV_EP_COUNT; e++)
@@ -109,33 +111,33 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
         squad_buf_printf(b, "squad_http_request_duration_seconds_count{endpoint=\"%s\"} %" PRIu64 "\n", SRV_EP_PATH[e],
                          cum);
     }
-    gauge(b, "squad_ready", "1 when the engine is loaded and ready.", v->sched.ready);
+    gauge(b, "squad_ready", "1 when the engine is loaded and ready.", v->jobs.ready);
     gauge(b, "squad_uptime_seconds", "Seconds since the server started.", v->uptime_s);
     gauge(b, "squad_requests_in_flight", "Requests being handled (parsing, waiting or running).",
           (double)LOAD(m->in_flight));
-    gauge(b, "squad_queue_depth", "Jobs waiting for the scheduler.", v->sched.queue_depth);
-    gauge(b, "squad_queue_capacity", "Jobs that may wait (--queue).", v->sched.queue_capacity);
-    gauge(b, "squad_rows_running", "Rows the engine's last step ran (0 when idle).", v->sched.rows_running);
-    gauge(b, "squad_rows_in_flight", "Rows submitted to the engine and not yet done.", v->sched.rows_in_flight);
-    gauge(b, "squad_engine_max_rows", "Rows the engine runs at once (--max-rows).", v->sched.max_rows);
-    gauge(b, "squad_engine_batch_tokens", "Tokens one engine step runs at most (--batch-tokens).", v->sched.batch_tokens);
-    counter(b, "squad_engine_steps_total", "Batched engine steps that ran rows.", v->sched.steps);
+    gauge(b, "squad_queue_depth", "Jobs waiting for the scheduler.", v->jobs.queue_depth);
+    gauge(b, "squad_queue_capacity", "Jobs that may wait (--queue).", v->jobs.queue_capacity);
+    gauge(b, "squad_rows_running", "Rows the engine's last step ran (0 when idle).", v->jobs.rows_running);
+    gauge(b, "squad_rows_in_flight", "Rows submitted to the engine and not yet done.", v->jobs.rows_in_flight);
+    gauge(b, "squad_engine_max_rows", "Rows the engine runs at once (--max-rows).", v->jobs.max_rows);
+    gauge(b, "squad_engine_batch_tokens", "Tokens one engine step runs at most (--batch-tokens).", v->jobs.batch_tokens);
+    counter(b, "squad_engine_steps_total", "Batched engine steps that ran rows.", v->jobs.steps);
     gauge(b, "squad_device_graphs", "CUDA chunk graphs captured (a batch shape's on its first step).",
-          v->sched.device_stats.graphs);
+          v->jobs.device_stats.graphs);
     counter_f(b, "squad_device_graph_capture_seconds_total", "Seconds spent capturing CUDA chunk graphs.",
-              v->sched.device_stats.capture_s);
-    histogram(b, "squad_engine_step_rows", "Rows one engine step ran.", SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket,
-              (double)v->sched.step_rows_sum);
+              v->jobs.device_stats.capture_s);
+    histogram(b, "squad_engine_step_rows", "Rows one engine step ran.", SRV_STEP_ROWS_BOUNDS, v->jobs.step_rows_bucket,
+              (double)v->jobs.step_rows_sum);
     histogram(b, "squad_engine_step_tokens", "Tokens one engine step computed.", SRV_STEP_TOKENS_BOUNDS,
-              v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
+              v->jobs.step_tokens_bucket, (double)v->jobs.step_tokens_sum);
     histogram(b, "squad_engine_step_seconds", "Wall time of one engine step (a CUDA graph's capture included).",
-              SRV_STEP_SECONDS_BOUNDS, v->sched.step_seconds_bucket, v->sched.step_seconds_sum);
+              SRV_STEP_SECONDS_BOUNDS, v->jobs.step_seconds_bucket, v->jobs.step_seconds_sum);
     counter(b, "squad_rows_submitted_total", "Rows handed to the scheduler.", LOAD(m->rows_submitted));
     counter(b, "squad_jobs_timeout_total", "Requests whose --timeout passed while waiting or running.",
-            v->sched.jobs_timeout);
+            v->jobs.jobs_timeout);
     counter(b, "squad_jobs_cancelled_total", "Requests cancelled because their client disconnected.",
-            v->sched.jobs_cancelled);
-    counter(b, "squad_jobs_failed_total", "Requests the engine failed on (500).", v->sched.jobs_failed);
+            v->jobs.jobs_cancelled);
+    counter(b, "squad_jobs_failed_total", "Requests the engine failed on (500).", v->jobs.jobs_failed);
     counter(b, "squad_request_memo_hits_total", "Requests answered by the request memo (exact repeats).",
             LOAD(m->memo_hits));
     counter(b, "squad_request_memo_misses_total", "Requests the request memo did not hold.", LOAD(m->memo_misses));
@@ -154,13 +156,13 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     counter(b, "squad_cache_tokens_computed_total", "Tokens run through the model.", c->tokens_computed);
     counter(b, "squad_router_mispredictions_total",
             "Rows whose guessed route the router overturned (run again on the right route).", c->mispredictions);
-    if (v->sp && v->sched.n_routes > 0) {
+    if (v->sp && v->jobs.n_routes > 0) {
         squad_buf_puts(b, "# HELP squad_route_rows_total Rows the engine answered, by specialist route.\n"
                           "# TYPE squad_route_rows_total counter\n");
-        for (int i = 0; i < v->sched.n_routes; i++) {
+        for (int i = 0; i < v->jobs.n_routes; i++) {
             squad_buf_puts(b, "squad_route_rows_total{route=\"");
             label_value(b, squad_specialists_label(v->sp, i));
-            squad_buf_printf(b, "\"} %" PRIu64 "\n", v->sched.route_rows[i]);
+            squad_buf_printf(b, "\"} %" PRIu64 "\n", v->jobs.route_rows[i]);
         }
     }
     counter(b, "squad_cache_uncacheable_total", "Rows whose state did not fit the cache budget.", c->uncacheable);
@@ -178,7 +180,7 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
 
 void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
     const srv_metrics *m = v->m;
-    const squad_cache_stats *c = &v->sched.cache;
+    const squad_cache_stats *c = &v->jobs.cache;
     squad_buf_puts(b, "{\"requests\": {");
     int first_ep = 1;
     for (int e = 0; e < SRV_EP_COUNT; e++) {
@@ -202,20 +204,20 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
                      ", \"queue\": {\"depth\": %d, \"capacity\": %d}, \"rows_running\": %d, \"rows_submitted\": %" PRIu64
                      ", \"jobs\": {\"done\": %" PRIu64 ", \"timeout\": %" PRIu64 ", \"cancelled\": %" PRIu64
                      ", \"failed\": %" PRIu64 "}",
-                     v->sched.ready ? "true" : "false", v->sched.device, v->uptime_s, LOAD(m->in_flight),
-                     v->sched.queue_depth, v->sched.queue_capacity, v->sched.rows_running, LOAD(m->rows_submitted),
-                     v->sched.jobs_done, v->sched.jobs_timeout, v->sched.jobs_cancelled, v->sched.jobs_failed);
+                     v->jobs.ready ? "true" : "false", v->jobs.device, v->uptime_s, LOAD(m->in_flight),
+                     v->jobs.queue_depth, v->jobs.queue_capacity, v->jobs.rows_running, LOAD(m->rows_submitted),
+                     v->jobs.jobs_done, v->jobs.jobs_timeout, v->jobs.jobs_cancelled, v->jobs.jobs_failed);
     squad_buf_printf(b,
                      ", \"batching\": {\"max_rows\": %d, \"batch_tokens\": %d, \"lookahead\": %d, \"rows_in_flight\": %d"
                      ", \"steps\": %" PRIu64 ", \"rows_per_step\": ",
-                     v->sched.max_rows, v->sched.batch_tokens, v->sched.lookahead, v->sched.rows_in_flight, v->sched.steps);
-    histogram_json(b, SRV_STEP_ROWS_BOUNDS, v->sched.step_rows_bucket, (double)v->sched.step_rows_sum);
+                     v->jobs.max_rows, v->jobs.batch_tokens, v->jobs.lookahead, v->jobs.rows_in_flight, v->jobs.steps);
+    histogram_json(b, SRV_STEP_ROWS_BOUNDS, v->jobs.step_rows_bucket, (double)v->jobs.step_rows_sum);
     squad_buf_puts(b, ", \"tokens_per_step\": ");
-    histogram_json(b, SRV_STEP_TOKENS_BOUNDS, v->sched.step_tokens_bucket, (double)v->sched.step_tokens_sum);
+    histogram_json(b, SRV_STEP_TOKENS_BOUNDS, v->jobs.step_tokens_bucket, (double)v->jobs.step_tokens_sum);
     squad_buf_puts(b, ", \"seconds_per_step\": ");
-    histogram_json(b, SRV_STEP_SECONDS_BOUNDS, v->sched.step_seconds_bucket, v->sched.step_seconds_sum);
-    squad_buf_printf(b, ", \"graphs\": %d, \"graph_capture_s\": %.3f}", v->sched.device_stats.graphs,
-                     v->sched.device_stats.capture_s);
+    histogram_json(b, SRV_STEP_SECONDS_BOUNDS, v->jobs.step_seconds_bucket, v->jobs.step_seconds_sum);
+    squad_buf_printf(b, ", \"graphs\": %d, \"graph_capture_s\": %.3f}", v->jobs.device_stats.graphs,
+                     v->jobs.device_stats.capture_s);
     squad_buf_printf(b,
                      ", \"request_memo\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
                      ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}",
@@ -231,10 +233,10 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
                      c->tokens_computed, c->uncacheable, c->checkpoints_made, c->evicted, c->checkpoints, c->groups,
                      c->bytes_held, c->budget_bytes);
     squad_buf_printf(b, ", \"router\": {\"mispredictions\": %" PRIu64 ", \"routes\": {", c->mispredictions);
-    for (int i = 0; v->sp && i < v->sched.n_routes; i++) {
+    for (int i = 0; v->sp && i < v->jobs.n_routes; i++) {
         if (i) squad_buf_puts(b, ", ");
         squad_buf_json_string(b, squad_specialists_label(v->sp, i));
-        squad_buf_printf(b, ": %" PRIu64, v->sched.route_rows[i]);
+        squad_buf_printf(b, ": %" PRIu64, v->jobs.route_rows[i]);
     }
     squad_buf_puts(b, "}}");
     squad_buf_printf(b,

@@ -12,9 +12,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "answer_json.h"
-#include "server/kvcache.h"
-#include "server/sched.h"
+#include "lru_map.h"
+#include "server/jobs.h"
+#include "util.h"
 
 typedef enum {
     SRV_EP_ASK,
@@ -54,8 +54,8 @@ void srv_metrics_request(srv_metrics *m, srv_endpoint ep, int status, double sec
 typedef struct srv_metrics_view {
     const srv_metrics *m;
     const squad_specialists *sp; /* labels for the per-route counts; NULL: none */
-    srv_sched_stats sched;
-    srv_kv_stats memo, tokens;
+    srv_jobs_stats jobs;
+    squad_lru_map_stats memo, tokens;
     double uptime_s;
 } srv_metrics_view;
 

@@ -29,7 +29,7 @@
 /* Bounds of --max-rows and --batch-tokens (the engine caps them by what its backend can do). */
 #define SQUAD_SERVE_MAX_ROWS (1 << 16)
 #define SQUAD_SERVE_MAX_BATCH_TOKENS INT32_MAX
-/* Rows the scheduler submits beyond --max-rows (sched.h). */
+/* Rows the scheduler submits beyond --max-rows (server/jobs.h). */
 #define SQUAD_SERVE_LOOKAHEAD_ROWS 4
 
 typedef struct squad_server squad_server;

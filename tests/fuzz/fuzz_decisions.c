@@ -92,9 +92,12 @@ static void check_response(const squad_dapi_req *req, const uint8_t *data, size_
     squad_result *res = calloc((size_t)req->n_rows, sizeof *res);
     if (!res) return;
     fabricate(req, res, data, size);
+    /* the call's own fields, then placeholders for them (as the server's request memo gives) */
+    squad_dapi_fields ph = {json_string("hole-id"), json_string("hole-created"), json_string("hole-cached"),
+                            json_string("hole-written")};
     for (int memo = 0; memo < 2; memo++) {
         squad_err err = {0};
-        json_t *body = squad_dapi_respond(req, res, memo, &err);
+        json_t *body = squad_dapi_respond(req, res, memo ? &ph : NULL, &err);
         if (!body) __builtin_trap();
         size_t len;
         char *text = squad_json_text(body, &len, &err);
@@ -107,6 +110,10 @@ static void check_response(const squad_dapi_req *req, const uint8_t *data, size_
         free(text);
         json_decref(body);
     }
+    json_decref(ph.id);
+    json_decref(ph.created);
+    json_decref(ph.cached_tokens);
+    json_decref(ph.cache_write_tokens);
     free(res);
 }
 
