@@ -39,7 +39,7 @@ client() { python3 tests/scale_client.py "$@" || fails=$((fails + 1)); }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # SCALE_PHASES="balancers haproxy-kill nginx-kill" (a subset) runs only those, for debugging
 want() { [ -z "${SCALE_PHASES:-}" ] || [[ " $SCALE_PHASES " == *" $1 "* ]]; }
-SERVE_OPTS=(--precision exact --threads 1 --http-threads 2)
+SERVE_OPTS=(--precision exact --threads 1 --http-threads 2 --log-requests)
 
 "$SQUAD" synth --preset tiny --out "$work/tiny" --tokenizer third_party/qwen3/tokenizer.json >/dev/null 2>&1 ||
   { echo "scale_balancer: squad synth failed" >&2; exit 1; }
@@ -90,6 +90,29 @@ want haproxy-kill || want nginx-kill &&  # the reference for the kill phases' lo
   client run --label single-long --url "http://${addrs[0]}" --replicas "${addrs[0]}" --clear --key header \
     --sessions 16 --states 6 --write-ref "$work/ref-long.json" --expect-no-errors --summary "$work/single-long.json"
 client latency --label direct --url "http://${addrs[0]}" --summary "$work/lat-direct.json"
+
+# the server's side: the replica names itself, the session fields are taken (and logged), never
+# change an answer, and a wrong type is refused; the gauges a gateway reads are there
+hdr="$(curl -s -D - -o /dev/null "http://${addrs[0]}/health" | tr -d '\r' | awk -F': ' 'tolower($1) == "x-squad-replica" {print $2}')"
+[ "$hdr" = "${addrs[0]}" ] || fail "X-Squad-Replica is '$hdr', want ${addrs[0]}"
+ask='"state": "A form with a Save button.", "questions": [{"text": "Is there a button?", "options": ["yes", "no"]}]'
+plain="$(curl -s -XPOST "http://${addrs[1]}/v1/ask" -d "{$ask}" | python3 -c 'import json, sys; print(json.load(sys.stdin)["answers"])')"
+named="$(curl -s -XPOST -H 'X-Squad-Session: hdr-key' "http://${addrs[2]}/v1/ask" -d "{$ask, \"session\": \"body-key\", \"user\": \"u\"}" |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["answers"])')"
+[ -n "$plain" ] && [ "$plain" = "$named" ] || fail "/v1/ask with a session key answered '$named', without '$plain'"
+code="$(curl -s -o /dev/null -w '%{http_code}' -XPOST "http://${addrs[1]}/v1/ask" -d "{$ask, \"session\": 7}")"
+[ "$code" = 422 ] || fail "/v1/ask with \"session\": 7 answered $code, want 422"
+code="$(curl -s -o /dev/null -w '%{http_code}' -XPOST "http://${addrs[1]}/v1/score" -d '{"rows": [], "user": ["x"]}')"
+[ "$code" = 400 ] || fail "/v1/score with \"user\": [...] answered $code, want 400"
+code="$(curl -s -o /dev/null -w '%{http_code}' -XPOST "http://${addrs[1]}/v1/score" -d '{"rows": [], "session": "s"}')"
+[ "$code" = 200 ] || fail "/v1/score with a \"session\" answered $code, want 200"
+grep -q '/v1/ask 200 .* session "hdr-key"$' "$work/replica2.log" || fail "replica 2's log does not name the header's session (it wins over the body's)"
+grep -q 'session "agent-7-0"$' "$work/replica0.log" || fail "replica 0's log does not name the trace's sessions"
+m="$(curl -s "http://${addrs[0]}/metrics")"
+for g in squad_queue_depth squad_requests_running squad_cache_usage_ratio squad_cache_tokens_reused_total; do
+  grep -q "^$g " <<<"$m" || fail "/metrics has no $g"
+done
+awk '/^squad_cache_usage_ratio / {exit !($2 > 0 && $2 <= 1)}' <<<"$m" || fail "squad_cache_usage_ratio is not in (0, 1] after the trace"
 
 # 2. the balancer phases over the shared replicas
 phase() {  # phase LABEL BALANCER MODE KEY [client checks]

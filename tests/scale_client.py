@@ -95,10 +95,11 @@ def answer_numbers(answer_body):
 
 
 def replica_of(headers):
-    """The replica that answered: squad's X-Squad-Replica, else the balancer's X-Squad-Upstream (nginx
-    lists every upstream it tried, the last one answered)."""
-    r = headers.get("X-Squad-Replica") or headers.get("X-Squad-Upstream") or ""
-    return r.split(",")[-1].strip()
+    """(the replica that answered, as squad's X-Squad-Replica names it; the balancer's choice, as its
+    X-Squad-Upstream names it: nginx lists every upstream it tried, the last one answered; "" when
+    the answer came directly)."""
+    upstream = (headers.get("X-Squad-Upstream") or "").split(",")[-1].strip()
+    return headers.get("X-Squad-Replica") or "", upstream
 
 
 def post(url, path, body, headers):
@@ -197,7 +198,7 @@ class Run:
                 time.sleep(RETRY_PAUSE_S * (attempt + 1))
                 continue
             if status == 200:
-                rec["replica"] = replica_of(hdrs)
+                rec["replica"], rec["upstream"] = replica_of(hdrs)
                 rec["answers"] = answer_numbers(out)
                 u = out["usage"]
                 rec["input_tokens"] = u["input_tokens"]
@@ -311,6 +312,14 @@ def cmd_run(args):
     summary["hit_rate"] = round(summary["cached_tokens"] / summary["input_tokens"], 4) if summary["input_tokens"] else 0
     live = [d for d in per_replica.values() if d]
     summary["replica_reused_tokens"] = int(sum(d["reused"] for d in live))
+    for r in ok:  # squad's own name of the replica and the balancer's must agree
+        if not r["replica"]:
+            problems.append(f"{r['session']}/{r['seq']}: no X-Squad-Replica header on the answer")
+            break
+        if r["upstream"] and r["upstream"] != r["replica"]:
+            problems.append(f"{r['session']}/{r['seq']}: X-Squad-Replica {r['replica']} but the balancer says "
+                            f"{r['upstream']}")
+            break
     if args.expect_affinity:
         summary["sessions_moved"] = check_affinity(recs, run.kill_t, killed, args.settle, per_replica, problems)
     else:  # how many sessions the balancer spread (reported for round robin)
