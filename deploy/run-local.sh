@@ -69,7 +69,10 @@ fi
 dir="$(mktemp -d "${TMPDIR:-/tmp}/squad-run-local.XXXXXX")" || die "no temporary directory"
 pids=()
 balancer_pid=""
+stopped=0
 stop() {
+  [ "$stopped" = 1 ] && return
+  stopped=1
   trap '' TERM INT
   [ -n "$balancer_pid" ] && kill -TERM "$balancer_pid" 2>/dev/null
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
