@@ -148,7 +148,7 @@ kill_phase() {  # kill_phase BALANCER
   kill_pids="$(awk '/^replica / {sub("http://", "", $5); print $5 "=" $4}' "$rl_out" | paste -sd, -)"
   replica_pids="$(awk '/^replica / {print $4}' "$rl_out")"
   client run --label "$bal-kill" --url "$rl_url" --replicas "$own" --key header --sessions 16 --states 6 \
-    --kill-pids "$kill_pids" --kill-after 30 \
+    --kill-pids "$kill_pids" --kill-after 30 --think-ms 150 \
     --ref "$work/ref-long.json" --expect-affinity --expect-no-errors --summary "$work/$bal-kill.json"
   stop_local
   for p in $replica_pids; do

@@ -217,6 +217,7 @@ class Run:
             sid, bodies = self.trace[i]
             for seq, body in enumerate(bodies):
                 self.request(sid, seq, len(bodies), body)
+                time.sleep(self.args.think_ms / 1000.0)  # the agent reads the answer and acts
 
     def go(self):
         threads = [threading.Thread(target=self.worker, args=(w,)) for w in range(self.args.workers)]
@@ -346,6 +347,9 @@ def cmd_run(args):
         after = [r for r in ok if run.kill_t and r["t_start"] > run.kill_t]
         summary["hit_rate_after_kill"] = round(sum(r["cached_tokens"] for r in after) /
                                                max(1, sum(r["input_tokens"] for r in after)), 4)
+    if args.kill_pids and run.kill_t is not None and not any(r["t_start"] > run.kill_t + args.settle for r in ok):
+        problems.append(f"no request started {args.settle} s after the kill: the trace ended too soon to check "
+                        "that the sessions settled (raise --think-ms)")
     if args.kill_pids and args.expect_affinity and not summary["sessions_moved"]:
         problems.append("no session of the killed replica was seen on another replica after the kill "
                         "(the trace ended too soon after it?)")
@@ -443,6 +447,7 @@ def main():
     r.add_argument("--questions-min", type=int, default=2)
     r.add_argument("--questions-max", type=int, default=3)
     r.add_argument("--workers", type=int, default=6)
+    r.add_argument("--think-ms", type=float, default=0.0, help="an agent's pause after each answer")
     r.add_argument("--kill-pids", default="", help="HOST:PORT=PID,...: the replicas one of which to kill")
     r.add_argument("--kill-after", type=int, default=0, help="kill after this many answered requests")
     r.add_argument("--settle", type=float, default=3.0,
