@@ -22,6 +22,11 @@ if [ ! -x "$SQUAD" ]; then
   echo "demo: $SQUAD not found; build it first (make)" >&2
   exit 2
 fi
+if [ "${DEMO_ONESHOT:-0}" = 1 ]; then
+  echo "demo: DEMO_ONESHOT=1: the server stops after the demo"
+else
+  echo "demo: this serves until you press Ctrl-C (DEMO_ONESHOT=1 make run stops after the demo)"
+fi
 [ -f "$TOKENIZER" ] || bash tools/fetch_test_data.sh
 if [ ! -f "$MODEL/config.json" ] || [ ! -f "$MODEL/model.safetensors" ] || [ ! -f "$MODEL/tokenizer.json" ]; then
   echo "demo: preparing $MODEL/ (squad synth --preset demo with the Qwen3 tokenizer; done once)"

@@ -297,18 +297,17 @@ int squad_model_bind(squad_model *m, squad_err *err) {
     return check_no_unknown(m, prefix, err);
 }
 
+int squad_model_dir_check(const char *dir, squad_err *err) {
+    struct stat st;
+    if (stat(dir, &st) != 0) return squad_fail(err, SQUAD_E_MODEL, "model directory %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return squad_fail(err, SQUAD_E_MODEL, "model directory %s: not a directory", dir);
+    return 0;
+}
+
 squad_model *squad_model_load(const char *dir, squad_err *err) {
     squad_err local;
     if (!err) err = &local;
-    struct stat st;
-    if (stat(dir, &st) != 0) {
-        squad_fail(err, SQUAD_E_MODEL, "model directory %s: %s", dir, strerror(errno));
-        return NULL;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        squad_fail(err, SQUAD_E_MODEL, "model directory %s: not a directory", dir);
-        return NULL;
-    }
+    if (squad_model_dir_check(dir, err) != 0) return NULL;
     squad_model *m = squad_calloc(1, sizeof *m, err);
     if (!m) return NULL;
     char *cfg_path = NULL;

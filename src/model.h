@@ -61,6 +61,11 @@ struct squad_model {
     int n_owned, cap_owned;
 };
 
+/* The model directory exists and is a directory: 0, or SQUAD_E_MODEL with "model directory DIR:
+ * why" (squad_model_load's first check; the CLI makes it first, before the tokenizer or template
+ * it also reads from the directory, so that every command reports a wrong directory alike). */
+int squad_model_dir_check(const char *dir, squad_err *err);
+
 /* Binds the tensors of an opened set to a model of configuration cfg (used by squad_model_load
  * and by tests). */
 int squad_model_bind(squad_model *m, squad_err *err);

@@ -2,7 +2,9 @@
 # cli_ask.sh — `squad ask` end to end on a small synthesized model that carries the real Qwen3
 # tokenizer: the answer JSON for the example requests, the model directory's tokenizer and template
 # found automatically, bad requests (exit 1, {"error": ...} on stdout), unusable models, templates and
-# usage (exit 2). Run from the repository root: bash tests/cli_ask.sh path/to/squad
+# usage (exit 2); each option changes what it should (--tokenizer the tokens, --template the rows,
+# --cache-mb / --min-prefix the reuse, --max-tokens the longest row, --precision the digits), in both
+# spellings (--opt value, --opt=value). Run from the repository root: bash tests/cli_ask.sh path/to/squad
 set -uo pipefail
 SQUAD="${1:?usage: cli_ask.sh path/to/squad}"
 TOK=third_party/qwen3/tokenizer.json
@@ -89,7 +91,7 @@ check "no --model" "$?" 2
 has "no --model message" "$got" "--model"
 got="$("$SQUAD" ask --model "$tmp/nonexistent" --request examples/login.json)"
 check "missing model" "$?" 2
-has "missing model message" "$got" "{\"error\":"
+has "missing model message" "$got" "{\"error\":\"model directory $tmp/nonexistent: No such file or directory\"}"
 got="$("$SQUAD" ask --model "$M" --request "$tmp/nonexistent.json")"
 check "missing request file" "$?" 2
 mkdir "$tmp/notok" && cp "$M/config.json" "$M/model.safetensors" "$tmp/notok/"
@@ -116,6 +118,75 @@ check "unknown specialist exit status" "$?" 2
 has "unknown specialist message" "$got" "nope"
 got="$("$SQUAD" ask --model "$tmp/sm" --specialist e2e --request examples/login.json)"
 check "--specialist without --specialists" "$?" 2
+
+# --- each option does what it says ---
+field() { sed -n "s/.*\"$1\": \([0-9]*\).*/\1/p" <<< "$2"; } # a number in the "tokens" object
+answers() { sed 's/"tokens".*//' <<< "$1"; }                  # the answers, without tokens and ms
+base="$("$SQUAD" ask --model "$M" --request examples/login.json --threads 1)"
+check "base: state tokens" "$(field state "$base")" 258
+check "base: the questions after the first restore the state" "$(field reused "$base")" 512
+# --opt=value: the same answers as --opt value
+got="$("$SQUAD" ask --model="$M" --request=examples/login.json --threads=1)"
+check "--model= --request= --threads=: exit status" "$?" 0
+check "--model= --request= --threads=: the same answers" "$(answers "$got")" "$(answers "$base")"
+# --tokenizer: the model directory's tokenizer.json replaced by one with only the first 2,000 merges
+# (more, shorter tokens), then --tokenizer names the full one again
+mkdir "$tmp/few" && cp "$M/config.json" "$M/model.safetensors" "$tmp/few/"
+python3 -c 'import json, sys
+t = json.load(open(sys.argv[1]))
+t["model"]["merges"] = t["model"]["merges"][:2000]
+json.dump(t, open(sys.argv[2], "w"))' "$TOK" "$tmp/few/tokenizer.json"
+check "a tokenizer with fewer merges" "$?" 0
+got="$("$SQUAD" ask --model "$tmp/few" --request examples/login.json --threads 1)"
+check "the directory's tokenizer: exit status" "$?" 0
+check "the directory's tokenizer (fewer merges): a longer state" "$(field state "$got")" 350
+got="$("$SQUAD" ask --model "$tmp/few" --tokenizer "$TOK" --request examples/login.json --threads 1)"
+check "--tokenizer FILE overrides the directory's: the state's tokens" "$(field state "$got")" 258
+check "--tokenizer FILE overrides the directory's: the answers" "$(answers "$got")" "$(answers "$base")"
+got="$("$SQUAD" ask --model "$tmp/few" --tokenizer="$TOK" --request examples/login.json --threads 1)"
+check "--tokenizer=FILE: the state's tokens" "$(field state "$got")" 258
+got="$("$SQUAD" ask --model "$M" --tokenizer "$tmp/nonexistent.json" --request examples/login.json)"
+check "--tokenizer missing file: exit status" "$?" 2
+has "--tokenizer missing file: message" "$got" "nonexistent.json"
+# --template: three questions per row make one row (one state computed, nothing restored)
+echo '{"questions_per_row": 3}' > "$tmp/three.json"
+got="$("$SQUAD" ask --model "$M" --template "$tmp/three.json" --request examples/login.json --threads 1)"
+check "--template: exit status" "$?" 0
+check "--template: one row, nothing reused" "$(field reused "$got")" 0
+check "--template: one row, computed once" "$(field computed "$got")" 415
+check "--template: three answers" "$(grep -o '"choice"' <<< "$got" | wc -l)" 3
+got="$("$SQUAD" ask --model "$M" --template="$tmp/three.json" --request examples/login.json --threads 1)"
+check "--template=FILE: one row" "$(field computed "$got")" 415
+got="$("$SQUAD" ask --model "$M" --template "$tmp/nonexistent.json" --request examples/login.json)"
+check "--template missing file: exit status" "$?" 2
+has "--template missing file: message" "$got" "nonexistent.json"
+# --cache-mb 0 / --min-prefix: nothing restored, the same answers
+got="$("$SQUAD" ask --model "$M" --request examples/login.json --threads 1 --cache-mb 0)"
+check "--cache-mb 0: nothing reused" "$(field reused "$got")" 0
+check "--cache-mb 0: every row computes its state" "$(field computed "$got")" 921
+check "--cache-mb 0: the same answers" "$(answers "$got")" "$(answers "$base")"
+got="$("$SQUAD" ask --model "$M" --request examples/login.json --threads 1 --min-prefix=512)"
+check "--min-prefix=512 (longer than the state): nothing reused" "$(field reused "$got")" 0
+# --max-tokens: a row longer than it is refused, naming the option's limit (exit 1: the request)
+got="$("$SQUAD" ask --model "$M" --request examples/login.json --max-tokens 64)"
+check "--max-tokens 64: exit status" "$?" 1
+has "--max-tokens 64: names the tighter limit" "$got" "the longest supported is 64 (the max_tokens option)"
+# --precision exact: the same choices, other digits
+got="$("$SQUAD" ask --model "$M" --request examples/login.json --threads 1 --precision exact)"
+check "--precision exact: exit status" "$?" 0
+check "--precision exact: the same choices" "$(grep -o '"choice": "[A-Z]"' <<< "$got")" "$(grep -o '"choice": "[A-Z]"' <<< "$base")"
+if [ "$(answers "$got")" != "$(answers "$base")" ]; then ok; else bad "--precision exact: the digits equal bf16's"; fi
+# bad values and unknown options: exit 2, the message as JSON on stdout
+got="$("$SQUAD" ask --model "$M" --request examples/login.json --threads=x 2> "$tmp/err")"
+check "--threads=x: exit status" "$?" 2
+has "--threads=x: message" "$(cat "$tmp/err")" "--threads must be an integer"
+has "--threads=x: JSON error" "$got" '{"error":'
+got="$("$SQUAD" ask --model "$M" --bogus=1)"
+check "--bogus=1: exit status" "$?" 2
+has "--bogus=1: message" "$got" "unknown option '--bogus=1'"
+got="$("$SQUAD" ask --model "$M" --request 2> /dev/null)"
+check "--request without a value: exit status" "$?" 2
+has "--request without a value: message" "$got" "--request needs a value"
 
 echo "cli_ask: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

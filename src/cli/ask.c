@@ -74,25 +74,28 @@ static int parse_args(int argc, char **argv, ask_args *a) {
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         int r = cli_engine_option(argc, argv, &i, &a->opts);
-        if (r < 0) return fail_json(2, "bad engine option (see squad ask --help)");
+        if (r < 0) return fail_json(2, "bad engine option: see stderr and squad ask --help");
         if (r > 0) continue;
-        const char **dst = !strcmp(s, "--model")       ? &a->model_dir
-                           : !strcmp(s, "--request")   ? &a->request
-                           : !strcmp(s, "--tokenizer") ? &a->tokenizer
-                           : !strcmp(s, "--template")  ? &a->template_path
-                           : !strcmp(s, "--specialists") ? &a->spec_dir
-                           : !strcmp(s, "--specialist")  ? &a->specialist
-                                                       : NULL;
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             ask_help(stdout);
             return 1;
         }
-        if (!dst || i + 1 >= argc) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "unknown or incomplete option '%.80s' (see squad ask --help)", s);
+        const char **dst = cli_is_option(s, "--model")         ? &a->model_dir
+                           : cli_is_option(s, "--request")     ? &a->request
+                           : cli_is_option(s, "--tokenizer")   ? &a->tokenizer
+                           : cli_is_option(s, "--template")    ? &a->template_path
+                           : cli_is_option(s, "--specialists") ? &a->spec_dir
+                           : cli_is_option(s, "--specialist")  ? &a->specialist
+                                                               : NULL;
+        char msg[160];
+        if (!dst) {
+            snprintf(msg, sizeof msg, "unknown option '%.80s' (see squad ask --help)", s);
             return fail_json(2, msg);
         }
-        *dst = argv[++i];
+        if (!(*dst = cli_option_value(argc, argv, &i))) {
+            snprintf(msg, sizeof msg, "%.80s needs a value (see squad ask --help)", s);
+            return fail_json(2, msg);
+        }
     }
     if (!a->model_dir) return fail_json(2, "--model DIR is required (see squad ask --help)");
     return 0;
@@ -146,6 +149,7 @@ static void ask_free(ask_state *s) {
 /* Loads the tokenizer, the template, the request and the model: 0, or an exit code after printing. */
 static int ask_load(const ask_args *a, ask_state *s, size_t *req_len) {
     squad_err err = {0};
+    if (cli_check_model_dir(a->model_dir, &err)) return fail_json(2, err.msg);
     char *tok_path = a->tokenizer ? NULL : squad_path_join(a->model_dir, "tokenizer.json", &err);
     if (!a->tokenizer && !tok_path) return fail_json(2, err.msg);
     s->tok = squad_tokenizer_load(a->tokenizer ? a->tokenizer : tok_path, &err);

@@ -100,9 +100,10 @@ static void print_case(const bench_ctx *c, const char *kind, const squad_row *ro
     const double med = ms[n / 2];
     /* process CPU time over the threads: on a shared machine wall time measures the neighbours too */
     printf("{\"case\": \"%s\", \"tokens\": %d, \"computed\": %d, \"reused\": %d, \"median_ms\": %.3f, \"min_ms\": %.3f, "
-           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", ",
+           "\"tokens_per_s\": %.1f, \"median_cpu_ms_per_thread\": %.3f, \"device\": \"%s\", \"precision\": \"%s\", "
+           "\"threads\": %d, \"reps\": %d, ",
            kind, row->n_ids, last->computed, last->reused, med, ms[0], computed_tokens / (med / 1e3),
-           cpu[n / 2] / c->threads, squad_engine_device(c->e), c->precision);
+           cpu[n / 2] / c->threads, squad_engine_device(c->e), c->precision, c->threads, n);
     if (c->sp)
         printf("\"route\": \"%s\", \"mispredicted\": %d, \"timed\": %d, ", squad_specialists_label(c->sp, last->route),
                mispredicted, n);
@@ -291,38 +292,48 @@ int cmd_bench(int argc, char **argv) {
     squad_engine_opts_default(&opts);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int r = cli_engine_option(argc, argv, &i, &opts);
         if (r < 0) return 2;
         if (r > 0) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             bench_help(stdout);
             return 0;
-        } else if (!strcmp(a, "--model") && val) {
-            model_dir = argv[++i];
-        } else if (!strcmp(a, "--specialists") && val) {
-            spec_dir = argv[++i];
-        } else if (!strcmp(a, "--wrong-guess")) {
+        }
+        if (cli_is_option(a, "--wrong-guess")) {
+            if (cli_flag(argv, i)) return 2;
             wrong_guess = 1;
-        } else if (!strcmp(a, "--batch-routes") && val) {
-            if (cli_parse_int(a, argv[++i], 1, 256, &batch_routes)) return 2;
-        } else if (!strcmp(a, "--specialist") && val) {
-            spec_label = argv[++i];
-        } else if (!strcmp(a, "--lengths") && val) {
-            if ((n_lengths = parse_list(a, argv[++i], lengths, BENCH_MAX_LENGTHS)) < 0) return 2;
-        } else if (!strcmp(a, "--suffix") && val) {
-            if ((n_suffixes = parse_list(a, argv[++i], suffixes, BENCH_MAX_LENGTHS)) < 0) return 2;
-        } else if (!strcmp(a, "--reps")) {
-            if (cli_parse_int(a, argv[++i], 1, 1000, &reps)) return 2;
-        } else if (!strcmp(a, "--state")) {
-            if (cli_parse_int(a, argv[++i], 1, 1 << 20, &state)) return 2;
-        } else {
-            fprintf(stderr, "squad bench: unknown or incomplete option '%s'\n", a);
+            continue;
+        }
+        static const char *const VALUE_OPTIONS[] = {"--model", "--specialists", "--specialist", "--batch-routes",
+                                                    "--lengths", "--suffix", "--reps", "--state"};
+        const char *name = NULL, *val;
+        for (size_t k = 0; k < sizeof VALUE_OPTIONS / sizeof VALUE_OPTIONS[0] && !name; k++)
+            if (cli_is_option(a, VALUE_OPTIONS[k])) name = VALUE_OPTIONS[k];
+        if (!name) {
+            fprintf(stderr, "squad bench: unknown option '%s' (see squad bench --help)\n", a);
             return 2;
+        }
+        if (!(val = cli_option_value(argc, argv, &i))) return 2;
+        if (!strcmp(name, "--model")) {
+            model_dir = val;
+        } else if (!strcmp(name, "--specialists")) {
+            spec_dir = val;
+        } else if (!strcmp(name, "--specialist")) {
+            spec_label = val;
+        } else if (!strcmp(name, "--batch-routes")) {
+            if (cli_parse_int(name, val, 1, 256, &batch_routes)) return 2;
+        } else if (!strcmp(name, "--lengths")) {
+            if ((n_lengths = parse_list(name, val, lengths, BENCH_MAX_LENGTHS)) < 0) return 2;
+        } else if (!strcmp(name, "--suffix")) {
+            if ((n_suffixes = parse_list(name, val, suffixes, BENCH_MAX_LENGTHS)) < 0) return 2;
+        } else if (!strcmp(name, "--reps")) {
+            if (cli_parse_int(name, val, 1, 1000, &reps)) return 2;
+        } else { /* --state */
+            if (cli_parse_int(name, val, 1, 1 << 20, &state)) return 2;
         }
     }
     if (!model_dir) {
-        fprintf(stderr, "squad bench: --model DIR is required\n");
+        fprintf(stderr, "squad bench: --model DIR is required (see squad bench --help)\n");
         return 2;
     }
     squad_err err = {0};
@@ -335,6 +346,11 @@ int cmd_bench(int argc, char **argv) {
     int forced = 0; /* squad_row.specialist */
     if ((spec_label || wrong_guess) && !spec_dir) {
         fprintf(stderr, "squad bench: %s needs --specialists DIR\n", spec_label ? "--specialist" : "--wrong-guess");
+        squad_model_free(m);
+        return 2;
+    }
+    if (state > 0 && opts.cache.budget_bytes == 0) {
+        fprintf(stderr, "squad bench: --state times cache hits, which --cache-mb 0 turns off\n");
         squad_model_free(m);
         return 2;
     }
@@ -392,7 +408,6 @@ int cmd_bench(int argc, char **argv) {
     squad_engine_free(e);
     /* hits: the state cached by a first row, then each question length */
     if (!rc && state > 0) {
-        if (opts.cache.budget_bytes == 0) opts.cache.budget_bytes = (size_t)1024 << 20;
         if (batch_routes > opts.max_rows) opts.max_rows = (int)batch_routes; /* the whole batch in flight */
         e = squad_engine_new(m, &opts, &err);
         if (!e) {

@@ -27,7 +27,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "squad: multiple-choice answers from a Qwen3.5-architecture model, with a cross-request state cache\n"
             "\n"
-            "usage: squad COMMAND [options]   (squad COMMAND --help for its options)\n"
+            "usage: squad COMMAND [options]   (squad COMMAND --help for its options; an option's value\n"
+            "                                   follows it, --threads 4, or is attached, --threads=4)\n"
             "\n"
             "commands:\n");
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)

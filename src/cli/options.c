@@ -1,7 +1,12 @@
 /*
- * options.c — the engine options every model-running subcommand accepts (see options.h).
+ * options.c — option spelling, the engine options every model-running subcommand accepts, and the
+ * model directory's first check (see options.h). Options follow the GNU convention: a value may be
+ * the next argument or attached with '=' ("--threads 4" and "--threads=4" are the same); only the
+ * first '=' separates, so a value may contain more.
  */
 #include "options.h"
+
+#include "model.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -33,6 +38,30 @@ const char CLI_ENGINE_OPTIONS_HELP[] =
     "                           the backend's largest batch); a long row is cut to what the short ones\n"
     "                           leave (docs/batching.md)\n";
 
+int cli_is_option(const char *arg, const char *name) {
+    const size_t n = strlen(name);
+    return !strncmp(arg, name, n) && (arg[n] == 0 || arg[n] == '=');
+}
+
+const char *cli_option_value(int argc, char **argv, int *i) {
+    const char *eq = strchr(argv[*i], '=');
+    if (eq) return eq + 1;
+    if (*i + 1 < argc) return argv[++*i];
+    fprintf(stderr, "squad %s: %s needs a value (see squad %s --help)\n", argv[0], argv[*i], argv[0]);
+    return NULL;
+}
+
+int cli_flag(char **argv, int i) {
+    const char *eq = strchr(argv[i], '=');
+    if (!eq) return 0;
+    fprintf(stderr, "squad %s: %.*s takes no value (got '%s')\n", argv[0], (int)(eq - argv[i]), argv[i], argv[i]);
+    return -1;
+}
+
+int cli_check_model_dir(const char *dir, squad_err *err) {
+    return squad_model_dir_check(dir, err) ? -1 : 0;
+}
+
 int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *out) {
     if (!text) {
         fprintf(stderr, "squad: %s needs a value\n", flag);
@@ -49,71 +78,85 @@ int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *ou
     return 0;
 }
 
-int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
-    const char *a = argv[*i];
-    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+/* The engine options that take a value; --precapture is the one flag. */
+static const char *const ENGINE_VALUE_OPTIONS[] = {
+    "--device",   "--precision",  "--threads",   "--cache-mb", "--stride",   "--tail",         "--align",
+    "--min-prefix", "--max-adapters", "--max-tokens", "--max-rows", "--batch-tokens", "--max-slots",
+};
+
+/* Applies the engine option name with its value: 0, or -1 (message on stderr). */
+static int apply_engine_option(const char *name, const char *val, squad_engine_opts *o) {
     long v;
-    if (!strcmp(a, "--precapture")) {
-        o->precapture = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--device")) {
-        if (val && !strcmp(val, "cpu")) o->device = SQUAD_DEVICE_CPU;
-        else if (val && !strcmp(val, "cuda")) o->device = SQUAD_DEVICE_CUDA;
-        else if (val && !strcmp(val, "auto")) o->device = SQUAD_DEVICE_AUTO;
-        else if (val && !strncmp(val, "cuda:", 5)) {
+    if (!strcmp(name, "--device")) {
+        if (!strcmp(val, "cpu")) o->device = SQUAD_DEVICE_CPU;
+        else if (!strcmp(val, "cuda")) o->device = SQUAD_DEVICE_CUDA;
+        else if (!strcmp(val, "auto")) o->device = SQUAD_DEVICE_AUTO;
+        else if (!strncmp(val, "cuda:", 5)) {
             if (cli_parse_int("--device cuda:N", val + 5, 0, SQUAD_MAX_DEVICE_INDEX, &v)) return -1;
             o->device = SQUAD_DEVICE_CUDA;
             o->device_index = (int)v;
         } else {
-            fprintf(stderr, "squad: --device must be cpu, cuda, cuda:N or auto\n");
+            fprintf(stderr, "squad: --device must be cpu, cuda, cuda:N or auto (got '%s')\n", val);
             return -1;
         }
-    } else if (!strcmp(a, "--precision")) {
-        if (val && !strcmp(val, "exact")) o->precision = SQUAD_PRECISION_EXACT;
-        else if (val && !strcmp(val, "bf16")) o->precision = SQUAD_PRECISION_BF16;
+    } else if (!strcmp(name, "--precision")) {
+        if (!strcmp(val, "exact")) o->precision = SQUAD_PRECISION_EXACT;
+        else if (!strcmp(val, "bf16")) o->precision = SQUAD_PRECISION_BF16;
         else {
-            fprintf(stderr, "squad: --precision must be exact or bf16\n");
+            fprintf(stderr, "squad: --precision must be exact or bf16 (got '%s')\n", val);
             return -1;
         }
-    } else if (!strcmp(a, "--threads")) {
-        if (cli_parse_int(a, val, 0, 1024, &v)) return -1;
+    } else if (!strcmp(name, "--threads")) {
+        if (cli_parse_int(name, val, 0, 1024, &v)) return -1;
         o->threads = (int)v;
-    } else if (!strcmp(a, "--cache-mb")) {
-        if (cli_parse_int(a, val, 0, 1L << 30, &v)) return -1;
+    } else if (!strcmp(name, "--cache-mb")) {
+        if (cli_parse_int(name, val, 0, 1L << 30, &v)) return -1;
         o->cache.budget_bytes = (size_t)v << 20;
-    } else if (!strcmp(a, "--stride")) {
-        if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
+    } else if (!strcmp(name, "--stride")) {
+        if (cli_parse_int(name, val, 0, 1L << 24, &v)) return -1;
         o->cache.stride = (int)v;
-    } else if (!strcmp(a, "--tail")) {
-        if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
+    } else if (!strcmp(name, "--tail")) {
+        if (cli_parse_int(name, val, 0, 1L << 24, &v)) return -1;
         o->cache.tail = (int)v;
-    } else if (!strcmp(a, "--align")) {
-        if (cli_parse_int(a, val, 1, 1L << 16, &v)) return -1;
+    } else if (!strcmp(name, "--align")) {
+        if (cli_parse_int(name, val, 1, 1L << 16, &v)) return -1;
         o->cache.align = (int)v;
-    } else if (!strcmp(a, "--min-prefix")) {
-        if (cli_parse_int(a, val, 0, 1L << 24, &v)) return -1;
+    } else if (!strcmp(name, "--min-prefix")) {
+        if (cli_parse_int(name, val, 0, 1L << 24, &v)) return -1;
         o->cache.min_prefix = (int)v;
-    } else if (!strcmp(a, "--max-adapters")) {
-        if (cli_parse_int(a, val, 0, SQUAD_MAX_ROUTES, &v)) return -1;
+    } else if (!strcmp(name, "--max-adapters")) {
+        if (cli_parse_int(name, val, 0, SQUAD_MAX_ROUTES, &v)) return -1;
         o->max_adapters = (int)v;
-    } else if (!strcmp(a, "--max-tokens")) {
-        if (cli_parse_int(a, val, 0, INT32_MAX, &v)) return -1;
+    } else if (!strcmp(name, "--max-tokens")) {
+        if (cli_parse_int(name, val, 0, INT32_MAX, &v)) return -1;
         o->max_tokens = (int)v;
-    } else if (!strcmp(a, "--max-rows")) {
-        if (cli_parse_int(a, val, 0, 1L << 16, &v)) return -1;
+    } else if (!strcmp(name, "--max-rows")) {
+        if (cli_parse_int(name, val, 0, 1L << 16, &v)) return -1;
         o->max_rows = (int)v;
-    } else if (!strcmp(a, "--batch-tokens")) {
-        if (cli_parse_int(a, val, 0, INT32_MAX, &v)) return -1;
+    } else if (!strcmp(name, "--batch-tokens")) {
+        if (cli_parse_int(name, val, 0, INT32_MAX, &v)) return -1;
         o->batch_tokens = (int)v;
-    } else if (!strcmp(a, "--max-slots")) {
-        if (cli_parse_int(a, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return -1;
+    } else { /* --max-slots */
+        if (cli_parse_int(name, val, 1, SQUAD_MAX_SLOTS_PER_ROW, &v)) return -1;
         o->cache.max_slots = (int)v;
-    } else {
-        return 0;
     }
-    (*i)++;
-    return 1;
+    return 0;
+}
+
+int cli_engine_option(int argc, char **argv, int *i, squad_engine_opts *o) {
+    const char *a = argv[*i];
+    if (cli_is_option(a, "--precapture")) {
+        if (cli_flag(argv, *i)) return -1;
+        o->precapture = 1;
+        return 1;
+    }
+    for (size_t k = 0; k < sizeof ENGINE_VALUE_OPTIONS / sizeof ENGINE_VALUE_OPTIONS[0]; k++) {
+        if (!cli_is_option(a, ENGINE_VALUE_OPTIONS[k])) continue;
+        const char *val = cli_option_value(argc, argv, i);
+        if (!val) return -1;
+        return apply_engine_option(ENGINE_VALUE_OPTIONS[k], val, o) ? -1 : 1;
+    }
+    return 0;
 }
 
 void cli_log_max_tokens(const char *cmd, const squad_engine *e, const squad_model *m) {

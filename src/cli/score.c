@@ -158,19 +158,20 @@ int cmd_score(int argc, char **argv) {
         int r = cli_engine_option(argc, argv, &i, &opts);
         if (r < 0) return 2;
         if (r > 0) continue;
+        const char **dst = cli_is_option(a, "--model")         ? &model_dir
+                           : cli_is_option(a, "--rows")        ? &rows_path
+                           : cli_is_option(a, "--specialists") ? &spec_dir
+                                                               : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             score_help(stdout);
             return 0;
-        } else if (!strcmp(a, "--model") && i + 1 < argc) {
-            model_dir = argv[++i];
-        } else if (!strcmp(a, "--rows") && i + 1 < argc) {
-            rows_path = argv[++i];
-        } else if (!strcmp(a, "--stats")) {
+        } else if (dst) {
+            if (!(*dst = cli_option_value(argc, argv, &i))) return 2;
+        } else if (cli_is_option(a, "--stats")) {
+            if (cli_flag(argv, i)) return 2;
             stats = 1;
-        } else if (!strcmp(a, "--specialists") && i + 1 < argc) {
-            spec_dir = argv[++i];
         } else {
-            fprintf(stderr, "squad score: unknown or incomplete option '%s' (see squad score --help)\n", a);
+            fprintf(stderr, "squad score: unknown option '%s' (see squad score --help)\n", a);
             return 2;
         }
     }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "specialists.h"
 #include "specialists_synth.h"
 #include "synth.h"
@@ -50,15 +51,6 @@ static void synth_help(FILE *f) {
             "The qwen3.5-0.8b preset writes about 1.5 GB (752M bf16 parameters). Exit status: 0 written, 2 usage or write error.\n");
 }
 
-/* The value of option argv[*i] (advancing *i), or NULL with a message. */
-static const char *option_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        fprintf(stderr, "squad synth: %s needs a value (see squad synth --help)\n", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int parse_seed(const char *text, uint64_t *out) {
     if (!text[0] || text[0] == '-') return -1;
     char *end;
@@ -82,13 +74,15 @@ int cmd_synth(int argc, char **argv) {
             synth_help(stdout);
             return 0;
         }
-        if (strcmp(a, "--preset") && strcmp(a, "--out") && strcmp(a, "--seed") && strcmp(a, "--tokenizer") &&
-            strcmp(a, "--layout") && strcmp(a, "--dtype") && strcmp(a, "--specialists") && strcmp(a, "--spec-rank")) {
-            fprintf(stderr, "squad synth: unknown option '%s'\n\n", a);
-            synth_help(stderr);
+        static const char *const OPTIONS[] = {"--preset", "--out",   "--seed",        "--tokenizer",
+                                              "--layout", "--dtype", "--specialists", "--spec-rank"};
+        for (size_t k = 0; k < sizeof OPTIONS / sizeof OPTIONS[0] && a == argv[i]; k++)
+            if (cli_is_option(argv[i], OPTIONS[k])) a = OPTIONS[k];
+        if (a == argv[i]) {
+            fprintf(stderr, "squad synth: unknown option '%s' (see squad synth --help)\n", a);
             return 2;
         }
-        if (!(v = option_value(argc, argv, &i))) return 2;
+        if (!(v = cli_option_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "--preset")) {
             o.preset = v;
         } else if (!strcmp(a, "--out")) {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -79,16 +80,17 @@ static int parse_args(int argc, char **argv, const char *flag_name, int allow_js
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             help(stdout);
             return 1;
-        } else if (!strcmp(s, "--tokenizer") && i + 1 < argc) {
-            a->tokenizer = argv[++i];
-        } else if (!strcmp(s, "--model") && i + 1 < argc) {
-            a->model = argv[++i];
-        } else if (allow_jsonl && !strcmp(s, "--jsonl")) {
+        } else if (cli_is_option(s, "--tokenizer") || cli_is_option(s, "--model")) {
+            const char **dst = cli_is_option(s, "--model") ? &a->model : &a->tokenizer;
+            if (!(*dst = cli_option_value(argc, argv, &i))) return -1;
+        } else if (allow_jsonl && cli_is_option(s, "--jsonl")) {
+            if (cli_flag(argv, i)) return -1;
             a->jsonl = 1;
-        } else if (!strcmp(s, flag_name)) {
+        } else if (cli_is_option(s, flag_name)) {
+            if (cli_flag(argv, i)) return -1;
             a->flag = 1;
         } else {
-            fprintf(stderr, "squad %s: unknown or incomplete option '%s' (see squad %s --help)\n", argv[0], s, argv[0]);
+            fprintf(stderr, "squad %s: unknown option '%s' (see squad %s --help)\n", argv[0], s, argv[0]);
             return -1;
         }
     }
@@ -102,6 +104,10 @@ static int parse_args(int argc, char **argv, const char *flag_name, int allow_js
 
 static squad_tokenizer *load_tokenizer(const tok_args *a, const char *cmd) {
     squad_err err = {0};
+    if (!a->tokenizer && cli_check_model_dir(a->model, &err)) {
+        fprintf(stderr, "squad %s: %s\n", cmd, err.msg);
+        return NULL;
+    }
     char *path = a->tokenizer ? NULL : squad_path_join(a->model, "tokenizer.json", &err);
     squad_tokenizer *tok = (a->tokenizer || path) ? squad_tokenizer_load(a->tokenizer ? a->tokenizer : path, &err) : NULL;
     free(path);
