@@ -44,6 +44,18 @@ SERVE_OPTS=(--precision exact --threads 1 --http-threads 2 --log-requests)
 "$SQUAD" synth --preset tiny --out "$work/tiny" --tokenizer third_party/qwen3/tokenizer.json >/dev/null 2>&1 ||
   { echo "scale_balancer: squad synth failed" >&2; exit 1; }
 
+# --device cuda:N (one process per GPU): a bad index is a usage error; on a machine or build without
+# that GPU, the usual clear error and no answer
+row='{"ids": [1, 2, 3], "slots": [2], "nopts": [2], "letters": [5, 6]}'
+for d in cuda:x cuda:-1 cuda:256 cuda:; do
+  out="$(echo "$row" | "$SQUAD" score --model "$work/tiny" --device "$d" 2>&1)"; rc=$?
+  [ "$rc" = 2 ] && grep -q 'cuda:N' <<<"$out" || fail "--device $d: exit $rc, '$out' (want 2 and a message naming cuda:N)"
+done
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  out="$(echo "$row" | "$SQUAD" score --model "$work/tiny" --device cuda:1 2>&1)"; rc=$?
+  [ "$rc" != 0 ] && grep -q -- '--device cuda' <<<"$out" || fail "--device cuda:1 without a GPU: exit $rc, '$out'"
+fi
+
 # the replicas the balancer phases share (their caches are cleared before each phase)
 addrs=()
 for i in 0 1 2; do
