@@ -96,7 +96,7 @@ static int apply_engine_option(const char *name, const char *val, squad_engine_o
             o->device = SQUAD_DEVICE_CUDA;
             o->device_index = (int)v;
         } else {
-            fprintf(stderr, "squad: --device must be cpu, cuda, cuda:N or auto (got '%s')\n", val);
+            fprintf(stderr, "squad: --device must be cpu, cuda or auto (got '%s'); cuda:N is GPU N\n", val);
             return -1;
         }
     } else if (!strcmp(name, "--precision")) {
