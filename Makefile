@@ -23,8 +23,9 @@ CMAKE_FLAGS ?=
 DEBIAN_PACKAGES = build-essential cmake pkg-config libjansson-dev libpcre2-dev libutf8proc-dev \
                   libmicrohttpd-dev libpng-dev libjpeg62-turbo-dev libwebp-dev curl python3
 # What only the tests, benchmarks and fuzzing add: clang + its runtime (libFuzzer), OpenBLAS
-# (bench_gemm's comparison), Node.js + npm (the HTTP tests and their npm clients).
-TEST_DEBIAN_PACKAGES = clang libclang-rt-14-dev libopenblas-dev
+# (bench_gemm's comparison), Node.js + npm (the HTTP tests and their npm clients), HAProxy + nginx
+# (the scale-out tests: replicas behind a balancer, docs/scale.md).
+TEST_DEBIAN_PACKAGES = clang libclang-rt-14-dev libopenblas-dev haproxy nginx
 
 .PHONY: all deps test-deps configure build build-tests test test-asan test-gpu run bench fuzz clean
 

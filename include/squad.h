@@ -135,8 +135,12 @@ typedef struct squad_cache_opts {
 typedef enum { SQUAD_PRECISION_EXACT = 0, SQUAD_PRECISION_BF16 = 1 } squad_precision;
 #define SQUAD_PRECISION_DEFAULT SQUAD_PRECISION_BF16
 
+/* The largest GPU index --device cuda:N takes (a bound on the option, not on the hardware). */
+#define SQUAD_MAX_DEVICE_INDEX 255
+
 typedef struct squad_engine_opts {
     squad_device device;
+    int device_index; /* CUDA: which GPU (--device cuda:N; 0 the first): one process per GPU */
     int threads; /* CPU threads; 0: all available cores */
     squad_precision precision;
     squad_cache_opts cache;

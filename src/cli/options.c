@@ -15,7 +15,8 @@
 #include <string.h>
 
 const char CLI_ENGINE_OPTIONS_HELP[] =
-    "  --device cpu|cuda|auto   compute device (default auto: CUDA when a GPU is present)\n"
+    "  --device cpu|cuda|cuda:N|auto  compute device (default auto: CUDA when a GPU is present);\n"
+    "                           cuda:N runs on GPU N (cuda is cuda:0): one process per GPU\n"
     "  --threads N              CPU threads (default: all cores)\n"
     "  --precision bf16|exact   bf16 (default): bf16 activations, the fast path (CPU: bf16 dot-product\n"
     "                           GEMMs; CUDA: tensor cores), ~1e-3 relative error; exact: fp32 arithmetic,\n"
@@ -90,8 +91,12 @@ static int apply_engine_option(const char *name, const char *val, squad_engine_o
         if (!strcmp(val, "cpu")) o->device = SQUAD_DEVICE_CPU;
         else if (!strcmp(val, "cuda")) o->device = SQUAD_DEVICE_CUDA;
         else if (!strcmp(val, "auto")) o->device = SQUAD_DEVICE_AUTO;
-        else {
-            fprintf(stderr, "squad: --device must be cpu, cuda or auto (got '%s')\n", val);
+        else if (!strncmp(val, "cuda:", 5)) {
+            if (cli_parse_int("--device cuda:N", val + 5, 0, SQUAD_MAX_DEVICE_INDEX, &v)) return -1;
+            o->device = SQUAD_DEVICE_CUDA;
+            o->device_index = (int)v;
+        } else {
+            fprintf(stderr, "squad: --device must be cpu, cuda or auto (got '%s'); cuda:N is GPU N\n", val);
             return -1;
         }
     } else if (!strcmp(name, "--precision")) {

@@ -176,6 +176,7 @@ typedef struct cu_be {
     int C;     /* GDN conv channels */
     int n_sm;
     char device_name[256];
+    int device; /* the GPU (--device cuda:N): every call that may come from another thread sets it */
 
     bf16 *embed, *lm_head;
     float *final_norm, *inv_freq;
@@ -1419,7 +1420,7 @@ static int be_load_kv(squad_backend *be, int seq, const void *src, int blob_posi
 static int be_memory_free(squad_backend *be, size_t *free_bytes, squad_err *err) {
     size_t total = 0;
     *free_bytes = 0;
-    CU_TRY(cudaSetDevice(0)); /* the device the backend was built on, whichever thread asks */
+    CU_TRY(cudaSetDevice(((cu_be *)be->impl)->device)); /* the backend's device, whichever thread asks */
     CU_TRY(cudaMemGetInfo(free_bytes, &total));
     return 0;
 }
@@ -1570,9 +1571,13 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->n_attn = squad_config_count_layers(c, SQUAD_LAYER_FULL);
     cb->parts = SQUAD_CUDA_PART_ALL;
 
-    CU_TRY(cudaSetDevice(0));
+    cb->device = opts ? opts->device_index : 0;
+    if (cb->device < 0 || cb->device >= squad_cuda_device_count())
+        return cu_err(err, SQUAD_E_INVALID, "--device cuda:%d: this machine has %d CUDA GPU(s) (cuda:0 .. cuda:%d)",
+                      cb->device, squad_cuda_device_count(), squad_cuda_device_count() - 1);
+    CU_TRY(cudaSetDevice(cb->device));
     cudaDeviceProp prop;
-    CU_TRY(cudaGetDeviceProperties(&prop, 0));
+    CU_TRY(cudaGetDeviceProperties(&prop, cb->device));
     cb->n_sm = prop.multiProcessorCount;
     snprintf(cb->device_name, sizeof cb->device_name, "%s", prop.name);
     if (prop.major < CU_MIN_MAJOR)

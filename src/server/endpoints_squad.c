@@ -2,7 +2,8 @@
  * endpoints_squad.c — squad's own API (endpoints.h, docs/server.md): POST /v1/ask (a request through
  * the prompt template, answered as `squad ask` answers) and POST /v1/score (token rows as `squad
  * score` reads them, each row's answer or error as `squad score` writes it). Bodies are parsed
- * strictly (duplicate keys refused, unknown fields named).
+ * strictly (duplicate keys refused, unknown fields named). Both take a "session" or "user" string
+ * naming the agent's session (docs/scale.md): for the balancer and the log, never for the answer.
  */
 #include "server/endpoints.h"
 
@@ -24,6 +25,20 @@ static json_t *parse_strict(srv_req *r) {
     return root;
 }
 
+/* 1 when the body's session fields ("session", "user": docs/scale.md) are absent or strings; else
+ * answers 422 (ask) or 400 (score) naming the field and returns 0. */
+static int session_fields_ok(srv_req *r, json_t *root, int status) {
+    static const char *const fields[] = {"session", "user"};
+    for (size_t i = 0; json_is_object(root) && i < sizeof fields / sizeof fields[0]; i++) {
+        json_t *v = json_object_get(root, fields[i]);
+        if (v && !json_is_string(v)) {
+            srv_fail(r, status, fields[i], "\"%s\" must be a string (it names the session)", fields[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The first field an ask request must not have (its path in where), or NULL. The template reads
  * only the fields it knows; the server refuses the rest (section F: 422), so a misspelt field is
  * not silently ignored. */
@@ -32,7 +47,8 @@ static const char *ask_unknown_field(json_t *root, char *where, size_t cap) {
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
-        if (strcmp(k, "state") && strcmp(k, "questions") && strcmp(k, "system") && strcmp(k, "specialist")) {
+        if (strcmp(k, "state") && strcmp(k, "questions") && strcmp(k, "system") && strcmp(k, "specialist") &&
+            strcmp(k, "session") && strcmp(k, "user")) {
             snprintf(where, cap, "%.60s", k);
             return where;
         }
@@ -76,15 +92,17 @@ int srv_ask_prepare(srv_req *r) {
     squad_err serr = {0};
     if (spv && !json_is_string(spv)) forced = -2;
     else if (spv) forced = forced_specialist(srv, json_string_value(spv), &serr);
+    const int session_ok = unknown || session_fields_ok(r, root, 422);
     json_decref(root);
+    if (!session_ok) return 1;
     if (!unknown && forced < 0) {
         if (forced == -2) srv_fail(r, 422, "specialist", "\"specialist\" must be a label or \"auto\"");
         else srv_fail(r, 422, "specialist", "%s", serr.msg);
         return 1;
     }
     if (unknown) {
-        srv_fail(r, 422, where, "unknown field %s (a request has \"state\", \"questions\", \"system\" and "
-                 "\"specialist\"; a question \"text\" and \"options\")", where);
+        srv_fail(r, 422, where, "unknown field %s (a request has \"state\", \"questions\", \"system\", "
+                 "\"specialist\", \"session\" and \"user\"; a question \"text\" and \"options\")", where);
         return 1;
     }
     if (nq > (size_t)srv->opts.max_questions) {
@@ -119,15 +137,20 @@ int srv_score_prepare(srv_req *r) {
     const char *key;
     json_t *val;
     json_object_foreach(root, key, val) {
-        if (strcmp(key, "rows")) {
-            srv_fail(r, 400, NULL, "unknown field %.60s (the body is {\"rows\": [row, ...]})", key);
+        if (strcmp(key, "rows") && strcmp(key, "session") && strcmp(key, "user")) {
+            srv_fail(r, 400, NULL, "unknown field %.60s (the body is {\"rows\": [row, ...]}, with an optional "
+                     "\"session\" or \"user\" string)", key);
             json_decref(root);
             return 1;
         }
     }
-    if (!json_is_array(rows)) {
+    if (!session_fields_ok(r, root, 400)) {
         json_decref(root);
-        srv_fail(r, 400, "rows", "the body must be {\"rows\": [row, ...]} with nothing else");
+        return 1;
+    }
+    if (!json_is_array(rows)) {
+        srv_fail(r, 400, "rows", "the body must be {\"rows\": [row, ...]}");
+        json_decref(root);
         return 1;
     }
     size_t n = json_array_size(rows);

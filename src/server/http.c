@@ -31,6 +31,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "server/conn_guard.h"
@@ -61,6 +62,28 @@ static void wake_resume(srv_job *job) {
     MHD_resume_connection(c);
 }
 
+/* host:port of the replica as the client reached it (the connection's local address: right behind a
+ * balancer and when listening on a wildcard address), for X-Squad-Replica; the listening address
+ * when the socket cannot say. */
+static void replica_name(const srv_req *r, char *out, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    char host[INET6_ADDRSTRLEN] = "";
+    int port = r->srv->port;
+    if (r->client_fd >= 0 && getsockname(r->client_fd, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+            if (inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host)) port = ntohs(a->sin6_port);
+        } else if (ss.ss_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+            if (inet_ntop(AF_INET, &a->sin_addr, host, sizeof host)) port = ntohs(a->sin_port);
+        }
+    }
+    if (!host[0]) snprintf(host, sizeof host, "%s", r->srv->listen_host ? r->srv->listen_host : "127.0.0.1");
+    const int v6 = strchr(host, ':') != NULL; /* an IPv6 address goes in brackets before its port */
+    snprintf(out, cap, "%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
+}
+
 static enum MHD_Result send_answer(struct MHD_Connection *c, srv_req *r) {
     if (r->sent) return MHD_YES; /* queued already (an early answer while the body still arrives) */
     r->sent = 1;
@@ -76,6 +99,9 @@ static enum MHD_Result send_answer(struct MHD_Connection *c, srv_req *r) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, s);
     }
     if (r->allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, r->allow);
+    char replica[INET6_ADDRSTRLEN + 16];
+    replica_name(r, replica, sizeof replica);
+    MHD_add_response_header(resp, SRV_HEADER_REPLICA, replica);
     if (r->close_after || atomic_load(&r->srv->stopping))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)r->status, resp);
@@ -138,6 +164,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         srv_conns_phase(srv->conns, r->guard, SRV_CONN_RECEIVING);
         if (refuse_framing(r, c)) return send_answer(c, r);
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        srv_req_set_session_header(r, MHD_lookup_connection_value(c, MHD_HEADER_KIND, SRV_HEADER_SESSION));
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         long long len = cl ? strtoll(cl, NULL, 10) : -1;
         if (srv_req_route(r, method, url, auth, len)) return send_answer(c, r);

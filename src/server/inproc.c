@@ -33,8 +33,11 @@ int squad_server_handle(squad_server *srv, const char *method, const char *path,
     srv_req *r = srv_req_new(srv);
     if (!r) return SQUAD_E_NOMEM;
     const char *auth = NULL;
-    for (int i = 0; i < n_headers; i++)
-        if (headers[2 * i] && !strcasecmp(headers[2 * i], "Authorization")) auth = headers[2 * i + 1];
+    for (int i = 0; i < n_headers; i++) {
+        if (!headers[2 * i]) continue;
+        if (!strcasecmp(headers[2 * i], "Authorization")) auth = headers[2 * i + 1];
+        else if (!strcasecmp(headers[2 * i], SRV_HEADER_SESSION)) srv_req_set_session_header(r, headers[2 * i + 1]);
+    }
     pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
     r->wait_lock = &lock;

@@ -160,6 +160,8 @@ static void publish_engine_stats(srv_jobs *s, double step_s) {
     for (int i = 0; i < n_routes; i++) routes[i] = squad_engine_route_rows(s->engine, i);
     squad_device_stats dev;
     squad_engine_device_stats(s->engine, &dev);
+    int running = 0;
+    for (const srv_job *j = s->running; j; j = j->next) running++;
     pthread_mutex_lock(&s->lock);
     uint64_t before = s->stats.cache.uncacheable;
     const int graphs_before = s->stats.device_stats.graphs;
@@ -169,6 +171,7 @@ static void publish_engine_stats(srv_jobs *s, double step_s) {
     s->stats.n_routes = n_routes;
     memcpy(s->stats.route_rows, routes, sizeof routes);
     s->stats.rows_in_flight = s->in_flight;
+    s->stats.jobs_running = running;
     pthread_mutex_unlock(&s->lock);
     if (graphs_before > 0 && dev.graphs > graphs_before)
         jobs_log(s, "captured %d CUDA graph(s) for a new batch shape in %.1f ms, a step of %.1f ms (%d in all, "
@@ -486,6 +489,7 @@ static void *jobs_main(void *arg) {
         pthread_mutex_lock(&s->lock);
         s->stats.rows_running = 0;
         s->stats.rows_in_flight = 0;
+        s->stats.jobs_running = 0;
         pthread_mutex_unlock(&s->lock);
         if (!wait_for_work(s)) break;
     }

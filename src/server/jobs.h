@@ -105,6 +105,7 @@ typedef struct srv_jobs_stats {
     int queue_capacity;
     int rows_running;    /* rows the engine's last step ran (0 when idle) */
     int rows_in_flight;  /* rows submitted to the engine and not yet done */
+    int jobs_running;    /* requests with rows in the engine (a gateway's "requests running") */
     int max_rows;        /* the engine's rows at once (--max-rows or the backend's) */
     int batch_tokens;    /* the engine's tokens in one step (--batch-tokens or the backend's) */
     int lookahead;       /* rows the scheduler submits beyond max_rows */

@@ -119,6 +119,8 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     gauge(b, "squad_queue_capacity", "Jobs that may wait (--queue).", v->jobs.queue_capacity);
     gauge(b, "squad_rows_running", "Rows the engine's last step ran (0 when idle).", v->jobs.rows_running);
     gauge(b, "squad_rows_in_flight", "Rows submitted to the engine and not yet done.", v->jobs.rows_in_flight);
+    gauge(b, "squad_requests_running", "Requests with rows in the engine (a gateway's requests running).",
+          v->jobs.jobs_running);
     gauge(b, "squad_engine_max_rows", "Rows the engine runs at once (--max-rows).", v->jobs.max_rows);
     gauge(b, "squad_engine_batch_tokens", "Tokens one engine step runs at most (--batch-tokens).", v->jobs.batch_tokens);
     counter(b, "squad_engine_steps_total", "Batched engine steps that ran rows.", v->jobs.steps);
@@ -171,6 +173,8 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     gauge(b, "squad_cache_checkpoints", "Checkpoints held.", (double)c->checkpoints);
     gauge(b, "squad_cache_bytes", "Bytes the state cache holds.", (double)c->bytes_held);
     gauge(b, "squad_cache_budget_bytes", "The state cache's budget.", (double)c->budget_bytes);
+    gauge(b, "squad_cache_usage_ratio", "The state cache's bytes held as a fraction of its budget (0..1).",
+          c->budget_bytes ? (double)c->bytes_held / (double)c->budget_bytes : 0.0);
     counter(b, "squad_token_cache_hits_total", "Texts whose token ids the token cache held.", v->tokens.hits);
     counter(b, "squad_token_cache_misses_total", "Texts the token cache did not hold.", v->tokens.misses);
     gauge(b, "squad_token_cache_bytes", "Bytes the token cache holds.", (double)v->tokens.bytes_held);

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "answer_json.h"
 
 void srv_log(squad_server *srv, const char *fmt, ...) {
@@ -112,6 +114,43 @@ int srv_req_hold_body(srv_req *r, size_t n) {
     return 0;
 }
 
+/* Copies a session key for the log: at most SRV_SESSION_LOG_MAX characters, anything that could
+ * break the line (a quote, a control byte, a non-ASCII byte) as '?'. */
+static void session_copy(char *out, size_t cap, const char *key) {
+    size_t n = 0;
+    for (; key && key[n] && n + 1 < cap; n++) {
+        const unsigned char ch = (unsigned char)key[n];
+        out[n] = ch < 0x20 || ch >= 0x7f || ch == '"' || ch == '\\' ? '?' : (char)ch;
+    }
+    out[n] = 0;
+}
+
+void srv_req_set_session_header(srv_req *r, const char *value) {
+    session_copy(r->session_header, sizeof r->session_header, value);
+}
+
+/* The session key the request names, in docs/scale.md's precedence: the header, else the first of
+ * the body's SRV_SESSION_FIELDS that is a string; "" without one. Read for the log line only (the
+ * body parsed again then, so a request that is not logged pays nothing): no answer depends on it. */
+static void request_session(const srv_req *r, char *out, size_t cap) {
+    out[0] = 0;
+    if (r->session_header[0]) {
+        session_copy(out, cap, r->session_header);
+        return;
+    }
+    if (!r->body.n) return;
+    json_t *root = json_loadb(srv_req_body_text(r), r->body.n, 0, NULL);
+    static const char *const fields[] = SRV_SESSION_FIELDS;
+    for (size_t i = 0; json_is_object(root) && i < sizeof fields / sizeof fields[0]; i++) {
+        json_t *v = json_object_get(root, fields[i]);
+        if (json_is_string(v)) {
+            session_copy(out, cap, json_string_value(v));
+            break;
+        }
+    }
+    json_decref(root);
+}
+
 void srv_req_body(srv_req *r, const char *data, size_t n) {
     if (r->too_big || r->state != SRV_REQ_NEW) return;
     if (r->body.n + n > r->srv->opts.max_body) {
@@ -162,13 +201,17 @@ void srv_req_end(srv_req *r, int delivered) {
             computed += (uint64_t)r->job.results[i].computed;
             reused += (uint64_t)r->job.results[i].reused;
         }
+        char session[SRV_SESSION_LOG_MAX + 1], named[SRV_SESSION_LOG_MAX + 16] = "";
+        request_session(r, session, sizeof session);
+        if (session[0]) snprintf(named, sizeof named, " session \"%s\"", session);
         if (!ran) /* answered without the engine (the request memo, stats, an error) */
-            srv_log(srv, "%s %d %.2f ms%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, r->memo_hit ? " memo" : "");
+            srv_log(srv, "%s %d %.2f ms%s%s", SRV_EP_PATH[r->ep], r->status, dt * 1000.0, r->memo_hit ? " memo" : "",
+                    named);
         else
             srv_log(srv, "%s %d %.2f ms (before the engine %.2f ms, engine %.2f ms: %d steps ran its rows, %d ran"
-                    " others' only, the longest %.2f ms; %" PRIu64 " tokens computed, %" PRIu64 " reused)",
+                    " others' only, the longest %.2f ms; %" PRIu64 " tokens computed, %" PRIu64 " reused)%s",
                     SRV_EP_PATH[r->ep], r->status, dt * 1000.0, before_ms, engine_ms, r->job.steps_ran,
-                    r->job.steps_waited, r->job.longest_step_s * 1000.0, computed, reused);
+                    r->job.steps_waited, r->job.longest_step_s * 1000.0, computed, reused, named);
     }
     squad_buf_free(&r->body);
     atomic_fetch_sub(&srv->body_reserved, r->body_held);

@@ -31,6 +31,15 @@ struct MHD_Daemon;
 struct srv_conns;
 struct srv_conn;
 
+/* The session key (docs/scale.md): it names an agent's session, for a balancer to hash and for the
+ * log; no answer depends on it. The header comes first, then the body's fields in this order. */
+#define SRV_HEADER_SESSION "X-Squad-Session"
+#define SRV_SESSION_FIELDS {"session", "prompt_cache_key", "user"}
+/* The characters of a session key the log line keeps. */
+#define SRV_SESSION_LOG_MAX 64
+/* On every answer: the replica that answered, as host:port (the address the client reached). */
+#define SRV_HEADER_REPLICA "X-Squad-Replica"
+
 struct squad_server {
     squad_server_opts opts;
     char *served_name;
@@ -91,6 +100,7 @@ struct srv_req {
     int memo_hit;
     int client_left; /* its client had disconnected when the job ended (srv_req_finish) */
     int sent; /* the answer was handed to the transport */
+    char session_header[SRV_SESSION_LOG_MAX + 1]; /* X-Squad-Session, cut for the log ("": none) */
     /* the work */
     srv_job job;
     _Atomic int job_done;
@@ -129,6 +139,8 @@ void srv_log(squad_server *srv, const char *fmt, ...) SQUAD_PRINTF(2, 3);
 
 /* A new request (counted in flight until srv_req_end); NULL when out of memory. */
 srv_req *srv_req_new(squad_server *srv);
+/* Keeps the X-Squad-Session header's value (NULL: none) for the log line. */
+void srv_req_set_session_header(srv_req *r, const char *value);
 /* Appends body bytes, bounded by --max-body (over it: too_big = 1; out of memory: 2) and by the
  * server's budget for bodies being received (over it: too_big = 3). */
 void srv_req_body(srv_req *r, const char *data, size_t n);
