@@ -1,8 +1,8 @@
 /*
  * test_long.c — long rows on every backend, with the tiny presets (docs/design.md section 8, "The
- * longest row and memory that follows use"). One program, parametrised by backend (as llama.cpp's
- * test-backend-ops): `--backend cpu|cuda|all` (default cpu) picks the backends the cases run on;
- * the reference is the CPU's exact path. CTest runs it as test_long (--backend cpu) and as
+ * longest row and memory that follows use"). One program, parametrised by backend: `--backend
+ * cpu|cuda|all` (default cpu) picks the backends the cases run on; the reference is the CPU's
+ * exact path. CTest runs it as test_long (--backend cpu) and as
  * gpu_test_long (--backend cuda, label gpu), which exits 77 (skipped) without CUDA or a GPU.
  *
  * The cases, on each backend:
