@@ -11,9 +11,9 @@
  * - A request is first reduced to plain strings: the system message, the state, and per question
  *   its block (instructions line, option lines, closing line). Everything that came from the
  *   request is text; only the chat markup around it is template text.
- * - Rendering feeds segments to a small token builder: template segments have their added tokens
- *   (<|im_start|> ...) turned into ids, the text between them is collected and encoded in one piece
- *   with added tokens disabled. The builder is flushed at the end of the prefix, so the state's
+ * - Rendering feeds segments to the token builder (token_builder.h): template segments have their
+ *   added tokens (<|im_start|> ...) turned into ids, the text between them is collected and encoded
+ *   in one piece with added tokens disabled. The builder is flushed at the end of the prefix, so the state's
  *   tokens never depend on the questions and every row shares ids[0, state_len).
  * - Labels: the answer slot is the last token of the generation prompt, whose text after its last
  *   special token is "\n\n"; a label's token is the one token that encoding "\n\n" + label adds to
@@ -38,6 +38,7 @@
 #include "decisions_internal.h"
 #include "json_text.h"
 #include "rows.h"
+#include "token_builder.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
@@ -116,53 +117,12 @@ char *squad_dapi_error_body(const squad_dapi_error *e) {
 
 
 /* ---------------------------------------------------------------------------------------------
- * The token builder
+ * The prefix
  * ------------------------------------------------------------------------------------------- */
-
-typedef struct tok_builder {
-    squad_tokenizer *tok;
-    squad_idvec ids;
-    squad_buf pend; /* text not yet encoded */
-} tok_builder;
-
-static int tb_flush(tok_builder *b, squad_err *err) {
-    if (b->pend.oom) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (request text)");
-    if (!b->pend.n) return 0;
-    int rc = squad_tokenize_append(b->tok, b->pend.s, b->pend.n, SQUAD_TOK_PLAIN, &b->ids, err);
-    squad_buf_reset(&b->pend);
-    return rc;
-}
-
-static int tb_plain(tok_builder *b, const char *s, size_t n, squad_err *err) {
-    if (squad_buf_put(&b->pend, s, n) < 0) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (request text)");
-    return 0;
-}
-
-/* Template text: its added tokens become their ids, the rest is text. */
-static int tb_template(tok_builder *b, const char *s, size_t n, squad_err *err) {
-    while (n) {
-        size_t st, en;
-        int32_t id;
-        if (!squad_tokenizer_find_added(b->tok, s, n, &st, &en, &id)) return tb_plain(b, s, n, err);
-        int rc;
-        if ((rc = tb_plain(b, s, st, err)) < 0 || (rc = tb_flush(b, err)) < 0 ||
-            (rc = squad_idvec_push(&b->ids, id, err)) < 0)
-            return rc;
-        s += en;
-        n -= en;
-    }
-    return 0;
-}
-
-static void tb_free(tok_builder *b) {
-    squad_idvec_free(&b->ids);
-    free(b->pend.s);
-    memset(&b->pend, 0, sizeof b->pend);
-}
 
 /* The prefix, rendered up to `cut` bytes of its text (SIZE_MAX: all of it), then flushed. Its text
  * is SYSTEM_OPEN sys SYSTEM_CLOSE (when sys is not empty), USER_OPEN state STATE_END. */
-static int render_prefix(tok_builder *b, const char *sys, size_t sys_n, const char *state, size_t state_n,
+static int render_prefix(token_builder *b, const char *sys, size_t sys_n, const char *state, size_t state_n,
                          size_t cut, squad_err *err) {
     struct {
         int plain;
@@ -181,11 +141,12 @@ static int render_prefix(tok_builder *b, const char *sys, size_t sys_n, const ch
     size_t at = 0;
     for (int i = 0; i < k && at < cut; i++) {
         size_t n = seg[i].n < cut - at ? seg[i].n : cut - at;
-        int rc = seg[i].plain ? tb_plain(b, seg[i].s, n, err) : tb_template(b, seg[i].s, n, err);
+        int rc = seg[i].plain ? token_builder_text(b, seg[i].s, n, err)
+                              : token_builder_template(b, seg[i].s, n, err);
         if (rc < 0) return rc;
         at += n;
     }
-    return tb_flush(b, err);
+    return token_builder_flush(b, err);
 }
 
 
@@ -440,15 +401,15 @@ static int breakpoints(parse_state *ps, squad_dapi_req *r, const squad_idvec *pr
     for (int k = 0; k < ps->n_bp; k++) {
         size_t cut = ps->bp_in_sys[k] ? strlen(SYSTEM_OPEN) + ps->bp_off[k]
                                        : sys_len + strlen(USER_OPEN) + ps->bp_off[k];
-        tok_builder b = {ps->ctx->tok, {0}, {0}};
+        token_builder b = {ps->ctx->tok, {0}, {0}};
         squad_err err = {0};
         if (render_prefix(&b, ps->sys.s, sys_n, ps->state.s, ps->state.n, cut, &err) < 0) {
-            tb_free(&b);
+            token_builder_free(&b);
             return dapi_from_err(ps->e, &err);
         }
         size_t n = 0;
         while (n < b.ids.n && n < prefix->n && b.ids.v[n] == prefix->v[n]) n++;
-        tb_free(&b);
+        token_builder_free(&b);
         r->breakpoints[r->n_breakpoints++] = (int)n;
     }
     qsort(r->breakpoints, (size_t)r->n_breakpoints, sizeof(int), cmp_int);
@@ -477,7 +438,7 @@ static char *prefix_text(const parse_state *ps) {
 static int build_rows(parse_state *ps, squad_dapi_req *r) {
     const squad_dapi_ctx *c = ps->ctx;
     struct squad_dapi_store *s = r->store;
-    tok_builder b = {c->tok, {0}, {0}};
+    token_builder b = {c->tok, {0}, {0}};
     squad_err err = {0};
     int rc = -1;
     const char *state_field = r->api == SQUAD_DAPI_DECISIONS ? "input" : "state";
@@ -525,8 +486,9 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
             goto done;
         }
         b.ids.n = state_len; /* every row starts with the prefix */
-        if (tb_plain(&b, ps->blocks[i].s, ps->blocks[i].n, &err) < 0 ||
-            tb_template(&b, GENERATION_PROMPT, strlen(GENERATION_PROMPT), &err) < 0 || tb_flush(&b, &err) < 0) {
+        if (token_builder_text(&b, ps->blocks[i].s, ps->blocks[i].n, &err) < 0 ||
+            token_builder_template(&b, GENERATION_PROMPT, strlen(GENERATION_PROMPT), &err) < 0 ||
+            token_builder_flush(&b, &err) < 0) {
             rc = dapi_from_err(ps->e, &err);
             goto done;
         }
@@ -565,7 +527,7 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
     }
     rc = 0;
 done:
-    tb_free(&b);
+    token_builder_free(&b);
     return rc;
 }
 

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "rows.h"
+#include "token_builder.h"
 #include "util.h"
 
 enum { PH_NONE = -1, PH_SYSTEM, PH_STATE, PH_QUESTION, PH_LABEL, PH_OPTION, PH_COUNT };
@@ -298,55 +299,8 @@ squad_template *squad_template_load_dir(const char *model_dir, squad_err *err) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The token builder
+ * Rendering
  * ------------------------------------------------------------------------------------------- */
-
-typedef struct tok_builder {
-    squad_tokenizer *tok;
-    squad_idvec ids;
-    char *pend; /* text not yet tokenised */
-    size_t n, cap;
-} tok_builder;
-
-static int tb_text(tok_builder *b, const char *s, size_t n, squad_err *err) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) {
-            if (cap > SIZE_MAX / 2) return squad_fail(err, SQUAD_E_NOMEM, "request text too large");
-            cap *= 2;
-        }
-        char *np = realloc(b->pend, cap);
-        if (!np) return squad_fail(err, SQUAD_E_NOMEM, "out of memory (%zu bytes of request text)", cap);
-        b->pend = np;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->pend + b->n, s, n);
-    b->n += n;
-    return 0;
-}
-
-static int tb_flush(tok_builder *b, squad_err *err) {
-    if (!b->n) return 0;
-    int rc = squad_tokenize_append(b->tok, b->pend, b->n, SQUAD_TOK_PLAIN, &b->ids, err);
-    b->n = 0;
-    return rc;
-}
-
-/* Trusted template text: its added tokens become their ids. */
-static int tb_template(tok_builder *b, const char *s, size_t n, squad_err *err) {
-    while (n) {
-        size_t st, en;
-        int32_t id;
-        if (!squad_tokenizer_find_added(b->tok, s, n, &st, &en, &id)) return tb_text(b, s, n, err);
-        int rc;
-        if ((rc = tb_text(b, s, st, err)) < 0 || (rc = tb_flush(b, err)) < 0 ||
-            (rc = squad_idvec_push(&b->ids, id, err)) < 0)
-            return rc;
-        s += en;
-        n -= en;
-    }
-    return 0;
-}
 
 /* The values a part's placeholders take (NULL where unused). */
 typedef struct tpl_values {
@@ -354,13 +308,13 @@ typedef struct tpl_values {
     size_t len[PH_COUNT];
 } tpl_values;
 
-static int render(tok_builder *b, const tpl_part *p, const tpl_values *vals, squad_err *err) {
+static int render(token_builder *b, const tpl_part *p, const tpl_values *vals, squad_err *err) {
     for (int i = 0; i < p->n; i++) {
         const tpl_seg *s = &p->segs[i];
         int rc;
-        if (s->ph == PH_NONE) rc = tb_template(b, s->lit, s->len, err);
-        else if (s->ph == PH_LABEL) rc = tb_template(b, vals->v[PH_LABEL], vals->len[PH_LABEL], err);
-        else rc = tb_text(b, vals->v[s->ph], vals->len[s->ph], err); /* request text: always plain */
+        if (s->ph == PH_NONE) rc = token_builder_template(b, s->lit, s->len, err);
+        else if (s->ph == PH_LABEL) rc = token_builder_template(b, vals->v[PH_LABEL], vals->len[PH_LABEL], err);
+        else rc = token_builder_text(b, vals->v[s->ph], vals->len[s->ph], err); /* request text: always plain */
         if (rc < 0) return rc;
     }
     return 0;
@@ -452,7 +406,7 @@ void squad_text_rows_free(squad_text_rows *r) {
 }
 
 /* The prefix: the system part (when the request gives one) and the state. */
-static int build_prefix(const squad_template *tpl, tok_builder *b, json_t *req, squad_err *err) {
+static int build_prefix(const squad_template *tpl, token_builder *b, json_t *req, squad_err *err) {
     tpl_values vals = {{0}, {0}};
     json_t *sys = json_object_get(req, "system"), *state = json_object_get(req, "state");
     int rc;
@@ -464,11 +418,11 @@ static int build_prefix(const squad_template *tpl, tok_builder *b, json_t *req, 
     vals.v[PH_STATE] = json_string_value(state);
     vals.len[PH_STATE] = json_string_length(state);
     if ((rc = render(b, &tpl->parts[PART_PREFIX], &vals, err)) < 0) return rc;
-    return tb_flush(b, err);
+    return token_builder_flush(b, err);
 }
 
 /* One question: text, lettered options, cue. The slot is the cue's last token. */
-static int build_question(const squad_template *tpl, tok_builder *b, json_t *q, int32_t *slot, squad_err *err) {
+static int build_question(const squad_template *tpl, token_builder *b, json_t *q, int32_t *slot, squad_err *err) {
     tpl_values vals = {{0}, {0}};
     json_t *text = json_object_get(q, "text"), *opts = json_object_get(q, "options");
     vals.v[PH_QUESTION] = json_string_value(text);
@@ -483,7 +437,7 @@ static int build_question(const squad_template *tpl, tok_builder *b, json_t *q, 
         rc = render(b, &tpl->parts[PART_OPTION], &vals, err);
     }
     if (rc >= 0) rc = render(b, &tpl->parts[PART_CUE], &vals, err);
-    if (rc >= 0) rc = tb_flush(b, err);
+    if (rc >= 0) rc = token_builder_flush(b, err);
     if (rc < 0) return rc;
     if (b->ids.n > INT32_MAX) return squad_fail(err, SQUAD_E_INVALID, "the request is too long");
     *slot = (int32_t)b->ids.n - 1;
@@ -492,7 +446,7 @@ static int build_question(const squad_template *tpl, tok_builder *b, json_t *q, 
 
 static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *req, int max_tokens,
                       squad_text_rows *out, squad_err *err) {
-    tok_builder b = {tok, {0}, NULL, 0, 0};
+    token_builder b = {tok, {0}, {0}};
     int rc = build_prefix(tpl, &b, req, err);
     size_t state_len = b.ids.n;
     if (rc < 0) goto done;
@@ -568,8 +522,7 @@ static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *r
     }
     rc = 0;
 done:
-    squad_idvec_free(&b.ids);
-    free(b.pend);
+    token_builder_free(&b);
     return rc;
 }
 

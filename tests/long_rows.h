@@ -1,7 +1,7 @@
 /*
- * long_rows.h — the rows of the long-row tests, test_long.c (the CPU) and gpu_test_long.c (CUDA
- * against the CPU): n pseudo-random ids from a seed, answer slots at the last two tokens, so both
- * tests (and the two backends) score the same rows for the same seed.
+ * long_rows.h — the rows of the long-row test, test_long.c (every backend, against the CPU): n
+ * pseudo-random ids from a seed, answer slots at the last two tokens, so every backend scores the
+ * same rows for the same seed.
  */
 #ifndef SQUAD_TESTS_LONG_ROWS_H
 #define SQUAD_TESTS_LONG_ROWS_H

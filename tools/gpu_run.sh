@@ -51,9 +51,9 @@
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
 #              weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
-#   long       (not by default) gpu_test_long: long rows on the tiny presets, CUDA against the CPU, K / V
-#              growth with and without precaptured graphs, the max_tokens limit, cached = uncached
-#              -> test_long.log
+#   long       (not by default) test_long --backend cuda: long rows on the tiny presets, CUDA against the
+#              CPU, K / V growth with and without precaptured graphs, the max_tokens limit, cached =
+#              uncached -> test_long.log
 #   longbench  (not by default) bench_gpu --long on the 0.8B preset: cold 32768 / 65536 / 131072 and
 #              128-token hits on those states, with the device memory in use -> long.log
 #              (its own step, so each command stays within the run tool's limit)
@@ -85,7 +85,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${GPU_CARRY:-.carry}
 case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_long bench_gpu bench_server"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro test_long bench_gpu bench_server"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -249,7 +249,7 @@ if has ablate; then
     done
 fi
 if has long; then
-    step "gpu_test_long" 480 "$OUT/test_long.log" $RUNENV "$BIN/gpu_test_long"
+    step "test_long --backend cuda" 480 "$OUT/test_long.log" $RUNENV "$BIN/test_long" --backend cuda
 fi
 if has longbench; then
     step "bench_gpu --long" 400 "$OUT/long.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --long --reps "${LONG_REPS:-3}" \
