@@ -1,6 +1,6 @@
 /*
  * decisions_internal.h — what the decision APIs' files share (decisions.h is the public side):
- * decisions.c (errors, the context and its labels, the token builder, parsing helpers, the rows,
+ * decisions.c (errors, the context and its labels, parsing helpers, the rows,
  * the response's frame), decisions_openai.c (POST /v1/decisions: its body and its answers) and
  * decisions_systemone.c (POST /v1/systemone: the same). The contract is docs/decisions-api.md.
  */
