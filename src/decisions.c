@@ -289,19 +289,6 @@ json_t *dapi_get(json_t *obj, const char *key) {
     return json_is_null(v) ? NULL : v;
 }
 
-const char *dapi_type_name(json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER:
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
 /* Appends v's text: a string as it is, anything else as its JSON text (section E). */
 int dapi_put_text(parse_state *ps, squad_buf *b, json_t *v) {
     if (json_is_string(v)) return squad_buf_put(b, json_string_value(v), json_string_length(v)) < 0 ? dapi_oom(ps->e) : 0;

@@ -112,7 +112,6 @@ int dapi_oom(squad_dapi_error *e);
 int dapi_only_keys(parse_state *ps, json_t *obj, const char *where, const char *const *keys);
 /* obj[key] with absent and null the same (NULL). */
 json_t *dapi_get(json_t *obj, const char *key);
-const char *dapi_type_name(json_t *v);
 /* A string as it is, anything else as its JSON text (docs/decisions-api.md section E). */
 int dapi_put_text(parse_state *ps, squad_buf *b, json_t *v);
 /* An option line: "{label}: {name}" or "{label}: {name} - {description}". */

@@ -66,7 +66,7 @@ static int decisions_item(parse_state *ps, json_t *item, size_t i) {
     FIELD(param, "%s.type", where);
     if (type && (!json_is_string(type) || strcmp(json_string_value(type), "message")))
         return dapi_bad(ps->e, param, "%s: input items of type %s%.40s%s are not supported (only messages)", param,
-                   json_is_string(type) ? "\"" : "", json_is_string(type) ? json_string_value(type) : dapi_type_name(type),
+                   json_is_string(type) ? "\"" : "", json_is_string(type) ? json_string_value(type) : squad_json_kind(type),
                    json_is_string(type) ? "\"" : "");
     if (dapi_only_keys(ps, item, where, KEYS) < 0) return -1;
     json_t *role = json_object_get(item, "role");
