@@ -244,7 +244,7 @@ static int whole_word_id(squad_tokenizer *t, const uint8_t *w, size_t n, squad_e
 int tok_bpe_word(squad_tokenizer *t, const uint8_t *w, size_t n, squad_idvec *out, squad_err *err) {
     uint64_t h = 0;
     if (n <= WC_KEY) {
-        h = tok_hash_bytes(w, n);
+        h = squad_hash_bytes(TOK_HASH_SEED, w, n);
         int hit = cache_get(t, h, w, n, out, err);
         if (hit) return hit < 0 ? hit : 0;
     }

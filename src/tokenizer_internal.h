@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "hash_index.h"
 #include "tokenizer.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -164,26 +165,8 @@ struct squad_tokenizer {
  * Shared helpers
  * ------------------------------------------------------------------------------------------- */
 
-/* The hash of the vocabulary map and the word cache (64-bit, mixes every byte). */
-static inline uint64_t tok_hash_bytes(const void *p, size_t n) {
-    const unsigned char *s = p;
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, s, 8);
-        h = (h ^ v) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-        s += 8;
-        n -= 8;
-    }
-    uint64_t v = 0;
-    memcpy(&v, s, n);
-    h = (h ^ v) * 0xc4ceb9fe1a85ec53ull;
-    h ^= h >> 29;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 32;
-    return h;
-}
+/* The vocabulary map and the word cache hash with squad_hash_bytes (hash_index.h), seed TOK_HASH_SEED. */
+#define TOK_HASH_SEED 0
 
 /* tokenizer.c: grows *buf (element size elem) to hold at least need elements (doubling). */
 int tok_grow(void **buf, size_t *cap, size_t need, size_t elem, squad_err *err);

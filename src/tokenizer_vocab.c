@@ -22,7 +22,7 @@
 /* The vocabulary key index of s, or -1. */
 static int32_t vocab_find(const squad_tokenizer *t, const char *s, size_t n) {
     if (!t->vmap) return -1;
-    size_t i = tok_hash_bytes(s, n) & t->vmask;
+    size_t i = squad_hash_bytes(TOK_HASH_SEED, s, n) & t->vmask;
     for (;;) {
         uint32_t k = t->vmap[i];
         if (!k) return -1;
@@ -40,7 +40,7 @@ int32_t tok_vocab_id(const squad_tokenizer *t, const char *s, size_t n) {
 /* Inserts key index k; returns 1 when the key was already there (the later one replaces it). */
 int tok_vocab_insert(squad_tokenizer *t, uint32_t k) {
     const vocab_key *vk = &t->vkeys[k];
-    size_t i = tok_hash_bytes(t->arena + vk->off, vk->len) & t->vmask;
+    size_t i = squad_hash_bytes(TOK_HASH_SEED, t->arena + vk->off, vk->len) & t->vmask;
     int dup = 0;
     while (t->vmap[i]) {
         const vocab_key *o = &t->vkeys[t->vmap[i] - 1];
