@@ -180,7 +180,7 @@ static void make_row(rowbuf *r, const int32_t *state, int s, int q, int V) {
     r->slot = s + q - 1;
     r->nopts = N_LETTERS;
     for (int l = 0; l < N_LETTERS; l++) r->letters[l] = 10 + l;
-    r->row = (squad_row){r->ids, s + q, &r->slot, &r->nopts, 1, r->letters, N_LETTERS, s, 0};
+    r->row = (squad_row){r->ids, s + q, &r->slot, &r->nopts, 1, r->letters, N_LETTERS, s, 0, NULL, 0};
 }
 
 static int cmp_double(const void *a, const void *b) {

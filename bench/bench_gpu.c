@@ -88,7 +88,7 @@ static void make_row(bench_row *b, int n, int state_len, int vocab) {
     b->slots[0] = n - 1;
     b->nopts[0] = N_LETTERS;
     for (int i = 0; i < N_LETTERS; i++) b->letters[i] = 32 + 3 * i; /* letter-like ids */
-    b->row = (squad_row){b->ids, n, b->slots, b->nopts, 1, b->letters, N_LETTERS, state_len, 0};
+    b->row = (squad_row){b->ids, n, b->slots, b->nopts, 1, b->letters, N_LETTERS, state_len, 0, NULL, 0};
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -693,7 +693,7 @@ static void long_make(long_row *b, int n, int state_len) {
     b->slots[0] = n - 1;
     b->nopts[0] = N_LETTERS;
     for (int i = 0; i < N_LETTERS; i++) b->letters[i] = 32 + 3 * i;
-    b->row = (squad_row){b->ids, n, b->slots, b->nopts, 1, b->letters, N_LETTERS, state_len, 0};
+    b->row = (squad_row){b->ids, n, b->slots, b->nopts, 1, b->letters, N_LETTERS, state_len, 0, NULL, 0};
 }
 
 /* Times reps rows (after one warm-up) of n tokens whose ids from `fixed` on are fresh each time;

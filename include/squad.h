@@ -49,6 +49,23 @@ typedef struct squad_specialists squad_specialists;
 /* The largest number of options (letters) a slot may have. */
 #define SQUAD_MAX_LETTERS 26
 
+/* One image of a row (docs/images.md). In the row's ids the image is `<|vision_start|>`, a run of
+ * `tokens` `<|image_pad|>` ids starting at ids[pos], then `<|vision_end|>`; the engine feeds the run
+ * the vision tower's output rows and gives it M-RoPE positions (t, row, column), and text after the
+ * image continues at the run's first position + max(grid h, grid w) / merge. squad_image_load fills
+ * one from encoded bytes; the caller sets pos. */
+typedef struct squad_row_image {
+    int pos;               /* index in ids of the image's first <|image_pad|> */
+    int tokens;            /* the run's length: grid t x h x w / merge^2 */
+    int grid[3];           /* t, h, w in patches */
+    uint8_t identity[16];  /* BLAKE2b-128 of the decoded pixels and the grid: the caches' key */
+    const struct squad_image *image; /* the decoded RGB image the tower reads (src/image/decode.h);
+                                      * owned by whoever filled the struct (squad_row_image_free) */
+} squad_row_image;
+
+/* The most images one row may hold. */
+#define SQUAD_MAX_IMAGES_PER_ROW 16
+
 /* A row (docs/design.md section 5). Arrays are borrowed from the caller for the duration of a call. */
 typedef struct squad_row {
     const int32_t *ids;
@@ -62,6 +79,10 @@ typedef struct squad_row {
     /* With specialists: 0 lets the router decide (the default, so a zero-initialised row routes
      * automatically); r + 1 forces route r (0: the trunk). Without specialists only 0 is valid. */
     int specialist;
+    /* Images (docs/images.md): n_images runs of <|image_pad|> in ids, ascending by pos and not
+     * overlapping; NULL / 0 for a text-only row, which runs exactly as before. */
+    const squad_row_image *images;
+    int n_images;
 } squad_row;
 
 /* The most routes (router labels, the trunk included) a specialists directory may declare. */
@@ -190,6 +211,15 @@ void squad_model_free(squad_model *model);
  * (max_position_embeddings); an engine's may be lower (squad_engine_max_tokens). */
 int squad_model_vocab_size(const squad_model *model);
 int squad_model_max_tokens(const squad_model *model);
+
+/* An image for a row: decodes PNG / JPEG / WebP bytes (max_pixels > 0 bounds width x height
+ * before anything is decoded; 0: the default), computes the grid the model's image processor
+ * (preprocessor_config.json) gives it, its token count and identity, and keeps the decoded pixels
+ * in out->image. out->pos is left 0. SQUAD_E_INVALID with a message for a bad image,
+ * SQUAD_E_UNSUPPORTED for a model without a vision tower. Free with squad_row_image_free. */
+int squad_image_load(const squad_model *model, const uint8_t *bytes, size_t len, int64_t max_pixels,
+                     squad_row_image *out, squad_err *err);
+void squad_row_image_free(squad_row_image *image);
 
 squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts, squad_err *err);
 void squad_engine_free(squad_engine *engine);

@@ -78,6 +78,16 @@ typedef struct squad_chunk {
     double *router_sum;      /* specialists: NULL, or [hidden] host memory forward() fills */
     float *probs;            /* [n_slots][SQUAD_MAX_LETTERS] host memory forward() fills (entries
                               * past nopts are 0); may be NULL when n_slots is 0 */
+    /* Images (docs/images.md). Both NULL for a text-only chunk, which runs exactly as before.
+     * positions: NULL (token i at position start + i on every rotary axis), or [len][3] host
+     * memory, the (t, h, w) M-RoPE position of each token; the rotary then takes each frequency's
+     * angle from the axis config->mrope_section / mrope_interleaved assign it (transformers'
+     * interleaved M-RoPE), which equals the plain rotary when the three are equal.
+     * embeds: NULL, or host memory fp32 [n][hidden] with one row for each token of the chunk whose
+     * id is config->image_token_id, in token order: such a token's input is that row instead of
+     * its embedding (the vision tower's output, already merged). */
+    const int32_t *positions;
+    const float *embeds;
 } squad_chunk;
 
 typedef struct squad_backend squad_backend;

@@ -345,7 +345,7 @@ static void make_row(rowgen *g, uint64_t seed, int n, int vocab) {
     g->slots[2] = n - 1;
     for (int i = 0; i < 3; i++) g->nopts[i] = 4 - i % 2;
     for (int i = 0; i < 4; i++) g->letters[i] = 32 + 7 * i;
-    g->row = (squad_row){g->ids, n, g->slots, g->nopts, 3, g->letters, 4, -1, 0};
+    g->row = (squad_row){g->ids, n, g->slots, g->nopts, 3, g->letters, 4, -1, 0, NULL, 0};
 }
 
 static void test_synth(squad_precision prec) {

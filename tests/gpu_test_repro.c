@@ -78,7 +78,7 @@ static int child(const char *model_dir, const char *out_path) {
             }
             const int32_t slots[ROW_SLOTS] = {n / 3, 2 * n / 3, n - 1}, nopts[ROW_SLOTS] = {2, 3, 4};
             const int32_t letters[N_LETTERS] = {1 % vocab, 2 % vocab, 3 % vocab, 4 % vocab};
-            const squad_row row = {ids, n, slots, nopts, ROW_SLOTS, letters, N_LETTERS, -1, 0};
+            const squad_row row = {ids, n, slots, nopts, ROW_SLOTS, letters, N_LETTERS, -1, 0, NULL, 0};
             if (squad_engine_score(e, &row, res, &err)) {
                 fprintf(stderr, "child: row of %d: %s\n", n, err.msg);
                 rc = 1;

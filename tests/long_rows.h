@@ -35,7 +35,7 @@ static inline int row_make(test_row *t, int n, int vocab, unsigned seed, int sta
     t->slots[1] = n - 1;
     t->nopts[0] = N_LETTERS;
     t->nopts[1] = N_LETTERS - 1;
-    squad_row r = {t->ids, n, t->slots, t->nopts, 2, t->letters, N_LETTERS, state_len, 0};
+    squad_row r = {t->ids, n, t->slots, t->nopts, 2, t->letters, N_LETTERS, state_len, 0, NULL, 0};
     t->row = r;
     return 0;
 }

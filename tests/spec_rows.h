@@ -44,7 +44,7 @@ static inline void spec_rows_make(test_row *rows, int V) {
         t->nopts[0] = 4;
         t->nopts[1] = 3;
         for (int l = 0; l < N_LETTERS; l++) t->letters[l] = 10 + l;
-        t->row = (squad_row){t->ids, PREFIX + SUFFIX, t->slots, t->nopts, 2, t->letters, N_LETTERS, PREFIX, 0};
+        t->row = (squad_row){t->ids, PREFIX + SUFFIX, t->slots, t->nopts, 2, t->letters, N_LETTERS, PREFIX, 0, NULL, 0};
     }
 }
 

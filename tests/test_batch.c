@@ -73,7 +73,7 @@ static void make_row(trow *t, const int32_t *prefix, int plen, int state_len, in
     for (int i = 0; i < n_slots; i++) t->slots[i] = n - 1 - (n_slots - 1 - i) * (q / n_slots > 1 ? q / n_slots : 1);
     for (int i = 0; i < n_slots; i++) t->nopts[i] = 2 + (int)(rnd() % 3);
     for (int l = 0; l < N_LETTERS; l++) t->letters[l] = 10 + l;
-    t->row = (squad_row){t->ids, n, t->slots, t->nopts, n_slots, t->letters, N_LETTERS, state_len, 0};
+    t->row = (squad_row){t->ids, n, t->slots, t->nopts, n_slots, t->letters, N_LETTERS, state_len, 0, NULL, 0};
 }
 
 /* ---- engines --------------------------------------------------------------------------------- */

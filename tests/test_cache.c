@@ -155,7 +155,7 @@ static void make_rows(fixture *fx, int vocab) {
             b->nopts[j] = 2 + j % 3;
         }
         memcpy(b->letters, letters, sizeof letters);
-        b->row = (squad_row){b->ids, n, b->slots, b->nopts, plan[k].slots, b->letters, 4, plan[k].len, 0};
+        b->row = (squad_row){b->ids, n, b->slots, b->nopts, plan[k].slots, b->letters, 4, plan[k].len, 0, NULL, 0};
     }
     /* an exact repeat, and one row with no state_len */
     if (fx->n + 2 <= MAX_ROWS) {
@@ -532,7 +532,7 @@ static void test_many_rows(squad_model *m) {
         for (int j = 0; j < q; j++) ids[len[k] + j] = RND(vocab);
         int n = len[k] + q;
         for (int j = 0; j < n_slots; j++) slots[j] = n - n_slots + j;
-        squad_row row = {ids, n, slots, nopts, n_slots, letters, 4, len[k], 0};
+        squad_row row = {ids, n, slots, nopts, n_slots, letters, 4, len[k], 0, NULL, 0};
         int p = len[k] - len[k] % 64;
         int held = squad_cache_lookup(e->cache, ids, p);
         if (squad_engine_score(e, &row, r, &err)) {
@@ -606,7 +606,7 @@ static void opt_row_make(opt_row *r, const int32_t *state, int state_len, int q,
     r->nopts[0] = 2;
     r->nopts[1] = 4;
     for (int l = 0; l < 4; l++) r->letters[l] = l + 1;
-    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, state_len, 0};
+    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, state_len, 0, NULL, 0};
 }
 
 static void random_state(int32_t *s, int n, uint64_t seed, int vocab) {

@@ -227,7 +227,7 @@ static void make_row(test_row *t, const int32_t *state, int n_state, int q, int 
         t->nopts[s] = 2 + s % 3;
     }
     for (int j = 0; j < 4; j++) t->letters[j] = 10 + j;
-    t->row = (squad_row){t->ids, n, t->slots, t->nopts, n_slots, t->letters, 4, n_state, 0};
+    t->row = (squad_row){t->ids, n, t->slots, t->nopts, n_slots, t->letters, 4, n_state, 0, NULL, 0};
 }
 
 static void random_tokens(int32_t *dst, int n) {

@@ -106,7 +106,7 @@ static void check_splits(const char *name) {
     int32_t *ids = malloc(sizeof(int32_t) * n);
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((i * 7919 + 13) % squad_model_vocab_size(m));
     int32_t slots[3] = {5, 350, n - 1}, nopts[3] = {2, 4, 3}, letters[4] = {1, 2, 3, 4};
-    squad_row row = {ids, n, slots, nopts, 3, letters, 4, -1, 0};
+    squad_row row = {ids, n, slots, nopts, 3, letters, 4, -1, 0, NULL, 0};
     squad_result *one = calloc(1, sizeof *one), *split = calloc(1, sizeof *split);
     CHECK(e->be->reset(e->be, 0, &err) == 0);
     CHECK(squad_engine_run_span(e, &row, 0, n, one, &err) == 0);
@@ -169,7 +169,7 @@ static void check_bad_rows(const char *name) {
     }
     /* a good row still runs after them */
     int32_t ids[3] = {1, 2, 3}, slots[1] = {2}, nopts[1] = {2}, letters[2] = {1, 2};
-    squad_row good = {ids, 3, slots, nopts, 1, letters, 2, -1, 0};
+    squad_row good = {ids, 3, slots, nopts, 1, letters, 2, -1, 0, NULL, 0};
     CHECK(squad_engine_score(e, &good, res, &err) == 0);
     CHECK_NEAR(res->probs[0][0] + res->probs[0][1], 1.0, TOL_PROB_SUM);
     free(res);

@@ -184,7 +184,7 @@ static void make_row(test_row *t, const squad_model *m, uint64_t seed, int n, co
         t->slots[s] = slots[s];
         t->nopts[s] = 2 + s % 5;
     }
-    squad_row r = {t->ids, n, t->slots, t->nopts, n_slots, t->letters, 6, state_len, 0};
+    squad_row r = {t->ids, n, t->slots, t->nopts, n_slots, t->letters, 6, state_len, 0, NULL, 0};
     t->row = r;
 }
 

@@ -178,7 +178,7 @@ static int time_wrong_guess(const bench_ctx *c, int state, int suffix, const int
     squad_result *res = malloc(sizeof *res);
     int rc = ids && ms && cpu && res ? 0 : -1, got = 0, last_route = 1;
     int32_t slot = n - 1, nopt = BENCH_LETTERS;
-    squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, state, 0};
+    squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, state, 0, NULL, 0};
     for (int a = 0; !rc && got < c->reps && a < WRONG_GUESS_ATTEMPTS * c->reps; a++) {
         const int x = other_route(last_route, n_routes);
         double t_ms, t_cpu;
@@ -228,7 +228,7 @@ static int time_route_batch(const bench_ctx *c, int state, int suffix, int n, in
     for (int i = 0; !rc && i < n; i++) {
         int32_t *r = ids + (size_t)i * len;
         fill_ids(r, state, c->vocab, 4242);
-        rows[i] = (squad_row){r, len, &slot, &nopt, 1, letters, BENCH_LETTERS, state, mixed ? i % n_routes + 1 : 2};
+        rows[i] = (squad_row){r, len, &slot, &nopt, 1, letters, BENCH_LETTERS, state, mixed ? i % n_routes + 1 : 2, NULL, 0};
     }
     squad_err err = {0};
     for (int rt = 0; !rc && rt < n_routes; rt++) { /* the state under each route */
@@ -400,7 +400,7 @@ int cmd_bench(int argc, char **argv) {
         if (!ids) return 2;
         fill_ids(ids, n, vocab, (unsigned)n);
         int32_t slot = n - 1, nopt = BENCH_LETTERS;
-        squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1, forced};
+        squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, -1, forced, NULL, 0};
         const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
         rc = time_row(&c, "cold", &row, n, NULL, 0);
         free(ids);
@@ -422,7 +422,7 @@ int cmd_bench(int argc, char **argv) {
             if (!ids) return 2;
             fill_ids(ids, (int)state, vocab, 4242);
             int32_t slot = n - 1, nopt = BENCH_LETTERS;
-            squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, (int)state, forced};
+            squad_row row = {ids, n, &slot, &nopt, 1, letters, BENCH_LETTERS, (int)state, forced, NULL, 0};
             squad_result *res = malloc(sizeof *res);
             /* warm the cache with a different question, then time fresh questions (no memo hits) */
             fill_ids(ids + state, suffixes[k], vocab, 99);
