@@ -63,6 +63,9 @@ typedef struct squad_row_image {
                                       * owned by whoever filled the struct (squad_row_image_free) */
 } squad_row_image;
 
+/* The encoder cache's default budget: 256 MiB, about 32 full-HD screenshots of the 0.8B model. */
+#define SQUAD_ENCODER_CACHE_DEFAULT_BYTES ((size_t)256 << 20)
+
 /* The most images one row may hold. */
 #define SQUAD_MAX_IMAGES_PER_ROW 16
 
@@ -166,6 +169,9 @@ typedef struct squad_engine_opts {
     squad_precision precision;
     squad_cache_opts cache;
     int precapture; /* CUDA: capture every chunk graph at start */
+    /* The encoder cache's budget in bytes (the vision tower's outputs by image identity, LRU);
+     * 0 disables it. squad_engine_opts_default sets SQUAD_ENCODER_CACHE_DEFAULT_BYTES. */
+    size_t encoder_cache_bytes;
     /* Specialists (squad_specialists_load; borrowed: it must outlive the engine). NULL: the model
      * alone, every row the trunk. */
     const struct squad_specialists *specialists;
@@ -200,6 +206,11 @@ typedef struct squad_cache_stats {
     uint64_t mispredictions; /* rows whose guessed route the router overturned (a second pass) */
     uint64_t checkpoints, groups;
     size_t bytes_held, budget_bytes;
+    /* Images (docs/images.md): rows that held images and their <|image_pad|> tokens; the encoder
+     * cache (image identity -> the tower's output): lookups it answered, towers run, bytes held. */
+    uint64_t image_rows, image_tokens;
+    uint64_t encoder_hits, encoder_misses;
+    size_t encoder_bytes, encoder_budget_bytes;
 } squad_cache_stats;
 
 void squad_engine_opts_default(squad_engine_opts *opts);
