@@ -150,6 +150,7 @@ struct squad_backend {
     int (*blob_to_host)(squad_backend *be, void *host, const void *blob, size_t bytes, squad_err *err);
     int (*blob_from_host)(squad_backend *be, void *blob, const void *host, size_t bytes, squad_err *err);
     double host_copy_bytes_per_s;
+    void *tier_impl; /* the backend's own state for them (CUDA: cuda_host_tier.cu's) */
 
     void (*destroy)(squad_backend *be);
     void *impl; /* the backend's own state */
