@@ -61,6 +61,11 @@
  *    runs it route by route. Without specialists nothing of this exists (the trunk's K, kernels and
  *    graphs). The router's feature sums (per row, the fp32 h entering router.layer) are in every
  *    graph and copied back only for rows that ask.
+ *  - Images (docs/images.md): a model with a vision tower gets it on the device (vision_cuda.cu, behind
+ *    vision_forward), and chunks may carry M-RoPE positions and image rows: both travel as data the
+ *    graphs read (a per-token tail of the parameter buffer, a fixed buffer of image rows uploaded
+ *    before the replays), so an image chunk replays the graph of its shape and a text chunk runs as
+ *    before.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *  - The few switches the environment may set (cuda_knobs: graphs or eager, the longest chunk, the
  *    sm_90a kernels, the GEMM plan file) are read and checked once, in build (cuda_knobs_read), and
