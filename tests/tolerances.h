@@ -112,6 +112,20 @@
                                  * product so the residual cannot hide an error; fp32 accumulation over
                                  * K <= 3584 is far below this, a wrong tile is O(1) */
 
+/* ---- the vision tower on CUDA (tests/gpu_test_vision.c) ---- */
+/* Its attention kernel (bf16 P and output, fp32 accumulation) against a double reference on the same
+ * bf16 inputs, relative L2: the text model's bf16 attention bound. */
+#define TOL_VISION_ATTN_BF16 2e-2
+/* The whole tower on the bf16 path against the CPU's fp32 tower (the reference), max abs difference
+ * over max(1, the output's largest magnitude): every GEMM input and the attention's P rounded to
+ * bf16 (~2^-9 relative each, through the blocks' residual stream); a wrong rotary, order or row is
+ * O(1). */
+#define TOL_VISION_BF16 5e-2
+/* M-RoPE on the exact path: K turned by the chunk's (t, h, w) positions against the plain K un-turned
+ * and turned again on the host (fp32 angles, double sin / cos on both sides), relative to the pair's
+ * magnitude. */
+#define TOL_VISION_MROPE_K 1e-5
+
 /* ---- loading (tests/test_model.c): F16 checkpoint matrices converted to bf16, against BF16 ---- */
 #define TOL_MODEL_F16_LOAD 1e-7
 

@@ -83,12 +83,18 @@
 #   specfix    (not by default) tools/make_specialist_fixtures.py -> specfix.tgz, specfix.log
 #   layers     tools/hf_layers.py: transformers' fp32 residual stream per layer for one row
 #              (.carry/q08_row.jsonl, when carried) -> hf_layers.json
+#   vision     (not by default) gpu_test_vision (the tower against the CPU's fp32 tower on tiny-vl, its
+#              attention kernel, image chunks: positions and image rows) -> test_vision.log; then
+#              squad synth --preset qwen3.5-0.8b --vision (on the machine, $VISION_MODEL) and
+#              bench_vision: the tower on a 1920x1080 screenshot (grid 1x68x120), p50 of
+#              ${VISION_REPS:-20} runs, whole call and device part -> vision.log; VISION_SANITIZE=1 also
+#              compute-sanitizer memcheck and racecheck on gpu_test_vision (quick) -> vision_sanitize.log
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${GPU_CARRY:-.carry}
 case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers test_long bench_gpu bench_server"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision test_long bench_gpu bench_server bench_vision"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -144,6 +150,7 @@ STEPS=${STEPS:-"env tests repro profile bench hf memcheck racecheck"}
 SUM=$OUT/summary.log
 BIN=$CARRY/bin
 MODEL=${SQUAD_BENCH_MODEL:-/tmp/squad-qwen3.5-0.8b}
+VISION_MODEL=${SQUAD_VISION_MODEL:-/tmp/squad-qwen3.5-0.8b-vl}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$SUM"; }
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
@@ -190,6 +197,20 @@ if has tests; then
 fi
 if has repro; then
     step "gpu_test_repro" 300 "$OUT/test_repro.log" $RUNENV "$BIN/gpu_test_repro"
+fi
+if has vision; then
+    step "gpu_test_vision" 300 "$OUT/test_vision.log" $RUNENV "$BIN/gpu_test_vision"
+    if [ ! -e "$VISION_MODEL/model.safetensors" ]; then
+        step "synth qwen3.5-0.8b --vision" 240 "$OUT/vision.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --vision \
+            --out "$VISION_MODEL"
+    fi
+    step "bench_vision" 300 "$OUT/vision.log" $RUNENV "$BIN/bench_vision" --model "$VISION_MODEL" --reps "${VISION_REPS:-20}"
+    if [ "${VISION_SANITIZE:-0}" = 1 ]; then
+        step "memcheck gpu_test_vision (quick)" 300 "$OUT/vision_sanitize.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
+            compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_vision"
+        step "racecheck gpu_test_vision (quick)" 300 "$OUT/vision_sanitize.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
+            compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_vision"
+    fi
 fi
 BW=4300
 TF=790

@@ -61,6 +61,11 @@
  *    runs it route by route. Without specialists nothing of this exists (the trunk's K, kernels and
  *    graphs). The router's feature sums (per row, the fp32 h entering router.layer) are in every
  *    graph and copied back only for rows that ask.
+ *  - Images (docs/images.md): a model with a vision tower gets it on the device (vision_cuda.cu, behind
+ *    vision_forward), and chunks may carry M-RoPE positions and image rows: both travel as data the
+ *    graphs read (a per-token tail of the parameter buffer, a fixed buffer of image rows uploaded
+ *    before the replays), so an image chunk replays the graph of its shape and a text chunk runs as
+ *    before.
  *  - Every CUDA / cuBLASLt call is checked; errors come back through squad_err, never printed.
  *  - The few switches the environment may set (cuda_knobs: graphs or eager, the longest chunk, the
  *    sm_90a kernels, the GEMM plan file) are read and checked once, in build (cuda_knobs_read), and
@@ -71,6 +76,7 @@
 #include "backend_cuda.h"
 #include "cuda_host_tier.cuh"
 #include "k_lora.cuh"
+#include "vision_cuda.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -249,6 +255,17 @@ typedef struct cu_be {
     float *router_inv;                 /* [tok_cap] */
     double *router_dev;                /* [max_rb][H]: a replay's rows' sums */
     double *router_host;               /* [max_seqs][H], in replay order; pinned */
+
+    /* images (docs/images.md): the vision tower (NULL: the model has none, or vision_why says why the
+     * kernels cannot run it), the M-RoPE axis of each rotary frequency (device; NULL when the config's
+     * mrope_section does not fit the rotary: chunks with positions are refused), and the image rows'
+     * input rows of one forward (tok_cap rows of H fp32, uploaded before its replays; the graphs find
+     * them through cu_batch.embeds, a fixed address) */
+    cu_vision *vision;
+    char vision_why[sizeof(((squad_err *)0)->msg)];
+    int *mrope_axis;
+    float *img_embeds;
+    int *emb_at; /* [max_seqs]: chunk index -> its first row in img_embeds (-1: none) */
 
     void **allocs;
     int n_allocs, cap_allocs;
@@ -791,7 +808,11 @@ static int setup_specialists(cu_be *cb, const squad_specialists *sp, int max_ada
 /* ---- the forward of one replay (enqueued on cb->st; captured into a graph or run eagerly) ------- */
 
 /* The batch view of the parameter buffer for a replay of `nrows` rows of `bucket` tokens. */
-static cu_batch batch_of(const cu_be *cb, int nrows, int bucket) { return cu_batch_at(cb->prm_dev, nrows, bucket); }
+static cu_batch batch_of(const cu_be *cb, int nrows, int bucket) {
+    cu_batch b = cu_batch_at(cb->prm_dev, nrows, bucket);
+    b.embeds = cb->img_embeds;
+    return b;
+}
 
 /* Layer l's widened GEMM k (LORA_*), or NULL: no specialists, below split, or no adapter adapts it. */
 static const lora_site *lora_site_of(const cu_be *cb, int l, int k) {
@@ -1080,7 +1101,23 @@ static int check_chunk(const cu_be *cb, const squad_chunk *ch, int k, squad_err 
     for (int t = 0; t < ch->len; t++)
         if (ch->ids[t] < 0 || ch->ids[t] >= cb->V)
             return cu_err(err, SQUAD_E_INVALID, "CUDA forward: token id %d outside the vocabulary", ch->ids[t]);
+    if (ch->positions && cb->n_attn && !cb->mrope_axis)
+        return cu_err(err, SQUAD_E_INVALID,
+                      "CUDA forward: chunk %d has M-RoPE positions but the model's mrope_section does not split its "
+                      "rotary",
+                      k);
+    if (ch->embeds && !cb->img_embeds)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA forward: chunk %d has image embeddings but the model has no vision "
+                                            "tower", k);
     return 0;
+}
+
+/* The tokens of a chunk that take a row of its embeds (the image token's). */
+static int image_tokens(const cu_be *cb, const squad_chunk *ch) {
+    int n = 0;
+    if (ch->embeds)
+        for (int t = 0; t < ch->len; t++) n += ch->ids[t] == cb->m->cfg.image_token_id;
+    return n;
 }
 
 /* The whole batch checked: sizes, each chunk, no slot twice, the token budget. */
@@ -1120,6 +1157,25 @@ static int prepare_slots(cu_be *cb, const squad_chunk *chunks, int n, squad_err 
             if (q->kv_split == 0) q->kv_src = NULL;
         }
         if ((rc = seq_kv(cb, q, ch->start + ch->len - q->kv_split, err))) return rc;
+    }
+    return 0;
+}
+
+/* The image chunks' input rows into img_embeds, one after another (cb->emb_at: each chunk's first),
+ * ahead of the replays on the stream (the previous forward ended with the stream synchronised, so no
+ * replay still reads them). At most tok_cap rows: a batch holds at most that many tokens. */
+static int upload_embeds(cu_be *cb, const squad_chunk *chunks, int n, squad_err *err) {
+    int next = 0;
+    for (int c = 0; c < n; c++) {
+        const int k = image_tokens(cb, &chunks[c]);
+        cb->emb_at[c] = chunks[c].embeds ? next : -1;
+        if (k == 0) continue;
+        if (next + k > cb->tok_cap)
+            return cu_err(err, SQUAD_E_INVALID, "CUDA forward: %d image rows in one batch (at most %d)", next + k,
+                          cb->tok_cap);
+        CU_TRY(cudaMemcpyAsync(cb->img_embeds + (size_t)next * cb->H, chunks[c].embeds,
+                               (size_t)k * cb->H * sizeof(float), cudaMemcpyHostToDevice, cb->st));
+        next += k;
     }
     return 0;
 }
@@ -1176,7 +1232,8 @@ static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chun
     cu_chunk_params *rows = (cu_chunk_params *)dst;
     int *ids = (int *)(dst + cu_batch_ids_off(nrows));
     cu_row_answers *ans = (cu_row_answers *)(dst + cu_batch_ans_off(nrows, bucket));
-    int last_ans = -1;
+    cu_token_image *img = (cu_token_image *)(dst + cu_batch_img_off(nrows, bucket));
+    int last_ans = -1, any_image = 0;
     *n_vocab = 0;
     *max_vocab_slots = 0;
     memset(rows, 0, (size_t)(nrows + 1) * sizeof *rows);
@@ -1200,6 +1257,19 @@ static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chun
         p->n_slots = ch->n_slots;
         memcpy(rid, ch->ids, (size_t)ch->len * sizeof(int));
         memset(rid + ch->len, 0, (size_t)(bucket - ch->len) * sizeof(int));
+        if (ch->positions || ch->embeds) { /* an image row: its tokens' positions and input rows */
+            cu_token_image *ti = img + (size_t)r * bucket;
+            int emb = cb->emb_at[order[r]];
+            p->image = (ch->positions ? CU_ROW_POSITIONS : 0) | (ch->embeds ? CU_ROW_EMBEDS : 0);
+            for (int t = 0; t < bucket; t++) {
+                const int real = t < ch->len, at = ch->start + t;
+                ti[t].t = real && ch->positions ? ch->positions[3 * t] : at;
+                ti[t].h = real && ch->positions ? ch->positions[3 * t + 1] : at;
+                ti[t].w = real && ch->positions ? ch->positions[3 * t + 2] : at;
+                ti[t].emb = real && ch->embeds && ch->ids[t] == cb->m->cfg.image_token_id ? emb++ : -1;
+            }
+            any_image = 1;
+        }
         if (ch->n_slots > 0) {
             cu_row_answers *a = &ans[r];
             a->n_letters = ch->n_letters;
@@ -1224,8 +1294,10 @@ static size_t stage_replay(const cu_be *cb, unsigned char *dst, const squad_chun
             const int len = r < k ? chunks[order[r]].len : 0, slot = r < k ? cb->lora_at[order[r]] : 0;
             for (int t = 0; t < bucket; t++) ts[(size_t)r * bucket + t] = t < len ? slot : 0;
         }
-        return cu_batch_bytes(nrows, bucket);
     }
+    /* the tail as far as the replay reads it: the image tokens, the adapter slots, or the answers */
+    if (any_image) return cu_batch_bytes(nrows, bucket);
+    if (cb->sp) return cu_batch_img_off(nrows, bucket);
     return last_ans >= 0 ? cu_batch_ans_off(nrows, bucket) + (size_t)(last_ans + 1) * sizeof(cu_row_answers)
                          : cu_batch_ans_off(nrows, bucket);
 }
@@ -1293,6 +1365,7 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
     if ((rc = prepare_slots(cb, chunks, n_chunks, err))) return rc;
     be->kv_positions = kv_positions_held(cb);
     if (cb->sp && (rc = lora_resident(cb, chunks, n_chunks, err))) return rc;
+    if ((rc = upload_embeds(cb, chunks, n_chunks, err))) return rc;
     plan_buckets(cb, chunks, n_chunks);
     replay_order(cb, n_chunks);
     int p0 = 0, n_replays = 0, vocab_next = 0;
@@ -1445,6 +1518,29 @@ extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *
     return 0;
 }
 
+/* The vision tower on one image (backend.h), on the backend's stream; not at the same time as forward. */
+static int be_vision_forward(squad_backend *be, const float *pixel_values, const int grid[3], float *out,
+                             squad_err *err) {
+    cu_be *cb = impl_of(be);
+    if (!cb->vision)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: the vision tower cannot run here: %s", cb->vision_why);
+    CU_TRY(cudaSetDevice(cb->device)); /* the backend's device, whichever thread asks */
+    return cu_vision_forward(cb->vision, &cb->gemm, cb->st, pixel_values, grid, out, err);
+}
+
+int cu_backend_vision(squad_backend *be, cu_vision **v, cu_gemm_ctx **g, cudaStream_t *st, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "the vision tower's internals: not a CUDA backend");
+    cu_be *cb = impl_of(be);
+    if (!cb->vision)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA backend: no vision tower%s%s", cb->vision_why[0] ? ": " : "",
+                      cb->vision_why);
+    *v = cb->vision;
+    *g = &cb->gemm;
+    *st = cb->st;
+    return 0;
+}
+
 static void be_destroy(squad_backend *be) {
     if (!be) return;
     cu_be *cb = impl_of(be);
@@ -1455,6 +1551,7 @@ static void be_destroy(squad_backend *be) {
             for (int r = 0; r < N_ROW_BUCKETS; r++)
                 for (int j = 0; j < MAX_SPANS; j++)
                     if (cb->graphs[i][r][j]) cudaGraphExecDestroy(cb->graphs[i][r][j]);
+        cu_vision_free(cb->vision);
         cu_gemm_free(&cb->gemm);
         for (int i = 0; i < cb->n_allocs; i++) cudaFree(cb->allocs[i]);
         free(cb->allocs);
@@ -1469,6 +1566,7 @@ static void be_destroy(squad_backend *be) {
         free(cb->vocab_at);
         free(cb->lora_at);
         free(cb->run_bi);
+        free(cb->emb_at);
         if (cb->prm_host) cudaFreeHost(cb->prm_host);
         if (cb->probs_host) cudaFreeHost(cb->probs_host);
         if (cb->vocab_host) cudaFreeHost(cb->vocab_host);
@@ -1533,6 +1631,54 @@ static int bound_context(cu_be *cb, squad_err *err) {
     return set_spans(cb, err);
 }
 
+/* The M-RoPE axis of each rotary frequency (cu_attn_dims.mrope_axis), as transformers' interleaved
+ * M-RoPE assigns them: frequency j turns by h when j % 3 == 1 and j < 3 section[1], by w when
+ * j % 3 == 2 and j < 3 section[2], else by t; without interleaving, the sections follow each other
+ * (t, then h, then w). Left NULL when the sections do not split rd / 2 (a text-only config's
+ * defaults may not): chunks with positions are then refused. */
+static int setup_mrope(cu_be *cb, squad_err *err) {
+    const squad_config *c = &cb->m->cfg;
+    const int half = c->rotary_dim / 2, *sec = c->mrope_section;
+    if (half < 1 || half > 512 || sec[0] < 0 || sec[1] < 0 || sec[2] < 0 || sec[0] + sec[1] + sec[2] != half ||
+        c->mrope_interleaved < 0)
+        return 0;
+    int axis[512];
+    for (int j = 0; j < half; j++) {
+        if (c->mrope_interleaved)
+            axis[j] = j % 3 == 1 && j < 3 * sec[1] ? 1 : j % 3 == 2 && j < 3 * sec[2] ? 2 : 0;
+        else
+            axis[j] = j < sec[0] ? 0 : j < sec[0] + sec[1] ? 1 : 2;
+    }
+    int rc = dalloc(cb, (void **)&cb->mrope_axis, (size_t)half * sizeof(int), MEM_WEIGHT, err);
+    if (rc) return rc;
+    CU_TRY(cudaMemcpy(cb->mrope_axis, axis, (size_t)half * sizeof(int), cudaMemcpyHostToDevice));
+    cb->ad.mrope_axis = cb->mrope_axis;
+    return 0;
+}
+
+/* The vision tower, when the model has one (vision_cuda.cu), and the image rows' input buffer. A tower
+ * whose shapes the kernels do not take leaves the text model working: vision_forward then answers
+ * with the reason (vision_why). */
+static int setup_vision(cu_be *cb, squad_err *err) {
+    const squad_model *m = cb->m;
+    if (!m->cfg.has_vision) return 0;
+    int rc = dalloc(cb, (void **)&cb->img_embeds, (size_t)cb->tok_cap * cb->H * sizeof(float), MEM_SCRATCH, err);
+    if (rc) return rc;
+    squad_err ve;
+    memset(&ve, 0, sizeof ve);
+    rc = m->vision ? cu_vision_new(m, &cb->vision, &ve) : cu_err(&ve, SQUAD_E_UNSUPPORTED, "no vision weights bound");
+    if (rc == SQUAD_E_UNSUPPORTED) {
+        snprintf(cb->vision_why, sizeof cb->vision_why, "%s", ve.msg);
+        return 0;
+    }
+    if (rc) {
+        if (err) *err = ve;
+        return rc;
+    }
+    cb->weight_bytes += cu_vision_weight_bytes(cb->vision);
+    return 0;
+}
+
 static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts, int max_context, squad_err *err) {
     const squad_config *c = &m->cfg;
     int rc;
@@ -1565,7 +1711,9 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->vocab_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->lora_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
     cb->run_bi = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
-    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at || !cb->run_bi)
+    cb->emb_at = (int *)calloc((size_t)cb->max_seqs, sizeof(int));
+    if (!cb->seqs || !cb->seq_mark || !cb->order || !cb->out_row || !cb->vocab_at || !cb->lora_at || !cb->run_bi ||
+        !cb->emb_at)
         return cu_err(err, SQUAD_E_NOMEM, "out of memory (sequence slots)");
     cb->f32 = opts && opts->precision == SQUAD_PRECISION_EXACT;
     cb->es = cb->f32 ? 4 : 2;
@@ -1652,7 +1800,9 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
         for (int i = 0; i < half; i++) /* as transformers: 1 / theta^(2i / rd) in fp32 */
             inv[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rotary_dim);
         if ((rc = upload_vec(cb, &cb->inv_freq, inv, half > 0 ? half : 1, "inv_freq", err))) return rc;
+        if ((rc = setup_mrope(cb, err))) return rc;
     }
+    if ((rc = setup_vision(cb, err))) return rc;
     const size_t s_bytes = cu_gdn_state_bytes(&cb->gd);
     const size_t conv_bytes = ((size_t)(cb->gd.K - 1) * cb->C * cb->es + 255) & ~(size_t)255;
     cb->gdn_bytes = (size_t)cb->n_gdn * (s_bytes + conv_bytes); /* a slot's arena (made on its first use) */
@@ -1721,7 +1871,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     }
     /* the parameters: every shape's layout (cu_batch_bytes) fits the largest rows and tokens */
     cb->prm_bytes = cu_align16((size_t)(cb->max_rb + 1) * sizeof(cu_chunk_params) + 2 * (R * sizeof(int) + 16) +
-                               (size_t)cb->max_rb * sizeof(cu_row_answers));
+                               (size_t)cb->max_rb * sizeof(cu_row_answers) + R * sizeof(cu_token_image));
     if ((rc = dalloc(cb, &cb->prm_dev, cb->prm_bytes, MEM_SCRATCH, err))) return rc;
     CU_TRY(cudaMallocHost((void **)&cb->prm_host, cb->prm_bytes * (size_t)cb->max_seqs));
     memset(cb->prm_host, 0, cb->prm_bytes * (size_t)cb->max_seqs);
@@ -1779,6 +1929,7 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->forward = be_forward;
     be->memory_free = be_memory_free;
     be->graph_stats = be_graph_stats;
+    be->vision_forward = model->cfg.has_vision ? be_vision_forward : NULL;
     be->destroy = be_destroy;
     if (build(cb, model, opts, max_context, err)) {
         be_destroy(be);

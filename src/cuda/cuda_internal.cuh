@@ -65,8 +65,19 @@ typedef struct cu_chunk_params {
     int len;   /* real tokens; positions [len, bucket) are padding; 0: a padding row */
     int n_slots;    /* answer slots of this row (their values in cu_row_answers) */
     int vocab_base; /* its first slot's index among the replay's full-vocabulary slots; -1: none */
-    int pad_[3];    /* 16-byte multiple */
+    /* CU_ROW_POSITIONS: the rotary reads each token's (t, h, w) from cu_batch.img (M-RoPE); else every
+     * axis is start + i. CU_ROW_EMBEDS: a token whose cu_batch.img emb is >= 0 takes that row of
+     * cu_batch.embeds as its input instead of its embedding. 0 for a text-only row. */
+    int image;
+    int pad_[2]; /* 16-byte multiple */
 } cu_chunk_params;
+enum { CU_ROW_POSITIONS = 1, CU_ROW_EMBEDS = 2 };
+/* A token of an image row (backend.h's squad_chunk.positions and .embeds, per token). */
+typedef struct cu_token_image {
+    int t, h, w; /* its M-RoPE position on each axis */
+    int emb;     /* its row of cu_batch.embeds, or -1: its own embedding */
+} cu_token_image;
+static_assert(sizeof(cu_token_image) == 16, "one 16-byte load a token");
 static_assert(sizeof(cu_chunk_params) % 16 == 0, "rows stay 16-byte aligned");
 #ifdef __CUDACC__
 /* Where a row's GDN state is read from: the restored blob, else its arena. */
@@ -87,7 +98,8 @@ static_assert(sizeof(cu_row_answers) % 16 == 0, "answers stay 16-byte aligned");
 
 /* What a launcher is told about a batch: device pointers into one parameter buffer laid out
  * [rows' cu_chunk_params | ids (nrows bucket ints) | rows' cu_row_answers | token_slot (nrows bucket
- * ints)], and the shape. */
+ * ints) | img (nrows bucket cu_token_image)], and the shape. The tail is uploaded only as far as a
+ * replay reads it: token_slot with specialists, img when a row has CU_ROW_* set. */
 typedef struct cu_batch {
     const cu_chunk_params *prm; /* [nrows] */
     const cu_chunk_params *all; /* prm[nrows]: start 0, len nrows x bucket, no state */
@@ -96,6 +108,9 @@ typedef struct cu_batch {
     /* specialists: each token's resident adapter slot + 1 (0: the trunk, padding), for LoRA kernels
      * that read a slot per token; written only when specialists are loaded */
     const int *token_slot;      /* [nrows * bucket] */
+    const cu_token_image *img;  /* [nrows * bucket]: read only for rows with CU_ROW_* set */
+    const float *embeds;        /* the image rows' input rows [n][H] fp32 (a buffer the backend uploads
+                                   before the replays; NULL when the model has no vision tower) */
     int nrows;                  /* rows of the replay (its rows bucket) */
     int bucket;                 /* tokens per row */
 } cu_batch;
@@ -110,8 +125,11 @@ static inline size_t cu_batch_ans_off(int nrows, int bucket) {
 static inline size_t cu_batch_slot_off(int nrows, int bucket) {
     return cu_batch_ans_off(nrows, bucket) + (size_t)nrows * sizeof(cu_row_answers);
 }
-static inline size_t cu_batch_bytes(int nrows, int bucket) {
+static inline size_t cu_batch_img_off(int nrows, int bucket) {
     return cu_batch_slot_off(nrows, bucket) + cu_align16((size_t)nrows * bucket * sizeof(int));
+}
+static inline size_t cu_batch_bytes(int nrows, int bucket) {
+    return cu_batch_img_off(nrows, bucket) + (size_t)nrows * bucket * sizeof(cu_token_image);
 }
 /* The batch's pointers into a parameter buffer at base (device or host). */
 static inline cu_batch cu_batch_at(void *base, int nrows, int bucket) {
@@ -121,6 +139,8 @@ static inline cu_batch cu_batch_at(void *base, int nrows, int bucket) {
     b.ids = (const int *)((const char *)base + cu_batch_ids_off(nrows));
     b.ans = (const cu_row_answers *)((const char *)base + cu_batch_ans_off(nrows, bucket));
     b.token_slot = (const int *)((const char *)base + cu_batch_slot_off(nrows, bucket));
+    b.img = (const cu_token_image *)((const char *)base + cu_batch_img_off(nrows, bucket));
+    b.embeds = NULL;
     b.nrows = nrows;
     b.bucket = bucket;
     return b;
@@ -505,6 +525,9 @@ typedef struct cu_attn_dims {
     int ldo;          /* the output's row stride in elements; 0: nh hd (packed). More when it is the first
                          columns of a widened GEMM input (k_lora.cuh): the specialists' o_proj reads it
                          without a copy */
+    /* M-RoPE (device [rd/2]): the position axis (0 t, 1 h, 2 w) of each rotary frequency, for rows with
+     * CU_ROW_POSITIONS; NULL: every row turns by start + i (rows' positions ignored) */
+    const int *mrope_axis;
 } cu_attn_dims;
 enum { CU_ATT_PREP = 1, CU_ATT_FWD = 2, CU_ATT_COMBINE = 4 };
 int cu_attn_supported(const cu_attn_dims *d);

@@ -4,8 +4,10 @@
  * 1. attn_prep (one block per token): q / k RMSNorm per head (zero-centred weight, fp32), partial
  *    RoPE on the first rd dims (rotate-half within rd, angle = fp32(position * inv_freq) as
  *    transformers computes it, cos / sin in double so long positions keep their accuracy),
- *    positions offset by the chunk start. q goes to a scratch [rows][nh][hd]; k and v of the real
- *    tokens go straight into the K / V cache at [start, start + len).
+ *    positions offset by the chunk start; a row with CU_ROW_POSITIONS turns each frequency by its
+ *    token's position on that frequency's M-RoPE axis (cu_attn_dims.mrope_axis). q goes to a
+ *    scratch [rows][nh][hd]; k and v of the real tokens go straight into the K / V cache at
+ *    [start, start + len) (the cache is indexed by the token's place in the row, never by M-RoPE).
  * 2. attn_fwd (FlashAttention-2 style, mma.sync bf16 / fp32 accumulate, never materialises the
  *    score matrix): a block of 8 warps takes 128 query rows and one split of the key range
  *    [0, start + len) of the cache. GQA packing: the rows are the tokens of up to 8 query heads
@@ -64,6 +66,8 @@ struct attn_prep_args {
     int nh, nkv, hd, rd;
     int bucket; /* tokens per row */
     float eps;
+    const cu_token_image *img; /* the batch's tokens' M-RoPE positions (rows with CU_ROW_POSITIONS) */
+    const int *mrope_axis;     /* [rd/2]: each frequency's axis; NULL: positions ignored */
 };
 
 template <typename A>
@@ -84,8 +88,17 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     A *const Kc = (A *)prm->kv_work + a.wko, *const Vc = (A *)prm->kv_work + a.wvo;
     const size_t own = (size_t)(pos - prm->kv_split);
     const int half = a.rd / 2;
+    /* M-RoPE: each frequency turns by the token's position on its axis (t, h or w); a text row's
+     * three axes are all `pos`, the plain rotary, bit for bit */
+    const bool mrope = a.mrope_axis && (prm->image & CU_ROW_POSITIONS);
+    int axis_pos[3] = {pos, pos, pos};
+    if (mrope) {
+        const cu_token_image ti = a.img[(size_t)blockIdx.y * a.bucket + t];
+        axis_pos[0] = ti.t, axis_pos[1] = ti.h, axis_pos[2] = ti.w;
+    }
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const float ang = __fmul_rn((float)pos, a.inv_freq[i]);
+        const int p = mrope ? axis_pos[a.mrope_axis[i]] : pos;
+        const float ang = __fmul_rn((float)p, a.inv_freq[i]);
         double s, c;
         sincos((double)ang, &s, &c);
         cs[i] = (float)c;
@@ -529,7 +542,8 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     const int ldo = d->ldo > 0 ? d->ldo : d->nh * d->hd; /* the output's row stride */
     if (d->f32) {
         attn_prep_args<float> pa = {(const float *)QKVv, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo,
-                                    d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd, rows, d->eps};
+                                    d->kv_stride, (float *)Qbv, prm, d->nh, d->nkv, d->hd, d->rd, rows, d->eps,
+                                    b->img, d->mrope_axis};
         attn_prep_kernel<float><<<dim3((unsigned)rows, nr), 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");
         attn_exact_args ea = {(const float *)Qbv, (const float *)QKVv, wko, wvo, bko, bvo,
@@ -543,7 +557,7 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
     bf16 *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
     const unsigned run = d->stages ? d->stages : CU_ATT_PREP | CU_ATT_FWD | CU_ATT_COMBINE;
     attn_prep_args<bf16> pa = {QKV, d->ldQKV, q_norm, k_norm, inv_freq, wko, wvo, d->kv_stride, Qb, prm,
-                               d->nh, d->nkv, d->hd, d->rd, rows, d->eps};
+                               d->nh, d->nkv, d->hd, d->rd, rows, d->eps, b->img, d->mrope_axis};
     if (run & CU_ATT_PREP) {
         attn_prep_kernel<bf16><<<dim3((unsigned)rows, nr), 32 * nwarp, psm, st>>>(pa);
         CU_LAUNCH_CHECK("attn_prep_kernel");

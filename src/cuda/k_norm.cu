@@ -1,7 +1,8 @@
 /*
  * k_norm.cu — the memory-bound kernels around the projections: the embedding gather fused with
  * layer 0's input RMSNorm, RMSNorm (zero-centred weight, fp32 math, bf16 out for the next GEMM),
- * SiLU(gate) * up, and the letter probabilities at the answer slots.
+ * SiLU(gate) * up, and the letter probabilities at the answer slots. The embedding step also takes
+ * an image row's input rows (the vision tower's output) for its image tokens (CU_ROW_EMBEDS).
  *
  * Design: the residual stream h stays fp32 on the device; every GEMM input is bf16 (the fast path)
  * or fp32 (the exact path; the kernels are templated on the activation type). Residual adds
@@ -30,20 +31,32 @@ __device__ static float block_sum(float v, float *red) {
     return s;
 }
 
+/* A token of a row with CU_ROW_EMBEDS whose img entry names a row of the image embeddings takes that
+ * row (fp32, as given) in place of its embedding; every other token reads E as before. */
 template <typename A>
 __global__ void __launch_bounds__(NORM_THREADS) embed_rmsnorm_kernel(const bf16 *__restrict__ E,
-                                                                     const int *__restrict__ ids,
-                                                                     float *__restrict__ h, A *__restrict__ x,
-                                                                     const float *__restrict__ w, int H, float eps) {
+                                                                     const cu_batch b, float *__restrict__ h,
+                                                                     A *__restrict__ x, const float *__restrict__ w,
+                                                                     int H, float eps) {
     __shared__ float red[NORM_THREADS / 32];
     const int t = blockIdx.x;
-    const bf16 *e = E + (size_t)ids[t] * H;
+    const int emb = b.embeds && (b.prm[t / b.bucket].image & CU_ROW_EMBEDS) ? b.img[t].emb : -1;
     float *hr = h + (size_t)t * H;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
-        float v = __bfloat162float(e[i]);
-        hr[i] = v;
-        ss += v * v;
+    if (emb >= 0) {
+        const float *e = b.embeds + (size_t)emb * H;
+        for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+            const float v = e[i];
+            hr[i] = v;
+            ss += v * v;
+        }
+    } else {
+        const bf16 *e = E + (size_t)b.ids[t] * H;
+        for (int i = threadIdx.x; i < H; i += NORM_THREADS) {
+            float v = __bfloat162float(e[i]);
+            hr[i] = v;
+            ss += v * v;
+        }
     }
     ss = block_sum(ss, red);
     const float r = rsqrtf(ss / (float)H + eps);
@@ -217,9 +230,9 @@ int cu_embed_rmsnorm(const bf16 *E, const cu_batch *b, float *h, void *x, const 
                      cudaStream_t st, squad_err *err) {
     const int rows = b->nrows * b->bucket;
     if (f32)
-        embed_rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, st>>>(E, b->ids, h, (float *)x, w, H, eps);
+        embed_rmsnorm_kernel<float><<<rows, NORM_THREADS, 0, st>>>(E, *b, h, (float *)x, w, H, eps);
     else
-        embed_rmsnorm_kernel<bf16><<<rows, NORM_THREADS, 0, st>>>(E, b->ids, h, (bf16 *)x, w, H, eps);
+        embed_rmsnorm_kernel<bf16><<<rows, NORM_THREADS, 0, st>>>(E, *b, h, (bf16 *)x, w, H, eps);
     CU_LAUNCH_CHECK("embed_rmsnorm_kernel");
     return 0;
 }

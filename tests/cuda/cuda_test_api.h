@@ -151,6 +151,18 @@ int squad_cuda_test_poison(struct squad_backend *be, squad_err *err);
  * are the conv inputs. */
 size_t squad_cuda_test_state_bytes(const struct squad_backend *be);
 
+/* ---- the vision tower (tests/gpu_test_vision.c, bench/bench_vision.c; cuda_test_vision.cu) ---- */
+/* The tower's non-causal attention kernel on host data: Q, K, V [heads][frames L][hd] fp32 (rounded
+ * to bf16 on upload), out [frames L][heads hd] (fp32 from the kernel's bf16). hd 16, 32, 64 or 128. */
+int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K, const float *V,
+                             float *out, squad_err *err);
+/* The host reference of the same (softmax(Q K^T / sqrt(hd)) V per frame, in double). */
+void cu_ref_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K, const float *V, float *out);
+/* A CUDA backend's tower on pixel_values of grid (t, h, w): the pixels uploaded once, then `reps`
+ * timed runs of the device part alone (ms[rep], by events on the backend's stream). */
+int squad_cuda_test_vision_time(struct squad_backend *be, const float *pixel_values, const int grid[3], int reps,
+                                double *ms, squad_err *err);
+
 #ifdef __cplusplus
 }
 #endif
