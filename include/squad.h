@@ -150,6 +150,11 @@ typedef struct squad_cache_opts {
     int stride;          /* a checkpoint at every multiple of stride (2048) */
     int min_prefix;      /* rows with a shorter state take the plain path (256) */
     int max_slots;       /* rows with more slots take the plain path (4) */
+    /* The host-RAM tier (docs/design.md section 7, "Tiers"): on a backend whose checkpoints live in
+     * device memory (CUDA), a checkpoint evicted from budget_bytes moves to host memory bounded by
+     * this many bytes, and comes back when a row needs it (or is recomputed when that is cheaper).
+     * 0: off. The CPU backend's checkpoints are host memory already: there it is ignored. */
+    size_t host_budget_bytes;
 } squad_cache_opts;
 
 /* Arithmetic of the projections. BF16 (the default; the earlier runtime's numerics and the fast
@@ -211,6 +216,18 @@ typedef struct squad_cache_stats {
     uint64_t image_rows, image_tokens;
     uint64_t encoder_hits, encoder_misses;
     size_t encoder_bytes, encoder_budget_bytes;
+    /* The host-RAM tier (0 when off): checkpoints and bytes held there against its budget;
+     * demotions (device -> host on eviction), promotions (host -> device for a row) and the seconds
+     * they took; host_recomputed: rows that found their deepest checkpoint only in host memory and
+     * recomputed it because the cost model said that was cheaper; host_evicted: checkpoints dropped
+     * from the host tier for room. */
+    uint64_t host_checkpoints;
+    size_t host_bytes_held, host_budget_bytes;
+    uint64_t demotions, promotions, host_recomputed, host_evicted;
+    double promote_seconds, demote_seconds;
+    /* The disk tier (squad_engine_cache_save / _load): checkpoint records saved, loaded into the
+     * cache, and refused (mismatched identity, corrupt or truncated), over the engine's life. */
+    uint64_t disk_saved, disk_loaded, disk_refused;
 } squad_cache_stats;
 
 void squad_engine_opts_default(squad_engine_opts *opts);
@@ -304,6 +321,55 @@ uint64_t squad_engine_route_rows(const squad_engine *engine, int route);
 void squad_engine_cache_stats(const squad_engine *engine, squad_cache_stats *out);
 /* Drops every checkpoint of the state cache and every memo entry. */
 void squad_engine_cache_clear(squad_engine *engine);
+
+/* The disk tier (docs/design.md section 7, "Tiers"): the state cache's checkpoints written to a
+ * directory and read back by a later engine on the same model, so a restart keeps its states.
+ *
+ * The file (DIR/squad-cache.bin) carries the engine's identity: a hash of config.json, the weights'
+ * safetensors headers, the tokenizer file (tokenizer_path; NULL: none), the specialists directory
+ * (its router file and its adapters' files) and the backend's blob layout. A file of another
+ * identity is refused whole; each record has its own checksum, and a corrupt, truncated or
+ * inconsistent record is refused alone (log receives one line each; may be NULL) while the valid
+ * ones load. Nothing read from the file is trusted before it is checked. */
+typedef struct squad_cache_store_opts {
+    const char *dir;
+    const char *tokenizer_path;
+    void (*log)(void *ctx, const char *line);
+    void *log_ctx;
+    /* Polled between records while reading; nonzero stops the read (what was read is kept). */
+    int (*stop)(void *ctx);
+    void *stop_ctx;
+} squad_cache_store_opts;
+
+typedef struct squad_cache_store_stats {
+    uint64_t checkpoints; /* checkpoint records written, read (valid), or adopted by the cache */
+    uint64_t groups;      /* K / V group records written or read */
+    uint64_t refused;     /* records refused (or every record of a refused file) */
+    uint64_t skipped;     /* valid checkpoints the cache did not take (no room, already held) */
+    size_t bytes;         /* file bytes written or read */
+    double seconds;
+} squad_cache_store_stats;
+
+/* Writes every checkpoint the cache holds (both tiers), most recently used first, to opts->dir
+ * (created if missing; the file replaced atomically). */
+int squad_engine_cache_save(squad_engine *engine, const squad_cache_store_opts *opts, squad_cache_store_stats *st,
+                            squad_err *err);
+/* Reads opts->dir's file and adopts its valid checkpoints (squad_engine_cache_read, then _adopt).
+ * A missing file is not an error (nothing loaded). */
+int squad_engine_cache_load(squad_engine *engine, const squad_cache_store_opts *opts, squad_cache_store_stats *st,
+                            squad_err *err);
+/* The two halves, so a server reads in the background while its engine answers: _read checks and
+ * holds a file's valid records in host memory; it reads only what the engine fixed at its creation
+ * (the model, the specialists, the backend's shapes), so it may run on another thread while the
+ * engine works. _adopt (on the engine's thread) puts them into the cache, in the device budget
+ * while it has room, then the host tier, never evicting what the cache already holds; the
+ * snapshot is consumed. */
+typedef struct squad_cache_snapshot squad_cache_snapshot;
+squad_cache_snapshot *squad_engine_cache_read(const squad_engine *engine, const squad_cache_store_opts *opts,
+                                              squad_cache_store_stats *st, squad_err *err);
+int squad_engine_cache_adopt(squad_engine *engine, squad_cache_snapshot *snap, squad_cache_store_stats *st,
+                             squad_err *err);
+void squad_cache_snapshot_free(squad_cache_snapshot *snap);
 
 #ifdef __cplusplus
 }

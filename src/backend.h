@@ -138,6 +138,20 @@ struct squad_backend {
      * the same time as forward(). */
     int (*vision_forward)(squad_backend *be, const float *pixel_values, const int grid[3], float *out, squad_err *err);
 
+    /* The host-RAM tier and the disk tier (docs/design.md section 7, "Tiers"); all NULL on a
+     * backend whose blobs are host memory already (the CPU: the cache then copies with memcpy).
+     * host_alloc / host_release: page-locked host memory for demoted checkpoints. blob_to_host /
+     * blob_from_host: bytes between a blob from alloc and host memory (pinned or not), on a copy
+     * stream of their own, ordered after the forward()s and saves already issued and complete when
+     * they return. host_copy_bytes_per_s: their bandwidth measured at creation (0: unknown), the
+     * cost model's first guess. */
+    void *(*host_alloc)(squad_backend *be, size_t bytes, squad_err *err);
+    void (*host_release)(squad_backend *be, void *p);
+    int (*blob_to_host)(squad_backend *be, void *host, const void *blob, size_t bytes, squad_err *err);
+    int (*blob_from_host)(squad_backend *be, void *blob, const void *host, size_t bytes, squad_err *err);
+    double host_copy_bytes_per_s;
+    void *tier_impl; /* the backend's own state for them (CUDA: cuda_host_tier.cu's) */
+
     void (*destroy)(squad_backend *be);
     void *impl; /* the backend's own state */
 };

@@ -66,6 +66,19 @@
  *    checkpoint and nothing an open plan reads (the restored GDN blob, the group's K / V read in
  *    place) is evicted under it. The cache lists its open plans so squad_cache_check can verify
  *    every pin and pending byte.
+ *
+ *  - Tiers (docs/design.md section 7, "Tiers"): with a host budget on a backend whose blobs live in
+ *    device memory, eviction from the device budget demotes a checkpoint to host memory instead of
+ *    dropping it (its GDN blob, and its group's K / V once no checkpoint of the group is left on
+ *    the device); a lookup whose deepest checkpoint is only in host memory promotes it back when
+ *    the copy is cheaper than recomputing the tokens it saves over the deepest one on the device
+ *    (cost model: bytes at the measured copy bandwidth against tokens at the measured rate of
+ *    rows), else it takes the device one. Every checkpoint is in the index whichever tier holds it,
+ *    and in that tier's LRU list. A group whose K / V are in host memory holds only host
+ *    checkpoints; one whose K / V are on the device may hold both. The host tier has its own byte
+ *    count and budget (its checkpoints' and groups' every byte); the device budget is as before
+ *    less what moved down. The section "tiers" at the end holds that code, and the import / export
+ *    the disk tier (cache_store.c) reads and writes through.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -76,6 +89,15 @@
 #include "hash_index.h"
 #include "lru.h"
 #include "util.h"
+
+/* The cost model's first figures, before anything is measured: host-to-device copies at PCIe 4
+ * x16's practical rate, and a row's recompute at the H200's 0.8B cold rate (4,096 tokens in 13 ms);
+ * then each promotion and each row of at least SQUAD_TIER_MIN_ROW_TOKENS computed tokens moves
+ * them by SQUAD_TIER_EWMA of the difference. */
+#define SQUAD_TIER_COPY_BYTES_PER_S 20e9
+#define SQUAD_TIER_ROW_S_PER_TOKEN (13e-3 / 4096)
+#define SQUAD_TIER_MIN_ROW_TOKENS 256
+#define SQUAD_TIER_EWMA 0.2
 
 /* Prefix hashing: a 64-bit chain over the blocks, each block hashed from the chain so far
  * (squad_hash_ints). */
@@ -92,7 +114,8 @@ struct cache_ckpt {
     double *feat;        /* [feat_dim] router feature sum over [0, pos) (NULL without specialists) */
     int64_t feat_count;
     cache_group *group;
-    squad_lru_node lru; /* in the cache's LRU list */
+    squad_lru_node lru; /* in its tier's LRU list */
+    int on_host;         /* gdn is a host copy (the host tier) */
 };
 
 /* A block index entry: the group's tokens [0, pos) exist (for the fork search). */
@@ -110,6 +133,8 @@ struct cache_group {
     int route;           /* the route its upper layers' K / V were computed with */
     int n_ckpts;         /* freed with its last checkpoint */
     int pins;            /* open plans that read it or add to it: nothing of it is evicted */
+    int n_device;        /* its checkpoints on the device (the rest are in the host tier) */
+    int kv_on_host;      /* kv is a host copy: every checkpoint of it is in the host tier */
     struct cache_group *prev, *next; /* every group, for checks and teardown */
 };
 
@@ -126,6 +151,14 @@ struct squad_cache {
     uint64_t key_mask; /* all ones; tests narrow it to force hash collisions */
     int feat_dim;      /* router features per checkpoint (0: no specialists) */
     squad_cache_stats stats; /* the counters (the sizes are filled in on request) */
+    /* the host tier (off when host_budget is 0) */
+    squad_lru host_lru;      /* host-tier checkpoints, least recently used first */
+    size_t host_budget;      /* opts.host_budget_bytes where the backend has device blobs, else 0 */
+    size_t tier_bytes;       /* every byte of the host tier's checkpoints and groups */
+    size_t n_host_ckpts;
+    int tier_force;          /* the test hook: 1 always promote, -1 never, 0 the cost model */
+    double copy_bytes_per_s; /* measured promotions (starts from the backend's figure) */
+    double row_s_per_token;  /* measured rows: wall seconds per token computed */
 };
 
 /* A checkpoint saved during a row, waiting for its group's K / V before it joins the cache. */
@@ -250,7 +283,7 @@ void squad_cache_prefix_keys(const int32_t *ids, int align, int n_blocks, uint64
 /* The deepest checkpoint at a position <= n_blocks * align whose tokens equal ids, of `route`;
  * route < 0: of any route, one of `prefer` when the deepest position has one. */
 static cache_ckpt *deepest_ckpt(const squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks,
-                                int route, int prefer) {
+                                int route, int prefer, int device_only) {
     const int align = c->opts.align;
     for (int k = n_blocks; k >= 1 && c->n_ckpts > 0; k--) {
         const uint64_t key = keys[k - 1] & c->key_mask;
@@ -258,6 +291,7 @@ static cache_ckpt *deepest_ckpt(const squad_cache *c, const int32_t *ids, const 
         for (const squad_hnode *x = squad_hindex_chain(&c->ckpt_index, key); x; x = x->next) {
             cache_ckpt *ck = (cache_ckpt *)x;
             if (x->key != key || ck->pos != k * align || (route >= 0 && ck->route != route)) continue;
+            if (device_only && ck->on_host) continue;
             if (found && (found->route == prefer || ck->route != prefer)) continue;
             /* a hash match is only a candidate: the tokens decide */
             if (memcmp(ck->group->ids, ids, (size_t)ck->pos * sizeof *ids) == 0) found = ck;
@@ -291,7 +325,7 @@ static int lookup_route(const squad_cache *c, const int32_t *ids, int n, int rou
     uint64_t *keys = malloc((size_t)n_blocks * sizeof *keys);
     if (!keys) return 0;
     squad_cache_prefix_keys(ids, c->opts.align, n_blocks, keys);
-    const cache_ckpt *x = deepest_ckpt(c, ids, keys, n_blocks, route, 0);
+    const cache_ckpt *x = deepest_ckpt(c, ids, keys, n_blocks, route, 0, 0);
     free(keys);
     return x ? x->pos : 0;
 }
@@ -310,6 +344,11 @@ static const cache_ckpt *ckpt_of_const(const squad_lru_node *n) {
     return SQUAD_LRU_ENTRY(n, const cache_ckpt, lru);
 }
 
+/* The tiers (the section at the end). */
+static void tier_host_free(squad_cache *c, void *p);
+static int tier_demote(squad_cache *c, cache_ckpt *k);
+static void group_lost_device(squad_cache *c, cache_group *g);
+
 static void group_free(squad_cache *c, cache_group *g) {
     if (g->prev) g->prev->next = g->next;
     else c->groups = g->next;
@@ -317,9 +356,14 @@ static void group_free(squad_cache *c, cache_group *g) {
     const int n_blocks = g->n_pos / c->opts.align;
     for (int i = 0; i < n_blocks; i++) squad_hindex_remove(&c->block_index, &g->blocks[i].node);
     squad_hindex_fit(&c->block_index);
-    c->be->release(c->be, g->kv);
-    c->backend_bytes -= (size_t)g->n_pos * c->be->kv_bytes_per_pos;
-    c->host_bytes -= group_cost(c, g->n_pos) - (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+    if (g->kv_on_host) {
+        tier_host_free(c, g->kv);
+        c->tier_bytes -= group_cost(c, g->n_pos);
+    } else {
+        c->be->release(c->be, g->kv);
+        c->backend_bytes -= (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+        c->host_bytes -= group_cost(c, g->n_pos) - (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+    }
     free(g->blocks);
     free(g->ids);
     free(g);
@@ -329,16 +373,27 @@ static void group_free(squad_cache *c, cache_group *g) {
 static void ckpt_evict(squad_cache *c, cache_ckpt *k) {
     squad_hindex_remove(&c->ckpt_index, &k->node);
     squad_hindex_fit(&c->ckpt_index);
-    squad_lru_unlink(&c->lru, &k->lru);
-    c->be->release(c->be, k->gdn);
-    c->backend_bytes -= c->be->gdn_snapshot_bytes;
-    c->host_bytes -= ckpt_host(c);
+    if (k->on_host) {
+        squad_lru_unlink(&c->host_lru, &k->lru);
+        tier_host_free(c, k->gdn);
+        c->tier_bytes -= ckpt_cost(c);
+        c->n_host_ckpts--;
+        c->stats.host_evicted++;
+    } else {
+        squad_lru_unlink(&c->lru, &k->lru);
+        c->be->release(c->be, k->gdn);
+        c->backend_bytes -= c->be->gdn_snapshot_bytes;
+        c->host_bytes -= ckpt_host(c);
+        k->group->n_device--;
+        c->stats.evicted++;
+    }
     free(k->feat);
     c->n_ckpts--;
     cache_group *g = k->group;
+    const int was_host = k->on_host;
     free(k);
     if (--g->n_ckpts == 0) group_free(c, g); /* its K / V go with its last checkpoint */
-    c->stats.evicted++;
+    else if (!was_host) group_lost_device(c, g);
 }
 
 /* Evicts least recently used checkpoints until `need` more bytes fit the budget, leaving those of
@@ -349,7 +404,7 @@ static int make_room(squad_cache *c, size_t need) {
     cache_ckpt *k = ckpt_of(c->lru.oldest);
     while (k && bytes_held(c) + need > c->opts.budget_bytes) {
         cache_ckpt *next = ckpt_of(k->lru.next); /* an unpinned group cannot own it once k is gone */
-        if (k->group->pins == 0) ckpt_evict(c, k);
+        if (k->group->pins == 0 && !tier_demote(c, k)) ckpt_evict(c, k); /* down a tier, else out */
         k = next;
     }
     return bytes_held(c) + need <= c->opts.budget_bytes;
@@ -377,12 +432,17 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
     c->be = be;
     c->opts = *opts;
     c->key_mask = ~(uint64_t)0;
+    /* the host tier only where the checkpoints are not host memory already */
+    c->host_budget = be->blob_to_host && be->blob_from_host ? opts->host_budget_bytes : 0;
+    c->copy_bytes_per_s = be->host_copy_bytes_per_s > 0 ? be->host_copy_bytes_per_s : SQUAD_TIER_COPY_BYTES_PER_S;
+    c->row_s_per_token = SQUAD_TIER_ROW_S_PER_TOKEN;
     return c;
 }
 
 void squad_cache_free(squad_cache *c) {
     if (!c) return;
     while (c->plans) squad_cache_plan_close(c, c->plans, SQUAD_PLAN_FAILED, NULL, 0, NULL);
+    while (c->host_lru.oldest) ckpt_evict(c, ckpt_of(c->host_lru.oldest));
     while (c->lru.oldest) ckpt_evict(c, ckpt_of(c->lru.oldest));
     squad_hindex_free(&c->ckpt_index);
     squad_hindex_free(&c->block_index);
@@ -443,6 +503,9 @@ static void unpin(cache_group *g) {
     if (g) g->pins--;
 }
 
+static cache_ckpt *tier_choose(squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks, int route,
+                               int prefer, cache_ckpt *host);
+
 /* The lookup and the placement of squad_cache_plan_open, before anything is pinned. */
 static int plan_row(squad_cache *c, const squad_row *row, int end_only, const int *marks, int n_marks, int route,
                     int prefer, squad_cache_plan *pl, squad_err *err) {
@@ -453,7 +516,9 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, const in
     pl->keys = squad_malloc((size_t)n_blocks * sizeof *pl->keys, err);
     if (!pl->keys) return SQUAD_E_NOMEM;
     squad_cache_prefix_keys(row->ids, align, n_blocks, pl->keys);
-    pl->best = deepest_ckpt(c, row->ids, pl->keys, n_blocks, route, prefer);
+    pl->best = deepest_ckpt(c, row->ids, pl->keys, n_blocks, route, prefer, 0);
+    if (pl->best && pl->best->on_host) /* only in host memory: promote it, or take the device's */
+        pl->best = tier_choose(c, row->ids, pl->keys, n_blocks, route, prefer, pl->best);
     pl->route = route >= 0 ? route : pl->best ? pl->best->route : prefer;
     pl->c0 = pl->best ? pl->best->pos : 0;
     if (pl->c0 >= pl->p) return 0; /* the same state again: nothing of the prefix to compute */
@@ -462,7 +527,7 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, const in
      * [0, p) takes the new checkpoints; else the fork becomes a checkpoint */
     int fork = 0;
     const block_entry *shared = deepest_block(c, row->ids, pl->keys, pl->c0 / align, n_blocks, pl->route);
-    if (shared && shared->pos == pl->p) pl->share = shared->group;
+    if (shared && shared->pos == pl->p && !shared->group->kv_on_host) pl->share = shared->group;
     else if (shared) fork = shared->pos;
 
     /* end-only: no tail, stride or fork positions; the chunk-cap ends still bound chunks (p is the
@@ -511,6 +576,7 @@ int squad_cache_plan_open_at(squad_cache *c, const squad_row *row, int end_only,
         pl->feat_count = pl->best->feat_count;
     }
     pin(pl->share);
+    pl->t_open = squad_now_seconds();
     pl->next = c->plans;
     if (c->plans) c->plans->prev = pl;
     c->plans = pl;
@@ -654,6 +720,7 @@ static void commit(squad_cache *c, squad_cache_plan *pl, cache_group *g) {
         c->pending_bytes -= ckpt_cost(c);
         squad_hindex_insert(&c->ckpt_index, &k->node);
         g->n_ckpts++;
+        g->n_device++;
         c->n_ckpts++;
         c->backend_bytes += c->be->gdn_snapshot_bytes;
         c->host_bytes += ckpt_host(c);
@@ -685,6 +752,8 @@ void squad_cache_commit_end(squad_cache *c, squad_cache_plan *pl, int saved) {
     }
     evict_to_budget(c); /* the indexes' buckets may have grown; what the plan pins stays */
 }
+
+static void tier_note_row(squad_cache *c, uint64_t computed, double seconds);
 
 void squad_cache_plan_close(squad_cache *c, squad_cache_plan *pl, squad_plan_end how, const squad_row *row,
                             uint64_t computed, squad_result *out) {
@@ -718,6 +787,7 @@ void squad_cache_plan_close(squad_cache *c, squad_cache_plan *pl, squad_plan_end
     else c->stats.cold++;
     c->stats.tokens_reused += (uint64_t)pl->c0;
     c->stats.tokens_computed += computed;
+    tier_note_row(c, computed, squad_now_seconds() - pl->t_open);
 }
 
 int squad_cache_pins(const squad_cache *c, const int32_t *ids, int pos) {
@@ -738,6 +808,10 @@ void squad_cache_clear(squad_cache *c) {
         }
         k = next;
     }
+    while (c->host_lru.oldest) { /* host-tier groups are never pinned */
+        ckpt_evict(c, ckpt_of(c->host_lru.oldest));
+        c->stats.host_evicted--;
+    }
 }
 
 /* ---- statistics and checks ------------------------------------------------------------------- */
@@ -750,6 +824,9 @@ void squad_cache_get_stats(const squad_cache *c, squad_cache_stats *out) {
     out->groups = c->n_groups;
     out->bytes_held = bytes_held(c);
     out->budget_bytes = c->opts.budget_bytes;
+    out->host_checkpoints = c->n_host_ckpts;
+    out->host_bytes_held = c->tier_bytes;
+    out->host_budget_bytes = c->host_budget;
 }
 
 void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host_bytes) {
@@ -766,13 +843,18 @@ void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host
 int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
     const int align = c->opts.align;
     const size_t kvb = c->be->kv_bytes_per_pos;
-    size_t be_bytes = 0, host = 0, n_groups = 0, n_ckpts = 0, n_blocks = 0, in_table;
+    size_t be_bytes = 0, host = 0, tier = 0, n_groups = 0, n_ckpts = 0, n_host = 0, n_blocks = 0, in_table;
     uint64_t *keys = NULL;
     for (const cache_group *g = c->groups; g; g = g->next) {
         if (g->next && g->next->prev != g) CHECK_FAIL("group list links broken");
-        int count = 0;
-        for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; k = ckpt_of_const(k->lru.next)) count += k->group == g;
+        int count = 0, on_device = 0;
+        for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; k = ckpt_of_const(k->lru.next)) on_device += k->group == g;
+        count = on_device;
+        for (const cache_ckpt *k = ckpt_of_const(c->host_lru.oldest); k; k = ckpt_of_const(k->lru.next)) count += k->group == g;
         if (count != g->n_ckpts || count == 0) CHECK_FAIL("group holds %d checkpoints, counts %d", count, g->n_ckpts);
+        if (on_device != g->n_device || (g->kv_on_host && on_device > 0) || (!g->kv_on_host && on_device == 0))
+            CHECK_FAIL("group with %d checkpoints on the device (counts %d), K / V %s", on_device, g->n_device,
+                       g->kv_on_host ? "in host memory" : "on the device");
         int pins = 0;
         for (const squad_cache_plan *pl = c->plans; pl; pl = pl->next)
             pins += (pl->best && pl->best->group == g) + (pl->share == g);
@@ -794,15 +876,21 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
             }
         }
         n_blocks += (size_t)nb;
-        be_bytes += (size_t)g->n_pos * kvb;
-        host += group_cost(c, g->n_pos) - (size_t)g->n_pos * kvb;
+        if (g->kv_on_host) {
+            tier += group_cost(c, g->n_pos);
+        } else {
+            be_bytes += (size_t)g->n_pos * kvb;
+            host += group_cost(c, g->n_pos) - (size_t)g->n_pos * kvb;
+        }
         n_groups++;
     }
+    for (int on_host = 0; on_host <= 1; on_host++) {
+    const squad_lru *list = on_host ? &c->host_lru : &c->lru;
     const squad_lru_node *prev = NULL;
-    for (const cache_ckpt *k = ckpt_of_const(c->lru.oldest); k; prev = &k->lru, k = ckpt_of_const(k->lru.next)) {
-        if (k->lru.prev != prev) {
+    for (const cache_ckpt *k = ckpt_of_const(list->oldest); k; prev = &k->lru, k = ckpt_of_const(k->lru.next)) {
+        if (k->lru.prev != prev || k->on_host != on_host) {
             free(keys);
-            CHECK_FAIL("LRU links broken at checkpoint %d", k->pos);
+            CHECK_FAIL("LRU links broken at checkpoint %d (or it is in the other tier's list)", k->pos);
         }
         if (k->pos <= 0 || k->pos % align || k->pos > k->group->n_pos) {
             free(keys);
@@ -817,12 +905,24 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
             free(keys);
             CHECK_FAIL("checkpoint at %d of route %d in a group of route %d", k->pos, k->route, k->group->route);
         }
-        be_bytes += c->be->gdn_snapshot_bytes;
-        host += ckpt_host(c);
+        if (on_host) {
+            tier += ckpt_cost(c);
+            n_host++;
+        } else {
+            be_bytes += c->be->gdn_snapshot_bytes;
+            host += ckpt_host(c);
+        }
         n_ckpts++;
     }
+    if (prev != list->newest) {
+        free(keys);
+        CHECK_FAIL("LRU tail is wrong");
+    }
+    }
     free(keys);
-    if (prev != c->lru.newest) CHECK_FAIL("LRU tail is wrong");
+    if (tier != c->tier_bytes || n_host != c->n_host_ckpts || tier > c->host_budget)
+        CHECK_FAIL("host tier: %zu bytes counted %zu (budget %zu), %zu checkpoints counted %zu", tier, c->tier_bytes,
+                   c->host_budget, n_host, c->n_host_ckpts);
     size_t pending = 0;
     for (const squad_cache_plan *pl = c->plans; pl; pl = pl->next) {
         if (pl->next && pl->next->prev != pl) CHECK_FAIL("open plan links broken");
@@ -837,4 +937,345 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
         CHECK_FAIL("bytes: backend %zu counted %zu, host %zu counted %zu, pending %zu counted %zu", be_bytes,
                    c->backend_bytes, host, c->host_bytes, pending, c->pending_bytes);
     return 0;
+}
+
+/* ---- tiers: the host tier under the device budget ------------------------------------------- */
+
+static void *tier_host_alloc(squad_cache *c, size_t bytes) {
+    squad_err e = {0};
+    if (c->be->host_alloc) return c->be->host_alloc(c->be, bytes, &e);
+    return malloc(bytes);
+}
+
+static void tier_host_free(squad_cache *c, void *p) {
+    if (!p) return;
+    if (c->be->host_alloc) c->be->host_release(c->be, p);
+    else free(p);
+}
+
+/* Bytes from a backend blob to host memory and back (memcpy where blobs are host memory). */
+static int tier_copy_down(squad_cache *c, void *host, const void *blob, size_t bytes) {
+    squad_err e = {0};
+    if (c->be->blob_to_host) return c->be->blob_to_host(c->be, host, blob, bytes, &e);
+    memcpy(host, blob, bytes);
+    return 0;
+}
+
+static int tier_copy_up(squad_cache *c, void *blob, const void *host, size_t bytes) {
+    squad_err e = {0};
+    if (c->be->blob_from_host) return c->be->blob_from_host(c->be, blob, host, bytes, &e);
+    memcpy(blob, host, bytes);
+    return 0;
+}
+
+/* Drops host-tier checkpoints, least recently used first, until `need` more bytes fit its budget;
+ * 1 when they do. Groups an open plan pins keep theirs. */
+static int tier_make_room(squad_cache *c, size_t need) {
+    if (need > c->host_budget) return 0;
+    cache_ckpt *k = ckpt_of(c->host_lru.oldest);
+    while (k && c->tier_bytes + need > c->host_budget) {
+        cache_ckpt *next = ckpt_of(k->lru.next);
+        if (k->group->pins == 0) ckpt_evict(c, k);
+        k = next;
+    }
+    return c->tier_bytes + need <= c->host_budget;
+}
+
+/* A group's K / V to host memory (no checkpoint of it is left on the device); 0 when moved. */
+static int tier_demote_kv(squad_cache *c, cache_group *g) {
+    const size_t kv_bytes = (size_t)g->n_pos * c->be->kv_bytes_per_pos;
+    if (!tier_make_room(c, group_cost(c, g->n_pos))) return -1;
+    void *host = tier_host_alloc(c, kv_bytes);
+    if (!host) return -1;
+    if (tier_copy_down(c, host, g->kv, kv_bytes)) {
+        tier_host_free(c, host);
+        return -1;
+    }
+    c->be->release(c->be, g->kv);
+    g->kv = host;
+    g->kv_on_host = 1;
+    c->backend_bytes -= kv_bytes;
+    c->host_bytes -= group_cost(c, g->n_pos) - kv_bytes;
+    c->tier_bytes += group_cost(c, g->n_pos);
+    return 0;
+}
+
+/* A group whose last device checkpoint left: its K / V follow its host checkpoints down, or, when
+ * the host tier cannot take them, those checkpoints go (nothing holds device K / V for host
+ * checkpoints alone, which no eviction would ever reach). */
+static void group_lost_device(squad_cache *c, cache_group *g) {
+    if (g->n_device > 0 || g->kv_on_host || g->n_ckpts == 0) return;
+    const double t0 = squad_now_seconds();
+    if (tier_demote_kv(c, g) == 0) {
+        c->stats.demote_seconds += squad_now_seconds() - t0;
+        return;
+    }
+    cache_ckpt *k = ckpt_of(c->host_lru.oldest);
+    while (k && g->n_ckpts > 0) { /* the last one frees g: stop looking at it then */
+        cache_ckpt *next = ckpt_of(k->lru.next);
+        const int last = g->n_ckpts == 1;
+        if (k->group == g) ckpt_evict(c, k);
+        if (k->group == g && last) break;
+        k = next;
+    }
+}
+
+/* Moves an unpinned device checkpoint to the host tier (its GDN blob; its group's K / V too when it
+ * was the group's last on the device): 1 when it moved, 0 when the host tier is off or cannot take
+ * it (the caller drops it). */
+static int tier_demote(squad_cache *c, cache_ckpt *k) {
+    if (c->host_budget == 0 || k->on_host) return 0;
+    const double t0 = squad_now_seconds();
+    cache_group *g = k->group;
+    const size_t gdn_bytes = c->be->gdn_snapshot_bytes;
+    g->pins++; /* room for k must not take k's own group */
+    void *host = tier_make_room(c, ckpt_cost(c)) ? tier_host_alloc(c, gdn_bytes) : NULL;
+    g->pins--;
+    if (!host) return 0;
+    if (tier_copy_down(c, host, k->gdn, gdn_bytes)) {
+        tier_host_free(c, host);
+        return 0;
+    }
+    c->be->release(c->be, k->gdn);
+    k->gdn = host;
+    k->on_host = 1;
+    squad_lru_unlink(&c->lru, &k->lru);
+    squad_lru_push_newest(&c->host_lru, &k->lru);
+    c->backend_bytes -= gdn_bytes;
+    c->host_bytes -= ckpt_host(c);
+    c->tier_bytes += ckpt_cost(c);
+    c->n_host_ckpts++;
+    g->n_device--;
+    c->stats.demotions++;
+    c->stats.demote_seconds += squad_now_seconds() - t0;
+    group_lost_device(c, g); /* may drop k with the rest when its K / V cannot follow */
+    return 1;
+}
+
+/* Brings a host-tier checkpoint (and its group's K / V when they are in host memory) back to the
+ * device budget, making room there as for any allocation; 0 when it moved. */
+static int tier_promote(squad_cache *c, cache_ckpt *k) {
+    squad_backend *be = c->be;
+    squad_err e = {0};
+    cache_group *g = k->group;
+    const double t0 = squad_now_seconds();
+    const size_t gdn_bytes = be->gdn_snapshot_bytes, kv_bytes = (size_t)g->n_pos * be->kv_bytes_per_pos;
+    size_t moved = gdn_bytes;
+    g->pins++; /* what makes room leaves k and its group alone */
+    const size_t need = ckpt_cost(c) + (g->kv_on_host ? group_cost(c, g->n_pos) : 0);
+    void *kv = NULL, *gdn = NULL;
+    int ok = make_room(c, need);
+    if (ok && g->kv_on_host) ok = (kv = be->alloc(be, kv_bytes, &e)) != NULL && tier_copy_up(c, kv, g->kv, kv_bytes) == 0;
+    if (ok) ok = (gdn = be->alloc(be, gdn_bytes, &e)) != NULL && tier_copy_up(c, gdn, k->gdn, gdn_bytes) == 0;
+    g->pins--;
+    if (!ok) {
+        if (kv) be->release(be, kv);
+        if (gdn) be->release(be, gdn);
+        return -1;
+    }
+    if (kv) {
+        tier_host_free(c, g->kv);
+        g->kv = kv;
+        g->kv_on_host = 0;
+        c->tier_bytes -= group_cost(c, g->n_pos);
+        c->backend_bytes += kv_bytes;
+        c->host_bytes += group_cost(c, g->n_pos) - kv_bytes;
+        moved += kv_bytes;
+    }
+    tier_host_free(c, k->gdn);
+    k->gdn = gdn;
+    k->on_host = 0;
+    squad_lru_unlink(&c->host_lru, &k->lru);
+    squad_lru_push_newest(&c->lru, &k->lru);
+    c->tier_bytes -= ckpt_cost(c);
+    c->backend_bytes += gdn_bytes;
+    c->host_bytes += ckpt_host(c);
+    c->n_host_ckpts--;
+    g->n_device++;
+    const double dt = squad_now_seconds() - t0;
+    c->stats.promotions++;
+    c->stats.promote_seconds += dt;
+    if (dt > 0) /* the measured bandwidth, smoothed: the next decision's figure */
+        c->copy_bytes_per_s += SQUAD_TIER_EWMA * ((double)moved / dt - c->copy_bytes_per_s);
+    return 0;
+}
+
+/* A row's deepest checkpoint is only in host memory: promote it when the copy costs less than
+ * recomputing the tokens it saves over the deepest device checkpoint, and return what the row
+ * restores (the promoted one, or the device one, or NULL). */
+static cache_ckpt *tier_choose(squad_cache *c, const int32_t *ids, const uint64_t *keys, int n_blocks, int route,
+                               int prefer, cache_ckpt *host) {
+    const cache_ckpt *dev = deepest_ckpt(c, ids, keys, n_blocks, route, prefer, 1);
+    const int saved = host->pos - (dev ? dev->pos : 0);
+    const size_t bytes = c->be->gdn_snapshot_bytes +
+                         (host->group->kv_on_host ? (size_t)host->group->n_pos * c->be->kv_bytes_per_pos : 0);
+    int promote = (double)bytes / c->copy_bytes_per_s < (double)saved * c->row_s_per_token;
+    if (c->tier_force) promote = c->tier_force > 0;
+    if (promote && tier_promote(c, host) == 0) return host;
+    c->stats.host_recomputed++;
+    /* the device one again: making room for a failed promotion may have moved it */
+    return deepest_ckpt(c, ids, keys, n_blocks, route, prefer, 1);
+}
+
+/* A finished row's wall seconds per token computed, smoothed: what recomputing costs a row. Short
+ * rows say more about the step's fixed costs than about tokens, so they are left out. */
+static void tier_note_row(squad_cache *c, uint64_t computed, double seconds) {
+    if (computed < SQUAD_TIER_MIN_ROW_TOKENS || seconds <= 0) return;
+    c->row_s_per_token += SQUAD_TIER_EWMA * (seconds / (double)computed - c->row_s_per_token);
+}
+
+void squad_cache_debug_host_tier(squad_cache *c, size_t host_budget, int force) {
+    if (c->n_ckpts > 0) return;
+    c->host_budget = host_budget;
+    c->tier_force = force;
+}
+
+/* ---- import / export: what the disk tier (cache_store.c) reads and writes ------------------- */
+
+int squad_cache_export(const squad_cache *c, squad_cache_export_fn fn, void *ctx) {
+    /* most recently used first: the device tier's, then the host tier's */
+    for (int on_host = 0; on_host <= 1; on_host++) {
+        const squad_lru *list = on_host ? &c->host_lru : &c->lru;
+        for (const cache_ckpt *k = ckpt_of_const(list->newest); k; k = ckpt_of_const(k->lru.prev)) {
+            const cache_group *g = k->group;
+            squad_cache_entry v = {g, g->ids, g->n_pos, g->route, g->kv, g->kv_on_host,
+                                   k->pos, k->gdn, k->on_host, k->feat, k->feat_count, k->route};
+            int rc = fn(ctx, &v);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+int squad_cache_blob_read(const squad_cache *c, void *dst, const void *blob, int on_host, size_t bytes) {
+    squad_err e = {0};
+    if (on_host || !c->be->blob_to_host) {
+        memcpy(dst, blob, bytes);
+        return 0;
+    }
+    return c->be->blob_to_host(c->be, dst, blob, bytes, &e);
+}
+
+/* Appends n as the least recently used (a file lists the most recent first). */
+static void lru_push_oldest(squad_lru *l, squad_lru_node *n) {
+    n->next = l->oldest;
+    n->prev = NULL;
+    if (l->oldest) l->oldest->prev = n;
+    else l->newest = n;
+    l->oldest = n;
+}
+
+/* Where an adopted item goes without evicting anything: 0 the device budget, 1 the host tier, -1
+ * neither. */
+static int adopt_tier(squad_cache *c, size_t need, int host_only) {
+    if (!host_only && bytes_held(c) + need + squad_hindex_buckets_for(c->n_ckpts + 1) * sizeof(squad_hnode *) <=
+                          c->opts.budget_bytes)
+        return 0;
+    if (c->host_budget > 0 && c->tier_bytes + need <= c->host_budget) return 1;
+    return -1;
+}
+
+/* A new group adopted from host copies of its tokens and K / V; NULL when neither tier has room. */
+static cache_group *adopt_group(squad_cache *c, const int32_t *ids, int n_pos, int route, const void *kv_host,
+                                size_t ckpt_need) {
+    squad_backend *be = c->be;
+    squad_err e = {0};
+    const size_t kv_bytes = (size_t)n_pos * be->kv_bytes_per_pos;
+    const int tier = adopt_tier(c, group_cost(c, n_pos) + ckpt_need, 0);
+    if (tier < 0) return NULL;
+    const int n_blocks = n_pos / c->opts.align;
+    cache_group *g = calloc(1, sizeof *g);
+    int32_t *gids = malloc((size_t)n_pos * sizeof *gids);
+    block_entry *blocks = calloc((size_t)(n_blocks > 0 ? n_blocks : 1), sizeof *blocks);
+    uint64_t *keys = malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * sizeof *keys);
+    void *kv = NULL;
+    if (g && gids && blocks && keys && squad_hindex_reserve(&c->block_index, (size_t)n_blocks) == 0)
+        kv = tier ? tier_host_alloc(c, kv_bytes) : be->alloc(be, kv_bytes, &e);
+    if (kv && (tier ? (memcpy(kv, kv_host, kv_bytes), 0) : tier_copy_up(c, kv, kv_host, kv_bytes))) {
+        be->release(be, kv);
+        kv = NULL;
+    }
+    if (!kv) {
+        free(g);
+        free(gids);
+        free(blocks);
+        free(keys);
+        squad_hindex_fit(&c->block_index);
+        return NULL;
+    }
+    memcpy(gids, ids, (size_t)n_pos * sizeof *gids);
+    g->ids = gids;
+    g->kv = kv;
+    g->blocks = blocks;
+    g->n_pos = n_pos;
+    g->route = route;
+    squad_cache_prefix_keys(gids, c->opts.align, n_blocks, keys);
+    group_link(c, g, keys);
+    free(keys);
+    if (tier) { /* group_link counted it on the device */
+        g->kv_on_host = 1;
+        c->backend_bytes -= kv_bytes;
+        c->host_bytes -= group_cost(c, n_pos) - kv_bytes;
+        c->tier_bytes += group_cost(c, n_pos);
+    }
+    return g;
+}
+
+int squad_cache_adopt(squad_cache *c, cache_group **group, const squad_cache_entry *in) {
+    squad_backend *be = c->be;
+    squad_err e = {0};
+    const int align = c->opts.align;
+    if (in->pos <= 0 || in->pos % align || in->pos > in->n_pos || in->n_pos % align || in->route != in->group_route ||
+        in->n_pos > be->max_context)
+        return -1;
+    if (lookup_route(c, in->ids, in->pos, in->route) == in->pos) return 0; /* held already */
+    cache_group *g = *group;
+    const int made = g == NULL;
+    if (made && !(g = adopt_group(c, in->ids, in->n_pos, in->route, in->kv, ckpt_cost(c)))) return 0;
+    const int tier = adopt_tier(c, ckpt_cost(c), g->kv_on_host);
+    /* a new group's first checkpoint shares its tier (device K / V need a device checkpoint) */
+    cache_ckpt *k = tier >= 0 && (!made || tier == g->kv_on_host) ? calloc(1, sizeof *k) : NULL;
+    double *feat = NULL;
+    if (k && c->feat_dim > 0 && !(feat = calloc((size_t)c->feat_dim, sizeof *feat))) {
+        free(k);
+        k = NULL;
+    }
+    void *gdn = k && squad_hindex_reserve(&c->ckpt_index, 1) == 0
+                    ? (tier ? tier_host_alloc(c, be->gdn_snapshot_bytes) : be->alloc(be, be->gdn_snapshot_bytes, &e))
+                    : NULL;
+    if (gdn && tier == 0 && tier_copy_up(c, gdn, in->gdn, be->gdn_snapshot_bytes)) {
+        be->release(be, gdn);
+        gdn = NULL;
+    }
+    if (!gdn) {
+        free(k);
+        free(feat);
+        if (made) group_free(c, g);
+        return 0;
+    }
+    if (tier) memcpy(gdn, in->gdn, be->gdn_snapshot_bytes);
+    if (feat && in->feat) memcpy(feat, in->feat, (size_t)c->feat_dim * sizeof *feat);
+    k->node.key = g->blocks[in->pos / align - 1].node.key;
+    k->pos = in->pos;
+    k->route = in->route;
+    k->gdn = gdn;
+    k->feat = feat;
+    k->feat_count = in->feat_count;
+    k->group = g;
+    k->on_host = tier;
+    squad_hindex_insert(&c->ckpt_index, &k->node);
+    g->n_ckpts++;
+    c->n_ckpts++;
+    if (tier) {
+        lru_push_oldest(&c->host_lru, &k->lru);
+        c->tier_bytes += ckpt_cost(c);
+        c->n_host_ckpts++;
+    } else {
+        lru_push_oldest(&c->lru, &k->lru);
+        g->n_device++;
+        c->backend_bytes += be->gdn_snapshot_bytes;
+        c->host_bytes += ckpt_host(c);
+    }
+    *group = g;
+    return 1;
 }

@@ -62,6 +62,7 @@ typedef struct squad_cache_plan {
     cache_group *made;   /* the group made for them by squad_cache_commit_begin */
     int end_only;
     int deepest_new;     /* the deepest checkpoint committed (0: none) */
+    double t_open;       /* when it opened (the cost model's rate of rows) */
     int *bounds_buf;
     uint64_t *keys;      /* prefix keys of [0, k * align), k = 1..p / align */
     cache_pending *pending; /* [n_bounds] */
@@ -134,5 +135,41 @@ int squad_cache_set_feat_dim(squad_cache *cache, int dim, squad_err *err);
 void squad_cache_clear(squad_cache *cache);
 
 void squad_cache_get_stats(const squad_cache *cache, squad_cache_stats *out);
+
+/* ---- import / export: the disk tier's way in and out (cache_store.c) ------------------------
+ *
+ * One checkpoint as the cache holds it, or as a file gives it: its group (an opaque key naming it
+ * while exporting; its tokens [0, n_pos), route and K / V blob) and itself (position, route, GDN
+ * blob, router features). Blobs marked on_host are host memory; the others are backend blobs,
+ * read with squad_cache_blob_read. */
+typedef struct squad_cache_entry {
+    const void *group_key;
+    const int32_t *ids;
+    int n_pos;
+    int group_route;
+    const void *kv;
+    int kv_on_host;
+    int pos;
+    const void *gdn;
+    int gdn_on_host;
+    const double *feat; /* [feat_dim] or NULL */
+    int64_t feat_count;
+    int route;
+} squad_cache_entry;
+
+/* Calls fn for every checkpoint held, most recently used first (the device tier's, then the host
+ * tier's); a nonzero return stops the walk and is returned. The cache must not change meanwhile. */
+typedef int (*squad_cache_export_fn)(void *ctx, const squad_cache_entry *entry);
+int squad_cache_export(const squad_cache *cache, squad_cache_export_fn fn, void *ctx);
+/* bytes of a blob (a backend blob, or host memory when on_host) into host memory dst; 0 or < 0. */
+int squad_cache_blob_read(const squad_cache *cache, void *dst, const void *blob, int on_host, size_t bytes);
+
+/* Adopts one checkpoint read from a file (entry's blobs in host memory, kv of n_pos positions):
+ * into the device budget when it has room, else the host tier, never evicting anything; inserted
+ * as the least recently used (a file lists the most recent first). *group: NULL for the first
+ * checkpoint of a file's group, then what the call left there (the cache's group, reused so the
+ * group's K / V are adopted once). 1 adopted, 0 not (no room, or the same checkpoint is held), -1
+ * an inconsistent entry. */
+int squad_cache_adopt(squad_cache *cache, cache_group **group, const squad_cache_entry *entry);
 
 #endif /* SQUAD_CACHE_H */

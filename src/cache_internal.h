@@ -54,4 +54,10 @@ size_t squad_cache_group_cost(const squad_cache *cache, int n_positions);
  * collide and only the token comparison tells them apart. */
 void squad_cache_debug_key_bits(squad_cache *cache, int bits);
 
+/* Test hook: a host tier of host_budget bytes on an empty cache, also over a backend whose blobs
+ * are host memory (the CPU: copies are memcpy), so CPU tests exercise demotion and promotion.
+ * force: 1 every host checkpoint a row finds is promoted, -1 none is (the row recomputes from the
+ * deepest device one), 0 the cost model decides. */
+void squad_cache_debug_host_tier(squad_cache *cache, size_t host_budget, int force);
+
 #endif /* SQUAD_CACHE_INTERNAL_H */

@@ -470,6 +470,9 @@ void squad_engine_cache_stats(const squad_engine *e, squad_cache_stats *out) {
     memset(out, 0, sizeof *out);
     if (e->cache) squad_cache_get_stats(e->cache, out);
     else out->budget_bytes = e->opts.cache.budget_bytes;
+    out->disk_saved = e->disk_saved;
+    out->disk_loaded = e->disk_loaded;
+    out->disk_refused = e->disk_refused;
     out->plain = e->plain_rows;
     out->mispredictions += e->sched.mispredictions_plain;
     out->memo_hits = e->memo_hits;

@@ -42,6 +42,7 @@ struct squad_engine {
     uint64_t plain_rows; /* rows answered off the cache */
     uint64_t memo_hits, tokens_memo;
     uint64_t image_rows, image_tokens; /* answered rows with images, and their image tokens */
+    uint64_t disk_saved, disk_loaded, disk_refused; /* the disk tier's records (engine_store.c) */
     /* the options squad_engine_run_span reads (tests drive it directly; NULL: none) */
     const squad_score_opts *call;
     /* specialists (NULL: none; every row the trunk) */

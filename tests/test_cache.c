@@ -293,7 +293,7 @@ static squad_engine *engine_with(squad_model *m, const squad_cache_opts *co) {
 }
 
 static squad_cache_opts cache_opts(size_t budget, int min_prefix, int stride) {
-    squad_cache_opts o = {budget, 64, 16, stride, min_prefix, 4};
+    squad_cache_opts o = {budget, 64, 16, stride, min_prefix, 4, 0};
     return o;
 }
 

@@ -248,7 +248,7 @@ static void check_accounting(squad_cache *c, fake *f, const char *where) {
 }
 
 static squad_cache_opts small_opts(size_t budget) {
-    squad_cache_opts o = {budget, 64, 16, 512, 64, 4};
+    squad_cache_opts o = {budget, 64, 16, 512, 64, 4, 0};
     return o;
 }
 

@@ -331,6 +331,44 @@ static void test_cached(squad_model *m) {
     score(cached, &Bp.row, &again);
     CHECK(again.memo == 1 && worst_diff(&again, &got[3], &A.row) == 0);
 
+    /* the disk tier keeps image states: saved, loaded into a fresh engine, the same screenshot with
+     * another question restores past the image (the key tokens are stored like ids) */
+    char store_dir[600];
+    snprintf(store_dir, sizeof store_dir, "%s/store", test_tmpdir());
+    squad_cache_store_opts so = {.dir = store_dir};
+    squad_cache_store_stats ss;
+    squad_err se = {0};
+    CHECKF(squad_engine_cache_save(cached, &so, &ss, &se) == 0 && ss.checkpoints > 0, "save: %s", se.msg);
+    squad_engine *fresh = engine(m, SQUAD_PRECISION_EXACT, (size_t)64 << 20, SQUAD_ENCODER_CACHE_DEFAULT_BYTES);
+    if (fresh) {
+        memset(&ss, 0, sizeof ss);
+        CHECKF(squad_engine_cache_load(fresh, &so, &ss, &se) == 0 && ss.refused == 0 && ss.checkpoints > 0,
+               "load: %s (refused %llu)", se.msg, (unsigned long long)ss.refused);
+        score(fresh, &A2.row, &again);
+        CHECKF(again.reused == 80 && worst_diff(&again, &ref[1], &A2.row) <= TOL_CPU_EXACT_CACHED,
+               "after a restart: reused %d", again.reused);
+        /* the same PNG loaded again (another struct, the same identity): a hit; the lossy WebP of the
+         * photo (other pixels, the same grid), never seen, is not */
+        squad_row_image lossless, lossy;
+        if (!load_image(m, "photo_333x517.png", &lossless) && !load_image(m, "photo_333x517.lossy.webp", &lossy)) {
+            syn_row W, L;
+            syn_make(&W, m, &lossless, 37, 30, 12, 0, 6);
+            syn_make(&L, m, &lossy, 37, 30, 12, 0, 6);
+            squad_result wr, lr;
+            score(plain, &W.row, &wr);
+            score(fresh, &W.row, &again);
+            CHECKF(again.reused == 80 && worst_diff(&again, &wr, &W.row) <= TOL_CPU_EXACT_CACHED,
+                   "the PNG loaded again: reused %d", again.reused);
+            score(plain, &L.row, &lr);
+            score(fresh, &L.row, &again);
+            CHECKF(again.reused <= img_start && worst_diff(&again, &lr, &L.row) <= TOL_CPU_EXACT_CACHED,
+                   "lossy WebP: reused %d", again.reused);
+            squad_row_image_free(&lossless);
+            squad_row_image_free(&lossy);
+        }
+        squad_engine_free(fresh);
+    }
+
     /* checkpoints and memo dropped: the screenshot's tower output comes from the encoder cache */
     squad_engine_cache_clear(cached);
     score(cached, &A2.row, &again);

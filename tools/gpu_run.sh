@@ -51,6 +51,9 @@
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
 #              weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
+#   tiers      (not by default) gpu_test_tiers: the host tier's demote -> promote equality on the demo
+#              preset, and the restore of a 4,096-token 0.8B state from host memory against its
+#              recompute (the 0.8B preset synthesized as for bench) -> test_tiers.log
 #   long       (not by default) test_long --backend cuda: long rows on the tiny presets, CUDA against the
 #              CPU, K / V growth with and without precaptured graphs, the max_tokens limit, cached =
 #              uncached -> test_long.log
@@ -85,7 +88,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${GPU_CARRY:-.carry}
 case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro test_long bench_gpu bench_server"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers test_long bench_gpu bench_server"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -190,8 +193,11 @@ if has repro; then
 fi
 BW=4300
 TF=790
-if { has profile || has bench || has batch || has ablate || has longbench; } && [ ! -e "$MODEL/model.safetensors" ]; then
+if { has profile || has bench || has batch || has ablate || has longbench || has tiers; } && [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
+fi
+if has tiers; then
+    step "gpu_test_tiers" 300 "$OUT/test_tiers.log" $RUNENV SQUAD_TIERS_MODEL="$MODEL" "$BIN/gpu_test_tiers"
 fi
 if has profile; then
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

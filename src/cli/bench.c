@@ -11,6 +11,7 @@
  * one route and of mixed routes (time_route_batch).
  */
 #define _POSIX_C_SOURCE 200809L
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,19 @@ static uint64_t mispredictions(squad_engine *e) {
     squad_cache_stats st;
     squad_engine_cache_stats(e, &st);
     return st.mispredictions;
+}
+
+/* The state cache's tiers after the hit cases (docs/design.md section 7, "Tiers"): one JSON line. */
+static void print_tiers(squad_engine *e) {
+    squad_cache_stats st;
+    squad_engine_cache_stats(e, &st);
+    printf("{\"tiers\": {\"device_bytes\": %zu, \"device_budget_bytes\": %zu, \"checkpoints\": %" PRIu64
+           ", \"host_bytes\": %zu, \"host_budget_bytes\": %zu, \"host_checkpoints\": %" PRIu64 ", \"demotions\": %" PRIu64
+           ", \"promotions\": %" PRIu64 ", \"host_recomputed\": %" PRIu64 ", \"promote_ms\": %.3f, \"demote_ms\": %.3f"
+           ", \"disk_loaded\": %" PRIu64 ", \"disk_refused\": %" PRIu64 "}}\n",
+           st.bytes_held, st.budget_bytes, st.checkpoints - st.host_checkpoints, st.host_bytes_held,
+           st.host_budget_bytes, st.host_checkpoints, st.demotions, st.promotions, st.host_recomputed,
+           st.promote_seconds * 1e3, st.demote_seconds * 1e3, st.disk_loaded, st.disk_refused);
 }
 
 /* Sorts the n samples and prints the case line: median / min wall ms, tokens/s of the median, the
@@ -448,6 +462,7 @@ int cmd_bench(int argc, char **argv) {
                 const bench_ctx c = {e, sp, vocab, threads, (int)reps, precision};
                 rc = time_route_batch(&c, (int)state, suffixes[k], (int)batch_routes, mixed, letters);
             }
+        if (!rc) print_tiers(e);
         squad_engine_free(e);
     }
     squad_specialists_free(sp);

@@ -22,6 +22,9 @@ const char CLI_ENGINE_OPTIONS_HELP[] =
     "                           GEMMs; CUDA: tensor cores), ~1e-3 relative error; exact: fp32 arithmetic,\n"
     "                           equal to an fp32 forward of the model (the reference path for checks)\n"
     "  --cache-mb N             state-cache budget in MB (default 1024; 0 turns the cache and memo off)\n"
+    "  --cache-host-mb N        CUDA: host-RAM tier under the state cache, in MB: checkpoints evicted\n"
+    "                           from --cache-mb move to pinned host memory and come back on a hit\n"
+    "                           (default 0 = off; squad serve: a quarter of RAM). Off on the CPU\n"
     "  --stride N               a checkpoint at every multiple of N tokens (default 2048)\n"
     "  --tail N                 a checkpoint N tokens before the state's end (default 16)\n"
     "  --align N                checkpoint positions are multiples of N (default 64)\n"
@@ -81,7 +84,7 @@ int cli_parse_int(const char *flag, const char *text, long lo, long hi, long *ou
 /* The engine options that take a value; --precapture is the one flag. */
 static const char *const ENGINE_VALUE_OPTIONS[] = {
     "--device",   "--precision",  "--threads",   "--cache-mb", "--stride",   "--tail",         "--align",
-    "--min-prefix", "--max-adapters", "--max-tokens", "--max-rows", "--batch-tokens", "--max-slots",
+    "--min-prefix", "--cache-host-mb", "--max-adapters", "--max-tokens", "--max-rows", "--batch-tokens", "--max-slots",
 };
 
 /* Applies the engine option name with its value: 0, or -1 (message on stderr). */
@@ -112,6 +115,9 @@ static int apply_engine_option(const char *name, const char *val, squad_engine_o
     } else if (!strcmp(name, "--cache-mb")) {
         if (cli_parse_int(name, val, 0, 1L << 30, &v)) return -1;
         o->cache.budget_bytes = (size_t)v << 20;
+    } else if (!strcmp(name, "--cache-host-mb")) {
+        if (cli_parse_int(name, val, 0, 1L << 30, &v)) return -1;
+        o->cache.host_budget_bytes = (size_t)v << 20;
     } else if (!strcmp(name, "--stride")) {
         if (cli_parse_int(name, val, 0, 1L << 24, &v)) return -1;
         o->cache.stride = (int)v;

@@ -52,6 +52,10 @@ static void serve_help(FILE *f) {
             "  --max-inflight-body-mb N request bodies being received, all together (default 1/%d of RAM;\n"
             "                           more: 503 with Retry-After)\n"
 
+            "  --cache-dir DIR          the disk tier: the state cache is saved to DIR at shutdown (SIGTERM,\n"
+            "                           after the drain) and read back in the background at start (/ready\n"
+            "                           does not wait); a file of another model, tokenizer or specialists\n"
+            "                           set, or a corrupt record, is refused with a log line\n"
             "  --log-requests           a line on stderr per request\n"
             "  --tokenizer FILE         a tokenizer.json other than DIR/tokenizer.json\n"
             "  --template FILE          a template other than DIR/squad-template.json (for /v1/ask)\n"
@@ -139,7 +143,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         "--model",     "--host",       "--served-model-name", "--tokenizer",         "--template",
         "--specialists", "--api-key",  "--api-key-file",      "--port",              "--memo-mb",
         "--token-cache-mb", "--queue", "--max-body",          "--max-questions",     "--max-conns-per-ip",
-        "--max-inflight-body-mb", "--http-threads", "--timeout"};
+        "--max-inflight-body-mb", "--http-threads", "--timeout", "--cache-dir"};
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i], *val = NULL;
         long v;
@@ -177,6 +181,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         else if (!strcmp(s, "--tokenizer")) o->tokenizer_path = val;
         else if (!strcmp(s, "--template")) o->template_path = val;
         else if (!strcmp(s, "--specialists")) o->specialists_dir = val;
+        else if (!strcmp(s, "--cache-dir")) o->cache_dir = val;
         else if (!strcmp(s, "--api-key")) {
             if (add_key(a, val) < 0) return 2;
         } else if (!strcmp(s, "--api-key-file")) {

@@ -69,6 +69,7 @@
 #include "cuda_internal.cuh"
 
 #include "backend_cuda.h"
+#include "cuda_host_tier.cuh"
 #include "k_lora.cuh"
 
 #include <math.h>
@@ -1447,6 +1448,7 @@ extern "C" int squad_cuda_backend_hidden(const squad_backend *be, int t, float *
 static void be_destroy(squad_backend *be) {
     if (!be) return;
     cu_be *cb = impl_of(be);
+    cu_host_tier_detach(be);
     if (cb) {
         if (cb->st) cudaStreamSynchronize(cb->st);
         for (int i = 0; i < N_CHUNK_BUCKETS; i++)
@@ -1791,6 +1793,8 @@ extern "C" squad_backend *squad_cuda_backend_new(const squad_model *model, const
     be->gdn_snapshot_bytes = cb->gdn_bytes;
     be->kv_bytes_per_pos = cb->kv_pos_elems * cb->es;
     be->specialists = cb->sp != NULL;
+    squad_err tier_err = {};
+    if (cu_host_tier_attach(be, cb->device, cb->st, &tier_err)) cu_host_tier_detach(be); /* no host tier only */
     return be;
 }
 

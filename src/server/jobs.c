@@ -64,6 +64,7 @@ struct srv_jobs {
     srv_jobs_stats stats; /* counters and the engine figures, published under lock */
     void (*log)(void *ctx, const char *line);
     srv_jobs_on_ready on_ready;
+    void (*on_stop)(void *ctx, squad_engine *engine);
     void *log_ctx; /* the owner's context for log and on_ready */
 };
 
@@ -314,6 +315,13 @@ static void run_clear(srv_jobs *s, srv_job *job) {
     complete(s, job, SRV_JOB_OK);
 }
 
+static void run_call(srv_jobs *s, srv_job *job) {
+    job->t_start = squad_now_seconds();
+    job->engine_call(job->call_ctx, s->engine);
+    publish_engine_stats(s, 0.0);
+    complete(s, job, SRV_JOB_OK);
+}
+
 /* Moves jobs from the head of the queue into the engine while they fit (jobs.h); after a
  * shutdown's grace, answers the waiting ones instead. */
 static void take_from_queue(srv_jobs *s) {
@@ -343,6 +351,7 @@ static void take_from_queue(srv_jobs *s) {
         pthread_mutex_unlock(&s->lock);
         if (shutdown) complete(s, j, SRV_JOB_SHUTDOWN);
         else if (j->kind == SRV_JOB_CLEAR) run_clear(s, j);
+        else if (j->kind == SRV_JOB_CALL) run_call(s, j);
         else if (admit(s, j, others) < 0) {
             if (j->errs && j->n_rows > 0) squad_fail(&j->errs[0], SQUAD_E_NOMEM, "out of memory for %d rows", j->n_rows);
             complete(s, j, SRV_JOB_FAILED);
@@ -493,7 +502,17 @@ static void *jobs_main(void *arg) {
         pthread_mutex_unlock(&s->lock);
         if (!wait_for_work(s)) break;
     }
+    pthread_mutex_lock(&s->lock);
+    void (*on_stop)(void *, squad_engine *) = s->on_stop;
+    pthread_mutex_unlock(&s->lock);
+    if (on_stop) on_stop(s->log_ctx, e);
     return NULL;
+}
+
+void srv_jobs_set_on_stop(srv_jobs *s, void (*on_stop)(void *ctx, squad_engine *engine)) {
+    pthread_mutex_lock(&s->lock);
+    s->on_stop = on_stop;
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* The sweeper: the scheduler thread cannot look at the queue while the engine runs a step (a long

@@ -39,7 +39,9 @@
 
 typedef enum {
     SRV_JOB_ROWS = 0, /* score rows */
-    SRV_JOB_CLEAR = 1 /* drop the engine's state cache and memo */
+    SRV_JOB_CLEAR = 1, /* drop the engine's state cache and memo */
+    SRV_JOB_CALL = 2   /* call engine_call(call_ctx, engine) on the scheduler thread (at the head of the
+                        * queue, rows in flight or not): the disk tier's adoption */
 } srv_job_kind;
 
 typedef enum {
@@ -65,6 +67,8 @@ struct srv_job {
     int (*client_gone)(void *ctx);  /* 1 when the client has disconnected (may be NULL) */
     void *client_ctx;
     void (*done)(srv_job *job);     /* called once, from the scheduler thread, at the end */
+    void (*engine_call)(void *ctx, squad_engine *engine); /* SRV_JOB_CALL's */
+    void *call_ctx;
     void *owner;
     /* set by the scheduler before done */
     srv_job_status status;
@@ -136,6 +140,10 @@ typedef int (*srv_jobs_on_ready)(void *ctx, squad_engine *engine, squad_err *err
 srv_jobs *srv_jobs_start(squad_model *model, const squad_engine_opts *opts, int queue_capacity,
                            void (*log)(void *ctx, const char *line), srv_jobs_on_ready on_ready, void *ctx,
                            squad_err *err);
+
+/* Called once on the scheduler thread after its last step, with the engine drained, before the
+ * engine is freed (the disk tier saves the cache then); set before srv_jobs_stop. */
+void srv_jobs_set_on_stop(srv_jobs *s, void (*on_stop)(void *ctx, squad_engine *engine));
 
 /* Queues a job: 0, or -1 when the queue is full or the scheduler is stopping (the job is not taken;
  * done is not called). */

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/cache_dir.h"
 #include "server/http.h"
 #include "server/request.h"
 #include "server/token_cache.h"
@@ -22,6 +23,13 @@
 #define SRV_ARRIVING_GRACE_S 1.0
 
 static void jobs_log_cb(void *ctx, const char *line) { srv_log(ctx, "%s", line); }
+
+/* The host tier's default budget: a fraction of the machine's RAM. */
+static size_t default_host_tier(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return 0;
+    return (size_t)pages / SQUAD_SERVE_HOST_TIER_RAM_FRACTION * (size_t)page;
+}
 
 void squad_server_opts_default(squad_server_opts *o) {
     memset(o, 0, sizeof *o);
@@ -36,6 +44,7 @@ void squad_server_opts_default(squad_server_opts *o) {
     o->max_questions = SQUAD_SERVE_MAX_QUESTIONS;
     o->timeout_s = SQUAD_SERVE_TIMEOUT_S;
     o->max_conns_per_ip = SQUAD_SERVE_MAX_CONNS_PER_IP;
+    o->engine.cache.host_budget_bytes = default_host_tier();
 }
 
 /* The last path component of dir (trailing slashes ignored). */
@@ -119,6 +128,15 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     int n_names = srv->sp ? squad_specialists_count(srv->sp) : 0;
     if (n_names > SQUAD_MAX_ROUTES) n_names = SQUAD_MAX_ROUTES;
     for (int i = 0; i < n_names; i++) names[i] = squad_specialists_label(srv->sp, i);
+    squad_cache_stats cs;
+    squad_engine_cache_stats(engine, &cs);
+    if (cs.host_budget_bytes > 0)
+        srv_log(srv, "host tier: %.0f MB of pinned host memory under the state cache (--cache-host-mb; default 1/%d "
+                "of RAM)", (double)cs.host_budget_bytes / (1 << 20), SQUAD_SERVE_HOST_TIER_RAM_FRACTION);
+    else if (cs.budget_bytes > 0 && !strcmp(squad_engine_device(engine), "cpu"))
+        srv_log(srv, "host tier: off (the CPU backend's checkpoints are host memory already; --cache-dir is its "
+                "second tier)");
+    if (srv->cache_dir) srv_cache_dir_start(srv->cache_dir, engine); /* /ready does not wait for it */
     srv->dapi = squad_dapi_ctx_new(srv->tok, srv->served_name, n_names ? names : NULL, n_names, srv->max_tokens, err);
     if (!srv->dapi) return err->code ? err->code : SQUAD_E_NOMEM;
     for (int a = 0; a < SQUAD_DAPI_COUNT; a++) {
@@ -126,6 +144,21 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
         if (off) srv_log(srv, "%s is disabled for this tokenizer: %s", a == SQUAD_DAPI_DECISIONS ? "/v1/decisions" : "/v1/systemone", off);
     }
     return 0;
+}
+
+/* On the scheduler thread after the drain, before the engine is freed: the disk tier's save. */
+static void on_engine_stop(void *ctx, squad_engine *engine) {
+    squad_server *srv = ctx;
+    if (srv->cache_dir) srv_cache_dir_save(srv->cache_dir, engine);
+}
+
+/* --cache-dir: the tokenizer file joins the cache file's identity. */
+static int make_cache_dir(squad_server *srv, const squad_server_opts *opts, squad_err *err) {
+    char *tok = opts->tokenizer_path ? NULL : squad_path_join(opts->model_dir, "tokenizer.json", err);
+    if (!opts->tokenizer_path && !tok) return err->code;
+    srv->cache_dir = srv_cache_dir_new(srv, opts->cache_dir, opts->tokenizer_path ? opts->tokenizer_path : tok, err);
+    free(tok);
+    return srv->cache_dir ? 0 : err->code;
 }
 
 squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
@@ -158,6 +191,7 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
     srv->opts.host = NULL; /* borrowed strings are not kept past this call */
     srv->opts.specialists_dir = NULL;
     srv->opts.tokenizer_path = srv->opts.template_path = NULL;
+    srv->opts.cache_dir = NULL;
     /* The release date /v1/models lists: the day config.json was written. */
     char *cfg = squad_path_join(opts->model_dir, "config.json", err);
     struct stat st;
@@ -183,9 +217,12 @@ squad_server *squad_server_new(const squad_server_opts *opts, squad_err *err) {
     }
     srv->opts.engine.specialists = srv->sp;
     if (opts->memo_bytes && !(srv->memo = squad_lru_map_new(opts->memo_bytes, SQUAD_LRU_MAP_LOCKED, err))) goto fail;
+    if (opts->cache_dir && make_cache_dir(srv, opts, err)) goto fail;
     srv->jobs = srv_jobs_start(srv->model, &srv->opts.engine, opts->queue > 0 ? opts->queue : 1, jobs_log_cb,
                                  on_engine_ready, srv, err);
     if (!srv->jobs) goto fail;
+    srv_jobs_set_on_stop(srv->jobs, on_engine_stop);
+    if (srv->cache_dir) srv_cache_dir_attach(srv->cache_dir, srv->jobs);
     return srv;
 fail:
     squad_server_free(srv);
@@ -210,6 +247,7 @@ void squad_server_shutdown(squad_server *srv, double grace_s) {
        closes those that send nothing more ... */
     double until = squad_now_seconds() + grace_s;
     while (atomic_load(&srv->in_engine) > 0 && squad_now_seconds() < until) usleep(2000);
+    srv_cache_dir_stop_reader(srv->cache_dir); /* before the queue its adoption job goes to stops */
     /* ... then the scheduler answers what is left (503) and stops; the daemon sends those answers. */
     srv_jobs_stop(srv->jobs, 0);
     srv->jobs = NULL;
@@ -224,6 +262,7 @@ void squad_server_shutdown(squad_server *srv, double grace_s) {
 void squad_server_free(squad_server *srv) {
     if (!srv) return;
     squad_server_shutdown(srv, 0);
+    srv_cache_dir_free(srv->cache_dir); /* after the queue: a save ran in its stop */
     squad_dapi_ctx_free(srv->dapi);
     squad_specialists_free(srv->sp); /* after the engine (the scheduler freed it) */
     squad_model_free(srv->model);

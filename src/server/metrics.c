@@ -42,6 +42,31 @@ static void gauge(squad_buf *b, const char *name, const char *help, double v) {
     squad_buf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
 }
 
+/* The state cache's tiers (docs/design.md section 7): the host tier under the device budget and
+ * the disk tier's records. */
+static void tier_metrics(squad_buf *b, const squad_cache_stats *c) {
+    gauge(b, "squad_cache_host_checkpoints", "Checkpoints the host-RAM tier holds.", (double)c->host_checkpoints);
+    gauge(b, "squad_cache_host_bytes", "Bytes the host-RAM tier holds.", (double)c->host_bytes_held);
+    gauge(b, "squad_cache_host_budget_bytes", "The host-RAM tier's budget (0: off).", (double)c->host_budget_bytes);
+    counter(b, "squad_cache_demotions_total", "Checkpoints moved from the device budget to the host tier.", c->demotions);
+    counter(b, "squad_cache_promotions_total", "Checkpoints moved back from the host tier for a row.", c->promotions);
+    counter(b, "squad_cache_host_recomputed_total",
+            "Rows that found their state only in the host tier and recomputed it (cheaper by the cost model).",
+            c->host_recomputed);
+    counter(b, "squad_cache_host_evictions_total", "Checkpoints dropped from the host tier for room.", c->host_evicted);
+    squad_buf_printf(b, "# HELP squad_cache_tier_seconds_total Seconds spent moving checkpoints between tiers.\n"
+                        "# TYPE squad_cache_tier_seconds_total counter\n"
+                        "squad_cache_tier_seconds_total{kind=\"promote\"} %.6f\n"
+                        "squad_cache_tier_seconds_total{kind=\"demote\"} %.6f\n",
+                     c->promote_seconds, c->demote_seconds);
+    squad_buf_printf(b, "# HELP squad_cache_disk_records_total Checkpoint records of the disk tier (--cache-dir).\n"
+                        "# TYPE squad_cache_disk_records_total counter\n"
+                        "squad_cache_disk_records_total{kind=\"saved\"} %" PRIu64 "\n"
+                        "squad_cache_disk_records_total{kind=\"loaded\"} %" PRIu64 "\n"
+                        "squad_cache_disk_records_total{kind=\"refused\"} %" PRIu64 "\n",
+                     c->disk_saved, c->disk_loaded, c->disk_refused);
+}
+
 /* A histogram without labels from its bucket counts (SRV_STEP_BUCKETS bounds, then +Inf). */
 static void histogram(squad_buf *b, const char *name, const char *help, const double *bounds, const uint64_t *bucket,
                       double sum) {
@@ -175,6 +200,7 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     gauge(b, "squad_cache_budget_bytes", "The state cache's budget.", (double)c->budget_bytes);
     gauge(b, "squad_cache_usage_ratio", "The state cache's bytes held as a fraction of its budget (0..1).",
           c->budget_bytes ? (double)c->bytes_held / (double)c->budget_bytes : 0.0);
+    tier_metrics(b, c);
     counter(b, "squad_token_cache_hits_total", "Texts whose token ids the token cache held.", v->tokens.hits);
     counter(b, "squad_token_cache_misses_total", "Texts the token cache did not hold.", v->tokens.misses);
     gauge(b, "squad_token_cache_bytes", "Bytes the token cache holds.", (double)v->tokens.bytes_held);
@@ -232,10 +258,16 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
                      ", \"plain\": %" PRIu64 ", \"memo_hits\": %" PRIu64 ", \"tokens_memo\": %" PRIu64
                      ", \"tokens_reused\": %" PRIu64 ", \"tokens_computed\": %" PRIu64 ", \"uncacheable\": %" PRIu64
                      ", \"checkpoints_made\": %" PRIu64 ", \"evicted\": %" PRIu64 ", \"checkpoints\": %" PRIu64
-                     ", \"groups\": %" PRIu64 ", \"bytes_held\": %zu, \"budget_bytes\": %zu}",
+                     ", \"groups\": %" PRIu64 ", \"bytes_held\": %zu, \"budget_bytes\": %zu"
+                     ", \"host_checkpoints\": %" PRIu64 ", \"host_bytes_held\": %zu, \"host_budget_bytes\": %zu"
+                     ", \"demotions\": %" PRIu64 ", \"promotions\": %" PRIu64 ", \"host_recomputed\": %" PRIu64
+                     ", \"host_evicted\": %" PRIu64 ", \"promote_seconds\": %.6f, \"demote_seconds\": %.6f"
+                     ", \"disk_saved\": %" PRIu64 ", \"disk_loaded\": %" PRIu64 ", \"disk_refused\": %" PRIu64 "}",
                      c->rows, c->hits, c->partial, c->cold, c->plain, c->memo_hits, c->tokens_memo, c->tokens_reused,
                      c->tokens_computed, c->uncacheable, c->checkpoints_made, c->evicted, c->checkpoints, c->groups,
-                     c->bytes_held, c->budget_bytes);
+                     c->bytes_held, c->budget_bytes, c->host_checkpoints, c->host_bytes_held, c->host_budget_bytes,
+                     c->demotions, c->promotions, c->host_recomputed, c->host_evicted, c->promote_seconds,
+                     c->demote_seconds, c->disk_saved, c->disk_loaded, c->disk_refused);
     squad_buf_printf(b, ", \"router\": {\"mispredictions\": %" PRIu64 ", \"routes\": {", c->mispredictions);
     for (int i = 0; v->sp && i < v->jobs.n_routes; i++) {
         if (i) squad_buf_puts(b, ", ");

@@ -54,6 +54,7 @@ struct squad_server {
     int max_tokens;
     const char *max_tokens_limit; /* which limit max_tokens is, for messages ("--max-tokens", ...) */
     srv_jobs *jobs; /* the request queue and its scheduler thread */
+    struct srv_cache_dir *cache_dir; /* --cache-dir (cache_dir.h); NULL: none */
     squad_lru_map *memo;   /* the request memo (locked) */
     squad_lru_map *tokens; /* the token cache (locked) */
     srv_metrics metrics;

@@ -34,6 +34,8 @@
 /* Bounds of --max-rows and --batch-tokens (the engine caps them by what its backend can do). */
 #define SQUAD_SERVE_MAX_ROWS (1 << 16)
 #define SQUAD_SERVE_MAX_BATCH_TOKENS INT32_MAX
+/* The host tier (--cache-host-mb) defaults to this fraction of the machine's RAM (used on CUDA only). */
+#define SQUAD_SERVE_HOST_TIER_RAM_FRACTION 4
 /* Rows the scheduler submits beyond --max-rows (server/jobs.h). */
 #define SQUAD_SERVE_LOOKAHEAD_ROWS 4
 
@@ -50,6 +52,7 @@ typedef struct squad_server_opts {
     int n_api_keys;
     squad_engine_opts engine;  /* engine.specialists is set by the server from specialists_dir */
     const char *specialists_dir; /* squad-specialists.json's directory (docs/specialists.md); NULL: none */
+    const char *cache_dir;    /* the disk tier: the state cache saved here at shutdown, loaded at start */
     size_t memo_bytes;        /* the request memo's budget; 0 turns it off */
     size_t token_cache_bytes; /* the token cache's budget; 0 turns it off */
     int queue;                /* jobs that may wait */

@@ -1,0 +1,236 @@
+/*
+ * gpu_test_tiers.c — the state cache's host tier on the CUDA backend (docs/design.md section 7,
+ * "Tiers"), and the issue's figure: restoring a 4,096-token state from host memory against
+ * recomputing it.
+ *
+ *  - equality: on a synthesized model (the demo preset) with a device budget of one state and a
+ *    host tier, states 0..3 cached in turn (0 demoted to pinned host memory), then a new question
+ *    on state 0 promotes it back: the answer equals that of an engine that never evicted it (the
+ *    same restore point: identical), the cache stays consistent, and the host tier within its
+ *    budget; then with promotion refused (the test hook) the row recomputes and answers within
+ *    TOL_CUDA_EXACT_CACHED of the uncached engine;
+ *  - the figure: on SQUAD_TIERS_MODEL (tools/gpu_run.sh passes the 0.8B preset; default the demo
+ *    preset), bf16, a 4,096-token state cached, demoted (a second state through a device budget of
+ *    one), then restored by a hit (the promotion's seconds from the cache statistics) against a cold
+ *    row of the same length (best of a few); printed with the bytes moved and the bandwidth the
+ *    backend measured.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cache_internal.h"
+#include "engine.h"
+#include "squad.h"
+#include "synth.h"
+#include "testutil.h"
+#include "tolerances.h"
+#include "util.h"
+
+#ifdef SQUAD_HAVE_CUDA
+
+#define EQ_STATE 1024
+#define FIG_STATE 4096
+#define QUESTION 16
+#define COLD_REPEATS 3
+
+typedef struct grow {
+    int32_t *ids;
+    int32_t slots[2], nopts[2], letters[4];
+    squad_row row;
+} grow;
+
+static void fill(int32_t *v, int n, uint64_t seed, int vocab) {
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 11;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        v[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+static int grow_make(grow *r, int state_len, int state, int q, int vocab) {
+    const int n = state_len + QUESTION;
+    r->ids = malloc((size_t)n * sizeof *r->ids);
+    if (!r->ids) return -1;
+    fill(r->ids, state_len, 1000 + (uint64_t)state, vocab);
+    fill(r->ids + state_len, QUESTION, 7000 + (uint64_t)state * 31 + (uint64_t)q, vocab);
+    r->slots[0] = n - 2;
+    r->slots[1] = n - 1;
+    r->nopts[0] = 2;
+    r->nopts[1] = 4;
+    for (int l = 0; l < 4; l++) r->letters[l] = l + 1;
+    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, state_len, 0, NULL, 0};
+    return 0;
+}
+
+static squad_engine *cuda_engine(squad_model *m, squad_precision prec, size_t budget, size_t host) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precision = prec;
+    o.cache.budget_bytes = budget;
+    o.cache.host_budget_bytes = host;
+    o.max_tokens = squad_model_max_tokens(m) < 8192 ? 0 : 8192;
+    squad_err err = {0};
+    squad_engine *e = squad_engine_new(m, &o, &err);
+    CHECKF(e != NULL, "engine: %s", err.msg);
+    return e;
+}
+
+static int score(squad_engine *e, const squad_row *row, squad_result *out) {
+    squad_err err = {0};
+    const int rc = squad_engine_score(e, row, out, &err);
+    CHECKF(rc == 0, "score: %s", err.msg);
+    return rc;
+}
+
+static double diff(const squad_row *row, const squad_result *a, const squad_result *b) {
+    double d = 0;
+    for (int s = 0; s < row->n_slots; s++)
+        for (int l = 0; l < row->nopts[s]; l++) {
+            const double x = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
+            if (x > d) d = x;
+        }
+    return d;
+}
+
+/* The bytes a state of n positions costs in the cache (its group and its checkpoints at most). */
+static size_t state_budget(squad_engine *e, int n) {
+    return squad_cache_group_cost(e->cache, n) + 4 * squad_cache_ckpt_cost(e->cache) + 4096;
+}
+
+static void test_equality(squad_model *m, int force) {
+    const int V = squad_model_vocab_size(m);
+    squad_engine *probe = cuda_engine(m, SQUAD_PRECISION_EXACT, (size_t)1 << 30, 0);
+    if (!probe) return;
+    const size_t one = state_budget(probe, EQ_STATE);
+    squad_engine_free(probe);
+    squad_engine *e = cuda_engine(m, SQUAD_PRECISION_EXACT, one, 8 * one);
+    squad_engine *big = cuda_engine(m, SQUAD_PRECISION_EXACT, (size_t)1 << 30, 0);
+    squad_engine *plain = cuda_engine(m, SQUAD_PRECISION_EXACT, 0, 0);
+    if (!e || !big || !plain) goto done;
+    squad_cache_stats st;
+    squad_engine_cache_stats(e, &st);
+    CHECKF(st.host_budget_bytes == 8 * one, "the CUDA backend's host tier: %zu bytes", st.host_budget_bytes);
+    CHECK(e->be->blob_to_host != NULL && e->be->host_copy_bytes_per_s > 0);
+    if (force) squad_cache_debug_host_tier(e->cache, 8 * one, force);
+    grow r;
+    squad_result a, b, c;
+    for (int s = 0; s < 4; s++) {
+        if (grow_make(&r, EQ_STATE, s, 0, V)) break;
+        score(e, &r.row, &a);
+        if (s == 0) score(big, &r.row, &b);
+        free(r.ids);
+        char why[256] = "";
+        CHECKF(squad_cache_check(e->cache, why, sizeof why) == 0, "after state %d: %s", s, why);
+    }
+    squad_engine_cache_stats(e, &st);
+    CHECKF(st.demotions > 0 && st.host_checkpoints > 0, "demotions %llu, host checkpoints %llu",
+           (unsigned long long)st.demotions, (unsigned long long)st.host_checkpoints);
+    CHECK(st.host_bytes_held <= st.host_budget_bytes);
+    if (grow_make(&r, EQ_STATE, 0, 1, V) == 0) {
+        const uint64_t promotions = st.promotions;
+        score(e, &r.row, &a);
+        score(big, &r.row, &b);
+        score(plain, &r.row, &c);
+        squad_engine_cache_stats(e, &st);
+        if (force >= 0) {
+            CHECKF(st.promotions > promotions && a.reused == b.reused, "promotions %llu, reused %d vs %d",
+                   (unsigned long long)st.promotions, a.reused, b.reused);
+            CHECKF(memcmp(a.probs, b.probs, sizeof a.probs) == 0, "promoted vs never evicted: %.3g", diff(&r.row, &a, &b));
+        } else {
+            CHECKF(st.host_recomputed > 0 && a.reused < b.reused, "recomputed %llu, reused %d",
+                   (unsigned long long)st.host_recomputed, a.reused);
+        }
+        CHECKF(diff(&r.row, &a, &c) <= TOL_CUDA_EXACT_CACHED, "against uncached: %.3g", diff(&r.row, &a, &c));
+        char why[256] = "";
+        CHECKF(squad_cache_check(e->cache, why, sizeof why) == 0, "after the promotion: %s", why);
+        free(r.ids);
+    }
+    printf("equality (%s): demotions %llu, promotions %llu, recomputed %llu\n", force >= 0 ? "promote" : "recompute",
+           (unsigned long long)st.demotions, (unsigned long long)st.promotions, (unsigned long long)st.host_recomputed);
+done:
+    squad_engine_free(e);
+    squad_engine_free(big);
+    squad_engine_free(plain);
+}
+
+/* The figure: restore of a FIG_STATE-token state from host memory against recomputing it. */
+static void test_figure(squad_model *m, const char *name) {
+    const int V = squad_model_vocab_size(m);
+    squad_engine *probe = cuda_engine(m, SQUAD_PRECISION_BF16, (size_t)1 << 30, 0);
+    if (!probe) return;
+    const size_t one = state_budget(probe, FIG_STATE);
+    const size_t gdn = probe->be->gdn_snapshot_bytes, kvb = probe->be->kv_bytes_per_pos;
+    squad_engine_free(probe);
+    squad_engine *e = cuda_engine(m, SQUAD_PRECISION_BF16, one, 4 * one);
+    squad_engine *cold = cuda_engine(m, SQUAD_PRECISION_BF16, 0, 0);
+    if (!e || !cold) goto done;
+    squad_cache_debug_host_tier(e->cache, 4 * one, 1); /* always promote: the restore is what is timed */
+    grow r0, r1, q;
+    if (grow_make(&r0, FIG_STATE, 0, 0, V) || grow_make(&r1, FIG_STATE, 1, 0, V) || grow_make(&q, FIG_STATE, 0, 1, V))
+        goto done;
+    squad_result out;
+    score(e, &r0.row, &out);
+    score(e, &r1.row, &out); /* state 0 goes down to the host tier */
+    squad_cache_stats st;
+    squad_engine_cache_stats(e, &st);
+    const double p0 = st.promote_seconds;
+    double t = squad_now_seconds();
+    score(e, &q.row, &out);
+    const double hit_s = squad_now_seconds() - t;
+    squad_engine_cache_stats(e, &st);
+    CHECKF(out.reused == FIG_STATE && st.promotions >= 1, "figure: reused %d, promotions %llu", out.reused,
+           (unsigned long long)st.promotions);
+    double cold_s = 1e9;
+    for (int i = 0; i < COLD_REPEATS; i++) {
+        t = squad_now_seconds();
+        score(cold, &q.row, &out);
+        const double dt = squad_now_seconds() - t;
+        if (dt < cold_s) cold_s = dt;
+    }
+    const double bytes = (double)gdn + (double)FIG_STATE * (double)kvb;
+    printf("figure (%s, bf16): a %d-token state, %.1f MB (GDN %.1f MB + K/V %.1f MB): restore from host %.3f ms "
+           "(%.1f GB/s; the backend's probe %.1f GB/s), the hit's row %.3f ms (restore + %d-token question), "
+           "recompute (cold row, best of %d) %.3f ms; demotions took %.3f ms\n",
+           name, FIG_STATE, bytes / 1e6, (double)gdn / 1e6, (double)FIG_STATE * (double)kvb / 1e6,
+           (st.promote_seconds - p0) * 1e3, bytes / (st.promote_seconds - p0) / 1e9, e->be->host_copy_bytes_per_s / 1e9,
+           hit_s * 1e3, QUESTION, COLD_REPEATS, cold_s * 1e3, st.demote_seconds * 1e3);
+    free(r0.ids);
+    free(r1.ids);
+    free(q.ids);
+done:
+    squad_engine_free(e);
+    squad_engine_free(cold);
+}
+
+int main(void) {
+    if (squad_cuda_device_count() <= 0) {
+        printf("gpu_test_tiers: no CUDA device, skipped\n");
+        return TEST_SKIPPED;
+    }
+    squad_model *demo = test_synth_model("demo", 7);
+    if (demo) {
+        test_equality(demo, 1);
+        test_equality(demo, -1);
+    }
+    const char *dir = getenv("SQUAD_TIERS_MODEL");
+    if (dir && dir[0]) {
+        squad_err err = {0};
+        squad_model *m = squad_model_load(dir, &err);
+        CHECKF(m != NULL, "%s: %s", dir, err.msg);
+        if (m) test_figure(m, dir);
+        squad_model_free(m);
+    } else if (demo) {
+        test_figure(demo, "demo preset");
+    }
+    squad_model_free(demo);
+    return test_summary("gpu_test_tiers");
+}
+#else
+int main(void) {
+    printf("gpu_test_tiers: built without CUDA, skipped\n");
+    return TEST_SKIPPED;
+}
+#endif

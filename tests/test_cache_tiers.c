@@ -1,0 +1,461 @@
+/*
+ * test_cache_tiers.c — the state cache's tiers (docs/design.md section 7, "Tiers") on the CPU.
+ *
+ * The host tier is enabled on the CPU backend through the cache's test hook (copies by memcpy), so
+ * the demote / promote bookkeeping runs here as it does over CUDA's device blobs. Checks:
+ *  - rows whose checkpoints were demoted and promoted back answer as the uncached engine, and the
+ *    same as an engine that never evicted them (the same restore point: identical);
+ *  - a state evicted from both tiers is recomputed (cold) and answers the same;
+ *  - a row that finds its state only in host memory and is told not to promote recomputes from the
+ *    deepest device checkpoint, and answers the same;
+ *  - the host tier never holds more than its budget, and the cache stays consistent throughout;
+ *  - restart: an engine saves, a new engine on the same model loads, and the first repeated
+ *    question is a hit with identical probabilities; another model (another synth seed), another
+ *    tokenizer file and another specialists set get nothing from the same file;
+ *  - a truncated or bit-flipped file loads only its valid records, and those answer correctly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cache_internal.h"
+#include "engine.h"
+#include "specialists.h"
+#include "specialists_synth.h"
+#include "squad.h"
+#include "synth.h"
+#include "testutil.h"
+#include "tolerances.h"
+
+#define STATE_LEN 320 /* p = 320: checkpoints at 256 (stride) and 320 (tail, end) */
+#define QUESTION 8
+#define N_STATES 6
+
+typedef struct trow {
+    int32_t ids[STATE_LEN + QUESTION], slots[2], nopts[2], letters[4];
+    squad_row row;
+} trow;
+
+static void fill(int32_t *v, int n, uint64_t seed, int vocab) {
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 11;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        v[i] = (int32_t)(x % (uint64_t)vocab);
+    }
+}
+
+/* State `state`, question `q`: a row of its own arrays. */
+static void row_make(trow *r, int state, int q, int vocab) {
+    fill(r->ids, STATE_LEN, 1000 + (uint64_t)state, vocab);
+    fill(r->ids + STATE_LEN, QUESTION, 5000 + (uint64_t)state * 131 + (uint64_t)q, vocab);
+    const int n = STATE_LEN + QUESTION;
+    r->slots[0] = n - 2;
+    r->slots[1] = n - 1;
+    r->nopts[0] = 2;
+    r->nopts[1] = 4;
+    for (int l = 0; l < 4; l++) r->letters[l] = l + 1;
+    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, STATE_LEN, 0, NULL, 0};
+}
+
+static squad_model *synth_model(const char *name, unsigned seed) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", test_tmpdir(), name);
+    squad_synth_opts so;
+    memset(&so, 0, sizeof so);
+    so.preset = "tiny";
+    so.out_dir = dir;
+    so.seed = seed;
+    squad_err err = {0};
+    if (squad_synth_write(&so, &err)) {
+        CHECKF(0, "synth: %s", err.msg);
+        return NULL;
+    }
+    squad_model *m = squad_model_load(dir, &err);
+    CHECKF(m != NULL, "load: %s", err.msg);
+    return m;
+}
+
+static squad_engine *engine(squad_model *m, size_t budget, const squad_specialists *sp) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CPU;
+    o.threads = 1;
+    o.precision = SQUAD_PRECISION_EXACT;
+    o.cache.budget_bytes = budget;
+    o.cache.stride = 256;
+    o.cache.min_prefix = 64;
+    o.specialists = sp;
+    squad_err err = {0};
+    squad_engine *e = squad_engine_new(m, &o, &err);
+    CHECKF(e != NULL, "engine: %s", err.msg);
+    return e;
+}
+
+static double diff(const squad_row *row, const squad_result *a, const squad_result *b) {
+    double d = 0;
+    for (int s = 0; s < row->n_slots; s++)
+        for (int l = 0; l < row->nopts[s]; l++) {
+            const double x = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
+            if (x > d) d = x;
+        }
+    return d;
+}
+
+static int consistent(squad_engine *e, const char *what) {
+    char why[256] = "";
+    const int ok = squad_cache_check(e->cache, why, sizeof why) == 0;
+    CHECKF(ok, "%s: %s", what, why);
+    return ok;
+}
+
+static int score(squad_engine *e, const squad_row *row, squad_result *out) {
+    squad_err err = {0};
+    const int rc = squad_engine_score(e, row, out, &err);
+    CHECKF(rc == 0, "score: %s", err.msg);
+    return rc;
+}
+
+/* The bytes one state's checkpoints cost: its group and its three checkpoints (256, 320 twice
+ * collapses to two: 256 and 320). */
+static size_t state_cost(squad_engine *e) {
+    return squad_cache_group_cost(e->cache, 320) + 2 * squad_cache_ckpt_cost(e->cache);
+}
+
+/* ---- the host tier ------------------------------------------------------------------------- */
+
+/* States 0..N-1 cached in turn through a device budget of two states; then state 0 again. */
+static void host_tier_case(squad_model *m, squad_engine *plain, const char *name, size_t host_states, int force) {
+    const int V = squad_model_vocab_size(m);
+    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
+    if (!probe) return;
+    const size_t one = state_cost(probe);
+    squad_engine_free(probe);
+    squad_engine *e = engine(m, 2 * one + 4096, NULL);
+    if (!e) return;
+    const size_t host_budget = host_states * one + 1024;
+    squad_cache_debug_host_tier(e->cache, host_budget, force);
+    squad_result r, ref;
+    trow row;
+    squad_cache_stats st;
+    for (int s = 0; s < N_STATES; s++) {
+        row_make(&row, s, 0, V);
+        if (score(e, &row.row, &r)) break;
+        squad_engine_cache_stats(e, &st);
+        CHECKF(st.host_bytes_held <= host_budget, "%s: host tier %zu bytes over its budget %zu", name,
+               st.host_bytes_held, host_budget);
+        CHECKF(st.bytes_held <= st.budget_bytes, "%s: device %zu over %zu", name, st.bytes_held, st.budget_bytes);
+        consistent(e, name);
+    }
+    squad_engine_cache_stats(e, &st);
+    printf("%s: demotions %llu, host checkpoints %llu (%zu bytes of %zu), host evicted %llu\n", name,
+           (unsigned long long)st.demotions, (unsigned long long)st.host_checkpoints, st.host_bytes_held,
+           st.host_budget_bytes, (unsigned long long)st.host_evicted);
+    CHECKF(st.demotions > 0, "%s: nothing was demoted", name);
+    CHECKF(st.host_budget_bytes == host_budget, "%s: host budget %zu", name, st.host_budget_bytes);
+    /* state 0 again with a new question (the memo cannot answer it) */
+    row_make(&row, 0, 1, V);
+    const squad_cache_stats before = st;
+    if (score(e, &row.row, &r) || score(plain, &row.row, &ref)) goto done;
+    squad_engine_cache_stats(e, &st);
+    consistent(e, name);
+    CHECKF(diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s: %.3g from the uncached answer", name,
+           diff(&row.row, &r, &ref));
+    if (host_states >= N_STATES) { /* everything fit the host tier: state 0 was there */
+        if (force > 0) {
+            CHECKF(r.reused == STATE_LEN - STATE_LEN % 64, "%s: reused %d after a promotion", name, r.reused);
+            CHECKF(st.promotions > before.promotions, "%s: no promotion", name);
+            CHECK(st.promote_seconds > 0);
+            /* an engine that never evicted state 0 restores the same position: the same answer */
+            squad_engine *big = engine(m, (size_t)1 << 30, NULL);
+            trow first;
+            row_make(&first, 0, 0, V);
+            squad_result rb;
+            if (big && !score(big, &first.row, &rb) && !score(big, &row.row, &rb))
+                CHECKF(memcmp(rb.probs, r.probs, sizeof r.probs) == 0 && rb.reused == r.reused,
+                       "%s: promoted answer differs from the never-evicted one", name);
+            squad_engine_free(big);
+        } else if (force < 0) {
+            CHECKF(r.reused < STATE_LEN - STATE_LEN % 64, "%s: reused %d without promoting", name, r.reused);
+            CHECKF(st.host_recomputed > before.host_recomputed, "%s: the recompute was not counted", name);
+            CHECK(st.promotions == before.promotions);
+        }
+    } else { /* state 0 fell out of both tiers */
+        CHECKF(r.reused == 0, "%s: reused %d of a state evicted from both tiers", name, r.reused);
+        CHECKF(st.host_evicted > 0, "%s: the host tier evicted nothing", name);
+    }
+    /* a clear empties both tiers */
+    squad_engine_cache_clear(e);
+    squad_engine_cache_stats(e, &st);
+    CHECK(st.checkpoints == 0 && st.host_checkpoints == 0 && st.host_bytes_held == 0);
+    consistent(e, name);
+done:
+    squad_engine_free(e);
+}
+
+/* Without the test hook the CPU backend has no host tier: its blobs are host memory already. */
+static void host_tier_off_on_cpu(squad_model *m) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CPU;
+    o.threads = 1;
+    o.cache.host_budget_bytes = (size_t)64 << 20;
+    squad_err err = {0};
+    squad_engine *e = squad_engine_new(m, &o, &err);
+    if (!e) return;
+    squad_cache_stats st;
+    squad_engine_cache_stats(e, &st);
+    CHECKF(st.host_budget_bytes == 0, "the CPU backend reports a host tier of %zu bytes", st.host_budget_bytes);
+    squad_engine_free(e);
+}
+
+/* ---- the disk tier ------------------------------------------------------------------------- */
+
+static void copy_file(const char *from, const char *to, long keep, long flip_at) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    CHECK(a && b);
+    if (!a || !b) {
+        if (a) fclose(a);
+        if (b) fclose(b);
+        return;
+    }
+    long i = 0;
+    int ch;
+    while ((ch = fgetc(a)) != EOF && (keep < 0 || i < keep)) {
+        if (i == flip_at) ch ^= 0x10;
+        fputc(ch, b);
+        i++;
+    }
+    fclose(a);
+    fclose(b);
+}
+
+static long file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+static squad_cache_store_opts store_opts(const char *dir, const char *tok) {
+    squad_cache_store_opts o;
+    memset(&o, 0, sizeof o);
+    o.dir = dir;
+    o.tokenizer_path = tok;
+    return o;
+}
+
+/* Loads dir into a fresh engine on m: the checkpoints adopted. */
+static uint64_t load_into(squad_engine *e, const char *dir, const char *tok, squad_cache_store_stats *st) {
+    squad_cache_store_opts o = store_opts(dir, tok);
+    squad_err err = {0};
+    const int rc = squad_engine_cache_load(e, &o, st, &err);
+    CHECKF(rc == 0, "load %s: %s", dir, err.msg);
+    consistent(e, "after a load");
+    return st->checkpoints;
+}
+
+static void disk_tier(squad_model *m, squad_model *other, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    char dir[600], tok[600], tok2[600], path[700], bad[700];
+    snprintf(dir, sizeof dir, "%s/store", test_tmpdir());
+    snprintf(tok, sizeof tok, "%s/tokenizer-a.json", test_tmpdir());
+    snprintf(tok2, sizeof tok2, "%s/tokenizer-b.json", test_tmpdir());
+    FILE *f = fopen(tok, "w");
+    if (f) fputs("{\"a\": 1}", f), fclose(f);
+    f = fopen(tok2, "w");
+    if (f) fputs("{\"a\": 2}", f), fclose(f);
+    snprintf(path, sizeof path, "%s/squad-cache.bin", dir);
+
+    squad_engine *a = engine(m, (size_t)1 << 30, NULL);
+    if (!a) return;
+    trow row;
+    squad_result r, ra, rb;
+    for (int s = 0; s < 3; s++) {
+        row_make(&row, s, 0, V);
+        score(a, &row.row, &r);
+    }
+    squad_cache_store_opts o = store_opts(dir, tok);
+    squad_cache_store_stats st;
+    squad_err err = {0};
+    CHECKF(squad_engine_cache_save(a, &o, &st, &err) == 0, "save: %s", err.msg);
+    squad_cache_stats cs;
+    squad_engine_cache_stats(a, &cs);
+    CHECKF(st.checkpoints == cs.checkpoints && st.groups == cs.groups && cs.disk_saved == st.checkpoints,
+           "saved %llu checkpoints / %llu groups of %llu / %llu", (unsigned long long)st.checkpoints,
+           (unsigned long long)st.groups, (unsigned long long)cs.checkpoints, (unsigned long long)cs.groups);
+    CHECK(file_size(path) == (long)st.bytes);
+    const uint64_t saved = st.checkpoints;
+    row_make(&row, 1, 7, V); /* a new question on state 1 */
+    score(a, &row.row, &ra);
+
+    /* the same model, a new engine: everything loads, the question is a hit, identical */
+    squad_engine *b = engine(m, (size_t)1 << 30, NULL);
+    if (b) {
+        CHECKF(load_into(b, dir, tok, &st) == saved, "loaded %llu of %llu", (unsigned long long)st.checkpoints,
+               (unsigned long long)saved);
+        CHECK(st.refused == 0);
+        score(b, &row.row, &rb);
+        squad_engine_cache_stats(b, &cs);
+        CHECKF(cs.hits == 1 && rb.reused == ra.reused && rb.reused == 320, "after a restart: hits %llu, reused %d",
+               (unsigned long long)cs.hits, rb.reused);
+        CHECK(memcmp(ra.probs, rb.probs, sizeof ra.probs) == 0);
+        CHECK(cs.disk_loaded == saved);
+        /* a second load of the same file adopts nothing new (held already) */
+        load_into(b, dir, tok, &st);
+        CHECK(st.checkpoints == 0 && st.skipped == saved);
+        squad_engine_free(b);
+    }
+    /* a small budget keeps the most recent states */
+    b = engine(m, state_cost(a) + 4096, NULL);
+    if (b) {
+        load_into(b, dir, tok, &st);
+        CHECKF(st.checkpoints == 2 && st.skipped == saved - 2, "small budget: %llu loaded, %llu skipped",
+               (unsigned long long)st.checkpoints, (unsigned long long)st.skipped);
+        row_make(&row, 2, 9, V); /* state 2 was the most recent */
+        score(b, &row.row, &rb);
+        CHECKF(rb.reused == 320, "small budget: the most recent state reused %d", rb.reused);
+        squad_engine_free(b);
+    }
+    /* another tokenizer file: refused whole */
+    b = engine(m, (size_t)1 << 30, NULL);
+    if (b) {
+        CHECK(load_into(b, dir, tok2, &st) == 0);
+        CHECK(st.refused == saved + st.groups || st.refused > 0);
+        squad_engine_cache_stats(b, &cs);
+        CHECK(cs.disk_refused > 0 && cs.checkpoints == 0);
+        squad_engine_free(b);
+    }
+    /* another model (another synth seed) */
+    if (other) {
+        b = engine(other, (size_t)1 << 30, NULL);
+        if (b) {
+            CHECK(load_into(b, dir, tok, &st) == 0);
+            CHECK(st.refused > 0);
+            row_make(&row, 1, 7, squad_model_vocab_size(other));
+            score(b, &row.row, &rb);
+            CHECK(rb.reused == 0);
+            squad_engine_free(b);
+        }
+    }
+    /* truncated files: every cut loads only the records before it, each answering correctly */
+    const long size = file_size(path);
+    snprintf(bad, sizeof bad, "%s/bad", test_tmpdir());
+    mkdir(bad, 0755);
+    char bad_path[800];
+    snprintf(bad_path, sizeof bad_path, "%s/squad-cache.bin", bad);
+    const long cuts[] = {0, 10, 64, 64 + 20, size / 3, size / 2, size - 1};
+    uint64_t last = 0;
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        copy_file(path, bad_path, cuts[i], -1);
+        b = engine(m, (size_t)1 << 30, NULL);
+        if (!b) continue;
+        const uint64_t n = load_into(b, bad, tok, &st);
+        CHECKF(n < saved && n >= last, "cut at %ld: %llu loaded", cuts[i], (unsigned long long)n);
+        CHECKF(st.refused >= 1 || cuts[i] == 0 || cuts[i] == 64, "cut at %ld: nothing refused", cuts[i]);
+        last = n;
+        for (int s = 0; s < 3; s++) { /* whatever loaded answers as the uncached engine */
+            row_make(&row, s, 3, V);
+            if (score(b, &row.row, &rb) == 0 && score(plain, &row.row, &r) == 0)
+                CHECKF(diff(&row.row, &rb, &r) <= TOL_CPU_EXACT_CACHED, "cut at %ld, state %d", cuts[i], s);
+        }
+        squad_engine_free(b);
+    }
+    /* bit flips: in the header, in a record header, in a group payload, in a checkpoint payload */
+    const long flips[] = {20, 64 + 9, 64 + 32 + 100, size - 100};
+    for (size_t i = 0; i < sizeof flips / sizeof flips[0]; i++) {
+        copy_file(path, bad_path, -1, flips[i]);
+        b = engine(m, (size_t)1 << 30, NULL);
+        if (!b) continue;
+        const uint64_t n = load_into(b, bad, tok, &st);
+        CHECKF(n < saved && st.refused >= 1, "flip at %ld: %llu loaded, %llu refused", flips[i],
+               (unsigned long long)n, (unsigned long long)st.refused);
+        if (i == 3) CHECKF(n == saved - 1, "a flip in the last checkpoint: %llu loaded", (unsigned long long)n);
+        for (int s = 0; s < 3; s++) {
+            row_make(&row, s, 4, V);
+            if (score(b, &row.row, &rb) == 0 && score(plain, &row.row, &r) == 0)
+                CHECKF(diff(&row.row, &rb, &r) <= TOL_CPU_EXACT_CACHED, "flip at %ld, state %d", flips[i], s);
+        }
+        squad_engine_free(b);
+    }
+    /* a missing directory loads nothing and is no error */
+    b = engine(m, (size_t)1 << 30, NULL);
+    if (b) {
+        char none[700];
+        snprintf(none, sizeof none, "%s/none", test_tmpdir());
+        CHECK(load_into(b, none, tok, &st) == 0 && st.refused == 0);
+        squad_engine_free(b);
+    }
+    squad_engine_free(a);
+}
+
+/* Another specialists set (another seed) on the same model gets nothing from a file. */
+static void disk_tier_specialists(squad_model *m) {
+    const int V = squad_model_vocab_size(m);
+    squad_specialists *sp[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        char d[600];
+        snprintf(d, sizeof d, "%s/spec%d", test_tmpdir(), i);
+        squad_spec_synth_opts so;
+        squad_spec_synth_defaults(&m->cfg, &so);
+        so.out_dir = d;
+        so.seed = 100 + (uint64_t)i;
+        squad_err err = {0};
+        if (squad_spec_synth_write(&m->cfg, &so, &err) || !(sp[i] = squad_specialists_load(m, d, &err))) {
+            CHECKF(0, "specialists: %s", err.msg);
+            goto done;
+        }
+    }
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/store-spec", test_tmpdir());
+    squad_engine *a = engine(m, (size_t)1 << 30, sp[0]);
+    squad_engine *b = engine(m, (size_t)1 << 30, sp[0]);
+    squad_engine *c = engine(m, (size_t)1 << 30, sp[1]);
+    if (a && b && c) {
+        trow row;
+        squad_result r, ra, rb;
+        row_make(&row, 0, 0, V);
+        score(a, &row.row, &r);
+        squad_cache_store_opts o = store_opts(dir, NULL);
+        squad_cache_store_stats st;
+        squad_err err = {0};
+        CHECKF(squad_engine_cache_save(a, &o, &st, &err) == 0, "save: %s", err.msg);
+        const uint64_t saved = st.checkpoints;
+        CHECK(saved > 0);
+        row_make(&row, 0, 1, V);
+        score(a, &row.row, &ra);
+        CHECK(load_into(b, dir, NULL, &st) == saved); /* the same set: a hit, the same answer and route */
+        score(b, &row.row, &rb);
+        CHECK(rb.reused == ra.reused && rb.reused > 0 && rb.route == ra.route);
+        CHECK(memcmp(ra.probs, rb.probs, sizeof ra.probs) == 0);
+        CHECK(load_into(c, dir, NULL, &st) == 0 && st.refused > 0); /* another set: nothing */
+    }
+    squad_engine_free(a);
+    squad_engine_free(b);
+    squad_engine_free(c);
+done:
+    squad_specialists_free(sp[0]);
+    squad_specialists_free(sp[1]);
+}
+
+int main(void) {
+    squad_model *m = synth_model("model-a", 1);
+    squad_model *other = synth_model("model-b", 2);
+    if (!m) return test_summary("test_cache_tiers");
+    squad_engine *plain = engine(m, 0, NULL);
+    if (plain) {
+        /* every state fits the host tier: promoted back */
+        host_tier_case(m, plain, "host tier, promote", N_STATES, 1);
+        /* every state fits the host tier, promotion refused: recomputed from the device's */
+        host_tier_case(m, plain, "host tier, recompute", N_STATES, -1);
+        /* the cost model decides (either way the answer holds) */
+        host_tier_case(m, plain, "host tier, cost model", N_STATES, 0);
+        /* a host tier of one state: state 0 falls out of both tiers */
+        host_tier_case(m, plain, "host tier, both evicted", 1, 1);
+        host_tier_off_on_cpu(m);
+        disk_tier(m, other, plain);
+        disk_tier_specialists(m);
+    }
+    squad_engine_free(plain);
+    squad_model_free(other);
+    squad_model_free(m);
+    return test_summary("test_cache_tiers");
+}
