@@ -366,7 +366,8 @@ static const char *take_group(squad_cache_snapshot *s, uint8_t *buf, uint64_t n)
     if (snap_find_group(s, no) >= 0) return "a group number given twice";
     for (int i = 0; i < n_pos; i++) {
         const int32_t id = (int32_t)get32(buf + SQUAD_STORE_GROUP_FIXED + 4 * (size_t)i);
-        if (id < 0 || id >= sh->vocab) return "a token id outside the vocabulary";
+        /* a negative id is an image's key token (image_rows.h): the state of a row with images */
+        if (id >= sh->vocab) return "a token id outside the vocabulary";
     }
     if (s->n_groups == s->cap_groups) {
         const int cap = s->cap_groups ? 2 * s->cap_groups : 16;
