@@ -38,6 +38,14 @@
  *    keeps only as many of its new checkpoints (the deepest first) as fit the budget on their own,
  *    so a budget too small for one checkpoint caches nothing and still answers the row.
  *
+ *  - Images (docs/images.md): the cache sees a row's key view (image_rows.h), each image's run of
+ *    <|image_pad|> replaced by negative key tokens derived from the image's identity, so keys and
+ *    token checks cover what the image shows and nothing else changes. No checkpoint is placed
+ *    inside such a run (a bound between two negative tokens moves down to an aligned position
+ *    outside every run, or goes), so no match ever ends inside an image: a state is restored
+ *    before an image or after it, never halfway. Text-only rows have no negative ids: their
+ *    bounds and keys are untouched.
+ *
  *  - Routes (specialists): the upper layers' state (GDN states and attention K / V from `split`
  *    on) depends on the route, so a group (its K / V) and its checkpoints belong to one route and
  *    a lookup for a route only finds that route's. A row whose route the router has not decided
@@ -131,6 +139,28 @@ struct cache_pending {
 /* ---- small helpers --------------------------------------------------------------------------- */
 
 static int align_down(int x, int align) { return x <= 0 ? 0 : x - x % align; }
+
+/* 1 when position x (the state after tokens [0, x)) falls inside a run of an image's key tokens. */
+static int inside_image(const squad_row *row, int x) {
+    return x > 0 && x < row->n_ids && row->ids[x - 1] < 0 && row->ids[x] < 0;
+}
+
+/* x moved down by align until it is outside every image run (0 when nothing is). */
+static int outside_image(const squad_row *row, int x, int align) {
+    while (x > 0 && inside_image(row, x)) x -= align;
+    return x > 0 ? x : 0;
+}
+
+/* The bounds moved out of image runs, dropping those that fall to c0 or below or repeat (the
+ * list stays ascending); returns how many are left. */
+static int bounds_outside_images(const squad_row *row, int align, int c0, int *bounds, int n) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        const int x = outside_image(row, bounds[i], align);
+        if (x > c0 && (m == 0 || x > bounds[m - 1])) bounds[m++] = x;
+    }
+    return m;
+}
 
 
 
@@ -418,7 +448,7 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, const in
                     int prefer, squad_cache_plan *pl, squad_err *err) {
     const int align = c->opts.align;
     pl->end_only = end_only;
-    pl->p = align_down(row->state_len, align);
+    pl->p = outside_image(row, align_down(row->state_len, align), align);
     const int n_blocks = pl->p / align;
     pl->keys = squad_malloc((size_t)n_blocks * sizeof *pl->keys, err);
     if (!pl->keys) return SQUAD_E_NOMEM;
@@ -449,6 +479,7 @@ static int plan_row(squad_cache *c, const squad_row *row, int end_only, const in
     pl->pending = squad_calloc((size_t)nb, sizeof *pl->pending, err);
     if (!pl->bounds_buf || !pl->pending) return SQUAD_E_NOMEM;
     pl->n_bounds = squad_cache_bounds_at(&bo, max_chunk, pl->c0, row->state_len, fork, marks, n_marks, pl->bounds_buf, nb);
+    pl->n_bounds = bounds_outside_images(row, align, pl->c0, pl->bounds_buf, pl->n_bounds);
     const int wanted = end_only && pl->n_bounds > 0 ? 1 : pl->n_bounds;
     pl->first_kept = pl->n_bounds - plan_keep(c, wanted, pl->p, pl->share == NULL);
     return 0;

@@ -15,6 +15,10 @@
  * their rows are done. With max_rows 1 that is one row at a time, chunk by chunk, as a caller
  * without batching would run it.
  *
+ * Images (docs/images.md): a row's images are checked here (image_rows.h) with the rest of the
+ * row; the scheduler gives the backend their positions and, lazily, their tower rows, consulting
+ * the encoder cache the engine owns (identity -> tower output, LRU within encoder_cache_bytes).
+ *
  * Specialists (docs/specialists.md): each row in flight has its own route and router features;
  * scheduler.c runs the guess, the router's decision and a misprediction's second pass.
  */
@@ -25,6 +29,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "image_rows.h"
 #include "memo.h"
 #include "model.h"
 #include "specialists.h"
@@ -49,6 +54,7 @@ void squad_engine_opts_default(squad_engine_opts *o) {
     o->cache.stride = DEFAULT_STRIDE;
     o->cache.min_prefix = DEFAULT_MIN_PREFIX;
     o->cache.max_slots = DEFAULT_MAX_SLOTS;
+    o->encoder_cache_bytes = SQUAD_ENCODER_CACHE_DEFAULT_BYTES;
 }
 
 static squad_backend *make_backend(squad_model *model, const squad_engine_opts *opts, int max_context,
@@ -159,7 +165,11 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
         if (!e->memo) goto fail;
     }
     if (e->opts.specialists && engine_specialists(e, err)) goto fail;
+    if (model->cfg.has_vision && e->opts.encoder_cache_bytes > 0 &&
+        !(e->encoder = squad_encoder_cache_new(e->opts.encoder_cache_bytes, err)))
+        goto fail;
     if (squad_sched_init(&e->sched, e->be, e->cache, e->memo, e->sp, &e->opts, err)) goto fail;
+    e->sched.encoder = e->encoder;
     return e;
 fail:
     squad_engine_free(e);
@@ -170,6 +180,7 @@ void squad_engine_free(squad_engine *e) {
     if (!e) return;
     squad_sched_free(&e->sched); /* rows still taken in are dropped (their plans first) */
     squad_memo_free(e->memo);
+    squad_encoder_cache_free(e->encoder);
     squad_cache_free(e->cache);
     if (e->be) e->be->destroy(e->be);
     free(e);
@@ -219,7 +230,7 @@ int squad_row_check(const squad_model *model, const squad_row *r, squad_err *err
     if (r->state_len < -1 || r->state_len > r->n_ids)
         return squad_fail(err, SQUAD_E_INVALID, "state_len %d must be in 0..%d (the row's length)", r->state_len,
                           r->n_ids);
-    return 0;
+    return squad_image_row_check(model, r, err);
 }
 
 int squad_engine_row_check(const squad_engine *e, const squad_row *r, squad_err *err) {
@@ -245,6 +256,13 @@ static void fill_label_mass(squad_result *out) {
     }
 }
 
+/* An answered row's images in the counters. */
+static void count_images(squad_engine *e, const squad_row *row) {
+    if (row->n_images <= 0) return;
+    e->image_rows++;
+    e->image_tokens += (uint64_t)squad_image_row_tokens(row);
+}
+
 /* A row the memo answered (out filled by the lookup): its figures and the counters. */
 static void memo_answered(squad_engine *e, const squad_row *row, squad_result *out) {
     out->reused = row->n_ids;
@@ -253,6 +271,7 @@ static void memo_answered(squad_engine *e, const squad_row *row, squad_result *o
     e->memo_hits++;
     e->tokens_memo += (uint64_t)row->n_ids;
     e->route_rows[out->route]++;
+    count_images(e, row);
 }
 
 /* 1 when the memo answers the row (out filled, the counters counted), else 0. */
@@ -293,6 +312,7 @@ static void row_ended(squad_engine *e, squad_sched_row *r) {
         if (!r->cached) e->plain_rows++;
         rc = row_answered(e, r, &err);
     }
+    if (!rc && r->end != SQUAD_SCHED_MEMO) count_images(e, &r->row);
     if (rc) { /* nothing of a failed row is an answer; the tokens it ran still count */
         const int computed = r->out->computed;
         memset(r->out, 0, sizeof *r->out);
@@ -454,6 +474,11 @@ void squad_engine_cache_stats(const squad_engine *e, squad_cache_stats *out) {
     out->mispredictions += e->sched.mispredictions_plain;
     out->memo_hits = e->memo_hits;
     out->tokens_memo = e->tokens_memo;
+    out->image_rows = e->image_rows;
+    out->image_tokens = e->image_tokens;
+    out->encoder_hits = e->sched.encoder_hits;
+    out->encoder_misses = e->sched.towers_run;
+    squad_encoder_cache_bytes(e->encoder, &out->encoder_bytes, &out->encoder_budget_bytes);
 }
 
 uint64_t squad_engine_route_rows(const squad_engine *e, int route) {

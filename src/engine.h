@@ -17,6 +17,7 @@
 #define SQUAD_ENGINE_H
 
 #include "backend.h"
+#include "encoder_cache.h"
 #include "scheduler.h"
 #include "specialists.h"
 #include "squad.h"
@@ -34,11 +35,13 @@ struct squad_engine {
     squad_backend *be;
     squad_cache *cache; /* NULL when the budget is 0 */
     squad_memo *memo;   /* exact repeats; NULL when the cache is off */
+    squad_encoder_cache *encoder; /* image identity -> tower output; NULL without a tower or budget */
     squad_engine_opts opts;
     int max_tokens;    /* the longest row: the model's positions, the option, or the memory */
     squad_limit limit; /* which of the three bounds max_tokens */
     uint64_t plain_rows; /* rows answered off the cache */
     uint64_t memo_hits, tokens_memo;
+    uint64_t image_rows, image_tokens; /* answered rows with images, and their image tokens */
     /* the options squad_engine_run_span reads (tests drive it directly; NULL: none) */
     const squad_score_opts *call;
     /* specialists (NULL: none; every row the trunk) */

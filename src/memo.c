@@ -4,7 +4,9 @@
  *
  * The key is the row's content: a header (n_ids, n_slots, n_letters, state_len, specialist), then
  * its ids, slots, nopts and letters, given to the map in pieces (never copied to look a row up) and
- * hashed with squad_hash_ints. A forced specialist is part of the key: the same tokens forced to
+ * hashed with squad_hash_ints. A row with images adds a sixth piece, each image's position, token
+ * count, grid and identity (the pixels' digest), so the same ids around another screenshot are
+ * another request; a text-only row's key is the five pieces as before. A forced specialist is part of the key: the same tokens forced to
  * another route (or left to the router) are another request. The value is the answer: a header
  * (route, n_routes, whether the full-vocabulary figures follow), the probabilities of each slot's
  * options, the router's probabilities (with specialists), then, when the answer has them, the
@@ -37,8 +39,19 @@ typedef struct memo_answer_head {
     int32_t route, n_routes, has_vocab;
 } memo_answer_head;
 
-/* The key's pieces: head, ids, slots, nopts, letters. */
-#define MEMO_KEY_PIECES 5
+/* The key's pieces: head, ids, slots, nopts, letters, and with images the images. */
+#define MEMO_KEY_PIECES 6
+
+/* One image of the key: where its run is, its size, and what it shows. */
+typedef struct memo_key_image {
+    int32_t pos, tokens, grid[3];
+    uint8_t identity[16];
+} memo_key_image;
+
+/* The images' piece of a key (held by the caller for the call). */
+typedef struct memo_key_images {
+    memo_key_image im[SQUAD_MAX_IMAGES_PER_ROW];
+} memo_key_images;
 
 struct squad_memo {
     squad_lru_map *map;
@@ -51,10 +64,14 @@ static uint64_t row_key(const squad_row *r) {
     h = squad_hash_ints(h, r->nopts, (size_t)r->n_slots);
     h = squad_hash_ints(h, r->letters, (size_t)r->n_letters);
     h = squad_hash_mix(h ^ (uint64_t)(uint32_t)r->specialist);
+    for (int k = 0; k < r->n_images && k < SQUAD_MAX_IMAGES_PER_ROW; k++)
+        h = squad_hash_bytes(h ^ (uint64_t)(uint32_t)r->images[k].pos, r->images[k].identity,
+                             sizeof r->images[k].identity);
     return squad_hash_mix(h ^ (uint64_t)(uint32_t)r->state_len);
 }
 
-static void key_pieces(const squad_row *r, memo_key_head *head, squad_bytes *key) {
+/* The key's pieces of the row: 5, or 6 with images (their piece filled into *ims). */
+static int key_pieces(const squad_row *r, memo_key_head *head, memo_key_images *ims, squad_bytes *key) {
     head->n_ids = r->n_ids;
     head->n_slots = r->n_slots;
     head->n_letters = r->n_letters;
@@ -65,6 +82,17 @@ static void key_pieces(const squad_row *r, memo_key_head *head, squad_bytes *key
     key[2] = (squad_bytes){r->slots, (size_t)r->n_slots * sizeof(int32_t)};
     key[3] = (squad_bytes){r->nopts, (size_t)r->n_slots * sizeof(int32_t)};
     key[4] = (squad_bytes){r->letters, (size_t)r->n_letters * sizeof(int32_t)};
+    const int n = r->n_images < SQUAD_MAX_IMAGES_PER_ROW ? r->n_images : SQUAD_MAX_IMAGES_PER_ROW;
+    if (n <= 0) return MEMO_KEY_PIECES - 1;
+    memset(ims, 0, sizeof(memo_key_image) * (size_t)n); /* no stack padding in the key */
+    for (int k = 0; k < n; k++) {
+        ims->im[k].pos = r->images[k].pos;
+        ims->im[k].tokens = r->images[k].tokens;
+        memcpy(ims->im[k].grid, r->images[k].grid, sizeof ims->im[k].grid);
+        memcpy(ims->im[k].identity, r->images[k].identity, sizeof ims->im[k].identity);
+    }
+    key[5] = (squad_bytes){ims->im, sizeof(memo_key_image) * (size_t)n};
+    return MEMO_KEY_PIECES;
 }
 
 squad_memo *squad_memo_new(size_t budget_bytes, squad_err *err) {
@@ -131,10 +159,11 @@ static int copy_answer(void *ctx, const void *val, size_t vlen) {
 int squad_memo_lookup(squad_memo *m, const squad_row *r, int need_vocab, squad_result *out) {
     if (!m || !r) return 0;
     memo_key_head kh;
+    memo_key_images ims;
     squad_bytes key[MEMO_KEY_PIECES];
-    key_pieces(r, &kh, key);
+    const int n_key = key_pieces(r, &kh, &ims, key);
     memo_hit h = {r, need_vocab, out};
-    return squad_lru_map_get(m->map, row_key(r), key, MEMO_KEY_PIECES, copy_answer, &h) > 0;
+    return squad_lru_map_get(m->map, row_key(r), key, n_key, copy_answer, &h) > 0;
 }
 
 int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, squad_err *err) {
@@ -144,8 +173,9 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
     for (int i = 0; i < r->n_slots; i++)
         if (r->nopts[i] < 0 || r->nopts[i] > SQUAD_MAX_LETTERS) return squad_fail(err, SQUAD_E_INVALID, "memo: bad nopts");
     memo_key_head kh;
+    memo_key_images ims;
     squad_bytes key[MEMO_KEY_PIECES];
-    key_pieces(r, &kh, key);
+    const int n_key = key_pieces(r, &kh, &ims, key);
     /* the value's pieces: head, each slot's probabilities, the router's, the figures */
     const memo_answer_head head = {res->route, res->n_routes, res->has_vocab ? 1 : 0};
     memo_vocab vocab[SQUAD_MAX_SLOTS_PER_ROW];
@@ -165,7 +195,7 @@ int squad_memo_put(squad_memo *m, const squad_row *r, const squad_result *res, s
         }
         val[n_val++] = (squad_bytes){vocab, (size_t)r->n_slots * sizeof *vocab};
     }
-    return squad_lru_map_put(m->map, row_key(r), key, MEMO_KEY_PIECES, val, n_val, err);
+    return squad_lru_map_put(m->map, row_key(r), key, n_key, val, n_val, err);
 }
 
 void squad_memo_clear(squad_memo *m) {

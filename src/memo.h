@@ -1,6 +1,7 @@
 /*
  * memo.h — the exact-request memo: a whole repeated row (same ids, slots, nopts, letters and
- * state_len) is answered from memory before it reaches the state cache (docs/design.md section 7).
+ * state_len, and the same images) is answered from memory before it reaches the state cache
+ * (docs/design.md section 7).
  *
  * Entries are keyed by a 64-bit hash of the row's whole content and verified by comparing the
  * stored copy of the row, so two different rows are never confused. An entry also keeps the

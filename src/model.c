@@ -326,6 +326,37 @@ int squad_model_bind_floats(squad_model *m, const char *name, const int64_t *sha
 
 void *squad_model_owned_alloc(squad_model *m, size_t bytes, squad_err *err) { return owned_alloc(m, bytes, err); }
 
+/* The file names transformers' AutoImageProcessor reads the processor from, in its order. */
+static const char *const IMAGE_PROC_FILES[] = {"preprocessor_config.json", "processor_config.json"};
+
+int squad_model_load_image_proc(squad_model *m, const char *dir, squad_err *err) {
+    m->has_image_proc = 0;
+    if (!m->cfg.has_vision) return 0;
+    for (size_t i = 0; i < sizeof IMAGE_PROC_FILES / sizeof IMAGE_PROC_FILES[0]; i++) {
+        char *path = squad_path_join(dir, IMAGE_PROC_FILES[i], err);
+        if (!path) return SQUAD_E_NOMEM;
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            free(path);
+            continue;
+        }
+        int rc = squad_image_proc_config_load(&m->image_proc, path, err);
+        free(path);
+        if (rc) return rc;
+        const squad_vision_config *v = &m->cfg.vision;
+        const squad_image_proc_config *p = &m->image_proc;
+        if (p->patch_size != v->patch_size || p->temporal_patch_size != v->temporal_patch_size ||
+            p->merge_size != v->spatial_merge_size)
+            return squad_fail(err, SQUAD_E_MODEL,
+                              "%s/%s: patch %d, temporal patch %d, merge %d, but the vision tower's are %d, %d, %d", dir,
+                              IMAGE_PROC_FILES[i], p->patch_size, p->temporal_patch_size, p->merge_size, v->patch_size,
+                              v->temporal_patch_size, v->spatial_merge_size);
+        m->has_image_proc = 1;
+        return 0;
+    }
+    return 0;
+}
+
 squad_model *squad_model_load(const char *dir, squad_err *err) {
     squad_err local;
     if (!err) err = &local;
@@ -341,6 +372,7 @@ squad_model *squad_model_load(const char *dir, squad_err *err) {
         squad_fail_context(err, "%s: ", dir);
         goto fail;
     }
+    if ((rc = squad_model_load_image_proc(m, dir, err)) != 0) goto fail;
     free(cfg_path);
     return m;
 fail:

@@ -6,7 +6,9 @@
  * F16 or F32. Vectors (norm weights, A_log, dt_bias, conv weights) are converted to fp32 (owned).
  * Both Qwen3_5ForCausalLM (model.layers.N...) and Qwen3_5ForConditionalGeneration
  * (model.language_model.layers.N...) layouts are read; mtp.* is ignored. When the config has a
- * vision tower, model.visual.* is bound into `vision` (vision_model.h), else it is ignored too.
+ * vision tower, model.visual.* is bound into `vision` (vision_model.h), else it is ignored too,
+ * and its image processor's configuration is read from preprocessor_config.json (or
+ * processor_config.json) beside config.json: what squad_image_load turns an image into a grid with.
  */
 #ifndef SQUAD_MODEL_H
 #define SQUAD_MODEL_H
@@ -14,6 +16,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "image/preprocess.h"
 #include "safetensors.h"
 #include "squad.h"
 
@@ -60,6 +63,10 @@ struct squad_model {
     float *final_norm; /* [H], zero-centred */
     squad_layer_weights layers[SQUAD_MAX_LAYERS];
     struct squad_vision_weights *vision; /* the vision tower when cfg.has_vision, else NULL */
+    /* the image processor (preprocessor_config.json) of a model with a tower; has_image_proc 0 when
+     * the directory has none (squad_image_load then refuses images) */
+    squad_image_proc_config image_proc;
+    int has_image_proc;
     /* every owned buffer (converted matrices and vectors), freed with the model */
     void **owned;
     int n_owned, cap_owned;
@@ -69,6 +76,12 @@ struct squad_model {
  * why" (squad_model_load's first check; the CLI makes it first, before the tokenizer or template
  * it also reads from the directory, so that every command reports a wrong directory alike). */
 int squad_model_dir_check(const char *dir, squad_err *err);
+
+/* The image processor's configuration of a model with a vision tower: preprocessor_config.json,
+ * else processor_config.json, in dir (neither: has_image_proc stays 0). Its patch, temporal patch
+ * and merge sizes must be the tower's (SQUAD_E_MODEL naming both otherwise). Called by
+ * squad_model_load; a no-op for a model without a tower. */
+int squad_model_load_image_proc(squad_model *m, const char *dir, squad_err *err);
 
 /* Binds the tensors of an opened set to a model of configuration cfg (used by squad_model_load
  * and by tests). */

@@ -51,7 +51,27 @@ static int int_array(json_t *root, const char *key, int required, int32_t **out,
 #define ROW_MAX_JSON_ELEMENTS (1 << 24)
 
 /* The fields a row may have: any other is refused, as /v1/ask refuses a misspelt field. */
-static const char *const ROW_FIELDS[] = {"ids", "slots", "nopts", "letters", "state_len", "specialist", NULL};
+static const char *const ROW_FIELDS[] = {"ids", "slots", "nopts", "letters", "state_len", "specialist", "images", NULL};
+
+/* Reads "images": an array of non-empty strings, at most SQUAD_MAX_IMAGES_PER_ROW. */
+static int image_refs(json_t *root, squad_row_buf *out, squad_err *err) {
+    json_t *a = json_object_get(root, "images");
+    if (!a || json_is_null(a)) return 0;
+    if (!json_is_array(a)) return squad_fail(err, SQUAD_E_INVALID, "\"images\" must be an array of strings");
+    const size_t n = json_array_size(a);
+    if (n > SQUAD_MAX_IMAGES_PER_ROW)
+        return squad_fail(err, SQUAD_E_INVALID, "\"images\" has %zu entries; at most %d", n, SQUAD_MAX_IMAGES_PER_ROW);
+    out->image_refs = squad_calloc(n ? n : 1, sizeof *out->image_refs, err);
+    if (!out->image_refs) return SQUAD_E_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_string(x) || json_string_length(x) == 0)
+            return squad_fail(err, SQUAD_E_INVALID, "\"images\"[%zu] must be a file path or a data: URL", i);
+        if (!(out->image_refs[i] = squad_strdup(json_string_value(x), err))) return SQUAD_E_NOMEM;
+        out->n_image_refs = (int)i + 1;
+    }
+    return 0;
+}
 
 int squad_row_parse_json(squad_row_buf *out, const char *text, size_t len, const int32_t *default_letters,
                          int n_default_letters, squad_err *err) {
@@ -78,7 +98,7 @@ int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *defau
         for (int k = 0; ROW_FIELDS[k]; k++) known |= !strcmp(key, ROW_FIELDS[k]);
         if (!known) {
             rc = squad_fail(err, SQUAD_E_INVALID, "unknown field \"%.60s\" (a row has \"ids\", \"slots\", \"nopts\", "
-                            "\"letters\", \"state_len\" and \"specialist\")", key);
+                            "\"letters\", \"state_len\", \"specialist\" and \"images\")", key);
             goto done;
         }
     }
@@ -127,6 +147,7 @@ int squad_row_parse_value(squad_row_buf *out, json_t *root, const int32_t *defau
             }
         }
     }
+    if ((rc = image_refs(root, out, err))) goto done;
     out->row.ids = out->ids;
     out->row.slots = out->slots;
     out->row.nopts = out->nopts;
@@ -142,7 +163,58 @@ void squad_row_buf_free(squad_row_buf *b) {
     free(b->nopts);
     free(b->letters);
     free(b->specialist);
+    for (int i = 0; i < b->n_image_refs; i++) free(b->image_refs[i]);
+    free(b->image_refs);
     memset(b, 0, sizeof *b);
+}
+
+int squad_row_expand_images(squad_row_buf *b, int image_token_id, squad_row_image *images, int n_images,
+                            int max_tokens, squad_err *err) {
+    squad_row *r = &b->row;
+    for (int i = 0; i < r->n_slots; i++) /* the slots move with the images: they must be in order first */
+        if (b->slots[i] < 0 || b->slots[i] >= r->n_ids || (i > 0 && b->slots[i] <= b->slots[i - 1]))
+            return squad_fail(err, SQUAD_E_INVALID, "slots must be sorted, unique and inside the ids (slots[%d] = %d)", i,
+                              b->slots[i]);
+    int found = 0;
+    long long n = r->n_ids;
+    for (int i = 0; i < r->n_ids; i++) {
+        if (r->ids[i] != image_token_id) continue;
+        if (found == n_images)
+            return squad_fail(err, SQUAD_E_INVALID, "ids hold more <|image_pad|> (%d) than the row has images (%d): "
+                              "one per image", image_token_id, n_images);
+        n += images[found++].tokens - 1;
+    }
+    if (found != n_images)
+        return squad_fail(err, SQUAD_E_INVALID, "ids hold %d <|image_pad|> (%d) for %d images: one per image", found,
+                          image_token_id, n_images);
+    if (n > max_tokens)
+        return squad_fail(err, SQUAD_E_INVALID, "the images make the row %lld tokens" SQUAD_ROW_TOO_LONG "%d", n,
+                          max_tokens);
+    int32_t *ids = squad_malloc((size_t)(n > 0 ? n : 1) * sizeof *ids, err);
+    if (!ids) return SQUAD_E_NOMEM;
+    int o = 0, k = 0, s = 0, state_len = r->state_len;
+    for (int i = 0; i < r->n_ids; i++) {
+        const int pad = r->ids[i] == image_token_id, len = pad ? images[k].tokens : 1;
+        /* a slot answers after its token: after an image, after its whole run */
+        for (; s < r->n_slots && b->slots[s] == i; s++) b->slots[s] = o + len - 1;
+        if (i == r->state_len) state_len = o; /* the state is the tokens before index i */
+        if (!pad) {
+            ids[o++] = r->ids[i];
+            continue;
+        }
+        images[k].pos = o;
+        for (int j = 0; j < len; j++) ids[o++] = image_token_id;
+        k++;
+    }
+    if (r->state_len >= r->n_ids) state_len = o + (r->state_len - r->n_ids);
+    free(b->ids);
+    b->ids = ids;
+    r->ids = ids;
+    r->n_ids = o;
+    r->state_len = state_len;
+    r->images = images;
+    r->n_images = n_images;
+    return 0;
 }
 
 void squad_row_limit_name(squad_err *err, const char *limit) {

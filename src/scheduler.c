@@ -42,6 +42,13 @@
  * have been answered) but never writes it; what it needs from above (the route a guess starts
  * from) comes in as an argument of the step.
  *
+ * Images (docs/images.md). A row with images carries its M-RoPE positions and a key view of its
+ * ids (image_rows.h) that the state cache, the memo twin check and the wait for a pending plan
+ * compare instead of the ids, so a screenshot is part of the state. The vision tower runs lazily,
+ * between packing and the forward: only for an image whose tokens a chunk of this step holds and
+ * whose rows the row has not got, from the encoder cache when it has them (a row restored past its
+ * images never needs them). A tower that fails ends its row alone before the forward.
+ *
  * Every row's chunks continue its own slot's state, so batching changes where a row's chunks are
  * cut (round-off only: docs/design.md section 5) and nothing else. The cancel callback (a caller
  * gone, a deadline passed) is polled once a step for every row taken in: a queued row at
@@ -57,6 +64,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "image/preprocess.h"
+#include "image_rows.h"
 #include "plan_apply.h"
 #include "util.h"
 
@@ -96,6 +105,9 @@ void squad_sched_row_free(squad_sched_row *r) {
     if (!r) return;
     squad_router_feat_free(&r->feat);
     free(r->chunk_sum);
+    free(r->key_ids);
+    free(r->positions);
+    free(r->img_embeds);
     free(r);
 }
 
@@ -110,6 +122,20 @@ squad_sched_row *squad_sched_row_new(const squad_sched *s, const squad_row *row,
     r->ctx = ctx;
     r->seq = -1;
     r->forced = s->sp ? row->specialist - 1 : 0;
+    r->krow = *row;
+    if (row->n_images > 0) { /* the key view and the positions (the embeddings wait for a chunk) */
+        r->key_ids = squad_malloc((size_t)row->n_ids * sizeof *r->key_ids, err);
+        r->positions = squad_malloc((size_t)row->n_ids * 3 * sizeof *r->positions, err);
+        if (!r->key_ids || !r->positions) {
+            squad_sched_row_free(r);
+            return NULL;
+        }
+        squad_image_row_key_ids(row, r->key_ids);
+        squad_image_row_positions(&s->be->model->cfg, row, r->positions);
+        r->krow.ids = r->key_ids;
+        r->krow.images = NULL;
+        r->krow.n_images = 0;
+    }
     if (s->sp) {
         if (squad_router_feat_init(&r->feat, s->sp->hidden, err) ||
             !(r->chunk_sum = squad_calloc((size_t)s->sp->hidden, sizeof *r->chunk_sum, err))) {
@@ -135,7 +161,7 @@ int squad_sched_pending(const squad_sched *s) { return s->n_queued + s->n_flight
 static void plan_close(squad_sched *s, squad_sched_row *r, squad_plan_end how) {
     if (!r->plan_open) return;
     r->plan_open = 0;
-    squad_cache_plan_close(s->cache, &r->plan, how, &r->row, r->computed, r->out);
+    squad_cache_plan_close(s->cache, &r->plan, how, &r->krow, r->computed, r->out);
 }
 
 static void slot_free(squad_sched *s, squad_sched_row *r) {
@@ -219,7 +245,7 @@ static int pass_start(squad_sched *s, squad_sched_row *r, int route, squad_err *
     r->bound = 0;
     if (r->cached) {
         const int want = s->sp ? route : 0;
-        int rc = squad_cache_plan_open_at(s->cache, &r->row, r->opts.end_checkpoint_only, r->opts.checkpoints,
+        int rc = squad_cache_plan_open_at(s->cache, &r->krow, r->opts.end_checkpoint_only, r->opts.checkpoints,
                                           r->opts.n_checkpoints, want, s->guess_route, &r->plan, err);
         if (rc) return rc;
         r->plan_open = 1;
@@ -229,7 +255,7 @@ static int pass_start(squad_sched *s, squad_sched_row *r, int route, squad_err *
         rc = squad_plan_restore(be, r->seq, &r->plan, feat, err);
         if (rc) return rc;
         if (r->plan.n_bounds == 0 && !r->guessed) { /* a hit on a certain route: nothing to commit */
-            rc = squad_plan_commit(s->cache, be, r->seq, &r->row, &r->plan, err);
+            rc = squad_plan_commit(s->cache, be, r->seq, &r->krow, &r->plan, err);
             if (rc) return rc;
             r->committed = 1;
         }
@@ -254,9 +280,21 @@ static int shared_tokens(const squad_row *a, const squad_row *b, int n) {
     return i;
 }
 
+/* 1 when two rows hold the same images at the same places. */
+static int same_images(const squad_row *a, const squad_row *b) {
+    if (a->n_images != b->n_images) return 0;
+    for (int k = 0; k < a->n_images; k++) {
+        const squad_row_image *x = &a->images[k], *y = &b->images[k];
+        if (x->pos != y->pos || x->tokens != y->tokens || memcmp(x->grid, y->grid, sizeof x->grid) ||
+            memcmp(x->identity, y->identity, sizeof x->identity))
+            return 0;
+    }
+    return 1;
+}
+
 /* 1 when two rows are the same request (what the memo's key covers). */
 static int same_request(const squad_row *a, const squad_row *b) {
-    return a->n_ids == b->n_ids && a->n_slots == b->n_slots && a->n_letters == b->n_letters &&
+    return a->n_ids == b->n_ids && same_images(a, b) && a->n_slots == b->n_slots && a->n_letters == b->n_letters &&
            a->state_len == b->state_len && a->specialist == b->specialist &&
            !memcmp(a->ids, b->ids, (size_t)a->n_ids * sizeof *a->ids) &&
            !memcmp(a->slots, b->slots, (size_t)a->n_slots * sizeof *a->slots) &&
@@ -270,10 +308,10 @@ static int same_request(const squad_row *a, const squad_row *b) {
 static int must_wait(squad_sched *s, const squad_sched_row *r) {
     for (int i = 0; s->memo && i < s->max_rows; i++)
         if (s->slots[i] && same_request(&r->row, &s->slots[i]->row)) return 1;
-    if (!s->cache || !squad_cache_eligible(s->cache, &r->row)) return 0;
+    if (!s->cache || !squad_cache_eligible(s->cache, &r->krow)) return 0;
     const int route = s->sp ? r->forced : 0;
     const int align = s->align;
-    const int p = r->row.state_len - r->row.state_len % align;
+    const int p = r->krow.state_len - r->krow.state_len % align;
     int have = -1; /* looked up once, and only when some plan could give more */
     for (int i = 0; i < s->max_rows; i++) {
         const squad_sched_row *o = s->slots[i];
@@ -281,7 +319,7 @@ static int must_wait(squad_sched *s, const squad_sched_row *r) {
         if (route >= 0 && o->route != route) continue; /* its checkpoints will be of another route */
         const squad_cache_plan *pl = &o->plan;
         if (pl->first_kept >= pl->n_bounds) continue; /* it keeps nothing */
-        const int shared = shared_tokens(&r->row, &o->row, min_int(p, pl->p));
+        const int shared = shared_tokens(&r->krow, &o->krow, min_int(p, pl->p));
         int deepest = 0;
         for (int b = pl->n_bounds - 1; b >= pl->first_kept; b--)
             if (pl->bounds[b] <= shared) {
@@ -289,7 +327,7 @@ static int must_wait(squad_sched *s, const squad_sched_row *r) {
                 break;
             }
         if (deepest == 0) continue;
-        if (have < 0) have = squad_cache_restorable(s->cache, &r->row, route);
+        if (have < 0) have = squad_cache_restorable(s->cache, &r->krow, route);
         if (deepest > have) return 1;
     }
     return 0;
@@ -307,7 +345,7 @@ static void row_start(squad_sched *s, squad_sched_row *r, int seq) {
     r->shorted = 0;
     s->slots[seq] = r;
     s->n_flight++;
-    r->cached = s->cache && squad_cache_eligible(s->cache, &r->row);
+    r->cached = s->cache && squad_cache_eligible(s->cache, &r->krow);
     squad_err err = {0};
     const int rc = pass_start(s, r, r->forced, &err);
     if (rc) row_end(s, r, rc, &err);
@@ -377,6 +415,7 @@ static void fill_chunk(squad_sched *s, squad_sched_row *r, int len, squad_chunk 
     r->ck_n = ck->n_slots;
     r->ck_len = len;
     if (r->opts.want_vocab && ck->n_slots) ck->vocab = r->vocab;
+    if (r->positions) ck->positions = r->positions + 3 * (size_t)r->pos; /* a row with images */
     if (s->sp) {
         ck->route = r->route;
         ck->router_sum = r->chunk_sum;
@@ -437,6 +476,86 @@ static int pack(squad_sched *s) {
         if (!got[j]) continue;
         fill_chunk(s, r, got[j], &s->chunks[m]);
         cand[m++] = r;
+    }
+    return m;
+}
+
+/* ---- images ---------------------------------------------------------------------------------- */
+
+/* One image's tower output into dst (rows x out_hidden): the encoder cache's copy, or the
+ * processor's pixel values through the backend's tower (then kept in the encoder cache). */
+static int image_embed(squad_sched *s, const squad_row_image *im, float *dst, squad_err *err) {
+    squad_backend *be = s->be;
+    const squad_model *m = be->model;
+    const size_t n = (size_t)im->tokens * (size_t)m->cfg.hidden_size;
+    if (squad_encoder_cache_get(s->encoder, im->identity, dst, n)) {
+        s->encoder_hits++;
+        return 0;
+    }
+    if (!be->vision_forward)
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "images: the %s backend has no vision tower yet", be->name);
+    if (!m->has_image_proc)
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "images: the model has no image processor configuration");
+    squad_image_patches pp;
+    int rc = squad_image_preprocess(&m->image_proc, im->image, &pp, err);
+    if (rc) return rc;
+    if (memcmp(pp.grid, im->grid, sizeof pp.grid) != 0 || pp.n_tokens != im->tokens)
+        rc = squad_fail(err, SQUAD_E_INVALID, "images: the processor made grid %dx%dx%d, the row says %dx%dx%d", pp.grid[0],
+                        pp.grid[1], pp.grid[2], im->grid[0], im->grid[1], im->grid[2]);
+    if (!rc) rc = be->vision_forward(be, pp.pixel_values, pp.grid, dst, err);
+    squad_image_patches_free(&pp);
+    if (rc) return rc;
+    s->towers_run++;
+    squad_err put_err = {0}; /* an encoder cache that cannot keep it only misses later */
+    squad_encoder_cache_put(s->encoder, im->identity, dst, n, &put_err);
+    return 0;
+}
+
+/* The row's image rows for tokens [pos, end): every image with tokens there that the row has not
+ * got yet (a chunk after the images, or a restore past them, needs none). */
+static int images_ready(squad_sched *s, squad_sched_row *r, int pos, int end, squad_err *err) {
+    const squad_row *row = &r->row;
+    const int H = s->be->model->cfg.hidden_size;
+    for (int k = 0; k < row->n_images; k++) {
+        const squad_row_image *im = &row->images[k];
+        if (r->img_ready[k] || im->pos >= end || im->pos + im->tokens <= pos) continue;
+        if (!r->img_embeds &&
+            !(r->img_embeds = squad_malloc((size_t)squad_image_row_tokens(row) * (size_t)H * sizeof(float), err)))
+            return SQUAD_E_NOMEM;
+        float *dst = r->img_embeds + (size_t)squad_image_row_tokens_before(row, im->pos) * (size_t)H;
+        int rc = image_embed(s, im, dst, err);
+        if (rc) return rc;
+        r->img_ready[k] = 1;
+    }
+    return 0;
+}
+
+/* The chunk's image rows (images_ready has filled them): NULL when it holds no image token. */
+static void chunk_embeds(const squad_sched *s, const squad_sched_row *r, squad_chunk *ck) {
+    const int before = squad_image_row_tokens_before(&r->row, ck->start);
+    ck->embeds = NULL;
+    if (r->img_embeds && squad_image_row_tokens_before(&r->row, ck->start + ck->len) > before)
+        ck->embeds = r->img_embeds + (size_t)before * (size_t)s->be->model->cfg.hidden_size;
+}
+
+/* The image rows of the step's n chunks (filled after packing, before the forward); a row whose
+ * tower fails leaves now, failed, and its chunk goes from the batch. Returns the chunks left. */
+static int batch_images(squad_sched *s, int n) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        squad_sched_row *r = s->batch[i];
+        squad_chunk *ck = &s->chunks[i];
+        if (r->row.n_images > 0) {
+            squad_err err = {0};
+            const int rc = images_ready(s, r, ck->start, ck->start + ck->len, &err);
+            if (rc) {
+                row_end(s, r, rc, &err);
+                continue;
+            }
+            chunk_embeds(s, r, ck);
+        }
+        s->batch[m] = r;
+        s->chunks[m++] = *ck;
     }
     return m;
 }
@@ -503,7 +622,7 @@ static int pass_end(squad_sched *s, squad_sched_row *r, squad_err *err) {
     }
     if (decided == r->route) {
         if (r->cached && !r->committed) {
-            int rc = squad_plan_commit(s->cache, s->be, r->seq, &r->row, &r->plan, err);
+            int rc = squad_plan_commit(s->cache, s->be, r->seq, &r->krow, &r->plan, err);
             if (rc) return rc;
             r->committed = 1;
         }
@@ -525,7 +644,7 @@ static void advance(squad_sched *s, squad_sched_row *r) {
         rc = squad_plan_save_bound(s->cache, s->be, r->seq, &r->plan, r->bound, s->sp ? &r->feat : NULL, &err);
         r->bound++;
         if (!rc && r->bound == r->plan.n_bounds && !r->guessed) { /* at p on a certain route */
-            rc = squad_plan_commit(s->cache, s->be, r->seq, &r->row, &r->plan, &err);
+            rc = squad_plan_commit(s->cache, s->be, r->seq, &r->krow, &r->plan, &err);
             r->committed = !rc;
         }
     }
@@ -550,7 +669,8 @@ int squad_sched_step(squad_sched *s, int last_route, squad_sched_row **ended, sq
     s->guess_route = last_route;
     admit(s);
     drop_cancelled(s);
-    const int n = pack(s);
+    int n = pack(s);
+    if (n > 0) n = batch_images(s, n);
     if (n == 0) return hand_back(s, ended, 0);
     const int rc = forward(s, n, err);
     if (rc) { /* the backend failed: every row in flight ends with its error */
@@ -576,16 +696,26 @@ int squad_sched_run_span(squad_sched *s, int seq, int route, const squad_row *ro
     r->pos = start;
     r->next_slot = first_slot_from(row, start);
     int rc = 0;
+    if (row->n_images > 0) {
+        if (!(r->positions = squad_malloc((size_t)row->n_ids * 3 * sizeof *r->positions, err))) rc = SQUAD_E_NOMEM;
+        else squad_image_row_positions(&s->be->model->cfg, row, r->positions);
+    }
     while (!rc && r->pos < end) {
         if (cancelled(r)) {
             rc = squad_fail(err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", r->pos, row->n_ids);
             break;
         }
         squad_chunk ck;
-        fill_chunk(s, r, min_int(end - r->pos, chunk_cap(s)), &ck);
+        const int len = min_int(end - r->pos, chunk_cap(s));
+        rc = images_ready(s, r, r->pos, r->pos + len, err);
+        if (rc) break;
+        fill_chunk(s, r, len, &ck);
+        chunk_embeds(s, r, &ck);
         rc = s->be->forward(s->be, &ck, 1, err);
         if (!rc) take_chunk(r);
     }
+    free(r->positions);
+    free(r->img_embeds);
     free(r);
     return rc;
 }

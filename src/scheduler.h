@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "cache.h"
+#include "encoder_cache.h"
 #include "memo.h"
 #include "specialists.h"
 #include "squad.h"
@@ -38,6 +39,17 @@ typedef struct squad_sched_row {
     squad_done_fn done;
     void *ctx;
     int forced; /* the route every pass must run with; -1: the router decides */
+
+    /* images (docs/images.md; all NULL / 0 for a text-only row): krow is the row the state cache
+     * and the twin checks see (its ids the key view of image_rows.h, key_ids; for a text-only row
+     * the row itself); positions its M-RoPE positions [n_ids][3]; img_embeds the vision tower's
+     * rows of all its images in token order, each image's filled (img_ready) the first time a
+     * chunk holding its tokens runs */
+    squad_row krow;
+    int32_t *key_ids;
+    int32_t *positions;
+    float *img_embeds;
+    unsigned char img_ready[SQUAD_MAX_IMAGES_PER_ROW];
 
     /* specialists: the row's router features, grown chunk by chunk, and one chunk's sum */
     squad_router_feat feat;
@@ -86,6 +98,9 @@ typedef struct squad_sched {
     squad_backend *be;
     squad_cache *cache;           /* NULL: every row down the plain path */
     squad_memo *memo;             /* NULL: no exact repeats (a twin does not wait for its twin) */
+    squad_encoder_cache *encoder; /* NULL: every image's tower runs (the owner sets it after init) */
+    uint64_t encoder_hits;        /* images whose tower output the encoder cache gave */
+    uint64_t towers_run;          /* images run through the vision tower */
     const squad_specialists *sp;  /* NULL: every row the trunk */
     int align;                    /* the cache's align (its checkpoints' positions) */
 
@@ -115,7 +130,7 @@ int squad_sched_init(squad_sched *s, squad_backend *be, squad_cache *cache, squa
 /* Drops every row still taken in (their plans abandoned, done not called) and the scratch. */
 void squad_sched_free(squad_sched *s);
 
-/* A row for the queue (validated by the caller): NULL and err when memory is short. */
+/* A row for the queue (validated by the caller, its images too): NULL and err when memory is short. */
 squad_sched_row *squad_sched_row_new(const squad_sched *s, const squad_row *row, const squad_score_opts *opts,
                                      squad_result *out, squad_done_fn done, void *ctx, squad_err *err);
 void squad_sched_enqueue(squad_sched *s, squad_sched_row *r);

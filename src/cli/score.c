@@ -6,6 +6,10 @@
  * Rows are read SCORE_BATCH_ROWS at a time and answered together by squad_engine_score_batch
  * (batched steps: rows in flight share each pass over the weights, docs/batching.md); a window's
  * lines are written in input order once it is answered.
+ *
+ * Images (docs/images.md): a row's "images" are file paths or data: URLs, loaded with
+ * squad_image_load; its ids hold one <|image_pad|> per image, which squad_row_expand_images turns
+ * into the image's run (moving the slots and state_len after it).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -17,6 +21,8 @@
 
 #include "answer_json.h"
 #include "commands.h"
+#include "image/data_url.h"
+#include "model.h"
 #include "options.h"
 #include "rows.h"
 #include "squad.h"
@@ -31,8 +37,11 @@ static void score_help(FILE *f) {
             "\n"
             "Reads rows as JSON lines (FILE, or stdin when --rows is absent or '-'):\n"
             "  {\"ids\": [...], \"slots\": [...], \"nopts\": [...], \"letters\": [...], \"state_len\": n,\n"
-            "   \"specialist\": \"label\"}          (specialist: with --specialists; \"auto\", the default, lets\n"
-            "                                    the router decide)\n"
+            "   \"specialist\": \"label\", \"images\": [\"a.png\", \"data:image/png;base64,...\"]}\n"
+            "  (specialist: with --specialists; \"auto\", the default, lets the router decide. images: a model\n"
+            "  with a vision tower; ids hold one <|image_pad|> per image, between <|vision_start|> and\n"
+            "  <|vision_end|>, which squad expands to the image's tokens: slots and state_len count the\n"
+            "  ids as given)\n"
             "and writes one JSON line per row, in order:\n"
             "  {\"probs\": [[...], ...], \"reused\": R, \"computed\": C}   (with --specialists also \"route\": \"label\")\n"
             "or {\"error\": \"...\"} for a bad row (the rest still run). Blank lines are skipped.\n"
@@ -94,10 +103,47 @@ typedef struct score_window {
     squad_result res[SCORE_BATCH_ROWS];
     int rcs[SCORE_BATCH_ROWS];
     squad_err errs[SCORE_BATCH_ROWS]; /* per line: a parse error, or the row's */
+    squad_row_image images[SCORE_BATCH_ROWS][SQUAD_MAX_IMAGES_PER_ROW]; /* per line, loaded */
 } score_window;
 
+/* The bytes of one "images" entry: a data: URL, or a file. */
+static uint8_t *image_bytes(const char *ref, size_t *len, squad_err *err) {
+    uint8_t *bytes = NULL;
+    if (!strncmp(ref, "data:", 5) || strstr(ref, "://")) { /* a URL: only data: ones are read */
+        return squad_image_text_bytes(ref, strlen(ref), &bytes, len, err) ? NULL : bytes;
+    }
+    return (uint8_t *)squad_read_file(ref, len, err);
+}
+
+/* Loads the row's images and expands its one <|image_pad|> per image; the error names the image. */
+static int row_images(score_window *w, int i, const squad_model *model, squad_err *err) {
+    squad_row_buf *rb = &w->rb[i];
+    for (int k = 0; k < rb->n_image_refs; k++) {
+        size_t len = 0;
+        uint8_t *bytes = image_bytes(rb->image_refs[k], &len, err);
+        int rc = bytes ? squad_image_load(model, bytes, len, 0, &w->images[i][k], err) : err->code;
+        free(bytes);
+        if (rc) {
+            for (int j = 0; j < k; j++) squad_row_image_free(&w->images[i][j]);
+            squad_fail_context(err, "images[%d] %.100s: ", k, rb->image_refs[k]);
+            return rc;
+        }
+    }
+    int rc = squad_row_expand_images(rb, model->cfg.image_token_id, w->images[i], rb->n_image_refs,
+                                     squad_model_max_tokens(model), err);
+    if (rc)
+        for (int k = 0; k < rb->n_image_refs; k++) squad_row_image_free(&w->images[i][k]);
+    return rc;
+}
+
+/* The line's images back (after its answer). */
+static void row_images_free(score_window *w, int i) {
+    for (int k = 0; k < w->rb[i].n_image_refs; k++) squad_row_image_free(&w->images[i][k]);
+}
+
 /* Parses one line into the window's next entry (its error kept when it is bad). */
-static void window_add(score_window *w, const char *line, size_t len, const squad_specialists *sp) {
+static void window_add(score_window *w, const char *line, size_t len, const squad_model *model,
+                       const squad_specialists *sp) {
     const int i = w->n++;
     squad_err *err = &w->errs[i];
     memset(err, 0, sizeof *err);
@@ -113,6 +159,7 @@ static void window_add(score_window *w, const char *line, size_t len, const squa
         }
         if (!rc) w->rb[i].row.specialist = route + 1;
     }
+    if (!rc && w->rb[i].n_image_refs > 0 && (rc = row_images(w, i, model, err))) squad_row_buf_free(&w->rb[i]);
     w->parsed[i] = !rc;
 }
 
@@ -139,6 +186,7 @@ static int window_flush(score_window *w, squad_engine *engine, const squad_speci
         else print_line(NULL, NULL, NULL, w->errs[i].msg);
         failed |= !ok;
         if (w->parsed[i]) {
+            row_images_free(w, i);
             squad_row_buf_free(&w->rb[i]);
             k++;
         }
@@ -222,7 +270,7 @@ int cmd_score(int argc, char **argv) {
     }
     while (w && (n = getline(&line, &cap, in)) >= 0) {
         if (is_blank(line)) continue;
-        window_add(w, line, (size_t)n, sp);
+        window_add(w, line, (size_t)n, model, sp);
         if (w->n == SCORE_BATCH_ROWS) failed |= window_flush(w, engine, sp);
     }
     if (w && w->n) failed |= window_flush(w, engine, sp);

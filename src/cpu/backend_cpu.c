@@ -56,6 +56,11 @@
  * (cpu_lora_apply, src/cpu/lora.c; within rounding of squad_lora_apply_ref, and each token's
  * result independent of the rows beside it). Chunks of different routes share one batch
  * (mixed_routes): the shared weights are never touched. Each chunk's router sum is taken from its rows of h as they enter router.layer.
+ *
+ * Images (docs/images.md): a chunk's embeds replace the embedding of its <|image_pad|> tokens, row
+ * by row in token order (embed_src points each packed row at its source); its positions drive the
+ * rotary per token with the frequencies' axes of op_mrope_axes (transformers' interleaved M-RoPE).
+ * A chunk without positions takes op_rope at start + t exactly as before.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -133,6 +138,8 @@ typedef struct cpu_backend {
     size_t gdn_layer_floats;             /* S + conv floats of one GDN layer */
     cpu_seq *seqs;                       /* [max_seqs] */
     float *inv_freq;                     /* [rd/2] */
+    unsigned char *rope_axis;            /* [rd/2]: the M-RoPE axis of each frequency */
+    int mrope_ok;                        /* the config's mrope_section fits the rotary (positions allowed) */
     float **conv_kc;                     /* [n_gdn] -> conv weights transposed to [K][C] */
     float *attn_scratch;                 /* per thread, attn_scratch_floats each */
     long attn_scratch_floats;
@@ -140,6 +147,7 @@ typedef struct cpu_backend {
     float *h, *x, *qkv, *conv_out, *z, *gate_a, *gate_b, *g, *beta, *o, *qg, *kk, *vv, *att, *mlp_gate, *mlp_up;
     int *pos;          /* [max_batch_tokens]: each row's absolute position in its row */
     int *chunk_of_row; /* [max_batch_tokens]: the chunk each row belongs to */
+    const float **embed_src; /* [max_batch_tokens]: an image row's embedding (chunk embeds), else NULL */
     /* the running batch: its chunks, each one's first row, slot and (for the running layer) adapter;
      * first_task: per chunk, its first task of the running per-chunk pool job (prefix sums) */
     const squad_chunk *ck;
@@ -424,8 +432,12 @@ static void row_task_run(void *ctx, int task, int n_tasks) {
     case ROW_EMBED:
         for (int t = t0; t < t1; t++) {
             const int i = c->chunk_of_row[t];
-            const uint16_t *e = c->m->embed.w + (long)c->ck[i].ids[t - c->off[i]] * H;
             float *hr = c->h + (long)t * H;
+            if (c->embed_src[t]) { /* an image token: the vision tower's row */
+                memcpy(hr, c->embed_src[t], sizeof(float) * (size_t)H);
+                continue;
+            }
+            const uint16_t *e = c->m->embed.w + (long)c->ck[i].ids[t - c->off[i]] * H;
             for (int k = 0; k < H; k++) hr[k] = squad_bf16_to_f32(e[k]);
         }
         break;
@@ -447,8 +459,15 @@ static void row_task_run(void *ctx, int task, int n_tasks) {
             float *q = c->qg + (long)t * q_stride, *k = c->kk + (long)t * kvd;
             for (int h = 0; h < nh; h++) op_head_rmsnorm_zc(q + (long)h * 2 * hd, L->q_norm, 1, 1, hd, q_stride, cfg->rms_eps);
             op_head_rmsnorm_zc(k, L->k_norm, 1, nkv, hd, kvd, cfg->rms_eps);
-            op_rope(q, c->inv_freq, 1, c->pos[t], nh, 2 * hd, q_stride, cfg->rotary_dim);
-            op_rope(k, c->inv_freq, 1, c->pos[t], nkv, hd, kvd, cfg->rotary_dim);
+            const squad_chunk *ck = &c->ck[c->chunk_of_row[t]];
+            if (ck->positions) { /* M-RoPE: the token's (t, h, w) */
+                const int32_t *p3 = ck->positions + 3 * (long)(t - c->off[c->chunk_of_row[t]]);
+                op_rope_mrope(q, c->inv_freq, c->rope_axis, p3, nh, 2 * hd, cfg->rotary_dim);
+                op_rope_mrope(k, c->inv_freq, c->rope_axis, p3, nkv, hd, cfg->rotary_dim);
+            } else {
+                op_rope(q, c->inv_freq, 1, c->pos[t], nh, 2 * hd, q_stride, cfg->rotary_dim);
+                op_rope(k, c->inv_freq, 1, c->pos[t], nkv, hd, kvd, cfg->rotary_dim);
+            }
         }
         break;
     case ROW_ATTN_GATE:
@@ -787,6 +806,10 @@ static int check_chunk(const cpu_backend *c, const squad_chunk *ck, squad_err *e
         return squad_fail(err, SQUAD_E_INVALID, "route %d: the backend has %d routes", ck->route,
                           sp ? sp->router.n_labels : 1);
     if (ck->router_sum && !sp) return squad_fail(err, SQUAD_E_INVALID, "router features asked without specialists");
+    if (ck->positions && !c->mrope_ok)
+        return squad_fail(err, SQUAD_E_INVALID, "M-RoPE positions for a model whose mrope_section does not fit its rotary");
+    if (ck->embeds && !cfg->has_vision)
+        return squad_fail(err, SQUAD_E_INVALID, "image embeddings for a model without a vision tower");
     return 0;
 }
 
@@ -806,13 +829,23 @@ static int prepare_slots(cpu_backend *c, squad_err *err) {
     return 0;
 }
 
-/* A batch: validated as a whole (each chunk, distinct slots, the token budget), then run packed. */
+/* Where the chunk's rows (from packed row r) take their embedding: its <|image_pad|> tokens the
+ * chunk's embeds in order, every other token (and every token of a chunk without embeds) the
+ * embedding table. */
+static void image_rows(cpu_backend *c, const squad_chunk *ck, int r) {
+    const int H = c->m->cfg.hidden_size, pad = c->m->cfg.image_token_id;
+    long k = 0;
+    for (int t = 0; t < ck->len; t++)
+        c->embed_src[r + t] = ck->embeds && ck->ids[t] == pad ? ck->embeds + (k++) * H : NULL;
+}
+
 /* The vision tower (cpu/vision.c) on the backend's pool, in its precision. */
 static int cpu_vision(squad_backend *be, const float *pixel_values, const int grid[3], float *out, squad_err *err) {
     cpu_backend *c = be->impl;
     return cpu_vision_forward(c->pool, c->prec, c->m, pixel_values, grid[0], grid[1], grid[2], out, err);
 }
 
+/* A batch: validated as a whole (each chunk, distinct slots, the token budget), then run packed. */
 static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks, squad_err *err) {
     cpu_backend *c = impl_of(be);
     const squad_model *m = c->m;
@@ -845,6 +878,7 @@ static int cpu_forward(squad_backend *be, const squad_chunk *chunks, int n_chunk
             if ((chunks[i].len > CPU_GEMM_DOT_MAX_T) != (pass == 0)) continue;
             c->off[i] = r;
             for (int t = 0; t < chunks[i].len; t++) c->pos[r + t] = chunks[i].start + t, c->chunk_of_row[r + t] = i;
+            image_rows(c, &chunks[i], r);
             r += chunks[i].len;
         }
     }
@@ -904,6 +938,8 @@ static void cpu_destroy(squad_backend *be) {
     for (int lg = 0; c->conv_kc && lg < c->n_gdn; lg++) free(c->conv_kc[lg]);
     free(c->conv_kc);
     free(c->inv_freq);
+    free(c->rope_axis);
+    free(c->embed_src);
     free(c->pos);
     free(c->chunk_of_row);
     free(c->off);
@@ -1002,8 +1038,13 @@ squad_backend *squad_cpu_backend_new(const squad_model *model, const squad_engin
     c->pos = squad_calloc((size_t)rows, sizeof(int), err);
     c->chunk_of_row = squad_calloc((size_t)rows, sizeof(int), err);
     c->inv_freq = squad_calloc((size_t)cfg->rotary_dim / 2 + 1, sizeof(float), err);
-    if (!c->seqs || !c->off || !c->cseq || !c->lora || !c->first_task || !c->pos || !c->chunk_of_row || !c->inv_freq) goto fail;
+    c->rope_axis = squad_calloc((size_t)cfg->rotary_dim / 2 + 1, 1, err);
+    c->embed_src = squad_calloc((size_t)rows, sizeof(float *), err);
+    if (!c->seqs || !c->off || !c->cseq || !c->lora || !c->first_task || !c->pos || !c->chunk_of_row || !c->inv_freq ||
+        !c->rope_axis || !c->embed_src)
+        goto fail;
     op_rope_inv_freq(c->inv_freq, cfg->rope_theta, cfg->rotary_dim);
+    c->mrope_ok = op_mrope_axes(c->rope_axis, cfg->rotary_dim, cfg->mrope_section, cfg->mrope_interleaved > 0) == 0;
     c->attn_scratch_floats = op_attention_scratch_floats(cfg->num_heads, cfg->num_kv_heads, cfg->head_dim,
                                                          CPU_ATTN_QUERY_BLOCK);
     c->attn_scratch = squad_aligned_alloc(sizeof(float) * (size_t)c->attn_scratch_floats *

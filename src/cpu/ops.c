@@ -151,6 +151,32 @@ void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int 
     }
 }
 
+void op_rope_mrope(float *x, const float *inv_freq, const unsigned char *axis, const int32_t pos[3], int n_heads,
+                   int head_stride, int rd) {
+    int half = rd / 2;
+    for (int i = 0; i < half; i++) {
+        float ang = (float)pos[axis[i]] * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + (long)h * head_stride;
+            float x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * c - x2 * s;
+            v[i + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
+int op_mrope_axes(unsigned char *axis, int rd, const int section[3], int interleaved) {
+    const int half = rd / 2;
+    memset(axis, 0, (size_t)(half > 0 ? half : 0));
+    if (section[0] < 0 || section[1] < 0 || section[2] < 0 || section[0] + section[1] + section[2] != half) return -1;
+    for (int j = 0; j < half; j++) {
+        if (interleaved) axis[j] = (j % 3 == 1 && j < 3 * section[1]) ? 1 : (j % 3 == 2 && j < 3 * section[2]) ? 2 : 0;
+        else axis[j] = j < section[0] ? 0 : j < section[0] + section[1] ? 1 : 2;
+    }
+    return 0;
+}
+
 void op_conv_weights_kc(float *w_kc, const float *w_ck, int C, int K) {
     for (int c = 0; c < C; c++)
         for (int k = 0; k < K; k++) w_kc[(long)k * C + c] = w_ck[(long)c * K + k];

@@ -27,6 +27,16 @@ void op_head_rmsnorm_zc(float *x, const float *w, int T, int n_heads, int hd, in
  * position pos0 + t; inv_freq [rd/2]. token_stride / head_stride in floats. */
 void op_rope(float *x, const float *inv_freq, int T, int pos0, int n_heads, int head_stride, int token_stride,
              int rd);
+/* The same for one token at an M-RoPE position (t, h, w): frequency i turns by pos[axis[i]] *
+ * inv_freq[i] (op_mrope_axes). With the three positions equal it computes exactly what op_rope does
+ * at that position. */
+void op_rope_mrope(float *x, const float *inv_freq, const unsigned char *axis, const int32_t pos[3], int n_heads,
+                   int head_stride, int rd);
+/* The axis (0 t, 1 h, 2 w) of each of the rd / 2 frequencies, as transformers assigns them:
+ * interleaved (Qwen3.5's apply_interleaved_mrope: frequency j is h when j % 3 == 1 and j < 3 section[1],
+ * w when j % 3 == 2 and j < 3 section[2], else t), or in sections one after the other. 0 when the
+ * sections sum to rd / 2, else -1 (axis all t). */
+int op_mrope_axes(unsigned char *axis, int rd, const int section[3], int interleaved);
 /* inv_freq[i] = theta^(-2i/rd), computed in fp32 as the reference does. */
 void op_rope_inv_freq(float *inv_freq, double theta, int rd);
 
