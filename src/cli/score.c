@@ -77,14 +77,17 @@ static void print_stats(const squad_engine *e) {
             "\"memo_hits\": %llu, \"tokens_memo\": %llu, \"uncacheable\": %llu, "
             "\"tokens_reused\": %llu, \"tokens_computed\": %llu, \"checkpoints_made\": %llu, \"evicted\": %llu, "
             "\"checkpoints\": %llu, \"groups\": %llu, \"bytes_held\": %zu, \"budget_bytes\": %zu, "
-            "\"mispredictions\": %llu}\n",
+            "\"mispredictions\": %llu, \"image_rows\": %llu, \"image_tokens\": %llu, \"encoder_hits\": %llu, "
+            "\"encoder_misses\": %llu, \"encoder_bytes\": %zu, \"encoder_budget_bytes\": %zu}\n",
             (unsigned long long)st.rows, (unsigned long long)st.hits, (unsigned long long)st.partial,
             (unsigned long long)st.cold, (unsigned long long)st.plain, (unsigned long long)st.memo_hits,
             (unsigned long long)st.tokens_memo, (unsigned long long)st.uncacheable,
             (unsigned long long)st.tokens_reused, (unsigned long long)st.tokens_computed,
             (unsigned long long)st.checkpoints_made, (unsigned long long)st.evicted,
             (unsigned long long)st.checkpoints, (unsigned long long)st.groups, st.bytes_held, st.budget_bytes,
-            (unsigned long long)st.mispredictions);
+            (unsigned long long)st.mispredictions, (unsigned long long)st.image_rows,
+            (unsigned long long)st.image_tokens, (unsigned long long)st.encoder_hits,
+            (unsigned long long)st.encoder_misses, st.encoder_bytes, st.encoder_budget_bytes);
 }
 
 static int is_blank(const char *s) {
