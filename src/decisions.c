@@ -120,29 +120,62 @@ char *squad_dapi_error_body(const squad_dapi_error *e) {
  * The prefix
  * ------------------------------------------------------------------------------------------- */
 
+/* The images standing in the state: images[k] at byte image_off[k] of the state's text (ascending). */
+typedef struct prefix_images {
+    squad_row_image *images;
+    const size_t *off;
+    int n;
+    int32_t pad;  /* the <|image_pad|> id */
+    int set_pos;  /* record each run's first index in images[k].pos */
+} prefix_images;
+
+/* One image: <|vision_start|>, its run of pad ids, <|vision_end|>. */
+static int render_image(token_builder *b, squad_row_image *img, const prefix_images *pi, squad_err *err) {
+    int rc = token_builder_template(b, SQUAD_VISION_START_TOKEN, strlen(SQUAD_VISION_START_TOKEN), err);
+    if (rc >= 0) rc = token_builder_flush(b, err);
+    if (rc < 0) return rc;
+    if (b->ids.n > (size_t)(INT32_MAX / 2)) return squad_fail(err, SQUAD_E_INVALID, "the state is too long");
+    if (pi->set_pos) img->pos = (int)b->ids.n;
+    for (int k = 0; k < img->tokens && rc >= 0; k++) rc = squad_idvec_push(&b->ids, pi->pad, err);
+    if (rc >= 0) rc = token_builder_template(b, SQUAD_VISION_END_TOKEN, strlen(SQUAD_VISION_END_TOKEN), err);
+    return rc;
+}
+
 /* The prefix, rendered up to `cut` bytes of its text (SIZE_MAX: all of it), then flushed. Its text
- * is SYSTEM_OPEN sys SYSTEM_CLOSE (when sys is not empty), USER_OPEN state STATE_END. */
+ * is SYSTEM_OPEN sys SYSTEM_CLOSE (when sys is not empty), USER_OPEN state STATE_END, with each image's
+ * markup at its offset in the state (an image at the cut or past it is left out). */
 static int render_prefix(token_builder *b, const char *sys, size_t sys_n, const char *state, size_t state_n,
-                         size_t cut, squad_err *err) {
+                         const prefix_images *pi, size_t cut, squad_err *err) {
     struct {
         int plain;
         const char *s;
         size_t n;
     } seg[6];
-    int k = 0;
+    int k = 0, state_seg = -1;
     if (sys_n) {
         seg[k].plain = 0, seg[k].s = SYSTEM_OPEN, seg[k].n = strlen(SYSTEM_OPEN), k++;
         seg[k].plain = 1, seg[k].s = sys, seg[k].n = sys_n, k++;
         seg[k].plain = 0, seg[k].s = SYSTEM_CLOSE, seg[k].n = strlen(SYSTEM_CLOSE), k++;
     }
     seg[k].plain = 0, seg[k].s = USER_OPEN, seg[k].n = strlen(USER_OPEN), k++;
+    state_seg = k;
     seg[k].plain = 1, seg[k].s = state, seg[k].n = state_n, k++;
     seg[k].plain = 0, seg[k].s = STATE_END, seg[k].n = strlen(STATE_END), k++;
     size_t at = 0;
     for (int i = 0; i < k && at < cut; i++) {
         size_t n = seg[i].n < cut - at ? seg[i].n : cut - at;
-        int rc = seg[i].plain ? token_builder_text(b, seg[i].s, n, err)
-                              : token_builder_template(b, seg[i].s, n, err);
+        int rc = 0;
+        if (i == state_seg && pi && pi->n) { /* the state's text in pieces, its images between them */
+            size_t done = 0;
+            for (int m = 0; m < pi->n && pi->off[m] < cut - at && rc >= 0; m++) { /* at the state's end too */
+                rc = token_builder_text(b, state + done, pi->off[m] - done, err);
+                if (rc >= 0) rc = render_image(b, &pi->images[m], pi, err);
+                done = pi->off[m];
+            }
+            if (rc >= 0) rc = token_builder_text(b, state + done, n - done, err);
+        } else {
+            rc = seg[i].plain ? token_builder_text(b, seg[i].s, n, err) : token_builder_template(b, seg[i].s, n, err);
+        }
         if (rc < 0) return rc;
         at += n;
     }
@@ -359,6 +392,9 @@ void squad_dapi_req_free(squad_dapi_req *r) {
     if (!r) return;
     struct squad_dapi_store *s = r->store;
     if (s) {
+        for (int i = 0; i < s->n_images; i++)
+            if (s->image_loader.release) s->image_loader.release(s->image_loader.ctx, &s->images[i]);
+        free(s->images);
         for (int i = 0; i < r->n_rows; i++) {
             if (s->ids) free(s->ids[i]);
             if (s->suffix) free(s->suffix[i]);
@@ -383,14 +419,15 @@ static int cmp_int(const void *a, const void *b) {
 }
 
 /* Token positions of the breakpoints: for each, the leading prefix ids the text before it fixes. */
-static int breakpoints(parse_state *ps, squad_dapi_req *r, const squad_idvec *prefix, size_t sys_n) {
+static int breakpoints(parse_state *ps, squad_dapi_req *r, const squad_idvec *prefix, size_t sys_n,
+                       const prefix_images *pi) {
     size_t sys_len = sys_n ? strlen(SYSTEM_OPEN) + sys_n + strlen(SYSTEM_CLOSE) : 0;
     for (int k = 0; k < ps->n_bp; k++) {
         size_t cut = ps->bp_in_sys[k] ? strlen(SYSTEM_OPEN) + ps->bp_off[k]
                                        : sys_len + strlen(USER_OPEN) + ps->bp_off[k];
         token_builder b = {ps->ctx->tok, {0}, {0}};
         squad_err err = {0};
-        if (render_prefix(&b, ps->sys.s, sys_n, ps->state.s, ps->state.n, cut, &err) < 0) {
+        if (render_prefix(&b, ps->sys.s, sys_n, ps->state.s, ps->state.n, pi, cut, &err) < 0) {
             token_builder_free(&b);
             return dapi_from_err(ps->e, &err);
         }
@@ -417,7 +454,15 @@ static char *prefix_text(const parse_state *ps) {
         squad_buf_puts(&t, SYSTEM_CLOSE);
     }
     squad_buf_puts(&t, USER_OPEN);
-    squad_buf_put(&t, ps->state.s, ps->state.n);
+    size_t done = 0;
+    for (int m = 0; m < ps->n_images; m++) { /* each image's markup where it stands, its pads written out */
+        squad_buf_put(&t, ps->state.s + done, ps->image_off[m] - done);
+        done = ps->image_off[m];
+        squad_buf_puts(&t, SQUAD_VISION_START_TOKEN);
+        for (int k = 0; k < ps->images[m].tokens; k++) squad_buf_puts(&t, SQUAD_IMAGE_PAD_TOKEN);
+        squad_buf_puts(&t, SQUAD_VISION_END_TOKEN);
+    }
+    squad_buf_put(&t, ps->state.s + done, ps->state.n - done);
     squad_buf_puts(&t, STATE_END);
     return squad_buf_take(&t, NULL);
 }
@@ -433,10 +478,21 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
     s->prefix_text = prefix_text(ps);
     r->prefix_text = s->prefix_text;
     if (!s->prefix_text) return dapi_oom(ps->e);
-    if (render_prefix(&b, ps->sys.s, ps->sys.n, ps->state.s, ps->state.n, SIZE_MAX, &err) < 0) {
+    /* the images move into the request's store now: it releases them from here on */
+    if (ps->n_images) {
+        s->images = malloc((size_t)ps->n_images * sizeof *s->images);
+        if (!s->images) return dapi_oom(ps->e);
+        memcpy(s->images, ps->images, (size_t)ps->n_images * sizeof *s->images);
+        s->n_images = ps->n_images;
+        s->image_loader = *ps->loader;
+        ps->n_images = 0;
+    }
+    prefix_images pi = {s->images, ps->image_off, s->n_images, squad_tokenizer_token_id(c->tok, SQUAD_IMAGE_PAD_TOKEN), 1};
+    if (render_prefix(&b, ps->sys.s, ps->sys.n, ps->state.s, ps->state.n, &pi, SIZE_MAX, &err) < 0) {
         rc = dapi_from_err(ps->e, &err);
         goto done;
     }
+    pi.set_pos = 0;
     size_t state_len = b.ids.n;
     if (c->max_tokens && state_len >= (size_t)c->max_tokens) {
         rc = dapi_bad(ps->e, state_field, "%s renders as %zu tokens" SQUAD_ROW_TOO_LONG "%d tokens",
@@ -448,7 +504,7 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
         goto done;
     }
     r->state_len = (int)state_len;
-    if (breakpoints(ps, r, &b.ids, ps->sys.n) < 0) goto done;
+    if (breakpoints(ps, r, &b.ids, ps->sys.n, &pi) < 0) goto done;
     int n = ps->n_q;
     r->rows = calloc((size_t)n, sizeof *r->rows);
     s->ids = calloc((size_t)n, sizeof *s->ids);
@@ -511,6 +567,8 @@ static int build_rows(parse_state *ps, squad_dapi_req *r) {
         row->letters = dq->labels;
         row->n_letters = dq->n_opts;
         row->state_len = (int)state_len;
+        row->images = s->n_images ? s->images : NULL;
+        row->n_images = s->n_images;
     }
     rc = 0;
 done:
@@ -519,6 +577,7 @@ done:
 }
 
 static void parse_state_free(parse_state *ps) {
+    for (int i = 0; i < ps->n_images; i++) ps->loader->release(ps->loader->ctx, &ps->images[i]); /* not moved */
     free(ps->sys.s);
     free(ps->state.s);
     if (ps->blocks)
@@ -529,6 +588,11 @@ static void parse_state_free(parse_state *ps) {
 
 int squad_dapi_parse(const squad_dapi_ctx *c, squad_dapi api, const char *body, size_t len, squad_dapi_req **out,
                      squad_dapi_error *e) {
+    return squad_dapi_parse_images(c, api, body, len, NULL, out, e);
+}
+
+int squad_dapi_parse_images(const squad_dapi_ctx *c, squad_dapi api, const char *body, size_t len,
+                            const squad_image_loader *images, squad_dapi_req **out, squad_dapi_error *e) {
     *out = NULL;
     if (api < 0 || api >= SQUAD_DAPI_COUNT) {
         squad_dapi_error_set(e, 500, NULL, "no such decision API");
@@ -545,6 +609,7 @@ int squad_dapi_parse(const squad_dapi_ctx *c, squad_dapi api, const char *body, 
     memset(&ps, 0, sizeof ps);
     ps.ctx = c;
     ps.e = e;
+    ps.loader = images;
     int spec = -1, rc;
     squad_dapi_req *r = NULL;
     rc = api == SQUAD_DAPI_DECISIONS ? dapi_openai_parse(&ps, root, &spec) : dapi_systemone_parse(&ps, root, &spec);

@@ -13,7 +13,9 @@
  *      full-vocabulary figures); squad_dapi_respond builds the response body from the results
  *      (sections A, B, D), once; squad_json_text (json_text.h) writes it with short reals.
  *
- * Request text is always tokenised as plain text: a "<|im_end|>" in a state stays text.
+ * Request text is always tokenised as plain text: a "<|im_end|>" in a state stays text. An
+ * input_image part of a user message (/v1/decisions) is <|vision_start|>, its run of <|image_pad|>
+ * ids and <|vision_end|> where the part stands in the state; its rows' images say where.
  *
  * Threads: a ctx is immutable after squad_dapi_ctx_new, and the tokenizer locks its own encoder
  * (tokenizer.h), so several connection threads may parse at once. The prefix is encoded in one call
@@ -27,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "image/loader.h"
 #include "squad.h"
 #include "tokenizer.h"
 
@@ -87,6 +90,12 @@ const char *squad_dapi_disabled(const squad_dapi_ctx *ctx, squad_dapi api);
  * than max_tokens), 404 (unknown model), 501 (API disabled), 500 (out of memory). */
 int squad_dapi_parse(const squad_dapi_ctx *ctx, squad_dapi api, const char *body, size_t len, squad_dapi_req **out,
                      squad_dapi_error *err);
+/* The same for a request that may carry images (/v1/decisions' input_image parts, section A), each
+ * loaded through images (image/loader.h; NULL: images are refused). A part the loader refuses is a
+ * 400 naming the part's image_url, with the loader's message (500 when it ran out of memory). The
+ * request owns the loaded images until squad_dapi_req_free. */
+int squad_dapi_parse_images(const squad_dapi_ctx *ctx, squad_dapi api, const char *body, size_t len,
+                            const squad_image_loader *images, squad_dapi_req **out, squad_dapi_error *err);
 void squad_dapi_req_free(squad_dapi_req *req);
 
 /* The fields of a response that are not the rows' answers, as the caller wants them written (values

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "decisions.h"
+#include "image/loader.h"
 #include "util.h"
 
 /* ---- the rendering (section C) ---------------------------------------------------------------- */
@@ -73,6 +74,9 @@ typedef struct dapi_question {
 
 struct squad_dapi_store {
     json_t *root;
+    squad_row_image *images; /* [n_images]: every row's images (they are in the state) */
+    int n_images;
+    squad_image_loader image_loader; /* what loaded them, to release them */
     dapi_question *qs;
     int32_t **ids;
     int32_t *slots, *nopts;
@@ -98,6 +102,12 @@ typedef struct parse_state {
     dapi_question *qs;
     int n_q;
     squad_buf *blocks; /* [n_q] */
+    /* input_image parts (decisions): loaded through the caller's loader, each standing at a byte
+     * offset of the state text (where its markup goes) */
+    const squad_image_loader *loader;
+    squad_row_image images[SQUAD_MAX_IMAGES_PER_ROW];
+    size_t image_off[SQUAD_MAX_IMAGES_PER_ROW];
+    int n_images;
 } parse_state;
 
 /* ---- shared helpers (decisions.c) ------------------------------------------------------------- */

@@ -13,6 +13,53 @@
 #include "decisions_internal.h"
 #include "json_text.h"
 
+/* An input_image part (section A): its image loaded through the caller's loader, standing at b's
+ * end (the state's text so far). Only data: URLs (or bare base64) in image_url: squad fetches
+ * nothing, so a file_id or a remote URL is refused. */
+static int decisions_image(parse_state *ps, json_t *part, const char *where, squad_buf *b, int in_sys) {
+    static const char *const KEYS[] = {"type", "image_url", "detail", "file_id", NULL};
+    char param[160];
+    if (dapi_only_keys(ps, part, where, KEYS) < 0) return -1;
+    if (in_sys)
+        return dapi_bad(ps->e, where, "%s: images belong in user messages (the state), not in system or developer ones",
+                        where);
+    if (dapi_get(part, "file_id")) {
+        FIELD(param, "%s.file_id", where);
+        return dapi_bad(ps->e, param, "%s: squad keeps no files and fetches nothing; send the image as a data: URL in "
+                        "image_url", param);
+    }
+    json_t *detail = dapi_get(part, "detail");
+    FIELD(param, "%s.detail", where);
+    if (detail && (!json_is_string(detail) || (strcmp(json_string_value(detail), "auto") &&
+                                               strcmp(json_string_value(detail), "high") &&
+                                               strcmp(json_string_value(detail), "low"))))
+        return dapi_bad(ps->e, param, "%s must be \"auto\", \"low\" or \"high\"", param);
+    if (detail && !strcmp(json_string_value(detail), "low"))
+        return dapi_bad(ps->e, param, "%s: \"low\" (a 512x512 cap before the image processor) is not supported yet; "
+                        "send \"auto\" or \"high\" (the processor's own limits), or a smaller image", param);
+    json_t *url = json_object_get(part, "image_url");
+    FIELD(param, "%s.image_url", where);
+    if (!url || json_is_null(url)) return dapi_bad(ps->e, param, "%s is missing (a data: URL)", param);
+    if (!json_is_string(url)) return dapi_bad(ps->e, param, "%s must be a string: a data: URL", param);
+    if (!ps->loader || !ps->loader->load)
+        return dapi_bad(ps->e, where, "%s: input_image parts are not taken here", where);
+    if (ps->n_images >= SQUAD_MAX_IMAGES_PER_ROW)
+        return dapi_bad(ps->e, where, "%s: a request holds at most %d images", where, SQUAD_MAX_IMAGES_PER_ROW);
+    if (squad_tokenizer_token_id(ps->ctx->tok, SQUAD_IMAGE_PAD_TOKEN) < 0)
+        return dapi_bad(ps->e, where, "%s: the tokenizer has no " SQUAD_IMAGE_PAD_TOKEN " token: this model takes no "
+                        "images", where);
+    squad_row_image *img = &ps->images[ps->n_images];
+    memset(img, 0, sizeof *img);
+    squad_err err = {0};
+    if (ps->loader->load(ps->loader->ctx, json_string_value(url), json_string_length(url), img, &err) < 0) {
+        if (err.code == SQUAD_E_NOMEM) return dapi_oom(ps->e);
+        return dapi_bad(ps->e, param, "%s: %s", param, err.msg);
+    }
+    ps->image_off[ps->n_images++] = b->n; /* counted now, so a failure below still releases it */
+    if (img->tokens < 1) return dapi_bad(ps->e, param, "%s: the image has no tokens", param);
+    return 0;
+}
+
 /* One content part of a message: appends its text to b; a breakpoint records b's length after it. */
 static int decisions_part(parse_state *ps, json_t *part, const char *where, squad_buf *b, int in_sys) {
     static const char *const TEXT_KEYS[] = {"type", "text", "prompt_cache_breakpoint", NULL};
@@ -21,8 +68,10 @@ static int decisions_part(parse_state *ps, json_t *part, const char *where, squa
     if (!json_is_object(part)) return dapi_bad(ps->e, where, "%s must be an object (a content part)", where);
     json_t *type = json_object_get(part, "type");
     FIELD(param, "%s.type", where);
-    if (!json_is_string(type)) return dapi_bad(ps->e, param, "%s must be \"input_text\" or \"input_json\"", param);
+    if (!json_is_string(type))
+        return dapi_bad(ps->e, param, "%s must be \"input_text\", \"input_json\" or \"input_image\"", param);
     const char *t = json_string_value(type);
+    if (!strcmp(t, "input_image")) return decisions_image(ps, part, where, b, in_sys);
     if (!strcmp(t, "input_text")) {
         if (dapi_only_keys(ps, part, where, TEXT_KEYS) < 0) return -1;
         json_t *text = json_object_get(part, "text");
@@ -52,8 +101,9 @@ static int decisions_part(parse_state *ps, json_t *part, const char *where, squa
             return dapi_bad(ps->e, param, "%s must be an object or an array", param);
         return dapi_put_text(ps, b, data);
     }
-    return dapi_bad(ps->e, param, "%s: content parts of type \"%.40s\" are not supported (input_text, input_json)", param,
-               t);
+    return dapi_bad(ps->e, param,
+                    "%s: content parts of type \"%.40s\" are not supported (input_text, input_json, input_image)", param,
+                    t);
 }
 
 /* One input item (a message): its text joins the system message or the state. */

@@ -20,20 +20,21 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "image/loader.h"
 #include "rows.h"
 #include "token_builder.h"
 #include "util.h"
 
-enum { PH_NONE = -1, PH_SYSTEM, PH_STATE, PH_QUESTION, PH_LABEL, PH_OPTION, PH_COUNT };
-static const char *const PH_NAMES[PH_COUNT] = {"system", "state", "question", "label", "option"};
+enum { PH_NONE = -1, PH_SYSTEM, PH_STATE, PH_QUESTION, PH_LABEL, PH_OPTION, PH_IMAGE, PH_COUNT };
+static const char *const PH_NAMES[PH_COUNT] = {"system", "state", "question", "label", "option", "image"};
 
-enum { PART_SYSTEM, PART_PREFIX, PART_QUESTION, PART_OPTION, PART_CUE, PART_SEPARATOR, N_PARTS };
-static const char *const PART_NAMES[N_PARTS] = {"system", "prefix", "question", "option", "cue", "separator"};
+enum { PART_SYSTEM, PART_PREFIX, PART_QUESTION, PART_OPTION, PART_CUE, PART_SEPARATOR, PART_IMAGE, N_PARTS };
+static const char *const PART_NAMES[N_PARTS] = {"system", "prefix", "question", "option", "cue", "separator", "image"};
 /* The placeholders each part may use, and those it must use exactly once (system: when non-empty). */
 static const unsigned PART_ALLOWED[N_PARTS] = {1u << PH_SYSTEM, 1u << PH_STATE, 1u << PH_QUESTION,
-                                               (1u << PH_LABEL) | (1u << PH_OPTION), 0, 0};
+                                               (1u << PH_LABEL) | (1u << PH_OPTION), 0, 0, 1u << PH_IMAGE};
 static const unsigned PART_REQUIRED[N_PARTS] = {1u << PH_SYSTEM, 1u << PH_STATE, 1u << PH_QUESTION, 1u << PH_OPTION,
-                                                0, 0};
+                                                0, 0, 1u << PH_IMAGE};
 
 /* The default template (README.md, "Prompt template", must say exactly this). */
 static const char *const DEFAULT_PARTS[N_PARTS] = {
@@ -43,6 +44,7 @@ static const char *const DEFAULT_PARTS[N_PARTS] = {
     "{label}. {option}\n",
     "Answer with the letter of the correct option.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nAnswer:",
     "<|im_end|>\n<|im_start|>user\n",
+    SQUAD_VISION_START_TOKEN "{image}" SQUAD_VISION_END_TOKEN, /* Qwen2-VL's markup; {image}: the pad run */
 };
 #define DEFAULT_QUESTIONS_PER_ROW 1
 /* Every row holds its own copy of the prefix: a bound on all rows' tokens together keeps a huge
@@ -235,7 +237,7 @@ static int template_override(squad_template *t, json_t *root, squad_err *err) {
         } else {
             return squad_fail(err, SQUAD_E_INVALID,
                               "template: unknown field \"%s\" (known: system, prefix, question, option, cue, separator, "
-                              "labels, letters, questions_per_row)",
+                              "image, labels, letters, questions_per_row)",
                               key);
         }
     }
@@ -354,11 +356,37 @@ static int need_string(json_t *obj, const char *key, const char *where, json_t *
     return 0;
 }
 
+/* request.images: absent, null, or 1..SQUAD_MAX_IMAGES_PER_ROW non-empty strings; the count in *n. */
+static int check_images(json_t *req, int *n, squad_err *err) {
+    json_t *imgs = json_object_get(req, "images");
+    *n = 0;
+    if (!imgs || json_is_null(imgs)) return 0;
+    if (!json_is_array(imgs)) return squad_fail(err, SQUAD_E_INVALID, "request.images must be an array of strings");
+    if (json_array_size(imgs) > SQUAD_MAX_IMAGES_PER_ROW)
+        return squad_fail(err, SQUAD_E_INVALID, "request.images has %zu entries; at most %d are allowed",
+                          json_array_size(imgs), SQUAD_MAX_IMAGES_PER_ROW);
+    for (size_t i = 0; i < json_array_size(imgs); i++) {
+        json_t *v = json_array_get(imgs, i);
+        if (!json_is_string(v))
+            return squad_fail(err, SQUAD_E_INVALID, "request.images[%zu] must be a string (a file or a data: URL)", i);
+        if (json_string_length(v) == 0) return squad_fail(err, SQUAD_E_INVALID, "request.images[%zu] is empty", i);
+    }
+    *n = (int)json_array_size(imgs);
+    return 0;
+}
+
 /* Checks the request's shape; every message names the field. */
 static int check_request(const squad_template *tpl, json_t *req, squad_err *err) {
     if (!json_is_object(req)) return squad_fail(err, SQUAD_E_INVALID, "the request must be a JSON object");
+    int n_images;
+    if (check_images(req, &n_images, err) < 0) return SQUAD_E_INVALID;
     json_t *s, *sys = json_object_get(req, "system");
-    if (need_string(req, "state", "request", &s, err) < 0) return SQUAD_E_INVALID;
+    s = json_object_get(req, "state");
+    if (n_images && json_is_string(s) && json_string_length(s) == 0) {
+        /* a screenshot alone is a state */
+    } else if (need_string(req, "state", "request", &s, err) < 0) {
+        return SQUAD_E_INVALID;
+    }
     if (sys && !json_is_null(sys)) {
         if (!json_is_string(sys)) return squad_fail(err, SQUAD_E_INVALID, "request.system must be a string");
         if (tpl->parts[PART_SYSTEM].n == 0 && json_string_length(sys))
@@ -391,6 +419,9 @@ static int check_request(const squad_template *tpl, json_t *req, squad_err *err)
 }
 
 void squad_text_rows_free(squad_text_rows *r) {
+    for (int i = 0; i < r->n_images; i++)
+        if (r->image_loader.release) r->image_loader.release(r->image_loader.ctx, &r->images[i]);
+    free(r->images);
     for (int i = 0; i < r->n_rows; i++) {
         if (r->row_ids) free(r->row_ids[i]);
         if (r->row_slots) free(r->row_slots[i]);
@@ -405,8 +436,32 @@ void squad_text_rows_free(squad_text_rows *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* The prefix: the system part (when the request gives one) and the state. */
-static int build_prefix(const squad_template *tpl, token_builder *b, json_t *req, squad_err *err) {
+/* One image through the image part: its literal text as template text, {image} as the image's run
+ * of `tokens` pad ids, whose first index becomes the image's pos. */
+static int render_image(const squad_template *tpl, token_builder *b, squad_row_image *img, int32_t pad,
+                        squad_err *err) {
+    const tpl_part *p = &tpl->parts[PART_IMAGE];
+    for (int i = 0; i < p->n; i++) {
+        const tpl_seg *s = &p->segs[i];
+        int rc;
+        if (s->ph == PH_NONE) {
+            rc = token_builder_template(b, s->lit, s->len, err);
+        } else { /* PH_IMAGE: the text before it is encoded first, so the run starts at a known index */
+            rc = token_builder_flush(b, err);
+            if (rc >= 0 && b->ids.n > INT32_MAX - (size_t)img->tokens)
+                rc = squad_fail(err, SQUAD_E_INVALID, "the request is too long");
+            img->pos = (int)b->ids.n;
+            for (int k = 0; rc >= 0 && k < img->tokens; k++) rc = squad_idvec_push(&b->ids, pad, err);
+        }
+        if (rc < 0) return rc;
+    }
+    return 0;
+}
+
+/* The prefix: the system part (when the request gives one) and the prefix part, whose {state} is
+ * the request's images, each through the image part, then the state's text. */
+static int build_prefix(const squad_template *tpl, token_builder *b, json_t *req, squad_text_rows *out,
+                        int32_t pad, squad_err *err) {
     tpl_values vals = {{0}, {0}};
     json_t *sys = json_object_get(req, "system"), *state = json_object_get(req, "state");
     int rc;
@@ -415,9 +470,18 @@ static int build_prefix(const squad_template *tpl, token_builder *b, json_t *req
         vals.len[PH_SYSTEM] = json_string_length(sys);
         if ((rc = render(b, &tpl->parts[PART_SYSTEM], &vals, err)) < 0) return rc;
     }
-    vals.v[PH_STATE] = json_string_value(state);
-    vals.len[PH_STATE] = json_string_length(state);
-    if ((rc = render(b, &tpl->parts[PART_PREFIX], &vals, err)) < 0) return rc;
+    const tpl_part *p = &tpl->parts[PART_PREFIX];
+    for (int i = 0; i < p->n; i++) {
+        const tpl_seg *s = &p->segs[i];
+        if (s->ph == PH_NONE) {
+            rc = token_builder_template(b, s->lit, s->len, err);
+        } else { /* PH_STATE, the prefix part's one placeholder */
+            rc = 0;
+            for (int k = 0; k < out->n_images && rc >= 0; k++) rc = render_image(tpl, b, &out->images[k], pad, err);
+            if (rc >= 0) rc = token_builder_text(b, json_string_value(state), json_string_length(state), err);
+        }
+        if (rc < 0) return rc;
+    }
     return token_builder_flush(b, err);
 }
 
@@ -447,7 +511,8 @@ static int build_question(const squad_template *tpl, token_builder *b, json_t *q
 static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *req, int max_tokens,
                       squad_text_rows *out, squad_err *err) {
     token_builder b = {tok, {0}, {0}};
-    int rc = build_prefix(tpl, &b, req, err);
+    int32_t pad = out->n_images ? squad_tokenizer_token_id(tok, SQUAD_IMAGE_PAD_TOKEN) : -1;
+    int rc = build_prefix(tpl, &b, req, out, pad, err);
     size_t state_len = b.ids.n;
     if (rc < 0) goto done;
     if (max_tokens > 0 && state_len >= (size_t)max_tokens) {
@@ -519,6 +584,8 @@ static int build_rows(const squad_template *tpl, squad_tokenizer *tok, json_t *r
         row->letters = out->letters;
         row->n_letters = out->n_letters;
         row->state_len = (int)state_len;
+        row->images = out->n_images ? out->images : NULL;
+        row->n_images = out->n_images;
     }
     rc = 0;
 done:
@@ -526,13 +593,46 @@ done:
     return rc;
 }
 
+/* Loads request.images through the loader into out->images (out->n_images those loaded so far, so
+ * that squad_text_rows_free releases them on any failure). */
+static int load_images(squad_tokenizer *tok, json_t *req, const squad_image_loader *loader, squad_text_rows *out,
+                       squad_err *err) {
+    json_t *imgs = json_object_get(req, "images");
+    size_t n = json_is_array(imgs) ? json_array_size(imgs) : 0;
+    if (n == 0) return 0;
+    if (!loader || !loader->load)
+        return squad_fail(err, SQUAD_E_INVALID, "request.images: images are not taken here");
+    if (squad_tokenizer_token_id(tok, SQUAD_IMAGE_PAD_TOKEN) < 0)
+        return squad_fail(err, SQUAD_E_INVALID,
+                          "request.images: the tokenizer has no " SQUAD_IMAGE_PAD_TOKEN " token: this model takes no images");
+    out->image_loader = *loader;
+    out->images = squad_calloc(n, sizeof *out->images, err);
+    if (!out->images) return SQUAD_E_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(imgs, i);
+        int rc = loader->load(loader->ctx, json_string_value(v), json_string_length(v), &out->images[i], err);
+        if (rc < 0) return squad_fail_context(err, "request.images[%zu]: ", i);
+        out->n_images = (int)i + 1;
+        if (out->images[i].tokens < 1)
+            return squad_fail(err, SQUAD_E_INVALID, "request.images[%zu]: the image has no tokens", i);
+    }
+    return 0;
+}
+
 int squad_template_build(const squad_template *tpl, squad_tokenizer *tok, const char *request, size_t len,
                          int max_tokens, squad_text_rows *out, squad_err *err) {
+    return squad_template_build_images(tpl, tok, request, len, max_tokens, NULL, out, err);
+}
+
+int squad_template_build_images(const squad_template *tpl, squad_tokenizer *tok, const char *request, size_t len,
+                                int max_tokens, const squad_image_loader *images, squad_text_rows *out,
+                                squad_err *err) {
     memset(out, 0, sizeof *out);
     json_error_t jerr;
     json_t *req = json_loadb(request, len, 0, &jerr);
     if (!req) return squad_fail(err, SQUAD_E_INVALID, "the request is not valid JSON (line %d): %s", jerr.line, jerr.text);
     int rc = check_request(tpl, req, err);
+    if (rc >= 0) rc = load_images(tok, req, images, out, err);
     if (rc >= 0) {
         rc = squad_template_letters(tpl, tok, out->letters, err);
         if (rc >= 0) {

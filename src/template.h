@@ -13,9 +13,17 @@
  * text: a "<|im_end|>" inside a web page stays text and cannot break the chat markup. Added tokens are
  * recognised only in the template's own strings.
  *
+ * A request may also carry "images": [text, ...] (docs/images.md), each loaded through the caller's
+ * image loader (image/loader.h: a file or a data: URL on the command line, a data: URL or base64 in
+ * the server). Images are part of the state: the prefix part's {state} renders each image through
+ * the "image" part, in the order given, then the state's text; the image part's {image} is the
+ * image's run of <|image_pad|> ids (the id looked up in the tokenizer), and the row's
+ * squad_row_image.pos says where it starts. A request without images gives exactly the ids it gave
+ * before images existed.
+ *
  * The default template (Qwen chat markup; README.md "Prompt template" documents it exactly) can be
  * overridden field by field with a squad-template.json in the model directory:
- *   system, prefix, question, option, cue, separator   strings with {placeholders}
+ *   system, prefix, question, option, cue, separator, image   strings with {placeholders}
  *   labels, letters                                    arrays of strings (what options show / the
  *                                                      answer tokens)
  *   questions_per_row                                  1..SQUAD_MAX_SLOTS_PER_ROW
@@ -26,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "image/loader.h"
 #include "squad.h"
 #include "tokenizer.h"
 
@@ -55,6 +64,10 @@ typedef struct squad_text_rows {
     int n_letters;
     int32_t letters[SQUAD_MAX_LETTERS];
     char labels[SQUAD_MAX_LETTERS][SQUAD_LABEL_MAX];
+    /* the request's images, in its order (every row's images points here: they are in the state) */
+    squad_row_image *images;
+    int n_images;
+    squad_image_loader image_loader; /* what loaded them, to release them */
     /* storage */
     int32_t **row_ids, **row_slots, **row_nopts;
 } squad_text_rows;
@@ -65,6 +78,12 @@ typedef struct squad_text_rows {
  * that is not one token). On error *out is empty. */
 int squad_template_build(const squad_template *tpl, squad_tokenizer *tok, const char *request, size_t len,
                          int max_tokens, squad_text_rows *out, squad_err *err);
+/* The same for a request that may carry "images", loaded through images (NULL: a request with images
+ * is refused). A failure of the loader is returned as it is, its message prefixed with the field
+ * ("request.images[1]: PNG: ..."). */
+int squad_template_build_images(const squad_template *tpl, squad_tokenizer *tok, const char *request, size_t len,
+                                int max_tokens, const squad_image_loader *images, squad_text_rows *out,
+                                squad_err *err);
 void squad_text_rows_free(squad_text_rows *rows);
 
 /* The template's letters as token ids (each must be one token); returns the count or an error. */

@@ -487,7 +487,7 @@ function badInputs(model) {
     ['/v1/decisions', dec({ input: [{ type: 'function_call', call_id: 'c1', name: 'click', arguments: '{}' }] }), 400, 'function_call'],
     ['/v1/decisions', dec({ input: [{ type: 'function_call_output', call_id: 'c1', output: 'ok' }] }), 400, 'function_call_output'],
     ['/v1/decisions', dec({ input: [{ type: 'custom_tool_call', call_id: 'c1', name: 't', input: 'x' }] }), 400, 'custom_tool_call'],
-    ['/v1/decisions', dec({ input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] }), 400, 'input_image'],
+    ['/v1/decisions', dec({ input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png' }] }] }), 400, 'input[0].content[0].image_url'],
     ['/v1/decisions', dec({ questions: [] }), 400, 'questions'],
     ['/v1/decisions', dec({ questions: many(65, () => q[0]) }), 400, 'questions'],
     ['/v1/decisions', dec({ questions: [{ type: 'guess', instructions: 'x' }] }), 400, 'type'],

@@ -12,6 +12,11 @@
  * - Errors: every 400 / 404 / 501 of section F for both schemas, each with its status and a message
  *   (and param) naming the field; error bodies.
  * - Labels: a tokenizer whose labels are not single tokens disables the API with a reason.
+ * - Images: input_image parts through an image loader that decodes the data: URL or base64 as the
+ *   server's does (its token count the bytes' count): the markup where the part stands, the rows'
+ *   images and pos, breakpoints around an image, and every refusal (a remote URL, bad base64, a
+ *   file_id, detail "low", an image in a system message, too many) naming the part; loaded images
+ *   are released once, on success and on failure.
  * Uses the real Qwen3 tokenizer (third_party/qwen3/tokenizer.json); its absence is a failure.
  */
 #include <jansson.h>
@@ -19,6 +24,7 @@
 #include <string.h>
 
 #include "decisions.h"
+#include "image/data_url.h"
 #include "json_text.h"
 #include "testutil.h"
 #include "tokenizer.h"
@@ -378,7 +384,7 @@ static const error_case ERRORS[] = {
     {D, DM "\"input\": [{\"role\": \"user\", \"content\": \"a\", \"id\": \"m1\"}], " Q1 "}", 400, "input[0].id", "input[0].id"},
     {D, DM "\"input\": [{\"role\": \"user\", \"content\": 5}], " Q1 "}", 400, "input[0].content", "input[0].content"},
     {D, DM "\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_image\", \"image_url\": \"u\"}]}], " Q1 "}",
-     400, "input_image", "input[0].content[0].type"},
+     400, "input_image parts are not taken here", "input[0].content[0]"}, /* no image loader */
     {D, DM "\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_text\"}]}], " Q1 "}", 400,
      "input[0].content[0].text", "input[0].content[0].text"},
     {D, DM "\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_text\", \"text\": \"a\", \"x\": 1}]}], " Q1 "}",
@@ -716,6 +722,187 @@ static void test_disabled(void) {
     CHECK(squad_dapi_ctx_new(NULL, SERVED, NULL, 0, 0, &err) == NULL && err.code == SQUAD_E_INVALID);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Images
+ * ------------------------------------------------------------------------------------------- */
+
+/* The server's text rules (a data: URL or bare base64; a remote URL refused) without a model: an
+ * image's token count is its byte count. Counts loads and releases. */
+typedef struct byte_images {
+    int loads, releases;
+} byte_images;
+
+static int bytes_load(void *c, const char *text, size_t len, squad_row_image *out, squad_err *err) {
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    if (squad_image_text_bytes(text, len, &bytes, &n, err) < 0) return err->code;
+    free(bytes);
+    out->tokens = (int)n;
+    out->grid[0] = 1, out->grid[1] = 2, out->grid[2] = 2 * (int)n;
+    out->pos = -1;
+    ((byte_images *)c)->loads++;
+    return 0;
+}
+
+static void bytes_release(void *c, squad_row_image *img) {
+    ((byte_images *)c)->releases++;
+    img->tokens = -1;
+}
+
+static squad_idvec text_ids(const char *text) {
+    squad_idvec v = {0};
+    squad_err err = {0};
+    if (squad_tokenize_append(tok, text, strlen(text), 0, &v, &err) < 0) fprintf(stderr, "tokenize: %s\n", err.msg);
+    return v;
+}
+
+/* "<|vision_start|>" n x "<|image_pad|>" "<|vision_end|>" appended to b. */
+static void image_text(squad_buf *b, int n) {
+    squad_buf_puts(b, "<|vision_start|>");
+    for (int i = 0; i < n; i++) squad_buf_puts(b, "<|image_pad|>");
+    squad_buf_puts(b, "<|vision_end|>");
+}
+
+static int parse_img(const char *body, const squad_image_loader *l, squad_dapi_req **req, squad_dapi_error *e) {
+    memset(e, 0, sizeof *e);
+    return squad_dapi_parse_images(ctx, D, body, strlen(body), l, req, e);
+}
+
+static void expect_image_error(const squad_image_loader *l, const char *body, const char *names, const char *param) {
+    squad_dapi_req *req = NULL;
+    squad_dapi_error e;
+    int rc = parse_img(body, l, &req, &e);
+    CHECKF(rc < 0 && req == NULL && e.status == 400, "%s: rc %d status %d", body, rc, e.status);
+    CHECKF(strstr(e.message, names) != NULL, "message [%s] does not name [%s]", e.message, names);
+    CHECKF(!strcmp(e.param, param), "param [%s], want [%s] (%s)", e.param, param, e.message);
+    if (rc == 0) squad_dapi_req_free(req);
+}
+
+#define PNG3 "data:image/png;base64,AAAA" /* 3 bytes: 3 tokens */
+#define B64_5 "AAAAAAA=" /* bare base64, 5 bytes */
+
+static void test_images(void) {
+    byte_images f = {0, 0};
+    const squad_image_loader l = {bytes_load, bytes_release, &f};
+    const int32_t pad = squad_tokenizer_token_id(tok, "<|image_pad|>");
+    /* text, an image, text: the markup where the part stands, parts joined by "\n" as always */
+    const char *body = DM "\"input\": [{\"role\": \"developer\", \"content\": \"sys\"}, {\"role\": \"user\", \"content\": "
+                          "[{\"type\": \"input_text\", \"text\": \"Page: Login\"}, {\"type\": \"input_image\", \"image_url\": "
+                          "\"" PNG3 "\", \"detail\": \"auto\"}, {\"type\": \"input_text\", \"text\": \"After\"}]}, {\"role\": "
+                          "\"user\", \"content\": [{\"type\": \"input_image\", \"image_url\": \"" B64_5 "\", \"detail\": "
+                          "\"high\"}]}], \"questions\": [{\"type\": \"predicate\", \"instructions\": \"q1\"}, {\"type\": "
+                          "\"predicate\", \"instructions\": \"q2\"}]}";
+    squad_dapi_req *req = NULL;
+    squad_dapi_error e;
+    int rc = parse_img(body, &l, &req, &e);
+    CHECKF(rc == 0, "%d %s", e.status, e.message);
+    if (rc == 0) {
+        squad_buf t = {0};
+        squad_buf_puts(&t, "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nPage: Login\n");
+        image_text(&t, 3);
+        squad_buf_puts(&t, "\nAfter\n\n"); /* the second user message after the blank line that joins them */
+        image_text(&t, 5);
+        squad_buf_puts(&t, "\n\n");
+        CHECKF(!strcmp(req->prefix_text, t.s), "prefix text [%s]", req->prefix_text);
+        squad_idvec want = text_ids(t.s);
+        free(t.s);
+        squad_idvec head = text_ids("<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nPage: Login\n<|vision_start|>");
+        CHECKF(req->state_len == (int)want.n, "state_len %d, want %zu", req->state_len, want.n);
+        for (int i = 0; i < req->n_rows; i++) {
+            const squad_row *row = &req->rows[i];
+            CHECK(row->n_ids > (int)want.n && !memcmp(row->ids, want.v, want.n * 4));
+            CHECK(row->n_images == 2 && row->images && row->images == req->rows[0].images);
+            if (row->n_images != 2) continue;
+            CHECK(row->images[0].pos == (int)head.n && row->images[0].tokens == 3 && row->images[1].tokens == 5);
+            for (int k = 0; k < 2; k++) {
+                const squad_row_image *im = &row->images[k];
+                CHECK(im->pos > 0 && row->ids[im->pos - 1] == 151652 && row->ids[im->pos + im->tokens] == 151653);
+                for (int j = 0; j < im->tokens; j++) CHECK(row->ids[im->pos + j] == pad);
+            }
+            /* the text after the state is the text-only request's */
+            char suffix[256];
+            snprintf(suffix, sizeof suffix, "Question: q%d\nA: false\nB: true\nAnswer with the letter of one option "
+                     "only.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", i + 1);
+            CHECKF(!strcmp(req->suffix_texts[i], suffix), "suffix [%s]", req->suffix_texts[i]);
+        }
+        squad_idvec_free(&want);
+        squad_idvec_free(&head);
+        squad_dapi_req_free(req);
+    }
+    CHECKF(f.loads == 2 && f.releases == 2, "loads %d releases %d", f.loads, f.releases);
+
+    /* breakpoints around an image: before it a position short of the image, after it past the run */
+    body = DM "\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_text\", \"text\": \"Before the image\", "
+              "\"prompt_cache_breakpoint\": {\"mode\": \"explicit\"}}, {\"type\": \"input_image\", \"image_url\": \"" PNG3
+              "\"}, {\"type\": \"input_text\", \"text\": \"after\", \"prompt_cache_breakpoint\": {\"mode\": \"explicit\"}}]}], "
+              Q1 "}";
+    rc = parse_img(body, &l, &req, &e);
+    CHECKF(rc == 0, "%d %s", e.status, e.message);
+    if (rc == 0) {
+        squad_idvec before = text_ids("<|im_start|>user\nBefore the image");
+        CHECKF(req->n_breakpoints == 2, "%d breakpoints", req->n_breakpoints);
+        const squad_row_image *im = &req->rows[0].images[0];
+        CHECKF(req->n_breakpoints == 2 && req->breakpoints[0] <= (int)before.n && req->breakpoints[0] >= (int)before.n - 1 &&
+                   req->breakpoints[0] < im->pos && req->breakpoints[1] > im->pos + im->tokens,
+               "breakpoints %d %d, image at %d", req->breakpoints[0], req->breakpoints[1], im->pos);
+        squad_idvec_free(&before);
+        squad_dapi_req_free(req);
+    }
+
+    /* refusals, each naming the part; what was loaded before is released */
+    f.loads = f.releases = 0;
+#define IMG_INPUT(parts) DM "\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_image\", \"image_url\": \"" \
+    PNG3 "\"}, " parts "]}], " Q1 "}"
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"https://example.com/shot.png\"}"),
+                       "input[0].content[1].image_url", "input[0].content[1].image_url");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"https://example.com/shot.png\"}"),
+                       "remote URLs are not fetched", "input[0].content[1].image_url");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"data:image/png;base64,AA*A\"}"),
+                       "input[0].content[1].image_url: ", "input[0].content[1].image_url");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"AA-_\"}"), "base64",
+                       "input[0].content[1].image_url");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"data:text/plain;base64,AAAA\"}"),
+                       "image", "input[0].content[1].image_url");
+    CHECKF(f.loads == 5 && f.releases == 5, "loads %d releases %d", f.loads, f.releases);
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"file_id\": \"file-123\"}"), "fetches nothing",
+                       "input[0].content[1].file_id");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"" PNG3 "\", \"detail\": \"low\"}"),
+                       "not supported", "input[0].content[1].detail");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"" PNG3 "\", \"detail\": \"max\"}"),
+                       "\"auto\", \"low\" or \"high\"", "input[0].content[1].detail");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": {\"url\": \"" PNG3 "\"}}"),
+                       "must be a string", "input[0].content[1].image_url");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\"}"), "is missing", "input[0].content[1].image_url");
+    expect_image_error(&l, IMG_INPUT("{\"type\": \"input_image\", \"image_url\": \"" PNG3 "\", \"size\": 2}"),
+                       "unknown field", "input[0].content[1].size");
+    expect_image_error(&l, DM "\"input\": [{\"role\": \"system\", \"content\": [{\"type\": \"input_image\", \"image_url\": \""
+                              PNG3 "\"}]}], " Q1 "}", "user messages", "input[0].content[0]");
+    CHECKF(f.loads == f.releases, "loads %d releases %d", f.loads, f.releases);
+    /* at most SQUAD_MAX_IMAGES_PER_ROW images */
+    squad_buf many_imgs = {0};
+    squad_buf_puts(&many_imgs, DM "\"input\": [{\"role\": \"user\", \"content\": [");
+    for (int i = 0; i <= SQUAD_MAX_IMAGES_PER_ROW; i++)
+        squad_buf_printf(&many_imgs, "%s{\"type\": \"input_image\", \"image_url\": \"" PNG3 "\"}", i ? ", " : "");
+    squad_buf_puts(&many_imgs, "]}], " Q1 "}");
+    char where[32];
+    snprintf(where, sizeof where, "input[0].content[%d]", SQUAD_MAX_IMAGES_PER_ROW);
+    expect_image_error(&l, many_imgs.s, "at most 16 images", where);
+    free(many_imgs.s);
+    CHECKF(f.loads == f.releases, "loads %d releases %d", f.loads, f.releases);
+    /* a row too long with its image: refused, its image released */
+    squad_err err = {0};
+    squad_dapi_ctx *small = squad_dapi_ctx_new(tok, SERVED, NULL, 0, 40, &err);
+    if (small) {
+        const char *big = DM "\"input\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_image\", \"image_url\": \""
+                             "data:image/png;base64,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"}]}], " Q1 "}";
+        f.loads = f.releases = 0;
+        rc = squad_dapi_parse_images(small, D, big, strlen(big), &l, &req, &e);
+        CHECKF(rc < 0 && e.status == 400 && !strcmp(e.param, "input") && f.loads == 1 && f.releases == 1, "%d %s [%s]",
+               e.status, e.message, e.param);
+        squad_dapi_ctx_free(small);
+    }
+}
+
 int main(void) {
     squad_err err = {0};
     tok = squad_tokenizer_load(QWEN_PATH, &err);
@@ -732,6 +919,7 @@ int main(void) {
         test_errors();
         test_error_body();
         test_disabled();
+        test_images();
         squad_dapi_ctx_free(ctx);
     }
     squad_tokenizer_free(tok);

@@ -1,8 +1,10 @@
 /*
  * test_template.c — text requests to rows: the default template's exact text (the one README.md
  * documents), state_len, slots, nopts, letters, rows that share the prefix, template overrides from
- * squad-template.json, and the errors for bad requests and bad templates. Uses the real Qwen3
- * tokenizer (third_party/qwen3/tokenizer.json); its absence is a failure.
+ * squad-template.json, and the errors for bad requests and bad templates; images in the state
+ * (their markup, pos, the rows' image arrays, the loader's errors and releases) through a fake
+ * loader that names an image's token count in its text. Uses the real Qwen3 tokenizer
+ * (third_party/qwen3/tokenizer.json); its absence is a failure.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +268,177 @@ static void test_bad_requests(void) {
                        "request.questions[0] makes a row of");
 }
 
+/* ---- images ---------------------------------------------------------------------------------- */
+
+/* A fake loader: "tokens:N" is an image of N tokens (grid 1 x 2 x 2N, identity N); anything else
+ * fails with "cannot read <text>". Counts loads and releases, so a leak or a double release shows. */
+typedef struct fake_images {
+    int loads, releases;
+} fake_images;
+
+static int fake_load(void *ctx, const char *text, size_t len, squad_row_image *out, squad_err *err) {
+    fake_images *f = ctx;
+    int n = 0;
+    if (len > 7 && !strncmp(text, "tokens:", 7)) n = atoi(text + 7);
+    if (n <= 0) return squad_fail(err, SQUAD_E_INVALID, "cannot read %.*s", (int)len, text);
+    memset(out, 0, sizeof *out);
+    out->tokens = n;
+    out->grid[0] = 1, out->grid[1] = 2, out->grid[2] = 2 * n;
+    out->identity[0] = (uint8_t)n;
+    out->pos = -1; /* the template must set it */
+    f->loads++;
+    return 0;
+}
+
+static void fake_release(void *ctx, squad_row_image *img) {
+    ((fake_images *)ctx)->releases++;
+    img->tokens = -1; /* a second release of the same image would be seen by a test */
+}
+
+static squad_idvec pads(const char *before, int n, const char *after) {
+    squad_buf t = {0};
+    squad_buf_puts(&t, before);
+    for (int i = 0; i < n; i++) squad_buf_puts(&t, "<|image_pad|>");
+    squad_buf_puts(&t, after);
+    squad_idvec v = ids_of(t.s);
+    free(t.s);
+    return v;
+}
+
+static void test_images(void) {
+    squad_err err = {0};
+    squad_template *tpl = squad_template_default(&err);
+    CHECK(tpl != NULL);
+    fake_images f = {0, 0};
+    const squad_image_loader loader = {fake_load, fake_release, &f};
+    const int32_t pad = squad_tokenizer_token_id(tok, "<|image_pad|>");
+    CHECK(pad == 151655); /* Qwen3's, looked up by its text */
+    const char *req = "{\"system\": \"sys\", \"state\": \"Page: Login\", \"images\": [\"tokens:4\", \"tokens:3\"],"
+                      " \"questions\": [{\"text\": \"q1\", \"options\": [\"a\", \"b\"]}, {\"text\": \"q2\", \"options\": [\"c\"]}]}";
+    squad_text_rows rows;
+    int rc = squad_template_build_images(tpl, tok, req, strlen(req), 0, &loader, &rows, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc == 0) {
+        /* the images at the start of the state, each <|vision_start|> pads <|vision_end|>, then the text */
+        squad_buf t = {0};
+        squad_buf_puts(&t, "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\n<|vision_start|>");
+        for (int i = 0; i < 4; i++) squad_buf_puts(&t, "<|image_pad|>");
+        squad_buf_puts(&t, "<|vision_end|><|vision_start|>");
+        for (int i = 0; i < 3; i++) squad_buf_puts(&t, "<|image_pad|>");
+        squad_buf_puts(&t, "<|vision_end|>Page: Login\n\n");
+        squad_idvec want = ids_of(t.s);
+        free(t.s);
+        squad_idvec head = ids_of("<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\n<|vision_start|>");
+        CHECKF(rows.state_len == (int)want.n, "state_len %d, want %zu", rows.state_len, want.n);
+        CHECK(rows.n_images == 2 && rows.images[0].pos == (int)head.n && rows.images[1].pos == (int)head.n + 4 + 2);
+        CHECK(rows.images[0].tokens == 4 && rows.images[1].tokens == 3 && rows.images[1].identity[0] == 3);
+        for (int r = 0; r < rows.n_rows; r++) {
+            const squad_row *row = &rows.rows[r];
+            CHECK(row->n_ids > (int)want.n && !memcmp(row->ids, want.v, want.n * 4));
+            CHECK(row->images == rows.images && row->n_images == 2 && row->state_len == rows.state_len);
+            for (int k = 0; k < 2; k++) {
+                const squad_row_image *im = &row->images[k];
+                CHECK(row->ids[im->pos - 1] == 151652 && row->ids[im->pos + im->tokens] == 151653);
+                for (int j = 0; j < im->tokens; j++) CHECK(row->ids[im->pos + j] == pad);
+            }
+        }
+        /* the questions' ids are those of the text-only request */
+        squad_text_rows plain;
+        const char *text_req = "{\"system\": \"sys\", \"state\": \"Page: Login\", \"questions\": [{\"text\": \"q1\", "
+                               "\"options\": [\"a\", \"b\"]}, {\"text\": \"q2\", \"options\": [\"c\"]}]}";
+        CHECK(build(tpl, text_req, 0, &plain, &err) == 0);
+        for (int r = 0; r < 2 && plain.n_rows == 2; r++) {
+            int tail = plain.rows[r].n_ids - plain.state_len;
+            CHECK(rows.rows[r].n_ids - rows.state_len == tail &&
+                  !memcmp(rows.rows[r].ids + rows.state_len, plain.rows[r].ids + plain.state_len, (size_t)tail * 4));
+            CHECK(rows.rows[r].slots[0] - rows.state_len == plain.rows[r].slots[0] - plain.state_len);
+            CHECK(plain.rows[r].images == NULL && plain.rows[r].n_images == 0);
+        }
+        squad_text_rows_free(&plain);
+        squad_idvec_free(&want);
+        squad_idvec_free(&head);
+        squad_text_rows_free(&rows);
+    }
+    CHECKF(f.loads == 2 && f.releases == 2, "loads %d releases %d", f.loads, f.releases);
+
+    /* "images": [] and null are no images: the text-only ids, with or without a loader */
+    const char *none[] = {"{\"state\": \"s\", \"images\": [], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}",
+                          "{\"state\": \"s\", \"images\": null, \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}"};
+    squad_idvec p = ids_of("<|im_start|>user\ns\n\n");
+    for (int i = 0; i < 2; i++) {
+        CHECK(squad_template_build_images(tpl, tok, none[i], strlen(none[i]), 0, &loader, &rows, &err) == 0);
+        CHECK(rows.state_len == (int)p.n && !memcmp(rows.rows[0].ids, p.v, p.n * 4) && rows.rows[0].n_images == 0 &&
+              rows.rows[0].images == NULL);
+        squad_text_rows_free(&rows);
+        CHECK(build(tpl, none[i], 0, &rows, &err) == 0 && rows.state_len == (int)p.n);
+        squad_text_rows_free(&rows);
+    }
+    squad_idvec_free(&p);
+
+    /* a screenshot alone is a state: an empty text is allowed with images (not without) */
+    const char *alone = "{\"state\": \"\", \"images\": [\"tokens:2\"], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}";
+    CHECKF(squad_template_build_images(tpl, tok, alone, strlen(alone), 0, &loader, &rows, &err) == 0, "%s", err.msg);
+    p = pads("<|im_start|>user\n<|vision_start|>", 2, "<|vision_end|>\n\n");
+    CHECK(rows.state_len == (int)p.n && !memcmp(rows.rows[0].ids, p.v, p.n * 4));
+    squad_idvec_free(&p);
+    squad_text_rows_free(&rows);
+
+    /* the loader's error names the image; what it loaded before is released */
+    f.loads = f.releases = 0;
+    const char *bad = "{\"state\": \"s\", \"images\": [\"tokens:2\", \"corrupt.png\"], \"questions\": [{\"text\": \"q\", "
+                      "\"options\": [\"x\"]}]}";
+    rc = squad_template_build_images(tpl, tok, bad, strlen(bad), 0, &loader, &rows, &err);
+    CHECKF(rc == SQUAD_E_INVALID && !strcmp(err.msg, "request.images[1]: cannot read corrupt.png"), "%d %s", rc, err.msg);
+    CHECK(rows.rows == NULL && rows.images == NULL && rows.n_images == 0 && f.loads == 1 && f.releases == 1);
+    /* without a loader, images are refused */
+    rc = squad_template_build(tpl, tok, alone, strlen(alone), 0, &rows, &err);
+    CHECKF(rc == SQUAD_E_INVALID && strstr(err.msg, "request.images: images are not taken here"), "%s", err.msg);
+    /* the images count against the row's length: a state over the limit is refused */
+    const char *big = "{\"state\": \"s\", \"images\": [\"tokens:50\"], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}";
+    f.loads = f.releases = 0;
+    rc = squad_template_build_images(tpl, tok, big, strlen(big), 40, &loader, &rows, &err);
+    CHECKF(rc == SQUAD_E_INVALID && strstr(err.msg, "the state is") && f.releases == f.loads && f.loads == 1, "%s",
+           err.msg);
+    squad_template_free(tpl);
+
+    /* the request's shape */
+    const char *shapes[][2] = {
+        {"{\"state\": \"s\", \"images\": \"a.png\", \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}",
+         "request.images must be an array of strings"},
+        {"{\"state\": \"s\", \"images\": [\"tokens:1\", 3], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}",
+         "request.images[1] must be a string"},
+        {"{\"state\": \"s\", \"images\": [\"\"], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}",
+         "request.images[0] is empty"},
+        {"{\"state\": \"\", \"images\": [], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}",
+         "request.state is empty"},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) expect_bad_request(shapes[i][0], 0, shapes[i][1]);
+    char many[2048] = "{\"state\": \"s\", \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}], \"images\": [";
+    for (int i = 0; i <= SQUAD_MAX_IMAGES_PER_ROW; i++) strcat(many, i ? ", \"tokens:1\"" : "\"tokens:1\"");
+    strcat(many, "]}");
+    expect_bad_request(many, 0, "request.images has 17 entries; at most 16");
+
+    /* a template's own image markup */
+    const char *tj = "{\"image\": \"Screenshot: <|vision_start|>{image}<|vision_end|>\\n\"}";
+    tpl = squad_template_parse(tj, strlen(tj), &err);
+    CHECKF(tpl != NULL, "%s", err.msg);
+    const char *one = "{\"state\": \"s\", \"images\": [\"tokens:5\"], \"questions\": [{\"text\": \"q\", \"options\": [\"x\"]}]}";
+    if (tpl && squad_template_build_images(tpl, tok, one, strlen(one), 0, &loader, &rows, &err) == 0) {
+        p = pads("<|im_start|>user\nScreenshot: <|vision_start|>", 5, "<|vision_end|>\ns\n\n");
+        squad_idvec head = ids_of("<|im_start|>user\nScreenshot: <|vision_start|>");
+        CHECK(rows.state_len == (int)p.n && !memcmp(rows.rows[0].ids, p.v, p.n * 4) && rows.images[0].pos == (int)head.n);
+        squad_idvec_free(&p);
+        squad_idvec_free(&head);
+        squad_text_rows_free(&rows);
+    } else {
+        CHECKF(0, "%s", err.msg);
+    }
+    squad_template_free(tpl);
+    expect_bad_template("{\"image\": \"<|vision_start|><|vision_end|>\"}", "\"image\" must contain {image} exactly once");
+    expect_bad_template("{\"image\": \"{image}{state}\"}", "{state} is not a placeholder it may use ({image}");
+    expect_bad_template("{\"prefix\": \"{state}{image}\"}", "{image} is not a placeholder it may use ({state}");
+}
+
 static void test_load_dir(void) {
     squad_err err = {0};
     const char *dir = test_tmpdir();
@@ -308,6 +481,7 @@ int main(void) {
     test_bad_templates();
     test_bad_requests();
     test_load_dir();
+    test_images();
     squad_tokenizer_free(tok);
     return test_summary("test_template");
 }

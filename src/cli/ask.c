@@ -11,6 +11,12 @@
  * answers follow the request's questions; ms is the time to build and score the rows (loading the
  * model is not counted). Any error is {"error": "..."} on stdout: exit 1 for a bad request, 2 for a
  * usage error or a model / tokenizer / template that cannot be used.
+ *
+ * Images: the request's "images" are files (a path, relative to the working directory) or data:
+ * URLs; each is decoded and sized by the model's image processor (squad_image_load, bounded by
+ * --max-image-pixels) and placed at the start of the state by the template. An image that cannot be
+ * read or decoded, a remote URL (squad fetches nothing) or a model without a vision tower is a bad
+ * request: exit 1 with the decoder's message naming the image.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <jansson.h>
@@ -20,6 +26,8 @@
 
 #include "answer_json.h"
 #include "commands.h"
+#include "image/data_url.h"
+#include "image/decode.h"
 #include "json_text.h"
 #include "options.h"
 #include "rows.h"
@@ -50,8 +58,11 @@ static void ask_help(FILE *f) {
             "  --specialists DIR        a specialists directory: the router picks each row's adapter, and the\n"
             "                           output adds \"route\" and \"router\" (each label's probability)\n"
             "  --specialist LABEL       with --specialists: force this specialist (default auto: the router)\n"
-            "%s",
-            CLI_ENGINE_OPTIONS_HELP);
+            "%s%s"
+            "\n"
+            "A request may add \"images\": [\"shot.png\", \"data:image/png;base64,...\"] (PNG, JPEG, WebP files\n"
+            "or data: URLs; a model with a vision tower): they open the state, before its text.\n",
+            CLI_IMAGE_OPTIONS_HELP, CLI_ENGINE_OPTIONS_HELP);
 }
 
 /* Prints {"error": msg} and returns code. */
@@ -66,6 +77,7 @@ static int fail_json(int code, const char *msg) {
 
 typedef struct ask_args {
     const char *model_dir, *request, *tokenizer, *template_path, *spec_dir, *specialist;
+    int64_t max_image_pixels;
     squad_engine_opts opts;
 } ask_args;
 
@@ -73,10 +85,14 @@ typedef struct ask_args {
 static int parse_args(int argc, char **argv, ask_args *a) {
     memset(a, 0, sizeof *a);
     squad_engine_opts_default(&a->opts);
+    a->max_image_pixels = SQUAD_IMAGE_DEFAULT_MAX_PIXELS;
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
         int r = cli_engine_option(argc, argv, &i, &a->opts);
         if (r < 0) return fail_json(2, "bad engine option: see stderr and squad ask --help");
+        if (r > 0) continue;
+        if ((r = cli_image_option(argc, argv, &i, &a->max_image_pixels)) < 0)
+            return fail_json(2, "bad --max-image-pixels: see stderr and squad ask --help");
         if (r > 0) continue;
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             ask_help(stdout);
@@ -123,6 +139,44 @@ static char *read_request(const char *path, size_t *len, squad_err *err) {
     if (buf) buf[n] = 0;
     *len = n;
     return buf;
+}
+
+/* The command line's image loader (image/loader.h): a data: URL (or any "scheme:..." text, which
+ * squad_image_text_bytes refuses when it is a remote URL) or a file, then the model's processor. */
+typedef struct ask_images {
+    const squad_model *model;
+    int64_t max_pixels;
+} ask_images;
+
+static int is_url(const char *text, size_t len) {
+    if (len >= 5 && !strncmp(text, "data:", 5)) return 1;
+    const char *colon = memchr(text, ':', len);
+    return colon && (size_t)(colon - text) + 2 < len && colon[1] == '/' && colon[2] == '/';
+}
+
+static int ask_image_load(void *ctx, const char *text, size_t len, squad_row_image *out, squad_err *err) {
+    const ask_images *ai = ctx;
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    int rc;
+    if (is_url(text, len)) {
+        rc = squad_image_text_bytes(text, len, &bytes, &n, err);
+    } else {
+        if (memchr(text, 0, len)) return squad_fail(err, SQUAD_E_INVALID, "a file name cannot hold a NUL character");
+        char *path = strndup(text, len);
+        if (!path) return squad_fail(err, SQUAD_E_NOMEM, "out of memory");
+        bytes = (uint8_t *)squad_read_file(path, &n, err);
+        rc = bytes ? 0 : err->code;
+        free(path);
+    }
+    if (rc == 0) rc = squad_image_load(ai->model, bytes, n, ai->max_pixels, out, err);
+    free(bytes);
+    return rc;
+}
+
+static void ask_image_release(void *ctx, squad_row_image *image) {
+    (void)ctx;
+    squad_row_image_free(image);
 }
 
 /* Everything ask holds, freed in one place. */
@@ -216,10 +270,15 @@ int cmd_ask(int argc, char **argv) {
     }
     json_decref(req);
     double t0 = squad_now_seconds();
-    rc = squad_template_build(s.tpl, s.tok, s.request, req_len, squad_model_max_tokens(s.model), &s.rows, &err);
+    ask_images images = {s.model, a.max_image_pixels};
+    const squad_image_loader loader = {ask_image_load, ask_image_release, &images};
+    rc = squad_template_build_images(s.tpl, s.tok, s.request, req_len, squad_model_max_tokens(s.model), &loader,
+                                     &s.rows, &err);
     if (rc < 0) {
         squad_row_limit_name(&err, "the model's positions");
-        rc = fail_json(rc == SQUAD_E_INVALID ? 1 : 2, err.msg);
+        /* a bad request, an image that cannot be read or used among them; else the setup failed */
+        const int bad = rc == SQUAD_E_INVALID || rc == SQUAD_E_IO || rc == SQUAD_E_UNSUPPORTED;
+        rc = fail_json(bad ? 1 : 2, err.msg);
         ask_free(&s);
         return rc;
     }

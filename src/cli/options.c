@@ -6,6 +6,7 @@
  */
 #include "options.h"
 
+#include "image/decode.h"
 #include "model.h"
 
 #include <errno.h>
@@ -171,4 +172,18 @@ void cli_log_max_tokens(const char *cmd, const squad_engine *e, const squad_mode
     if (why == SQUAD_LIMIT_MEMORY)
         fprintf(stderr, "squad %s: rows up to %d tokens: bounded by memory, not the model (%d positions)\n", cmd, n,
                 squad_model_max_tokens(m));
+}
+
+const char CLI_IMAGE_OPTIONS_HELP[] =
+    "  --max-image-pixels N     the largest image a request may carry, as width x height, checked\n"
+    "                           before decoding (default 33554432, 32 Mi pixels)\n";
+
+int cli_image_option(int argc, char **argv, int *i, int64_t *max_pixels) {
+    if (!cli_is_option(argv[*i], "--max-image-pixels")) return 0;
+    const char *val = cli_option_value(argc, argv, i);
+    long v;
+    if (!val || cli_parse_int("--max-image-pixels", val, 1, (long)SQUAD_IMAGE_MAX_SIDE * SQUAD_IMAGE_MAX_SIDE, &v))
+        return -1;
+    *max_pixels = v;
+    return 1;
 }

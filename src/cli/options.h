@@ -8,6 +8,8 @@
 #ifndef SQUAD_CLI_OPTIONS_H
 #define SQUAD_CLI_OPTIONS_H
 
+#include <stdint.h>
+
 #include "squad.h"
 
 /* 1 when arg is the option name ("--threads"), alone or with its value attached ("--threads=4"). */
@@ -42,5 +44,11 @@ void cli_log_max_tokens(const char *cmd, const squad_engine *engine, const squad
 
 /* The help text of those options. */
 extern const char CLI_ENGINE_OPTIONS_HELP[];
+
+/* If argv[*i] is --max-image-pixels N (the largest width x height of an image a request may carry,
+ * checked before decoding: docs/images.md), consumes it into *max_pixels and returns 1; 0 when it
+ * is not that option; -1 on a missing or bad value (message on stderr). */
+int cli_image_option(int argc, char **argv, int *i, int64_t *max_pixels);
+extern const char CLI_IMAGE_OPTIONS_HELP[];
 
 #endif

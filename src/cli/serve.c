@@ -62,7 +62,7 @@ static void serve_help(FILE *f) {
             "  --specialists DIR        a specialists directory (docs/specialists.md): a router picks each row's\n"
             "                           adapter; requests may force one (\"specialist\": \"label\", or a decision\n"
             "                           API's model naming it); /v1/models lists each (--max-adapters applies)\n"
-            "%s"
+            "%s%s"
             "  (batching: --max-rows N rows run at once, 0 the backend's slots, 1 one at a time, and\n"
             "   --batch-tokens N tokens a step, 0 the backend's largest; the scheduler submits at most %d\n"
             "   rows more than --max-rows, docs/server.md)\n"
@@ -70,7 +70,7 @@ static void serve_help(FILE *f) {
             "   engine's default on the CPU; the log says what it chose)\n",
             SQUAD_SERVE_PORT, SQUAD_SERVE_MEMO_MB, SQUAD_SERVE_TOKEN_CACHE_MB, SQUAD_SERVE_QUEUE,
             (unsigned)SQUAD_SERVE_MAX_BODY, SQUAD_SERVE_MAX_QUESTIONS, SQUAD_SERVE_TIMEOUT_S, SQUAD_SERVE_MAX_CONNS_PER_IP,
-            SQUAD_SERVE_INFLIGHT_BODY_RAM_FRACTION, CLI_ENGINE_OPTIONS_HELP,
+            SQUAD_SERVE_INFLIGHT_BODY_RAM_FRACTION, CLI_IMAGE_OPTIONS_HELP, CLI_ENGINE_OPTIONS_HELP,
             SQUAD_SERVE_LOOKAHEAD_ROWS);
 }
 
@@ -160,6 +160,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         int r = cli_engine_option(argc, argv, &i, &o->engine);
         if (r < 0) return 2;
         if (r > 0) continue;
+        if ((r = cli_image_option(argc, argv, &i, &o->max_image_pixels)) != 0) {
+            if (r < 0) return 2;
+            continue;
+        }
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             serve_help(stdout);
             return 1;

@@ -23,7 +23,8 @@ int srv_decision_prepare(srv_req *r) {
         srv_fail(r, 501, NULL, "%s", why);
         return 1;
     }
-    if (squad_dapi_parse(srv->dapi, api, srv_req_body_text(r), r->body.n, &r->dreq, &de) < 0) {
+    const squad_image_loader images = srv_images_loader(&r->images, srv->model, srv->served_name, srv->opts.max_image_pixels); /* input_image parts */
+    if (squad_dapi_parse_images(srv->dapi, api, srv_req_body_text(r), r->body.n, &images, &r->dreq, &de) < 0) {
         if (strstr(de.message, SQUAD_ROW_TOO_LONG)) { /* which limit it was */
             const size_t n = strlen(de.message);
             snprintf(de.message + n, sizeof de.message - n, " (%s)", srv->max_tokens_limit);

@@ -48,7 +48,7 @@ static const char *ask_unknown_field(json_t *root, char *where, size_t cap) {
     json_t *v;
     json_object_foreach(root, k, v) {
         if (strcmp(k, "state") && strcmp(k, "questions") && strcmp(k, "system") && strcmp(k, "specialist") &&
-            strcmp(k, "session") && strcmp(k, "user")) {
+            strcmp(k, "session") && strcmp(k, "user") && strcmp(k, "images")) {
             snprintf(where, cap, "%.60s", k);
             return where;
         }
@@ -102,7 +102,7 @@ int srv_ask_prepare(srv_req *r) {
     }
     if (unknown) {
         srv_fail(r, 422, where, "unknown field %s (a request has \"state\", \"questions\", \"system\", "
-                 "\"specialist\", \"session\" and \"user\"; a question \"text\" and \"options\")", where);
+                 "\"images\", \"specialist\", \"session\" and \"user\"; a question \"text\" and \"options\")", where);
         return 1;
     }
     if (nq > (size_t)srv->opts.max_questions) {
@@ -110,10 +110,14 @@ int srv_ask_prepare(srv_req *r) {
         return 1;
     }
     squad_err err = {0};
-    int rc = squad_template_build(srv->tpl, srv->tok, srv_req_body_text(r), r->body.n, srv->max_tokens, &r->ask, &err);
+    const squad_image_loader images = srv_images_loader(&r->images, srv->model, srv->served_name, srv->opts.max_image_pixels);
+    int rc = squad_template_build_images(srv->tpl, srv->tok, srv_req_body_text(r), r->body.n, srv->max_tokens, &images,
+                                         &r->ask, &err);
     if (rc < 0) {
         squad_row_limit_name(&err, srv->max_tokens_limit);
-        if (rc == SQUAD_E_INVALID) srv_fail(r, 422, NULL, "%s", err.msg);
+        if (r->images.failed) /* an image squad cannot use: 400, as on every API (docs/server.md) */
+            srv_fail(r, r->images.out_of_memory ? 500 : 400, "images", "%s", err.msg);
+        else if (rc == SQUAD_E_INVALID) srv_fail(r, 422, NULL, "%s", err.msg);
         else srv_fail(r, 500, NULL, "%s", err.msg);
         return 1;
     }

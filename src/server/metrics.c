@@ -103,6 +103,25 @@ static void label_value(squad_buf *b, const char *s) {
     }
 }
 
+/* Images (docs/images.md): rows that held images, their image tokens, and the encoder cache. */
+static void images_prometheus(squad_buf *b, const squad_cache_stats *c) {
+    counter(b, "squad_image_rows_total", "Rows that held images.", c->image_rows);
+    counter(b, "squad_image_tokens_total", "Image tokens (<|image_pad|>) in the rows answered.", c->image_tokens);
+    counter(b, "squad_encoder_cache_hits_total", "Images whose vision tower output the encoder cache held.",
+            c->encoder_hits);
+    counter(b, "squad_encoder_cache_misses_total", "Images the vision tower ran for.", c->encoder_misses);
+    gauge(b, "squad_encoder_cache_bytes", "Bytes the encoder cache holds.", (double)c->encoder_bytes);
+    gauge(b, "squad_encoder_cache_budget_bytes", "The encoder cache's budget.", (double)c->encoder_budget_bytes);
+}
+
+static void images_json(squad_buf *b, const squad_cache_stats *c) {
+    squad_buf_printf(b,
+                     ", \"images\": {\"rows\": %" PRIu64 ", \"tokens\": %" PRIu64 ", \"encoder_hits\": %" PRIu64
+                     ", \"encoder_misses\": %" PRIu64 ", \"encoder_bytes\": %zu, \"encoder_budget_bytes\": %zu}",
+                     c->image_rows, c->image_tokens, c->encoder_hits, c->encoder_misses, c->encoder_bytes,
+                     c->encoder_budget_bytes);
+}
+
 void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     const srv_metrics *m = v->m;
     const squad_cache_stats *c = &v->jobs.cache;
@@ -201,6 +220,7 @@ void srv_metrics_prometheus(squad_buf *b, const srv_metrics_view *v) {
     gauge(b, "squad_cache_usage_ratio", "The state cache's bytes held as a fraction of its budget (0..1).",
           c->budget_bytes ? (double)c->bytes_held / (double)c->budget_bytes : 0.0);
     tier_metrics(b, c);
+    images_prometheus(b, c);
     counter(b, "squad_token_cache_hits_total", "Texts whose token ids the token cache held.", v->tokens.hits);
     counter(b, "squad_token_cache_misses_total", "Texts the token cache did not hold.", v->tokens.misses);
     gauge(b, "squad_token_cache_bytes", "Bytes the token cache holds.", (double)v->tokens.bytes_held);
@@ -275,6 +295,7 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
         squad_buf_printf(b, ": %" PRIu64, v->jobs.route_rows[i]);
     }
     squad_buf_puts(b, "}}");
+    images_json(b, c);
     squad_buf_printf(b,
                      ", \"token_cache\": {\"hits\": %" PRIu64 ", \"misses\": %" PRIu64 ", \"entries\": %zu, \"bytes\": %zu"
                      ", \"budget_bytes\": %zu, \"evicted\": %" PRIu64 "}}",

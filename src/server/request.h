@@ -20,6 +20,7 @@
 #include "decisions.h"
 #include "lru_map.h"
 #include "rows.h"
+#include "server/images.h"
 #include "server/jobs.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -113,6 +114,7 @@ struct srv_req {
     squad_err *score_errs;     /* [n_score]: a row's own validation error (code 0: valid) */
     int n_score;
     squad_dapi_req *dreq;
+    srv_images images; /* the loader's state for the request's images (ask.images, dreq's) */
     uint64_t memo_hash;
     uint32_t memo_tag; /* the first piece of its memo key: the endpoint */
     int memo_ok; /* the answer may be stored in the memo */

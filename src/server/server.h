@@ -62,6 +62,8 @@ typedef struct squad_server_opts {
     int http_threads;         /* connection threads; 0: the number of cores */
     int max_conns_per_ip;     /* open connections from one address; 0: no limit */
     size_t max_inflight_body; /* bytes of request bodies being received, all together; 0: 1/16 of RAM */
+    int64_t max_image_pixels; /* the largest image (width x height) a request may carry, checked
+                               * before decoding; 0: SQUAD_IMAGE_DEFAULT_MAX_PIXELS */
     int log_requests;         /* a log line per request */
     void (*log)(void *ctx, const char *line);
     void *log_ctx;
