@@ -1,5 +1,9 @@
 /*
- * test_vision_rows.c — rows with images through the engine and the CPU backend (docs/images.md):
+ * test_vision_rows.c — rows with images through the engine on each backend (docs/images.md). One
+ * program, parametrised by backend like test_long: `--backend cpu|cuda|all` (default cpu); CTest
+ * runs it as test_vision_rows (cpu) and gpu_test_vision_rows (cuda, label gpu, 77 without a GPU).
+ * Each backend has its own tolerances (below); the checks that do not touch a backend (the row
+ * checks, squad score's form) run once, with the CPU's.
  *  - the fixture rows of tests/fixtures/vision/fixture.json (made by transformers on the tiny-vl
  *    checkpoint `squad synth` writes): squad's M-RoPE positions equal transformers' exactly, the
  *    letter probabilities within TOL_CPU_EXACT_REF (EXACT) and TOL_CPU_BF16_REF (BF16), one row
@@ -33,6 +37,10 @@
 #include "tolerances.h"
 #include "util.h"
 
+#ifdef SQUAD_HAVE_CUDA
+#include "backend.h"
+#endif
+
 #define VISION_FIXTURE "tests/fixtures/vision/fixture.json"
 #define IMAGES_DIR "tests/fixtures/images"
 #define TOKENIZER "third_party/qwen3/tokenizer.json"
@@ -57,11 +65,34 @@ static int load_image(const squad_model *m, const char *file, squad_row_image *o
     return rc;
 }
 
+/* A backend the cases run on, and how close its answers must be. */
+typedef struct vr_backend {
+    const char *name;
+    squad_device device;
+    int threads;
+    double ref[2];  /* against transformers' probabilities: EXACT, BF16 */
+    double batched[2]; /* a row in a batch against the row alone: EXACT, BF16 */
+    double split;   /* a row run in two spans, cut anywhere, against transformers (EXACT) */
+    double cached;  /* cached against uncached (EXACT) */
+} vr_backend;
+
+static const vr_backend BACKENDS[] = {
+    {"cpu", SQUAD_DEVICE_CPU, 2, {TOL_CPU_EXACT_REF, TOL_CPU_BF16_REF}, {TOL_CPU_EXACT_BATCHED, TOL_CPU_EXACT_BATCHED}, TOL_CPU_EXACT_REF,
+     TOL_CPU_EXACT_CACHED},
+    /* the CUDA tower runs on the bf16 path whatever the precision (docs/images.md) */
+    {"cuda", SQUAD_DEVICE_CUDA, 0, {TOL_CUDA_EXACT_REF, TOL_CUDA_BF16_REF}, {TOL_CUDA_EXACT_CACHED, TOL_CUDA_BF16_CACHED_WIDE},
+     TOL_CUDA_EXACT_REF,
+     TOL_CUDA_EXACT_CACHED},
+};
+
+/* The backend of the cases now running (set by main for each --backend in turn). */
+static const vr_backend *BE = &BACKENDS[0];
+
 static squad_engine *engine(squad_model *m, squad_precision prec, size_t cache_bytes, size_t encoder_bytes) {
     squad_engine_opts o;
     squad_engine_opts_default(&o);
-    o.device = SQUAD_DEVICE_CPU;
-    o.threads = 2;
+    o.device = BE->device;
+    o.threads = BE->threads;
     o.precision = prec;
     o.cache.budget_bytes = cache_bytes;
     o.cache.align = 16; /* tiny rows: checkpoints every 16 tokens */
@@ -166,7 +197,7 @@ static void test_fixture_rows(squad_model *m, json_t *fx) {
     }
     CHECK(two_images);
     const squad_precision precs[2] = {SQUAD_PRECISION_EXACT, SQUAD_PRECISION_BF16};
-    const double tols[2] = {TOL_CPU_EXACT_REF, TOL_CPU_BF16_REF};
+    const double *tols = BE->ref;
     for (int p = 0; p < 2; p++) {
         squad_engine *en = engine(m, precs[p], 0, 0);
         if (!en) return;
@@ -181,14 +212,15 @@ static void test_fixture_rows(squad_model *m, json_t *fx) {
                    p ? "BF16" : "EXACT", i, f[i].row.n_images, w);
             worst = fmax(worst, w);
         }
-        printf("test_vision_rows: %s: %d fixture rows within %.3g of transformers\n", p ? "BF16" : "EXACT", loaded, worst);
+        printf("test_vision_rows (%s): %s: %d fixture rows within %.3g of transformers\n", BE->name, p ? "BF16" : "EXACT",
+               loaded, worst);
         /* all together in one batch: the same answers (EXACT: the same bits) */
         squad_row rs[8];
         for (int i = 0; i < loaded; i++) rs[i] = f[i].row;
         squad_err e = {0};
         CHECKF(squad_engine_score_batch(en, rs, loaded, NULL, batch, NULL, NULL, &e) == 0, "batch: %s", e.msg);
         for (int i = 0; i < loaded; i++)
-            CHECKF(worst_diff(&one[i], &batch[i], &f[i].row) <= TOL_CPU_EXACT_BATCHED, "batched row %d", i);
+            CHECKF(worst_diff(&one[i], &batch[i], &f[i].row) <= BE->batched[p], "batched row %d", i);
         squad_cache_stats st;
         squad_engine_cache_stats(en, &st);
         CHECK(st.image_rows == (uint64_t)(2 * loaded) && st.image_tokens > 0);
@@ -207,7 +239,7 @@ static void test_fixture_rows(squad_model *m, json_t *fx) {
                 if (!rc) rc = squad_engine_run_span(en, &two->row, cut, two->row.n_ids, &r, &se);
                 CHECKF(rc == 0, "split at %d: %s", cut, se.msg);
                 r.n_slots = two->row.n_slots;
-                CHECKF(worst_against(&r, two) <= TOL_CPU_EXACT_REF, "split at %d: %g", cut, worst_against(&r, two));
+                CHECKF(worst_against(&r, two) <= BE->split, "split at %d: %g", cut, worst_against(&r, two));
             }
         }
         squad_engine_free(en);
@@ -300,7 +332,7 @@ static void test_cached(squad_model *m) {
     for (int i = 0; i < n_all; i++) {
         score(cached, &all[i]->row, &got[i]);
         score(no_enc, &all[i]->row, &ne[i]);
-        CHECKF(worst_diff(&got[i], &ref[i], &all[i]->row) <= TOL_CPU_EXACT_CACHED, "row %d cached vs uncached %g", i,
+        CHECKF(worst_diff(&got[i], &ref[i], &all[i]->row) <= BE->cached, "row %d cached vs uncached %g", i,
                worst_diff(&got[i], &ref[i], &all[i]->row));
         CHECKF(worst_diff(&ne[i], &got[i], &all[i]->row) == 0, "row %d: encoder cache on / off differ", i);
         CHECK(got[i].memo == 0);
@@ -345,7 +377,7 @@ static void test_cached(squad_model *m) {
         CHECKF(squad_engine_cache_load(fresh, &so, &ss, &se) == 0 && ss.refused == 0 && ss.checkpoints > 0,
                "load: %s (refused %llu)", se.msg, (unsigned long long)ss.refused);
         score(fresh, &A2.row, &again);
-        CHECKF(again.reused == 80 && worst_diff(&again, &ref[1], &A2.row) <= TOL_CPU_EXACT_CACHED,
+        CHECKF(again.reused == 80 && worst_diff(&again, &ref[1], &A2.row) <= BE->cached,
                "after a restart: reused %d", again.reused);
         /* the same PNG loaded again (another struct, the same identity): a hit; the lossy WebP of the
          * photo (other pixels, the same grid), never seen, is not */
@@ -357,11 +389,11 @@ static void test_cached(squad_model *m) {
             squad_result wr, lr;
             score(plain, &W.row, &wr);
             score(fresh, &W.row, &again);
-            CHECKF(again.reused == 80 && worst_diff(&again, &wr, &W.row) <= TOL_CPU_EXACT_CACHED,
+            CHECKF(again.reused == 80 && worst_diff(&again, &wr, &W.row) <= BE->cached,
                    "the PNG loaded again: reused %d", again.reused);
             score(plain, &L.row, &lr);
             score(fresh, &L.row, &again);
-            CHECKF(again.reused <= img_start && worst_diff(&again, &lr, &L.row) <= TOL_CPU_EXACT_CACHED,
+            CHECKF(again.reused <= img_start && worst_diff(&again, &lr, &L.row) <= BE->cached,
                    "lossy WebP: reused %d", again.reused);
             squad_row_image_free(&lossless);
             squad_row_image_free(&lossy);
@@ -373,7 +405,7 @@ static void test_cached(squad_model *m) {
     squad_engine_cache_clear(cached);
     score(cached, &A2.row, &again);
     squad_engine_cache_stats(cached, &st);
-    CHECK(again.memo == 0 && again.reused == 0 && worst_diff(&again, &ref[1], &A2.row) <= TOL_CPU_EXACT_CACHED);
+    CHECK(again.memo == 0 && again.reused == 0 && worst_diff(&again, &ref[1], &A2.row) <= BE->cached);
     CHECKF(st.encoder_misses == 3 && st.encoder_hits == hits0 + 1, "after a clear: hits %llu misses %llu",
            (unsigned long long)st.encoder_hits, (unsigned long long)st.encoder_misses);
 
@@ -520,7 +552,25 @@ static void test_expand(squad_model *m, json_t *fx) {
     fx_row_free(&f);
 }
 
-int main(void) {
+static int available(const vr_backend *be) {
+    if (be->device == SQUAD_DEVICE_CPU) return 1;
+#ifdef SQUAD_HAVE_CUDA
+    return squad_cuda_device_count() > 0 && squad_cuda_device_usable();
+#else
+    return 0;
+#endif
+}
+
+int main(int argc, char **argv) {
+    const char *which = "cpu";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) which = argv[++i];
+        else if (strncmp(argv[i], "--backend=", 10) == 0) which = argv[i] + 10;
+        else {
+            fprintf(stderr, "usage: %s [--backend cpu|cuda|all]\n", argv[0]);
+            return 2;
+        }
+    }
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tiny-vl", test_tmpdir());
     squad_err e = {0};
@@ -529,13 +579,31 @@ int main(void) {
     json_error_t je;
     json_t *fx = json_load_file(VISION_FIXTURE, 0, &je);
     CHECKF(fx != NULL, "%s: %s", VISION_FIXTURE, je.text);
-    if (m && fx) {
-        test_fixture_rows(m, fx);
-        test_cached(m);
-        test_checks(m);
-        test_expand(m, fx);
+    int ran = 0, known = strcmp(which, "all") == 0;
+    for (size_t b = 0; b < sizeof BACKENDS / sizeof BACKENDS[0]; b++) {
+        if (strcmp(which, "all") != 0 && strcmp(which, BACKENDS[b].name) != 0) continue;
+        known = 1;
+        if (!available(&BACKENDS[b])) {
+            printf("test_vision_rows: no usable %s backend (no CUDA build or no device), skipped\n", BACKENDS[b].name);
+            continue;
+        }
+        BE = &BACKENDS[b];
+        if (m && fx) {
+            test_fixture_rows(m, fx);
+            test_cached(m);
+            if (BE->device == SQUAD_DEVICE_CPU) { /* no backend in these */
+                test_checks(m);
+                test_expand(m, fx);
+            }
+        }
+        ran++;
     }
     json_decref(fx);
     squad_model_free(m);
+    if (!known) {
+        fprintf(stderr, "test_vision_rows: unknown backend '%s' (cpu, cuda or all)\n", which);
+        return 2;
+    }
+    if (!ran) return TEST_SKIPPED;
     return test_summary("test_vision_rows");
 }

@@ -88,13 +88,20 @@
 #              squad synth --preset qwen3.5-0.8b --vision (on the machine, $VISION_MODEL) and
 #              bench_vision: the tower on a 1920x1080 screenshot (grid 1x68x120), p50 of
 #              ${VISION_REPS:-20} runs, whole call and device part -> vision.log; VISION_SANITIZE=1 also
-#              compute-sanitizer memcheck and racecheck on gpu_test_vision (quick) -> vision_sanitize.log
+#              compute-sanitizer memcheck and racecheck on gpu_test_vision (quick) -> vision_sanitize.log;
+#              and test_vision_rows --backend cuda (the fixture rows with images against transformers,
+#              cached = uncached, the encoder cache) -> test_vision_rows.log
+#   screenshot (not by default) bench_screenshot on $VISION_MODEL with the 1920x1080 fixture
+#              screenshot: decode, a cold screenshot row (image + 300 tokens + 3 questions), the same
+#              after its state was evicted (encoder hit) and a follow-up question -> screenshot.log;
+#              with .fla carried, tools/hf_vision_timing.py runs the same rows through transformers +
+#              flash-linear-attention -> hf_vision.log
 set -u
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${GPU_CARRY:-.carry}
 case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision test_long bench_gpu bench_server bench_vision"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision test_long test_vision_rows bench_gpu bench_server bench_vision bench_screenshot"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -205,11 +212,26 @@ if has vision; then
             --out "$VISION_MODEL"
     fi
     step "bench_vision" 300 "$OUT/vision.log" $RUNENV "$BIN/bench_vision" --model "$VISION_MODEL" --reps "${VISION_REPS:-20}"
+    # the fixture rows were made on a tiny-vl with Qwen3's tokenizer (git-ignored test data)
+    mkdir -p third_party/qwen3 && cp --update=none "$CARRY/tokenizer.json" third_party/qwen3/tokenizer.json
+    step "test_vision_rows --backend cuda" 300 "$OUT/test_vision_rows.log" $RUNENV "$BIN/test_vision_rows" --backend cuda
     if [ "${VISION_SANITIZE:-0}" = 1 ]; then
         step "memcheck gpu_test_vision (quick)" 300 "$OUT/vision_sanitize.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
             compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gpu_test_vision"
         step "racecheck gpu_test_vision (quick)" 300 "$OUT/vision_sanitize.log" $RUNENV SQUAD_GPU_TEST_QUICK=1 \
             compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 9 "$BIN/gpu_test_vision"
+    fi
+fi
+if has screenshot; then
+    if [ ! -e "$VISION_MODEL/model.safetensors" ]; then
+        step "synth qwen3.5-0.8b --vision" 240 "$OUT/screenshot.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --vision \
+            --out "$VISION_MODEL"
+    fi
+    step "bench_screenshot" 300 "$OUT/screenshot.log" $RUNENV "$BIN/bench_screenshot" --model "$VISION_MODEL" --device cuda \
+        --image tests/fixtures/images/ui_1920x1080.png --reps "${VISION_REPS:-20}" --rows-out /tmp/screenshot_rows.jsonl
+    if [ -d "$ROOT/.fla/fla" ] && [ -e /tmp/screenshot_rows.jsonl ]; then
+        step "hf_vision_timing (flash-linear-attention)" 400 "$OUT/hf_vision.log" env PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/.fla" \
+            python3 tools/hf_vision_timing.py --model "$VISION_MODEL" --rows /tmp/screenshot_rows.jsonl --reps "${HF_REPS:-10}"
     fi
 fi
 BW=4300
