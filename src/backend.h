@@ -140,15 +140,21 @@ struct squad_backend {
 
     /* The host-RAM tier and the disk tier (docs/design.md section 7, "Tiers"); all NULL on a
      * backend whose blobs are host memory already (the CPU: the cache then copies with memcpy).
-     * host_alloc / host_release: page-locked host memory for demoted checkpoints. blob_to_host /
-     * blob_from_host: bytes between a blob from alloc and host memory (pinned or not), on a copy
-     * stream of their own, ordered after the forward()s and saves already issued and complete when
-     * they return. host_copy_bytes_per_s: their bandwidth measured at creation (0: unknown), the
-     * cost model's first guess. */
+     * host_alloc / host_release: page-locked host memory, taken in large slabs the cache carves up
+     * (tier_pool.h: never per checkpoint). The copies are queued, in the order issued, on a copy
+     * stream of their own, after the forward()s and saves already issued, and return at once:
+     * blob_to_host's host bytes are only read by the host thread after tier_sync; blob_from_host's
+     * blob is written before any forward() or save issued after it reads it (the compute stream
+     * waits for the copy, not the host thread), and its host bytes must not change until
+     * tier_sync. release_copied: a blob given to blob_to_host, released once that copy is done.
+     * tier_sync: waits for every copy queued. host_copy_bytes_per_s: the host-to-device bandwidth
+     * (0: unknown), measured at creation and updated as copies complete; the cost model's figure. */
     void *(*host_alloc)(squad_backend *be, size_t bytes, squad_err *err);
     void (*host_release)(squad_backend *be, void *p);
     int (*blob_to_host)(squad_backend *be, void *host, const void *blob, size_t bytes, squad_err *err);
     int (*blob_from_host)(squad_backend *be, void *blob, const void *host, size_t bytes, squad_err *err);
+    void (*release_copied)(squad_backend *be, void *blob);
+    int (*tier_sync)(squad_backend *be, squad_err *err);
     double host_copy_bytes_per_s;
     void *tier_impl; /* the backend's own state for them (CUDA: cuda_host_tier.cu's) */
 

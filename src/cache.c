@@ -88,6 +88,7 @@
 #include "cache_internal.h"
 #include "hash_index.h"
 #include "lru.h"
+#include "tier_pool.h"
 #include "util.h"
 
 /* The cost model's first figures, before anything is measured: host-to-device copies at PCIe 4
@@ -159,6 +160,7 @@ struct squad_cache {
     int tier_force;          /* the test hook: 1 always promote, -1 never, 0 the cost model */
     double copy_bytes_per_s; /* measured promotions (starts from the backend's figure) */
     double row_s_per_token;  /* measured rows: wall seconds per token computed */
+    squad_tier_pool pool;    /* the host tier's blobs, carved from slabs (tier_pool.h) */
 };
 
 /* A checkpoint saved during a row, waiting for its group's K / V before it joins the cache. */
@@ -346,6 +348,9 @@ static const cache_ckpt *ckpt_of_const(const squad_lru_node *n) {
 
 /* The tiers (the section at the end). */
 static void tier_host_free(squad_cache *c, void *p);
+static void *tier_slab_get(void *ctx, size_t bytes);
+static void tier_slab_put(void *ctx, void *slab);
+static int tier_sync(const squad_cache *c);
 static int tier_demote(squad_cache *c, cache_ckpt *k);
 static void group_lost_device(squad_cache *c, cache_group *g);
 
@@ -436,6 +441,7 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
     c->host_budget = be->blob_to_host && be->blob_from_host ? opts->host_budget_bytes : 0;
     c->copy_bytes_per_s = be->host_copy_bytes_per_s > 0 ? be->host_copy_bytes_per_s : SQUAD_TIER_COPY_BYTES_PER_S;
     c->row_s_per_token = SQUAD_TIER_ROW_S_PER_TOKEN;
+    squad_tier_pool_init(&c->pool, c->host_budget, 0, tier_slab_get, tier_slab_put, be);
     return c;
 }
 
@@ -444,6 +450,8 @@ void squad_cache_free(squad_cache *c) {
     while (c->plans) squad_cache_plan_close(c, c->plans, SQUAD_PLAN_FAILED, NULL, 0, NULL);
     while (c->host_lru.oldest) ckpt_evict(c, ckpt_of(c->host_lru.oldest));
     while (c->lru.oldest) ckpt_evict(c, ckpt_of(c->lru.oldest));
+    tier_sync(c); /* no copy still uses the slabs */
+    squad_tier_pool_destroy(&c->pool);
     squad_hindex_free(&c->ckpt_index);
     squad_hindex_free(&c->block_index);
     free(c);
@@ -941,19 +949,51 @@ int squad_cache_check(const squad_cache *c, char *why, size_t why_len) {
 
 /* ---- tiers: the host tier under the device budget ------------------------------------------- */
 
-static void *tier_host_alloc(squad_cache *c, size_t bytes) {
+/* The pool's slabs: the backend's page-locked memory, or malloc where blobs are host memory. */
+static void *tier_slab_get(void *ctx, size_t bytes) {
+    squad_backend *be = ctx;
     squad_err e = {0};
-    if (c->be->host_alloc) return c->be->host_alloc(c->be, bytes, &e);
-    return malloc(bytes);
+    return be->host_alloc ? be->host_alloc(be, bytes, &e) : malloc(bytes);
 }
 
-static void tier_host_free(squad_cache *c, void *p) {
-    if (!p) return;
-    if (c->be->host_alloc) c->be->host_release(c->be, p);
-    else free(p);
+static void tier_slab_put(void *ctx, void *slab) {
+    squad_backend *be = ctx;
+    if (be->host_alloc) be->host_release(be, slab);
+    else free(slab);
 }
 
-/* Bytes from a backend blob to host memory and back (memcpy where blobs are host memory). */
+/* The pool over a host budget (no slab is taken until a blob needs one). */
+static void tier_pool_setup(squad_cache *c) {
+    squad_tier_pool_destroy(&c->pool);
+    squad_tier_pool_init(&c->pool, c->host_budget, 0, tier_slab_get, tier_slab_put, c->be);
+}
+
+/* Waits for the copies queued (before the host thread reads or writes host-tier bytes). */
+static int tier_sync(const squad_cache *c) {
+    squad_err e = {0};
+    return c->be->tier_sync ? c->be->tier_sync(c->be, &e) : 0;
+}
+
+/* A host-tier blob from the pool; when its slabs are fragmented (the budget has room, the slabs do
+ * not), the least recently used unpinned host checkpoints go until it fits. NULL when nothing is
+ * left to free. */
+static void *tier_host_alloc(squad_cache *c, size_t bytes) {
+    for (;;) {
+        void *p = squad_tier_pool_alloc(&c->pool, bytes);
+        if (p) return p;
+        cache_ckpt *k = ckpt_of(c->host_lru.oldest);
+        while (k && k->group->pins > 0) k = ckpt_of(k->lru.next);
+        if (!k) return NULL;
+        ckpt_evict(c, k);
+    }
+}
+
+static void tier_host_free(squad_cache *c, void *p) { squad_tier_pool_free(&c->pool, p); }
+
+/* Bytes from a backend blob to host memory and back (memcpy where blobs are host memory). The
+ * backend's copies are queued in order on its copy stream (backend.h), so the bookkeeping may treat
+ * them as done: every later reader is ordered after them, and the host thread syncs before it
+ * touches host-tier bytes itself. */
 static int tier_copy_down(squad_cache *c, void *host, const void *blob, size_t bytes) {
     squad_err e = {0};
     if (c->be->blob_to_host) return c->be->blob_to_host(c->be, host, blob, bytes, &e);
@@ -966,6 +1006,23 @@ static int tier_copy_up(squad_cache *c, void *blob, const void *host, size_t byt
     if (c->be->blob_from_host) return c->be->blob_from_host(c->be, blob, host, bytes, &e);
     memcpy(blob, host, bytes);
     return 0;
+}
+
+/* A device blob whose bytes were just queued down to host memory: released after that copy. */
+static void tier_release_copied(squad_cache *c, void *blob) {
+    if (c->be->release_copied) c->be->release_copied(c->be, blob);
+    else c->be->release(c->be, blob);
+}
+
+int squad_cache_tier_pays(double bytes, int tokens_saved, double copy_bytes_per_s, double row_s_per_token) {
+    return copy_bytes_per_s > 0 && bytes / copy_bytes_per_s < (double)tokens_saved * row_s_per_token;
+}
+
+/* The copy bandwidth the cost model uses: the backend's (measured by its copies) where it copies
+ * asynchronously, else the cache's own measure of its memcpy promotions. */
+static double tier_copy_rate(const squad_cache *c) {
+    return c->be->blob_from_host && c->be->host_copy_bytes_per_s > 0 ? c->be->host_copy_bytes_per_s
+                                                                     : c->copy_bytes_per_s;
 }
 
 /* Drops host-tier checkpoints, least recently used first, until `need` more bytes fit its budget;
@@ -984,14 +1041,15 @@ static int tier_make_room(squad_cache *c, size_t need) {
 /* A group's K / V to host memory (no checkpoint of it is left on the device); 0 when moved. */
 static int tier_demote_kv(squad_cache *c, cache_group *g) {
     const size_t kv_bytes = (size_t)g->n_pos * c->be->kv_bytes_per_pos;
-    if (!tier_make_room(c, group_cost(c, g->n_pos))) return -1;
-    void *host = tier_host_alloc(c, kv_bytes);
+    g->pins++; /* room for its K / V must not take its own host checkpoints (and free it) */
+    void *host = tier_make_room(c, group_cost(c, g->n_pos)) ? tier_host_alloc(c, kv_bytes) : NULL;
+    g->pins--;
     if (!host) return -1;
     if (tier_copy_down(c, host, g->kv, kv_bytes)) {
         tier_host_free(c, host);
         return -1;
     }
-    c->be->release(c->be, g->kv);
+    tier_release_copied(c, g->kv);
     g->kv = host;
     g->kv_on_host = 1;
     c->backend_bytes -= kv_bytes;
@@ -1036,7 +1094,7 @@ static int tier_demote(squad_cache *c, cache_ckpt *k) {
         tier_host_free(c, host);
         return 0;
     }
-    c->be->release(c->be, k->gdn);
+    tier_release_copied(c, k->gdn);
     k->gdn = host;
     k->on_host = 1;
     squad_lru_unlink(&c->lru, &k->lru);
@@ -1095,8 +1153,9 @@ static int tier_promote(squad_cache *c, cache_ckpt *k) {
     const double dt = squad_now_seconds() - t0;
     c->stats.promotions++;
     c->stats.promote_seconds += dt;
-    if (dt > 0) /* the measured bandwidth, smoothed: the next decision's figure */
-        c->copy_bytes_per_s += SQUAD_TIER_EWMA * ((double)moved / dt - c->copy_bytes_per_s);
+    /* memcpy's measured bandwidth, smoothed: the next decision's figure (an asynchronous backend
+     * times its copies itself: dt is only what queueing them cost the host thread) */
+    if (dt > 0 && !be->blob_from_host) c->copy_bytes_per_s += SQUAD_TIER_EWMA * ((double)moved / dt - c->copy_bytes_per_s);
     return 0;
 }
 
@@ -1109,7 +1168,7 @@ static cache_ckpt *tier_choose(squad_cache *c, const int32_t *ids, const uint64_
     const int saved = host->pos - (dev ? dev->pos : 0);
     const size_t bytes = c->be->gdn_snapshot_bytes +
                          (host->group->kv_on_host ? (size_t)host->group->n_pos * c->be->kv_bytes_per_pos : 0);
-    int promote = (double)bytes / c->copy_bytes_per_s < (double)saved * c->row_s_per_token;
+    int promote = squad_cache_tier_pays((double)bytes, saved, tier_copy_rate(c), c->row_s_per_token);
     if (c->tier_force) promote = c->tier_force > 0;
     if (promote && tier_promote(c, host) == 0) return host;
     c->stats.host_recomputed++;
@@ -1128,7 +1187,15 @@ void squad_cache_debug_host_tier(squad_cache *c, size_t host_budget, int force) 
     if (c->n_ckpts > 0) return;
     c->host_budget = host_budget;
     c->tier_force = force;
+    tier_pool_setup(c);
 }
+
+void squad_cache_debug_tier_rates(squad_cache *c, double copy_bytes_per_s, double row_s_per_token) {
+    if (copy_bytes_per_s > 0) c->copy_bytes_per_s = copy_bytes_per_s;
+    if (row_s_per_token > 0) c->row_s_per_token = row_s_per_token;
+}
+
+const squad_tier_pool *squad_cache_debug_tier_pool(const squad_cache *c) { return &c->pool; }
 
 /* ---- import / export: what the disk tier (cache_store.c) reads and writes ------------------- */
 
@@ -1150,10 +1217,12 @@ int squad_cache_export(const squad_cache *c, squad_cache_export_fn fn, void *ctx
 int squad_cache_blob_read(const squad_cache *c, void *dst, const void *blob, int on_host, size_t bytes) {
     squad_err e = {0};
     if (on_host || !c->be->blob_to_host) {
+        if (on_host && tier_sync(c)) return -1; /* its demotion's copy may still be under way */
         memcpy(dst, blob, bytes);
         return 0;
     }
-    return c->be->blob_to_host(c->be, dst, blob, bytes, &e);
+    if (c->be->blob_to_host(c->be, dst, blob, bytes, &e)) return -1;
+    return tier_sync(c);
 }
 
 /* Appends n as the least recently used (a file lists the most recent first). */
@@ -1190,9 +1259,11 @@ static cache_group *adopt_group(squad_cache *c, const int32_t *ids, int n_pos, i
     uint64_t *keys = malloc((size_t)(n_blocks > 0 ? n_blocks : 1) * sizeof *keys);
     void *kv = NULL;
     if (g && gids && blocks && keys && squad_hindex_reserve(&c->block_index, (size_t)n_blocks) == 0)
-        kv = tier ? tier_host_alloc(c, kv_bytes) : be->alloc(be, kv_bytes, &e);
-    if (kv && (tier ? (memcpy(kv, kv_host, kv_bytes), 0) : tier_copy_up(c, kv, kv_host, kv_bytes))) {
-        be->release(be, kv);
+        kv = tier ? squad_tier_pool_alloc(&c->pool, kv_bytes) : be->alloc(be, kv_bytes, &e); /* evicting nothing */
+    /* host-tier bytes are written by the host thread only once no copy may still use them */
+    if (kv && (tier ? (tier_sync(c) ? -1 : (memcpy(kv, kv_host, kv_bytes), 0)) : tier_copy_up(c, kv, kv_host, kv_bytes))) {
+        if (tier) tier_host_free(c, kv);
+        else be->release(be, kv);
         kv = NULL;
     }
     if (!kv) {
@@ -1241,13 +1312,20 @@ int squad_cache_adopt(squad_cache *c, cache_group **group, const squad_cache_ent
         k = NULL;
     }
     void *gdn = k && squad_hindex_reserve(&c->ckpt_index, 1) == 0
-                    ? (tier ? tier_host_alloc(c, be->gdn_snapshot_bytes) : be->alloc(be, be->gdn_snapshot_bytes, &e))
+                    ? (tier ? squad_tier_pool_alloc(&c->pool, be->gdn_snapshot_bytes) : be->alloc(be, be->gdn_snapshot_bytes, &e))
                     : NULL;
     if (gdn && tier == 0 && tier_copy_up(c, gdn, in->gdn, be->gdn_snapshot_bytes)) {
         be->release(be, gdn);
         gdn = NULL;
     }
     if (!gdn) {
+        free(k);
+        free(feat);
+        if (made) group_free(c, g);
+        return 0;
+    }
+    if (tier && tier_sync(c)) {
+        tier_host_free(c, gdn);
         free(k);
         free(feat);
         if (made) group_free(c, g);

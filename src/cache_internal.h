@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "tier_pool.h"
 
 /* The placement policy: the chunk ends of a state of state_len tokens computed from position c0,
  * ascending, each a checkpoint position: the multiples of stride, state_len - tail and state_len
@@ -59,5 +60,14 @@ void squad_cache_debug_key_bits(squad_cache *cache, int bits);
  * force: 1 every host checkpoint a row finds is promoted, -1 none is (the row recomputes from the
  * deepest device one), 0 the cost model decides. */
 void squad_cache_debug_host_tier(squad_cache *cache, size_t host_budget, int force);
+
+/* The cost model: 1 when copying `bytes` up at copy_bytes_per_s costs less than recomputing
+ * tokens_saved tokens at row_s_per_token seconds each (0 when the rate is unknown). */
+int squad_cache_tier_pays(double bytes, int tokens_saved, double copy_bytes_per_s, double row_s_per_token);
+/* Test hook: the cost model's figures (a figure <= 0 leaves the measured one). The copy figure is
+ * the cache's own (memcpy promotions); a backend that copies asynchronously supplies its own. */
+void squad_cache_debug_tier_rates(squad_cache *cache, double copy_bytes_per_s, double row_s_per_token);
+/* Test hook: the host tier's slab pool (its slabs, bytes and consistency). */
+const squad_tier_pool *squad_cache_debug_tier_pool(const squad_cache *cache);
 
 #endif /* SQUAD_CACHE_INTERNAL_H */

@@ -11,9 +11,14 @@
  *    TOL_CUDA_EXACT_CACHED of the uncached engine;
  *  - the figure: on SQUAD_TIERS_MODEL (tools/gpu_run.sh passes the 0.8B preset; default the demo
  *    preset), bf16, a 4,096-token state cached, demoted (a second state through a device budget of
- *    one), then restored by a hit (the promotion's seconds from the cache statistics) against a cold
- *    row of the same length (best of a few); printed with the bytes moved and the bandwidth the
- *    backend measured.
+ *    one), then restored by a hit the cost model chose (it must: the copy is far cheaper than the
+ *    tokens), against the same hit with the state still on the device (the difference is the
+ *    restore) and a cold row of the same length (best of a few); printed with the bytes moved and
+ *    the bandwidth the backend measured;
+ *  - the breakdown: what a restore's pieces cost alone on a state's bytes — pinning host memory
+ *    (cudaHostAlloc: now once per slab, not per checkpoint) and unpinning it, a device blob's
+ *    alloc and release (the backend's pool), the copies up and down (queued, then one sync) — so
+ *    a slow restore shows which piece it is.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +30,7 @@
 #include "squad.h"
 #include "synth.h"
 #include "testutil.h"
+#include "tier_pool.h"
 #include "tolerances.h"
 #include "util.h"
 
@@ -156,6 +162,55 @@ done:
     squad_engine_free(plain);
 }
 
+/* Wall milliseconds since t. */
+static double ms_since(double t) { return (squad_now_seconds() - t) * 1e3; }
+
+/* The pieces of a restore of `gdn` + `kv` bytes, each timed alone on the backend's hooks. */
+static void breakdown(squad_backend *be, size_t gdn, size_t kv) {
+    squad_err err = {0};
+    const size_t bytes = gdn + kv;
+    double t = squad_now_seconds();
+    unsigned char *host = be->host_alloc(be, bytes, &err);
+    const double pin_ms = ms_since(t);
+    CHECKF(host != NULL, "host_alloc: %s", err.msg);
+    if (!host) return;
+    memset(host, 1, bytes);
+    t = squad_now_seconds();
+    void *g = be->alloc(be, gdn, &err), *k = be->alloc(be, kv, &err);
+    const double alloc_ms = ms_since(t);
+    CHECKF(g && k, "alloc: %s", err.msg);
+    double up_ms = 0, down_ms = 0, queue_ms = 0;
+    if (g && k) {
+        for (int rep = 0; rep < 2; rep++) { /* the second is timed: the first warms the path */
+            t = squad_now_seconds();
+            int rc = be->blob_from_host(be, g, host, gdn, &err);
+            if (!rc) rc = be->blob_from_host(be, k, host + gdn, kv, &err);
+            queue_ms = ms_since(t);
+            if (!rc) rc = be->tier_sync(be, &err);
+            up_ms = ms_since(t);
+            CHECKF(rc == 0, "copy up: %s", err.msg);
+            t = squad_now_seconds();
+            rc = be->blob_to_host(be, host, g, gdn, &err);
+            if (!rc) rc = be->blob_to_host(be, host + gdn, k, kv, &err);
+            if (!rc) rc = be->tier_sync(be, &err);
+            down_ms = ms_since(t);
+            CHECKF(rc == 0, "copy down: %s", err.msg);
+        }
+    }
+    t = squad_now_seconds();
+    be->release(be, g);
+    be->release(be, k);
+    const double release_ms = ms_since(t);
+    t = squad_now_seconds();
+    be->host_release(be, host);
+    const double unpin_ms = ms_since(t);
+    printf("breakdown of %.1f MB: pin host memory %.3f ms and unpin %.3f ms (now once per %zu MB slab), device "
+           "alloc %.3f ms and release %.3f ms (2 blobs, the backend's pool), copy up %.3f ms (%.1f GB/s; queueing "
+           "it %.3f ms), copy down %.3f ms (%.1f GB/s)\n",
+           (double)bytes / 1e6, pin_ms, unpin_ms, SQUAD_TIER_POOL_STEP >> 20, alloc_ms, release_ms, up_ms,
+           (double)bytes / (up_ms * 1e-3) / 1e9, queue_ms, down_ms, (double)bytes / (down_ms * 1e-3) / 1e9);
+}
+
 /* The figure: restore of a FIG_STATE-token state from host memory against recomputing it. */
 static void test_figure(squad_model *m, const char *name) {
     const int V = squad_model_vocab_size(m);
@@ -167,9 +222,9 @@ static void test_figure(squad_model *m, const char *name) {
     squad_engine *e = cuda_engine(m, SQUAD_PRECISION_BF16, one, 4 * one);
     squad_engine *cold = cuda_engine(m, SQUAD_PRECISION_BF16, 0, 0);
     if (!e || !cold) goto done;
-    squad_cache_debug_host_tier(e->cache, 4 * one, 1); /* always promote: the restore is what is timed */
-    grow r0, r1, q;
-    if (grow_make(&r0, FIG_STATE, 0, 0, V) || grow_make(&r1, FIG_STATE, 1, 0, V) || grow_make(&q, FIG_STATE, 0, 1, V))
+    grow r0, r1, q, q2;
+    if (grow_make(&r0, FIG_STATE, 0, 0, V) || grow_make(&r1, FIG_STATE, 1, 0, V) || grow_make(&q, FIG_STATE, 0, 1, V) ||
+        grow_make(&q2, FIG_STATE, 0, 2, V))
         goto done;
     squad_result out;
     score(e, &r0.row, &out);
@@ -181,8 +236,14 @@ static void test_figure(squad_model *m, const char *name) {
     score(e, &q.row, &out);
     const double hit_s = squad_now_seconds() - t;
     squad_engine_cache_stats(e, &st);
-    CHECKF(out.reused == FIG_STATE && st.promotions >= 1, "figure: reused %d, promotions %llu", out.reused,
-           (unsigned long long)st.promotions);
+    const double promote_host_s = st.promote_seconds - p0;
+    CHECKF(out.reused == FIG_STATE && st.promotions >= 1,
+           "figure: the cost model did not restore (reused %d, promotions %llu, recomputed %llu)", out.reused,
+           (unsigned long long)st.promotions, (unsigned long long)st.host_recomputed);
+    /* the same hit with the state on the device now: what the restore added is the difference */
+    t = squad_now_seconds();
+    score(e, &q2.row, &out);
+    const double device_hit_s = squad_now_seconds() - t;
     double cold_s = 1e9;
     for (int i = 0; i < COLD_REPEATS; i++) {
         t = squad_now_seconds();
@@ -191,15 +252,20 @@ static void test_figure(squad_model *m, const char *name) {
         if (dt < cold_s) cold_s = dt;
     }
     const double bytes = (double)gdn + (double)FIG_STATE * (double)kvb;
+    const double restore_s = hit_s - device_hit_s;
     printf("figure (%s, bf16): a %d-token state, %.1f MB (GDN %.1f MB + K/V %.1f MB): restore from host %.3f ms "
-           "(%.1f GB/s; the backend's probe %.1f GB/s), the hit's row %.3f ms (restore + %d-token question), "
-           "recompute (cold row, best of %d) %.3f ms; demotions took %.3f ms\n",
-           name, FIG_STATE, bytes / 1e6, (double)gdn / 1e6, (double)FIG_STATE * (double)kvb / 1e6,
-           (st.promote_seconds - p0) * 1e3, bytes / (st.promote_seconds - p0) / 1e9, e->be->host_copy_bytes_per_s / 1e9,
-           hit_s * 1e3, QUESTION, COLD_REPEATS, cold_s * 1e3, st.demote_seconds * 1e3);
+           "(the hit's row %.3f ms from host - %.3f ms from the device; %.1f GB/s; the backend's bandwidth %.1f GB/s; "
+           "the host thread spent %.3f ms queueing it), recompute (cold row, best of %d) %.3f ms; %llu demotions "
+           "queued in %.3f ms\n",
+           name, FIG_STATE, bytes / 1e6, (double)gdn / 1e6, (double)FIG_STATE * (double)kvb / 1e6, restore_s * 1e3,
+           hit_s * 1e3, device_hit_s * 1e3, restore_s > 0 ? bytes / restore_s / 1e9 : 0.0,
+           e->be->host_copy_bytes_per_s / 1e9, promote_host_s * 1e3, COLD_REPEATS, cold_s * 1e3,
+           (unsigned long long)st.demotions, st.demote_seconds * 1e3);
+    breakdown(e->be, gdn, (size_t)FIG_STATE * kvb);
     free(r0.ids);
     free(r1.ids);
     free(q.ids);
+    free(q2.ids);
 done:
     squad_engine_free(e);
     squad_engine_free(cold);

@@ -122,10 +122,111 @@ static size_t state_cost(squad_engine *e) {
     return squad_cache_group_cost(e->cache, 320) + 2 * squad_cache_ckpt_cost(e->cache);
 }
 
+/* ---- the host tier's slab pool ------------------------------------------------------------- */
+
+typedef struct slab_counts {
+    int got, put;
+    size_t bytes_out;
+} slab_counts;
+
+static void *count_get(void *ctx, size_t bytes) {
+    slab_counts *n = ctx;
+    void *p = malloc(bytes);
+    if (p) {
+        n->got++;
+        n->bytes_out += bytes;
+    }
+    return p;
+}
+
+static void count_put(void *ctx, void *slab) {
+    slab_counts *n = ctx;
+    n->put++;
+    free(slab);
+}
+
+#define POOL_BLOBS 64
+
+/* Random allocations and frees of a few sizes (as the tier's: GDN blobs and K / V blobs of a few
+ * lengths): each blob keeps its own pattern (no two overlap), the pool stays consistent, it grows
+ * a slab at a time within its cap, refuses past it, reuses freed room, and gives every slab back. */
+static void tier_pool_unit(void) {
+    slab_counts n = {0};
+    const size_t step = 64 << 10, cap = 4 * step;
+    squad_tier_pool pool;
+    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n);
+    unsigned char *blob[POOL_BLOBS] = {0};
+    size_t size[POOL_BLOBS] = {0};
+    const size_t sizes[] = {5000, 12288, 1, 40000, 300};
+    uint64_t x = 12345;
+    char why[256] = "";
+    int refused = 0, ok = 1;
+    for (int it = 0; it < 4000 && ok; it++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const int i = (int)(x % POOL_BLOBS);
+        if (blob[i]) { /* its pattern survived everyone else's writes */
+            for (size_t b = 0; b < size[i] && ok; b++) ok = blob[i][b] == (unsigned char)(i * 7 + b);
+            CHECKF(ok, "pool blob %d overwritten", i);
+            squad_tier_pool_free(&pool, blob[i]);
+            blob[i] = NULL;
+        } else {
+            size[i] = sizes[(x >> 20) % 5];
+            blob[i] = squad_tier_pool_alloc(&pool, size[i]);
+            if (!blob[i]) {
+                refused++;
+                continue;
+            }
+            for (size_t b = 0; b < size[i]; b++) blob[i][b] = (unsigned char)(i * 7 + b);
+        }
+        if (squad_tier_pool_check(&pool, why, sizeof why)) {
+            CHECKF(0, "pool after step %d: %s", it, why);
+            ok = 0;
+        }
+    }
+    CHECKF(pool.slab_bytes <= cap && n.bytes_out == pool.slab_bytes, "pool: %zu slab bytes of cap %zu (%zu got)",
+           pool.slab_bytes, cap, n.bytes_out);
+    CHECKF(n.got <= 4 && n.got == (int)pool.slabs_made, "pool: %d slabs for 4000 steps", n.got);
+    CHECKF(refused > 0, "pool: the cap never refused a blob (%d refused)", refused);
+    /* everything back: one free block per slab, and a blob of a whole slab fits again */
+    for (int i = 0; i < POOL_BLOBS; i++) squad_tier_pool_free(&pool, blob[i]);
+    CHECKF(pool.used_bytes == 0 && squad_tier_pool_check(&pool, why, sizeof why) == 0, "pool emptied: %s", why);
+    const int slabs = n.got;
+    void *whole = squad_tier_pool_alloc(&pool, step);
+    CHECKF(whole != NULL && n.got == slabs, "pool: a slab's worth after emptying (%d slabs, was %d)", n.got, slabs);
+    squad_tier_pool_free(&pool, (unsigned char *)whole + 256); /* not a blob start: ignored */
+    CHECK(pool.used_bytes == step);
+    /* a blob larger than the step gets a slab of its own size, within the cap */
+    squad_tier_pool_free(&pool, whole);
+    squad_tier_pool_destroy(&pool);
+    CHECKF(n.put == n.got, "pool: %d slabs given back of %d", n.put, n.got);
+    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n);
+    void *big = squad_tier_pool_alloc(&pool, 3 * step + 1000);
+    CHECKF(big != NULL && pool.slab_bytes >= 3 * step + 1000, "pool: a blob over the step (%zu)", pool.slab_bytes);
+    CHECK(squad_tier_pool_alloc(&pool, cap) == NULL);
+    squad_tier_pool_destroy(&pool);
+    CHECKF(n.put == n.got, "pool: %d slabs given back of %d", n.put, n.got);
+    printf("tier pool: %d slabs for 4000 random steps, %d refused at the cap\n", slabs, refused);
+}
+
+/* The cost model on the 0.8B figures (H200): a 4,096-token state (69.9 MB) restores at 55 GB/s in
+ * 1.3 ms against 14.4 ms of recompute; a state 64 tokens deeper than the device's costs its GDN
+ * blob (19.5 MB, 0.35 ms) against 0.23 ms of recompute: copy the first, recompute the second. */
+static void cost_model_unit(void) {
+    const double rate = 55e9, per_token = 14.4e-3 / 4096;
+    CHECK(squad_cache_tier_pays(69.9e6, 4096, rate, per_token) == 1);
+    CHECK(squad_cache_tier_pays(19.5e6, 64, rate, per_token) == 0);
+    CHECK(squad_cache_tier_pays(19.5e6, 4096, 0, per_token) == 0); /* no bandwidth: never */
+    CHECK(squad_cache_tier_pays(69.9e6, 4096, 0.7e9, per_token) == 0); /* the slow path measured before */
+}
+
 /* ---- the host tier ------------------------------------------------------------------------- */
 
-/* States 0..N-1 cached in turn through a device budget of two states; then state 0 again. */
-static void host_tier_case(squad_model *m, squad_engine *plain, const char *name, size_t host_states, int force) {
+/* States 0..N-1 cached in turn through a device budget of two states; then state 0 again. force:
+ * the test hook's (1 promote, -1 recompute, 0 the cost model); copy_rate: the cost model's copy
+ * bandwidth (0: as measured), a fast one must promote and a slow one recompute. */
+static void host_tier_case(squad_model *m, squad_engine *plain, const char *name, size_t host_states, int force,
+                           double copy_rate) {
+    const int expect = force ? force : copy_rate >= 1e9 ? 1 : copy_rate > 0 ? -1 : 0;
     const int V = squad_model_vocab_size(m);
     squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
     if (!probe) return;
@@ -135,6 +236,7 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
     if (!e) return;
     const size_t host_budget = host_states * one + 1024;
     squad_cache_debug_host_tier(e->cache, host_budget, force);
+    squad_cache_debug_tier_rates(e->cache, copy_rate, 0);
     squad_result r, ref;
     trow row;
     squad_cache_stats st;
@@ -162,7 +264,7 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
     CHECKF(diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s: %.3g from the uncached answer", name,
            diff(&row.row, &r, &ref));
     if (host_states >= N_STATES) { /* everything fit the host tier: state 0 was there */
-        if (force > 0) {
+        if (expect > 0) {
             CHECKF(r.reused == STATE_LEN - STATE_LEN % 64, "%s: reused %d after a promotion", name, r.reused);
             CHECKF(st.promotions > before.promotions, "%s: no promotion", name);
             CHECK(st.promote_seconds > 0);
@@ -175,7 +277,7 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
                 CHECKF(memcmp(rb.probs, r.probs, sizeof r.probs) == 0 && rb.reused == r.reused,
                        "%s: promoted answer differs from the never-evicted one", name);
             squad_engine_free(big);
-        } else if (force < 0) {
+        } else if (expect < 0) {
             CHECKF(r.reused < STATE_LEN - STATE_LEN % 64, "%s: reused %d without promoting", name, r.reused);
             CHECKF(st.host_recomputed > before.host_recomputed, "%s: the recompute was not counted", name);
             CHECK(st.promotions == before.promotions);
@@ -184,10 +286,22 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
         CHECKF(r.reused == 0, "%s: reused %d of a state evicted from both tiers", name, r.reused);
         CHECKF(st.host_evicted > 0, "%s: the host tier evicted nothing", name);
     }
-    /* a clear empties both tiers */
+    /* the host blobs came from a few slabs, not an allocation each, and the pool agrees with the
+     * tier's counts */
+    const squad_tier_pool *pool = squad_cache_debug_tier_pool(e->cache);
+    char why[256] = "";
+    CHECKF(squad_tier_pool_check(pool, why, sizeof why) == 0, "%s: pool: %s", name, why);
+    CHECKF(pool->slab_bytes <= host_budget && pool->used_bytes <= st.host_bytes_held,
+           "%s: pool slabs %zu, used %zu, host tier %zu of %zu", name, pool->slab_bytes, pool->used_bytes,
+           st.host_bytes_held, host_budget);
+    CHECKF(pool->slabs_made <= 2 && (st.demotions == 0 || pool->slabs_made >= 1), "%s: %llu slabs for %llu demotions",
+           name, pool->slabs_made, (unsigned long long)st.demotions);
+    /* a clear empties both tiers; the slabs stay for the next demotions */
     squad_engine_cache_clear(e);
     squad_engine_cache_stats(e, &st);
     CHECK(st.checkpoints == 0 && st.host_checkpoints == 0 && st.host_bytes_held == 0);
+    CHECKF(pool->used_bytes == 0 && squad_tier_pool_check(pool, why, sizeof why) == 0, "%s: pool after a clear: %s",
+           name, why);
     consistent(e, name);
 done:
     squad_engine_free(e);
@@ -437,19 +551,24 @@ done:
 }
 
 int main(void) {
+    tier_pool_unit();
+    cost_model_unit();
     squad_model *m = synth_model("model-a", 1);
     squad_model *other = synth_model("model-b", 2);
     if (!m) return test_summary("test_cache_tiers");
     squad_engine *plain = engine(m, 0, NULL);
     if (plain) {
         /* every state fits the host tier: promoted back */
-        host_tier_case(m, plain, "host tier, promote", N_STATES, 1);
+        host_tier_case(m, plain, "host tier, promote", N_STATES, 1, 0);
         /* every state fits the host tier, promotion refused: recomputed from the device's */
-        host_tier_case(m, plain, "host tier, recompute", N_STATES, -1);
+        host_tier_case(m, plain, "host tier, recompute", N_STATES, -1, 0);
         /* the cost model decides (either way the answer holds) */
-        host_tier_case(m, plain, "host tier, cost model", N_STATES, 0);
+        host_tier_case(m, plain, "host tier, cost model", N_STATES, 0, 0);
+        /* the cost model with a copy too fast to lose, then one too slow to win */
+        host_tier_case(m, plain, "host tier, cost model, fast copy", N_STATES, 0, 1e15);
+        host_tier_case(m, plain, "host tier, cost model, slow copy", N_STATES, 0, 1.0);
         /* a host tier of one state: state 0 falls out of both tiers */
-        host_tier_case(m, plain, "host tier, both evicted", 1, 1);
+        host_tier_case(m, plain, "host tier, both evicted", 1, 1, 0);
         host_tier_off_on_cpu(m);
         disk_tier(m, other, plain);
         disk_tier_specialists(m);

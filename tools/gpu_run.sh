@@ -54,6 +54,10 @@
 #   tiers      (not by default) gpu_test_tiers: the host tier's demote -> promote equality on the demo
 #              preset, and the restore of a 4,096-token 0.8B state from host memory against its
 #              recompute (the 0.8B preset synthesized as for bench) -> test_tiers.log
+#   tierbench  (not by default) tools/tier_bench.sh with --device cuda on the 0.8B preset -> tierbench.log:
+#              the agent trace through a device budget a quarter of its working set without and with
+#              the host tier (requests/s, hit rate, demotions / promotions), and a restart mid-trace
+#              without and with --cache-dir (time to /ready, hit rate of the rows after it); ~4 minutes
 #   long       (not by default) test_long --backend cuda: long rows on the tiny presets, CUDA against the
 #              CPU, K / V growth with and without precaptured graphs, the max_tokens limit, cached =
 #              uncached -> test_long.log
@@ -330,6 +334,12 @@ if has serveload; then
     step "bench_server.sh (cuda)" 560 "$OUT/serveload.log" env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR \
         PRESET=qwen3.5-0.8b SERVE_ARGS="--device cuda" STEPS=${TRACE_STEPS:-6} MEMO_REQUESTS=${MEMO_REQUESTS:-100000} \
         bash tools/bench_server.sh "$BIN"
+fi
+if has tierbench; then
+    # the tier figures through the server (issue 29): host tier on / off, restart with / without --cache-dir
+    mkdir -p third_party/qwen3 && cp --update=none "$CARRY/tokenizer.json" third_party/qwen3/tokenizer.json
+    step "tier_bench.sh (cuda)" 300 "$OUT/tierbench.log" env LD_LIBRARY_PATH=$CARRY/lib:$CUBLAS_DIR \
+        PRESET=qwen3.5-0.8b SERVE_ARGS="--device cuda" STEPS=${TRACE_STEPS:-6} bash tools/tier_bench.sh "$BIN"
 fi
 if has hftrace; then
     # the earlier runtime's setup on the agent trace's rows (tools/hf_trace.py), on the model and trace

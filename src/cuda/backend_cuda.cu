@@ -1403,24 +1403,14 @@ static int be_forward(squad_backend *be, const squad_chunk *chunks, int n_chunks
 
 /* ---- state -------------------------------------------------------------------------------------- */
 
+/* Checkpoint blobs: from the host tier's stream-ordered pool (cuda_host_tier.cu), so neither a
+ * save nor a promotion pays cudaMalloc, nor an eviction cudaFree's device-wide synchronisation. */
 static void *be_alloc(squad_backend *be, size_t bytes, squad_err *err) {
-    void *p = NULL;
-    (void)be;
-    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        cu_fail(err, "cudaMalloc", e, __FILE__, __LINE__);
-        if (err && e == cudaErrorMemoryAllocation) err->code = SQUAD_E_NOMEM;
-        return NULL;
-    }
-    return p;
+    cu_be *cb = impl_of(be);
+    return cu_tier_blob_alloc(be, cb->device, cb->st, bytes, err);
 }
 
-static void be_release(squad_backend *be, void *p) {
-    if (!p) return;
-    cudaStreamSynchronize(impl_of(be)->st); /* no copy still reads it */
-    cudaFree(p);
-}
+static void be_release(squad_backend *be, void *p) { cu_tier_blob_release(be, impl_of(be)->st, p); }
 
 static int be_reset(squad_backend *be, int seq, squad_err *err) {
     cu_be *cb = impl_of(be);

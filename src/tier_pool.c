@@ -1,0 +1,181 @@
+/*
+ * tier_pool.c — the host tier's slab allocator (interface in tier_pool.h; docs/design.md
+ * section 7, "Tiers").
+ *
+ * The host tier holds a few hundred blobs at most (a GDN blob per checkpoint, a K / V blob per
+ * group: megabytes each), so the allocator is the plainest that never pins on the hot path: each
+ * slab keeps its blocks in an array ordered by offset that tiles the slab exactly (free and used
+ * alike); an allocation takes the first free block that fits, in the oldest slab first, and
+ * splits off the rest; a free marks its block free and merges it with free neighbours, so two free
+ * blocks are never side by side. The descriptors live outside the slabs: a slab's bytes are only
+ * ever the blobs (the copy engine writes them; nothing else there to race with). With blobs of a
+ * few sizes, first fit keeps fragmentation low; when it is not enough, the cache frees its least
+ * recently used host blobs until an allocation fits (cache.c).
+ */
+#include "tier_pool.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tier_block {
+    size_t off, size;
+    int used;
+};
+
+struct tier_slab {
+    unsigned char *base;
+    size_t bytes;
+    tier_block *blocks; /* ordered by off, tiling [0, bytes) */
+    int n_blocks, cap_blocks;
+};
+
+static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+void squad_tier_pool_init(squad_tier_pool *pool, size_t cap, size_t step, squad_tier_slab_get get,
+                          squad_tier_slab_put put, void *ctx) {
+    memset(pool, 0, sizeof *pool);
+    pool->cap = cap;
+    pool->step = step ? round_up(step, SQUAD_TIER_POOL_ALIGN) : SQUAD_TIER_POOL_STEP;
+    pool->get = get;
+    pool->put = put;
+    pool->ctx = ctx;
+}
+
+/* Room for one more block descriptor in s; 0 or -1. */
+static int blocks_reserve(tier_slab *s) {
+    if (s->n_blocks < s->cap_blocks) return 0;
+    const int cap = s->cap_blocks ? 2 * s->cap_blocks : 16;
+    tier_block *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
+    if (!nb) return -1;
+    s->blocks = nb;
+    s->cap_blocks = cap;
+    return 0;
+}
+
+/* Takes `need` bytes from the start of free block i of s; the pointer, or NULL when the split's
+ * descriptor cannot be had. */
+static void *block_take(squad_tier_pool *pool, tier_slab *s, int i, size_t need) {
+    tier_block *b = &s->blocks[i];
+    if (b->size > need) { /* the rest stays free, right after */
+        if (blocks_reserve(s)) return NULL;
+        b = &s->blocks[i];
+        memmove(&s->blocks[i + 2], &s->blocks[i + 1], (size_t)(s->n_blocks - i - 1) * sizeof *b);
+        s->blocks[i + 1] = (tier_block){b->off + need, b->size - need, 0};
+        s->n_blocks++;
+        b->size = need;
+    }
+    b->used = 1;
+    pool->used_bytes += need;
+    return s->base + b->off;
+}
+
+/* A new slab that can hold `need` bytes; NULL when the cap or the backend refuses. */
+static tier_slab *slab_grow(squad_tier_pool *pool, size_t need) {
+    if (pool->slab_bytes >= pool->cap || need > pool->cap - pool->slab_bytes) return NULL;
+    size_t bytes = need > pool->step ? need : pool->step;
+    if (bytes > pool->cap - pool->slab_bytes) /* the last, smaller slab (need is aligned: it still fits) */
+        bytes = (pool->cap - pool->slab_bytes) / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
+    if (pool->n_slabs == pool->cap_slabs) {
+        const int cap = pool->cap_slabs ? 2 * pool->cap_slabs : 8;
+        tier_slab *ns = realloc(pool->slabs, (size_t)cap * sizeof *ns);
+        if (!ns) return NULL;
+        pool->slabs = ns;
+        pool->cap_slabs = cap;
+    }
+    tier_slab s = {0};
+    s.blocks = malloc(16 * sizeof *s.blocks);
+    if (!s.blocks) return NULL;
+    s.cap_blocks = 16;
+    s.base = pool->get(pool->ctx, bytes);
+    if (!s.base) {
+        free(s.blocks);
+        return NULL;
+    }
+    s.bytes = bytes;
+    s.blocks[0] = (tier_block){0, bytes, 0};
+    s.n_blocks = 1;
+    pool->slabs[pool->n_slabs] = s;
+    pool->slab_bytes += bytes;
+    pool->slabs_made++;
+    return &pool->slabs[pool->n_slabs++];
+}
+
+void *squad_tier_pool_alloc(squad_tier_pool *pool, size_t bytes) {
+    const size_t need = round_up(bytes ? bytes : 1, SQUAD_TIER_POOL_ALIGN);
+    for (int k = 0; k < pool->n_slabs; k++) {
+        tier_slab *s = &pool->slabs[k];
+        for (int i = 0; i < s->n_blocks; i++)
+            if (!s->blocks[i].used && s->blocks[i].size >= need) return block_take(pool, s, i, need);
+    }
+    tier_slab *s = slab_grow(pool, need);
+    return s ? block_take(pool, s, 0, need) : NULL;
+}
+
+/* Block i of s merged into block i - 1 (both free). */
+static void block_merge_prev(tier_slab *s, int i) {
+    s->blocks[i - 1].size += s->blocks[i].size;
+    memmove(&s->blocks[i], &s->blocks[i + 1], (size_t)(s->n_blocks - i - 1) * sizeof *s->blocks);
+    s->n_blocks--;
+}
+
+void squad_tier_pool_free(squad_tier_pool *pool, void *blob) {
+    if (!blob) return;
+    const unsigned char *p = blob;
+    for (int k = 0; k < pool->n_slabs; k++) {
+        tier_slab *s = &pool->slabs[k];
+        if (p < s->base || p >= s->base + s->bytes) continue;
+        const size_t off = (size_t)(p - s->base);
+        int lo = 0, hi = s->n_blocks - 1;
+        while (lo < hi) { /* the block starting at off */
+            const int mid = (lo + hi) / 2;
+            if (s->blocks[mid].off < off) lo = mid + 1;
+            else hi = mid;
+        }
+        tier_block *b = &s->blocks[lo];
+        if (b->off != off || !b->used) return; /* not a blob of ours: leave everything as it is */
+        b->used = 0;
+        pool->used_bytes -= b->size;
+        if (lo + 1 < s->n_blocks && !s->blocks[lo + 1].used) block_merge_prev(s, lo + 1);
+        if (lo > 0 && !s->blocks[lo - 1].used) block_merge_prev(s, lo);
+        return;
+    }
+}
+
+void squad_tier_pool_destroy(squad_tier_pool *pool) {
+    for (int k = 0; k < pool->n_slabs; k++) {
+        pool->put(pool->ctx, pool->slabs[k].base);
+        free(pool->slabs[k].blocks);
+    }
+    free(pool->slabs);
+    squad_tier_pool_init(pool, pool->cap, pool->step, pool->get, pool->put, pool->ctx);
+}
+
+#define POOL_FAIL(...)                                                                                        \
+    do {                                                                                                      \
+        if (why && why_len) snprintf(why, why_len, __VA_ARGS__);                                              \
+        return -1;                                                                                            \
+    } while (0)
+
+int squad_tier_pool_check(const squad_tier_pool *pool, char *why, size_t why_len) {
+    size_t slabs = 0, used = 0;
+    for (int k = 0; k < pool->n_slabs; k++) {
+        const tier_slab *s = &pool->slabs[k];
+        size_t at = 0;
+        for (int i = 0; i < s->n_blocks; i++) {
+            const tier_block *b = &s->blocks[i];
+            if (b->off != at || b->size == 0 || b->size % SQUAD_TIER_POOL_ALIGN)
+                POOL_FAIL("slab %d block %d: offset %zu (expected %zu), size %zu", k, i, b->off, at, b->size);
+            if (i > 0 && !b->used && !s->blocks[i - 1].used) POOL_FAIL("slab %d: free blocks %d and %d not merged", k, i - 1, i);
+            if (b->used) used += b->size;
+            at += b->size;
+        }
+        if (at != s->bytes) POOL_FAIL("slab %d: blocks cover %zu of %zu bytes", k, at, s->bytes);
+        slabs += s->bytes;
+    }
+    if (slabs != pool->slab_bytes || used != pool->used_bytes || slabs > pool->cap)
+        POOL_FAIL("pool: slabs %zu counted %zu (cap %zu), used %zu counted %zu", slabs, pool->slab_bytes, pool->cap,
+                  used, pool->used_bytes);
+    return 0;
+}
