@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tier_bench.sh — the state cache's tier figures (issue 29; docs/design.md section 7, "Tiers")
 # through `squad serve` and bench/bench_server.c on the agent trace (bench/agent_trace.py):
-#   1. host tier: the trace through a device budget (--cache-mb) a quarter of the trace's working
+#   1. host tier: the trace with every session live at once (HOST_LIVE: each session's next state
+#      comes back after all the others') through a device budget (--cache-mb) a quarter of the trace's working
 #      set (the bytes a server with room for everything holds after it: the first run, also printed
 #      as the unbounded reference), without a host tier and with one (--cache-host-mb) that holds the
 #      rest: requests/s and cache hit rate of each, in one run, and the tier's demotions and
@@ -9,14 +10,16 @@
 #      rows then agree, which the script says.
 #   2. restart: the trace's first RESTART_AT rows through a server, SIGTERM, a new server, then the
 #      next FIRST_N rows (the same sessions going on: their states were cached before the restart):
-#      the time from the new server's start to /ready, and the hit rate of those rows, without and
-#      with --cache-dir (the disk tier: saved at SIGTERM, read back in the background at start).
+#      the time from the new server's start to /ready (and, with --cache-dir, to the end of the
+#      background load, which the rows then wait for), and the hit rate of those rows, without and
+#      with --cache-dir (the disk tier: saved at SIGTERM, read back in the background at start);
+#      the servers' "cache dir" log lines (the save, the load) follow the table.
 # Every row of the tables is bench_server's (requests/s, p50 / p99, memo and cache hit rates).
 #
 # Usage: bash tools/tier_bench.sh BUILD_DIR
 # Environment (optional): PRESET (tiny), SERVE_ARGS ("--device cpu"; "--device cuda" on the GPU
 # machine), THREADS (1), SESSIONS (24), LIVE (8), STEPS (6), SEED (1), CONCURRENCY (8),
-# HOST_MB (the host tier: 1.25x the working set), RESTART_AT (half the trace), FIRST_N (the rows after
+# HOST_LIVE (SESSIONS), HOST_MB (the host tier: 1.25x the working set), RESTART_AT (half the trace), FIRST_N (the rows after
 # the restart: the rest of the trace).
 set -euo pipefail
 BUILD=${1:?usage: bash tools/tier_bench.sh BUILD_DIR}
@@ -43,12 +46,20 @@ VOCAB=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get
 TRACE="$DATA/server-trace-s$SEED-$SESSIONS-$LIVE-$STEPS-v$VOCAB.jsonl"
 [ -f "$TRACE" ] || python3 bench/agent_trace.py --seed "$SEED" --sessions "$SESSIONS" --live "$LIVE" \
     --steps "$STEPS" --vocab "$VOCAB" --out "$TRACE"
+# The host tier's trace: every session live at once (HOST_LIVE), so a session's next state comes
+# back after all the others' and finds its prefix evicted from a device budget a quarter of the
+# working set: what a host tier is for.
+HOST_LIVE=${HOST_LIVE:-$SESSIONS}
+HOST_TRACE="$DATA/server-trace-s$SEED-$SESSIONS-$HOST_LIVE-$STEPS-v$VOCAB.jsonl"
+[ -f "$HOST_TRACE" ] || python3 bench/agent_trace.py --seed "$SEED" --sessions "$SESSIONS" --live "$HOST_LIVE" \
+    --steps "$STEPS" --vocab "$VOCAB" --out "$HOST_TRACE"
 ROWS=$(wc -l < "$TRACE")
 RESTART_AT=${RESTART_AT:-$((ROWS / 2))}
 FIRST_N=${FIRST_N:-$((ROWS - RESTART_AT))}
 
 WORK=$(mktemp -d)
-LOG="$WORK/server.log"
+LOG=""
+N_SERVERS=0
 SERVER=""
 stop_server() {
     if [ -n "$SERVER" ] && kill -0 "$SERVER" 2>/dev/null; then kill -TERM "$SERVER"; wait "$SERVER" || true; fi
@@ -60,6 +71,8 @@ trap 'stop_server; rm -rf "$WORK"' EXIT
 start_server() {
     local t0
     t0=$(date +%s.%N)
+    N_SERVERS=$((N_SERVERS + 1))
+    LOG="$WORK/server-$N_SERVERS.log"
     # shellcheck disable=SC2086
     "$SQUAD" serve --model "$MODEL" --port 0 --threads "$THREADS" $SERVE_ARGS "$@" 2> "$LOG" &
     SERVER=$!
@@ -93,10 +106,10 @@ run_trace() { # run_trace TRACE LABEL HEADER(1: the table's head)
     else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$1" --concurrency "$CONCURRENCY" --label "$2" | tail -n +3; fi
 }
 
-echo "== host tier: agent trace, $ROWS rows ($SESSIONS sessions, $LIVE live, $STEPS steps), preset $PRESET," \
+echo "== host tier: agent trace, $(wc -l < "$HOST_TRACE") rows ($SESSIONS sessions, $HOST_LIVE live, $STEPS steps), preset $PRESET," \
     "concurrency $CONCURRENCY, serve $SERVE_ARGS"
 start_server --cache-mb 65536 --cache-host-mb 0
-run_trace "$TRACE" "room for all" 1
+run_trace "$HOST_TRACE" "room for all" 1
 WORKING=$(cache_stat bytes_held)
 TIERS=()
 stop_server
@@ -106,7 +119,7 @@ HOST_MB=${HOST_MB:-$(( (5 * WORKING / 4 + (1 << 20) - 1) >> 20 ))}
 for host in 0 "$HOST_MB"; do
     start_server --cache-mb "$CACHE_MB" --cache-host-mb "$host"
     label="device $CACHE_MB MB, host $host MB"
-    run_trace "$TRACE" "$label" 0
+    run_trace "$HOST_TRACE" "$label" 0
     TIERS+=("$(tiers_line "$label")")
     stop_server
 done
@@ -127,13 +140,24 @@ for dir in none "$WORK/cache-dir"; do
     "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$WORK/before.jsonl" --concurrency "$CONCURRENCY" >/dev/null
     stop_server
     label=$([ "$dir" = none ] && echo "restart, no --cache-dir" || echo "restart, --cache-dir")
+    first_log=$LOG
     start_server --cache-mb 65536 "${args[@]}"
-    READY+=("  $label: /ready after $READY_S s")
+    loaded=""
+    if [ "$dir" != none ]; then # the background load's end (its log line), before the trace goes on
+        t0=$(date +%s.%N)
+        for _ in $(seq 1 3000); do
+            grep -q "cache dir: .*loaded from\|cache dir: .*nothing loaded\|cache dir: .*cannot" "$LOG" && break
+            sleep 0.02
+        done
+        loaded=", the cache dir loaded $(python3 -c "import sys; print('%.3f' % (float(sys.argv[2]) - float(sys.argv[1]) + float(sys.argv[3])))" \
+            "$t0" "$(date +%s.%N)" "$READY_S") s after the start"
+    fi
+    READY+=("  $label: /ready after $READY_S s$loaded")
     run_trace "$WORK/after.jsonl" "$label" "$header"
     header=0
     TIERS=("$(tiers_line "$label")")
     printf '%s\n' "${TIERS[@]}" >> "$WORK/restart-tiers.txt"
-    grep -i "cache-dir\|squad-cache\|refused" "$LOG" | head -5 | sed 's/^/  log: /' >> "$WORK/restart-tiers.txt" || true
+    cat "$first_log" "$LOG" | grep -i "cache dir" | head -6 | sed 's/^/  log: /' >> "$WORK/restart-tiers.txt" || true
     stop_server
 done
 printf '%s\n' "${READY[@]}"
