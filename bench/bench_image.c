@@ -8,8 +8,8 @@
  * patches), threads 1 and 2, 5 reps, the Qwen3.5 processor configuration (patch 16, merge 2,
  * temporal 2, mean / std 0.5, 64 Ki to 16 Mi pixels). Wall-clock milliseconds, best and median of
  * the reps. Each rep allocates and frees the pixel values, as a request does (their page faults
- * are part of the figure). Also prints the BLAKE2b-free check that every thread count gives the
- * same bytes as the first.
+ * are part of the figure). Also checks that every thread count gives the same bytes as the first
+ * (exit 1 when not).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
