@@ -81,6 +81,9 @@ int squad_sched_init(squad_sched *s, squad_backend *be, squad_cache *cache, squa
     s->memo = memo;
     s->sp = sp;
     s->align = o->cache.align;
+    /* the processor runs before the tower, while the backend's own threads wait: on the CPU it gets
+     * as many as the backend (0: the cores), on CUDA the machine's cores (0) */
+    s->image_threads = strcmp(be->name, "cpu") == 0 ? o->threads : 0;
     if (o->max_rows < 0) return squad_fail(err, SQUAD_E_INVALID, "max_rows %d: 0 (the backend's) or more", o->max_rows);
     if (o->batch_tokens < 0)
         return squad_fail(err, SQUAD_E_INVALID, "batch_tokens %d: 0 (the backend's) or more", o->batch_tokens);
@@ -497,7 +500,7 @@ static int image_embed(squad_sched *s, const squad_row_image *im, float *dst, sq
     if (!m->has_image_proc)
         return squad_fail(err, SQUAD_E_UNSUPPORTED, "images: the model has no image processor configuration");
     squad_image_patches pp;
-    int rc = squad_image_preprocess(&m->image_proc, im->image, &pp, err);
+    int rc = squad_image_preprocess_threads(&m->image_proc, im->image, s->image_threads, &pp, err);
     if (rc) return rc;
     if (memcmp(pp.grid, im->grid, sizeof pp.grid) != 0 || pp.n_tokens != im->tokens)
         rc = squad_fail(err, SQUAD_E_INVALID, "images: the processor made grid %dx%dx%d, the row says %dx%dx%d", pp.grid[0],

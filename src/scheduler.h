@@ -103,6 +103,7 @@ typedef struct squad_sched {
     uint64_t towers_run;          /* images run through the vision tower */
     const squad_specialists *sp;  /* NULL: every row the trunk */
     int align;                    /* the cache's align (its checkpoints' positions) */
+    int image_threads;            /* the image processor's threads: the CPU backend's option, else 0 (the cores) */
 
     int max_rows;     /* rows in flight at once: min(max_rows option, the backend's slots) */
     int batch_tokens; /* tokens one step runs, all its chunks together; the longest chunk is the

@@ -863,6 +863,70 @@ static void test_resample(void) {
     free(dst);
 }
 
+/* Every resize case (none, width only, height only, both; up and down) gives the same bytes on any
+ * number of threads: images big enough that the processor really splits them (it gives a thread
+ * no less than 256 Ki values). */
+static void test_threads(void) {
+    static const struct {
+        int w, h;
+        const char *extra; /* config keys besides Qwen3.5's */
+    } cases[] = {
+        {704, 512, ""},                         /* no resize */
+        {700, 512, ""},                         /* width only: 700 -> 704 */
+        {704, 500, ""},                         /* height only: 500 -> 512 */
+        {1000, 700, ""},                        /* both: 1000x700 -> 992x704 */
+        {1920, 1080, ", \"max_pixels\": 262144"}, /* both, a 3x downscale to 672x384 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cfg[512];
+        snprintf(cfg, sizeof cfg, "{\"patch_size\": 16, \"merge_size\": 2, \"image_mean\": 0.5, \"image_std\": 0.5%s}",
+                 cases[i].extra);
+        squad_image_proc_config c;
+        squad_err err = {0};
+        CHECKF(squad_image_proc_config_parse(&c, cfg, strlen(cfg), &err) == 0, "%s", err.msg);
+        squad_image img = {cases[i].w, cases[i].h, SQUAD_IMAGE_PNG, smooth_rgb(cases[i].w, cases[i].h, 40 + i)};
+        for (size_t k = 0; k < (size_t)img.width * img.height * 3; k += 5) img.rgb[k] ^= 0x3c; /* edges */
+        squad_image_patches one, many;
+        CHECKF(squad_image_preprocess_threads(&c, &img, 1, &one, &err) == 0, "%s", err.msg);
+        const size_t n = (size_t)one.n_patches * (size_t)one.patch_dim;
+        CHECKF(n >= (size_t)1 << 20, "%dx%d: too small to split in four", img.width, img.height);
+        static const int counts[] = {2, 3, 5, 16, 0};
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            CHECKF(squad_image_preprocess_threads(&c, &img, counts[k], &many, &err) == 0, "%s", err.msg);
+            CHECKF(many.n_patches == one.n_patches && memcmp(one.pixel_values, many.pixel_values, n * sizeof(float)) == 0,
+                   "%dx%d: %d threads differ from one", img.width, img.height, counts[k]);
+            squad_image_patches_free(&many);
+        }
+        squad_image_patches_free(&one);
+        squad_image_free(&img);
+    }
+}
+
+/* The height pass's SIMD blocks and its scalar remainder agree: columns are independent, so the
+ * first columns of a wide image (in 16-byte blocks) equal a narrow image's (all remainder). */
+static void test_resample_blocks(void) {
+    static const int widths[][2] = {{5, 21}, {1, 40}, {7, 64}, {16, 17}};
+    static const int heights[][2] = {{20, 7}, {7, 20}, {13, 13 * 3 + 1}, {100, 33}};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+        for (size_t h = 0; h < sizeof heights / sizeof heights[0]; h++) {
+            const int narrow = widths[i][0], wide = widths[i][1], ih = heights[h][0], oh = heights[h][1];
+            uint8_t *src = random_bytes((size_t)wide * ih * 3, 900 + i * 10 + h);
+            uint8_t *part = malloc((size_t)narrow * ih * 3);
+            for (int y = 0; y < ih; y++) memcpy(part + (size_t)y * narrow * 3, src + (size_t)y * wide * 3, (size_t)narrow * 3);
+            uint8_t *a = malloc((size_t)wide * oh * 3), *b = malloc((size_t)narrow * oh * 3);
+            CHECK(squad_resample_bicubic_u8(src, wide, ih, 3, a, wide, oh, NULL) == 0);
+            CHECK(squad_resample_bicubic_u8(part, narrow, ih, 3, b, narrow, oh, NULL) == 0);
+            int same = 1;
+            for (int y = 0; y < oh; y++)
+                same &= memcmp(a + (size_t)y * wide * 3, b + (size_t)y * narrow * 3, (size_t)narrow * 3) == 0;
+            CHECKF(same, "height pass %d -> %d: %d columns of %d differ from %d alone", ih, oh, narrow, wide, narrow);
+            free(src);
+            free(part);
+            free(a);
+            free(b);
+        }
+}
+
 static void config_fails(const char *json, const char *want) {
     squad_image_proc_config c;
     squad_err err = {0};
@@ -1102,6 +1166,19 @@ static void fixture_image(json_t *entry, json_t *configs) {
                    file, cfg_name, img.width, img.height, format, exact_decode ? "exact" : "close", p.grid[0], p.grid[1],
                    p.grid[2], bit_equal ? "bit-equal" : "NOT bit-equal", m, count, sum, ref_sum);
             if (exact_decode) CHECKF(bit_equal, "%s (%s): pixel values are not bit-equal to the reference's", file, cfg_name);
+            /* the same bytes whatever the number of threads (more than the cores included) */
+            static const int thread_counts[] = {1, 2, 3, 7, 16};
+            for (size_t k = 0; k < sizeof thread_counts / sizeof thread_counts[0]; k++) {
+                squad_image_patches q;
+                int qrc = squad_image_preprocess_threads(&c, &img, thread_counts[k], &q, &err);
+                CHECKF(qrc == 0, "%s with %d threads: %s", file, thread_counts[k], err.msg);
+                if (qrc) continue;
+                char q_hex[33];
+                floats_digest_hex(q.pixel_values, n, q_hex);
+                CHECKF(q.n_patches == p.n_patches && strcmp(q_hex, pv_hex) == 0, "%s: %d threads give other values",
+                       file, thread_counts[k]);
+                squad_image_patches_free(&q);
+            }
             /* exact pixels in give bit-equal values out; a decoder difference of a level or two
              * (another libjpeg / libwebp build) moves values by at most a few levels of 1/127.5 */
             double tol = exact_decode ? 1e-6 : 4.0 / 127.5 + 1e-6;
@@ -1172,6 +1249,8 @@ int main(void) {
     test_patch_order();
     test_normalisation();
     test_resample();
+    test_resample_blocks();
+    test_threads();
     test_config();
     test_identity();
     test_fixtures();

@@ -12,7 +12,14 @@
  *    (float)(1 / rescale), as torchvision's fused rescale-and-normalise computes it, so the values
  *    are equal to the bit, not just close.
  *  - The patch layout writes each patch's first frame straight from the resized image and copies
- *    it to the other temporal_patch_size - 1 frames (an image is one frame repeated).
+ *    it to the other temporal_patch_size - 1 frames (an image is one frame repeated); a patch is
+ *    written whole before the next, so the 50 MB of a screenshot's values go out in 6 KB runs.
+ *  - Threads: the work is cut into patch rows (patch_size pixel rows), handed out by an atomic
+ *    counter to pthreads started and joined inside the call. A unit resizes its pixel rows into
+ *    the thread's strip (resample.h's row-range passes) and writes that row's patches, so the
+ *    resized image is never stored whole. When both sides change, the width pass runs first over
+ *    all input rows (the height pass of a patch row reads a few rows beyond it). Every unit writes
+ *    its own bytes and reads only shared inputs: the values do not depend on the split.
  *  - Configuration bounds keep every product (sides, areas, buffer sizes) far from overflow: the
  *    pixel limits are at most SQUAD_IMAGE_PROC_MAX_PIXELS, factors at most a few thousand.
  */
@@ -24,7 +31,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "image/resample.h"
 #include "util.h"
@@ -40,6 +50,10 @@
 #define PROC_CHANNELS 3
 /* Pixel-value buffers this large go in transparent huge pages (alloc_values). */
 #define VALUES_HUGE_BYTES ((size_t)2 << 20)
+/* A thread per this many pixel values at most (1 MB of output; starting a thread costs tens of us). */
+#define VALUES_PER_THREAD ((size_t)256 << 10)
+/* Input rows per unit of the width pass when it runs before the height pass. */
+#define WIDTH_ROWS_PER_UNIT 16
 
 /* OpenAI CLIP's mean and std: transformers' defaults for this processor class. */
 static const double clip_mean[3] = {0.48145466, 0.4578275, 0.40821073};
@@ -293,28 +307,110 @@ static void build_value_table(const squad_image_proc_config *c, float table[PROC
     }
 }
 
-static void write_patches(const squad_image_proc_config *c, const uint8_t *rgb, int width, const int grid[3],
-                          float table[PROC_CHANNELS][256], float *out) {
-    const int P = c->patch_size, T = c->temporal_patch_size, M = c->merge_size;
-    const int blocks_h = grid[1] / M, blocks_w = grid[2] / M;
-    const size_t plane = (size_t)P * P, patch_dim = (size_t)PROC_CHANNELS * T * plane;
-    size_t row = 0;
-    for (int bh = 0; bh < blocks_h; bh++)
-        for (int bw = 0; bw < blocks_w; bw++)
-            for (int mh = 0; mh < M; mh++)
-                for (int mw = 0; mw < M; mw++, row++) {
-                    const int y0 = (bh * M + mh) * P, x0 = (bw * M + mw) * P;
-                    float *patch = out + row * patch_dim;
-                    for (int ch = 0; ch < PROC_CHANNELS; ch++) {
-                        float *frame0 = patch + (size_t)ch * T * plane;
-                        for (int py = 0; py < P; py++) {
-                            const uint8_t *src = rgb + ((size_t)(y0 + py) * width + x0) * PROC_CHANNELS + ch;
-                            float *dst = frame0 + (size_t)py * P;
-                            for (int px = 0; px < P; px++) dst[px] = table[ch][src[px * PROC_CHANNELS]];
-                        }
-                        for (int t = 1; t < T; t++) memcpy(frame0 + t * plane, frame0, plane * sizeof(float));
-                    }
+/* What the threads of one squad_image_preprocess_threads call share: the layout, the resize, and
+ * a counter handing out units of work (a phase's units are independent and write disjoint bytes). */
+typedef struct proc_job {
+    int P, T, M;           /* patch side, frames, merge window side */
+    int width;             /* of the resized image */
+    int blocks_w;          /* merge windows across */
+    size_t plane, patch_dim;
+    const float (*table)[256];
+    const squad_resample_plan *plan; /* NULL: no resize */
+    const uint8_t *src;              /* the decoded image */
+    uint8_t *mid;                    /* the width pass's output when both passes run, else NULL */
+    float *out;
+    int phase;      /* PHASE_WIDTH or PHASE_PATCHES */
+    int n_units;    /* the phase's units */
+    atomic_int next; /* the next unit to hand out */
+} proc_job;
+
+enum { PHASE_WIDTH, PHASE_PATCHES };
+
+/* One thread: the job and its own strip (a patch row's resized pixels). */
+typedef struct proc_worker {
+    proc_job *job;
+    uint8_t *strip;
+    pthread_t thread;
+} proc_worker;
+
+/* Patch row pr (its P pixel rows in `rows`, one resized image row after another) into its patches:
+ * the rows of pixel_values whose merge window is in block row pr / M, at row pr % M inside it.
+ * Each patch is written whole (6 KB for Qwen3.5) before the next: channel planes of the first
+ * frame from the interleaved samples, then the frame copies. */
+static void write_patch_row(const proc_job *j, int pr, const uint8_t *rows) {
+    const int P = j->P, T = j->T, M = j->M;
+    const size_t stride = (size_t)j->width * PROC_CHANNELS, plane = j->plane;
+    const float *t0 = j->table[0], *t1 = j->table[1], *t2 = j->table[2];
+    const int bh = pr / M, mh = pr % M;
+    for (int bw = 0; bw < j->blocks_w; bw++)
+        for (int mw = 0; mw < M; mw++) {
+            const size_t row = ((size_t)(bh * j->blocks_w + bw) * M + mh) * M + mw;
+            float *patch = j->out + row * j->patch_dim;
+            float *r = patch, *g = patch + (size_t)T * plane, *b = patch + (size_t)2 * T * plane;
+            const uint8_t *src = rows + (size_t)(bw * M + mw) * P * PROC_CHANNELS;
+            for (int py = 0; py < P; py++, src += stride, r += P, g += P, b += P)
+                for (int px = 0; px < P; px++) {
+                    r[px] = t0[src[3 * px]];
+                    g[px] = t1[src[3 * px + 1]];
+                    b[px] = t2[src[3 * px + 2]];
                 }
+            for (int ch = 0; ch < PROC_CHANNELS; ch++) {
+                float *frame0 = patch + (size_t)ch * T * plane;
+                for (int t = 1; t < T; t++) memcpy(frame0 + t * plane, frame0, plane * sizeof(float));
+            }
+        }
+}
+
+static void run_unit(const proc_job *j, int unit, uint8_t *strip) {
+    const squad_resample_plan *plan = j->plan;
+    if (j->phase == PHASE_WIDTH) { /* input rows through the width pass, into mid */
+        const int y0 = unit * WIDTH_ROWS_PER_UNIT;
+        const int y1 = y0 + WIDTH_ROWS_PER_UNIT < plan->in_h ? y0 + WIDTH_ROWS_PER_UNIT : plan->in_h;
+        squad_resample_rows_horizontal(plan, j->src, y0, y1, j->mid + (size_t)y0 * plan->out_w * PROC_CHANNELS);
+        return;
+    }
+    const int y0 = unit * j->P; /* a patch row: resize its pixel rows into the strip, then patches */
+    const uint8_t *rows = j->src + (size_t)y0 * j->width * PROC_CHANNELS;
+    if (plan && plan->vertical) {
+        squad_resample_rows_vertical(plan, j->mid ? j->mid : j->src, y0, y0 + j->P, strip);
+        rows = strip;
+    } else if (plan && plan->horizontal) {
+        squad_resample_rows_horizontal(plan, j->src, y0, y0 + j->P, strip);
+        rows = strip;
+    }
+    write_patch_row(j, unit, rows);
+}
+
+static void *worker_main(void *arg) {
+    proc_worker *w = arg;
+    for (int unit; (unit = atomic_fetch_add(&w->job->next, 1)) < w->job->n_units;) run_unit(w->job, unit, w->strip);
+    return NULL;
+}
+
+/* Runs the job's phase on the calling thread and up to n - 1 more. A thread that cannot be made
+ * is no error: the units go to those that run (at least the caller). */
+static void run_phase(proc_job *j, int phase, int n_units, proc_worker *workers, int n) {
+    j->phase = phase;
+    j->n_units = n_units;
+    atomic_store(&j->next, 0);
+    if (n > n_units) n = n_units;
+    int started = 1;
+    for (; started < n; started++)
+        if (pthread_create(&workers[started].thread, NULL, worker_main, &workers[started]) != 0) break;
+    worker_main(&workers[0]);
+    for (int i = 1; i < started; i++) pthread_join(workers[i].thread, NULL);
+}
+
+/* The threads a call uses: the ask (0 or less: the online cores), at most SQUAD_IMAGE_MAX_THREADS,
+ * and at most one per VALUES_PER_THREAD pixel values (a small image is not worth a thread). */
+static int proc_threads(int asked, size_t n_values) {
+    long n = asked;
+    if (n <= 0) n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > SQUAD_IMAGE_MAX_THREADS) n = SQUAD_IMAGE_MAX_THREADS;
+    size_t by_work = n_values / VALUES_PER_THREAD;
+    if (by_work < (size_t)n) n = by_work > 0 ? (long)by_work : 1;
+    return (int)n;
 }
 
 /* The pixel values of a screenshot are tens of MB written once: in 2 MB pages where the kernel
@@ -340,24 +436,11 @@ static float *alloc_values(size_t n, squad_err *err) {
 
 int squad_image_preprocess(const squad_image_proc_config *c, const squad_image *img, squad_image_patches *out,
                            squad_err *err) {
-    memset(out, 0, sizeof *out);
-    if (!img || !img->rgb || img->width <= 0 || img->height <= 0)
-        return squad_fail(err, SQUAD_E_INVALID, "image: nothing to process");
-    int rh, rw;
-    int rc = resized_size(c, img->width, img->height, &rh, &rw, err);
-    if (rc) return rc;
-    const uint8_t *rgb = img->rgb;
-    uint8_t *resized = NULL;
-    if (rh != img->height || rw != img->width) {
-        resized = squad_malloc((size_t)rh * (size_t)rw * PROC_CHANNELS, err);
-        if (!resized) return SQUAD_E_NOMEM;
-        rc = squad_resample_bicubic_u8(img->rgb, img->width, img->height, PROC_CHANNELS, resized, rw, rh, err);
-        if (rc) {
-            free(resized);
-            return rc;
-        }
-        rgb = resized;
-    }
+    return squad_image_preprocess_threads(c, img, 0, out, err);
+}
+
+/* Fills out's sizes for a resized rh x rw image. */
+static void patches_shape(const squad_image_proc_config *c, int rh, int rw, squad_image_patches *out) {
     out->grid[0] = 1;
     out->grid[1] = rh / c->patch_size;
     out->grid[2] = rw / c->patch_size;
@@ -366,17 +449,66 @@ int squad_image_preprocess(const squad_image_proc_config *c, const squad_image *
     out->n_patches = (int64_t)out->grid[0] * out->grid[1] * out->grid[2];
     out->patch_dim = PROC_CHANNELS * c->temporal_patch_size * c->patch_size * c->patch_size;
     out->n_tokens = out->n_patches / ((int64_t)c->merge_size * c->merge_size);
-    out->pixel_values = alloc_values((size_t)out->n_patches * (size_t)out->patch_dim, err);
-    if (!out->pixel_values) {
-        free(resized);
-        memset(out, 0, sizeof *out);
-        return SQUAD_E_NOMEM;
+}
+
+int squad_image_preprocess_threads(const squad_image_proc_config *c, const squad_image *img, int threads,
+                                   squad_image_patches *out, squad_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!img || !img->rgb || img->width <= 0 || img->height <= 0)
+        return squad_fail(err, SQUAD_E_INVALID, "image: nothing to process");
+    int rh, rw;
+    int rc = resized_size(c, img->width, img->height, &rh, &rw, err);
+    if (rc) return rc;
+    patches_shape(c, rh, rw, out);
+    const size_t n_values = (size_t)out->n_patches * (size_t)out->patch_dim;
+    const int n = proc_threads(threads, n_values);
+    squad_resample_plan plan = {0};
+    const int resize = rh != img->height || rw != img->width;
+    uint8_t *mid = NULL, *strips = NULL;
+    proc_worker *workers = NULL;
+    if (resize && (rc = squad_resample_plan_init(&plan, img->width, img->height, PROC_CHANNELS, rw, rh, err)) != 0)
+        goto fail;
+    const size_t strip_bytes = (size_t)c->patch_size * (size_t)rw * PROC_CHANNELS;
+    out->pixel_values = alloc_values(n_values, err);
+    workers = squad_calloc((size_t)n, sizeof *workers, err);
+    if (resize) strips = squad_malloc(strip_bytes * (size_t)n, err);
+    if (plan.horizontal && plan.vertical) mid = squad_malloc((size_t)rw * (size_t)img->height * PROC_CHANNELS, err);
+    if (!out->pixel_values || !workers || (resize && !strips) || (plan.horizontal && plan.vertical && !mid)) {
+        rc = SQUAD_E_NOMEM;
+        goto fail;
     }
     float table[PROC_CHANNELS][256];
     build_value_table(c, table);
-    write_patches(c, rgb, rw, out->grid, table, out->pixel_values);
-    free(resized);
+    proc_job job = {.P = c->patch_size,
+                    .T = c->temporal_patch_size,
+                    .M = c->merge_size,
+                    .width = rw,
+                    .blocks_w = out->grid[2] / c->merge_size,
+                    .plane = (size_t)c->patch_size * (size_t)c->patch_size,
+                    .patch_dim = (size_t)out->patch_dim,
+                    .table = (const float(*)[256])table,
+                    .plan = resize ? &plan : NULL,
+                    .src = img->rgb,
+                    .mid = mid,
+                    .out = out->pixel_values};
+    for (int i = 0; i < n; i++) {
+        workers[i].job = &job;
+        workers[i].strip = strips ? strips + (size_t)i * strip_bytes : NULL;
+    }
+    if (mid) run_phase(&job, PHASE_WIDTH, (img->height + WIDTH_ROWS_PER_UNIT - 1) / WIDTH_ROWS_PER_UNIT, workers, n);
+    run_phase(&job, PHASE_PATCHES, out->grid[1], workers, n);
+    free(mid);
+    free(strips);
+    free(workers);
+    squad_resample_plan_free(&plan);
     return 0;
+fail:
+    free(mid);
+    free(strips);
+    free(workers);
+    squad_resample_plan_free(&plan);
+    squad_image_patches_free(out);
+    return rc;
 }
 
 void squad_image_patches_free(squad_image_patches *p) {

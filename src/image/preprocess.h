@@ -69,7 +69,16 @@ typedef struct squad_image_patches {
     float *pixel_values;  /* [n_patches][patch_dim] */
 } squad_image_patches;
 
-/* Runs the processor on a decoded image. out is zeroed first; free with squad_image_patches_free. */
+/* The most threads squad_image_preprocess_threads uses (memory bandwidth, not cores, bounds it). */
+#define SQUAD_IMAGE_MAX_THREADS 16
+
+/* Runs the processor on a decoded image with up to `threads` threads (0 or less: the online cores;
+ * at most SQUAD_IMAGE_MAX_THREADS, and fewer for a small image), started and joined inside the
+ * call; a thread the system refuses is no error (the others do its part). The values do not depend
+ * on the number of threads. out is zeroed first; free with squad_image_patches_free. */
+int squad_image_preprocess_threads(const squad_image_proc_config *c, const squad_image *img, int threads,
+                                   squad_image_patches *out, squad_err *err);
+/* squad_image_preprocess_threads with threads 0. */
 int squad_image_preprocess(const squad_image_proc_config *c, const squad_image *img, squad_image_patches *out,
                            squad_err *err);
 void squad_image_patches_free(squad_image_patches *p);
