@@ -95,7 +95,7 @@
 #              compute-sanitizer memcheck and racecheck on gpu_test_vision (quick) -> vision_sanitize.log;
 #              and test_vision_rows --backend cuda (the fixture rows with images against transformers,
 #              cached = uncached, the encoder cache) -> test_vision_rows.log
-#   screenshot (not by default) bench_screenshot on $VISION_MODEL with the 1920x1080 fixture
+#   screenshot (not by default) bench_image (the image processor on 1..16 threads), then bench_screenshot on $VISION_MODEL with the 1920x1080 fixture
 #              screenshot: decode, a cold screenshot row (image + 300 tokens + 3 questions), the same
 #              after its state was evicted (encoder hit) and a follow-up question -> screenshot.log;
 #              with .fla carried, tools/hf_vision_timing.py runs the same rows through transformers +
@@ -105,7 +105,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${GPU_CARRY:-.carry}
 case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision test_long test_vision_rows bench_gpu bench_server bench_vision bench_screenshot"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision test_long test_vision_rows bench_gpu bench_server bench_vision bench_screenshot bench_image"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -231,6 +231,7 @@ if has screenshot; then
         step "synth qwen3.5-0.8b --vision" 240 "$OUT/screenshot.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --vision \
             --out "$VISION_MODEL"
     fi
+    step "bench_image" 120 "$OUT/screenshot.log" $RUNENV "$BIN/bench_image" --threads 1,2,4,8,16 --reps 5
     step "bench_screenshot" 300 "$OUT/screenshot.log" $RUNENV "$BIN/bench_screenshot" --model "$VISION_MODEL" --device cuda \
         --image tests/fixtures/images/ui_1920x1080.png --reps "${VISION_REPS:-20}" --rows-out /tmp/screenshot_rows.jsonl
     if [ -d "$ROOT/.fla/fla" ] && [ -e /tmp/screenshot_rows.jsonl ]; then
