@@ -50,6 +50,13 @@ int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float *inv_freq,
  * (N = frames L), no mask: full attention over the frame. */
 int cu_vis_attn(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, int heads, int hd, float scale,
                 bf16 *out, cudaStream_t st, squad_err *err);
+/* k_vision_attn_sm90.cu: the same attention on Hopper's wgmma (sm_90a), head dim 64 only. The probe
+ * sets *ok when its cubin runs on this GPU (compute capability 9.0) and raises its shared-memory limit;
+ * cu_vis_attn_sm90 takes cu_vis_attn's arguments. */
+int cu_vis_attn_sm90_probe(int *ok, squad_err *err);
+int cu_vis_attn_sm90_takes(int hd);
+int cu_vis_attn_sm90(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, int heads, int hd, float scale,
+                     bf16 *out, cudaStream_t st, squad_err *err);
 /* y [rows][n] bf16, in place: act(y + bias). n even. */
 int cu_vis_bias_act(bf16 *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err);
 /* y [rows][n] fp32 = bias in every row. */

@@ -1,7 +1,8 @@
 /*
  * cuda_test_vision.cu — the vision tower's entry points for the tests and the benchmark
- * (cuda_test_api.h): its attention kernel on host data beside a double-precision host reference, and
- * the device part of a backend's tower timed by events.
+ * (cuda_test_api.h): its attention kernels (vis_attn on mma.sync, and on wgmma where the GPU runs it)
+ * on host data beside a double-precision host reference, and the device part of a backend's tower
+ * timed by events.
  */
 #include "cuda_test_common.cuh"
 
@@ -47,8 +48,22 @@ extern "C" void cu_ref_vis_attn(int hd, int frames, int L, int heads, const floa
     free(s), free(acc);
 }
 
-extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K,
-                                        const float *V, float *out, squad_err *err) {
+/* One of the two kernels (wg: the wgmma one) on host data. */
+static int vis_attn_on_host(int wg, int hd, int frames, int L, int heads, const float *Q, const float *K,
+                            const float *V, float *out, squad_err *err) {
+    if (wg) {
+        int ok = 0;
+        const int rc = cu_vis_attn_sm90_probe(&ok, err);
+        if (rc) return rc;
+        int dev = 0, major = 0, minor = 0;
+        CU_TRY(cudaGetDevice(&dev));
+        CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        if (!ok && major == 9 && minor == 0) /* a Hopper GPU must run it: a failing probe is a bug */
+            return cu_err(err, SQUAD_E_BACKEND, "the wgmma vision attention's probe failed on a 9.0 GPU");
+        if (!ok || !cu_vis_attn_sm90_takes(hd))
+            return cu_err(err, SQUAD_E_UNSUPPORTED, "the wgmma vision attention does not run here (hd %d)", hd);
+    }
     const size_t n = (size_t)heads * frames * L * hd;
     uint16_t *h = (uint16_t *)malloc(n * 2);
     if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
@@ -65,7 +80,10 @@ extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, co
     if (e == cudaSuccess) e = cudaMemset(d[3], 0xff, n * 2);
     if (e != cudaSuccess) rc = cu_fail(err, "vision attention test buffers", e, __FILE__, __LINE__);
     if (!rc) rc = cu_vis_attn_init(hd, err);
-    if (!rc) rc = cu_vis_attn(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
+    if (!rc && wg)
+        rc = cu_vis_attn_sm90(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
+    else if (!rc)
+        rc = cu_vis_attn(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
     if (!rc && (e = cudaDeviceSynchronize()) != cudaSuccess) rc = cu_fail(err, "vis_attn", e, __FILE__, __LINE__);
     if (!rc && (e = cudaMemcpy(h, d[3], n * 2, cudaMemcpyDeviceToHost)) != cudaSuccess)
         rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
@@ -75,6 +93,16 @@ extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, co
         if (d[i]) cudaFree(d[i]);
     free(h);
     return rc;
+}
+
+extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                        const float *V, float *out, squad_err *err) {
+    return vis_attn_on_host(0, hd, frames, L, heads, Q, K, V, out, err);
+}
+
+extern "C" int squad_cuda_test_vis_attn_wg(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                           const float *V, float *out, squad_err *err) {
+    return vis_attn_on_host(1, hd, frames, L, heads, Q, K, V, out, err);
 }
 
 extern "C" int squad_cuda_test_vision_time(struct squad_backend *be, const float *pixel_values, const int grid[3],
