@@ -72,14 +72,6 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static void print_stats(const char *what, double *ms, int n, double flop) {
-    qsort(ms, (size_t)n, sizeof *ms, cmp_double);
-    const double p50 = ms[n / 2];
-    printf("%-44s p50 %8.3f ms  min %8.3f  max %8.3f", what, p50, ms[0], ms[n - 1]);
-    if (flop > 0) printf("  (%.0f TFLOP/s at p50)", flop / (p50 * 1e-3) / 1e12);
-    printf("\n");
-}
-
 /* Random normalised pixels for a grid. */
 static float *pixels(const squad_vision_config *v, int t, int h, int w, uint64_t seed) {
     const size_t K = (size_t)v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
@@ -194,6 +186,14 @@ static int bench_cpu(squad_model *m, int width, int height, int threads, int bf1
 }
 
 #ifdef SQUAD_HAVE_CUDA
+static void print_stats(const char *what, double *ms, int n, double flop) {
+    qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+    const double p50 = ms[n / 2];
+    printf("%-44s p50 %8.3f ms  min %8.3f  max %8.3f", what, p50, ms[0], ms[n - 1]);
+    if (flop > 0) printf("  (%.0f TFLOP/s at p50)", flop / (p50 * 1e-3) / 1e12);
+    printf("\n");
+}
+
 /* The CUDA tower against the CPU's fp32 tower on a small grid: 0 when within TOL_VISION_BF16. */
 static int check_tower(squad_backend *be, const squad_model *m) {
     const squad_vision_config *v = &m->cfg.vision;
