@@ -8,7 +8,8 @@
  *    patches, head dim 64): relative L2 within TOL_VISION_ATTN_BF16;
  *  - the whole tower (vision_forward) on a tiny-vl checkpoint against the CPU tower in fp32
  *    (cpu_vision_forward, EXACT: the reference, equal to transformers), on grids square and not,
- *    one frame and two, larger than the 4 x 4 position grid: max |CUDA - CPU| within
+ *    one frame and two, larger than the 4 x 4 position grid, one large enough that the pixels go up
+ *    in pieces from several threads: max |CUDA - CPU| within
  *    TOL_VISION_BF16 x max(1, max |CPU|); a bad grid is refused and the backend stays usable;
  *  - image chunks through forward(), on both precisions: positions with three equal axes (start + i)
  *    give the bits of positions = NULL; image rows (embeds) equal to the embedding of a token give
@@ -146,7 +147,9 @@ static void test_tower(squad_model *m, rng *r) {
     }
     CHECK(be->vision_forward != NULL);
     if (be->vision_forward) {
-        const int grids[][3] = {{1, 4, 4}, {1, 6, 8}, {1, 8, 6}, {2, 4, 6}, {1, 2, 2}, {1, 26, 30}, {1, 4, 4}};
+        /* 1 x 34 x 60: 2,040 patches, enough pieces that the upload's threads start */
+        const int grids[][3] = {{1, 4, 4}, {1, 6, 8},   {1, 8, 6},   {2, 4, 6},
+                                {1, 2, 2}, {1, 26, 30}, {1, 34, 60}, {1, 4, 4}};
         for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++)
             test_tower_grid(be, m, pool, r, grids[i][0], grids[i][1], grids[i][2]);
         /* a grid that is not a multiple of the merge size: refused, and the tower still runs */

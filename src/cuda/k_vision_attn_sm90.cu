@@ -182,13 +182,14 @@ __global__ void __launch_bounds__(VW_THREADS, 2)
         const float corr0 = exp2f(m0 - n0), corr1 = exp2f(m1 - n1);
         m0 = n0;
         m1 = n1;
+        if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) /* once the maxima settle: skipped */
 #pragma unroll
-        for (int d = 0; d < VW_HD / 8; d++) {
-            O[d][0] *= corr0;
-            O[d][1] *= corr0;
-            O[d][2] *= corr1;
-            O[d][3] *= corr1;
-        }
+            for (int d = 0; d < VW_HD / 8; d++) {
+                O[d][0] *= corr0;
+                O[d][1] *= corr0;
+                O[d][2] *= corr1;
+                O[d][3] *= corr1;
+            }
         float s0 = 0.f, s1 = 0.f;
         uint32_t pa[4][4];
 #pragma unroll

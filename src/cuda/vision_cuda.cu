@@ -4,7 +4,7 @@
  *
  * The forward, for N = t h w patches of hidden Hv (x: the fp32 residual stream; xn, wide: bf16 GEMM
  * inputs and outputs; every GEMM cu_gemm with bf16 operands and fp32 accumulation):
- *   pixels -> bf16; x = pos_grid(h, w) + patch_b; x += pixels W_patch^T
+ *   pixels -> bf16; x = pos_grid(h, w) + patch_b; x += pixels W_patch^T; the rotary's cos / sin table
  *   per block: xn = LN1(x [+ the previous fc2 bias]); wide = xn W_qkv^T; Q, K, V = rotary(wide + b);
  *              att = attention per frame; x += att W_proj^T; xn = LN2(x + proj_b);
  *              wide = GELU(xn W_fc1^T + b); x += wide W_fc2^T
@@ -66,6 +66,7 @@ struct cu_vision {
     void *scratch;
     float *pix, *x, *out_d; /* pix: the fp32 pixels, on the old upload path only */
     bf16 *pixb, *xn, *wide, *q, *k, *v, *att;
+    float2 *rope; /* the image's rotary table [max(h, w)][hd / 4] (cu_vis_rope_table) */
     /* the pinned staging of the pixels (bf16) and of the merged rows (fp32), grown to the largest image */
     uint16_t *pix_h;
     size_t pix_h_cap; /* elements */
@@ -235,8 +236,9 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
     if (wide < (size_t)v->Mm / ((size_t)v->m * v->m)) wide = (size_t)v->Mm / ((size_t)v->m * v->m);
     const size_t pix_bytes = v->old_upload ? n * v->K * 4 : 0; /* the new path uploads bf16 */
     const size_t sizes[] = {pix_bytes,    n * v->K * 2, n * Hv * 4, n * Hv * 2, n * wide * 2,
-                            n * Hv * 2,   n * Hv * 2,   n * Hv * 2, n * Hv * 2, Nm * v->out * 4};
-    enum { PIX, PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, N_BUF };
+                            n * Hv * 2,   n * Hv * 2,   n * Hv * 2, n * Hv * 2, Nm * v->out * 4,
+                            n * (size_t)(v->hd / 4) * sizeof(float2)};
+    enum { PIX, PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, ROPE, N_BUF };
     size_t offs[N_BUF], total = 0;
     for (int i = 0; i < N_BUF; i++) {
         offs[i] = total;
@@ -266,6 +268,7 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
     v->v = (bf16 *)(b + offs[V]);
     v->att = (bf16 *)(b + offs[ATT]);
     v->out_d = (float *)(b + offs[OUT]);
+    v->rope = (float2 *)(b + offs[ROPE]);
     v->cap = N;
     return 0;
 }
@@ -294,12 +297,13 @@ static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int 
     if ((rc = cu_vis_pos_embed(v->pos, v->patch_b, v->cfg.position_grid_side, Hv, t, h, w, v->m, v->x, st, err)))
         return rc;
     if ((rc = cu_gemm(g, v->patch, v->pixb, v->x, N, Hv, v->K, 1, 0, st, err))) return rc;
+    if ((rc = cu_vis_rope_table(v->inv_freq, h > w ? h : w, v->hd, v->rope, st, err))) return rc;
     const float *pending = NULL; /* the bias of the GEMM that last added into x */
     for (int l = 0; l < v->cfg.depth; l++) {
         const cu_vision_block *b = &v->blocks[l];
         if ((rc = cu_vis_layernorm(v->x, pending, b->n1w, b->n1b, v->xn, N, Hv, st, err))) return rc;
         if ((rc = cu_gemm(g, b->qkv, v->xn, v->wide, N, 3 * Hv, Hv, 0, 0, st, err))) return rc;
-        if ((rc = cu_vis_rope_split(v->wide, b->qkv_b, v->inv_freq, N, h, w, v->m, v->heads, v->hd, v->q, v->k, v->v,
+        if ((rc = cu_vis_rope_split(v->wide, b->qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->q, v->k, v->v,
                                     st, err)))
             return rc;
         rc = v->attn_wg ? cu_vis_attn_sm90(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err)

@@ -42,10 +42,14 @@ int cu_vis_pos_embed(const float *table, const float *bias, int side, int H, int
  * SQUAD_VISION_LN_EPS. H at most 2048. */
 int cu_vis_layernorm(float *x, const float *bias, const float *w, const float *b, bf16 *y, int rows, int H,
                      cudaStream_t st, squad_err *err);
+/* cs [positions][hd / 4] = (cos, sin) of fp32(position inv_freq[j]) (in double, then fp32): the
+ * rotary's table for an image whose rows and columns are below `positions`. */
+int cu_vis_rope_table(const float *inv_freq, int positions, int hd, float2 *cs, cudaStream_t st, squad_err *err);
 /* qkv [N][3 heads hd] (+ bias [3 heads hd]) -> Q, K, V [heads][N][hd], q and k turned by the 2D rotary
- * of each patch (row, column) in its frame of L = h w patches (merge-window order). */
-int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float *inv_freq, int N, int h, int w, int merge,
-                      int heads, int hd, bf16 *Q, bf16 *K, bf16 *V, cudaStream_t st, squad_err *err);
+ * (the table cs) of each patch (row, column) in its frame of L = h w patches (merge-window order).
+ * hd a multiple of 16. */
+int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float2 *cs, int N, int h, int w, int merge, int heads,
+                      int hd, bf16 *Q, bf16 *K, bf16 *V, cudaStream_t st, squad_err *err);
 /* out [N][heads hd] (head h at columns h hd) = softmax(Q K^T scale) V within each frame of L patches
  * (N = frames L), no mask: full attention over the frame. */
 int cu_vis_attn(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, int heads, int hd, float scale,
