@@ -22,7 +22,8 @@
  *    -inf, queries past it load zeros and store nothing. The text model's attention kernels are
  *    causal, read a K / V cache through the chunk parameters and gate their output; this one is the
  *    non-causal variant over a frame's patches, with no cache and no gate.
- *  - vis_bias_act: bias and GELU (tanh or erf) in place on a bf16 GEMM output, two elements a thread.
+ *  - vis_bias_act: bias and GELU (tanh or erf) in place on a bf16 GEMM output, 8 elements (16 bytes)
+ *    a thread.
  *  - vis_rows_init: the merger's fc2 bias as the output's starting value (its GEMM adds into it).
  */
 #include "vision_cuda.cuh"
@@ -358,17 +359,29 @@ __device__ __forceinline__ float vis_gelu_tanh(float x) {
 }
 __device__ __forceinline__ float vis_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
 
+#define VIS_ACT_VEC 8 /* elements a thread: 16 bytes of bf16 */
+
+/* A thread per 8 elements of a row (16-byte accesses; the column from a 32-bit division). */
 template <int ACT>
-__global__ void vis_bias_act_kernel(__nv_bfloat162 *__restrict__ y, const float *__restrict__ bias, size_t pairs,
-                                    int half_n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x) {
-        const int c = 2 * (int)(i % half_n);
-        const float2 v = __bfloat1622float2(y[i]);
-        float a = v.x + bias[c], b = v.y + bias[c + 1];
+__global__ void vis_bias_act_kernel(bf16 *__restrict__ y, const float *__restrict__ bias, unsigned total_vecs,
+                                    unsigned row_vecs) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total_vecs) return;
+    const unsigned c = (i % row_vecs) * VIS_ACT_VEC;
+    uint4 *p = reinterpret_cast<uint4 *>(y) + i;
+    uint4 u = *p;
+    const float4 b0 = *reinterpret_cast<const float4 *>(bias + c), b1 = *reinterpret_cast<const float4 *>(bias + c + 4);
+    const float bv[VIS_ACT_VEC] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    uint32_t *w = reinterpret_cast<uint32_t *>(&u);
+#pragma unroll
+    for (int k = 0; k < VIS_ACT_VEC / 2; k++) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[k]));
+        float a = v.x + bv[2 * k], b = v.y + bv[2 * k + 1];
         if (ACT == CU_VIS_ACT_GELU_TANH) a = vis_gelu_tanh(a), b = vis_gelu_tanh(b);
         if (ACT == CU_VIS_ACT_GELU_ERF) a = vis_gelu_erf(a), b = vis_gelu_erf(b);
-        y[i] = __floats2bfloat162_rn(a, b);
+        w[k] = cu_pack_bf16(a, b);
     }
+    *p = u;
 }
 
 __global__ void vis_rows_init_kernel(float *__restrict__ y, const float *__restrict__ bias, size_t total, int n) {
@@ -483,15 +496,18 @@ int cu_vis_attn(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, 
 }
 
 int cu_vis_bias_act(bf16 *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err) {
-    if (n % 2) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: bias over %d columns (even needed)", n);
-    const size_t pairs = (size_t)rows * (n / 2);
-    __nv_bfloat162 *y2 = reinterpret_cast<__nv_bfloat162 *>(y);
+    if (n % VIS_ACT_VEC)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: bias over %d columns (a multiple of 8)", n);
+    const size_t vecs = (size_t)rows * (n / VIS_ACT_VEC);
+    if (vecs > 0x7fffffffu) return cu_err(err, SQUAD_E_INVALID, "CUDA vision tower: %d x %d activations", rows, n);
+    const unsigned total = (unsigned)vecs, row_vecs = (unsigned)(n / VIS_ACT_VEC);
+    const unsigned blocks = (total + VIS_THREADS - 1) / VIS_THREADS;
     if (act == CU_VIS_ACT_GELU_TANH)
-        vis_bias_act_kernel<CU_VIS_ACT_GELU_TANH><<<vis_blocks(pairs), VIS_THREADS, 0, st>>>(y2, bias, pairs, n / 2);
+        vis_bias_act_kernel<CU_VIS_ACT_GELU_TANH><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, row_vecs);
     else if (act == CU_VIS_ACT_GELU_ERF)
-        vis_bias_act_kernel<CU_VIS_ACT_GELU_ERF><<<vis_blocks(pairs), VIS_THREADS, 0, st>>>(y2, bias, pairs, n / 2);
+        vis_bias_act_kernel<CU_VIS_ACT_GELU_ERF><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, row_vecs);
     else
-        vis_bias_act_kernel<CU_VIS_ACT_NONE><<<vis_blocks(pairs), VIS_THREADS, 0, st>>>(y2, bias, pairs, n / 2);
+        vis_bias_act_kernel<CU_VIS_ACT_NONE><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, row_vecs);
     CU_LAUNCH_CHECK("vis_bias_act_kernel");
     return 0;
 }

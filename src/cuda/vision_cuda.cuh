@@ -61,7 +61,7 @@ int cu_vis_attn_sm90_probe(int *ok, squad_err *err);
 int cu_vis_attn_sm90_takes(int hd);
 int cu_vis_attn_sm90(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, int heads, int hd, float scale,
                      bf16 *out, cudaStream_t st, squad_err *err);
-/* y [rows][n] bf16, in place: act(y + bias). n even. */
+/* y [rows][n] bf16, in place: act(y + bias). n a multiple of 8. */
 int cu_vis_bias_act(bf16 *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err);
 /* y [rows][n] fp32 = bias in every row. */
 int cu_vis_rows_init(float *y, const float *bias, int rows, int n, cudaStream_t st, squad_err *err);
