@@ -11,7 +11,9 @@
  * (added to it there, once), fc1's in the GELU, the patch bias with the position grid, the merger's
  * fc2 bias written into the output before its GEMM adds to it. One image at a time, launched
  * eagerly on the backend's stream (no graph: a graph per grid bucket is a later step); the scratch
- * grows to the largest image seen and stays.
+ * grows to the largest image seen and stays. The attention runs on wgmma (k_vision_attn_sm90.cu)
+ * where the GPU is a Hopper and the head dim 64, else on mma.sync (k_vision.cu). Pixels go up as
+ * bf16 rounded on the host into pinned memory, rows come down through pinned memory (vision_cuda.cu).
  */
 #ifndef SQUAD_VISION_CUDA_CUH
 #define SQUAD_VISION_CUDA_CUH
