@@ -15,7 +15,9 @@
  * plans of the grid's shapes made), N runs of:
  *  - the whole call (be->vision_forward: pixels up from pageable host memory, the tower, rows down),
  *    host clock;
- *  - the device part alone (pixels already on the device), CUDA events.
+ *  - the device part alone (pixels already on the device), CUDA events;
+ *  - one layer's attention alone (random Q / K / V of the grid's frame, every head), on the mma.sync
+ *    kernel and on the wgmma one (where the GPU runs it), CUDA events.
  * Printed: p50, min and max of each, and the device part's TFLOP/s (FLOPs counted from the shapes:
  * 2 M N K per GEMM, 4 L^2 hd per head and frame for attention).
  *
@@ -259,6 +261,20 @@ static int bench_cuda(squad_model *m, const int grid[3], int reps) {
         if (!rc) print_stats("whole call (pixels up, tower, rows down)", ms, reps, 0);
         if (!rc) rc = squad_cuda_test_vision_time(be, px, grid, reps, ms, &err);
         if (!rc) print_stats("device part (pixels resident)", ms, reps, flop);
+        /* one layer's attention alone, on each kernel (one frame of h w patches, every head) */
+        const int L = h * w;
+        const double attn_flop = 4.0 * L * (double)L * v->head_dim * v->num_heads;
+        for (int wg = 0; wg < 2 && !rc; wg++) {
+            char what[96];
+            snprintf(what, sizeof what, "attention, one layer (%s)", wg ? "wgmma" : "mma.sync");
+            const int arc = squad_cuda_test_vis_attn_time(wg, v->head_dim, L, v->num_heads, reps, ms, &err);
+            if (arc == 0)
+                print_stats(what, ms, reps, attn_flop);
+            else if (arc == SQUAD_E_UNSUPPORTED)
+                printf("%-44s not on this GPU / head dim: %s\n", what, err.msg);
+            else
+                rc = arc;
+        }
         if (rc) fprintf(stderr, "bench_vision: %s\n", err.msg);
     }
     free(px), free(out), free(ms);
