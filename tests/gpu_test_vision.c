@@ -1,13 +1,15 @@
 /*
  * gpu_test_vision.c — the vision tower and image chunks on the CUDA backend.
  *
- *  - the tower's attention kernel (non-causal, within a frame) against a double host reference on
- *    the same bf16-rounded inputs, for every head dim it is built for, frames of lengths that are
- *    and are not multiples of its tiles, several frames and heads, and the 0.8B's 1920x1080 frame
- *    (8,160 patches, head dim 64): relative L2 within TOL_VISION_ATTN_BF16;
+ *  - the tower's attention kernels (non-causal, within a frame: vis_attn on mma.sync, and the
+ *    wgmma one at head dim 64 where the GPU is a Hopper) against a double host reference on the same
+ *    bf16-rounded inputs, for every head dim each is built for, frames of lengths that are and are
+ *    not multiples of their tiles, several frames and heads, and the 0.8B's 1920x1080 frame (8,160
+ *    patches, head dim 64): relative L2 within TOL_VISION_ATTN_BF16;
  *  - the whole tower (vision_forward) on a tiny-vl checkpoint against the CPU tower in fp32
  *    (cpu_vision_forward, EXACT: the reference, equal to transformers), on grids square and not,
- *    one frame and two, larger than the 4 x 4 position grid: max |CUDA - CPU| within
+ *    one frame and two, larger than the 4 x 4 position grid, one large enough that the pixels go up
+ *    in pieces from several threads: max |CUDA - CPU| within
  *    TOL_VISION_BF16 x max(1, max |CPU|); a bad grid is refused and the backend stays usable;
  *  - image chunks through forward(), on both precisions: positions with three equal axes (start + i)
  *    give the bits of positions = NULL; image rows (embeds) equal to the embedding of a token give
@@ -45,7 +47,8 @@ static int quick(void) {
 
 /* ---- the attention kernel ---- */
 
-static void test_attn(rng *r, int hd, int frames, int L, int heads) {
+/* wg: the wgmma kernel (not run where the GPU is not a Hopper: said so, not counted). */
+static void test_attn(rng *r, int wg, int hd, int frames, int L, int heads) {
     const size_t n = (size_t)heads * frames * L * hd;
     float *q = calloc(n, sizeof *q), *k = calloc(n, sizeof *k), *v = calloc(n, sizeof *v);
     float *got = malloc(n * sizeof *got), *want = malloc(n * sizeof *want);
@@ -61,8 +64,14 @@ static void test_attn(rng *r, int hd, int frames, int L, int heads) {
         v[i] = squad_bf16_to_f32(squad_f32_to_bf16((float)rng_norm(r)));
     }
     squad_err err = {0};
-    const int rc = squad_cuda_test_vis_attn(hd, frames, L, heads, q, k, v, got, &err);
-    CHECKF(rc == 0, "vis_attn hd %d: %s", hd, err.msg);
+    const int rc = wg ? squad_cuda_test_vis_attn_wg(hd, frames, L, heads, q, k, v, got, &err)
+                      : squad_cuda_test_vis_attn(hd, frames, L, heads, q, k, v, got, &err);
+    if (wg && rc == SQUAD_E_UNSUPPORTED) {
+        printf("vision attention (wgmma) hd %d: %s\n", hd, err.msg);
+        free(q), free(k), free(v), free(got), free(want);
+        return;
+    }
+    CHECKF(rc == 0, "%s hd %d: %s", wg ? "vis_attn_sm90" : "vis_attn", hd, err.msg);
     if (rc == 0) {
         cu_ref_vis_attn(hd, frames, L, heads, q, k, v, want);
         double num = 0, den = 0;
@@ -73,9 +82,11 @@ static void test_attn(rng *r, int hd, int frames, int L, int heads) {
             den += (double)want[i] * want[i];
         }
         const double rel = sqrt(num / (den > 0 ? den : 1));
-        printf("vision attention hd %3d, %d frame(s) of %5d, %2d heads: rel L2 %.2e\n", hd, frames, L, heads, rel);
-        CHECKF(finite, "hd %d L %d: a non-finite output (a row the kernel missed)", hd, L);
-        CHECKF(rel <= TOL_VISION_ATTN_BF16, "hd %d frames %d L %d: rel L2 %.3e", hd, frames, L, rel);
+        const char *name = wg ? "wgmma" : "mma.sync";
+        printf("vision attention (%s) hd %3d, %d frame(s) of %5d, %2d heads: rel L2 %.2e\n", name, hd, frames, L,
+               heads, rel);
+        CHECKF(finite, "%s hd %d L %d: a non-finite output (a row the kernel missed)", name, hd, L);
+        CHECKF(rel <= TOL_VISION_ATTN_BF16, "%s hd %d frames %d L %d: rel L2 %.3e", name, hd, frames, L, rel);
     }
     free(q), free(k), free(v), free(got), free(want);
 }
@@ -136,7 +147,9 @@ static void test_tower(squad_model *m, rng *r) {
     }
     CHECK(be->vision_forward != NULL);
     if (be->vision_forward) {
-        const int grids[][3] = {{1, 4, 4}, {1, 6, 8}, {1, 8, 6}, {2, 4, 6}, {1, 2, 2}, {1, 26, 30}, {1, 4, 4}};
+        /* 1 x 34 x 60: 2,040 patches, enough pieces that the upload's threads start */
+        const int grids[][3] = {{1, 4, 4}, {1, 6, 8},   {1, 8, 6},   {2, 4, 6},
+                                {1, 2, 2}, {1, 26, 30}, {1, 34, 60}, {1, 4, 4}};
         for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++)
             test_tower_grid(be, m, pool, r, grids[i][0], grids[i][1], grids[i][2]);
         /* a grid that is not a multiple of the merge size: refused, and the tower still runs */
@@ -384,8 +397,13 @@ int main(void) {
     /* hd, frames, L, heads */
     const int ac[][4] = {{16, 3, 5, 2},   {16, 1, 200, 2}, {32, 2, 130, 3}, {64, 1, 64, 1},
                          {64, 2, 1000, 2}, {128, 1, 300, 2}, {64, 1, 4, 12}};
-    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
-    if (!quick()) test_attn(&r, 64, 1, 8160, 1); /* a 1920x1080 screenshot's frame */
+    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, 0, ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
+    if (!quick()) test_attn(&r, 0, 64, 1, 8160, 1); /* a 1920x1080 screenshot's frame */
+    /* the wgmma kernel (head dim 64): a frame shorter than a tile, lengths on and off its 128-query
+     * and 64-key tiles, several frames and heads, and the screenshot's frame */
+    const int wc[][3] = {{1, 4, 12}, {1, 64, 1}, {1, 128, 2}, {3, 130, 2}, {2, 1000, 2}, {1, 200, 3}};
+    for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++) test_attn(&r, 1, 64, wc[i][0], wc[i][1], wc[i][2]);
+    if (!quick()) test_attn(&r, 1, 64, 1, 8160, 1);
 
     squad_model *m = test_synth_model("tiny-vl", 0);
     CHECK(m != NULL && m->cfg.has_vision && m->vision);

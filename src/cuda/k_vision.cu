@@ -9,10 +9,12 @@
  *  - vis_layernorm (a warp per row, the row in registers): the pending bias of the GEMM that last
  *    added into the residual stream added and written back, then mean, variance of the deviations
  *    (two passes over the registers), bf16 out.
- *  - vis_rope_split (a thread per patch, head and rotary pair): the qkv bias, the 2D rotary (head
- *    dims [0, hd/4) by the patch's row, [hd/4, hd/2) by its column, the second half paired by
- *    rotate_half; angle fp32(pos * inv_freq), cos / sin in double as the text model's attn_prep),
- *    and the split into head-major Q, K, V for the attention kernel.
+ *  - vis_rope_table (once an image): cos and sin of every (position, frequency) the image's rows and
+ *    columns need, angle fp32(pos * inv_freq), cos / sin in double as the text model's attn_prep.
+ *  - vis_rope_split (a thread per patch, head and 4 rotary pairs: 8-byte loads and stores): the qkv
+ *    bias, the 2D rotary from the table (head dims [0, hd/4) by the patch's row, [hd/4, hd/2) by
+ *    its column, the second half paired by rotate_half), and the split into head-major Q, K, V for
+ *    the attention kernel. hd a multiple of 16, so 4 pairs never straddle the row / column split.
  *  - vis_attn (FlashAttention-2 style on mma.sync m16n8k16, bf16 in, fp32 accumulate): a block of 8
  *    warps takes 128 queries of one (head, frame), each warp 16; keys 64 at a time through two
  *    cp.async stages (the next tile loads while this one is computed, one barrier a tile); online
@@ -20,7 +22,8 @@
  *    -inf, queries past it load zeros and store nothing. The text model's attention kernels are
  *    causal, read a K / V cache through the chunk parameters and gate their output; this one is the
  *    non-causal variant over a frame's patches, with no cache and no gate.
- *  - vis_bias_act: bias and GELU (tanh or erf) in place on a bf16 GEMM output, two elements a thread.
+ *  - vis_bias_act: bias and GELU (tanh or erf) in place on a bf16 GEMM output, 8 elements (16 bytes)
+ *    a thread.
  *  - vis_rows_init: the merger's fc2 bias as the output's starting value (its GEMM adds into it).
  */
 #include "vision_cuda.cuh"
@@ -110,32 +113,70 @@ __global__ void __launch_bounds__(VIS_LN_WARPS * 32)
 
 /* ---- 2D rotary and the head-major split ---------------------------------------------------------- */
 
-__global__ void vis_rope_split_kernel(const bf16 *__restrict__ qkv, const float *__restrict__ bias,
-                                      const float *__restrict__ inv_freq, int N, int h, int w, int m, int heads,
-                                      int hd, bf16 *__restrict__ Q, bf16 *__restrict__ K, bf16 *__restrict__ V) {
-    const int half = hd / 2, quarter = hd / 4;
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * heads * half) return;
-    const int j = (int)(i % half), head = (int)(i / half % heads), p = (int)(i / ((size_t)half * heads));
-    int row, col;
-    vis_patch_coords(p % (h * w), w, m, &row, &col);
-    const int pos = j < quarter ? row : col;
-    const float ang = __fmul_rn((float)pos, inv_freq[j < quarter ? j : j - quarter]);
+__global__ void vis_rope_table_kernel(const float *__restrict__ inv_freq, int positions, int nf,
+                                      float2 *__restrict__ cs) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= positions * nf) return;
+    const float ang = __fmul_rn((float)(i / nf), inv_freq[i % nf]);
     double sd, cd;
     sincos((double)ang, &sd, &cd);
-    const float c = (float)cd, s = (float)sd;
+    cs[i] = make_float2((float)cd, (float)sd);
+}
+
+#define VIS_ROPE_PAIRS 4 /* rotary pairs a thread: 8 bytes of bf16 from each half */
+
+/* 4 bf16 at p (8-byte aligned) + 4 bias floats (16-byte aligned) -> 4 floats. */
+__device__ __forceinline__ void vis_load4(const bf16 *p, const float *bias, float (&x)[4]) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const float4 b = *reinterpret_cast<const float4 *>(bias);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+    const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    x[0] = lo.x + b.x;
+    x[1] = lo.y + b.y;
+    x[2] = hi.x + b.z;
+    x[3] = hi.y + b.w;
+}
+
+__device__ __forceinline__ void vis_store4(bf16 *p, const float (&x)[4]) {
+    uint2 u;
+    u.x = cu_pack_bf16(x[0], x[1]);
+    u.y = cu_pack_bf16(x[2], x[3]);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+
+__global__ void vis_rope_split_kernel(const bf16 *__restrict__ qkv, const float *__restrict__ bias,
+                                      const float2 *__restrict__ cs, int N, int h, int w, int m, int heads, int hd,
+                                      bf16 *__restrict__ Q, bf16 *__restrict__ K, bf16 *__restrict__ V) {
+    const int half = hd / 2, quarter = hd / 4, groups = half / VIS_ROPE_PAIRS;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * heads * groups) return;
+    const int g = (int)(i % groups), head = (int)(i / groups % heads), p = (int)(i / ((size_t)groups * heads));
+    const int j = g * VIS_ROPE_PAIRS;
+    int row, col;
+    vis_patch_coords(p % (h * w), w, m, &row, &col);
+    const float2 *t = cs + (size_t)(j < quarter ? row : col) * quarter + (j < quarter ? j : j - quarter);
     const int H = heads * hd, d0 = head * hd + j, d1 = d0 + half;
     const bf16 *src = qkv + (size_t)p * 3 * H;
     const size_t o = ((size_t)head * N + p) * hd + j;
-    /* q and k: x' = x cos + rotate_half(x) sin */
-    const float q0 = __bfloat162float(src[d0]) + bias[d0], q1 = __bfloat162float(src[d1]) + bias[d1];
-    Q[o] = __float2bfloat16(q0 * c - q1 * s);
-    Q[o + half] = __float2bfloat16(q1 * c + q0 * s);
-    const float k0 = __bfloat162float(src[H + d0]) + bias[H + d0], k1 = __bfloat162float(src[H + d1]) + bias[H + d1];
-    K[o] = __float2bfloat16(k0 * c - k1 * s);
-    K[o + half] = __float2bfloat16(k1 * c + k0 * s);
-    V[o] = __float2bfloat16(__bfloat162float(src[2 * H + d0]) + bias[2 * H + d0]);
-    V[o + half] = __float2bfloat16(__bfloat162float(src[2 * H + d1]) + bias[2 * H + d1]);
+    float a0[4], a1[4], r0[4], r1[4];
+#pragma unroll
+    for (int part = 0; part < 2; part++) { /* q, then k: x' = x cos + rotate_half(x) sin */
+        vis_load4(src + part * H + d0, bias + part * H + d0, a0);
+        vis_load4(src + part * H + d1, bias + part * H + d1, a1);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 c = t[e];
+            r0[e] = a0[e] * c.x - a1[e] * c.y;
+            r1[e] = a1[e] * c.x + a0[e] * c.y;
+        }
+        bf16 *dst = part ? K : Q;
+        vis_store4(dst + o, r0);
+        vis_store4(dst + o + half, r1);
+    }
+    vis_load4(src + 2 * H + d0, bias + 2 * H + d0, a0);
+    vis_load4(src + 2 * H + d1, bias + 2 * H + d1, a1);
+    vis_store4(V + o, a0);
+    vis_store4(V + o + half, a1);
 }
 
 /* ---- non-causal flash attention within a frame --------------------------------------------------- */
@@ -318,17 +359,29 @@ __device__ __forceinline__ float vis_gelu_tanh(float x) {
 }
 __device__ __forceinline__ float vis_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
 
+#define VIS_ACT_VEC 8 /* elements a thread: 16 bytes of bf16 */
+
+/* A thread per 8 elements of a row (16-byte accesses; the column from a 32-bit division). */
 template <int ACT>
-__global__ void vis_bias_act_kernel(__nv_bfloat162 *__restrict__ y, const float *__restrict__ bias, size_t pairs,
-                                    int half_n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < pairs; i += (size_t)gridDim.x * blockDim.x) {
-        const int c = 2 * (int)(i % half_n);
-        const float2 v = __bfloat1622float2(y[i]);
-        float a = v.x + bias[c], b = v.y + bias[c + 1];
+__global__ void vis_bias_act_kernel(bf16 *__restrict__ y, const float *__restrict__ bias, unsigned total_vecs,
+                                    unsigned row_vecs) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total_vecs) return;
+    const unsigned c = (i % row_vecs) * VIS_ACT_VEC;
+    uint4 *p = reinterpret_cast<uint4 *>(y) + i;
+    uint4 u = *p;
+    const float4 b0 = *reinterpret_cast<const float4 *>(bias + c), b1 = *reinterpret_cast<const float4 *>(bias + c + 4);
+    const float bv[VIS_ACT_VEC] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    uint32_t *w = reinterpret_cast<uint32_t *>(&u);
+#pragma unroll
+    for (int k = 0; k < VIS_ACT_VEC / 2; k++) {
+        const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[k]));
+        float a = v.x + bv[2 * k], b = v.y + bv[2 * k + 1];
         if (ACT == CU_VIS_ACT_GELU_TANH) a = vis_gelu_tanh(a), b = vis_gelu_tanh(b);
         if (ACT == CU_VIS_ACT_GELU_ERF) a = vis_gelu_erf(a), b = vis_gelu_erf(b);
-        y[i] = __floats2bfloat162_rn(a, b);
+        w[k] = cu_pack_bf16(a, b);
     }
+    *p = u;
 }
 
 __global__ void vis_rows_init_kernel(float *__restrict__ y, const float *__restrict__ bias, size_t total, int n) {
@@ -382,13 +435,22 @@ int cu_vis_layernorm(float *x, const float *bias, const float *w, const float *b
     return 0;
 }
 
-int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float *inv_freq, int N, int h, int w, int merge,
-                      int heads, int hd, bf16 *Q, bf16 *K, bf16 *V, cudaStream_t st, squad_err *err) {
-    const size_t n = (size_t)N * heads * (hd / 2);
+int cu_vis_rope_table(const float *inv_freq, int positions, int hd, float2 *cs, cudaStream_t st, squad_err *err) {
+    const int n = positions * (hd / 4);
+    vis_rope_table_kernel<<<vis_blocks((size_t)n), VIS_THREADS, 0, st>>>(inv_freq, positions, hd / 4, cs);
+    CU_LAUNCH_CHECK("vis_rope_table_kernel");
+    return 0;
+}
+
+int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float2 *cs, int N, int h, int w, int merge, int heads,
+                      int hd, bf16 *Q, bf16 *K, bf16 *V, cudaStream_t st, squad_err *err) {
+    if (hd % (4 * VIS_ROPE_PAIRS))
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: rotary over head dim %d (a multiple of 16)", hd);
+    const size_t n = (size_t)N * heads * (hd / 2 / VIS_ROPE_PAIRS);
     const size_t blocks = (n + VIS_THREADS - 1) / VIS_THREADS;
     if (blocks > 0x7fffffffu) return cu_err(err, SQUAD_E_INVALID, "CUDA vision tower: %d patches", N);
-    vis_rope_split_kernel<<<(unsigned)blocks, VIS_THREADS, 0, st>>>(qkv, bias, inv_freq, N, h, w, merge, heads, hd,
-                                                                    Q, K, V);
+    vis_rope_split_kernel<<<(unsigned)blocks, VIS_THREADS, 0, st>>>(qkv, bias, cs, N, h, w, merge, heads, hd, Q, K,
+                                                                    V);
     CU_LAUNCH_CHECK("vis_rope_split_kernel");
     return 0;
 }
@@ -434,15 +496,18 @@ int cu_vis_attn(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, 
 }
 
 int cu_vis_bias_act(bf16 *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err) {
-    if (n % 2) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: bias over %d columns (even needed)", n);
-    const size_t pairs = (size_t)rows * (n / 2);
-    __nv_bfloat162 *y2 = reinterpret_cast<__nv_bfloat162 *>(y);
+    if (n % VIS_ACT_VEC)
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: bias over %d columns (a multiple of 8)", n);
+    const size_t vecs = (size_t)rows * (n / VIS_ACT_VEC);
+    if (vecs > 0x7fffffffu) return cu_err(err, SQUAD_E_INVALID, "CUDA vision tower: %d x %d activations", rows, n);
+    const unsigned total = (unsigned)vecs, row_vecs = (unsigned)(n / VIS_ACT_VEC);
+    const unsigned blocks = (total + VIS_THREADS - 1) / VIS_THREADS;
     if (act == CU_VIS_ACT_GELU_TANH)
-        vis_bias_act_kernel<CU_VIS_ACT_GELU_TANH><<<vis_blocks(pairs), VIS_THREADS, 0, st>>>(y2, bias, pairs, n / 2);
+        vis_bias_act_kernel<CU_VIS_ACT_GELU_TANH><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, row_vecs);
     else if (act == CU_VIS_ACT_GELU_ERF)
-        vis_bias_act_kernel<CU_VIS_ACT_GELU_ERF><<<vis_blocks(pairs), VIS_THREADS, 0, st>>>(y2, bias, pairs, n / 2);
+        vis_bias_act_kernel<CU_VIS_ACT_GELU_ERF><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, row_vecs);
     else
-        vis_bias_act_kernel<CU_VIS_ACT_NONE><<<vis_blocks(pairs), VIS_THREADS, 0, st>>>(y2, bias, pairs, n / 2);
+        vis_bias_act_kernel<CU_VIS_ACT_NONE><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, row_vecs);
     CU_LAUNCH_CHECK("vis_bias_act_kernel");
     return 0;
 }

@@ -4,17 +4,45 @@
  *
  * The forward, for N = t h w patches of hidden Hv (x: the fp32 residual stream; xn, wide: bf16 GEMM
  * inputs and outputs; every GEMM cu_gemm with bf16 operands and fp32 accumulation):
- *   pixels -> bf16; x = pos_grid(h, w) + patch_b; x += pixels W_patch^T
+ *   pixels -> bf16; x = pos_grid(h, w) + patch_b; x += pixels W_patch^T; the rotary's cos / sin table
  *   per block: xn = LN1(x [+ the previous fc2 bias]); wide = xn W_qkv^T; Q, K, V = rotary(wide + b);
  *              att = attention per frame; x += att W_proj^T; xn = LN2(x + proj_b);
  *              wide = GELU(xn W_fc1^T + b); x += wide W_fc2^T
  *   merger: xn = LN(x + fc2_b) read as [N / m^2][m^2 Hv]; wide = GELU_erf(xn W_1^T + b1);
  *           out = b2; out += wide W_2^T (fp32)
+ *
+ * Pixels in, rows out. A 1920x1080 screenshot's pixels are 50 MB of fp32 in the caller's pageable
+ * memory; a plain copy from there ran at ~5.5 GB/s (the driver stages pageable memory through a
+ * small pinned buffer of its own, one piece after another). The patch GEMM takes bf16, so the host
+ * rounds the pixels to bf16 itself (round to nearest even: the bits vis_to_bf16 made on the device)
+ * into a pinned buffer the tower owns, in pieces of CU_VIS_UPLOAD_ROWS patches shared out among up
+ * to CU_VIS_UPLOAD_THREADS threads (the caller one of them); each piece is copied up as soon as it is
+ * rounded, so the copies (half the bytes) overlap the rounding. The merged rows come down the same
+ * way in reverse: into a pinned buffer in CU_VIS_DOWN_PIECES pieces, each copied out to the caller
+ * as soon as its event fires. Both pinned buffers grow to the largest image and are freed with the
+ * tower.
+ *
+ * The attention runs on wgmma (k_vision_attn_sm90.cu) where the GPU and the head dim allow, else on
+ * vis_attn (k_vision.cu, mma.sync: the reference the tests compare the wgmma kernel against).
+ * SQUAD_VISION_OLD (read once, when the tower is made) brings back the earlier paths for an A/B:
+ * "upload" the pageable fp32 upload and download, "attn" vis_attn always, "1" or "all" both.
  */
 #include "vision_cuda.cuh"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "util.h"
+}
+
+#define CU_VIS_UPLOAD_ROWS 256     /* patches a piece of the upload (768 KB of bf16 at K 1536) */
+#define CU_VIS_UPLOAD_THREADS 4    /* threads that round the pixels, the caller included */
+#define CU_VIS_UPLOAD_MIN_PIECES 8 /* fewer pieces: the caller rounds alone (no threads started) */
+#define CU_VIS_DOWN_PIECES 4       /* pieces of the download */
+#define CU_VIS_OLD_ENV "SQUAD_VISION_OLD"
 
 typedef struct cu_vision_block {
     float *n1w, *n1b, *n2w, *n2b;
@@ -36,8 +64,17 @@ struct cu_vision {
     /* scratch for cap patches (grown, never shrunk) */
     int cap;
     void *scratch;
-    float *pix, *x, *out_d;
+    float *pix, *x, *out_d; /* pix: the fp32 pixels, on the old upload path only */
     bf16 *pixb, *xn, *wide, *q, *k, *v, *att;
+    float2 *rope; /* the image's rotary table [max(h, w)][hd / 4] (cu_vis_rope_table) */
+    /* the pinned staging of the pixels (bf16) and of the merged rows (fp32), grown to the largest image */
+    uint16_t *pix_h;
+    size_t pix_h_cap; /* elements */
+    float *out_h;
+    size_t out_h_cap;
+    cudaEvent_t down_ev[CU_VIS_DOWN_PIECES];
+    int attn_wg;    /* the attention on wgmma (k_vision_attn_sm90.cu) */
+    int old_upload; /* SQUAD_VISION_OLD: the pageable fp32 upload and download */
 };
 
 /* ---- weights ------------------------------------------------------------------------------------- */
@@ -122,6 +159,18 @@ int cu_vision_new(const squad_model *m, cu_vision **out, squad_err *err) {
     v->blocks = (cu_vision_block *)calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *v->blocks);
     if (!v->blocks) rc = cu_err(err, SQUAD_E_NOMEM, "out of memory (vision tower)");
     if (!rc) rc = cu_vis_attn_init(v->hd, err);
+    const char *old = getenv(CU_VIS_OLD_ENV);
+    const int old_all = old && (!strcmp(old, "1") || !strcmp(old, "all"));
+    v->old_upload = old_all || (old && strstr(old, "upload"));
+    const int old_attn = old_all || (old && strstr(old, "attn"));
+    if (!rc && !old_attn && cu_vis_attn_sm90_takes(v->hd)) rc = cu_vis_attn_sm90_probe(&v->attn_wg, err);
+    for (int i = 0; i < CU_VIS_DOWN_PIECES && !rc; i++) {
+        const cudaError_t e = cudaEventCreateWithFlags(&v->down_ev[i], cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            v->down_ev[i] = NULL;
+            rc = cu_fail(err, "cudaEventCreateWithFlags", e, __FILE__, __LINE__);
+        }
+    }
     if (!rc) rc = up_mat(v, &v->patch, &W->patch, Hv, v->K, "patch_embed.proj", err);
     if (!rc) rc = up_vec(v, &v->patch_b, W->patch_b, Hv, "patch_embed.proj.bias", err);
     if (!rc) rc = up_vec(v, &v->pos, W->pos_embed, (size_t)side * side * Hv, "pos_embed", err);
@@ -165,6 +214,10 @@ void cu_vision_free(cu_vision *v) {
     if (!v) return;
     for (int i = 0; i < v->n_allocs; i++) cudaFree(v->allocs[i]);
     if (v->scratch) cudaFree(v->scratch);
+    if (v->pix_h) cudaFreeHost(v->pix_h);
+    if (v->out_h) cudaFreeHost(v->out_h);
+    for (int i = 0; i < CU_VIS_DOWN_PIECES; i++)
+        if (v->down_ev[i]) cudaEventDestroy(v->down_ev[i]);
     cudaGetLastError();
     free(v->allocs);
     free(v->blocks);
@@ -181,9 +234,11 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
     const size_t n = (size_t)N, Hv = (size_t)v->Hv, Nm = n / ((size_t)v->m * v->m);
     size_t wide = 3 * Hv > (size_t)v->I ? 3 * Hv : (size_t)v->I;
     if (wide < (size_t)v->Mm / ((size_t)v->m * v->m)) wide = (size_t)v->Mm / ((size_t)v->m * v->m);
-    const size_t sizes[] = {n * v->K * 4, n * v->K * 2, n * Hv * 4, n * Hv * 2, n * wide * 2,
-                            n * Hv * 2,   n * Hv * 2,   n * Hv * 2, n * Hv * 2, Nm * v->out * 4};
-    enum { PIX, PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, N_BUF };
+    const size_t pix_bytes = v->old_upload ? n * v->K * 4 : 0; /* the new path uploads bf16 */
+    const size_t sizes[] = {pix_bytes,    n * v->K * 2, n * Hv * 4, n * Hv * 2, n * wide * 2,
+                            n * Hv * 2,   n * Hv * 2,   n * Hv * 2, n * Hv * 2, Nm * v->out * 4,
+                            n * (size_t)(v->hd / 4) * sizeof(float2)};
+    enum { PIX, PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, ROPE, N_BUF };
     size_t offs[N_BUF], total = 0;
     for (int i = 0; i < N_BUF; i++) {
         offs[i] = total;
@@ -213,6 +268,7 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
     v->v = (bf16 *)(b + offs[V]);
     v->att = (bf16 *)(b + offs[ATT]);
     v->out_d = (float *)(b + offs[OUT]);
+    v->rope = (float2 *)(b + offs[ROPE]);
     v->cap = N;
     return 0;
 }
@@ -237,19 +293,22 @@ static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int 
     const int act = v->cfg.hidden_act == SQUAD_VISION_ACT_GELU_ERF ? CU_VIS_ACT_GELU_ERF : CU_VIS_ACT_GELU_TANH;
     const float scale = 1.0f / sqrtf((float)v->hd);
     int rc;
-    if ((rc = cu_vis_to_bf16(v->pix, v->pixb, (size_t)N * v->K, st, err))) return rc;
+    if (v->old_upload && (rc = cu_vis_to_bf16(v->pix, v->pixb, (size_t)N * v->K, st, err))) return rc;
     if ((rc = cu_vis_pos_embed(v->pos, v->patch_b, v->cfg.position_grid_side, Hv, t, h, w, v->m, v->x, st, err)))
         return rc;
     if ((rc = cu_gemm(g, v->patch, v->pixb, v->x, N, Hv, v->K, 1, 0, st, err))) return rc;
+    if ((rc = cu_vis_rope_table(v->inv_freq, h > w ? h : w, v->hd, v->rope, st, err))) return rc;
     const float *pending = NULL; /* the bias of the GEMM that last added into x */
     for (int l = 0; l < v->cfg.depth; l++) {
         const cu_vision_block *b = &v->blocks[l];
         if ((rc = cu_vis_layernorm(v->x, pending, b->n1w, b->n1b, v->xn, N, Hv, st, err))) return rc;
         if ((rc = cu_gemm(g, b->qkv, v->xn, v->wide, N, 3 * Hv, Hv, 0, 0, st, err))) return rc;
-        if ((rc = cu_vis_rope_split(v->wide, b->qkv_b, v->inv_freq, N, h, w, v->m, v->heads, v->hd, v->q, v->k, v->v,
+        if ((rc = cu_vis_rope_split(v->wide, b->qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->q, v->k, v->v,
                                     st, err)))
             return rc;
-        if ((rc = cu_vis_attn(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err))) return rc;
+        rc = v->attn_wg ? cu_vis_attn_sm90(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err)
+                        : cu_vis_attn(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err);
+        if (rc) return rc;
         if ((rc = cu_gemm(g, b->proj, v->att, v->x, N, Hv, Hv, 1, 0, st, err))) return rc;
         if ((rc = cu_vis_layernorm(v->x, b->proj_b, b->n2w, b->n2b, v->xn, N, Hv, st, err))) return rc;
         if ((rc = cu_gemm(g, b->fc1, v->xn, v->wide, N, I, Hv, 0, 0, st, err))) return rc;
@@ -265,14 +324,132 @@ static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int 
     return cu_gemm(g, v->mfc2, v->wide, v->out_d, Nm, v->out, v->Mm, 1, 0, st, err);
 }
 
-/* The checks and the pixels' upload (pageable host memory: the copy has read them when it returns). */
+/* ---- pixels up, rows down ---------------------------------------------------------------------------- */
+
+/* A pinned host buffer of at least n elements of `size` bytes (grown, never shrunk; the stream is idle
+ * whenever this runs: every call synchronises before it returns). */
+static int ensure_pinned(void **buf, size_t *cap, size_t n, size_t size, squad_err *err) {
+    if (n <= *cap) return 0;
+    if (*buf) cudaFreeHost(*buf);
+    *buf = NULL;
+    *cap = 0;
+    const cudaError_t e = cudaHostAlloc(buf, n * size, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *buf = NULL;
+        return cu_err(err, SQUAD_E_NOMEM, "CUDA vision tower: no pinned host memory (%.1f MB): %s",
+                      (double)(n * size) / (1 << 20), cudaGetErrorString(e));
+    }
+    *cap = n;
+    return 0;
+}
+
+/* The shared state of one upload: pieces handed out by an atomic counter. */
+typedef struct vis_upload {
+    const float *src;  /* the caller's pixels [N][K] */
+    uint16_t *stage;   /* pinned [N][K] bf16 */
+    bf16 *dst;         /* the device's [N][K] */
+    size_t K;
+    int N, pieces, device;
+    cudaStream_t st;
+    int next;          /* the next piece to take (atomic) */
+    int fail;          /* the first failed copy's cudaError_t (0, cudaSuccess, while none) */
+} vis_upload;
+
+/* Takes pieces until none is left: rounds each to bf16 into the pinned stage and copies it up. */
+static void *vis_upload_worker(void *arg) {
+    vis_upload *u = (vis_upload *)arg;
+    for (;;) {
+        const int piece = __atomic_fetch_add(&u->next, 1, __ATOMIC_RELAXED);
+        if (piece >= u->pieces) break;
+        const size_t r0 = (size_t)piece * CU_VIS_UPLOAD_ROWS;
+        const size_t r1 = r0 + CU_VIS_UPLOAD_ROWS < (size_t)u->N ? r0 + CU_VIS_UPLOAD_ROWS : (size_t)u->N;
+        const float *src = u->src + r0 * u->K;
+        uint16_t *stage = u->stage + r0 * u->K;
+        const size_t n = (r1 - r0) * u->K;
+        for (size_t i = 0; i < n; i++) stage[i] = squad_f32_to_bf16(src[i]);
+        const cudaError_t e =
+            cudaMemcpyAsync(u->dst + r0 * u->K, stage, n * sizeof(uint16_t), cudaMemcpyHostToDevice, u->st);
+        if (e != cudaSuccess) {
+            int none = 0;
+            __atomic_compare_exchange_n(&u->fail, &none, (int)e, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
+static void *vis_upload_thread(void *arg) {
+    vis_upload *u = (vis_upload *)arg;
+    if (cudaSetDevice(u->device) != cudaSuccess) { /* the stream's device: leave the pieces to the others */
+        cudaGetLastError();
+        return NULL;
+    }
+    return vis_upload_worker(arg);
+}
+
+/* The pixels rounded to bf16 on the host and copied into v->pixb, piece by piece (the file's comment). */
+static int upload_bf16(cu_vision *v, cudaStream_t st, const float *pixel_values, int N, squad_err *err) {
+    const size_t K = (size_t)v->K;
+    int rc = ensure_pinned((void **)&v->pix_h, &v->pix_h_cap, (size_t)N * K, sizeof(uint16_t), err);
+    if (rc) return rc;
+    vis_upload u;
+    memset(&u, 0, sizeof u);
+    u.src = pixel_values;
+    u.stage = v->pix_h;
+    u.dst = v->pixb;
+    u.K = K;
+    u.N = N;
+    u.pieces = (N + CU_VIS_UPLOAD_ROWS - 1) / CU_VIS_UPLOAD_ROWS;
+    u.st = st;
+    CU_TRY(cudaGetDevice(&u.device));
+    pthread_t th[CU_VIS_UPLOAD_THREADS];
+    int started = 0;
+    if (u.pieces >= CU_VIS_UPLOAD_MIN_PIECES) /* a thread that fails to start leaves its share to the rest */
+        for (int i = 0; i < CU_VIS_UPLOAD_THREADS - 1; i++)
+            if (pthread_create(&th[started], NULL, vis_upload_thread, &u) == 0) started++;
+    vis_upload_worker(&u);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (u.fail) return cu_fail(err, "cudaMemcpyAsync (vision pixels)", (cudaError_t)u.fail, __FILE__, __LINE__);
+    return 0;
+}
+
+/* The checks and the pixels' upload (when it returns, the caller's pixels have been read). */
 static int upload_pixels(cu_vision *v, cudaStream_t st, const float *pixel_values, const int grid[3], squad_err *err) {
     if (!pixel_values || !grid) return cu_err(err, SQUAD_E_INVALID, "CUDA vision tower: no pixels or grid");
     int rc = check_grid(v, grid, err);
     if (rc) return rc;
     const int N = grid[0] * grid[1] * grid[2];
     if ((rc = ensure_scratch(v, N, st, err))) return rc;
+    if (!v->old_upload) return upload_bf16(v, st, pixel_values, N, err);
+    /* the old path: fp32 from pageable memory (the copy has read them when it returns) */
     CU_TRY(cudaMemcpyAsync(v->pix, pixel_values, (size_t)N * v->K * sizeof(float), cudaMemcpyHostToDevice, st));
+    return 0;
+}
+
+/* v->out_d's Nm rows to the caller's out, through the pinned buffer piece by piece; synchronises st. */
+static int download_rows(cu_vision *v, cudaStream_t st, size_t Nm, float *out, squad_err *err) {
+    const size_t n = Nm * v->out;
+    if (v->old_upload) {
+        CU_TRY(cudaMemcpyAsync(out, v->out_d, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CU_TRY(cudaStreamSynchronize(st));
+        return 0;
+    }
+    int rc = ensure_pinned((void **)&v->out_h, &v->out_h_cap, n, sizeof(float), err);
+    if (rc) return rc;
+    size_t off[CU_VIS_DOWN_PIECES + 1];
+    for (int i = 0; i <= CU_VIS_DOWN_PIECES; i++) off[i] = Nm * i / CU_VIS_DOWN_PIECES * v->out;
+    for (int i = 0; i < CU_VIS_DOWN_PIECES; i++) {
+        if (off[i + 1] == off[i]) continue;
+        CU_TRY(cudaMemcpyAsync(v->out_h + off[i], v->out_d + off[i], (off[i + 1] - off[i]) * sizeof(float),
+                               cudaMemcpyDeviceToHost, st));
+        CU_TRY(cudaEventRecord(v->down_ev[i], st));
+    }
+    for (int i = 0; i < CU_VIS_DOWN_PIECES; i++) {
+        if (off[i + 1] == off[i]) continue;
+        CU_TRY(cudaEventSynchronize(v->down_ev[i]));
+        memcpy(out + off[i], v->out_h + off[i], (off[i + 1] - off[i]) * sizeof(float));
+    }
+    CU_TRY(cudaStreamSynchronize(st));
     return 0;
 }
 
@@ -281,21 +458,23 @@ int cu_vision_forward(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, const float
     if (!out) return cu_err(err, SQUAD_E_INVALID, "CUDA vision tower: no output");
     int rc = upload_pixels(v, st, pixel_values, grid, err);
     if (!rc) rc = run_device(v, g, st, grid[0], grid[1], grid[2], err);
+    if (!rc) rc = download_rows(v, st, (size_t)grid[0] * grid[1] * grid[2] / ((size_t)v->m * v->m), out, err);
     if (rc) {
         cudaStreamSynchronize(st); /* nothing of this call left in flight */
         cudaGetLastError();
         return rc;
     }
-    const size_t Nm = (size_t)grid[0] * grid[1] * grid[2] / ((size_t)v->m * v->m);
-    CU_TRY(cudaMemcpyAsync(out, v->out_d, Nm * v->out * sizeof(float), cudaMemcpyDeviceToHost, st));
-    CU_TRY(cudaStreamSynchronize(st));
     return 0;
 }
 
 int cu_vision_time(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, const float *pixel_values, const int grid[3],
                    int reps, double *ms, squad_err *err) {
     int rc = upload_pixels(v, st, pixel_values, grid, err);
-    if (rc) return rc;
+    if (rc) {
+        cudaStreamSynchronize(st);
+        cudaGetLastError();
+        return rc;
+    }
     cudaEvent_t e0 = NULL, e1 = NULL;
     CU_TRY(cudaEventCreate(&e0));
     cudaError_t e = cudaEventCreate(&e1);

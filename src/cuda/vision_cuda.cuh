@@ -11,7 +11,9 @@
  * (added to it there, once), fc1's in the GELU, the patch bias with the position grid, the merger's
  * fc2 bias written into the output before its GEMM adds to it. One image at a time, launched
  * eagerly on the backend's stream (no graph: a graph per grid bucket is a later step); the scratch
- * grows to the largest image seen and stays.
+ * grows to the largest image seen and stays. The attention runs on wgmma (k_vision_attn_sm90.cu)
+ * where the GPU is a Hopper and the head dim 64, else on mma.sync (k_vision.cu). Pixels go up as
+ * bf16 rounded on the host into pinned memory, rows come down through pinned memory (vision_cuda.cu).
  */
 #ifndef SQUAD_VISION_CUDA_CUH
 #define SQUAD_VISION_CUDA_CUH
@@ -42,15 +44,26 @@ int cu_vis_pos_embed(const float *table, const float *bias, int side, int H, int
  * SQUAD_VISION_LN_EPS. H at most 2048. */
 int cu_vis_layernorm(float *x, const float *bias, const float *w, const float *b, bf16 *y, int rows, int H,
                      cudaStream_t st, squad_err *err);
+/* cs [positions][hd / 4] = (cos, sin) of fp32(position inv_freq[j]) (in double, then fp32): the
+ * rotary's table for an image whose rows and columns are below `positions`. */
+int cu_vis_rope_table(const float *inv_freq, int positions, int hd, float2 *cs, cudaStream_t st, squad_err *err);
 /* qkv [N][3 heads hd] (+ bias [3 heads hd]) -> Q, K, V [heads][N][hd], q and k turned by the 2D rotary
- * of each patch (row, column) in its frame of L = h w patches (merge-window order). */
-int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float *inv_freq, int N, int h, int w, int merge,
-                      int heads, int hd, bf16 *Q, bf16 *K, bf16 *V, cudaStream_t st, squad_err *err);
+ * (the table cs) of each patch (row, column) in its frame of L = h w patches (merge-window order).
+ * hd a multiple of 16. */
+int cu_vis_rope_split(const bf16 *qkv, const float *bias, const float2 *cs, int N, int h, int w, int merge, int heads,
+                      int hd, bf16 *Q, bf16 *K, bf16 *V, cudaStream_t st, squad_err *err);
 /* out [N][heads hd] (head h at columns h hd) = softmax(Q K^T scale) V within each frame of L patches
  * (N = frames L), no mask: full attention over the frame. */
 int cu_vis_attn(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, int heads, int hd, float scale,
                 bf16 *out, cudaStream_t st, squad_err *err);
-/* y [rows][n] bf16, in place: act(y + bias). n even. */
+/* k_vision_attn_sm90.cu: the same attention on Hopper's wgmma (sm_90a), head dim 64 only. The probe
+ * sets *ok when its cubin runs on this GPU (compute capability 9.0) and raises its shared-memory limit;
+ * cu_vis_attn_sm90 takes cu_vis_attn's arguments. */
+int cu_vis_attn_sm90_probe(int *ok, squad_err *err);
+int cu_vis_attn_sm90_takes(int hd);
+int cu_vis_attn_sm90(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, int L, int heads, int hd, float scale,
+                     bf16 *out, cudaStream_t st, squad_err *err);
+/* y [rows][n] bf16, in place: act(y + bias). n a multiple of 8. */
 int cu_vis_bias_act(bf16 *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err);
 /* y [rows][n] fp32 = bias in every row. */
 int cu_vis_rows_init(float *y, const float *bias, int rows, int n, cudaStream_t st, squad_err *err);

@@ -156,6 +156,14 @@ size_t squad_cuda_test_state_bytes(const struct squad_backend *be);
  * to bf16 on upload), out [frames L][heads hd] (fp32 from the kernel's bf16). hd 16, 32, 64 or 128. */
 int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K, const float *V,
                              float *out, squad_err *err);
+/* The same on the wgmma kernel (k_vision_attn_sm90.cu); SQUAD_E_UNSUPPORTED where it does not run (a
+ * GPU other than compute capability 9.0, or hd other than 64). */
+int squad_cuda_test_vis_attn_wg(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                const float *V, float *out, squad_err *err);
+/* One attention kernel (wg: the wgmma one) on one frame of L patches and `heads` heads of random
+ * bf16 Q / K / V on the device: a warm-up, then `reps` launches each timed by events into ms[rep].
+ * SQUAD_E_UNSUPPORTED as squad_cuda_test_vis_attn_wg. */
+int squad_cuda_test_vis_attn_time(int wg, int hd, int L, int heads, int reps, double *ms, squad_err *err);
 /* The host reference of the same (softmax(Q K^T / sqrt(hd)) V per frame, in double). */
 void cu_ref_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K, const float *V, float *out);
 /* A CUDA backend's tower on pixel_values of grid (t, h, w): the pixels uploaded once, then `reps`

@@ -1,7 +1,8 @@
 /*
  * cuda_test_vision.cu — the vision tower's entry points for the tests and the benchmark
- * (cuda_test_api.h): its attention kernel on host data beside a double-precision host reference, and
- * the device part of a backend's tower timed by events.
+ * (cuda_test_api.h): its attention kernels (vis_attn on mma.sync, and on wgmma where the GPU runs it)
+ * on host data beside a double-precision host reference, and the device part of a backend's tower
+ * timed by events.
  */
 #include "cuda_test_common.cuh"
 
@@ -47,8 +48,22 @@ extern "C" void cu_ref_vis_attn(int hd, int frames, int L, int heads, const floa
     free(s), free(acc);
 }
 
-extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K,
-                                        const float *V, float *out, squad_err *err) {
+/* One of the two kernels (wg: the wgmma one) on host data. */
+static int vis_attn_on_host(int wg, int hd, int frames, int L, int heads, const float *Q, const float *K,
+                            const float *V, float *out, squad_err *err) {
+    if (wg) {
+        int ok = 0;
+        const int rc = cu_vis_attn_sm90_probe(&ok, err);
+        if (rc) return rc;
+        int dev = 0, major = 0, minor = 0;
+        CU_TRY(cudaGetDevice(&dev));
+        CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        if (!ok && major == 9 && minor == 0) /* a Hopper GPU must run it: a failing probe is a bug */
+            return cu_err(err, SQUAD_E_BACKEND, "the wgmma vision attention's probe failed on a 9.0 GPU");
+        if (!ok || !cu_vis_attn_sm90_takes(hd))
+            return cu_err(err, SQUAD_E_UNSUPPORTED, "the wgmma vision attention does not run here (hd %d)", hd);
+    }
     const size_t n = (size_t)heads * frames * L * hd;
     uint16_t *h = (uint16_t *)malloc(n * 2);
     if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
@@ -65,12 +80,71 @@ extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, co
     if (e == cudaSuccess) e = cudaMemset(d[3], 0xff, n * 2);
     if (e != cudaSuccess) rc = cu_fail(err, "vision attention test buffers", e, __FILE__, __LINE__);
     if (!rc) rc = cu_vis_attn_init(hd, err);
-    if (!rc) rc = cu_vis_attn(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
+    if (!rc && wg)
+        rc = cu_vis_attn_sm90(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
+    else if (!rc)
+        rc = cu_vis_attn(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
     if (!rc && (e = cudaDeviceSynchronize()) != cudaSuccess) rc = cu_fail(err, "vis_attn", e, __FILE__, __LINE__);
     if (!rc && (e = cudaMemcpy(h, d[3], n * 2, cudaMemcpyDeviceToHost)) != cudaSuccess)
         rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
     if (!rc)
         for (size_t j = 0; j < n; j++) out[j] = squad_bf16_to_f32(h[j]);
+    for (int i = 0; i < 4; i++)
+        if (d[i]) cudaFree(d[i]);
+    free(h);
+    return rc;
+}
+
+extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                        const float *V, float *out, squad_err *err) {
+    return vis_attn_on_host(0, hd, frames, L, heads, Q, K, V, out, err);
+}
+
+extern "C" int squad_cuda_test_vis_attn_wg(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                           const float *V, float *out, squad_err *err) {
+    return vis_attn_on_host(1, hd, frames, L, heads, Q, K, V, out, err);
+}
+
+extern "C" int squad_cuda_test_vis_attn_time(int wg, int hd, int L, int heads, int reps, double *ms, squad_err *err) {
+    if (wg) {
+        int ok = 0;
+        const int rc = cu_vis_attn_sm90_probe(&ok, err);
+        if (rc) return rc;
+        if (!ok || !cu_vis_attn_sm90_takes(hd))
+            return cu_err(err, SQUAD_E_UNSUPPORTED, "the wgmma vision attention does not run here (hd %d)", hd);
+    }
+    const size_t n = (size_t)heads * L * hd;
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    if (!h) return cu_err(err, SQUAD_E_NOMEM, "test: out of memory");
+    uint64_t seed = 0x9e3779b97f4a7c15ull; /* values in [-2, 2): a softmax neither flat nor one-hot */
+    for (size_t j = 0; j < n; j++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        h[j] = squad_f32_to_bf16((float)((double)(seed >> 40) / (double)(1ull << 24) * 4.0 - 2.0));
+    }
+    bf16 *d[4] = {NULL, NULL, NULL, NULL};
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = 0;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 4 && e == cudaSuccess; i++) e = cudaMalloc((void **)&d[i], n * 2);
+    for (int i = 0; i < 3 && e == cudaSuccess; i++) e = cudaMemcpy(d[i], h, n * 2, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaEventCreate(&e0);
+    if (e == cudaSuccess) e = cudaEventCreate(&e1);
+    if (e != cudaSuccess) rc = cu_fail(err, "vision attention timing buffers", e, __FILE__, __LINE__);
+    if (!rc) rc = cu_vis_attn_init(hd, err);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int r = -1; r < reps && !rc; r++) { /* r -1: a warm-up */
+        if ((e = cudaEventRecord(e0, 0)) != cudaSuccess) break;
+        rc = wg ? cu_vis_attn_sm90(d[0], d[1], d[2], 1, L, heads, hd, scale, d[3], 0, err)
+                : cu_vis_attn(d[0], d[1], d[2], 1, L, heads, hd, scale, d[3], 0, err);
+        if (rc || (e = cudaEventRecord(e1, 0)) != cudaSuccess || (e = cudaEventSynchronize(e1)) != cudaSuccess) break;
+        float f = 0.f;
+        if ((e = cudaEventElapsedTime(&f, e0, e1)) != cudaSuccess) break;
+        if (r >= 0) ms[r] = f;
+    }
+    if (!rc && e != cudaSuccess) rc = cu_fail(err, "timing the vision attention", e, __FILE__, __LINE__);
+    cudaDeviceSynchronize();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
     for (int i = 0; i < 4; i++)
         if (d[i]) cudaFree(d[i]);
     free(h);
