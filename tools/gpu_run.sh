@@ -216,6 +216,10 @@ if has vision; then
             --out "$VISION_MODEL"
     fi
     step "bench_vision" 300 "$OUT/vision.log" $RUNENV "$BIN/bench_vision" --model "$VISION_MODEL" --reps "${VISION_REPS:-20}"
+    for old in ${VISION_AB:-}; do # the same with SQUAD_VISION_OLD=<old> (an A/B of the tower's paths)
+        step "bench_vision SQUAD_VISION_OLD=$old" 300 "$OUT/vision.log" $RUNENV SQUAD_VISION_OLD="$old" "$BIN/bench_vision" \
+            --model "$VISION_MODEL" --reps "${VISION_REPS:-20}"
+    done
     # the fixture rows were made on a tiny-vl with Qwen3's tokenizer (git-ignored test data)
     mkdir -p third_party/qwen3 && cp --update=none "$CARRY/tokenizer.json" third_party/qwen3/tokenizer.json
     step "test_vision_rows --backend cuda" 300 "$OUT/test_vision_rows.log" $RUNENV "$BIN/test_vision_rows" --backend cuda
