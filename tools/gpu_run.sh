@@ -93,6 +93,7 @@
 #              bench_vision: the tower on a 1920x1080 screenshot (grid 1x68x120), p50 of
 #              ${VISION_REPS:-20} runs, whole call and device part -> vision.log; VISION_SANITIZE=1 also
 #              compute-sanitizer memcheck and racecheck on gpu_test_vision (quick) -> vision_sanitize.log;
+#              VISION_ENVS="A=1 B=2,C=3 ...": bench_vision once more per item, with its assignments set;
 #              and test_vision_rows --backend cuda (the fixture rows with images against transformers,
 #              cached = uncached, the encoder cache) -> test_vision_rows.log
 #   screenshot (not by default) bench_image (the image processor on 1..16 threads), then bench_screenshot on $VISION_MODEL with the 1920x1080 fixture
@@ -216,8 +217,9 @@ if has vision; then
             --out "$VISION_MODEL"
     fi
     step "bench_vision" 300 "$OUT/vision.log" $RUNENV "$BIN/bench_vision" --model "$VISION_MODEL" --reps "${VISION_REPS:-20}"
-    for old in ${VISION_AB:-}; do # the same with SQUAD_VISION_OLD=<old> (an A/B of the tower's paths)
-        step "bench_vision SQUAD_VISION_OLD=$old" 300 "$OUT/vision.log" $RUNENV SQUAD_VISION_OLD="$old" "$BIN/bench_vision" \
+    for item in ${VISION_ENVS:-}; do # the same once more per item, its comma-separated assignments set (an A/B)
+        # shellcheck disable=SC2086
+        step "bench_vision $item" 300 "$OUT/vision.log" $RUNENV ${item//,/ } "$BIN/bench_vision" \
             --model "$VISION_MODEL" --reps "${VISION_REPS:-20}"
     done
     # the fixture rows were made on a tiny-vl with Qwen3's tokenizer (git-ignored test data)

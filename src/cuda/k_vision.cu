@@ -399,17 +399,6 @@ static unsigned vis_blocks(size_t n) {
     return b < VIS_MAX_GRID ? (unsigned)(b ? b : 1) : VIS_MAX_GRID;
 }
 
-__global__ void vis_to_bf16_kernel(const float *__restrict__ src, bf16 *__restrict__ dst, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(src[i]);
-}
-
-int cu_vis_to_bf16(const float *src, bf16 *dst, size_t n, cudaStream_t st, squad_err *err) {
-    vis_to_bf16_kernel<<<vis_blocks(n), VIS_THREADS, 0, st>>>(src, dst, n);
-    CU_LAUNCH_CHECK("vis_to_bf16_kernel");
-    return 0;
-}
-
 int cu_vis_pos_embed(const float *table, const float *bias, int side, int H, int t, int h, int w, int merge, float *x,
                      cudaStream_t st, squad_err *err) {
     vis_pos_embed_kernel<<<(unsigned)(h * w), VIS_THREADS, 0, st>>>(table, bias, side, H, t, h, w, merge, x);

@@ -24,8 +24,8 @@
  *
  * The attention runs on wgmma (k_vision_attn_sm90.cu) where the GPU and the head dim allow, else on
  * vis_attn (k_vision.cu, mma.sync: the reference the tests compare the wgmma kernel against).
- * SQUAD_VISION_OLD (read once, when the tower is made) brings back the earlier paths for an A/B:
- * "upload" the pageable fp32 upload and download, "attn" vis_attn always, "1" or "all" both.
+ * Both replaced slower paths, measured in one call (docs/cuda.md): fp32 pixels up from pageable
+ * memory, and mma.sync attention at head dim 64.
  */
 #include "vision_cuda.cuh"
 
@@ -42,7 +42,6 @@ extern "C" {
 #define CU_VIS_UPLOAD_THREADS 4    /* threads that round the pixels, the caller included */
 #define CU_VIS_UPLOAD_MIN_PIECES 8 /* fewer pieces: the caller rounds alone (no threads started) */
 #define CU_VIS_DOWN_PIECES 4       /* pieces of the download */
-#define CU_VIS_OLD_ENV "SQUAD_VISION_OLD"
 
 typedef struct cu_vision_block {
     float *n1w, *n1b, *n2w, *n2b;
@@ -64,7 +63,7 @@ struct cu_vision {
     /* scratch for cap patches (grown, never shrunk) */
     int cap;
     void *scratch;
-    float *pix, *x, *out_d; /* pix: the fp32 pixels, on the old upload path only */
+    float *x, *out_d;
     bf16 *pixb, *xn, *wide, *q, *k, *v, *att;
     float2 *rope; /* the image's rotary table [max(h, w)][hd / 4] (cu_vis_rope_table) */
     /* the pinned staging of the pixels (bf16) and of the merged rows (fp32), grown to the largest image */
@@ -74,7 +73,6 @@ struct cu_vision {
     size_t out_h_cap;
     cudaEvent_t down_ev[CU_VIS_DOWN_PIECES];
     int attn_wg;    /* the attention on wgmma (k_vision_attn_sm90.cu) */
-    int old_upload; /* SQUAD_VISION_OLD: the pageable fp32 upload and download */
 };
 
 /* ---- weights ------------------------------------------------------------------------------------- */
@@ -159,11 +157,7 @@ int cu_vision_new(const squad_model *m, cu_vision **out, squad_err *err) {
     v->blocks = (cu_vision_block *)calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *v->blocks);
     if (!v->blocks) rc = cu_err(err, SQUAD_E_NOMEM, "out of memory (vision tower)");
     if (!rc) rc = cu_vis_attn_init(v->hd, err);
-    const char *old = getenv(CU_VIS_OLD_ENV);
-    const int old_all = old && (!strcmp(old, "1") || !strcmp(old, "all"));
-    v->old_upload = old_all || (old && strstr(old, "upload"));
-    const int old_attn = old_all || (old && strstr(old, "attn"));
-    if (!rc && !old_attn && cu_vis_attn_sm90_takes(v->hd)) rc = cu_vis_attn_sm90_probe(&v->attn_wg, err);
+    if (!rc && cu_vis_attn_sm90_takes(v->hd)) rc = cu_vis_attn_sm90_probe(&v->attn_wg, err);
     for (int i = 0; i < CU_VIS_DOWN_PIECES && !rc; i++) {
         const cudaError_t e = cudaEventCreateWithFlags(&v->down_ev[i], cudaEventDisableTiming);
         if (e != cudaSuccess) {
@@ -234,11 +228,10 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
     const size_t n = (size_t)N, Hv = (size_t)v->Hv, Nm = n / ((size_t)v->m * v->m);
     size_t wide = 3 * Hv > (size_t)v->I ? 3 * Hv : (size_t)v->I;
     if (wide < (size_t)v->Mm / ((size_t)v->m * v->m)) wide = (size_t)v->Mm / ((size_t)v->m * v->m);
-    const size_t pix_bytes = v->old_upload ? n * v->K * 4 : 0; /* the new path uploads bf16 */
-    const size_t sizes[] = {pix_bytes,    n * v->K * 2, n * Hv * 4, n * Hv * 2, n * wide * 2,
+    const size_t sizes[] = {n * v->K * 2, n * Hv * 4, n * Hv * 2, n * wide * 2,
                             n * Hv * 2,   n * Hv * 2,   n * Hv * 2, n * Hv * 2, Nm * v->out * 4,
                             n * (size_t)(v->hd / 4) * sizeof(float2)};
-    enum { PIX, PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, ROPE, N_BUF };
+    enum { PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, ROPE, N_BUF };
     size_t offs[N_BUF], total = 0;
     for (int i = 0; i < N_BUF; i++) {
         offs[i] = total;
@@ -258,7 +251,6 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
                       (double)total / (1 << 20), cudaGetErrorString(e));
     }
     unsigned char *b = (unsigned char *)v->scratch;
-    v->pix = (float *)(b + offs[PIX]);
     v->pixb = (bf16 *)(b + offs[PIXB]);
     v->x = (float *)(b + offs[X]);
     v->xn = (bf16 *)(b + offs[XN]);
@@ -287,13 +279,12 @@ static int check_grid(const cu_vision *v, const int grid[3], squad_err *err) {
     return 0;
 }
 
-/* From v->pix (the pixels on the device) to v->out_d, enqueued on st. */
+/* From v->pixb (the bf16 pixels on the device) to v->out_d, enqueued on st. */
 static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
     const int N = t * h * w, L = h * w, Hv = v->Hv, I = v->I, Nm = N / (v->m * v->m);
     const int act = v->cfg.hidden_act == SQUAD_VISION_ACT_GELU_ERF ? CU_VIS_ACT_GELU_ERF : CU_VIS_ACT_GELU_TANH;
     const float scale = 1.0f / sqrtf((float)v->hd);
     int rc;
-    if (v->old_upload && (rc = cu_vis_to_bf16(v->pix, v->pixb, (size_t)N * v->K, st, err))) return rc;
     if ((rc = cu_vis_pos_embed(v->pos, v->patch_b, v->cfg.position_grid_side, Hv, t, h, w, v->m, v->x, st, err)))
         return rc;
     if ((rc = cu_gemm(g, v->patch, v->pixb, v->x, N, Hv, v->K, 1, 0, st, err))) return rc;
@@ -420,20 +411,12 @@ static int upload_pixels(cu_vision *v, cudaStream_t st, const float *pixel_value
     if (rc) return rc;
     const int N = grid[0] * grid[1] * grid[2];
     if ((rc = ensure_scratch(v, N, st, err))) return rc;
-    if (!v->old_upload) return upload_bf16(v, st, pixel_values, N, err);
-    /* the old path: fp32 from pageable memory (the copy has read them when it returns) */
-    CU_TRY(cudaMemcpyAsync(v->pix, pixel_values, (size_t)N * v->K * sizeof(float), cudaMemcpyHostToDevice, st));
-    return 0;
+    return upload_bf16(v, st, pixel_values, N, err);
 }
 
 /* v->out_d's Nm rows to the caller's out, through the pinned buffer piece by piece; synchronises st. */
 static int download_rows(cu_vision *v, cudaStream_t st, size_t Nm, float *out, squad_err *err) {
     const size_t n = Nm * v->out;
-    if (v->old_upload) {
-        CU_TRY(cudaMemcpyAsync(out, v->out_d, n * sizeof(float), cudaMemcpyDeviceToHost, st));
-        CU_TRY(cudaStreamSynchronize(st));
-        return 0;
-    }
     int rc = ensure_pinned((void **)&v->out_h, &v->out_h_cap, n, sizeof(float), err);
     if (rc) return rc;
     size_t off[CU_VIS_DOWN_PIECES + 1];

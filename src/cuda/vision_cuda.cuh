@@ -33,8 +33,6 @@ enum { CU_VIS_ACT_NONE = 0, CU_VIS_ACT_GELU_TANH = 1, CU_VIS_ACT_GELU_ERF = 2 };
 int cu_vis_attn_supported(int hd);
 /* Its shared-memory attribute for head dim hd (once, before the first launch). */
 int cu_vis_attn_init(int hd, squad_err *err);
-/* dst[i] = bf16(src[i]), n elements. */
-int cu_vis_to_bf16(const float *src, bf16 *dst, size_t n, cudaStream_t st, squad_err *err);
 /* x[f L + p] = the position grid table [side * side][H] bilinearly interpolated to (h, w) at patch p
  * of a frame (merge-window order, transformers' fast_pos_embed_interpolate) + bias, for each of t
  * frames (L = h w). */
