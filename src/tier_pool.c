@@ -23,8 +23,11 @@
  * room). The thread is armed by a growth and disarmed by a failed pin (it tries again after the
  * next growth, not in a loop); it runs with every signal blocked (the process's signals are for
  * its own threads). A pthread call that fails at the start leaves the pool without its thread,
- * growing synchronously; one that fails later (they do not, on a mutex and condition variables
- * that were initialised) refuses the growth at hand rather than risk the cap.
+ * growing synchronously. Later calls cannot fail on a mutex and condition variables that were
+ * initialised, but are checked all the same: a lock the caller cannot take refuses the growth at
+ * hand rather than risk the cap; a wait or wake the thread cannot do stops it (the pool then grows
+ * synchronously, with its spares still used); a wake-up of the thread that is lost costs only the
+ * pin ahead it would have started (the next growth pins, as without the thread).
  */
 #include "tier_pool.h"
 
@@ -111,6 +114,8 @@ static void *ahead_main(void *arg) {
         }
         if (pthread_cond_broadcast(&a->pinned)) break;
     }
+    a->stop = 1; /* also when a call failed: nothing is pinned ahead from now on, nobody waits for it */
+    pthread_cond_broadcast(&a->pinned);
     pthread_mutex_unlock(&a->lock);
     return NULL;
 }
