@@ -220,10 +220,12 @@ typedef struct squad_cache_stats {
      * demotions (device -> host on eviction), promotions (host -> device for a row) and the seconds
      * they took; host_recomputed: rows that found their deepest checkpoint only in host memory and
      * recomputed it because the cost model said that was cheaper; host_evicted: checkpoints dropped
-     * from the host tier for room. */
+     * from the host tier for room; host_slabs_ahead / host_slabs_sync: the host tier's page-locked
+     * slabs taken ready (pinned ahead, off the request path) / pinned inside a demotion. */
     uint64_t host_checkpoints;
     size_t host_bytes_held, host_budget_bytes;
     uint64_t demotions, promotions, host_recomputed, host_evicted;
+    uint64_t host_slabs_ahead, host_slabs_sync;
     double promote_seconds, demote_seconds;
     /* The disk tier (squad_engine_cache_save / _load): checkpoint records saved, loaded into the
      * cache, and refused (mismatched identity, corrupt or truncated), over the engine's life. */

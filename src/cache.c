@@ -161,6 +161,12 @@ struct squad_cache {
     double copy_bytes_per_s; /* measured promotions (starts from the backend's figure) */
     double row_s_per_token;  /* measured rows: wall seconds per token computed */
     squad_tier_pool pool;    /* the host tier's blobs, carved from slabs (tier_pool.h) */
+    /* where the pool's slabs come from: the backend (page-locked: pinned ahead), or a test's */
+    squad_tier_slab_get slab_get;
+    squad_tier_slab_put slab_put;
+    void *slab_ctx;
+    size_t slab_step;
+    unsigned slab_flags;
 };
 
 /* A checkpoint saved during a row, waiting for its group's K / V before it joins the cache. */
@@ -441,7 +447,11 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
     c->host_budget = be->blob_to_host && be->blob_from_host ? opts->host_budget_bytes : 0;
     c->copy_bytes_per_s = be->host_copy_bytes_per_s > 0 ? be->host_copy_bytes_per_s : SQUAD_TIER_COPY_BYTES_PER_S;
     c->row_s_per_token = SQUAD_TIER_ROW_S_PER_TOKEN;
-    squad_tier_pool_init(&c->pool, c->host_budget, 0, tier_slab_get, tier_slab_put, be);
+    c->slab_get = tier_slab_get;
+    c->slab_put = tier_slab_put;
+    c->slab_ctx = be;
+    c->slab_flags = be->host_alloc ? SQUAD_TIER_POOL_SLOW_SLABS : 0; /* pinning: slow */
+    squad_tier_pool_init(&c->pool, c->host_budget, c->slab_step, c->slab_get, c->slab_put, c->slab_ctx, c->slab_flags);
     return c;
 }
 
@@ -835,6 +845,8 @@ void squad_cache_get_stats(const squad_cache *c, squad_cache_stats *out) {
     out->host_checkpoints = c->n_host_ckpts;
     out->host_bytes_held = c->tier_bytes;
     out->host_budget_bytes = c->host_budget;
+    out->host_slabs_ahead = c->pool.slabs_ahead;
+    out->host_slabs_sync = c->pool.slabs_sync;
 }
 
 void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host_bytes) {
@@ -965,7 +977,7 @@ static void tier_slab_put(void *ctx, void *slab) {
 /* The pool over a host budget (no slab is taken until a blob needs one). */
 static void tier_pool_setup(squad_cache *c) {
     squad_tier_pool_destroy(&c->pool);
-    squad_tier_pool_init(&c->pool, c->host_budget, 0, tier_slab_get, tier_slab_put, c->be);
+    squad_tier_pool_init(&c->pool, c->host_budget, c->slab_step, c->slab_get, c->slab_put, c->slab_ctx, c->slab_flags);
 }
 
 /* Waits for the copies queued (before the host thread reads or writes host-tier bytes). */
@@ -1193,6 +1205,17 @@ void squad_cache_debug_host_tier(squad_cache *c, size_t host_budget, int force) 
 void squad_cache_debug_tier_rates(squad_cache *c, double copy_bytes_per_s, double row_s_per_token) {
     if (copy_bytes_per_s > 0) c->copy_bytes_per_s = copy_bytes_per_s;
     if (row_s_per_token > 0) c->row_s_per_token = row_s_per_token;
+}
+
+void squad_cache_debug_tier_slabs(squad_cache *c, squad_tier_slab_get get, squad_tier_slab_put put, void *ctx,
+                                  size_t step, unsigned flags) {
+    if (c->n_ckpts > 0 || !get || !put) return;
+    c->slab_get = get;
+    c->slab_put = put;
+    c->slab_ctx = ctx;
+    c->slab_step = step;
+    c->slab_flags = flags;
+    tier_pool_setup(c);
 }
 
 const squad_tier_pool *squad_cache_debug_tier_pool(const squad_cache *c) { return &c->pool; }

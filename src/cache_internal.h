@@ -67,6 +67,11 @@ int squad_cache_tier_pays(double bytes, int tokens_saved, double copy_bytes_per_
 /* Test hook: the cost model's figures (a figure <= 0 leaves the measured one). The copy figure is
  * the cache's own (memcpy promotions); a backend that copies asynchronously supplies its own. */
 void squad_cache_debug_tier_rates(squad_cache *cache, double copy_bytes_per_s, double row_s_per_token);
+/* Test hook: where the host tier's slabs come from (get / put over ctx, `step` bytes each, 0:
+ * SQUAD_TIER_POOL_STEP; flags as squad_tier_pool_init's: SQUAD_TIER_POOL_SLOW_SLABS pins ahead),
+ * in place of the backend's; the pool is made again (only while the cache holds nothing). */
+void squad_cache_debug_tier_slabs(squad_cache *cache, squad_tier_slab_get get, squad_tier_slab_put put, void *ctx,
+                                  size_t step, unsigned flags);
 /* Test hook: the host tier's slab pool (its slabs, bytes and consistency). */
 const squad_tier_pool *squad_cache_debug_tier_pool(const squad_cache *cache);
 

@@ -12,12 +12,18 @@
  *  - restart: an engine saves, a new engine on the same model loads, and the first repeated
  *    question is a hit with identical probabilities; another model (another synth seed), another
  *    tokenizer file and another specialists set get nothing from the same file;
- *  - a truncated or bit-flipped file loads only its valid records, and those answer correctly.
+ *  - a truncated or bit-flipped file loads only its valid records, and those answer correctly;
+ *  - slabs pinned ahead (a deliberately slow slab source, as cudaHostAlloc is): a growth after the
+ *    first takes a spare without waiting, the cap is never passed counting spares and pins in
+ *    flight, a blob larger than a spare gets the spares' room, and destroying the pool (or the
+ *    engine) with a pin in flight gives every slab back.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cache_internal.h"
 #include "engine.h"
@@ -27,6 +33,7 @@
 #include "synth.h"
 #include "testutil.h"
 #include "tolerances.h"
+#include "util.h"
 
 #define STATE_LEN 320 /* p = 320: checkpoints at 256 (stride) and 320 (tail, end) */
 #define QUESTION 8
@@ -154,7 +161,7 @@ static void tier_pool_unit(void) {
     slab_counts n = {0};
     const size_t step = 64 << 10, cap = 4 * step;
     squad_tier_pool pool;
-    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n);
+    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n, 0);
     unsigned char *blob[POOL_BLOBS] = {0};
     size_t size[POOL_BLOBS] = {0};
     const size_t sizes[] = {5000, 12288, 1, 40000, 300};
@@ -199,13 +206,208 @@ static void tier_pool_unit(void) {
     squad_tier_pool_free(&pool, whole);
     squad_tier_pool_destroy(&pool);
     CHECKF(n.put == n.got, "pool: %d slabs given back of %d", n.put, n.got);
-    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n);
+    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n, 0);
     void *big = squad_tier_pool_alloc(&pool, 3 * step + 1000);
     CHECKF(big != NULL && pool.slab_bytes >= 3 * step + 1000, "pool: a blob over the step (%zu)", pool.slab_bytes);
     CHECK(squad_tier_pool_alloc(&pool, cap) == NULL);
     squad_tier_pool_destroy(&pool);
     CHECKF(n.put == n.got, "pool: %d slabs given back of %d", n.put, n.got);
     printf("tier pool: %d slabs for 4000 random steps, %d refused at the cap\n", slabs, refused);
+}
+
+/* A slow slab source, as page-locked memory is: each get sleeps. It counts, under a lock (the
+ * pool's thread calls it too), the bytes out from the moment they are asked for until they are
+ * given back, their peak, any get that took them past the cap, and the gets made off the test's
+ * thread. */
+#define SLOW_SLABS_MAX 64
+
+typedef struct slow_slabs {
+    pthread_mutex_t lock;
+    pthread_t caller;
+    unsigned delay_us;
+    size_t cap, out, peak, asked; /* out: bytes asked for and not given back; asked: ever */
+    int got, put, over, off_thread;
+    void *held[SLOW_SLABS_MAX]; /* the slabs out and their bytes (so a put gives its bytes back) */
+    size_t held_bytes[SLOW_SLABS_MAX];
+} slow_slabs;
+
+static void slow_init(slow_slabs *s, size_t cap, unsigned delay_us) {
+    memset(s, 0, sizeof *s);
+    CHECK(pthread_mutex_init(&s->lock, NULL) == 0);
+    s->caller = pthread_self();
+    s->cap = cap;
+    s->delay_us = delay_us;
+}
+
+static void *slow_get(void *ctx, size_t bytes) {
+    slow_slabs *s = ctx;
+    pthread_mutex_lock(&s->lock);
+    s->out += bytes;
+    s->asked += bytes;
+    if (s->out > s->peak) s->peak = s->out;
+    if (s->out > s->cap) s->over++;
+    if (!pthread_equal(pthread_self(), s->caller)) s->off_thread++;
+    pthread_mutex_unlock(&s->lock);
+    usleep(s->delay_us);
+    void *p = malloc(bytes);
+    pthread_mutex_lock(&s->lock);
+    int i = 0;
+    while (p && i < SLOW_SLABS_MAX && s->held[i]) i++;
+    if (p && i < SLOW_SLABS_MAX) {
+        s->got++;
+        s->held[i] = p;
+        s->held_bytes[i] = bytes;
+        memset(p, 0xa5, bytes < 4096 ? bytes : 4096); /* touched, as pinning touches every page */
+    } else {
+        free(p);
+        p = NULL;
+        s->out -= bytes;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return p;
+}
+
+static void slow_put(void *ctx, void *slab) {
+    slow_slabs *s = ctx;
+    pthread_mutex_lock(&s->lock);
+    s->put++;
+    for (int i = 0; i < SLOW_SLABS_MAX; i++)
+        if (s->held[i] == slab) {
+            s->out -= s->held_bytes[i];
+            s->held[i] = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
+    free(slab);
+}
+
+static void slow_counts(slow_slabs *s, int *got, int *put, int *over, int *off_thread) {
+    pthread_mutex_lock(&s->lock);
+    *got = s->got, *put = s->put, *over = s->over;
+    if (off_thread) *off_thread = s->off_thread;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Waits (up to 5 s) until at least `bytes` have been asked of s in all: a pin has started. */
+static int slow_wait_asked(slow_slabs *s, size_t bytes) {
+    for (int i = 0; i < 5000; i++) {
+        pthread_mutex_lock(&s->lock);
+        const size_t out = s->asked;
+        pthread_mutex_unlock(&s->lock);
+        if (out >= bytes) return 1;
+        usleep(1000);
+    }
+    return 0;
+}
+
+#define SLOW_US 100000 /* a pin: 100 ms (cudaHostAlloc: 43 ms per 256 MB on the H200) */
+
+/* The pool alone with a slow source: growths after the first take a spare (no wait), and the
+ * spares stop at the cap; a blob larger than a spare gets the spares' room; destroy with a pin in
+ * flight gives back every slab; random traffic never passes the cap counting spares and pins. */
+static void tier_pool_ahead_unit(void) {
+    const size_t step = 64 << 10;
+    char why[256] = "";
+    int got = 0, put = 0, over = 0, off = 0;
+    slow_slabs ss;
+    squad_tier_pool pool;
+
+    /* growth by growth, the thread given time between them */
+    slow_init(&ss, 6 * step, SLOW_US);
+    squad_tier_pool_init(&pool, 6 * step, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
+    CHECK(squad_tier_pool_pins_ahead(&pool) == 1);
+    CHECK(squad_tier_pool_spares(&pool, NULL) == 0); /* idle until the first growth */
+    double slowest_ahead = 0;
+    for (int i = 0; i < 6; i++) {
+        const double t0 = squad_now_seconds();
+        void *blob = squad_tier_pool_alloc(&pool, step); /* a whole slab each: a growth each */
+        const double took = squad_now_seconds() - t0;
+        CHECKF(blob != NULL, "ahead: growth %d refused", i);
+        if (i > 0 && took > slowest_ahead) slowest_ahead = took;
+        CHECK(squad_tier_pool_settle(&pool) == 0);
+        size_t spare_bytes = 0;
+        const int spares = squad_tier_pool_spares(&pool, &spare_bytes);
+        CHECKF(spares == (i < 5 ? 1 : 0) && spare_bytes == (size_t)spares * step, "ahead: %d spares (%zu bytes) after growth %d",
+               spares, spare_bytes, i);
+        CHECKF(squad_tier_pool_check(&pool, why, sizeof why) == 0, "ahead: %s", why);
+    }
+    CHECKF(pool.slabs_sync == 1 && pool.slabs_ahead == 5 && pool.slabs_made == 6, "ahead: %llu pinned then, %llu ahead",
+           pool.slabs_sync, pool.slabs_ahead);
+    CHECKF(slowest_ahead < SLOW_US * 1e-6 / 2, "ahead: a growth from a spare took %.3f s (a pin takes %.3f)", slowest_ahead,
+           SLOW_US * 1e-6);
+    CHECK(squad_tier_pool_alloc(&pool, 1) == NULL); /* the cap, spares and all */
+    squad_tier_pool_destroy(&pool);
+    slow_counts(&ss, &got, &put, &over, &off);
+    CHECKF(got == 6 && put == 6 && over == 0 && off == 5, "ahead: %d got, %d put, %d past the cap, %d off-thread", got,
+           put, over, off);
+    CHECK(squad_tier_pool_pins_ahead(&pool) == 0); /* destroyed: synchronous from now on */
+    pthread_mutex_destroy(&ss.lock);
+
+    /* a blob larger than the spare: the spare goes back, its room is the blob's */
+    slow_init(&ss, 4 * step, 1000);
+    squad_tier_pool_init(&pool, 4 * step, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
+    void *small = squad_tier_pool_alloc(&pool, 100);
+    squad_tier_pool_settle(&pool);
+    CHECK(squad_tier_pool_spares(&pool, NULL) == 1);
+    void *big = squad_tier_pool_alloc(&pool, 3 * step);
+    CHECKF(small && big && pool.slab_bytes == 4 * step && pool.slabs_sync == 2,
+           "ahead: a blob over the spare (%zu slab bytes, %llu pinned then)", pool.slab_bytes, pool.slabs_sync);
+    squad_tier_pool_settle(&pool);
+    CHECK(squad_tier_pool_spares(&pool, NULL) == 0);
+    CHECKF(squad_tier_pool_check(&pool, why, sizeof why) == 0, "ahead, big: %s", why);
+    slow_counts(&ss, &got, &put, &over, NULL);
+    CHECKF(got == 3 && put == 1 && over == 0, "ahead, big: %d got, %d put, %d past the cap", got, put, over);
+    squad_tier_pool_destroy(&pool);
+    slow_counts(&ss, &got, &put, &over, NULL);
+    CHECK(got == 3 && put == 3);
+    pthread_mutex_destroy(&ss.lock);
+
+    /* destroy with a pin in flight: it waits for the pin and gives that slab back too */
+    slow_init(&ss, 4 * step, SLOW_US);
+    squad_tier_pool_init(&pool, 4 * step, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
+    CHECK(squad_tier_pool_alloc(&pool, 100) != NULL); /* pinned then; the thread starts the next */
+    CHECK(slow_wait_asked(&ss, 2 * step));
+    squad_tier_pool_destroy(&pool);
+    slow_counts(&ss, &got, &put, &over, NULL);
+    CHECKF(got == 2 && put == 2 && over == 0, "ahead, destroy in flight: %d got, %d put", got, put);
+    pthread_mutex_destroy(&ss.lock);
+
+    /* random traffic of a few sizes (one over the step) with a fast source: the pool stays
+     * consistent, and slabs, spares and pins in flight together never pass the cap */
+    const size_t cap = 5 * step;
+    slow_init(&ss, cap, 200);
+    squad_tier_pool_init(&pool, cap, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
+    unsigned char *blob[POOL_BLOBS] = {0};
+    const size_t sizes[] = {5000, 12288, 1, 40000, 300, 2 * step};
+    uint64_t x = 777;
+    int ok = 1, refused = 0;
+    for (int it = 0; it < 3000 && ok; it++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const int i = (int)(x % POOL_BLOBS);
+        if (blob[i]) {
+            squad_tier_pool_free(&pool, blob[i]);
+            blob[i] = NULL;
+        } else {
+            const size_t size = sizes[(x >> 20) % 6];
+            blob[i] = squad_tier_pool_alloc(&pool, size);
+            if (blob[i]) memset(blob[i], i, size);
+            else refused++;
+        }
+        if (it % 50 == 0) usleep(300); /* now and then the thread gets ahead */
+        if (squad_tier_pool_check(&pool, why, sizeof why)) {
+            CHECKF(0, "ahead, random, step %d: %s", it, why);
+            ok = 0;
+        }
+    }
+    for (int i = 0; i < POOL_BLOBS; i++) squad_tier_pool_free(&pool, blob[i]);
+    CHECKF(pool.slabs_ahead > 0, "ahead, random: no spare was ever taken (%llu pinned then)", pool.slabs_sync);
+    printf("tier pool ahead, random: %llu slabs ahead, %llu pinned then, %d refused, peak %zu of %zu\n",
+           pool.slabs_ahead, pool.slabs_sync, refused, ss.peak, cap);
+    squad_tier_pool_destroy(&pool);
+    slow_counts(&ss, &got, &put, &over, NULL);
+    CHECKF(got == put && over == 0 && ss.peak <= cap, "ahead, random: %d got, %d put, %d past the cap (peak %zu)", got,
+           put, over, ss.peak);
+    pthread_mutex_destroy(&ss.lock);
 }
 
 /* The cost model on the 0.8B figures (H200): a 4,096-token state (69.9 MB) restores at 55 GB/s in
@@ -305,6 +507,72 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
     consistent(e, name);
 done:
     squad_engine_free(e);
+}
+
+/* The host tier over a slow slab source pinning ahead, a slab about a state's blobs: with time
+ * between rows (settled), only the first demotion pins; every later slab was pinned ahead, the cap
+ * holds counting spares, and the answers hold. Then an engine freed with a pin in flight gives
+ * every slab back. */
+static void host_tier_ahead(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
+    if (!probe) return;
+    const size_t one = state_cost(probe);
+    squad_engine_free(probe);
+    const size_t host_budget = N_STATES * one + 1024;
+    for (int in_flight = 0; in_flight < 2; in_flight++) {
+        squad_engine *e = engine(m, 2 * one + 4096, NULL);
+        if (!e) return;
+        slow_slabs ss;
+        slow_init(&ss, host_budget, in_flight ? SLOW_US : 20000);
+        squad_cache_debug_host_tier(e->cache, host_budget, 1);
+        squad_cache_debug_tier_slabs(e->cache, slow_get, slow_put, &ss, one, SQUAD_TIER_POOL_SLOW_SLABS);
+        const squad_tier_pool *pool = squad_cache_debug_tier_pool(e->cache);
+        CHECK(squad_tier_pool_pins_ahead(pool));
+        squad_result r, ref;
+        trow row;
+        squad_cache_stats st = {0};
+        for (int s = 0; s < N_STATES; s++) {
+            row_make(&row, s, 0, V);
+            if (score(e, &row.row, &r)) break;
+            squad_engine_cache_stats(e, &st);
+            if (in_flight && st.host_slabs_sync > 0) break; /* the thread is pinning the next now */
+            CHECK(squad_tier_pool_settle(pool) == 0);
+            consistent(e, "ahead");
+        }
+        int got = 0, put = 0, over = 0, off = 0;
+        if (in_flight) {
+            const int made = (int)pool->slabs_made;
+            CHECKF(made >= 1 && slow_wait_asked(&ss, pool->slab_bytes + 1), "ahead, in flight: %d slabs, no pin started",
+                   made);
+            squad_engine_free(e); /* the pin started is still sleeping */
+            slow_counts(&ss, &got, &put, &over, NULL);
+            CHECKF(got == put && got == made + 1 && over == 0, "ahead, engine freed in flight: %d got, %d put, %d made",
+                   got, put, made);
+            pthread_mutex_destroy(&ss.lock);
+            continue;
+        }
+        printf("host tier ahead: demotions %llu, slabs %llu ahead, %llu pinned then, peak %zu of %zu\n",
+               (unsigned long long)st.demotions, (unsigned long long)st.host_slabs_ahead,
+               (unsigned long long)st.host_slabs_sync, ss.peak, host_budget);
+        CHECKF(st.host_slabs_sync == 1 && st.host_slabs_ahead >= 2, "ahead: %llu slabs ahead, %llu pinned then",
+               (unsigned long long)st.host_slabs_ahead, (unsigned long long)st.host_slabs_sync);
+        slow_counts(&ss, &got, &put, &over, &off);
+        CHECKF(over == 0 && ss.peak <= host_budget && off == got - 1, "ahead: peak %zu of %zu, %d of %d gets off-thread",
+               ss.peak, host_budget, off, got);
+        /* state 0 again, promoted from a slab pinned ahead or not: the uncached answer */
+        row_make(&row, 0, 1, V);
+        if (!score(e, &row.row, &r) && !score(plain, &row.row, &ref))
+            CHECKF(diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED && r.reused > 0, "ahead: %.3g from uncached, reused %d",
+                   diff(&row.row, &r, &ref), r.reused);
+        char why[256] = "";
+        CHECKF(squad_tier_pool_check(pool, why, sizeof why) == 0, "ahead: pool: %s", why);
+        consistent(e, "ahead");
+        squad_engine_free(e);
+        slow_counts(&ss, &got, &put, &over, NULL);
+        CHECKF(got == put, "ahead: %d slabs got, %d given back", got, put);
+        pthread_mutex_destroy(&ss.lock);
+    }
 }
 
 /* Without the test hook the CPU backend has no host tier: its blobs are host memory already. */
@@ -552,6 +820,7 @@ done:
 
 int main(void) {
     tier_pool_unit();
+    tier_pool_ahead_unit();
     cost_model_unit();
     squad_model *m = synth_model("model-a", 1);
     squad_model *other = synth_model("model-b", 2);
@@ -569,6 +838,7 @@ int main(void) {
         host_tier_case(m, plain, "host tier, cost model, slow copy", N_STATES, 0, 1.0);
         /* a host tier of one state: state 0 falls out of both tiers */
         host_tier_case(m, plain, "host tier, both evicted", 1, 1, 0);
+        host_tier_ahead(m, plain);
         host_tier_off_on_cpu(m);
         disk_tier(m, other, plain);
         disk_tier_specialists(m);

@@ -7,7 +7,7 @@
  *    own (stream-ordered cudaMallocAsync / cudaFreeAsync, the pool keeping what is freed), not
  *    from cudaMalloc / cudaFree, which synchronise the device and cost milliseconds at these sizes;
  *    page-locked host memory is only taken in large slabs the cache carves up (tier_pool.h), never
- *    per checkpoint.
+ *    per checkpoint, and pinned ahead on the pool's own thread (tier_host_alloc works from any).
  *  - No host wait. Copies run on a copy stream of their own, in the order the cache issues them:
  *    each waits for an event recorded on the compute stream (so a blob saved by a forward still in
  *    flight is complete before it is read), and a host-to-device copy records an event the compute
@@ -111,10 +111,23 @@ static cudaMemPool_t pool_make(int device) {
 
 /* ---- host memory and copies ------------------------------------------------------------------- */
 
+/* A slab of page-locked memory. The cache's pool calls this from its pinning thread as well as
+ * from the engine's (tier_pool.h: slabs pinned ahead), so it must not depend on the calling
+ * thread: the runtime's current device is per thread (a new thread starts on device 0), so the
+ * backend's device is set first, and the memory is pinned in that device's context as on the
+ * engine's thread; cudaHostAllocPortable on top makes the slab count as pinned memory for every
+ * context whichever device was current (under unified addressing it is anyway; the flag costs
+ * nothing there and keeps the copies from the slab at full bandwidth for --device cuda:N on a
+ * system without it). t->device is written once at attach, before any pool exists. */
 static void *tier_host_alloc(squad_backend *be, size_t bytes, squad_err *err) {
     void *p = NULL;
-    cudaSetDevice(tier_of(be)->device);
-    const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 16, cudaHostAllocDefault);
+    const cudaError_t set = cudaSetDevice(tier_of(be)->device);
+    if (set != cudaSuccess) {
+        cudaGetLastError();
+        cu_fail(err, "cudaSetDevice", set, __FILE__, __LINE__);
+        return NULL;
+    }
+    const cudaError_t e = cudaHostAlloc(&p, bytes ? bytes : 16, cudaHostAllocPortable);
     if (e != cudaSuccess) {
         cudaGetLastError();
         cu_fail(err, "cudaHostAlloc", e, __FILE__, __LINE__);
@@ -126,6 +139,7 @@ static void *tier_host_alloc(squad_backend *be, size_t bytes, squad_err *err) {
 
 static void tier_host_release(squad_backend *be, void *p) {
     if (!p) return;
+    cudaSetDevice(tier_of(be)->device);
     cudaStreamSynchronize(tier_of(be)->copy); /* no copy still uses it */
     cudaFreeHost(p);
 }
