@@ -5,12 +5,13 @@
  *    wgmma one at head dim 64 where the GPU is a Hopper) against a double host reference on the same
  *    bf16-rounded inputs, for every head dim each is built for, frames of lengths that are and are
  *    not multiples of their tiles, several frames and heads, and the 0.8B's 1920x1080 frame (8,160
- *    patches, head dim 64): relative L2 within TOL_VISION_ATTN_BF16;
- *  - the whole tower (vision_forward) on a tiny-vl checkpoint against the CPU tower in fp32
- *    (cpu_vision_forward, EXACT: the reference, equal to transformers), on grids square and not,
- *    one frame and two, larger than the 4 x 4 position grid, one large enough that the pixels go up
- *    in pieces from several threads: max |CUDA - CPU| within
- *    TOL_VISION_BF16 x max(1, max |CPU|); a bad grid is refused and the backend stays usable;
+ *    patches, head dim 64): relative L2 within TOL_VISION_ATTN_BF16; the exact path's fp32 kernel
+ *    (vis_attn_f32) on the same cases with fp32 inputs: within TOL_VISION_ATTN_EXACT;
+ *  - the whole tower (vision_forward) on a tiny-vl checkpoint, on both precisions, against the CPU
+ *    tower in fp32 (cpu_vision_forward, EXACT: the reference, equal to transformers), on grids square
+ *    and not, one frame and two, larger than the 4 x 4 position grid, one large enough that the
+ *    pixels go up in pieces from several threads: max |CUDA - CPU| within TOL_VISION_BF16 (bf16) or
+ *    TOL_VISION_EXACT (exact) x max(1, max |CPU|); a bad grid is refused and the backend stays usable;
  *  - image chunks through forward(), on both precisions: positions with three equal axes (start + i)
  *    give the bits of positions = NULL; image rows (embeds) equal to the embedding of a token give
  *    the bits of that token in their place, alone and two image chunks in one batch (each chunk's
@@ -47,8 +48,13 @@ static int quick(void) {
 
 /* ---- the attention kernel ---- */
 
-/* wg: the wgmma kernel (not run where the GPU is not a Hopper: said so, not counted). */
-static void test_attn(rng *r, int wg, int hd, int frames, int L, int heads) {
+/* The attention kernels under test. */
+enum { ATTN_MMA, ATTN_WGMMA, ATTN_F32 };
+static const char *const ATTN_NAMES[] = {"mma.sync", "wgmma", "fp32"};
+
+/* kind: ATTN_*; the wgmma kernel is not run where the GPU is not a Hopper (said so, not counted). */
+static void test_attn(rng *r, int kind, int hd, int frames, int L, int heads) {
+    const int wg = kind == ATTN_WGMMA, f32 = kind == ATTN_F32;
     const size_t n = (size_t)heads * frames * L * hd;
     float *q = calloc(n, sizeof *q), *k = calloc(n, sizeof *k), *v = calloc(n, sizeof *v);
     float *got = malloc(n * sizeof *got), *want = malloc(n * sizeof *want);
@@ -57,21 +63,28 @@ static void test_attn(rng *r, int wg, int hd, int frames, int L, int heads) {
         free(q), free(k), free(v), free(got), free(want);
         return;
     }
-    /* bf16-exact inputs, scaled so the softmax is neither flat nor one-hot */
+    /* scaled so the softmax is neither flat nor one-hot; bf16-exact for the bf16 kernels, which take
+     * bf16 inputs (the fp32 kernel gets fp32 values) */
     for (size_t i = 0; i < n; i++) {
-        q[i] = squad_bf16_to_f32(squad_f32_to_bf16((float)(1.5 * rng_norm(r))));
-        k[i] = squad_bf16_to_f32(squad_f32_to_bf16((float)(1.5 * rng_norm(r))));
-        v[i] = squad_bf16_to_f32(squad_f32_to_bf16((float)rng_norm(r)));
+        q[i] = (float)(1.5 * rng_norm(r));
+        k[i] = (float)(1.5 * rng_norm(r));
+        v[i] = (float)rng_norm(r);
+        if (!f32) {
+            q[i] = squad_bf16_to_f32(squad_f32_to_bf16(q[i]));
+            k[i] = squad_bf16_to_f32(squad_f32_to_bf16(k[i]));
+            v[i] = squad_bf16_to_f32(squad_f32_to_bf16(v[i]));
+        }
     }
     squad_err err = {0};
-    const int rc = wg ? squad_cuda_test_vis_attn_wg(hd, frames, L, heads, q, k, v, got, &err)
-                      : squad_cuda_test_vis_attn(hd, frames, L, heads, q, k, v, got, &err);
+    const int rc = f32  ? squad_cuda_test_vis_attn_f32(hd, frames, L, heads, q, k, v, got, &err)
+                   : wg ? squad_cuda_test_vis_attn_wg(hd, frames, L, heads, q, k, v, got, &err)
+                        : squad_cuda_test_vis_attn(hd, frames, L, heads, q, k, v, got, &err);
     if (wg && rc == SQUAD_E_UNSUPPORTED) {
         printf("vision attention (wgmma) hd %d: %s\n", hd, err.msg);
         free(q), free(k), free(v), free(got), free(want);
         return;
     }
-    CHECKF(rc == 0, "%s hd %d: %s", wg ? "vis_attn_sm90" : "vis_attn", hd, err.msg);
+    CHECKF(rc == 0, "%s attention hd %d: %s", ATTN_NAMES[kind], hd, err.msg);
     if (rc == 0) {
         cu_ref_vis_attn(hd, frames, L, heads, q, k, v, want);
         double num = 0, den = 0;
@@ -82,18 +95,21 @@ static void test_attn(rng *r, int wg, int hd, int frames, int L, int heads) {
             den += (double)want[i] * want[i];
         }
         const double rel = sqrt(num / (den > 0 ? den : 1));
-        const char *name = wg ? "wgmma" : "mma.sync";
+        const char *name = ATTN_NAMES[kind];
+        const double tol = f32 ? TOL_VISION_ATTN_EXACT : TOL_VISION_ATTN_BF16;
         printf("vision attention (%s) hd %3d, %d frame(s) of %5d, %2d heads: rel L2 %.2e\n", name, hd, frames, L,
                heads, rel);
         CHECKF(finite, "%s hd %d L %d: a non-finite output (a row the kernel missed)", name, hd, L);
-        CHECKF(rel <= TOL_VISION_ATTN_BF16, "%s hd %d frames %d L %d: rel L2 %.3e", name, hd, frames, L, rel);
+        CHECKF(rel <= tol, "%s hd %d frames %d L %d: rel L2 %.3e over %.1e", name, hd, frames, L, rel, tol);
     }
     free(q), free(k), free(v), free(got), free(want);
 }
 
 /* ---- the tower ---- */
 
-static void test_tower_grid(squad_backend *be, const squad_model *m, cpu_pool *pool, rng *r, int t, int h, int w) {
+/* tol: the bound on max |CUDA - CPU| over max(1, max |CPU|) for the backend's precision. */
+static void test_tower_grid(squad_backend *be, const squad_model *m, cpu_pool *pool, rng *r, int t, int h, int w,
+                            double tol) {
     const squad_vision_config *v = &m->cfg.vision;
     const int N = t * h * w, K = v->in_channels * v->temporal_patch_size * v->patch_size * v->patch_size;
     const int rows = (int)squad_vision_tokens(v, t, h, w), D = v->out_hidden_size;
@@ -121,7 +137,7 @@ static void test_tower_grid(squad_backend *be, const squad_model *m, cpu_pool *p
             worst = d > worst ? d : worst;
             mag = fabs(want[i]) > mag ? fabs(want[i]) : mag;
         }
-        const double bound = TOL_VISION_BF16 * (mag > 1 ? mag : 1);
+        const double bound = tol * (mag > 1 ? mag : 1);
         printf("vision tower %dx%dx%d (%d rows): max |CUDA - CPU| %.3e (outputs up to %.3f; bound %.3e)\n", t, h, w,
                rows, worst, mag, bound);
         CHECKF(finite, "%dx%dx%d: a non-finite output", t, h, w);
@@ -131,11 +147,13 @@ static void test_tower_grid(squad_backend *be, const squad_model *m, cpu_pool *p
     free(px), free(got), free(want);
 }
 
-static void test_tower(squad_model *m, rng *r) {
+static void test_tower(squad_model *m, rng *r, squad_precision prec) {
+    const double tol = prec == SQUAD_PRECISION_EXACT ? TOL_VISION_EXACT : TOL_VISION_BF16;
+    printf("vision tower, %s:\n", prec == SQUAD_PRECISION_EXACT ? "exact" : "bf16");
     squad_err err = {0};
     squad_engine_opts opts;
     memset(&opts, 0, sizeof opts);
-    opts.precision = SQUAD_PRECISION_BF16;
+    opts.precision = prec;
     squad_backend *be = squad_cuda_backend_new(m, &opts, 4096, &err);
     CHECKF(be != NULL, "CUDA backend: %s", err.msg);
     cpu_pool *pool = cpu_pool_new(2, &err);
@@ -151,13 +169,13 @@ static void test_tower(squad_model *m, rng *r) {
         const int grids[][3] = {{1, 4, 4}, {1, 6, 8},   {1, 8, 6},   {2, 4, 6},
                                 {1, 2, 2}, {1, 26, 30}, {1, 34, 60}, {1, 4, 4}};
         for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++)
-            test_tower_grid(be, m, pool, r, grids[i][0], grids[i][1], grids[i][2]);
+            test_tower_grid(be, m, pool, r, grids[i][0], grids[i][1], grids[i][2], tol);
         /* a grid that is not a multiple of the merge size: refused, and the tower still runs */
         const int bad[3] = {1, 5, 4};
         float px[1] = {0}, out[1];
         memset(&err, 0, sizeof err);
         CHECK(be->vision_forward(be, px, bad, out, &err) == SQUAD_E_INVALID && err.msg[0]);
-        test_tower_grid(be, m, pool, r, 1, 4, 6);
+        test_tower_grid(be, m, pool, r, 1, 4, 6, tol);
     }
     cpu_pool_free(pool);
     be->destroy(be);
@@ -397,18 +415,24 @@ int main(void) {
     /* hd, frames, L, heads */
     const int ac[][4] = {{16, 3, 5, 2},   {16, 1, 200, 2}, {32, 2, 130, 3}, {64, 1, 64, 1},
                          {64, 2, 1000, 2}, {128, 1, 300, 2}, {64, 1, 4, 12}};
-    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++) test_attn(&r, 0, ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
-    if (!quick()) test_attn(&r, 0, 64, 1, 8160, 1); /* a 1920x1080 screenshot's frame */
+    const int kinds[] = {ATTN_MMA, ATTN_F32}; /* the kernels built for every head dim */
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++)
+            test_attn(&r, kinds[k], ac[i][0], ac[i][1], ac[i][2], ac[i][3]);
+        if (!quick()) test_attn(&r, kinds[k], 64, 1, 8160, 1); /* a 1920x1080 screenshot's frame */
+    }
     /* the wgmma kernel (head dim 64): a frame shorter than a tile, lengths on and off its 128-query
      * and 64-key tiles, several frames and heads, and the screenshot's frame */
     const int wc[][3] = {{1, 4, 12}, {1, 64, 1}, {1, 128, 2}, {3, 130, 2}, {2, 1000, 2}, {1, 200, 3}};
-    for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++) test_attn(&r, 1, 64, wc[i][0], wc[i][1], wc[i][2]);
-    if (!quick()) test_attn(&r, 1, 64, 1, 8160, 1);
+    for (size_t i = 0; i < sizeof wc / sizeof wc[0]; i++)
+        test_attn(&r, ATTN_WGMMA, 64, wc[i][0], wc[i][1], wc[i][2]);
+    if (!quick()) test_attn(&r, ATTN_WGMMA, 64, 1, 8160, 1);
 
     squad_model *m = test_synth_model("tiny-vl", 0);
     CHECK(m != NULL && m->cfg.has_vision && m->vision);
     if (m && m->vision) {
-        test_tower(m, &r);
+        test_tower(m, &r, SQUAD_PRECISION_BF16);
+        test_tower(m, &r, SQUAD_PRECISION_EXACT);
         test_chunks(m);
     }
     if (m) squad_model_free(m);

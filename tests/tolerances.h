@@ -121,6 +121,18 @@
  * bf16 (~2^-9 relative each, through the blocks' residual stream); a wrong rotary, order or row is
  * O(1). */
 #define TOL_VISION_BF16 5e-2
+/* The exact path's fp32 attention kernel against the same double reference on the same fp32 inputs,
+ * relative L2: fp32 sums over the frame's keys and the fast-math exp only. */
+#define TOL_VISION_ATTN_EXACT 1e-5
+/* The whole tower on the exact path against the CPU's fp32 tower, as TOL_VISION_BF16 measures it: the
+ * same arithmetic class (fp32 activations times the bf16 weights' values, fp32 sums), so only the
+ * order of the sums differs (~1e-5 relative expected). */
+#define TOL_VISION_EXACT 1e-4
+/* Image rows through the engine on the CUDA backend in EXACT (tests/test_vision_rows.c): with the
+ * tower in fp32 the rows sit as close to transformers and to one pass as the text model's exact path
+ * does against the CPU (TOL_CUDA_EXACT_CPU); cached against uncached likewise. */
+#define TOL_CUDA_EXACT_IMAGE_REF 1e-4
+#define TOL_CUDA_EXACT_IMAGE_CACHED 1e-4
 /* M-RoPE on the exact path: K turned by the chunk's (t, h, w) positions against the plain K un-turned
  * and turned again on the host (fp32 angles, double sin / cos on both sides), relative to the pair's
  * magnitude. */

@@ -1656,7 +1656,8 @@ static int setup_vision(cu_be *cb, squad_err *err) {
     if (rc) return rc;
     squad_err ve;
     memset(&ve, 0, sizeof ve);
-    rc = m->vision ? cu_vision_new(m, &cb->vision, &ve) : cu_err(&ve, SQUAD_E_UNSUPPORTED, "no vision weights bound");
+    rc = m->vision ? cu_vision_new(m, cb->f32, &cb->vision, &ve)
+                   : cu_err(&ve, SQUAD_E_UNSUPPORTED, "no vision weights bound");
     if (rc == SQUAD_E_UNSUPPORTED) {
         snprintf(cb->vision_why, sizeof cb->vision_why, "%s", ve.msg);
         return 0;

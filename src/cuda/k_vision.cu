@@ -25,6 +25,14 @@
  *  - vis_bias_act: bias and GELU (tanh or erf) in place on a bf16 GEMM output, 8 elements (16 bytes)
  *    a thread.
  *  - vis_rows_init: the merger's fc2 bias as the output's starting value (its GEMM adds into it).
+ * The exact path (fp32 activations; vis_pos_embed, vis_rope_table and vis_rows_init are shared):
+ *  - vis_layernorm with an fp32 output (the same kernel, its output type a template parameter);
+ *  - vis_rope_split_f32 (a thread per patch, head and rotary pair): the same bias, rotary and split;
+ *  - vis_attn_f32: a warp per query, keys 32 at a time through shared memory, a lane per key for the
+ *    scores and an online softmax over the tile; fp32 throughout. Simple, not fast: it is the
+ *    reference path's, and the 8,160-patch frame takes it like any other;
+ *  - vis_bias_act_f32: bias and GELU in place, the GELU in double (--use_fast_math makes tanhf the
+ *    hardware's tanh.approx, ~2^-11 relative; double functions keep their precision).
  */
 #include "vision_cuda.cuh"
 
@@ -74,10 +82,11 @@ __global__ void vis_pos_embed_kernel(const float *__restrict__ table, const floa
 
 #define VIS_LN_WARPS 8 /* rows a block */
 
-template <int PER>
+/* Y: bf16 (the bf16 path's GEMM input) or float (the exact path's); cu_st rounds or stores. */
+template <int PER, typename Y>
 __global__ void __launch_bounds__(VIS_LN_WARPS * 32)
     vis_layernorm_kernel(float *__restrict__ x, const float *__restrict__ bias, const float *__restrict__ w,
-                         const float *__restrict__ b, bf16 *__restrict__ y, int rows, int H) {
+                         const float *__restrict__ b, Y *__restrict__ y, int rows, int H) {
     const int r = blockIdx.x * VIS_LN_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     float *xr = x + (size_t)r * H;
@@ -103,11 +112,11 @@ __global__ void __launch_bounds__(VIS_LN_WARPS * 32)
     for (int i = 0; i < PER; i++)
         if (lane + 32 * i < H) sq += (v[i] - mean) * (v[i] - mean);
     const float rstd = rsqrtf(cu_warp_sum(sq) / (float)H + SQUAD_VISION_LN_EPS);
-    bf16 *yr = y + (size_t)r * H;
+    Y *yr = y + (size_t)r * H;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int d = lane + 32 * i;
-        if (d < H) yr[d] = __float2bfloat16((v[i] - mean) * rstd * w[d] + b[d]);
+        if (d < H) cu_st(yr + d, (v[i] - mean) * rstd * w[d] + b[d]);
     }
 }
 
@@ -389,6 +398,126 @@ __global__ void vis_rows_init_kernel(float *__restrict__ y, const float *__restr
         y[i] = bias[i % n];
 }
 
+/* ---- the exact path: fp32 activations ----------------------------------------------------------- */
+
+/* The same rotary and split as vis_rope_split_kernel on fp32 qkv into fp32 Q, K, V: a thread per
+ * (patch, head, rotary pair). */
+__global__ void vis_rope_split_f32_kernel(const float *__restrict__ qkv, const float *__restrict__ bias,
+                                          const float2 *__restrict__ cs, int N, int h, int w, int m, int heads,
+                                          int hd, float *__restrict__ Q, float *__restrict__ K,
+                                          float *__restrict__ V) {
+    const int half = hd / 2, quarter = hd / 4;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * heads * half) return;
+    const int j = (int)(i % half), head = (int)(i / half % heads), p = (int)(i / ((size_t)half * heads));
+    int row, col;
+    vis_patch_coords(p % (h * w), w, m, &row, &col);
+    const float2 c = cs[(size_t)(j < quarter ? row : col) * quarter + (j < quarter ? j : j - quarter)];
+    const int H = heads * hd, d0 = head * hd + j, d1 = d0 + half;
+    const float *src = qkv + (size_t)p * 3 * H;
+    const size_t o = ((size_t)head * N + p) * hd + j;
+#pragma unroll
+    for (int part = 0; part < 2; part++) { /* q, then k: x' = x cos + rotate_half(x) sin */
+        const float a0 = src[part * H + d0] + bias[part * H + d0], a1 = src[part * H + d1] + bias[part * H + d1];
+        float *dst = part ? K : Q;
+        dst[o] = a0 * c.x - a1 * c.y;
+        dst[o + half] = a1 * c.x + a0 * c.y;
+    }
+    V[o] = src[2 * H + d0] + bias[2 * H + d0];
+    V[o + half] = src[2 * H + d1] + bias[2 * H + d1];
+}
+
+/* Non-causal attention in fp32, simple rather than fast: a block of VAF_WARPS warps takes as many
+ * consecutive queries of one (head, frame), a warp per query; keys VAF_KEYS at a time through shared
+ * memory, a lane per key for the scores (its dot product over the head dim), then an online softmax
+ * over the tile (warp max and sum) and P V with each lane holding head dims lane, lane + 32, ....
+ * Queries past the frame's end compute on zeros and store nothing; keys past it score -inf. */
+#define VAF_WARPS 8
+#define VAF_KEYS 32 /* a lane each */
+
+template <int HD>
+__global__ void __launch_bounds__(VAF_WARPS * 32)
+    vis_attn_f32_kernel(const float *__restrict__ Q, const float *__restrict__ K, const float *__restrict__ V,
+                        float *__restrict__ out, int N, int L, int heads, float scale) {
+    constexpr int DPL = (HD + 31) / 32; /* head dims a lane holds */
+    __shared__ float Ks[VAF_KEYS][HD + 1]; /* + 1: lane j reads row j, a bank each */
+    __shared__ float Vs[VAF_KEYS][HD];
+    __shared__ float Qs[VAF_WARPS][HD];
+    const int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int head = blockIdx.y, frame = blockIdx.z, q = blockIdx.x * VAF_WARPS + wp;
+    const size_t base = (size_t)head * N + (size_t)frame * L; /* the frame's first row in [head][N] */
+    const float *Kg = K + base * HD, *Vg = V + base * HD;
+    for (int d = lane; d < HD; d += 32) Qs[wp][d] = q < L ? Q[(base + q) * HD + d] : 0.f;
+    float acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = 0.f;
+    float mx = -INFINITY, sum = 0.f;
+    for (int kb = 0; kb < L; kb += VAF_KEYS) {
+        __syncthreads(); /* every warp is done with the previous tile (and Qs is written) */
+        for (int i = threadIdx.x; i < VAF_KEYS * HD; i += VAF_WARPS * 32) {
+            const int r = i / HD, c = i % HD, key = kb + r;
+            Ks[r][c] = key < L ? Kg[(size_t)key * HD + c] : 0.f;
+            Vs[r][c] = key < L ? Vg[(size_t)key * HD + c] : 0.f;
+        }
+        __syncthreads();
+        float s = -INFINITY;
+        if (kb + lane < L) {
+            float dot = 0.f;
+#pragma unroll
+            for (int d = 0; d < HD; d++) dot += Qs[wp][d] * Ks[lane][d];
+            s = dot * scale;
+        }
+        float tmax = s;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+        /* key kb is in the frame, so the new maximum is finite; the first tile's correction is
+         * exp(-inf) = 0 against an empty sum */
+        const float nmx = fmaxf(mx, tmax), corr = expf(mx - nmx), p = expf(s - nmx);
+        mx = nmx;
+        float psum = p;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) psum += __shfl_xor_sync(0xffffffffu, psum, o);
+        sum = sum * corr + psum;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+#pragma unroll 8
+        for (int j = 0; j < VAF_KEYS; j++) {
+            const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+            for (int i = 0; i < DPL; i++)
+                if (lane + 32 * i < HD) acc[i] += pj * Vs[j][lane + 32 * i];
+        }
+    }
+    if (q >= L) return;
+    float *o = out + ((size_t)frame * L + q) * heads * HD + (size_t)head * HD;
+#pragma unroll
+    for (int i = 0; i < DPL; i++)
+        if (lane + 32 * i < HD) o[lane + 32 * i] = acc[i] / sum;
+}
+
+/* GELU on the exact path, evaluated in double and rounded once: --use_fast_math turns tanhf into the
+ * hardware's tanh.approx (about 2^-11 relative), far coarser than the CPU tower's libm tanhf; double
+ * functions keep their full precision under the flag. */
+__device__ __forceinline__ float vis_gelu_tanh_exact(float x) {
+    const double xd = x, k = 0.7978845608028654; /* sqrt(2 / pi) */
+    return (float)(0.5 * xd * (1.0 + tanh(k * (xd + 0.044715 * xd * xd * xd))));
+}
+__device__ __forceinline__ float vis_gelu_erf_exact(float x) {
+    const double xd = x;
+    return (float)(0.5 * xd * (1.0 + erf(xd * 0.7071067811865476)));
+}
+
+/* y [rows][n] fp32, in place: act(y + bias), the bias and the sum in fp32 as the CPU tower adds them. */
+template <int ACT>
+__global__ void vis_bias_act_f32_kernel(float *__restrict__ y, const float *__restrict__ bias, size_t total, int n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        float a = y[i] + bias[i % n];
+        if (ACT == CU_VIS_ACT_GELU_TANH) a = vis_gelu_tanh_exact(a);
+        if (ACT == CU_VIS_ACT_GELU_ERF) a = vis_gelu_erf_exact(a);
+        y[i] = a;
+    }
+}
+
 /* ---- launchers ------------------------------------------------------------------------------------- */
 
 #define VIS_THREADS 256
@@ -406,22 +535,33 @@ int cu_vis_pos_embed(const float *table, const float *bias, int side, int H, int
     return 0;
 }
 
-int cu_vis_layernorm(float *x, const float *bias, const float *w, const float *b, bf16 *y, int rows, int H,
-                     cudaStream_t st, squad_err *err) {
+template <typename Y>
+static int vis_layernorm_launch(float *x, const float *bias, const float *w, const float *b, Y *y, int rows, int H,
+                                cudaStream_t st, squad_err *err) {
     const unsigned blocks = (unsigned)((rows + VIS_LN_WARPS - 1) / VIS_LN_WARPS);
     const unsigned threads = VIS_LN_WARPS * 32;
     if (H <= 32 * 8)
-        vis_layernorm_kernel<8><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
+        vis_layernorm_kernel<8, Y><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
     else if (H <= 32 * 16)
-        vis_layernorm_kernel<16><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
+        vis_layernorm_kernel<16, Y><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
     else if (H <= 32 * 32)
-        vis_layernorm_kernel<32><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
+        vis_layernorm_kernel<32, Y><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
     else if (H <= 32 * 64)
-        vis_layernorm_kernel<64><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
+        vis_layernorm_kernel<64, Y><<<blocks, threads, 0, st>>>(x, bias, w, b, y, rows, H);
     else
         return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: LayerNorm over %d columns (at most 2048)", H);
     CU_LAUNCH_CHECK("vis_layernorm_kernel");
     return 0;
+}
+
+int cu_vis_layernorm(float *x, const float *bias, const float *w, const float *b, bf16 *y, int rows, int H,
+                     cudaStream_t st, squad_err *err) {
+    return vis_layernorm_launch<bf16>(x, bias, w, b, y, rows, H, st, err);
+}
+
+int cu_vis_layernorm_f32(float *x, const float *bias, const float *w, const float *b, float *y, int rows, int H,
+                         cudaStream_t st, squad_err *err) {
+    return vis_layernorm_launch<float>(x, bias, w, b, y, rows, H, st, err);
 }
 
 int cu_vis_rope_table(const float *inv_freq, int positions, int hd, float2 *cs, cudaStream_t st, squad_err *err) {
@@ -505,5 +645,50 @@ int cu_vis_rows_init(float *y, const float *bias, int rows, int n, cudaStream_t 
     const size_t total = (size_t)rows * n;
     vis_rows_init_kernel<<<vis_blocks(total), VIS_THREADS, 0, st>>>(y, bias, total, n);
     CU_LAUNCH_CHECK("vis_rows_init_kernel");
+    return 0;
+}
+
+/* ---- the exact path's launchers ---- */
+
+int cu_vis_rope_split_f32(const float *qkv, const float *bias, const float2 *cs, int N, int h, int w, int merge,
+                          int heads, int hd, float *Q, float *K, float *V, cudaStream_t st, squad_err *err) {
+    if (hd % 4) return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision tower: rotary over head dim %d", hd);
+    const size_t n = (size_t)N * heads * (hd / 2);
+    const size_t blocks = (n + VIS_THREADS - 1) / VIS_THREADS;
+    if (blocks > 0x7fffffffu) return cu_err(err, SQUAD_E_INVALID, "CUDA vision tower: %d patches", N);
+    vis_rope_split_f32_kernel<<<(unsigned)blocks, VIS_THREADS, 0, st>>>(qkv, bias, cs, N, h, w, merge, heads, hd, Q,
+                                                                        K, V);
+    CU_LAUNCH_CHECK("vis_rope_split_f32_kernel");
+    return 0;
+}
+
+int cu_vis_attn_f32(const float *Q, const float *K, const float *V, int frames, int L, int heads, int hd, float scale,
+                    float *out, cudaStream_t st, squad_err *err) {
+    if (frames < 1 || L < 1 || frames > 65535 || heads > 65535)
+        return cu_err(err, SQUAD_E_INVALID, "CUDA vision attention: %d frames of %d patches, %d heads", frames, L,
+                      heads);
+    const dim3 grid((unsigned)((L + VAF_WARPS - 1) / VAF_WARPS), (unsigned)heads, (unsigned)frames);
+    const int N = frames * L, threads = VAF_WARPS * 32;
+    switch (hd) {
+    case 16: vis_attn_f32_kernel<16><<<grid, threads, 0, st>>>(Q, K, V, out, N, L, heads, scale); break;
+    case 32: vis_attn_f32_kernel<32><<<grid, threads, 0, st>>>(Q, K, V, out, N, L, heads, scale); break;
+    case 64: vis_attn_f32_kernel<64><<<grid, threads, 0, st>>>(Q, K, V, out, N, L, heads, scale); break;
+    case 128: vis_attn_f32_kernel<128><<<grid, threads, 0, st>>>(Q, K, V, out, N, L, heads, scale); break;
+    default: return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA vision attention (fp32): head dim %d", hd);
+    }
+    CU_LAUNCH_CHECK("vis_attn_f32_kernel");
+    return 0;
+}
+
+int cu_vis_bias_act_f32(float *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err) {
+    const size_t total = (size_t)rows * n;
+    const unsigned blocks = vis_blocks(total);
+    if (act == CU_VIS_ACT_GELU_TANH)
+        vis_bias_act_f32_kernel<CU_VIS_ACT_GELU_TANH><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, n);
+    else if (act == CU_VIS_ACT_GELU_ERF)
+        vis_bias_act_f32_kernel<CU_VIS_ACT_GELU_ERF><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, n);
+    else
+        vis_bias_act_f32_kernel<CU_VIS_ACT_NONE><<<blocks, VIS_THREADS, 0, st>>>(y, bias, total, n);
+    CU_LAUNCH_CHECK("vis_bias_act_f32_kernel");
     return 0;
 }

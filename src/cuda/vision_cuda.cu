@@ -2,9 +2,10 @@
  * vision_cuda.cu — the vision tower on the CUDA backend (vision_cuda.cuh has the design): its
  * weights uploaded once, its scratch grown to the largest image, and the forward of one image.
  *
- * The forward, for N = t h w patches of hidden Hv (x: the fp32 residual stream; xn, wide: bf16 GEMM
- * inputs and outputs; every GEMM cu_gemm with bf16 operands and fp32 accumulation):
- *   pixels -> bf16; x = pos_grid(h, w) + patch_b; x += pixels W_patch^T; the rotary's cos / sin table
+ * The forward, for N = t h w patches of hidden Hv (x: the fp32 residual stream; xn, wide: the GEMMs'
+ * inputs and outputs, bf16 on the bf16 path and fp32 on the exact path, as are the pixels, Q, K, V
+ * and att; every GEMM cu_gemm with fp32 accumulation):
+ *   x = pos_grid(h, w) + patch_b; x += pixels W_patch^T; the rotary's cos / sin table
  *   per block: xn = LN1(x [+ the previous fc2 bias]); wide = xn W_qkv^T; Q, K, V = rotary(wide + b);
  *              att = attention per frame; x += att W_proj^T; xn = LN2(x + proj_b);
  *              wide = GELU(xn W_fc1^T + b); x += wide W_fc2^T
@@ -13,18 +14,20 @@
  *
  * Pixels in, rows out. A 1920x1080 screenshot's pixels are 50 MB of fp32 in the caller's pageable
  * memory; a plain copy from there ran at ~5.5 GB/s (the driver stages pageable memory through a
- * small pinned buffer of its own, one piece after another). The patch GEMM takes bf16, so the host
- * rounds the pixels to bf16 itself (round to nearest even: the bits vis_to_bf16 made on the device)
- * into a pinned buffer the tower owns, in pieces of CU_VIS_UPLOAD_ROWS patches shared out among up
- * to CU_VIS_UPLOAD_THREADS threads (the caller one of them); each piece is copied up as soon as it is
- * rounded, so the copies (half the bytes) overlap the rounding. The merged rows come down the same
- * way in reverse: into a pinned buffer in CU_VIS_DOWN_PIECES pieces, each copied out to the caller
- * as soon as its event fires. Both pinned buffers grow to the largest image and are freed with the
- * tower.
+ * small pinned buffer of its own, one piece after another). On the bf16 path the patch GEMM takes
+ * bf16, so the host rounds the pixels to bf16 itself (round to nearest even: the bits vis_to_bf16
+ * made on the device) into a pinned buffer the tower owns, in pieces of CU_VIS_UPLOAD_ROWS patches
+ * shared out among up to CU_VIS_UPLOAD_THREADS threads (the caller one of them); each piece is copied
+ * up as soon as it is rounded, so the copies (half the bytes) overlap the rounding. The exact path
+ * takes the same route, its fp32 pieces copied (not rounded) into the pinned buffer. The merged rows
+ * come down the same way in reverse: into a pinned buffer in CU_VIS_DOWN_PIECES pieces, each copied
+ * out to the caller as soon as its event fires. Both pinned buffers grow to the largest image and are
+ * freed with the tower.
  *
- * The attention runs on wgmma (k_vision_attn_sm90.cu) where the GPU and the head dim allow, else on
- * vis_attn (k_vision.cu, mma.sync: the reference the tests compare the wgmma kernel against).
- * Both replaced slower paths, measured in one call (docs/cuda.md): fp32 pixels up from pageable
+ * On the bf16 path the attention runs on wgmma (k_vision_attn_sm90.cu) where the GPU and the head dim
+ * allow, else on vis_attn (k_vision.cu, mma.sync: the reference the tests compare the wgmma kernel
+ * against); on the exact path always on vis_attn_f32 (k_vision.cu). The bf16 upload and the wgmma
+ * attention replaced slower paths, measured in one call (docs/cuda.md): fp32 pixels up from pageable
  * memory, and mma.sync attention at head dim 64.
  */
 #include "vision_cuda.cuh"
@@ -43,20 +46,23 @@ extern "C" {
 #define CU_VIS_UPLOAD_MIN_PIECES 8 /* fewer pieces: the caller rounds alone (no threads started) */
 #define CU_VIS_DOWN_PIECES 4       /* pieces of the download */
 
+/* The matrices are bf16 on the bf16 path, fp32 on the exact path (cu_gemm's f32 takes either). */
 typedef struct cu_vision_block {
     float *n1w, *n1b, *n2w, *n2b;
-    bf16 *qkv, *proj, *fc1, *fc2;
+    void *qkv, *proj, *fc1, *fc2;
     float *qkv_b, *proj_b, *fc1_b, *fc2_b;
 } cu_vision_block;
 
 struct cu_vision {
     squad_vision_config cfg;
     int Hv, I, hd, heads, m, K, out, Mm; /* K: C T P P; Mm: m^2 Hv */
-    bf16 *patch;
+    int f32;  /* the exact path: fp32 matrices and activations */
+    size_t es; /* bytes of an activation of the GEMMs: 4 (exact) or 2 (bf16) */
+    void *patch;
     float *patch_b, *pos, *inv_freq;
     cu_vision_block *blocks;
     float *mnw, *mnb, *mfc1_b, *mfc2_b;
-    bf16 *mfc1, *mfc2;
+    void *mfc1, *mfc2;
     size_t weight_bytes;
     void **allocs; /* the weights */
     int n_allocs, cap_allocs;
@@ -64,10 +70,12 @@ struct cu_vision {
     int cap;
     void *scratch;
     float *x, *out_d;
-    bf16 *pixb, *xn, *wide, *q, *k, *v, *att;
+    bf16 *pixb, *xn, *wide, *q, *k, *v, *att; /* the bf16 path's */
+    float *pixf, *xnf, *widef, *qf, *kf, *vf, *attf; /* the exact path's: the same buffers */
     float2 *rope; /* the image's rotary table [max(h, w)][hd / 4] (cu_vis_rope_table) */
-    /* the pinned staging of the pixels (bf16) and of the merged rows (fp32), grown to the largest image */
-    uint16_t *pix_h;
+    /* the pinned staging of the pixels (bf16, or fp32 on the exact path) and of the merged rows (fp32),
+     * grown to the largest image */
+    void *pix_h;
     size_t pix_h_cap; /* elements */
     float *out_h;
     size_t out_h_cap;
@@ -106,14 +114,24 @@ static int up_vec(cu_vision *v, float **dst, const float *src, size_t n, const c
     return 0;
 }
 
-static int up_mat(cu_vision *v, bf16 **dst, const squad_mat *m, int rows, int cols, const char *what, squad_err *err) {
+/* A matrix as it is (bf16), or on the exact path as fp32 (each bf16 value widened on the host). */
+static int up_mat(cu_vision *v, void **dst, const squad_mat *m, int rows, int cols, const char *what, squad_err *err) {
     if (!m->w || m->rows != rows || m->cols != cols)
         return cu_err(err, SQUAD_E_MODEL, "CUDA vision tower: %s missing or %dx%d, expected %dx%d", what, m->rows,
                       m->cols, rows, cols);
-    const size_t bytes = (size_t)rows * cols * 2;
-    const int rc = vis_alloc(v, (void **)dst, bytes, err);
+    const size_t n = (size_t)rows * cols;
+    const int rc = vis_alloc(v, dst, n * (v->f32 ? 4 : 2), err);
     if (rc) return rc;
-    CU_TRY(cudaMemcpy(*dst, m->w, bytes, cudaMemcpyHostToDevice));
+    if (!v->f32) {
+        CU_TRY(cudaMemcpy(*dst, m->w, n * 2, cudaMemcpyHostToDevice));
+        return 0;
+    }
+    float *tmp = (float *)malloc(n * sizeof(float));
+    if (!tmp) return cu_err(err, SQUAD_E_NOMEM, "out of memory (vision tower: %s staging)", what);
+    for (size_t i = 0; i < n; i++) tmp[i] = squad_bf16_to_f32(m->w[i]);
+    const cudaError_t e = cudaMemcpy(*dst, tmp, n * sizeof(float), cudaMemcpyHostToDevice);
+    free(tmp);
+    if (e != cudaSuccess) return cu_fail(err, "cudaMemcpy (vision tower weights)", e, __FILE__, __LINE__);
     return 0;
 }
 
@@ -135,7 +153,7 @@ static int check_shapes(const squad_vision_config *c, int text_hidden, squad_err
     return 0;
 }
 
-int cu_vision_new(const squad_model *m, cu_vision **out, squad_err *err) {
+int cu_vision_new(const squad_model *m, int f32, cu_vision **out, squad_err *err) {
     *out = NULL;
     const squad_vision_weights *W = m->vision;
     if (!m->cfg.has_vision || !W) return cu_err(err, SQUAD_E_UNSUPPORTED, "the model has no vision tower");
@@ -145,6 +163,8 @@ int cu_vision_new(const squad_model *m, cu_vision **out, squad_err *err) {
     cu_vision *v = (cu_vision *)calloc(1, sizeof *v);
     if (!v) return cu_err(err, SQUAD_E_NOMEM, "out of memory (vision tower)");
     v->cfg = *c;
+    v->f32 = f32 != 0;
+    v->es = v->f32 ? sizeof(float) : sizeof(bf16);
     v->Hv = c->hidden_size;
     v->I = c->intermediate_size;
     v->hd = c->head_dim;
@@ -156,8 +176,8 @@ int cu_vision_new(const squad_model *m, cu_vision **out, squad_err *err) {
     const int Hv = v->Hv, I = v->I, side = c->position_grid_side;
     v->blocks = (cu_vision_block *)calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *v->blocks);
     if (!v->blocks) rc = cu_err(err, SQUAD_E_NOMEM, "out of memory (vision tower)");
-    if (!rc) rc = cu_vis_attn_init(v->hd, err);
-    if (!rc && cu_vis_attn_sm90_takes(v->hd)) rc = cu_vis_attn_sm90_probe(&v->attn_wg, err);
+    if (!rc && !v->f32) rc = cu_vis_attn_init(v->hd, err); /* the bf16 path's attention kernels */
+    if (!rc && !v->f32 && cu_vis_attn_sm90_takes(v->hd)) rc = cu_vis_attn_sm90_probe(&v->attn_wg, err);
     for (int i = 0; i < CU_VIS_DOWN_PIECES && !rc; i++) {
         const cudaError_t e = cudaEventCreateWithFlags(&v->down_ev[i], cudaEventDisableTiming);
         if (e != cudaSuccess) {
@@ -222,14 +242,16 @@ size_t cu_vision_weight_bytes(const cu_vision *v) { return v ? v->weight_bytes :
 
 /* ---- scratch ------------------------------------------------------------------------------------- */
 
-/* One device allocation for N patches: pixels (fp32 and bf16), x, xn, wide, Q, K, V, att, out. */
+/* One device allocation for N patches: pixels, x, xn, wide, Q, K, V, att, out, the rotary table; the
+ * pixels and the GEMMs' activations in v->es bytes an element (bf16, or fp32 on the exact path). */
 static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) {
     if (N <= v->cap) return 0;
     const size_t n = (size_t)N, Hv = (size_t)v->Hv, Nm = n / ((size_t)v->m * v->m);
     size_t wide = 3 * Hv > (size_t)v->I ? 3 * Hv : (size_t)v->I;
     if (wide < (size_t)v->Mm / ((size_t)v->m * v->m)) wide = (size_t)v->Mm / ((size_t)v->m * v->m);
-    const size_t sizes[] = {n * v->K * 2, n * Hv * 4, n * Hv * 2, n * wide * 2,
-                            n * Hv * 2,   n * Hv * 2,   n * Hv * 2, n * Hv * 2, Nm * v->out * 4,
+    const size_t es = v->es;
+    const size_t sizes[] = {n * v->K * es, n * Hv * 4,  n * Hv * es, n * wide * es,
+                            n * Hv * es,   n * Hv * es, n * Hv * es, n * Hv * es, Nm * v->out * 4,
                             n * (size_t)(v->hd / 4) * sizeof(float2)};
     enum { PIXB, X, XN, WIDE, Q, K, V, ATT, OUT, ROPE, N_BUF };
     size_t offs[N_BUF], total = 0;
@@ -261,6 +283,13 @@ static int ensure_scratch(cu_vision *v, int N, cudaStream_t st, squad_err *err) 
     v->att = (bf16 *)(b + offs[ATT]);
     v->out_d = (float *)(b + offs[OUT]);
     v->rope = (float2 *)(b + offs[ROPE]);
+    v->pixf = (float *)v->pixb; /* the exact path's views of the same buffers */
+    v->xnf = (float *)v->xn;
+    v->widef = (float *)v->wide;
+    v->qf = (float *)v->q;
+    v->kf = (float *)v->k;
+    v->vf = (float *)v->v;
+    v->attf = (float *)v->att;
     v->cap = N;
     return 0;
 }
@@ -279,8 +308,8 @@ static int check_grid(const cu_vision *v, const int grid[3], squad_err *err) {
     return 0;
 }
 
-/* From v->pixb (the bf16 pixels on the device) to v->out_d, enqueued on st. */
-static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
+/* The bf16 path: from v->pixb (the bf16 pixels on the device) to v->out_d, enqueued on st. */
+static int run_device_bf16(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
     const int N = t * h * w, L = h * w, Hv = v->Hv, I = v->I, Nm = N / (v->m * v->m);
     const int act = v->cfg.hidden_act == SQUAD_VISION_ACT_GELU_ERF ? CU_VIS_ACT_GELU_ERF : CU_VIS_ACT_GELU_TANH;
     const float scale = 1.0f / sqrtf((float)v->hd);
@@ -315,6 +344,45 @@ static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int 
     return cu_gemm(g, v->mfc2, v->wide, v->out_d, Nm, v->out, v->Mm, 1, 0, st, err);
 }
 
+/* The exact path: the same steps as run_device_bf16 on fp32 activations, every GEMM cu_gemm's fp32
+ * path (f32 = 1: fp32 operands and output) and the fp32 kernels; from v->pixf to v->out_d. */
+static int run_device_f32(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
+    const int N = t * h * w, L = h * w, Hv = v->Hv, I = v->I, Nm = N / (v->m * v->m);
+    const int act = v->cfg.hidden_act == SQUAD_VISION_ACT_GELU_ERF ? CU_VIS_ACT_GELU_ERF : CU_VIS_ACT_GELU_TANH;
+    const float scale = 1.0f / sqrtf((float)v->hd);
+    int rc;
+    if ((rc = cu_vis_pos_embed(v->pos, v->patch_b, v->cfg.position_grid_side, Hv, t, h, w, v->m, v->x, st, err)))
+        return rc;
+    if ((rc = cu_gemm(g, v->patch, v->pixf, v->x, N, Hv, v->K, 1, 1, st, err))) return rc;
+    if ((rc = cu_vis_rope_table(v->inv_freq, h > w ? h : w, v->hd, v->rope, st, err))) return rc;
+    const float *pending = NULL; /* the bias of the GEMM that last added into x */
+    for (int l = 0; l < v->cfg.depth; l++) {
+        const cu_vision_block *b = &v->blocks[l];
+        if ((rc = cu_vis_layernorm_f32(v->x, pending, b->n1w, b->n1b, v->xnf, N, Hv, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->qkv, v->xnf, v->widef, N, 3 * Hv, Hv, 0, 1, st, err))) return rc;
+        if ((rc = cu_vis_rope_split_f32(v->widef, b->qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->qf, v->kf,
+                                        v->vf, st, err)))
+            return rc;
+        if ((rc = cu_vis_attn_f32(v->qf, v->kf, v->vf, t, L, v->heads, v->hd, scale, v->attf, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->proj, v->attf, v->x, N, Hv, Hv, 1, 1, st, err))) return rc;
+        if ((rc = cu_vis_layernorm_f32(v->x, b->proj_b, b->n2w, b->n2b, v->xnf, N, Hv, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->fc1, v->xnf, v->widef, N, I, Hv, 0, 1, st, err))) return rc;
+        if ((rc = cu_vis_bias_act_f32(v->widef, b->fc1_b, N, I, act, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->fc2, v->widef, v->x, N, Hv, I, 1, 1, st, err))) return rc;
+        pending = b->fc2_b;
+    }
+    if ((rc = cu_vis_layernorm_f32(v->x, pending, v->mnw, v->mnb, v->xnf, N, Hv, st, err))) return rc;
+    if ((rc = cu_gemm(g, v->mfc1, v->xnf, v->widef, Nm, v->Mm, v->Mm, 0, 1, st, err))) return rc;
+    if ((rc = cu_vis_bias_act_f32(v->widef, v->mfc1_b, Nm, v->Mm, CU_VIS_ACT_GELU_ERF, st, err))) return rc;
+    if ((rc = cu_vis_rows_init(v->out_d, v->mfc2_b, Nm, v->out, st, err))) return rc;
+    return cu_gemm(g, v->mfc2, v->widef, v->out_d, Nm, v->out, v->Mm, 1, 1, st, err);
+}
+
+/* From the pixels on the device to v->out_d on the tower's path. */
+static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
+    return v->f32 ? run_device_f32(v, g, st, t, h, w, err) : run_device_bf16(v, g, st, t, h, w, err);
+}
+
 /* ---- pixels up, rows down ---------------------------------------------------------------------------- */
 
 /* A pinned host buffer of at least n elements of `size` bytes (grown, never shrunk; the stream is idle
@@ -338,16 +406,18 @@ static int ensure_pinned(void **buf, size_t *cap, size_t n, size_t size, squad_e
 /* The shared state of one upload: pieces handed out by an atomic counter. */
 typedef struct vis_upload {
     const float *src;  /* the caller's pixels [N][K] */
-    uint16_t *stage;   /* pinned [N][K] bf16 */
-    bf16 *dst;         /* the device's [N][K] */
+    void *stage;       /* pinned [N][K]: bf16, or fp32 (f32) */
+    void *dst;         /* the device's [N][K], of the same type */
     size_t K;
+    int f32;           /* copy fp32 as it is (the exact path) instead of rounding to bf16 */
     int N, pieces, device;
     cudaStream_t st;
     int next;          /* the next piece to take (atomic) */
     int fail;          /* the first failed copy's cudaError_t (0, cudaSuccess, while none) */
 } vis_upload;
 
-/* Takes pieces until none is left: rounds each to bf16 into the pinned stage and copies it up. */
+/* Takes pieces until none is left: rounds each to bf16 (or copies it, f32) into the pinned stage and
+ * copies it up. */
 static void *vis_upload_worker(void *arg) {
     vis_upload *u = (vis_upload *)arg;
     for (;;) {
@@ -356,11 +426,16 @@ static void *vis_upload_worker(void *arg) {
         const size_t r0 = (size_t)piece * CU_VIS_UPLOAD_ROWS;
         const size_t r1 = r0 + CU_VIS_UPLOAD_ROWS < (size_t)u->N ? r0 + CU_VIS_UPLOAD_ROWS : (size_t)u->N;
         const float *src = u->src + r0 * u->K;
-        uint16_t *stage = u->stage + r0 * u->K;
-        const size_t n = (r1 - r0) * u->K;
-        for (size_t i = 0; i < n; i++) stage[i] = squad_f32_to_bf16(src[i]);
-        const cudaError_t e =
-            cudaMemcpyAsync(u->dst + r0 * u->K, stage, n * sizeof(uint16_t), cudaMemcpyHostToDevice, u->st);
+        const size_t n = (r1 - r0) * u->K, es = u->f32 ? sizeof(float) : sizeof(uint16_t);
+        unsigned char *stage = (unsigned char *)u->stage + r0 * u->K * es;
+        if (u->f32) {
+            memcpy(stage, src, n * sizeof(float));
+        } else {
+            uint16_t *s16 = (uint16_t *)stage;
+            for (size_t i = 0; i < n; i++) s16[i] = squad_f32_to_bf16(src[i]);
+        }
+        const cudaError_t e = cudaMemcpyAsync((unsigned char *)u->dst + r0 * u->K * es, stage, n * es,
+                                              cudaMemcpyHostToDevice, u->st);
         if (e != cudaSuccess) {
             int none = 0;
             __atomic_compare_exchange_n(&u->fail, &none, (int)e, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
@@ -378,17 +453,19 @@ static void *vis_upload_thread(void *arg) {
     return vis_upload_worker(arg);
 }
 
-/* The pixels rounded to bf16 on the host and copied into v->pixb, piece by piece (the file's comment). */
-static int upload_bf16(cu_vision *v, cudaStream_t st, const float *pixel_values, int N, squad_err *err) {
+/* The pixels rounded to bf16 on the host (the exact path: kept fp32) and copied into v->pixb, piece
+ * by piece through the pinned stage (the file's comment). */
+static int upload_staged(cu_vision *v, cudaStream_t st, const float *pixel_values, int N, squad_err *err) {
     const size_t K = (size_t)v->K;
-    int rc = ensure_pinned((void **)&v->pix_h, &v->pix_h_cap, (size_t)N * K, sizeof(uint16_t), err);
+    int rc = ensure_pinned(&v->pix_h, &v->pix_h_cap, (size_t)N * K, v->es, err);
     if (rc) return rc;
     vis_upload u;
     memset(&u, 0, sizeof u);
     u.src = pixel_values;
     u.stage = v->pix_h;
-    u.dst = v->pixb;
+    u.dst = v->pixb; /* v->pixf on the exact path: the same buffer */
     u.K = K;
+    u.f32 = v->f32;
     u.N = N;
     u.pieces = (N + CU_VIS_UPLOAD_ROWS - 1) / CU_VIS_UPLOAD_ROWS;
     u.st = st;
@@ -411,7 +488,7 @@ static int upload_pixels(cu_vision *v, cudaStream_t st, const float *pixel_value
     if (rc) return rc;
     const int N = grid[0] * grid[1] * grid[2];
     if ((rc = ensure_scratch(v, N, st, err))) return rc;
-    return upload_bf16(v, st, pixel_values, N, err);
+    return upload_staged(v, st, pixel_values, N, err);
 }
 
 /* v->out_d's Nm rows to the caller's out, through the pinned buffer piece by piece; synchronises st. */

@@ -2,18 +2,28 @@
  * vision_cuda.cuh — Qwen3.5's vision tower on the CUDA backend: its weights on the device, its
  * scratch, its forward (vision_cuda.cu), and the kernels the forward launches (k_vision.cu).
  *
- * Design: the tower runs the bf16 path whatever the backend's precision (the fp32 tower is the CPU
- * backend's, src/cpu/vision.c, the reference): bf16 matrices on the backend's GEMM path (cu_gemm:
- * cuBLASLt or the sm_90a kernel, fp32 accumulation), an fp32 residual stream the GEMMs of the patch
- * embedding, proj and fc2 add into (the epilogue's beta = 1, as the text model's out / down), bf16
- * GEMM inputs made by the kernels between them. Biases ride in the kernel after each GEMM: the qkv
- * bias in the rotary kernel, proj's and fc2's in the LayerNorm that next reads the residual stream
- * (added to it there, once), fc1's in the GELU, the patch bias with the position grid, the merger's
- * fc2 bias written into the output before its GEMM adds to it. One image at a time, launched
- * eagerly on the backend's stream (no graph: a graph per grid bucket is a later step); the scratch
- * grows to the largest image seen and stays. The attention runs on wgmma (k_vision_attn_sm90.cu)
- * where the GPU is a Hopper and the head dim 64, else on mma.sync (k_vision.cu). Pixels go up as
- * bf16 rounded on the host into pinned memory, rows come down through pinned memory (vision_cuda.cu).
+ * Design: two paths, chosen once at creation from the backend's precision (cu_vision_new's f32).
+ *
+ * BF16, the fast path: bf16 matrices on the backend's GEMM path (cu_gemm: cuBLASLt or the sm_90a
+ * kernel, fp32 accumulation), an fp32 residual stream the GEMMs of the patch embedding, proj and fc2
+ * add into (the epilogue's beta = 1, as the text model's out / down), bf16 GEMM inputs made by the
+ * kernels between them. The attention runs on wgmma (k_vision_attn_sm90.cu) where the GPU is a
+ * Hopper and the head dim 64, else on mma.sync (k_vision.cu). Pixels go up as bf16 rounded on the
+ * host into pinned memory.
+ *
+ * EXACT, the reference path: fp32 activations end to end, the arithmetic class of the CPU backend's
+ * tower (src/cpu/vision.c, equal to transformers: fp32 inputs times the bf16 weights' values, fp32
+ * sums). The matrices live on the device as fp32 copies of the bf16 weights (an exact conversion:
+ * cu_gemm's fp32 path takes both operands in fp32), as the text model's exact path keeps its own; LayerNorm, rotary and GELU write fp32; the attention is a plain fp32 kernel
+ * (cu_vis_attn_f32); the pixels go up as fp32 through the same pinned staging.
+ *
+ * Both: the same buffers and order of operations, only the element type of the GEMMs' inputs and
+ * outputs differs. Biases ride in the kernel after each GEMM: the qkv bias in the rotary kernel,
+ * proj's and fc2's in the LayerNorm that next reads the residual stream (added to it there, once),
+ * fc1's in the GELU, the patch bias with the position grid, the merger's fc2 bias written into the
+ * output before its GEMM adds to it. One image at a time, launched eagerly on the backend's stream
+ * (no graph: a graph per grid bucket is a later step); the scratch grows to the largest image seen
+ * and stays. Rows come down through pinned memory (vision_cuda.cu).
  */
 #ifndef SQUAD_VISION_CUDA_CUH
 #define SQUAD_VISION_CUDA_CUH
@@ -63,6 +73,17 @@ int cu_vis_attn_sm90(const bf16 *Q, const bf16 *K, const bf16 *V, int frames, in
                      bf16 *out, cudaStream_t st, squad_err *err);
 /* y [rows][n] bf16, in place: act(y + bias). n a multiple of 8. */
 int cu_vis_bias_act(bf16 *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err);
+/* The exact path's variants of the above on fp32 activations (same layouts, fp32 in and out):
+ * LayerNorm into fp32 y; the rotary and split of fp32 qkv into fp32 Q, K, V; the attention in fp32
+ * (a warp per query, online softmax over key tiles: simple, not fast; any L); bias and GELU in
+ * place, the GELU evaluated in double and rounded once. */
+int cu_vis_layernorm_f32(float *x, const float *bias, const float *w, const float *b, float *y, int rows, int H,
+                         cudaStream_t st, squad_err *err);
+int cu_vis_rope_split_f32(const float *qkv, const float *bias, const float2 *cs, int N, int h, int w, int merge,
+                          int heads, int hd, float *Q, float *K, float *V, cudaStream_t st, squad_err *err);
+int cu_vis_attn_f32(const float *Q, const float *K, const float *V, int frames, int L, int heads, int hd, float scale,
+                    float *out, cudaStream_t st, squad_err *err);
+int cu_vis_bias_act_f32(float *y, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err);
 /* y [rows][n] fp32 = bias in every row. */
 int cu_vis_rows_init(float *y, const float *bias, int rows, int n, cudaStream_t st, squad_err *err);
 
@@ -70,9 +91,10 @@ int cu_vis_rows_init(float *y, const float *bias, int rows, int n, cudaStream_t 
 typedef struct cu_vision cu_vision;
 /* The tower of m on the device (m->vision bound), or *out NULL with SQUAD_E_UNSUPPORTED and a message
  * when its shapes are outside what the kernels take (the caller keeps the message: the backend then
- * answers every vision_forward with it). Weights are uploaded with plain copies; the caller
- * synchronises the device before the first use. */
-int cu_vision_new(const squad_model *m, cu_vision **out, squad_err *err);
+ * answers every vision_forward with it). f32: the exact path (the backend's precision EXACT), else
+ * the bf16 path. Weights are uploaded with plain copies; the caller synchronises the device before
+ * the first use. */
+int cu_vision_new(const squad_model *m, int f32, cu_vision **out, squad_err *err);
 void cu_vision_free(cu_vision *v);
 size_t cu_vision_weight_bytes(const cu_vision *v);
 /* The backend's vision_forward: pixel_values (host) of grid (t, h, w) in, the merged rows (host) out;

@@ -160,6 +160,10 @@ int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, const float *
  * GPU other than compute capability 9.0, or hd other than 64). */
 int squad_cuda_test_vis_attn_wg(int hd, int frames, int L, int heads, const float *Q, const float *K,
                                 const float *V, float *out, squad_err *err);
+/* The exact path's fp32 attention kernel (vis_attn_f32) on the same host data, fp32 throughout (no
+ * rounding of the inputs or the output). */
+int squad_cuda_test_vis_attn_f32(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                 const float *V, float *out, squad_err *err);
 /* One attention kernel (wg: the wgmma one) on one frame of L patches and `heads` heads of random
  * bf16 Q / K / V on the device: a warm-up, then `reps` launches each timed by events into ms[rep].
  * SQUAD_E_UNSUPPORTED as squad_cuda_test_vis_attn_wg. */

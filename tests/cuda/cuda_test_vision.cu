@@ -1,8 +1,8 @@
 /*
  * cuda_test_vision.cu — the vision tower's entry points for the tests and the benchmark
- * (cuda_test_api.h): its attention kernels (vis_attn on mma.sync, and on wgmma where the GPU runs it)
- * on host data beside a double-precision host reference, and the device part of a backend's tower
- * timed by events.
+ * (cuda_test_api.h): its attention kernels (vis_attn on mma.sync, on wgmma where the GPU runs it,
+ * and the exact path's fp32 vis_attn_f32) on host data beside a double-precision host reference, and
+ * the device part of a backend's tower timed by events.
  */
 #include "cuda_test_common.cuh"
 
@@ -103,6 +103,28 @@ extern "C" int squad_cuda_test_vis_attn(int hd, int frames, int L, int heads, co
 extern "C" int squad_cuda_test_vis_attn_wg(int hd, int frames, int L, int heads, const float *Q, const float *K,
                                            const float *V, float *out, squad_err *err) {
     return vis_attn_on_host(1, hd, frames, L, heads, Q, K, V, out, err);
+}
+
+extern "C" int squad_cuda_test_vis_attn_f32(int hd, int frames, int L, int heads, const float *Q, const float *K,
+                                            const float *V, float *out, squad_err *err) {
+    if (!cu_vis_attn_supported(hd)) return cu_err(err, SQUAD_E_UNSUPPORTED, "vision attention: head dim %d", hd);
+    const size_t bytes = (size_t)heads * frames * L * hd * sizeof(float);
+    float *d[4] = {NULL, NULL, NULL, NULL};
+    int rc = 0;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < 4 && e == cudaSuccess; i++) e = cudaMalloc((void **)&d[i], bytes);
+    const float *src[3] = {Q, K, V};
+    for (int i = 0; i < 3 && e == cudaSuccess; i++) e = cudaMemcpy(d[i], src[i], bytes, cudaMemcpyHostToDevice);
+    /* the output poisoned (NaN): a row the kernel misses shows */
+    if (e == cudaSuccess) e = cudaMemset(d[3], 0xff, bytes);
+    if (e != cudaSuccess) rc = cu_fail(err, "vision attention (fp32) test buffers", e, __FILE__, __LINE__);
+    if (!rc) rc = cu_vis_attn_f32(d[0], d[1], d[2], frames, L, heads, hd, 1.0f / sqrtf((float)hd), d[3], 0, err);
+    if (!rc && (e = cudaDeviceSynchronize()) != cudaSuccess) rc = cu_fail(err, "vis_attn_f32", e, __FILE__, __LINE__);
+    if (!rc && (e = cudaMemcpy(out, d[3], bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        rc = cu_fail(err, "cudaMemcpy", e, __FILE__, __LINE__);
+    for (int i = 0; i < 4; i++)
+        if (d[i]) cudaFree(d[i]);
+    return rc;
 }
 
 extern "C" int squad_cuda_test_vis_attn_time(int wg, int hd, int L, int heads, int reps, double *ms, squad_err *err) {
