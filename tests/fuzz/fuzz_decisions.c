@@ -7,9 +7,13 @@
  * (bit 1); the rest is the body. A refused body must come back with a status of section F, a
  * message and an error body. An accepted one must give rows the engine can take (one slot, the last
  * token; labels inside the vocabulary; the same prefix in every row; breakpoints inside the
- * prefix), and a response, built from results fabricated from the input's bytes, that serialises
+ * prefix; each image a run of its tokens' <|image_pad|> inside the state), and a response, built from results fabricated from the input's bytes, that serialises
  * and parses back as JSON. Uses the Qwen3 tokenizer ($SQUAD_FUZZ_TOKENIZER, else
  * third_party/qwen3/tokenizer.json from the working directory or this file's repository).
+ * input_image parts reach squad's own image entry: the parser hands each image_url to a loader that
+ * does what the server's does without a model (the data: URL or base64 to bytes, the decoders under
+ * a pixel limit, the grid of the default image processor), so the decoders are fuzzed through the
+ * request they arrive in.
  */
 #include <jansson.h>
 #include <stdint.h>
@@ -19,14 +23,59 @@
 
 #include "decisions.h"
 #include "fuzz_tokenizer_path.h"
+#include "image/data_url.h"
+#include "image/decode.h"
+#include "image/loader.h"
+#include "image/preprocess.h"
 #include "json_text.h"
 #include "tokenizer.h"
 
 #define FUZZ_MAX_TOKENS 512
+#define FUZZ_MAX_IMAGE_PIXELS (1 << 20) /* decodes stay quick; larger claims are refused by the header */
 
 static squad_tokenizer *tok; /* the harness's own state, loaded once */
 static squad_dapi_ctx *ctx[2];
 static int pinned_api = -1;
+static int32_t image_pad_id = -1;
+
+/* The server's loader without a model: text -> bytes -> pixels -> the default processor's grid. */
+static int fuzz_image_load(void *ctx, const char *text, size_t len, squad_row_image *out, squad_err *err) {
+    (void)ctx;
+    uint8_t *bytes = NULL;
+    size_t n = 0;
+    int rc = squad_image_text_bytes(text, len, &bytes, &n, err);
+    if (rc) return rc;
+    squad_image *img = calloc(1, sizeof *img);
+    if (!img) {
+        free(bytes);
+        err->code = SQUAD_E_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return SQUAD_E_NOMEM;
+    }
+    rc = squad_image_decode(bytes, n, FUZZ_MAX_IMAGE_PIXELS, img, err);
+    free(bytes);
+    squad_image_proc_config c;
+    squad_image_proc_config_default(&c);
+    if (!rc) rc = squad_image_grid(&c, img->width, img->height, out->grid, err);
+    if (rc) {
+        squad_image_free(img);
+        free(img);
+        return rc;
+    }
+    out->tokens = out->grid[0] * out->grid[1] * out->grid[2] / (c.merge_size * c.merge_size);
+    out->image = img;
+    return 0;
+}
+
+static void fuzz_image_release(void *ctx, squad_row_image *image) {
+    (void)ctx;
+    squad_image *img = (squad_image *)image->image;
+    if (img) squad_image_free(img);
+    free(img);
+    image->image = NULL;
+}
+
+static const squad_image_loader fuzz_loader = {fuzz_image_load, fuzz_image_release, NULL};
 
 static void load_once(void) {
     if (tok) return;
@@ -39,6 +88,7 @@ static void load_once(void) {
         fprintf(stderr, "fuzz_decisions: %s (set SQUAD_FUZZ_TOKENIZER)\n", err.msg);
         abort();
     }
+    image_pad_id = squad_tokenizer_token_id(tok, SQUAD_IMAGE_PAD_TOKEN);
     const char *pin = getenv("FUZZ_DECISIONS_API");
     if (pin) pinned_api = atoi(pin) ? 1 : 0;
 }
@@ -85,6 +135,12 @@ static void check_rows(const squad_dapi_req *req, int limited) {
         for (int k = 0; k < row->n_ids; k++)
             if (row->ids[k] < 0 || row->ids[k] >= vocab) __builtin_trap();
         if (!req->suffix_texts[i]) __builtin_trap();
+        for (int k = 0; k < row->n_images; k++) {
+            const squad_row_image *im = &row->images[k];
+            if (im->tokens < 1 || im->pos < 0 || im->pos + im->tokens > row->state_len) __builtin_trap();
+            for (int t = 0; t < im->tokens; t++)
+                if (row->ids[im->pos + t] != image_pad_id) __builtin_trap();
+        }
     }
 }
 
@@ -125,7 +181,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     squad_dapi_req *req = NULL;
     squad_dapi_error e;
     memset(&e, 0, sizeof e);
-    if (squad_dapi_parse(ctx[limited], api, (const char *)data + 1, size - 1, &req, &e) != 0) {
+    if (squad_dapi_parse_images(ctx[limited], api, (const char *)data + 1, size - 1, &fuzz_loader, &req, &e) != 0) {
         if (req || !e.message[0] || !e.type[0] || (e.status != 400 && e.status != 404)) __builtin_trap();
         char *body = squad_dapi_error_body(&e);
         if (!body) __builtin_trap();
