@@ -14,7 +14,8 @@
 //   3. bare base64 is taken as a data: URL is;
 //   4. refusals, each a 400 naming the image and the server still answering: an http(s) URL, a
 //      corrupt and a truncated PNG, bad base64, an image over --max-image-pixels; a body over
-//      --max-body is a 413 however it holds its image;
+//      --max-body is a 413 however it holds its image; hostile images in flight beside good requests:
+//      each refused, every good one answered as when alone;
 //   5. /v1/decisions with input_image parts: answered, the image's tokens in usage, the same
 //      screenshot with another question cached; a remote URL, a file_id and detail "low" refused;
 //   6. /metrics and /v1/stats count image rows, image tokens and the encoder cache;
@@ -169,6 +170,22 @@ async function visionServer(dir) {
     C.eq(bad.status, 422, '"images" not an array: 422');
     const again = await request(S.base, 'POST', '/v1/ask', ask([dataUrl(SHOT_A)], Q[1]));
     C.eq(probs(again), probs(r2), 'after the refusals the server answers as before');
+    // hostile images in flight beside good requests: every hostile one refused, every good one answered
+    // as alone (nothing in flight lost)
+    const hostile = [corrupt, SHOT_A.subarray(0, 100), big, Buffer.from('GIF89a'), Buffer.alloc(64, 0)];
+    const mixed = [];
+    for (let i = 0; i < 4; i++) {
+      mixed.push(request(S.base, 'POST', '/v1/ask', ask([dataUrl(SHOT_A)], Q[1])).then((r) => ['good', r]));
+      mixed.push(request(S.base, 'POST', '/v1/ask', ask([dataUrl(SHOT_B)], Q[0])).then((r) => ['goodB', r]));
+      for (const h of hostile) mixed.push(request(S.base, 'POST', '/v1/ask', ask([dataUrl(h)], Q[0])).then((r) => ['bad', r]));
+    }
+    const done = await Promise.all(mixed);
+    C.ok(done.filter(([k, r]) => k === 'bad' && r.status === 400).length === 4 * hostile.length,
+      'hostile images in flight: every one a 400', done.filter(([k]) => k === 'bad').map(([, r]) => r.status));
+    C.ok(done.filter(([k, r]) => k === 'good' && r.status === 200 && JSON.stringify(probs(r)) === JSON.stringify(probs(r2))).length === 4,
+      'good requests beside them: all answered, as alone', done.filter(([k]) => k === 'good').map(([, r]) => r.status));
+    C.ok(done.filter(([k, r]) => k === 'goodB' && r.status === 200 && JSON.stringify(probs(r)) === JSON.stringify(probs(r3))).length === 4,
+      'the other screenshot beside them: all answered, as alone', done.filter(([k]) => k === 'goodB').map(([, r]) => r.status));
     // 5. /v1/decisions
     const d1 = await request(S.base, 'POST', '/v1/decisions', decisionsBody(dataUrl(SHOT_A), 'Which button adds the first item?'));
     C.eq(d1.status, 200, '/v1/decisions with input_image: status');
