@@ -8,6 +8,12 @@
  *  - a state evicted from both tiers is recomputed (cold) and answers the same;
  *  - a row that finds its state only in host memory and is told not to promote recomputes from the
  *    deepest device checkpoint, and answers the same;
+ *  - an agent trace (sessions interleaved, each state changing in its middle, growing at its end or
+ *    being replaced, as bench/agent_trace.py's) through a device budget a quarter of its working
+ *    set: with a host tier that holds the rest, every row that restored something without the tier
+ *    restores at least as much with it, the tokens reused add up to at least as many, and a state
+ *    found only in host memory is promoted; with every row's checkpoints cut to its end (what the
+ *    server asks under load) as well as with all of them;
  *  - the host tier never holds more than its budget, and the cache stays consistent throughout;
  *  - restart: an engine saves, a new engine on the same model loads, and the first repeated
  *    question is a hit with identical probabilities; another model (another synth seed), another
@@ -509,6 +515,167 @@ done:
     squad_engine_free(e);
 }
 
+/* ---- an agent trace through the tiers ------------------------------------------------------ */
+
+#define AGENT_SESSIONS 6
+#define AGENT_STEPS 4
+#define AGENT_QUESTIONS 2
+#define AGENT_ROWS (AGENT_SESSIONS * AGENT_STEPS * AGENT_QUESTIONS)
+#define AGENT_MAX_STATE 1024
+#define AGENT_HEADER 72 /* shared by every session: one aligned block of 64 and a little more */
+
+typedef struct agent_session {
+    int32_t state[AGENT_MAX_STATE];
+    int n, history_end; /* the state's tokens; where its history ends and its page begins */
+} agent_session;
+
+typedef struct agent_trace {
+    int32_t ids[AGENT_ROWS][AGENT_MAX_STATE + QUESTION];
+    int32_t slots[AGENT_ROWS][1], nopts[AGENT_ROWS][1], letters[4];
+    squad_row rows[AGENT_ROWS];
+} agent_trace;
+
+static uint64_t agent_next(uint64_t *x) {
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    return *x;
+}
+
+/* n random tokens into v (the vocabulary's first 4 ids are the letters). */
+static void agent_tokens(int32_t *v, int n, uint64_t *x, int vocab) {
+    for (int i = 0; i < n; i++) v[i] = 4 + (int32_t)(agent_next(x) % (uint64_t)(vocab - 4));
+}
+
+/* The session's next state: a step appended and a new page (most often), or the page's second half
+ * changed, or the page grown at its end. */
+static void agent_advance(agent_session *s, uint64_t *x, int vocab) {
+    const int r = (int)(agent_next(x) % 4);
+    if (r == 0 && s->n + 64 <= AGENT_MAX_STATE) { /* the page grows */
+        agent_tokens(s->state + s->n, 64, x, vocab);
+        s->n += 64;
+    } else if (r == 1) { /* part of the page changes */
+        const int at = s->history_end + (s->n - s->history_end) / 2;
+        agent_tokens(s->state + at, s->n - at, x, vocab);
+    } else { /* an action: one more step in the history, then a new page */
+        const int step = 24 + (int)(agent_next(x) % 40), page = 160 + (int)(agent_next(x) % 160);
+        if (s->history_end + step + page > AGENT_MAX_STATE) s->history_end = AGENT_HEADER + 48; /* old steps trimmed */
+        agent_tokens(s->state + s->history_end, step, x, vocab);
+        s->history_end += step;
+        agent_tokens(s->state + s->history_end, page, x, vocab);
+        s->n = s->history_end + page;
+    }
+}
+
+/* Sessions interleaved at random, each asking AGENT_QUESTIONS questions about each of its states. */
+static void agent_trace_make(agent_trace *t, int vocab) {
+    static agent_session sessions[AGENT_SESSIONS];
+    uint64_t x = 0x5eed5eedull;
+    int32_t header[AGENT_HEADER];
+    agent_tokens(header, AGENT_HEADER, &x, vocab);
+    int asked[AGENT_SESSIONS] = {0};
+    for (int i = 0; i < AGENT_SESSIONS; i++) {
+        agent_session *s = &sessions[i];
+        memcpy(s->state, header, sizeof header);
+        agent_tokens(s->state + AGENT_HEADER, 48, &x, vocab); /* the goal */
+        s->history_end = AGENT_HEADER + 48;
+        agent_tokens(s->state + s->history_end, 256, &x, vocab);
+        s->n = s->history_end + 256;
+    }
+    for (int l = 0; l < 4; l++) t->letters[l] = l;
+    for (int k = 0; k < AGENT_ROWS; k++) {
+        int i = (int)(agent_next(&x) % AGENT_SESSIONS);
+        while (asked[i] == AGENT_STEPS * AGENT_QUESTIONS) i = (i + 1) % AGENT_SESSIONS;
+        agent_session *s = &sessions[i];
+        memcpy(t->ids[k], s->state, (size_t)s->n * sizeof(int32_t));
+        agent_tokens(t->ids[k] + s->n, QUESTION, &x, vocab);
+        t->slots[k][0] = s->n + QUESTION - 1;
+        t->nopts[k][0] = 4;
+        t->rows[k] = (squad_row){t->ids[k], s->n + QUESTION, t->slots[k], t->nopts[k], 1, t->letters, 4, s->n, 0, NULL, 0};
+        if (++asked[i] % AGENT_QUESTIONS == 0) agent_advance(s, &x, vocab);
+    }
+}
+
+typedef struct agent_run {
+    int reused[AGENT_ROWS];
+    long reused_sum;
+    squad_cache_stats st;
+} agent_run;
+
+/* The trace through an engine of `budget` bytes (with a host tier of host_budget when > 0, the cost
+ * model deciding), one row at a time; answers checked against the uncached engine. 0 when every
+ * row was answered. */
+static int agent_replay(squad_model *m, squad_engine *plain, const agent_trace *t, size_t budget, size_t host_budget,
+                        int end_only, const char *name, agent_run *out) {
+    memset(out, 0, sizeof *out);
+    squad_engine *e = engine(m, budget, NULL);
+    if (!e) return -1;
+    if (host_budget) squad_cache_debug_host_tier(e->cache, host_budget, 0);
+    squad_score_opts so;
+    memset(&so, 0, sizeof so);
+    so.end_checkpoint_only = end_only;
+    int rc = 0;
+    for (int k = 0; k < AGENT_ROWS && rc == 0; k++) {
+        squad_result r, ref;
+        squad_err err = {0};
+        rc = squad_engine_score_ex(e, &t->rows[k], &so, &r, &err);
+        CHECKF(rc == 0, "%s, row %d: %s", name, k, err.msg);
+        if (rc || score(plain, &t->rows[k], &ref)) break;
+        CHECKF(diff(&t->rows[k], &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s, row %d: %.3g from the uncached answer", name, k,
+               diff(&t->rows[k], &r, &ref));
+        out->reused[k] = r.reused;
+        out->reused_sum += r.reused;
+        if (!consistent(e, name)) rc = -1;
+    }
+    squad_engine_cache_stats(e, &out->st);
+    printf("%s: hits %llu, partial %llu, cold %llu, reused %ld; demotions %llu, promotions %llu, recomputed %llu, "
+           "evicted %llu, host evicted %llu\n",
+           name, (unsigned long long)out->st.hits, (unsigned long long)out->st.partial,
+           (unsigned long long)out->st.cold, out->reused_sum, (unsigned long long)out->st.demotions,
+           (unsigned long long)out->st.promotions, (unsigned long long)out->st.host_recomputed,
+           (unsigned long long)out->st.evicted, (unsigned long long)out->st.host_evicted);
+    squad_engine_free(e);
+    return rc;
+}
+
+/* The trace with room for everything (its working set), then through a device budget a quarter of
+ * that without a host tier and with one of 1.25x the working set: the tier must give back every
+ * restore the device budget lost it, never fewer. */
+static void host_tier_agent_trace(squad_model *m, squad_engine *plain) {
+    static agent_trace t;
+    agent_trace_make(&t, squad_model_vocab_size(m));
+    for (int end_only = 0; end_only <= 1; end_only++) {
+        agent_run all, none, tier;
+        char name[3][96];
+        snprintf(name[0], sizeof name[0], "agent trace%s, room for all", end_only ? " (end only)" : "");
+        snprintf(name[1], sizeof name[1], "agent trace%s, a quarter, no host tier", end_only ? " (end only)" : "");
+        snprintf(name[2], sizeof name[2], "agent trace%s, a quarter, host tier", end_only ? " (end only)" : "");
+        if (agent_replay(m, plain, &t, (size_t)1 << 30, 0, end_only, name[0], &all)) return;
+        const size_t working = all.st.bytes_held;
+        if (agent_replay(m, plain, &t, working / 4, 0, end_only, name[1], &none) ||
+            agent_replay(m, plain, &t, working / 4, working + working / 4, end_only, name[2], &tier))
+            return;
+        CHECKF(none.st.evicted > 0, "%s: the quarter budget evicted nothing (%zu of %zu)", name[1], none.st.bytes_held,
+               working);
+        CHECKF(tier.st.demotions > 0 && tier.st.evicted == 0 && tier.st.host_evicted == 0,
+               "%s: %llu demotions, %llu evicted, %llu host evicted", name[2], (unsigned long long)tier.st.demotions,
+               (unsigned long long)tier.st.evicted, (unsigned long long)tier.st.host_evicted);
+        CHECKF(tier.reused_sum >= none.reused_sum, "%s: %ld tokens reused, %ld without the tier", name[2],
+               tier.reused_sum, none.reused_sum);
+        CHECKF(tier.st.hits + tier.st.partial >= none.st.hits + none.st.partial, "%s: %llu rows restored, %llu without",
+               name[2], (unsigned long long)(tier.st.hits + tier.st.partial),
+               (unsigned long long)(none.st.hits + none.st.partial));
+        /* nothing left either tier: the rows restore what the unbounded cache restores */
+        CHECKF(tier.reused_sum == all.reused_sum, "%s: %ld tokens reused, %ld with room for all", name[2],
+               tier.reused_sum, all.reused_sum);
+        int lost = 0;
+        for (int k = 0; k < AGENT_ROWS; k++) lost += tier.reused[k] < none.reused[k] || tier.reused[k] != all.reused[k];
+        CHECKF(lost == 0, "%s: %d rows restored less than without the tier or with room for all", name[2], lost);
+        /* the device budget lost states the rows came back for: they were promoted */
+        CHECKF(tier.st.promotions > 0 && tier.reused_sum > none.reused_sum,
+               "%s: %llu promotions, %ld tokens reused against %ld", name[2], (unsigned long long)tier.st.promotions,
+               tier.reused_sum, none.reused_sum);
+    }
+}
+
 /* The host tier over a slow slab source pinning ahead, a slab about a state's blobs: with time
  * between rows (settled), only the first demotion pins; every later slab was pinned ahead, the cap
  * holds counting spares, and the answers hold. Then an engine freed with a pin in flight gives
@@ -839,6 +1006,7 @@ int main(void) {
         /* a host tier of one state: state 0 falls out of both tiers */
         host_tier_case(m, plain, "host tier, both evicted", 1, 1, 0);
         host_tier_ahead(m, plain);
+        host_tier_agent_trace(m, plain);
         host_tier_off_on_cpu(m);
         disk_tier(m, other, plain);
         disk_tier_specialists(m);
