@@ -25,7 +25,7 @@ const char CLI_ENGINE_OPTIONS_HELP[] =
     "  --cache-mb N             state-cache budget in MB (default 1024; 0 turns the cache and memo off)\n"
     "  --cache-host-mb N        CUDA: host-RAM tier under the state cache, in MB: checkpoints evicted\n"
     "                           from --cache-mb move to pinned host memory and come back on a hit\n"
-    "                           (default 0 = off; squad serve: a quarter of RAM). Off on the CPU\n"
+    "                           (default 0 = off). Off on the CPU\n"
     "  --stride N               a checkpoint at every multiple of N tokens (default 2048)\n"
     "  --tail N                 a checkpoint N tokens before the state's end (default 16)\n"
     "  --align N                checkpoint positions are multiples of N (default 64)\n"

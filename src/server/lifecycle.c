@@ -24,12 +24,6 @@
 
 static void jobs_log_cb(void *ctx, const char *line) { srv_log(ctx, "%s", line); }
 
-/* The host tier's default budget: a fraction of the machine's RAM. */
-static size_t default_host_tier(void) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0) return 0;
-    return (size_t)pages / SQUAD_SERVE_HOST_TIER_RAM_FRACTION * (size_t)page;
-}
 
 void squad_server_opts_default(squad_server_opts *o) {
     memset(o, 0, sizeof *o);
@@ -44,7 +38,9 @@ void squad_server_opts_default(squad_server_opts *o) {
     o->max_questions = SQUAD_SERVE_MAX_QUESTIONS;
     o->timeout_s = SQUAD_SERVE_TIMEOUT_S;
     o->max_conns_per_ip = SQUAD_SERVE_MAX_CONNS_PER_IP;
-    o->engine.cache.host_budget_bytes = default_host_tier();
+    /* The host tier stays off unless asked for (--cache-host-mb): measured on the H200, its
+     * demotions still cost the scheduler ~20 ms each (docs/design.md section 7, "Tiers"). */
+    o->engine.cache.host_budget_bytes = 0;
 }
 
 /* The last path component of dir (trailing slashes ignored). */
@@ -131,11 +127,13 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     squad_cache_stats cs;
     squad_engine_cache_stats(engine, &cs);
     if (cs.host_budget_bytes > 0)
-        srv_log(srv, "host tier: %.0f MB of pinned host memory under the state cache (--cache-host-mb; default 1/%d "
-                "of RAM)", (double)cs.host_budget_bytes / (1 << 20), SQUAD_SERVE_HOST_TIER_RAM_FRACTION);
+        srv_log(srv, "host tier: %.0f MB of pinned host memory under the state cache (--cache-host-mb)",
+                (double)cs.host_budget_bytes / (1 << 20));
     else if (cs.budget_bytes > 0 && !strcmp(squad_engine_device(engine), "cpu"))
         srv_log(srv, "host tier: off (the CPU backend's checkpoints are host memory already; --cache-dir is its "
                 "second tier)");
+    else if (cs.budget_bytes > 0)
+        srv_log(srv, "host tier: off (--cache-host-mb N puts N MB of pinned host memory under the state cache)");
     if (srv->cache_dir) srv_cache_dir_start(srv->cache_dir, engine); /* /ready does not wait for it */
     srv->dapi = squad_dapi_ctx_new(srv->tok, srv->served_name, n_names ? names : NULL, n_names, srv->max_tokens, err);
     if (!srv->dapi) return err->code ? err->code : SQUAD_E_NOMEM;

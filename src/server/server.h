@@ -34,8 +34,6 @@
 /* Bounds of --max-rows and --batch-tokens (the engine caps them by what its backend can do). */
 #define SQUAD_SERVE_MAX_ROWS (1 << 16)
 #define SQUAD_SERVE_MAX_BATCH_TOKENS INT32_MAX
-/* The host tier (--cache-host-mb) defaults to this fraction of the machine's RAM (used on CUDA only). */
-#define SQUAD_SERVE_HOST_TIER_RAM_FRACTION 4
 /* Rows the scheduler submits beyond --max-rows (server/jobs.h). */
 #define SQUAD_SERVE_LOOKAHEAD_ROWS 4
 
