@@ -449,15 +449,6 @@ out:
 #endif
 
 /* 1 when the backend can run here (CUDA: a CUDA build and a usable device). */
-static int available(const backend *be) {
-    if (be->device == SQUAD_DEVICE_CPU) return 1;
-#ifdef SQUAD_HAVE_CUDA
-    return squad_cuda_device_count() > 0 && squad_cuda_device_usable();
-#else
-    return 0;
-#endif
-}
-
 static void run_backend(const backend *be) {
     for (int i = 0; i < COUNT(be->presets); i++) {
         const preset_plan *pp = &be->presets[i];
@@ -478,21 +469,14 @@ static void run_backend(const backend *be) {
 }
 
 int main(int argc, char **argv) {
-    const char *which = "cpu";
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) which = argv[++i];
-        else if (strncmp(argv[i], "--backend=", 10) == 0) which = argv[i] + 10;
-        else {
-            fprintf(stderr, "usage: %s [--backend cpu|cuda|all]\n", argv[0]);
-            return 2;
-        }
-    }
+    const char *which = test_backend_arg(argc, argv);
+    if (!which) return 2;
     int ran = 0, known = strcmp(which, "all") == 0;
     for (int b = 0; b < N_BACKENDS; b++) {
         const backend *be = &BACKENDS[b];
         if (strcmp(which, "all") != 0 && strcmp(which, be->name) != 0) continue;
         known = 1;
-        if (!available(be)) {
+        if (!test_backend_usable(be->device)) {
             printf("test_long: no usable %s backend (no CUDA build or no device), skipped\n", be->name);
             continue;
         }

@@ -37,10 +37,6 @@
 #include "tolerances.h"
 #include "util.h"
 
-#ifdef SQUAD_HAVE_CUDA
-#include "backend.h"
-#endif
-
 #define VISION_FIXTURE "tests/fixtures/vision/fixture.json"
 #define IMAGES_DIR "tests/fixtures/images"
 #define TOKENIZER "third_party/qwen3/tokenizer.json"
@@ -552,25 +548,9 @@ static void test_expand(squad_model *m, json_t *fx) {
     fx_row_free(&f);
 }
 
-static int available(const vr_backend *be) {
-    if (be->device == SQUAD_DEVICE_CPU) return 1;
-#ifdef SQUAD_HAVE_CUDA
-    return squad_cuda_device_count() > 0 && squad_cuda_device_usable();
-#else
-    return 0;
-#endif
-}
-
 int main(int argc, char **argv) {
-    const char *which = "cpu";
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) which = argv[++i];
-        else if (strncmp(argv[i], "--backend=", 10) == 0) which = argv[i] + 10;
-        else {
-            fprintf(stderr, "usage: %s [--backend cpu|cuda|all]\n", argv[0]);
-            return 2;
-        }
-    }
+    const char *which = test_backend_arg(argc, argv);
+    if (!which) return 2;
     char dir[512];
     snprintf(dir, sizeof dir, "%s/tiny-vl", test_tmpdir());
     squad_err e = {0};
@@ -583,7 +563,7 @@ int main(int argc, char **argv) {
     for (size_t b = 0; b < sizeof BACKENDS / sizeof BACKENDS[0]; b++) {
         if (strcmp(which, "all") != 0 && strcmp(which, BACKENDS[b].name) != 0) continue;
         known = 1;
-        if (!available(&BACKENDS[b])) {
+        if (!test_backend_usable(BACKENDS[b].device)) {
             printf("test_vision_rows: no usable %s backend (no CUDA build or no device), skipped\n", BACKENDS[b].name);
             continue;
         }

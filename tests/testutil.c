@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "squad.h"
 #include "synth.h"
 
@@ -70,4 +71,26 @@ struct squad_model *test_synth_model(const char *preset, unsigned seed) {
     squad_model *m = squad_model_load(dir, &err);
     CHECKF(m != NULL, "load %s: %s", preset, err.msg);
     return m;
+}
+
+const char *test_backend_arg(int argc, char **argv) {
+    const char *which = "cpu";
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0 && i + 1 < argc) which = argv[++i];
+        else if (strncmp(argv[i], "--backend=", 10) == 0) which = argv[i] + 10;
+        else {
+            fprintf(stderr, "usage: %s [--backend cpu|cuda|all]\n", argv[0]);
+            return NULL;
+        }
+    }
+    return which;
+}
+
+int test_backend_usable(int device) {
+    if (device == SQUAD_DEVICE_CPU) return 1;
+#ifdef SQUAD_HAVE_CUDA
+    return device == SQUAD_DEVICE_CUDA && squad_cuda_device_count() > 0 && squad_cuda_device_usable();
+#else
+    return 0;
+#endif
 }

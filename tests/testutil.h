@@ -49,6 +49,12 @@ int test_summary(const char *name);
 char **test_read_lines(const char *path, int *n);
 void test_free_lines(char **lines, int n);
 /* A fresh temporary directory (mkdtemp under /tmp); the caller may leave it. */
+/* Tests parametrised by backend (`--backend cpu|cuda|all`, CMakeLists' SQUAD_BACKEND_TESTS): the
+ * name argv asks for ("cpu" when none), or NULL after a usage line on stderr for anything else. */
+const char *test_backend_arg(int argc, char **argv);
+/* 1 when the backend of this device can run here: always for the CPU; for CUDA a build with it and
+ * a usable GPU. */
+int test_backend_usable(int device);
 const char *test_tmpdir(void);
 
 /* A seeded xorshift64 stream for test inputs: 32-bit draws, uniform in (0, 1), normal

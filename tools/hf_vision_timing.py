@@ -25,23 +25,10 @@ Times are CUDA-event medians of --reps after a warm-up.
 import argparse
 import copy
 import json
-import statistics
 import sys
 import time
 
-
-def timed(torch, prep, fn, reps):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        x = prep()
-        torch.cuda.synchronize()
-        s.record()
-        fn(x)
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return statistics.median(out), min(out)
+from hf_timing import timed  # the same CUDA-event timer (tools/ is the script's own path)
 
 
 def tower(model, pv, grid):
