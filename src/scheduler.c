@@ -114,6 +114,23 @@ void squad_sched_row_free(squad_sched_row *r) {
     free(r);
 }
 
+/* A row with images: its M-RoPE positions, and (keys) the key view the cache sees; the embeddings
+ * wait for a chunk that needs them (images_ready). Nothing for a text-only row. */
+static int row_image_views(const squad_sched *s, squad_sched_row *r, int keys, squad_err *err) {
+    const squad_row *row = &r->row;
+    if (row->n_images <= 0) return 0;
+    r->positions = squad_malloc((size_t)row->n_ids * 3 * sizeof *r->positions, err);
+    if (!r->positions) return SQUAD_E_NOMEM;
+    squad_image_row_positions(&s->be->model->cfg, row, r->positions);
+    if (!keys) return 0;
+    if (!(r->key_ids = squad_malloc((size_t)row->n_ids * sizeof *r->key_ids, err))) return SQUAD_E_NOMEM;
+    squad_image_row_key_ids(row, r->key_ids);
+    r->krow.ids = r->key_ids;
+    r->krow.images = NULL;
+    r->krow.n_images = 0;
+    return 0;
+}
+
 squad_sched_row *squad_sched_row_new(const squad_sched *s, const squad_row *row, const squad_score_opts *opts,
                                      squad_result *out, squad_done_fn done, void *ctx, squad_err *err) {
     squad_sched_row *r = squad_calloc(1, sizeof *r, err);
@@ -126,18 +143,9 @@ squad_sched_row *squad_sched_row_new(const squad_sched *s, const squad_row *row,
     r->seq = -1;
     r->forced = s->sp ? row->specialist - 1 : 0;
     r->krow = *row;
-    if (row->n_images > 0) { /* the key view and the positions (the embeddings wait for a chunk) */
-        r->key_ids = squad_malloc((size_t)row->n_ids * sizeof *r->key_ids, err);
-        r->positions = squad_malloc((size_t)row->n_ids * 3 * sizeof *r->positions, err);
-        if (!r->key_ids || !r->positions) {
-            squad_sched_row_free(r);
-            return NULL;
-        }
-        squad_image_row_key_ids(row, r->key_ids);
-        squad_image_row_positions(&s->be->model->cfg, row, r->positions);
-        r->krow.ids = r->key_ids;
-        r->krow.images = NULL;
-        r->krow.n_images = 0;
+    if (row_image_views(s, r, 1, err)) {
+        squad_sched_row_free(r);
+        return NULL;
     }
     if (s->sp) {
         if (squad_router_feat_init(&r->feat, s->sp->hidden, err) ||
@@ -496,7 +504,7 @@ static int image_embed(squad_sched *s, const squad_row_image *im, float *dst, sq
         return 0;
     }
     if (!be->vision_forward)
-        return squad_fail(err, SQUAD_E_UNSUPPORTED, "images: the %s backend has no vision tower yet", be->name);
+        return squad_fail(err, SQUAD_E_UNSUPPORTED, "images: the %s backend has no vision tower", be->name);
     if (!m->has_image_proc)
         return squad_fail(err, SQUAD_E_UNSUPPORTED, "images: the model has no image processor configuration");
     squad_image_patches pp;
@@ -698,11 +706,7 @@ int squad_sched_run_span(squad_sched *s, int seq, int route, const squad_row *ro
     r->route = route; /* and no chunk_sum: no router features */
     r->pos = start;
     r->next_slot = first_slot_from(row, start);
-    int rc = 0;
-    if (row->n_images > 0) {
-        if (!(r->positions = squad_malloc((size_t)row->n_ids * 3 * sizeof *r->positions, err))) rc = SQUAD_E_NOMEM;
-        else squad_image_row_positions(&s->be->model->cfg, row, r->positions);
-    }
+    int rc = row_image_views(s, r, 0, err); /* a span is never cached: no key view */
     while (!rc && r->pos < end) {
         if (cancelled(r)) {
             rc = squad_fail(err, SQUAD_E_CANCELLED, "row cancelled by the caller at token %d of %d", r->pos, row->n_ids);
@@ -717,8 +721,6 @@ int squad_sched_run_span(squad_sched *s, int seq, int route, const squad_row *ro
         rc = s->be->forward(s->be, &ck, 1, err);
         if (!rc) take_chunk(r);
     }
-    free(r->positions);
-    free(r->img_embeds);
-    free(r);
+    squad_sched_row_free(r);
     return rc;
 }
