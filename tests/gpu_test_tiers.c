@@ -91,16 +91,6 @@ static int score(squad_engine *e, const squad_row *row, squad_result *out) {
     return rc;
 }
 
-static double diff(const squad_row *row, const squad_result *a, const squad_result *b) {
-    double d = 0;
-    for (int s = 0; s < row->n_slots; s++)
-        for (int l = 0; l < row->nopts[s]; l++) {
-            const double x = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
-            if (x > d) d = x;
-        }
-    return d;
-}
-
 /* The bytes a state of n positions costs in the cache (its group and its checkpoints at most). */
 static size_t state_budget(squad_engine *e, int n) {
     return squad_cache_group_cost(e->cache, n) + 4 * squad_cache_ckpt_cost(e->cache) + 4096;
@@ -144,12 +134,12 @@ static void test_equality(squad_model *m, int force) {
         if (force >= 0) {
             CHECKF(st.promotions > promotions && a.reused == b.reused, "promotions %llu, reused %d vs %d",
                    (unsigned long long)st.promotions, a.reused, b.reused);
-            CHECKF(memcmp(a.probs, b.probs, sizeof a.probs) == 0, "promoted vs never evicted: %.3g", diff(&r.row, &a, &b));
+            CHECKF(memcmp(a.probs, b.probs, sizeof a.probs) == 0, "promoted vs never evicted: %.3g", test_answer_diff(&r.row, &a, &b));
         } else {
             CHECKF(st.host_recomputed > 0 && a.reused < b.reused, "recomputed %llu, reused %d",
                    (unsigned long long)st.host_recomputed, a.reused);
         }
-        CHECKF(diff(&r.row, &a, &c) <= TOL_CUDA_EXACT_CACHED, "against uncached: %.3g", diff(&r.row, &a, &c));
+        CHECKF(test_answer_diff(&r.row, &a, &c) <= TOL_CUDA_EXACT_CACHED, "against uncached: %.3g", test_answer_diff(&r.row, &a, &c));
         char why[256] = "";
         CHECKF(squad_cache_check(e->cache, why, sizeof why) == 0, "after the promotion: %s", why);
         free(r.ids);

@@ -105,16 +105,6 @@ static squad_engine *engine_new(const squad_model *m, int max_rows, int batch_to
     return engine_new_stride(m, max_rows, batch_tokens, budget, sp, 256);
 }
 
-static double answer_diff(const squad_row *row, const squad_result *a, const squad_result *b) {
-    double w = 0;
-    for (int s = 0; s < row->n_slots; s++)
-        for (int l = 0; l < SQUAD_MAX_LETTERS; l++) {
-            const double d = fabs((double)a->probs[s][l] - b->probs[s][l]);
-            if (!(d <= w)) w = d; /* NaN counts as the worst */
-        }
-    return w;
-}
-
 /* The rows one at a time on a max_rows 1 engine (the reference). */
 static void score_alone(const squad_model *m, const squad_specialists *sp, trow *rows, int n, squad_result *ref) {
     squad_engine *e = engine_new(m, 1, 0, (size_t)64 << 20, sp);
@@ -226,7 +216,7 @@ static void check_mix(int max_rows, int batch_tokens, size_t budget, int n, uint
         score_waves(e, rows, n, got, ends);
         for (int i = 0; i < n; i++) {
             CHECKF(ends[i].rc == 0, "%s row %d: %s", what, i, ends[i].err.msg);
-            const double d = answer_diff(&rows[i].row, &got[i], &ref[i]);
+            const double d = test_answer_diff(&rows[i].row, &got[i], &ref[i]);
             CHECKF(d <= TOL_CPU_EXACT_BATCHED, "%s row %d (%d tokens, state %d): batched %.3g from alone", what, i,
                    rows[i].row.n_ids, rows[i].row.state_len, d);
             if (d > worst) worst = d;
@@ -290,7 +280,7 @@ static void check_shared_restore(void) {
     CHECK(squad_cache_pins(e->cache, state, 512) == 0);
     for (int i = 1; i < 5; i++) {
         CHECK(ends[i].calls == 1 && ends[i].rc == 0 && got[i].reused == 512 && got[i].computed == 300);
-        CHECK(answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
+        CHECK(test_answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
     }
     squad_engine_free(e);
 }
@@ -479,7 +469,7 @@ static void check_shared_prefix_once(void) {
     CHECKF(st.tokens_computed == want, "computed %llu tokens, the state once is %llu",
            (unsigned long long)st.tokens_computed, (unsigned long long)want);
     CHECK(st.cold == 1 && st.hits == N - 1);
-    for (int i = 0; i < N; i++) CHECK(rcs[i] == 0 && answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
+    for (int i = 0; i < N; i++) CHECK(rcs[i] == 0 && test_answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
     squad_engine_free(e);
 }
 
@@ -527,7 +517,7 @@ static void check_failures(void) {
     CHECK(rc == SQUAD_E_INVALID && rcs[1] == SQUAD_E_INVALID && rcs[3] == SQUAD_E_INVALID);
     CHECK(errs[1].msg[0] && errs[3].msg[0] && strcmp(err.msg, errs[1].msg) == 0);
     for (int i = 0; i < N; i++)
-        if (i != 1 && i != 3) CHECK(rcs[i] == 0 && answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
+        if (i != 1 && i != 3) CHECK(rcs[i] == 0 && test_answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
     squad_engine_cache_clear(e);
 
     /* a cancel: row 2 stops at its third poll (one poll per chunk it takes part in) */
@@ -544,7 +534,7 @@ static void check_failures(void) {
     }
     CHECK(ends[2].rc == SQUAD_E_CANCELLED && ends[2].err.code == SQUAD_E_CANCELLED && cc.polls == 3);
     for (int i = 0; i < N; i++)
-        if (i != 2) CHECK(ends[i].rc == 0 && answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
+        if (i != 2) CHECK(ends[i].rc == 0 && test_answer_diff(&rows[i].row, &got[i], &ref[i]) <= TOL_CPU_EXACT_BATCHED);
     squad_engine_cache_stats(e, &after);
     CHECK(after.rows == before.rows + N - 1);
     CHECK(squad_cache_pins(e->cache, state[0], 640) == 0);
@@ -565,7 +555,7 @@ static void check_failures(void) {
     check_in_flight(e, "after a backend error");
     e->be->forward = g_forward;
     CHECK(squad_engine_score(e, &rows[0].row, &got[0], &err) == 0); /* still usable */
-    CHECK(answer_diff(&rows[0].row, &got[0], &ref[0]) <= TOL_CPU_EXACT_BATCHED);
+    CHECK(test_answer_diff(&rows[0].row, &got[0], &ref[0]) <= TOL_CPU_EXACT_BATCHED);
     squad_engine_free(e);
 }
 
@@ -649,7 +639,7 @@ static void check_cancel_mid_flight(void) {
         if (i == VICTIM) continue;
         CHECKF(ends[i].calls == 1 && ends[i].rc == 0, "row %d: %d calls, rc %d (%s)", i, ends[i].calls, ends[i].rc,
                ends[i].err.msg);
-        const double d = answer_diff(&rows[i].row, &got[i], &ref[i]);
+        const double d = test_answer_diff(&rows[i].row, &got[i], &ref[i]);
         CHECKF(d <= TOL_CPU_EXACT_BATCHED, "row %d beside a cancel: %.3g from alone", i, d);
         CHECK(got[i].route == ref[i].route);
     }
@@ -665,7 +655,7 @@ static void check_cancel_mid_flight(void) {
     CHECK(squad_engine_score(e, &rows[VICTIM].row, &later, &err) == 0);
     CHECK(squad_engine_score(off, &rows[VICTIM].row, &uncached, &err) == 0);
     CHECK(later.memo == 0 && later.reused == P - P % 64 && later.computed == rows[VICTIM].row.n_ids - later.reused);
-    const double d = answer_diff(&rows[VICTIM].row, &later, &uncached);
+    const double d = test_answer_diff(&rows[VICTIM].row, &later, &uncached);
     CHECKF(d <= TOL_CPU_EXACT_CACHED, "the cancelled row asked again: %.3g from uncached", d);
     check_in_flight(e, "after the row asked again");
     squad_engine_free(off);
@@ -798,7 +788,7 @@ static void check_specialists(void) {
         for (int i = 0; i < N; i++) {
             CHECKF(got[i].route == ref[i].route, "mixed %d row %d: route %d, alone %d", mixed, i, got[i].route,
                    ref[i].route);
-            const double d = answer_diff(&rows[i].row, &got[i], &ref[i]);
+            const double d = test_answer_diff(&rows[i].row, &got[i], &ref[i]);
             CHECKF(d <= TOL_CPU_EXACT_BATCHED, "mixed %d row %d: %.3g from alone", mixed, i, d);
             if (d > worst) worst = d;
             for (int r = 0; r < R; r++) CHECK_NEAR(got[i].route_probs[r], ref[i].route_probs[r], TOL_CPU_EXACT_BATCHED);

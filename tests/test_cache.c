@@ -178,16 +178,6 @@ static void fixture_free(fixture *fx) {
 }
 
 /* The largest difference between two answers (over each slot's options). */
-static double answer_diff(const squad_row *row, const squad_result *a, const squad_result *b) {
-    double w = 0;
-    for (int s = 0; s < row->n_slots; s++)
-        for (int l = 0; l < row->nopts[s]; l++) {
-            double d = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
-            if (!(d <= w)) w = d; /* NaN counts as the worst */
-        }
-    return w;
-}
-
 static double expected_diff(const squad_row *row, const squad_result *r, json_t *exp) {
     json_t *probs = json_object_get(exp, "probs");
     if (!probs || (int)json_array_size(probs) != row->n_slots) return INFINITY;
@@ -345,7 +335,7 @@ static void run_sequence(const fixture *fx, const squad_result *plain, const seq
         int rc = squad_engine_score(e, row, r, &err);
         CHECKF(rc == 0, "%s row %d: %s", sc->name, i, err.msg);
         if (rc) continue;
-        double d = answer_diff(row, r, &plain[i]);
+        double d = test_answer_diff(row, r, &plain[i]);
         CHECKF(d <= TOL_CPU_EXACT_CACHED, "%s row %d: |cached - uncached| %.3g", sc->name, i, d);
         if (d > worst_plain) worst_plain = d;
         if (fx->expected[i]) {
@@ -556,7 +546,7 @@ static void test_many_rows(squad_model *m) {
         }
         if (i % MANY_COMPARE_EVERY == 0) {
             if (squad_engine_score(plain, &row, ref, &err) == 0) {
-                double d = answer_diff(&row, r, ref);
+                double d = test_answer_diff(&row, r, ref);
                 if (d > worst) worst = d;
                 if (d > TOL_CPU_EXACT_CACHED) {
                     CHECKF(0, "row %d: |cached - uncached| %.3g", i, d);
@@ -650,7 +640,7 @@ static void test_memo_counts(squad_model *m, squad_engine *plain) {
     CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
     CHECK(squad_engine_score(e, &r->row, b, &err) == 0);
     CHECK(b->memo == 1 && b->reused == r->row.n_ids && b->computed == 0 && b->cache_written == 0);
-    CHECK(answer_diff(&r->row, a, b) == 0);
+    CHECK(test_answer_diff(&r->row, a, b) == 0);
     squad_engine_cache_stats(e, &st);
     CHECKF(st.memo_hits == 1 && st.tokens_memo == (uint64_t)r->row.n_ids && st.rows == 1 && st.hits == 0 &&
                st.plain == 0 && st.tokens_reused == 0,
@@ -660,7 +650,7 @@ static void test_memo_counts(squad_model *m, squad_engine *plain) {
     r->row.state_len = -1;
     CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
     CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->memo == 1);
-    CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0 && answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
+    CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0 && test_answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
     squad_engine_cache_stats(e, &st);
     CHECK(st.memo_hits == 2 && st.tokens_memo == 2 * (uint64_t)r->row.n_ids && st.plain == 1 && st.rows == 1);
     free(r), free(a), free(b), free(ref);
@@ -709,7 +699,7 @@ static void test_cancel(squad_model *m, squad_engine *plain) {
             /* the same engine, the same row, no cancel: the uncached answer, and no memo of the cancelled one */
             CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && a->memo == 0);
             CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
-            const double d = answer_diff(&r->row, a, ref);
+            const double d = test_answer_diff(&r->row, a, ref);
             CHECKF(d <= TOL_CPU_EXACT_CACHED, "after a cancel at poll %d: answer off by %.3g", k, d);
             cache_consistent(e, "after the row that followed a cancel");
         }
@@ -737,8 +727,8 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score(full, &r->row, a, &err) == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED &&
-              answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(test_answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED &&
+              test_answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
         CHECKF(a->cache_written == p && b->cache_written == p, "cache_written %d and %d, p %d", a->cache_written,
                b->cache_written, p);
         squad_cache_stats sf, se;
@@ -755,8 +745,8 @@ static void test_end_only(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score(full, &r->row, a, &err) == 0 && a->reused == p && a->cache_written == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0 && b->reused == p && b->cache_written == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED &&
-              answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(test_answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED &&
+              test_answer_diff(&r->row, b, ref) <= TOL_CPU_EXACT_CACHED);
         /* the state grows by 200 tokens: the new end minus the restored position */
         opt_row_make(r, state, state_len + 200, 20, 3, V);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, b, &err) == 0);
@@ -792,7 +782,7 @@ static void test_marks(squad_model *m, squad_engine *plain) {
         opt_row_make(r, state, state_len, 20, 1, V);
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score_ex(with, &r->row, &mo, a, &err) == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(test_answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED);
         CHECK(squad_engine_score(without, &r->row, a, &err) == 0);
         CHECK(squad_engine_score_ex(end, &r->row, &eo, a, &err) == 0);
         /* (chunk-length ends are checkpoints too, so look at what is deepest up to the mark) */
@@ -808,7 +798,7 @@ static void test_marks(squad_model *m, squad_engine *plain) {
         CHECK(squad_engine_score(plain, &r->row, ref, &err) == 0);
         CHECK(squad_engine_score_ex(with, &r->row, &mo, a, &err) == 0);
         CHECKF(a->reused == mark_pos, "changed state: reused %d, want %d", a->reused, mark_pos);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED);
+        CHECK(test_answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED);
         cache_consistent(with, "marks");
     }
     squad_engine_free(with);
@@ -832,7 +822,7 @@ static void test_uncacheable(squad_model *m, squad_engine *plain) {
     if (e) {
         opt_row_make(r, state, 600, 20, 1, V);
         CHECK(squad_engine_score(e, &r->row, a, &err) == 0 && squad_engine_score(plain, &r->row, ref, &err) == 0);
-        CHECK(answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && a->cache_written == 0 && a->reused == 0);
+        CHECK(test_answer_diff(&r->row, a, ref) <= TOL_CPU_EXACT_CACHED && a->cache_written == 0 && a->reused == 0);
         squad_cache_stats st;
         squad_engine_cache_stats(e, &st);
         CHECK(st.uncacheable == 1 && st.checkpoints == 0 && st.rows == 1);
@@ -881,7 +871,7 @@ static void test_clear(squad_model *m) {
         cache_consistent(e, "after a clear");
         /* the repeat is neither a memo answer nor a hit */
         CHECK(squad_engine_score(e, &r->row, b, &err) == 0 && b->memo == 0 && b->reused == 0);
-        CHECK(answer_diff(&r->row, a, b) <= TOL_CPU_EXACT_CACHED);
+        CHECK(test_answer_diff(&r->row, a, b) <= TOL_CPU_EXACT_CACHED);
         cache_consistent(e, "a row after a clear");
     }
     squad_engine_free(e);

@@ -105,16 +105,6 @@ static squad_engine *engine(squad_model *m, size_t budget, const squad_specialis
     return e;
 }
 
-static double diff(const squad_row *row, const squad_result *a, const squad_result *b) {
-    double d = 0;
-    for (int s = 0; s < row->n_slots; s++)
-        for (int l = 0; l < row->nopts[s]; l++) {
-            const double x = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
-            if (x > d) d = x;
-        }
-    return d;
-}
-
 static int consistent(squad_engine *e, const char *what) {
     char why[256] = "";
     const int ok = squad_cache_check(e->cache, why, sizeof why) == 0;
@@ -469,8 +459,8 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
     if (score(e, &row.row, &r) || score(plain, &row.row, &ref)) goto done;
     squad_engine_cache_stats(e, &st);
     consistent(e, name);
-    CHECKF(diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s: %.3g from the uncached answer", name,
-           diff(&row.row, &r, &ref));
+    CHECKF(test_answer_diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s: %.3g from the uncached answer", name,
+           test_answer_diff(&row.row, &r, &ref));
     if (host_states >= N_STATES) { /* everything fit the host tier: state 0 was there */
         if (expect > 0) {
             CHECKF(r.reused == STATE_LEN - STATE_LEN % 64, "%s: reused %d after a promotion", name, r.reused);
@@ -619,8 +609,8 @@ static int agent_replay(squad_model *m, squad_engine *plain, const agent_trace *
         rc = squad_engine_score_ex(e, &t->rows[k], &so, &r, &err);
         CHECKF(rc == 0, "%s, row %d: %s", name, k, err.msg);
         if (rc || score(plain, &t->rows[k], &ref)) break;
-        CHECKF(diff(&t->rows[k], &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s, row %d: %.3g from the uncached answer", name, k,
-               diff(&t->rows[k], &r, &ref));
+        CHECKF(test_answer_diff(&t->rows[k], &r, &ref) <= TOL_CPU_EXACT_CACHED, "%s, row %d: %.3g from the uncached answer", name, k,
+               test_answer_diff(&t->rows[k], &r, &ref));
         out->reused[k] = r.reused;
         out->reused_sum += r.reused;
         if (!consistent(e, name)) rc = -1;
@@ -730,8 +720,8 @@ static void host_tier_ahead(squad_model *m, squad_engine *plain) {
         /* state 0 again, promoted from a slab pinned ahead or not: the uncached answer */
         row_make(&row, 0, 1, V);
         if (!score(e, &row.row, &r) && !score(plain, &row.row, &ref))
-            CHECKF(diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED && r.reused > 0, "ahead: %.3g from uncached, reused %d",
-                   diff(&row.row, &r, &ref), r.reused);
+            CHECKF(test_answer_diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED && r.reused > 0, "ahead: %.3g from uncached, reused %d",
+                   test_answer_diff(&row.row, &r, &ref), r.reused);
         char why[256] = "";
         CHECKF(squad_tier_pool_check(pool, why, sizeof why) == 0, "ahead: pool: %s", why);
         consistent(e, "ahead");
@@ -904,7 +894,7 @@ static void disk_tier(squad_model *m, squad_model *other, squad_engine *plain) {
         for (int s = 0; s < 3; s++) { /* whatever loaded answers as the uncached engine */
             row_make(&row, s, 3, V);
             if (score(b, &row.row, &rb) == 0 && score(plain, &row.row, &r) == 0)
-                CHECKF(diff(&row.row, &rb, &r) <= TOL_CPU_EXACT_CACHED, "cut at %ld, state %d", cuts[i], s);
+                CHECKF(test_answer_diff(&row.row, &rb, &r) <= TOL_CPU_EXACT_CACHED, "cut at %ld, state %d", cuts[i], s);
         }
         squad_engine_free(b);
     }
@@ -921,7 +911,7 @@ static void disk_tier(squad_model *m, squad_model *other, squad_engine *plain) {
         for (int s = 0; s < 3; s++) {
             row_make(&row, s, 4, V);
             if (score(b, &row.row, &rb) == 0 && score(plain, &row.row, &r) == 0)
-                CHECKF(diff(&row.row, &rb, &r) <= TOL_CPU_EXACT_CACHED, "flip at %ld, state %d", flips[i], s);
+                CHECKF(test_answer_diff(&row.row, &rb, &r) <= TOL_CPU_EXACT_CACHED, "flip at %ld, state %d", flips[i], s);
         }
         squad_engine_free(b);
     }

@@ -102,13 +102,6 @@ static squad_engine *engine(squad_model *m, squad_precision prec, size_t cache_b
     return en;
 }
 
-static double worst_diff(const squad_result *a, const squad_result *b, const squad_row *row) {
-    double w = 0;
-    for (int s = 0; s < row->n_slots; s++)
-        for (int l = 0; l < row->nopts[s]; l++) w = fmax(w, fabs((double)a->probs[s][l] - b->probs[s][l]));
-    return w;
-}
-
 static int32_t *json_ints(json_t *a, int *n) {
     *n = (int)json_array_size(a);
     int32_t *v = calloc((size_t)*n + 1, sizeof *v);
@@ -216,7 +209,7 @@ static void test_fixture_rows(squad_model *m, json_t *fx) {
         squad_err e = {0};
         CHECKF(squad_engine_score_batch(en, rs, loaded, NULL, batch, NULL, NULL, &e) == 0, "batch: %s", e.msg);
         for (int i = 0; i < loaded; i++)
-            CHECKF(worst_diff(&one[i], &batch[i], &f[i].row) <= BE->batched[p], "batched row %d", i);
+            CHECKF(test_answer_diff(&f[i].row, &one[i], &batch[i]) <= BE->batched[p], "batched row %d", i);
         squad_cache_stats st;
         squad_engine_cache_stats(en, &st);
         CHECK(st.image_rows == (uint64_t)(2 * loaded) && st.image_tokens > 0);
@@ -324,13 +317,13 @@ static void test_cached(squad_model *m) {
     if (!plain || !cached || !no_enc) return;
     squad_result ref[7], got[7], ne[7];
     for (int i = 0; i < n_all; i++) score(plain, &all[i]->row, &ref[i]);
-    CHECK(worst_diff(&ref[0], &ref[2], &A.row) > 1e-6); /* the image matters to the answer */
+    CHECK(test_answer_diff(&A.row, &ref[0], &ref[2]) > 1e-6); /* the image matters to the answer */
     for (int i = 0; i < n_all; i++) {
         score(cached, &all[i]->row, &got[i]);
         score(no_enc, &all[i]->row, &ne[i]);
-        CHECKF(worst_diff(&got[i], &ref[i], &all[i]->row) <= BE->cached, "row %d cached vs uncached %g", i,
-               worst_diff(&got[i], &ref[i], &all[i]->row));
-        CHECKF(worst_diff(&ne[i], &got[i], &all[i]->row) == 0, "row %d: encoder cache on / off differ", i);
+        CHECKF(test_answer_diff(&all[i]->row, &got[i], &ref[i]) <= BE->cached, "row %d cached vs uncached %g", i,
+               test_answer_diff(&all[i]->row, &got[i], &ref[i]));
+        CHECKF(test_answer_diff(&all[i]->row, &ne[i], &got[i]) == 0, "row %d: encoder cache on / off differ", i);
         CHECK(got[i].memo == 0);
     }
     CHECK(got[0].reused == 0);
@@ -355,9 +348,9 @@ static void test_cached(squad_model *m) {
     /* the memo: an exact repeat is answered whole; the same ids around another image are not */
     squad_result again;
     score(cached, &A.row, &again);
-    CHECK(again.memo == 1 && worst_diff(&again, &got[0], &A.row) == 0);
+    CHECK(again.memo == 1 && test_answer_diff(&A.row, &again, &got[0]) == 0);
     score(cached, &Bp.row, &again);
-    CHECK(again.memo == 1 && worst_diff(&again, &got[3], &A.row) == 0);
+    CHECK(again.memo == 1 && test_answer_diff(&A.row, &again, &got[3]) == 0);
 
     /* the disk tier keeps image states: saved, loaded into a fresh engine, the same screenshot with
      * another question restores past the image (the key tokens are stored like ids) */
@@ -373,7 +366,7 @@ static void test_cached(squad_model *m) {
         CHECKF(squad_engine_cache_load(fresh, &so, &ss, &se) == 0 && ss.refused == 0 && ss.checkpoints > 0,
                "load: %s (refused %llu)", se.msg, (unsigned long long)ss.refused);
         score(fresh, &A2.row, &again);
-        CHECKF(again.reused == 80 && worst_diff(&again, &ref[1], &A2.row) <= BE->cached,
+        CHECKF(again.reused == 80 && test_answer_diff(&A2.row, &again, &ref[1]) <= BE->cached,
                "after a restart: reused %d", again.reused);
         /* the same PNG loaded again (another struct, the same identity): a hit; the lossy WebP of the
          * photo (other pixels, the same grid), never seen, is not */
@@ -385,11 +378,11 @@ static void test_cached(squad_model *m) {
             squad_result wr, lr;
             score(plain, &W.row, &wr);
             score(fresh, &W.row, &again);
-            CHECKF(again.reused == 80 && worst_diff(&again, &wr, &W.row) <= BE->cached,
+            CHECKF(again.reused == 80 && test_answer_diff(&W.row, &again, &wr) <= BE->cached,
                    "the PNG loaded again: reused %d", again.reused);
             score(plain, &L.row, &lr);
             score(fresh, &L.row, &again);
-            CHECKF(again.reused <= img_start && worst_diff(&again, &lr, &L.row) <= BE->cached,
+            CHECKF(again.reused <= img_start && test_answer_diff(&L.row, &again, &lr) <= BE->cached,
                    "lossy WebP: reused %d", again.reused);
             squad_row_image_free(&lossless);
             squad_row_image_free(&lossy);
@@ -401,7 +394,7 @@ static void test_cached(squad_model *m) {
     squad_engine_cache_clear(cached);
     score(cached, &A2.row, &again);
     squad_engine_cache_stats(cached, &st);
-    CHECK(again.memo == 0 && again.reused == 0 && worst_diff(&again, &ref[1], &A2.row) <= BE->cached);
+    CHECK(again.memo == 0 && again.reused == 0 && test_answer_diff(&A2.row, &again, &ref[1]) <= BE->cached);
     CHECKF(st.encoder_misses == 3 && st.encoder_hits == hits0 + 1, "after a clear: hits %llu misses %llu",
            (unsigned long long)st.encoder_hits, (unsigned long long)st.encoder_misses);
 

@@ -211,13 +211,6 @@ static void check_result(const char *what, squad_engine *e, squad_backend *ref_b
     free(h);
 }
 
-static double worst_probs(const squad_row *row, const squad_result *a, const squad_result *b) {
-    double w = 0;
-    for (int i = 0; i < row->n_slots; i++)
-        for (int l = 0; l < row->nopts[i]; l++) w = fmax(w, fabs(a->probs[i][l] - b->probs[i][l]));
-    return w;
-}
-
 /* ---- the cases ----------------------------------------------------------------------------------- */
 
 /* Plain rows: one chunk with four slots, then three chunks with slots in each. */
@@ -239,7 +232,7 @@ static void test_plain(squad_model *m, const char *name) {
     check_result(what, e, ref_be, &t->row, a, 0);
     /* the figures do not touch the answer */
     CHECK(squad_engine_score(e, &t->row, b, &err) == 0 && b->has_vocab == 0);
-    CHECKF(worst_probs(&t->row, a, b) == 0, "%s: probs moved with want_vocab", name);
+    CHECKF(test_answer_diff(&t->row, a, b) == 0, "%s: probs moved with want_vocab", name);
 
     /* what asking costs here (printed, not checked: the machine is shared) */
     const int reps = 3;
@@ -347,7 +340,7 @@ static void test_cached(squad_model *m) {
         same &= b->vocab_lse[i] == a->vocab_lse[i] && b->letters_lse[i] == a->letters_lse[i] &&
                 b->top_logit[i] == a->top_logit[i] && b->top_token[i] == a->top_token[i] &&
                 b->label_mass[i] == a->label_mass[i];
-    CHECK(same && worst_probs(&t->row, a, b) == 0);
+    CHECK(same && test_answer_diff(&t->row, a, b) == 0);
     /* a call that does not ask gets no figures from the same entry */
     CHECK(squad_engine_score(e, &t->row, b, &err) == 0 && b->memo == 1 && b->has_vocab == 0 && b->vocab_lse[0] == 0);
     /* an entry made without the figures does not answer a call that asks */

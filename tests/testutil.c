@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,4 +94,14 @@ int test_backend_usable(int device) {
 #else
     return 0;
 #endif
+}
+
+double test_answer_diff(const squad_row *row, const squad_result *a, const squad_result *b) {
+    double w = 0;
+    for (int s = 0; s < row->n_slots; s++)
+        for (int l = 0; l < row->nopts[s]; l++) {
+            const double d = fabs((double)a->probs[s][l] - (double)b->probs[s][l]);
+            if (!(d <= w)) w = d; /* NaN counts as the worst */
+        }
+    return w;
 }

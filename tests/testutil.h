@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "squad.h"
+
 extern int test_passed, test_failed;
 
 /* The exit code CTest reports as "skipped" (SKIP_RETURN_CODE in CMakeLists.txt): only for a test
@@ -55,6 +57,9 @@ const char *test_backend_arg(int argc, char **argv);
 /* 1 when the backend of this device can run here: always for the CPU; for CUDA a build with it and
  * a usable GPU. */
 int test_backend_usable(int device);
+/* The largest |a - b| of two answers to a row over each slot's nopts letters (a NaN counts as the
+ * worst): how far apart two ways of computing the same row are. */
+double test_answer_diff(const squad_row *row, const squad_result *a, const squad_result *b);
 const char *test_tmpdir(void);
 
 /* A seeded xorshift64 stream for test inputs: 32-bit draws, uniform in (0, 1), normal
