@@ -37,22 +37,8 @@ BATCH_ONLY=${BATCH_ONLY:-0}
 BATCH_ROUNDS=${BATCH_ROUNDS:-1}
 WARMUP_SEED=${WARMUP_SEED:-}
 cd "$(dirname "$0")/.."
-SQUAD="$BUILD/squad"
-BENCH="$BUILD/bench_server"
-# plain `make` builds the product only: build the load generator (and squad) here when missing
-if [ ! -x "$BENCH" ] || [ ! -x "$SQUAD" ]; then
-    [ -f "$BUILD/CMakeCache.txt" ] && cmake --build "$BUILD" -j2 --target squad bench_server >/dev/null
-fi
-DATA="$BUILD/bench-data"
-MODEL="$DATA/$PRESET-qwen-tokenizer"
-mkdir -p "$DATA"
-[ -f third_party/qwen3/tokenizer.json ] || bash tools/fetch_test_data.sh
-# the server reads text with the model's tokenizer: the model carries the real Qwen3 tokenizer
-[ -f "$MODEL/config.json" ] || "$SQUAD" synth --preset "$PRESET" --out "$MODEL" --tokenizer third_party/qwen3/tokenizer.json
-VOCAB=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get("text_config", c)["vocab_size"])' "$MODEL/config.json")
-TRACE="$DATA/server-trace-s$SEED-$SESSIONS-$LIVE-$STEPS-v$VOCAB.jsonl"
-[ -f "$TRACE" ] || python3 bench/agent_trace.py --seed "$SEED" --sessions "$SESSIONS" --live "$LIVE" \
-  --steps "$STEPS" --vocab "$VOCAB" --out "$TRACE"
+. tools/bench_data.sh
+TRACE=$(bench_trace "$SEED" "$SESSIONS" "$LIVE" "$STEPS")
 
 LOG="$(mktemp)"
 SERVER=""

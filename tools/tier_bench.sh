@@ -32,27 +32,13 @@ STEPS=${STEPS:-6}
 SEED=${SEED:-1}
 CONCURRENCY=${CONCURRENCY:-8}
 cd "$(dirname "$0")/.."
-SQUAD="$BUILD/squad"
-BENCH="$BUILD/bench_server"
-if [ ! -x "$BENCH" ] || [ ! -x "$SQUAD" ]; then
-    [ -f "$BUILD/CMakeCache.txt" ] && cmake --build "$BUILD" -j2 --target squad bench_server >/dev/null
-fi
-DATA="$BUILD/bench-data"
-MODEL="$DATA/$PRESET-qwen-tokenizer"
-mkdir -p "$DATA"
-[ -f third_party/qwen3/tokenizer.json ] || bash tools/fetch_test_data.sh
-[ -f "$MODEL/config.json" ] || "$SQUAD" synth --preset "$PRESET" --out "$MODEL" --tokenizer third_party/qwen3/tokenizer.json
-VOCAB=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print(c.get("text_config", c)["vocab_size"])' "$MODEL/config.json")
-TRACE="$DATA/server-trace-s$SEED-$SESSIONS-$LIVE-$STEPS-v$VOCAB.jsonl"
-[ -f "$TRACE" ] || python3 bench/agent_trace.py --seed "$SEED" --sessions "$SESSIONS" --live "$LIVE" \
-    --steps "$STEPS" --vocab "$VOCAB" --out "$TRACE"
+. tools/bench_data.sh
+TRACE=$(bench_trace "$SEED" "$SESSIONS" "$LIVE" "$STEPS")
 # The host tier's trace: every session live at once (HOST_LIVE), so a session's next state comes
 # back after all the others' and finds its prefix evicted from a device budget a quarter of the
 # working set: what a host tier is for.
 HOST_LIVE=${HOST_LIVE:-$SESSIONS}
-HOST_TRACE="$DATA/server-trace-s$SEED-$SESSIONS-$HOST_LIVE-$STEPS-v$VOCAB.jsonl"
-[ -f "$HOST_TRACE" ] || python3 bench/agent_trace.py --seed "$SEED" --sessions "$SESSIONS" --live "$HOST_LIVE" \
-    --steps "$STEPS" --vocab "$VOCAB" --out "$HOST_TRACE"
+HOST_TRACE=$(bench_trace "$SEED" "$SESSIONS" "$HOST_LIVE" "$STEPS")
 ROWS=$(wc -l < "$TRACE")
 RESTART_AT=${RESTART_AT:-$((ROWS / 2))}
 FIRST_N=${FIRST_N:-$((ROWS - RESTART_AT))}
