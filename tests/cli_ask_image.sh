@@ -10,13 +10,7 @@ set -uo pipefail
 SQUAD="${1:?usage: cli_ask_image.sh path/to/squad}"
 TOK=third_party/qwen3/tokenizer.json
 IMG=tests/fixtures/images
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if [ "$2" = "$3" ]; then ok; else bad "$1: got [$2], want [$3]"; fi; }
-has() { case "$2" in *"$3"*) ok ;; *) bad "$1: [$2] lacks [$3]" ;; esac; }
-differ() { if [ "$2" != "$3" ]; then ok; else bad "$1: both [$2]"; fi; }
+. "$(dirname "$0")/shell_checks.sh"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 if [ ! -f "$TOK" ]; then

@@ -8,11 +8,7 @@ set -uo pipefail
 SQUAD="${1:?usage: cli_tokenize.sh path/to/squad}"
 TOK=third_party/qwen3/tokenizer.json
 FIX=tests/fixtures/tokenizer
-pass=0
-fail=0
-ok() { pass=$((pass + 1)); }
-bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
-check() { if [ "$2" = "$3" ]; then ok; else bad "$1: got [$2], want [$3]"; fi; }
+. "$(dirname "$0")/shell_checks.sh"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
