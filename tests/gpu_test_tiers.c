@@ -18,8 +18,12 @@
  *  - the breakdown: what a restore's pieces cost alone on a state's bytes — pinning host memory
  *    (cudaHostAlloc: now once per slab, not per checkpoint) and unpinning it, a device blob's
  *    alloc and release (the backend's pool), the copies up and down (queued, then one sync) — so
- *    a slow restore shows which piece it is.
+ *    a slow restore shows which piece it is;
+ *  - the stall probe (test_stall): per-row times of fresh rows through a small device budget without
+ *    a host tier, with one pinning its slabs during the pass and with one whose slabs exist, and hits
+ *    alone against hits beside a thread pinning host memory: where a demotion's time goes.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +265,150 @@ done:
     squad_engine_free(cold);
 }
 
+/* ---- the stall probe: where a demotion's time goes on the scheduler's thread ------------------- */
+
+#define STALL_STATE 1024 /* tokens of each state: short, so a row is a few ms and a stall shows */
+#define STALL_ROWS 24    /* distinct states a pass: each row past the device budget demotes or evicts one */
+#define STALL_HITS 20    /* hits timed with and without a thread pinning host memory beside them */
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median and max of v[0..n) (v is sorted). */
+static void med_max(double *v, int n, double *med, double *max) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    *med = n ? v[n / 2] : 0;
+    *max = n ? v[n - 1] : 0;
+}
+
+/* One pass of STALL_ROWS fresh states (first + i) through e: each row's wall ms into ms[]; the cache
+ * stats' demotions and demote seconds moved by the pass. */
+static void stall_pass(squad_engine *e, int first, int vocab, double *ms, unsigned long long *demotions,
+                       double *demote_ms) {
+    squad_cache_stats st0, st1;
+    squad_engine_cache_stats(e, &st0);
+    for (int i = 0; i < STALL_ROWS; i++) {
+        grow r;
+        ms[i] = 0;
+        if (grow_make(&r, STALL_STATE, first + i, 0, vocab)) return;
+        squad_result out;
+        const double t = squad_now_seconds();
+        score(e, &r.row, &out);
+        ms[i] = ms_since(t);
+        free(r.ids);
+    }
+    squad_engine_cache_stats(e, &st1);
+    *demotions = (unsigned long long)(st1.demotions - st0.demotions);
+    *demote_ms = (st1.demote_seconds - st0.demote_seconds) * 1e3;
+}
+
+typedef struct pinner {
+    squad_backend *be;
+    volatile int stop;
+    int pins;
+    double pin_ms;
+} pinner;
+
+/* Pins and unpins a slab at a time until told to stop (what the pool's thread does while it grows). */
+static void *pinner_main(void *arg) {
+    pinner *p = arg;
+    while (!p->stop) {
+        squad_err err = {0};
+        const double t = squad_now_seconds();
+        void *h = p->be->host_alloc(p->be, SQUAD_TIER_POOL_STEP, &err);
+        p->pin_ms += ms_since(t);
+        if (!h) break;
+        p->pins++;
+        p->be->host_release(p->be, h);
+    }
+    return NULL;
+}
+
+/* Hits on one cached state, STALL_HITS of them timed, with a thread pinning beside them or not. */
+static void stall_hits(squad_engine *e, int vocab, int with_pinner, double *med, double *max, int *pins) {
+    const int q0 = with_pinner ? 1 + STALL_HITS : 1; /* new questions each time: no memo hit */
+    double ms[STALL_HITS];
+    pinner p = {e->be, 0, 0, 0};
+    pthread_t th;
+    const int started = with_pinner && pthread_create(&th, NULL, pinner_main, &p) == 0;
+    for (int i = 0; i < STALL_HITS; i++) {
+        grow q;
+        ms[i] = 0;
+        if (grow_make(&q, STALL_STATE, 999, q0 + i, vocab)) break;
+        squad_result out;
+        const double t = squad_now_seconds();
+        score(e, &q.row, &out);
+        ms[i] = ms_since(t);
+        free(q.ids);
+    }
+    if (started) {
+        p.stop = 1;
+        pthread_join(th, NULL);
+    }
+    *pins = p.pins;
+    med_max(ms, STALL_HITS, med, max);
+}
+
+/* Where a demotion's ~20 ms on the scheduler's thread go: the same fresh rows through a device budget
+ * of two states without a host tier (evicted), with one whose slabs are pinned during the pass (the
+ * first pass) and with one whose slabs already exist (a second pass on new states); then hits alone
+ * against hits while another thread pins host memory. Printed, one line each. */
+static void test_stall(squad_model *m, const char *name) {
+    const int V = squad_model_vocab_size(m);
+    squad_engine *probe = cuda_engine(m, SQUAD_PRECISION_BF16, (size_t)1 << 30, 0);
+    if (!probe) return;
+    const size_t one = state_budget(probe, STALL_STATE);
+    squad_engine_free(probe);
+    squad_engine *a = cuda_engine(m, SQUAD_PRECISION_BF16, 2 * one, 0);
+    squad_engine *b = cuda_engine(m, SQUAD_PRECISION_BF16, 2 * one, (size_t)(3 * STALL_ROWS) * one);
+    if (!a || !b) goto done;
+    double ms[3][STALL_ROWS];
+    unsigned long long dem[3];
+    double dem_ms[3];
+    stall_pass(a, 0, V, ms[0], &dem[0], &dem_ms[0]);
+    stall_pass(b, 0, V, ms[1], &dem[1], &dem_ms[1]);
+    stall_pass(b, STALL_ROWS, V, ms[2], &dem[2], &dem_ms[2]);
+    CHECKF(dem[0] == 0 && dem[1] > 0 && dem[2] > 0, "stall probe: demotions %llu / %llu / %llu", dem[0], dem[1], dem[2]);
+    squad_cache_stats st;
+    squad_engine_cache_stats(b, &st);
+    static const char *label[3] = {"no host tier (evicted)", "host tier, slabs pinned in the pass",
+                                   "host tier, slabs already pinned"};
+    for (int k = 0; k < 3; k++) {
+        printf("stall (%s, bf16, %d-token states): %-36s rows ms:", name, STALL_STATE, label[k]);
+        for (int i = 0; i < STALL_ROWS; i++) printf(" %.2f", ms[k][i]);
+        double med, max;
+        med_max(ms[k] + 2, STALL_ROWS - 2, &med, &max); /* the first two fit the device budget */
+        printf("; past the budget: median %.3f max %.3f ms; %llu demotions, %.3f ms of host time in them\n", med, max,
+               dem[k], dem_ms[k]);
+    }
+    printf("stall: the host tier's slabs %llu pinned ahead, %llu pinned on the scheduler's thread\n",
+           (unsigned long long)st.host_slabs_ahead, (unsigned long long)st.host_slabs_sync);
+    grow s;
+    if (grow_make(&s, STALL_STATE, 999, 0, V) == 0) {
+        squad_result out;
+        score(a, &s.row, &out); /* the state the hits reuse */
+        free(s.ids);
+        double med0, max0, med1, max1;
+        squad_cache_stats hs0, hs1;
+        squad_engine_cache_stats(a, &hs0);
+        int pins0, pins1;
+        stall_hits(a, V, 0, &med0, &max0, &pins0);
+        stall_hits(a, V, 1, &med1, &max1, &pins1);
+        squad_engine_cache_stats(a, &hs1);
+        CHECKF(hs1.memo_hits == hs0.memo_hits && hs1.hits >= hs0.hits + 2 * STALL_HITS,
+               "stall probe: the hits must run (memo hits %llu, hits %llu)", (unsigned long long)(hs1.memo_hits - hs0.memo_hits),
+               (unsigned long long)(hs1.hits - hs0.hits));
+        printf("stall (%s): %d hits of %d+%d tokens: alone median %.3f max %.3f ms; beside a thread pinning %zu MB "
+               "slabs (%d pinned) median %.3f max %.3f ms\n",
+               name, STALL_HITS, STALL_STATE, QUESTION, med0, max0, SQUAD_TIER_POOL_STEP >> 20, pins1, med1, max1);
+    }
+done:
+    squad_engine_free(a);
+    squad_engine_free(b);
+}
+
 int main(void) {
     if (squad_cuda_device_count() <= 0) {
         printf("gpu_test_tiers: no CUDA device, skipped\n");
@@ -276,7 +424,10 @@ int main(void) {
         squad_err err = {0};
         squad_model *m = squad_model_load(dir, &err);
         CHECKF(m != NULL, "%s: %s", dir, err.msg);
-        if (m) test_figure(m, dir);
+        if (m) {
+            test_figure(m, dir);
+            test_stall(m, dir);
+        }
         squad_model_free(m);
     } else if (demo) {
         test_figure(demo, "demo preset");

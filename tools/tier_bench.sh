@@ -20,7 +20,7 @@
 # Environment (optional): PRESET (tiny), SERVE_ARGS ("--device cpu"; "--device cuda" on the GPU
 # machine), THREADS (1), SESSIONS (24), LIVE (8), STEPS (6), SEED (1), CONCURRENCY (8),
 # HOST_LIVE (SESSIONS), HOST_MB (the host tier: 1.25x the working set), RESTART_AT (half the trace), FIRST_N (the rows after
-# the restart: the rest of the trace).
+# the restart: the rest of the trace), PARTS ("host restart": which of the two to run).
 set -euo pipefail
 BUILD=${1:?usage: bash tools/tier_bench.sh BUILD_DIR}
 PRESET=${PRESET:-tiny}
@@ -42,6 +42,8 @@ HOST_TRACE=$(bench_trace "$SEED" "$SESSIONS" "$HOST_LIVE" "$STEPS")
 ROWS=$(wc -l < "$TRACE")
 RESTART_AT=${RESTART_AT:-$((ROWS / 2))}
 FIRST_N=${FIRST_N:-$((ROWS - RESTART_AT))}
+PARTS=${PARTS:-host restart}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 WORK=$(mktemp -d)
 LOG=""
@@ -82,16 +84,19 @@ tiers_line() {
     curl -s "http://127.0.0.1:$PORT/v1/stats" | python3 -c '
 import json, sys
 c = json.load(sys.stdin)["cache"]
-print("  %s: device %.1f of %.1f MB, host tier %.1f of %.1f MB; demotions %d, promotions %d (%.3f s queued), recomputed "
-      "instead %d, host evicted %d, device evicted %d; disk loaded %d, refused %d" % (sys.argv[1], c["bytes_held"] / 1e6,
-      c["budget_bytes"] / 1e6, c["host_bytes_held"] / 1e6, c["host_budget_bytes"] / 1e6, c["demotions"], c["promotions"],
-      c["promote_seconds"], c["host_recomputed"], c["host_evicted"], c["evicted"], c["disk_loaded"], c["disk_refused"]))' "$1"
+print("  %s: device %.1f of %.1f MB, host tier %.1f of %.1f MB; demotions %d (%.3f s queued), promotions %d (%.3f s "
+      "queued), recomputed instead %d, host evicted %d, device evicted %d; host slabs pinned ahead %d, on the scheduling "
+      "thread %d; disk loaded %d, refused %d" % (sys.argv[1], c["bytes_held"] / 1e6,
+      c["budget_bytes"] / 1e6, c["host_bytes_held"] / 1e6, c["host_budget_bytes"] / 1e6, c["demotions"],
+      c["demote_seconds"], c["promotions"], c["promote_seconds"], c["host_recomputed"], c["host_evicted"], c["evicted"],
+      c["host_slabs_ahead"], c["host_slabs_sync"], c["disk_loaded"], c["disk_refused"]))' "$1"
 }
 run_trace() { # run_trace TRACE LABEL HEADER(1: the table's head)
     if [ "$3" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$1" --concurrency "$CONCURRENCY" --label "$2"
     else "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$1" --concurrency "$CONCURRENCY" --label "$2" | tail -n +3; fi
 }
 
+if part host; then
 echo "== host tier: agent trace, $(wc -l < "$HOST_TRACE") rows ($SESSIONS sessions, $HOST_LIVE live, $STEPS steps), preset $PRESET," \
     "concurrency $CONCURRENCY, serve $SERVE_ARGS"
 start_server --cache-mb 65536 --cache-host-mb 0
@@ -112,7 +117,9 @@ done
 echo "working set $(python3 -c "print('%.1f' % ($WORKING / 1e6))") MB (what the first server held);" \
     "device budget $CACHE_MB MB ($(python3 -c "print('%.1fx' % ($WORKING / ($CACHE_MB * 1048576.0)))") smaller)"
 printf '%s\n' "${TIERS[@]}"
+fi
 
+part restart || exit 0
 echo
 echo "== restart: rows 1-$RESTART_AT, SIGTERM, a new server, then the next $FIRST_N rows (time to /ready, hit rate)"
 head -n "$RESTART_AT" "$TRACE" > "$WORK/before.jsonl"
