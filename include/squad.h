@@ -220,12 +220,14 @@ typedef struct squad_cache_stats {
      * demotions (device -> host on eviction), promotions (host -> device for a row) and the seconds
      * they took; host_recomputed: rows that found their deepest checkpoint only in host memory and
      * recomputed it because the cost model said that was cheaper; host_evicted: checkpoints dropped
-     * from the host tier for room; host_slabs_ahead / host_slabs_sync: the host tier's page-locked
-     * slabs taken ready (pinned ahead, off the request path) / pinned inside a demotion. */
+     * from the host tier for room; host_slabs_reserved: the host tier's page-locked slabs pinned
+     * when the cache was made (its whole budget, off the request path), in host_reserve_seconds;
+     * host_slabs_sync: slabs taken on demand inside a demotion (0 when the budget was reserved). */
     uint64_t host_checkpoints;
     size_t host_bytes_held, host_budget_bytes;
     uint64_t demotions, promotions, host_recomputed, host_evicted;
-    uint64_t host_slabs_ahead, host_slabs_sync;
+    uint64_t host_slabs_reserved, host_slabs_sync;
+    double host_reserve_seconds;
     double promote_seconds, demote_seconds;
     /* The disk tier (squad_engine_cache_save / _load): checkpoint records saved, loaded into the
      * cache, and refused (mismatched identity, corrupt or truncated), over the engine's life. */

@@ -161,12 +161,14 @@ struct squad_cache {
     double copy_bytes_per_s; /* measured promotions (starts from the backend's figure) */
     double row_s_per_token;  /* measured rows: wall seconds per token computed */
     squad_tier_pool pool;    /* the host tier's blobs, carved from slabs (tier_pool.h) */
-    /* where the pool's slabs come from: the backend (page-locked: pinned ahead), or a test's */
+    /* where the pool's slabs come from: the backend, or a test's; slab_reserve: the pool takes
+     * its whole budget when it is made (page-locked memory: never pinned while serving) */
     squad_tier_slab_get slab_get;
     squad_tier_slab_put slab_put;
     void *slab_ctx;
     size_t slab_step;
-    unsigned slab_flags;
+    int slab_reserve;
+    double reserve_seconds; /* what the reserve took */
 };
 
 /* A checkpoint saved during a row, waiting for its group's K / V before it joins the cache. */
@@ -356,6 +358,7 @@ static const cache_ckpt *ckpt_of_const(const squad_lru_node *n) {
 static void tier_host_free(squad_cache *c, void *p);
 static void *tier_slab_get(void *ctx, size_t bytes);
 static void tier_slab_put(void *ctx, void *slab);
+static int tier_pool_setup(squad_cache *c, squad_err *err);
 static int tier_sync(const squad_cache *c);
 static int tier_demote(squad_cache *c, cache_ckpt *k);
 static void group_lost_device(squad_cache *c, cache_group *g);
@@ -450,8 +453,11 @@ squad_cache *squad_cache_new(squad_backend *be, const squad_cache_opts *opts, sq
     c->slab_get = tier_slab_get;
     c->slab_put = tier_slab_put;
     c->slab_ctx = be;
-    c->slab_flags = be->host_alloc ? SQUAD_TIER_POOL_SLOW_SLABS : 0; /* pinning: slow */
-    squad_tier_pool_init(&c->pool, c->host_budget, c->slab_step, c->slab_get, c->slab_put, c->slab_ctx, c->slab_flags);
+    c->slab_reserve = be->host_alloc != NULL; /* page-locked: pinned now, never while serving */
+    if (tier_pool_setup(c, err)) {
+        squad_cache_free(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -845,8 +851,9 @@ void squad_cache_get_stats(const squad_cache *c, squad_cache_stats *out) {
     out->host_checkpoints = c->n_host_ckpts;
     out->host_bytes_held = c->tier_bytes;
     out->host_budget_bytes = c->host_budget;
-    out->host_slabs_ahead = c->pool.slabs_ahead;
+    out->host_slabs_reserved = c->pool.slabs_reserved;
     out->host_slabs_sync = c->pool.slabs_sync;
+    out->host_reserve_seconds = c->reserve_seconds;
 }
 
 void squad_cache_bytes(const squad_cache *c, size_t *backend_bytes, size_t *host_bytes) {
@@ -974,10 +981,23 @@ static void tier_slab_put(void *ctx, void *slab) {
     else free(slab);
 }
 
-/* The pool over a host budget (no slab is taken until a blob needs one). */
-static void tier_pool_setup(squad_cache *c) {
+/* The pool over the host budget, made again: its whole budget reserved when the slabs are pinned
+ * (tier_pool.c says why), else empty, growing as blobs need slabs. A reserve the system refuses
+ * fails: the slabs it took stay in the pool (squad_cache_free gives them back). */
+static int tier_pool_setup(squad_cache *c, squad_err *err) {
     squad_tier_pool_destroy(&c->pool);
-    squad_tier_pool_init(&c->pool, c->host_budget, c->slab_step, c->slab_get, c->slab_put, c->slab_ctx, c->slab_flags);
+    squad_tier_pool_init(&c->pool, c->host_budget, c->slab_step, c->slab_get, c->slab_put, c->slab_ctx);
+    c->reserve_seconds = 0;
+    if (!c->slab_reserve || c->host_budget == 0) return 0;
+    const double t0 = squad_now_seconds();
+    const int rc = squad_tier_pool_reserve(&c->pool);
+    c->reserve_seconds = squad_now_seconds() - t0;
+    if (rc)
+        return squad_fail(err, SQUAD_E_NOMEM,
+                          "host tier: could pin only %.0f of %.0f MB of host memory (page-locked memory refused: the "
+                          "system's limit on locked memory or its free RAM); lower --cache-host-mb",
+                          (double)c->pool.slab_bytes / (1 << 20), (double)c->host_budget / (1 << 20));
+    return 0;
 }
 
 /* Waits for the copies queued (before the host thread reads or writes host-tier bytes). */
@@ -1001,6 +1021,10 @@ static void *tier_host_alloc(squad_cache *c, size_t bytes) {
 }
 
 static void tier_host_free(squad_cache *c, void *p) { squad_tier_pool_free(&c->pool, p); }
+
+/* 1 when a blob of `bytes` can ever come from the pool: a reserved pool's slabs are a step each, so
+ * a larger blob (a long group's K / V) is not demoted, and nothing is evicted trying. */
+static int tier_blob_fits(const squad_cache *c, size_t bytes) { return bytes <= squad_tier_pool_max_blob(&c->pool); }
 
 /* Bytes from a backend blob to host memory and back (memcpy where blobs are host memory). The
  * backend's copies are queued in order on its copy stream (backend.h), so the bookkeeping may treat
@@ -1054,7 +1078,8 @@ static int tier_make_room(squad_cache *c, size_t need) {
 static int tier_demote_kv(squad_cache *c, cache_group *g) {
     const size_t kv_bytes = (size_t)g->n_pos * c->be->kv_bytes_per_pos;
     g->pins++; /* room for its K / V must not take its own host checkpoints (and free it) */
-    void *host = tier_make_room(c, group_cost(c, g->n_pos)) ? tier_host_alloc(c, kv_bytes) : NULL;
+    const int room = tier_blob_fits(c, kv_bytes) && tier_make_room(c, group_cost(c, g->n_pos));
+    void *host = room ? tier_host_alloc(c, kv_bytes) : NULL;
     g->pins--;
     if (!host) return -1;
     if (tier_copy_down(c, host, g->kv, kv_bytes)) {
@@ -1099,7 +1124,7 @@ static int tier_demote(squad_cache *c, cache_ckpt *k) {
     cache_group *g = k->group;
     const size_t gdn_bytes = c->be->gdn_snapshot_bytes;
     g->pins++; /* room for k must not take k's own group */
-    void *host = tier_make_room(c, ckpt_cost(c)) ? tier_host_alloc(c, gdn_bytes) : NULL;
+    void *host = tier_blob_fits(c, gdn_bytes) && tier_make_room(c, ckpt_cost(c)) ? tier_host_alloc(c, gdn_bytes) : NULL;
     g->pins--;
     if (!host) return 0;
     if (tier_copy_down(c, host, k->gdn, gdn_bytes)) {
@@ -1195,11 +1220,11 @@ static void tier_note_row(squad_cache *c, uint64_t computed, double seconds) {
     c->row_s_per_token += SQUAD_TIER_EWMA * (seconds / (double)computed - c->row_s_per_token);
 }
 
-void squad_cache_debug_host_tier(squad_cache *c, size_t host_budget, int force) {
-    if (c->n_ckpts > 0) return;
+int squad_cache_debug_host_tier(squad_cache *c, size_t host_budget, int force, squad_err *err) {
+    if (c->n_ckpts > 0) return 0;
     c->host_budget = host_budget;
     c->tier_force = force;
-    tier_pool_setup(c);
+    return tier_pool_setup(c, err);
 }
 
 void squad_cache_debug_tier_rates(squad_cache *c, double copy_bytes_per_s, double row_s_per_token) {
@@ -1207,15 +1232,15 @@ void squad_cache_debug_tier_rates(squad_cache *c, double copy_bytes_per_s, doubl
     if (row_s_per_token > 0) c->row_s_per_token = row_s_per_token;
 }
 
-void squad_cache_debug_tier_slabs(squad_cache *c, squad_tier_slab_get get, squad_tier_slab_put put, void *ctx,
-                                  size_t step, unsigned flags) {
-    if (c->n_ckpts > 0 || !get || !put) return;
+int squad_cache_debug_tier_slabs(squad_cache *c, squad_tier_slab_get get, squad_tier_slab_put put, void *ctx,
+                                 size_t step, int reserve, squad_err *err) {
+    if (c->n_ckpts > 0 || !get || !put) return squad_fail(err, SQUAD_E_INVALID, "state cache: slab source set late");
     c->slab_get = get;
     c->slab_put = put;
     c->slab_ctx = ctx;
     c->slab_step = step;
-    c->slab_flags = flags;
-    tier_pool_setup(c);
+    c->slab_reserve = reserve;
+    return tier_pool_setup(c, err);
 }
 
 const squad_tier_pool *squad_cache_debug_tier_pool(const squad_cache *c) { return &c->pool; }

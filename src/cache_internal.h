@@ -58,8 +58,9 @@ void squad_cache_debug_key_bits(squad_cache *cache, int bits);
 /* Test hook: a host tier of host_budget bytes on an empty cache, also over a backend whose blobs
  * are host memory (the CPU: copies are memcpy), so CPU tests exercise demotion and promotion.
  * force: 1 every host checkpoint a row finds is promoted, -1 none is (the row recomputes from the
- * deepest device one), 0 the cost model decides. */
-void squad_cache_debug_host_tier(squad_cache *cache, size_t host_budget, int force);
+ * deepest device one), 0 the cost model decides. Over page-locked slabs the budget is reserved
+ * (as squad_cache_new does): 0, or the error code with err filled when that is refused. */
+int squad_cache_debug_host_tier(squad_cache *cache, size_t host_budget, int force, squad_err *err);
 
 /* The cost model: 1 when copying `bytes` up at copy_bytes_per_s costs less than recomputing
  * tokens_saved tokens at row_s_per_token seconds each (0 when the rate is unknown). */
@@ -68,10 +69,12 @@ int squad_cache_tier_pays(double bytes, int tokens_saved, double copy_bytes_per_
  * the cache's own (memcpy promotions); a backend that copies asynchronously supplies its own. */
 void squad_cache_debug_tier_rates(squad_cache *cache, double copy_bytes_per_s, double row_s_per_token);
 /* Test hook: where the host tier's slabs come from (get / put over ctx, `step` bytes each, 0:
- * SQUAD_TIER_POOL_STEP; flags as squad_tier_pool_init's: SQUAD_TIER_POOL_SLOW_SLABS pins ahead),
- * in place of the backend's; the pool is made again (only while the cache holds nothing). */
-void squad_cache_debug_tier_slabs(squad_cache *cache, squad_tier_slab_get get, squad_tier_slab_put put, void *ctx,
-                                  size_t step, unsigned flags);
+ * SQUAD_TIER_POOL_STEP), in place of the backend's; the pool is made again (only while the cache
+ * holds nothing), its whole host budget reserved when `reserve` is set, as squad_cache_new does
+ * over page-locked memory. 0, or the error code with err filled as squad_cache_new's (the slabs
+ * taken stay in the pool until the cache is freed). */
+int squad_cache_debug_tier_slabs(squad_cache *cache, squad_tier_slab_get get, squad_tier_slab_put put, void *ctx,
+                                 size_t step, int reserve, squad_err *err);
 /* Test hook: the host tier's slab pool (its slabs, bytes and consistency). */
 const squad_tier_pool *squad_cache_debug_tier_pool(const squad_cache *cache);
 

@@ -16,12 +16,13 @@
  *    restore) and a cold row of the same length (best of a few); printed with the bytes moved and
  *    the bandwidth the backend measured;
  *  - the breakdown: what a restore's pieces cost alone on a state's bytes — pinning host memory
- *    (cudaHostAlloc: now once per slab, not per checkpoint) and unpinning it, a device blob's
+ *    (cudaHostAlloc: once per slab, all of them when the cache is made) and unpinning it, a device blob's
  *    alloc and release (the backend's pool), the copies up and down (queued, then one sync) — so
  *    a slow restore shows which piece it is;
  *  - the stall probe (test_stall): per-row times of fresh rows through a small device budget without
- *    a host tier, with one pinning its slabs during the pass and with one whose slabs exist, and hits
- *    alone against hits beside a thread pinning host memory: where a demotion's time goes.
+ *    a host tier and with one (its budget pinned when the cache was made: no pin during the passes,
+ *    a first pass and a second on new states), the seconds that pin took, and hits alone against
+ *    hits beside a thread pinning host memory (what pinning while serving costs the engine).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -114,7 +115,8 @@ static void test_equality(squad_model *m, int force) {
     squad_engine_cache_stats(e, &st);
     CHECKF(st.host_budget_bytes == 8 * one, "the CUDA backend's host tier: %zu bytes", st.host_budget_bytes);
     CHECK(e->be->blob_to_host != NULL && e->be->host_copy_bytes_per_s > 0);
-    if (force) squad_cache_debug_host_tier(e->cache, 8 * one, force);
+    squad_err err = {0};
+    if (force) CHECKF(squad_cache_debug_host_tier(e->cache, 8 * one, force, &err) == 0, "host tier: %s", err.msg);
     grow r;
     squad_result a, b, c;
     for (int s = 0; s < 4; s++) {
@@ -128,6 +130,8 @@ static void test_equality(squad_model *m, int force) {
     squad_engine_cache_stats(e, &st);
     CHECKF(st.demotions > 0 && st.host_checkpoints > 0, "demotions %llu, host checkpoints %llu",
            (unsigned long long)st.demotions, (unsigned long long)st.host_checkpoints);
+    CHECKF(st.host_slabs_reserved > 0 && st.host_slabs_sync == 0, "host slabs: %llu reserved, %llu on demand",
+           (unsigned long long)st.host_slabs_reserved, (unsigned long long)st.host_slabs_sync);
     CHECK(st.host_bytes_held <= st.host_budget_bytes);
     if (grow_make(&r, EQ_STATE, 0, 1, V) == 0) {
         const uint64_t promotions = st.promotions;
@@ -311,7 +315,8 @@ typedef struct pinner {
     double pin_ms;
 } pinner;
 
-/* Pins and unpins a slab at a time until told to stop (what the pool's thread does while it grows). */
+/* Pins and unpins a slab at a time until told to stop (what pinning while serving would do: why the
+ * host tier pins its whole budget when the cache is made). */
 static void *pinner_main(void *arg) {
     pinner *p = arg;
     while (!p->stop) {
@@ -351,10 +356,10 @@ static void stall_hits(squad_engine *e, int vocab, int with_pinner, double *med,
     med_max(ms, STALL_HITS, med, max);
 }
 
-/* Where a demotion's ~20 ms on the scheduler's thread go: the same fresh rows through a device budget
- * of two states without a host tier (evicted), with one whose slabs are pinned during the pass (the
- * first pass) and with one whose slabs already exist (a second pass on new states); then hits alone
- * against hits while another thread pins host memory. Printed, one line each. */
+/* Where a demotion's time on the scheduler's thread goes: the same fresh rows through a device budget
+ * of two states without a host tier (evicted), and with one whose budget was pinned when the cache
+ * was made (a first pass, then a second on new states); then hits alone against hits while another
+ * thread pins host memory. Printed, one line each. */
 static void test_stall(squad_model *m, const char *name) {
     const int V = squad_model_vocab_size(m);
     squad_engine *probe = cuda_engine(m, SQUAD_PRECISION_BF16, (size_t)1 << 30, 0);
@@ -373,8 +378,7 @@ static void test_stall(squad_model *m, const char *name) {
     CHECKF(dem[0] == 0 && dem[1] > 0 && dem[2] > 0, "stall probe: demotions %llu / %llu / %llu", dem[0], dem[1], dem[2]);
     squad_cache_stats st;
     squad_engine_cache_stats(b, &st);
-    static const char *label[3] = {"no host tier (evicted)", "host tier, slabs pinned in the pass",
-                                   "host tier, slabs already pinned"};
+    static const char *label[3] = {"no host tier (evicted)", "host tier (first pass)", "host tier (second pass)"};
     for (int k = 0; k < 3; k++) {
         printf("stall (%s, bf16, %d-token states): %-36s rows ms:", name, STALL_STATE, label[k]);
         for (int i = 0; i < STALL_ROWS; i++) printf(" %.2f", ms[k][i]);
@@ -383,8 +387,12 @@ static void test_stall(squad_model *m, const char *name) {
         printf("; past the budget: median %.3f max %.3f ms; %llu demotions, %.3f ms of host time in them\n", med, max,
                dem[k], dem_ms[k]);
     }
-    printf("stall: the host tier's slabs %llu pinned ahead, %llu pinned on the scheduler's thread\n",
-           (unsigned long long)st.host_slabs_ahead, (unsigned long long)st.host_slabs_sync);
+    printf("stall: the host tier's %.0f MB pinned when the cache was made in %.3f s (%llu slabs reserved), %llu slabs "
+           "pinned on the scheduler's thread\n",
+           (double)st.host_budget_bytes / (1 << 20), st.host_reserve_seconds, (unsigned long long)st.host_slabs_reserved,
+           (unsigned long long)st.host_slabs_sync);
+    CHECKF(st.host_slabs_reserved > 0 && st.host_slabs_sync == 0, "stall probe: %llu slabs reserved, %llu on demand",
+           (unsigned long long)st.host_slabs_reserved, (unsigned long long)st.host_slabs_sync);
     grow s;
     if (grow_make(&s, STALL_STATE, 999, 0, V) == 0) {
         squad_result out;

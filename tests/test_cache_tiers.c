@@ -19,12 +19,12 @@
  *    question is a hit with identical probabilities; another model (another synth seed), another
  *    tokenizer file and another specialists set get nothing from the same file;
  *  - a truncated or bit-flipped file loads only its valid records, and those answer correctly;
- *  - slabs pinned ahead (a deliberately slow slab source, as cudaHostAlloc is): a growth after the
- *    first takes a spare without waiting, the cap is never passed counting spares and pins in
- *    flight, a blob larger than a spare gets the spares' room, and destroying the pool (or the
- *    engine) with a pin in flight gives every slab back.
+ *  - the host tier's budget reserved up front (as over page-locked memory): the pool holds exactly
+ *    its cap in slabs, the last one the remainder, and no allocation takes a slab afterwards; a
+ *    reserve the slab source refuses part-way keeps what it took, the cache reports it as the
+ *    error squad_cache_new gives (tested through a backend double whose host_alloc refuses), and
+ *    every slab taken is given back.
  */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,7 +157,7 @@ static void tier_pool_unit(void) {
     slab_counts n = {0};
     const size_t step = 64 << 10, cap = 4 * step;
     squad_tier_pool pool;
-    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n, 0);
+    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n);
     unsigned char *blob[POOL_BLOBS] = {0};
     size_t size[POOL_BLOBS] = {0};
     const size_t sizes[] = {5000, 12288, 1, 40000, 300};
@@ -202,7 +202,7 @@ static void tier_pool_unit(void) {
     squad_tier_pool_free(&pool, whole);
     squad_tier_pool_destroy(&pool);
     CHECKF(n.put == n.got, "pool: %d slabs given back of %d", n.put, n.got);
-    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n, 0);
+    squad_tier_pool_init(&pool, cap, step, count_get, count_put, &n);
     void *big = squad_tier_pool_alloc(&pool, 3 * step + 1000);
     CHECKF(big != NULL && pool.slab_bytes >= 3 * step + 1000, "pool: a blob over the step (%zu)", pool.slab_bytes);
     CHECK(squad_tier_pool_alloc(&pool, cap) == NULL);
@@ -211,199 +211,149 @@ static void tier_pool_unit(void) {
     printf("tier pool: %d slabs for 4000 random steps, %d refused at the cap\n", slabs, refused);
 }
 
-/* A slow slab source, as page-locked memory is: each get sleeps. It counts, under a lock (the
- * pool's thread calls it too), the bytes out from the moment they are asked for until they are
- * given back, their peak, any get that took them past the cap, and the gets made off the test's
- * thread. */
-#define SLOW_SLABS_MAX 64
+/* A slab source that keeps account, as the backend's page-locked memory would: it hands out at
+ * most `limit` bytes at once (past that it refuses, as a system out of lockable memory does) and
+ * records every slab out with its bytes, their peak, and the gets it refused. */
+#define SOURCE_SLABS_MAX 64
 
-typedef struct slow_slabs {
-    pthread_mutex_t lock;
-    pthread_t caller;
-    unsigned delay_us;
-    size_t cap, out, peak, asked; /* out: bytes asked for and not given back; asked: ever */
-    int got, put, over, off_thread;
-    void *held[SLOW_SLABS_MAX]; /* the slabs out and their bytes (so a put gives its bytes back) */
-    size_t held_bytes[SLOW_SLABS_MAX];
-} slow_slabs;
+typedef struct slab_source {
+    size_t limit, out, peak;
+    int got, put, refused;
+    void *held[SOURCE_SLABS_MAX]; /* the slabs out and their bytes, in the order taken */
+    size_t held_bytes[SOURCE_SLABS_MAX];
+} slab_source;
 
-static void slow_init(slow_slabs *s, size_t cap, unsigned delay_us) {
+static void source_init(slab_source *s, size_t limit) {
     memset(s, 0, sizeof *s);
-    CHECK(pthread_mutex_init(&s->lock, NULL) == 0);
-    s->caller = pthread_self();
-    s->cap = cap;
-    s->delay_us = delay_us;
+    s->limit = limit;
 }
 
-static void *slow_get(void *ctx, size_t bytes) {
-    slow_slabs *s = ctx;
-    pthread_mutex_lock(&s->lock);
-    s->out += bytes;
-    s->asked += bytes;
-    if (s->out > s->peak) s->peak = s->out;
-    if (s->out > s->cap) s->over++;
-    if (!pthread_equal(pthread_self(), s->caller)) s->off_thread++;
-    pthread_mutex_unlock(&s->lock);
-    usleep(s->delay_us);
-    void *p = malloc(bytes);
-    pthread_mutex_lock(&s->lock);
-    int i = 0;
-    while (p && i < SLOW_SLABS_MAX && s->held[i]) i++;
-    if (p && i < SLOW_SLABS_MAX) {
-        s->got++;
-        s->held[i] = p;
-        s->held_bytes[i] = bytes;
-        memset(p, 0xa5, bytes < 4096 ? bytes : 4096); /* touched, as pinning touches every page */
-    } else {
-        free(p);
-        p = NULL;
-        s->out -= bytes;
+static void *source_get(void *ctx, size_t bytes) {
+    slab_source *s = ctx;
+    if (s->got >= SOURCE_SLABS_MAX || bytes > s->limit - s->out) {
+        s->refused++;
+        return NULL;
     }
-    pthread_mutex_unlock(&s->lock);
+    void *p = malloc(bytes);
+    if (!p) return NULL;
+    s->held[s->got] = p;
+    s->held_bytes[s->got++] = bytes;
+    s->out += bytes;
+    if (s->out > s->peak) s->peak = s->out;
     return p;
 }
 
-static void slow_put(void *ctx, void *slab) {
-    slow_slabs *s = ctx;
-    pthread_mutex_lock(&s->lock);
-    s->put++;
-    for (int i = 0; i < SLOW_SLABS_MAX; i++)
+static void source_put(void *ctx, void *slab) {
+    slab_source *s = ctx;
+    for (int i = 0; i < s->got; i++)
         if (s->held[i] == slab) {
             s->out -= s->held_bytes[i];
             s->held[i] = NULL;
+            s->put++;
             break;
         }
-    pthread_mutex_unlock(&s->lock);
     free(slab);
 }
 
-static void slow_counts(slow_slabs *s, int *got, int *put, int *over, int *off_thread) {
-    pthread_mutex_lock(&s->lock);
-    *got = s->got, *put = s->put, *over = s->over;
-    if (off_thread) *off_thread = s->off_thread;
-    pthread_mutex_unlock(&s->lock);
+/* The slabs a reserve of `cap` takes at `step` bytes each: whole steps, then the aligned rest. */
+static int reserve_slabs(size_t cap, size_t step) {
+    const size_t aligned = cap / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
+    return (int)(aligned / step + (aligned % step != 0));
 }
 
-/* Waits (up to 5 s) until at least `bytes` have been asked of s in all: a pin has started. */
-static int slow_wait_asked(slow_slabs *s, size_t bytes) {
-    for (int i = 0; i < 5000; i++) {
-        pthread_mutex_lock(&s->lock);
-        const size_t out = s->asked;
-        pthread_mutex_unlock(&s->lock);
-        if (out >= bytes) return 1;
-        usleep(1000);
-    }
-    return 0;
-}
-
-#define SLOW_US 100000 /* a pin: 100 ms (cudaHostAlloc: 43 ms per 256 MB on the H200) */
-
-/* The pool alone with a slow source: growths after the first take a spare (no wait), and the
- * spares stop at the cap; a blob larger than a spare gets the spares' room; destroy with a pin in
- * flight gives back every slab; random traffic never passes the cap counting spares and pins. */
-static void tier_pool_ahead_unit(void) {
-    const size_t step = 64 << 10;
+/* The pool reserved: exactly its cap in slabs (a step each, the last the aligned remainder);
+ * random traffic never takes another slab and keeps the pool consistent; a blob over a slab is
+ * refused; a reserve the source refuses part-way keeps what it took; a pool that grew first is
+ * filled up to its cap; destroy gives every slab back. */
+static void tier_pool_reserve_unit(void) {
+    const size_t step = 64 << 10, cap = 5 * step + 3 * SQUAD_TIER_POOL_ALIGN + 100;
     char why[256] = "";
-    int got = 0, put = 0, over = 0, off = 0;
-    slow_slabs ss;
+    slab_source src;
     squad_tier_pool pool;
 
-    /* growth by growth, the thread given time between them */
-    slow_init(&ss, 6 * step, SLOW_US);
-    squad_tier_pool_init(&pool, 6 * step, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
-    CHECK(squad_tier_pool_pins_ahead(&pool) == 1);
-    CHECK(squad_tier_pool_spares(&pool, NULL) == 0); /* idle until the first growth */
-    double slowest_ahead = 0;
-    for (int i = 0; i < 6; i++) {
-        const double t0 = squad_now_seconds();
-        void *blob = squad_tier_pool_alloc(&pool, step); /* a whole slab each: a growth each */
-        const double took = squad_now_seconds() - t0;
-        CHECKF(blob != NULL, "ahead: growth %d refused", i);
-        if (i > 0 && took > slowest_ahead) slowest_ahead = took;
-        CHECK(squad_tier_pool_settle(&pool) == 0);
-        size_t spare_bytes = 0;
-        const int spares = squad_tier_pool_spares(&pool, &spare_bytes);
-        CHECKF(spares == (i < 5 ? 1 : 0) && spare_bytes == (size_t)spares * step, "ahead: %d spares (%zu bytes) after growth %d",
-               spares, spare_bytes, i);
-        CHECKF(squad_tier_pool_check(&pool, why, sizeof why) == 0, "ahead: %s", why);
-    }
-    CHECKF(pool.slabs_sync == 1 && pool.slabs_ahead == 5 && pool.slabs_made == 6, "ahead: %llu pinned then, %llu ahead",
-           pool.slabs_sync, pool.slabs_ahead);
-    CHECKF(slowest_ahead < SLOW_US * 1e-6 / 2, "ahead: a growth from a spare took %.3f s (a pin takes %.3f)", slowest_ahead,
-           SLOW_US * 1e-6);
-    CHECK(squad_tier_pool_alloc(&pool, 1) == NULL); /* the cap, spares and all */
-    squad_tier_pool_destroy(&pool);
-    slow_counts(&ss, &got, &put, &over, &off);
-    CHECKF(got == 6 && put == 6 && over == 0 && off == 5, "ahead: %d got, %d put, %d past the cap, %d off-thread", got,
-           put, over, off);
-    CHECK(squad_tier_pool_pins_ahead(&pool) == 0); /* destroyed: synchronous from now on */
-    pthread_mutex_destroy(&ss.lock);
+    source_init(&src, (size_t)1 << 30);
+    squad_tier_pool_init(&pool, cap, step, source_get, source_put, &src);
+    CHECK(squad_tier_pool_reserve(&pool) == 0);
+    size_t got_bytes = 0;
+    int steps = 0;
+    for (int i = 0; i < src.got; i++) got_bytes += src.held_bytes[i], steps += src.held_bytes[i] == step;
+    CHECKF(src.got == 6 && steps == 5 && src.held_bytes[5] == 3 * SQUAD_TIER_POOL_ALIGN,
+           "reserve: %d slabs, %d of a step, last %zu", src.got, steps, src.got ? src.held_bytes[src.got - 1] : 0);
+    CHECKF(src.got == reserve_slabs(cap, step), "reserve: %d slabs, expected %d", src.got, reserve_slabs(cap, step));
+    CHECKF(got_bytes == 5 * step + 3 * SQUAD_TIER_POOL_ALIGN && pool.slab_bytes == got_bytes && pool.n_slabs == 6,
+           "reserve: %zu bytes got, %zu in %d slabs", got_bytes, pool.slab_bytes, pool.n_slabs);
+    CHECKF(pool.slabs_reserved == 6 && pool.slabs_sync == 0 && pool.slabs_made == 6,
+           "reserve: %llu reserved, %llu on demand", pool.slabs_reserved, pool.slabs_sync);
+    CHECK(squad_tier_pool_check(&pool, why, sizeof why) == 0);
+    CHECK(squad_tier_pool_reserve(&pool) == 0 && src.got == 6); /* full already: nothing more */
+    CHECK(squad_tier_pool_max_blob(&pool) == step);
 
-    /* a blob larger than the spare: the spare goes back, its room is the blob's */
-    slow_init(&ss, 4 * step, 1000);
-    squad_tier_pool_init(&pool, 4 * step, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
-    void *small = squad_tier_pool_alloc(&pool, 100);
-    squad_tier_pool_settle(&pool);
-    CHECK(squad_tier_pool_spares(&pool, NULL) == 1);
-    void *big = squad_tier_pool_alloc(&pool, 3 * step);
-    CHECKF(small && big && pool.slab_bytes == 4 * step && pool.slabs_sync == 2,
-           "ahead: a blob over the spare (%zu slab bytes, %llu pinned then)", pool.slab_bytes, pool.slabs_sync);
-    squad_tier_pool_settle(&pool);
-    CHECK(squad_tier_pool_spares(&pool, NULL) == 0);
-    CHECKF(squad_tier_pool_check(&pool, why, sizeof why) == 0, "ahead, big: %s", why);
-    slow_counts(&ss, &got, &put, &over, NULL);
-    CHECKF(got == 3 && put == 1 && over == 0, "ahead, big: %d got, %d put, %d past the cap", got, put, over);
-    squad_tier_pool_destroy(&pool);
-    slow_counts(&ss, &got, &put, &over, NULL);
-    CHECK(got == 3 && put == 3);
-    pthread_mutex_destroy(&ss.lock);
-
-    /* destroy with a pin in flight: it waits for the pin and gives that slab back too */
-    slow_init(&ss, 4 * step, SLOW_US);
-    squad_tier_pool_init(&pool, 4 * step, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
-    CHECK(squad_tier_pool_alloc(&pool, 100) != NULL); /* pinned then; the thread starts the next */
-    CHECK(slow_wait_asked(&ss, 2 * step));
-    squad_tier_pool_destroy(&pool);
-    slow_counts(&ss, &got, &put, &over, NULL);
-    CHECKF(got == 2 && put == 2 && over == 0, "ahead, destroy in flight: %d got, %d put", got, put);
-    pthread_mutex_destroy(&ss.lock);
-
-    /* random traffic of a few sizes (one over the step) with a fast source: the pool stays
-     * consistent, and slabs, spares and pins in flight together never pass the cap */
-    const size_t cap = 5 * step;
-    slow_init(&ss, cap, 200);
-    squad_tier_pool_init(&pool, cap, step, slow_get, slow_put, &ss, SQUAD_TIER_POOL_SLOW_SLABS);
+    /* random traffic of a few sizes, a whole slab among them, and now and then one over a slab */
     unsigned char *blob[POOL_BLOBS] = {0};
-    const size_t sizes[] = {5000, 12288, 1, 40000, 300, 2 * step};
+    size_t size[POOL_BLOBS] = {0};
+    const size_t sizes[] = {5000, 12288, 1, 40000, 300, step, 3 * SQUAD_TIER_POOL_ALIGN, step + 1};
     uint64_t x = 777;
-    int ok = 1, refused = 0;
-    for (int it = 0; it < 3000 && ok; it++) {
+    int ok = 1, refused = 0, over_refused = 0;
+    for (int it = 0; it < 4000 && ok; it++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         const int i = (int)(x % POOL_BLOBS);
         if (blob[i]) {
+            for (size_t b = 0; b < size[i] && ok; b++) ok = blob[i][b] == (unsigned char)(i * 5 + b);
+            CHECKF(ok, "reserve: blob %d overwritten", i);
             squad_tier_pool_free(&pool, blob[i]);
             blob[i] = NULL;
         } else {
-            const size_t size = sizes[(x >> 20) % 6];
-            blob[i] = squad_tier_pool_alloc(&pool, size);
-            if (blob[i]) memset(blob[i], i, size);
-            else refused++;
+            size[i] = sizes[(x >> 20) % 8];
+            blob[i] = squad_tier_pool_alloc(&pool, size[i]);
+            if (blob[i]) {
+                CHECKF(size[i] <= step, "reserve: a blob of %zu over a slab of %zu", size[i], step);
+                for (size_t b = 0; b < size[i]; b++) blob[i][b] = (unsigned char)(i * 5 + b);
+            } else {
+                refused++;
+                over_refused += size[i] > step;
+            }
         }
-        if (it % 50 == 0) usleep(300); /* now and then the thread gets ahead */
-        if (squad_tier_pool_check(&pool, why, sizeof why)) {
-            CHECKF(0, "ahead, random, step %d: %s", it, why);
+        if (squad_tier_pool_check(&pool, why, sizeof why) || pool.slabs_sync != 0 || src.got != 6) {
+            CHECKF(0, "reserve, random, step %d: %s (%llu slabs on demand, %d got)", it, why, pool.slabs_sync, src.got);
             ok = 0;
         }
     }
+    CHECKF(over_refused > 0 && refused > over_refused, "reserve, random: %d refused, %d of them over a slab", refused,
+           over_refused);
     for (int i = 0; i < POOL_BLOBS; i++) squad_tier_pool_free(&pool, blob[i]);
-    CHECKF(pool.slabs_ahead > 0, "ahead, random: no spare was ever taken (%llu pinned then)", pool.slabs_sync);
-    printf("tier pool ahead, random: %llu slabs ahead, %llu pinned then, %d refused, peak %zu of %zu\n",
-           pool.slabs_ahead, pool.slabs_sync, refused, ss.peak, cap);
+    CHECKF(pool.used_bytes == 0 && squad_tier_pool_check(&pool, why, sizeof why) == 0, "reserve, emptied: %s", why);
+    printf("tier pool reserved: %d slabs, 4000 random steps, %d refused (%d over a slab), none taken on demand\n", src.got,
+           refused, over_refused);
     squad_tier_pool_destroy(&pool);
-    slow_counts(&ss, &got, &put, &over, NULL);
-    CHECKF(got == put && over == 0 && ss.peak <= cap, "ahead, random: %d got, %d put, %d past the cap (peak %zu)", got,
-           put, over, ss.peak);
-    pthread_mutex_destroy(&ss.lock);
+    CHECKF(src.put == src.got && src.out == 0, "reserve: %d slabs given back of %d", src.put, src.got);
+    CHECK(pool.n_slabs == 0 && pool.slab_bytes == 0 && pool.cap == cap); /* empty, the same cap */
+
+    /* the source refuses the third slab: -1, the two taken stay, usable, and go back on destroy */
+    source_init(&src, 2 * step + 100);
+    squad_tier_pool_init(&pool, 4 * step, step, source_get, source_put, &src);
+    CHECK(squad_tier_pool_reserve(&pool) == -1);
+    CHECKF(src.got == 2 && src.refused == 1 && pool.n_slabs == 2 && pool.slab_bytes == 2 * step &&
+               pool.slabs_reserved == 2 && pool.slabs_sync == 0,
+           "reserve refused: %d got, %d refused, %d slabs of %zu bytes", src.got, src.refused, pool.n_slabs,
+           pool.slab_bytes);
+    void *a = squad_tier_pool_alloc(&pool, step), *b = squad_tier_pool_alloc(&pool, 1000);
+    CHECK(a != NULL && b != NULL && squad_tier_pool_check(&pool, why, sizeof why) == 0);
+    CHECK(squad_tier_pool_alloc(&pool, step) == NULL); /* the third slab is refused again */
+    CHECK(src.got == 2 && src.peak <= 2 * step + 100);
+    squad_tier_pool_destroy(&pool);
+    CHECKF(src.put == 2 && src.out == 0, "reserve refused: %d of %d slabs given back, %zu bytes out", src.put, src.got,
+           src.out);
+
+    /* a pool that grew on demand first: the reserve fills the rest of its cap */
+    source_init(&src, (size_t)1 << 30);
+    squad_tier_pool_init(&pool, 3 * step, step, source_get, source_put, &src);
+    CHECK(squad_tier_pool_alloc(&pool, 100) != NULL && pool.slabs_sync == 1);
+    CHECK(squad_tier_pool_reserve(&pool) == 0);
+    CHECKF(pool.slab_bytes == 3 * step && pool.slabs_reserved == 2 && pool.slabs_made == 3 &&
+               squad_tier_pool_check(&pool, why, sizeof why) == 0,
+           "reserve after a growth: %zu bytes, %llu reserved: %s", pool.slab_bytes, pool.slabs_reserved, why);
+    squad_tier_pool_destroy(&pool);
+    CHECK(src.put == src.got && src.out == 0);
 }
 
 /* The cost model on the 0.8B figures (H200): a 4,096-token state (69.9 MB) restores at 55 GB/s in
@@ -433,7 +383,8 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
     squad_engine *e = engine(m, 2 * one + 4096, NULL);
     if (!e) return;
     const size_t host_budget = host_states * one + 1024;
-    squad_cache_debug_host_tier(e->cache, host_budget, force);
+    squad_err err = {0};
+    CHECKF(squad_cache_debug_host_tier(e->cache, host_budget, force, &err) == 0, "%s: %s", name, err.msg);
     squad_cache_debug_tier_rates(e->cache, copy_rate, 0);
     squad_result r, ref;
     trow row;
@@ -598,7 +549,14 @@ static int agent_replay(squad_model *m, squad_engine *plain, const agent_trace *
     memset(out, 0, sizeof *out);
     squad_engine *e = engine(m, budget, NULL);
     if (!e) return -1;
-    if (host_budget) squad_cache_debug_host_tier(e->cache, host_budget, 0);
+    slab_source src;
+    source_init(&src, (size_t)1 << 40);
+    if (host_budget) { /* reserved up front, as over page-locked memory (default 256 MB slabs) */
+        squad_err err = {0};
+        const int rc = squad_cache_debug_host_tier(e->cache, host_budget, 0, &err) ||
+                       squad_cache_debug_tier_slabs(e->cache, source_get, source_put, &src, 0, 1, &err);
+        CHECKF(rc == 0, "%s: host tier: %s", name, err.msg);
+    }
     squad_score_opts so;
     memset(&so, 0, sizeof so);
     so.end_checkpoint_only = end_only;
@@ -616,6 +574,11 @@ static int agent_replay(squad_model *m, squad_engine *plain, const agent_trace *
         if (!consistent(e, name)) rc = -1;
     }
     squad_engine_cache_stats(e, &out->st);
+    if (host_budget)
+        CHECKF(out->st.host_slabs_sync == 0 && out->st.host_slabs_reserved == (uint64_t)src.got &&
+                   src.got == reserve_slabs(host_budget, SQUAD_TIER_POOL_STEP),
+               "%s: %llu slabs on demand, %llu reserved, %d got", name, (unsigned long long)out->st.host_slabs_sync,
+               (unsigned long long)out->st.host_slabs_reserved, src.got);
     printf("%s: hits %llu, partial %llu, cold %llu, reused %ld; demotions %llu, promotions %llu, recomputed %llu, "
            "evicted %llu, host evicted %llu\n",
            name, (unsigned long long)out->st.hits, (unsigned long long)out->st.partial,
@@ -623,6 +586,7 @@ static int agent_replay(squad_model *m, squad_engine *plain, const agent_trace *
            (unsigned long long)out->st.promotions, (unsigned long long)out->st.host_recomputed,
            (unsigned long long)out->st.evicted, (unsigned long long)out->st.host_evicted);
     squad_engine_free(e);
+    CHECKF(src.put == src.got && src.out == 0, "%s: %d slabs got, %d given back", name, src.got, src.put);
     return rc;
 }
 
@@ -666,70 +630,158 @@ static void host_tier_agent_trace(squad_model *m, squad_engine *plain) {
     }
 }
 
-/* The host tier over a slow slab source pinning ahead, a slab about a state's blobs: with time
- * between rows (settled), only the first demotion pins; every later slab was pinned ahead, the cap
- * holds counting spares, and the answers hold. Then an engine freed with a pin in flight gives
- * every slab back. */
-static void host_tier_ahead(squad_model *m, squad_engine *plain) {
+/* The host tier over a slab source that is reserved, a slab about a state's blobs: the cache takes
+ * its whole budget when the source is set, and rows demoting and promoting never take another
+ * slab; the answers hold. Then a source that refuses part of the budget: the cache says so as
+ * squad_cache_new would, and freeing the engine gives back every slab taken. */
+static void host_tier_reserved(squad_model *m, squad_engine *plain) {
     const int V = squad_model_vocab_size(m);
     squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
     if (!probe) return;
     const size_t one = state_cost(probe);
     squad_engine_free(probe);
     const size_t host_budget = N_STATES * one + 1024;
-    for (int in_flight = 0; in_flight < 2; in_flight++) {
-        squad_engine *e = engine(m, 2 * one + 4096, NULL);
-        if (!e) return;
-        slow_slabs ss;
-        slow_init(&ss, host_budget, in_flight ? SLOW_US : 20000);
-        squad_cache_debug_host_tier(e->cache, host_budget, 1);
-        squad_cache_debug_tier_slabs(e->cache, slow_get, slow_put, &ss, one, SQUAD_TIER_POOL_SLOW_SLABS);
-        const squad_tier_pool *pool = squad_cache_debug_tier_pool(e->cache);
-        CHECK(squad_tier_pool_pins_ahead(pool));
-        squad_result r, ref;
-        trow row;
-        squad_cache_stats st = {0};
-        for (int s = 0; s < N_STATES; s++) {
-            row_make(&row, s, 0, V);
-            if (score(e, &row.row, &r)) break;
-            squad_engine_cache_stats(e, &st);
-            if (in_flight && st.host_slabs_sync > 0) break; /* the thread is pinning the next now */
-            CHECK(squad_tier_pool_settle(pool) == 0);
-            consistent(e, "ahead");
-        }
-        int got = 0, put = 0, over = 0, off = 0;
-        if (in_flight) {
-            const int made = (int)pool->slabs_made;
-            CHECKF(made >= 1 && slow_wait_asked(&ss, pool->slab_bytes + 1), "ahead, in flight: %d slabs, no pin started",
-                   made);
-            squad_engine_free(e); /* the pin started is still sleeping */
-            slow_counts(&ss, &got, &put, &over, NULL);
-            CHECKF(got == put && got == made + 1 && over == 0, "ahead, engine freed in flight: %d got, %d put, %d made",
-                   got, put, made);
-            pthread_mutex_destroy(&ss.lock);
-            continue;
-        }
-        printf("host tier ahead: demotions %llu, slabs %llu ahead, %llu pinned then, peak %zu of %zu\n",
-               (unsigned long long)st.demotions, (unsigned long long)st.host_slabs_ahead,
-               (unsigned long long)st.host_slabs_sync, ss.peak, host_budget);
-        CHECKF(st.host_slabs_sync == 1 && st.host_slabs_ahead >= 2, "ahead: %llu slabs ahead, %llu pinned then",
-               (unsigned long long)st.host_slabs_ahead, (unsigned long long)st.host_slabs_sync);
-        slow_counts(&ss, &got, &put, &over, &off);
-        CHECKF(over == 0 && ss.peak <= host_budget && off == got - 1, "ahead: peak %zu of %zu, %d of %d gets off-thread",
-               ss.peak, host_budget, off, got);
-        /* state 0 again, promoted from a slab pinned ahead or not: the uncached answer */
-        row_make(&row, 0, 1, V);
-        if (!score(e, &row.row, &r) && !score(plain, &row.row, &ref))
-            CHECKF(test_answer_diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED && r.reused > 0, "ahead: %.3g from uncached, reused %d",
-                   test_answer_diff(&row.row, &r, &ref), r.reused);
-        char why[256] = "";
-        CHECKF(squad_tier_pool_check(pool, why, sizeof why) == 0, "ahead: pool: %s", why);
-        consistent(e, "ahead");
-        squad_engine_free(e);
-        slow_counts(&ss, &got, &put, &over, NULL);
-        CHECKF(got == put, "ahead: %d slabs got, %d given back", got, put);
-        pthread_mutex_destroy(&ss.lock);
+    const size_t step = (one + SQUAD_TIER_POOL_ALIGN - 1) / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
+    squad_engine *e = engine(m, 2 * one + 4096, NULL);
+    if (!e) return;
+    slab_source src;
+    source_init(&src, (size_t)1 << 30);
+    squad_err err = {0};
+    CHECK(squad_cache_debug_host_tier(e->cache, host_budget, 1, &err) == 0);
+    const int rc = squad_cache_debug_tier_slabs(e->cache, source_get, source_put, &src, one, 1, &err);
+    CHECKF(rc == 0, "reserved: %s", err.msg);
+    const squad_tier_pool *pool = squad_cache_debug_tier_pool(e->cache);
+    const int slabs = reserve_slabs(host_budget, step);
+    squad_cache_stats st = {0};
+    squad_engine_cache_stats(e, &st);
+    CHECKF(src.got == slabs && st.host_slabs_reserved == (uint64_t)slabs && st.host_slabs_sync == 0 &&
+               pool->slab_bytes == host_budget / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN,
+           "reserved: %d slabs got (%d expected), %llu reserved, %zu bytes of %zu", src.got, slabs,
+           (unsigned long long)st.host_slabs_reserved, pool->slab_bytes, host_budget);
+    CHECKF(st.host_reserve_seconds >= 0 && st.host_reserve_seconds < 10, "reserved in %.3f s", st.host_reserve_seconds);
+    squad_result r, ref;
+    trow row;
+    for (int s = 0; s < N_STATES; s++) {
+        row_make(&row, s, 0, V);
+        if (score(e, &row.row, &r)) break;
+        consistent(e, "reserved");
     }
+    squad_engine_cache_stats(e, &st);
+    printf("host tier reserved: %d slabs in %.6f s, demotions %llu, %llu slabs on demand, peak %zu of %zu\n", src.got,
+           st.host_reserve_seconds, (unsigned long long)st.demotions, (unsigned long long)st.host_slabs_sync, src.peak,
+           host_budget);
+    CHECKF(st.demotions > 0 && st.host_slabs_sync == 0 && src.got == slabs && src.peak <= host_budget,
+           "reserved: %llu demotions, %llu slabs on demand, %d got", (unsigned long long)st.demotions,
+           (unsigned long long)st.host_slabs_sync, src.got);
+    /* state 0 again, promoted from a reserved slab: the uncached answer */
+    row_make(&row, 0, 1, V);
+    if (!score(e, &row.row, &r) && !score(plain, &row.row, &ref))
+        CHECKF(test_answer_diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED && r.reused > 0,
+               "reserved: %.3g from uncached, reused %d", test_answer_diff(&row.row, &r, &ref), r.reused);
+    char why[256] = "";
+    CHECKF(squad_tier_pool_check(pool, why, sizeof why) == 0, "reserved: pool: %s", why);
+    squad_engine_cache_stats(e, &st);
+    CHECK(st.host_slabs_sync == 0 && src.got == slabs);
+    consistent(e, "reserved");
+    squad_engine_free(e);
+    CHECKF(src.put == src.got && src.out == 0, "reserved: %d slabs got, %d given back", src.got, src.put);
+
+    /* a source that gives half the budget: the error squad_cache_new gives, every slab back */
+    e = engine(m, 2 * one + 4096, NULL);
+    if (!e) return;
+    source_init(&src, host_budget / 2);
+    memset(&err, 0, sizeof err);
+    CHECK(squad_cache_debug_host_tier(e->cache, host_budget, 1, &err) == 0);
+    CHECK(squad_cache_debug_tier_slabs(e->cache, source_get, source_put, &src, one, 1, &err) == SQUAD_E_NOMEM);
+    CHECKF(err.code == SQUAD_E_NOMEM && strstr(err.msg, "host tier: could pin only") &&
+               strstr(err.msg, "lower --cache-host-mb"),
+           "reserve refused: code %d, \"%s\"", err.code, err.msg);
+    CHECKF(src.got > 0 && src.got < slabs && src.refused == 1, "reserve refused: %d of %d slabs, %d refused", src.got,
+           slabs, src.refused);
+    consistent(e, "reserve refused");
+    squad_engine_free(e);
+    CHECKF(src.put == src.got && src.out == 0, "reserve refused: %d slabs got, %d given back", src.got, src.put);
+}
+
+/* A backend double for squad_cache_new: the CPU backend's figures with the host tier's hooks of a
+ * device backend, whose page-locked memory gives out after `limit` bytes. The slabs are never
+ * touched by the cache (descriptors live outside them), so small stand-ins carry the count. */
+typedef struct pin_double {
+    squad_backend be;
+    size_t limit, pinned;
+    int got, released;
+} pin_double;
+
+static void *pin_alloc(squad_backend *be, size_t bytes, squad_err *err) {
+    pin_double *d = (pin_double *)be;
+    if (bytes > d->limit - d->pinned) {
+        squad_fail(err, SQUAD_E_NOMEM, "pin double: out of page-locked memory");
+        return NULL;
+    }
+    void *p = malloc(16);
+    if (!p) return NULL;
+    d->pinned += bytes;
+    d->got++;
+    return p;
+}
+
+static void pin_release(squad_backend *be, void *p) {
+    pin_double *d = (pin_double *)be;
+    d->released++;
+    free(p);
+}
+
+static int pin_copy(squad_backend *be, void *dst, const void *src, size_t bytes, squad_err *err) {
+    (void)be, (void)err;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+/* squad_cache_new over a backend that pins: the whole host budget is reserved at creation (its
+ * stats say how many slabs and how long), and a budget the system cannot pin fails the creation
+ * with the message the server shows, leaving nothing pinned. */
+static void host_tier_reserve_at_creation(squad_model *m) {
+    const size_t mb = 1 << 20, budget = 600 * mb; /* two 256 MB slabs and 88 MB */
+    squad_engine *cpu = engine(m, mb, NULL);
+    if (!cpu) return;
+    pin_double d;
+    memset(&d, 0, sizeof d);
+    d.be = *squad_cache_backend(cpu->cache);
+    d.be.host_alloc = pin_alloc;
+    d.be.host_release = pin_release;
+    d.be.blob_to_host = pin_copy;
+    d.be.blob_from_host = pin_copy;
+    d.be.tier_sync = NULL;
+    d.limit = (size_t)1 << 40;
+    squad_cache_opts o = cpu->opts.cache;
+    o.host_budget_bytes = budget;
+    squad_err err = {0};
+    squad_cache *c = squad_cache_new(&d.be, &o, &err);
+    CHECKF(c != NULL, "cache over pinned slabs: %s", err.msg);
+    if (c) {
+        squad_cache_stats st;
+        squad_cache_get_stats(c, &st);
+        CHECKF(d.got == 3 && d.pinned == budget && st.host_slabs_reserved == 3 && st.host_slabs_sync == 0 &&
+                   st.host_budget_bytes == budget && st.host_reserve_seconds >= 0,
+               "reserved at creation: %d slabs, %zu bytes pinned, %llu reserved", d.got, d.pinned,
+               (unsigned long long)st.host_slabs_reserved);
+        squad_cache_free(c);
+        CHECKF(d.released == d.got, "reserved at creation: %d of %d slabs given back", d.released, d.got);
+    }
+    /* 300 MB of page-locked memory for a 600 MB budget: one slab, then the refusal */
+    memset(&err, 0, sizeof err);
+    d.limit = 300 * mb;
+    d.pinned = 0;
+    d.got = d.released = 0;
+    c = squad_cache_new(&d.be, &o, &err);
+    CHECKF(c == NULL && err.code == SQUAD_E_NOMEM &&
+               strstr(err.msg, "host tier: could pin only 256 of 600 MB of host memory") &&
+               strstr(err.msg, "lower --cache-host-mb"),
+           "refused at creation: code %d, \"%s\"", err.code, err.msg);
+    CHECKF(d.got == 1 && d.released == 1, "refused at creation: %d slabs pinned, %d given back", d.got, d.released);
+    squad_cache_free(c);
+    squad_engine_free(cpu);
+    printf("host tier at creation: \"%s\"\n", err.msg);
 }
 
 /* Without the test hook the CPU backend has no host tier: its blobs are host memory already. */
@@ -977,7 +1029,7 @@ done:
 
 int main(void) {
     tier_pool_unit();
-    tier_pool_ahead_unit();
+    tier_pool_reserve_unit();
     cost_model_unit();
     squad_model *m = synth_model("model-a", 1);
     squad_model *other = synth_model("model-b", 2);
@@ -995,7 +1047,8 @@ int main(void) {
         host_tier_case(m, plain, "host tier, cost model, slow copy", N_STATES, 0, 1.0);
         /* a host tier of one state: state 0 falls out of both tiers */
         host_tier_case(m, plain, "host tier, both evicted", 1, 1, 0);
-        host_tier_ahead(m, plain);
+        host_tier_reserved(m, plain);
+        host_tier_reserve_at_creation(m);
         host_tier_agent_trace(m, plain);
         host_tier_off_on_cpu(m);
         disk_tier(m, other, plain);

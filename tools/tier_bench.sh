@@ -85,11 +85,11 @@ tiers_line() {
 import json, sys
 c = json.load(sys.stdin)["cache"]
 print("  %s: device %.1f of %.1f MB, host tier %.1f of %.1f MB; demotions %d (%.3f s queued), promotions %d (%.3f s "
-      "queued), recomputed instead %d, host evicted %d, device evicted %d; host slabs pinned ahead %d, on the scheduling "
-      "thread %d; disk loaded %d, refused %d" % (sys.argv[1], c["bytes_held"] / 1e6,
+      "queued), recomputed instead %d, host evicted %d, device evicted %d; host slabs pinned at start %d (in %.2f s), on the "
+      "scheduling thread %d; disk loaded %d, refused %d" % (sys.argv[1], c["bytes_held"] / 1e6,
       c["budget_bytes"] / 1e6, c["host_bytes_held"] / 1e6, c["host_budget_bytes"] / 1e6, c["demotions"],
       c["demote_seconds"], c["promotions"], c["promote_seconds"], c["host_recomputed"], c["host_evicted"], c["evicted"],
-      c["host_slabs_ahead"], c["host_slabs_sync"], c["disk_loaded"], c["disk_refused"]))' "$1"
+      c["host_slabs_reserved"], c["host_reserve_seconds"], c["host_slabs_sync"], c["disk_loaded"], c["disk_refused"]))' "$1"
 }
 run_trace() { # run_trace TRACE LABEL HEADER(1: the table's head)
     if [ "$3" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$1" --concurrency "$CONCURRENCY" --label "$2"

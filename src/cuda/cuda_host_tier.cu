@@ -7,7 +7,7 @@
  *    own (stream-ordered cudaMallocAsync / cudaFreeAsync, the pool keeping what is freed), not
  *    from cudaMalloc / cudaFree, which synchronise the device and cost milliseconds at these sizes;
  *    page-locked host memory is only taken in large slabs the cache carves up (tier_pool.h), never
- *    per checkpoint, and pinned ahead on the pool's own thread (tier_host_alloc works from any).
+ *    per checkpoint, and all of them when the cache is made (a pin while serving stalls the engine).
  *  - No host wait. Copies run on a copy stream of their own, in the order the cache issues them:
  *    each waits for an event recorded on the compute stream (so a blob saved by a forward still in
  *    flight is complete before it is read), and a host-to-device copy records an event the compute
@@ -111,10 +111,10 @@ static cudaMemPool_t pool_make(int device) {
 
 /* ---- host memory and copies ------------------------------------------------------------------- */
 
-/* A slab of page-locked memory. The cache's pool calls this from its pinning thread as well as
- * from the engine's (tier_pool.h: slabs pinned ahead), so it must not depend on the calling
- * thread: the runtime's current device is per thread (a new thread starts on device 0), so the
- * backend's device is set first, and the memory is pinned in that device's context as on the
+/* A slab of page-locked memory. The cache reserves its slabs on whichever thread creates the
+ * engine (the server's engine thread, a CLI's main thread), so this must not depend on the
+ * calling thread: the runtime's current device is per thread (a new thread starts on device 0),
+ * so the backend's device is set first, and the memory is pinned in that device's context as on the
  * engine's thread; cudaHostAllocPortable on top makes the slab count as pinned memory for every
  * context whichever device was current (under unified addressing it is anyway; the flag costs
  * nothing there and keeps the copies from the slab at full bandwidth for --device cuda:N on a

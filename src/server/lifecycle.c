@@ -127,8 +127,9 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     squad_cache_stats cs;
     squad_engine_cache_stats(engine, &cs);
     if (cs.host_budget_bytes > 0)
-        srv_log(srv, "host tier: %.0f MB of pinned host memory under the state cache (--cache-host-mb)",
-                (double)cs.host_budget_bytes / (1 << 20));
+        srv_log(srv,
+                "host tier: %.0f MB of pinned host memory under the state cache, pinned in %.2f s (--cache-host-mb)",
+                (double)cs.host_budget_bytes / (1 << 20), cs.host_reserve_seconds);
     else if (cs.budget_bytes > 0 && !strcmp(squad_engine_device(engine), "cpu"))
         srv_log(srv, "host tier: off (the CPU backend's checkpoints are host memory already; --cache-dir is its "
                 "second tier)");

@@ -54,9 +54,13 @@ static void tier_metrics(squad_buf *b, const squad_cache_stats *c) {
             "Rows that found their state only in the host tier and recomputed it (cheaper by the cost model).",
             c->host_recomputed);
     counter(b, "squad_cache_host_evictions_total", "Checkpoints dropped from the host tier for room.", c->host_evicted);
-    counter(b, "squad_cache_host_slabs_ahead_total", "Host-tier slabs taken pinned ahead (off the request path).",
-            c->host_slabs_ahead);
-    counter(b, "squad_cache_host_slabs_sync_total", "Host-tier slabs pinned inside a demotion.", c->host_slabs_sync);
+    counter(b, "squad_cache_host_slabs_reserved_total",
+            "Host-tier slabs pinned when the cache was made (its whole budget, off the request path).",
+            c->host_slabs_reserved);
+    counter(b, "squad_cache_host_slabs_sync_total", "Host-tier slabs pinned inside a demotion (0 when reserved).",
+            c->host_slabs_sync);
+    gauge(b, "squad_cache_host_reserve_seconds", "Seconds pinning the host tier's budget took at startup.",
+          c->host_reserve_seconds);
     squad_buf_printf(b, "# HELP squad_cache_tier_seconds_total Seconds spent moving checkpoints between tiers.\n"
                         "# TYPE squad_cache_tier_seconds_total counter\n"
                         "squad_cache_tier_seconds_total{kind=\"promote\"} %.6f\n"
@@ -284,14 +288,14 @@ void srv_metrics_json(squad_buf *b, const srv_metrics_view *v) {
                      ", \"groups\": %" PRIu64 ", \"bytes_held\": %zu, \"budget_bytes\": %zu"
                      ", \"host_checkpoints\": %" PRIu64 ", \"host_bytes_held\": %zu, \"host_budget_bytes\": %zu"
                      ", \"demotions\": %" PRIu64 ", \"promotions\": %" PRIu64 ", \"host_recomputed\": %" PRIu64
-                     ", \"host_evicted\": %" PRIu64 ", \"host_slabs_ahead\": %" PRIu64 ", \"host_slabs_sync\": %" PRIu64
-                     ", \"promote_seconds\": %.6f, \"demote_seconds\": %.6f"
+                     ", \"host_evicted\": %" PRIu64 ", \"host_slabs_reserved\": %" PRIu64 ", \"host_slabs_sync\": %" PRIu64
+                     ", \"host_reserve_seconds\": %.6f, \"promote_seconds\": %.6f, \"demote_seconds\": %.6f"
                      ", \"disk_saved\": %" PRIu64 ", \"disk_loaded\": %" PRIu64 ", \"disk_refused\": %" PRIu64 "}",
                      c->rows, c->hits, c->partial, c->cold, c->plain, c->memo_hits, c->tokens_memo, c->tokens_reused,
                      c->tokens_computed, c->uncacheable, c->checkpoints_made, c->evicted, c->checkpoints, c->groups,
                      c->bytes_held, c->budget_bytes, c->host_checkpoints, c->host_bytes_held, c->host_budget_bytes,
-                     c->demotions, c->promotions, c->host_recomputed, c->host_evicted, c->host_slabs_ahead,
-                     c->host_slabs_sync, c->promote_seconds,
+                     c->demotions, c->promotions, c->host_recomputed, c->host_evicted, c->host_slabs_reserved,
+                     c->host_slabs_sync, c->host_reserve_seconds, c->promote_seconds,
                      c->demote_seconds, c->disk_saved, c->disk_loaded, c->disk_refused);
     squad_buf_printf(b, ", \"router\": {\"mispredictions\": %" PRIu64 ", \"routes\": {", c->mispredictions);
     for (int i = 0; v->sp && i < v->jobs.n_routes; i++) {
