@@ -1106,11 +1106,13 @@ static void group_lost_device(squad_cache *c, cache_group *g) {
         return;
     }
     cache_ckpt *k = ckpt_of(c->host_lru.oldest);
-    while (k && g->n_ckpts > 0) { /* the last one frees g: stop looking at it then */
+    while (k) { /* neither k nor, after the last of them, g may be read once evicted */
         cache_ckpt *next = ckpt_of(k->lru.next);
-        const int last = g->n_ckpts == 1;
-        if (k->group == g) ckpt_evict(c, k);
-        if (k->group == g && last) break;
+        if (k->group == g) {
+            const int last = g->n_ckpts == 1;
+            ckpt_evict(c, k); /* the last one frees g */
+            if (last) break;
+        }
         k = next;
     }
 }
