@@ -23,7 +23,8 @@
  *    its cap in slabs, the last one the remainder, and no allocation takes a slab afterwards; a
  *    reserve the slab source refuses part-way keeps what it took, the cache reports it as the
  *    error squad_cache_new gives (tested through a backend double whose host_alloc refuses), and
- *    every slab taken is given back.
+ *    every slab taken is given back; a K / V blob larger than any reserved slab is not demoted and
+ *    evicts no other host checkpoint trying.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,17 +60,20 @@ static void fill(int32_t *v, int n, uint64_t seed, int vocab) {
 }
 
 /* State `state`, question `q`: a row of its own arrays. */
-static void row_make(trow *r, int state, int q, int vocab) {
-    fill(r->ids, STATE_LEN, 1000 + (uint64_t)state, vocab);
-    fill(r->ids + STATE_LEN, QUESTION, 5000 + (uint64_t)state * 131 + (uint64_t)q, vocab);
-    const int n = STATE_LEN + QUESTION;
+static void row_make_len(trow *r, int state, int q, int vocab, int state_len) {
+    fill(r->ids, state_len, 1000 + (uint64_t)state, vocab);
+    fill(r->ids + state_len, QUESTION, 5000 + (uint64_t)state * 131 + (uint64_t)q, vocab);
+    const int n = state_len + QUESTION;
     r->slots[0] = n - 2;
     r->slots[1] = n - 1;
     r->nopts[0] = 2;
     r->nopts[1] = 4;
     for (int l = 0; l < 4; l++) r->letters[l] = l + 1;
-    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, STATE_LEN, 0, NULL, 0};
+    r->row = (squad_row){r->ids, n, r->slots, r->nopts, 2, r->letters, 4, state_len, 0, NULL, 0};
 }
+
+/* State `state` of STATE_LEN tokens (state_len <= STATE_LEN for row_make_len). */
+static void row_make(trow *r, int state, int q, int vocab) { row_make_len(r, state, q, vocab, STATE_LEN); }
 
 static squad_model *synth_model(const char *name, unsigned seed) {
     char dir[600];
@@ -214,7 +218,7 @@ static void tier_pool_unit(void) {
 /* A slab source that keeps account, as the backend's page-locked memory would: it hands out at
  * most `limit` bytes at once (past that it refuses, as a system out of lockable memory does) and
  * records every slab out with its bytes, their peak, and the gets it refused. */
-#define SOURCE_SLABS_MAX 64
+#define SOURCE_SLABS_MAX 256
 
 typedef struct slab_source {
     size_t limit, out, peak;
@@ -703,6 +707,74 @@ static void host_tier_reserved(squad_model *m, squad_engine *plain) {
     CHECKF(src.put == src.got && src.out == 0, "reserve refused: %d slabs got, %d given back", src.got, src.put);
 }
 
+/* A reserved host tier whose slabs hold a short state's K / V but not a long one's (as a group over
+ * 256 MB is on the GPU): short states demoted first stay in host memory while the long states'
+ * K / V, which no slab can hold, fail without evicting them (the long states' checkpoints go, as
+ * without a tier); no slab is taken on demand, the cache stays consistent, and a short state
+ * comes back by promotion with the uncached answer. */
+#define SHORT_STATE 128
+#define SHORT_STATES 3
+
+static void host_tier_blob_over_slab(squad_model *m, squad_engine *plain) {
+    const int V = squad_model_vocab_size(m);
+    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
+    if (!probe) return;
+    const size_t one = state_cost(probe);
+    squad_engine_free(probe);
+    squad_engine *e = engine(m, 2 * one + 4096, NULL);
+    if (!e) return;
+    const size_t kv_short = (size_t)SHORT_STATE * e->be->kv_bytes_per_pos;
+    const size_t kv_long = (size_t)STATE_LEN * e->be->kv_bytes_per_pos;
+    const size_t step = (kv_short + SQUAD_TIER_POOL_ALIGN - 1) / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
+    CHECKF(kv_long > step && e->be->gdn_snapshot_bytes <= step, "blob over a slab: K / V %zu and GDN %zu, slabs of %zu",
+           kv_long, e->be->gdn_snapshot_bytes, step);
+    const size_t host_budget = N_STATES * one + 1024;
+    slab_source src;
+    source_init(&src, (size_t)1 << 30);
+    squad_err err = {0};
+    const int rc = squad_cache_debug_host_tier(e->cache, host_budget, 1, &err) ||
+                   squad_cache_debug_tier_slabs(e->cache, source_get, source_put, &src, step, 1, &err);
+    CHECKF(rc == 0, "blob over a slab: %s", err.msg);
+    const int slabs = src.got;
+    squad_result r, ref;
+    trow row;
+    squad_cache_stats st = {0};
+    for (int s = 0; s < SHORT_STATES + N_STATES; s++) { /* the short states first: the oldest */
+        const int is_short = s < SHORT_STATES;
+        row_make_len(&row, 100 + s, 0, V, is_short ? SHORT_STATE : STATE_LEN);
+        if (score(e, &row.row, &r)) break;
+        consistent(e, "blob over a slab");
+        squad_engine_cache_stats(e, &st);
+        CHECKF(st.host_bytes_held <= host_budget, "blob over a slab: %zu host bytes of %zu", st.host_bytes_held,
+               host_budget);
+    }
+    squad_engine_cache_stats(e, &st);
+    printf("host tier, K / V of %zu and %zu bytes over slabs of %zu: %llu demotions, %llu host checkpoints, %llu "
+           "evicted, %llu host evicted\n",
+           kv_short, kv_long, step, (unsigned long long)st.demotions, (unsigned long long)st.host_checkpoints,
+           (unsigned long long)st.evicted, (unsigned long long)st.host_evicted);
+    CHECKF(st.host_checkpoints > 0 && st.host_evicted > 0 && st.host_slabs_sync == 0 && src.got == slabs,
+           "blob over a slab: %llu host checkpoints, %llu host evicted, %llu slabs on demand",
+           (unsigned long long)st.host_checkpoints, (unsigned long long)st.host_evicted,
+           (unsigned long long)st.host_slabs_sync);
+    const squad_tier_pool *pool = squad_cache_debug_tier_pool(e->cache);
+    char why[256] = "";
+    CHECKF(squad_tier_pool_check(pool, why, sizeof why) == 0, "blob over a slab: pool %s", why);
+    /* the oldest short state again: still in host memory, promoted */
+    row_make_len(&row, 100, 1, V, SHORT_STATE);
+    const squad_cache_stats before = st;
+    if (!score(e, &row.row, &r) && !score(plain, &row.row, &ref)) {
+        squad_engine_cache_stats(e, &st);
+        CHECKF(test_answer_diff(&row.row, &r, &ref) <= TOL_CPU_EXACT_CACHED && r.reused == SHORT_STATE &&
+                   st.promotions > before.promotions,
+               "blob over a slab: %.3g from uncached, reused %d, %llu promotions", test_answer_diff(&row.row, &r, &ref),
+               r.reused, (unsigned long long)(st.promotions - before.promotions));
+    }
+    consistent(e, "blob over a slab");
+    squad_engine_free(e);
+    CHECK(src.put == src.got && src.out == 0);
+}
+
 /* A backend double for squad_cache_new: the CPU backend's figures with the host tier's hooks of a
  * device backend, whose page-locked memory gives out after `limit` bytes. The slabs are never
  * touched by the cache (descriptors live outside them), so small stand-ins carry the count. */
@@ -1049,6 +1121,7 @@ int main(void) {
         host_tier_case(m, plain, "host tier, both evicted", 1, 1, 0);
         host_tier_reserved(m, plain);
         host_tier_reserve_at_creation(m);
+        host_tier_blob_over_slab(m, plain);
         host_tier_agent_trace(m, plain);
         host_tier_off_on_cpu(m);
         disk_tier(m, other, plain);
