@@ -89,7 +89,9 @@ print("  %s: device %.1f of %.1f MB, host tier %.1f of %.1f MB; demotions %d (%.
       "scheduling thread %d; disk loaded %d, refused %d" % (sys.argv[1], c["bytes_held"] / 1e6,
       c["budget_bytes"] / 1e6, c["host_bytes_held"] / 1e6, c["host_budget_bytes"] / 1e6, c["demotions"],
       c["demote_seconds"], c["promotions"], c["promote_seconds"], c["host_recomputed"], c["host_evicted"], c["evicted"],
-      c["host_slabs_reserved"], c["host_reserve_seconds"], c["host_slabs_sync"], c["disk_loaded"], c["disk_refused"]))' "$1"
+      c["host_slabs_reserved"], c["host_reserve_seconds"], c["host_slabs_sync"], c["disk_loaded"], c["disk_refused"]))
+print("    rows %d: hits %d, partial %d, cold %d, uncacheable %d; tokens reused %d, computed %d" % (c["rows"], c["hits"],
+      c["partial"], c["cold"], c["uncacheable"], c["tokens_reused"], c["tokens_computed"]))' "$1"
 }
 run_trace() { # run_trace TRACE LABEL HEADER(1: the table's head)
     if [ "$3" = 1 ]; then "$BENCH" --port "$PORT" --pid "$SERVER" --trace "$1" --concurrency "$CONCURRENCY" --label "$2"
