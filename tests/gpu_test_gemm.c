@@ -14,9 +14,17 @@
  *
  * Also: the plan file round trip of an sm_90a choice beside a cuBLASLt one.
  *
+ * The decomposition probe (SQUAD_GEMM_PROBE=1, instead of everything above; docs/cuda.md): for the
+ * model shapes at a hit's M = 32 and 128, the sm_90a kernel's variants that leave its later stages
+ * out (launch alone, prologue, loads, main loop, staging and cluster barriers, split-K sums) timed
+ * beside the product and beside the candidate changes, in the tuning's configuration and the fastest
+ * one, with the weights' HBM floor and cuBLASLt; the differences say where a call's time goes. The
+ * product and the candidates, which write Y, are checked against the reference first.
+ *
  * Run: gpu_test_gemm (from the build folder; exits 77 without a GPU). SQUAD_GPU_TEST_QUICK=1 (the
  * sanitizer runs): M = 7 and 100 only, no timing. SQUAD_GEMM_TEST_TIME=0: no timing. On a GPU without
- * the sm_90a kernel (any compute capability but 9.0) only the cuBLASLt cases run, and it says so.
+ * the sm_90a kernel (any compute capability but 9.0) only the cuBLASLt cases run, and it says so
+ * (and the probe exits 77).
  */
 #include <math.h>
 #include <stdint.h>
@@ -94,14 +102,25 @@ static void cfg_name(char *buf, size_t n, const int *cfg) {
     else snprintf(buf, n, "cuBLASLt");
 }
 
-/* One path (cfg NULL: cuBLASLt) on one case in one epilogue, checked against the reference. */
+/* The probe's names of the kernel's variants (cuda_test_gemm.h's SQUAD_GEMM_VAR_*). */
+static const char *const VAR_NAMES[SQUAD_GEMM_N_VARS] = {"full",   "launch",  "empty",    "loads",     "main",
+                                                         "staged", "reduced", "prefetch", "trig_main", "trig_start"};
+
+/* One path (cfg NULL: cuBLASLt; else the sm_90a kernel's variant var, one that writes Y) on one case
+ * in one epilogue, checked against the reference. */
 static void check_path(squad_gemm_test *t, const shape *s, int M, const float *X, const float *W, const float *R0,
-                       const float *P, float *Y, int acc, const int *cfg) {
+                       const float *P, float *Y, int acc, const int *cfg, int var) {
     squad_err err = {0};
     char name[64];
     cfg_name(name, sizeof name, cfg);
+    if (cfg && var != SQUAD_GEMM_VAR_FULL) {
+        const size_t used = strlen(name);
+        snprintf(name + used, sizeof name - used, " %s", VAR_NAMES[var]);
+    }
     int guard_ok = 0;
-    const int rc = squad_gemm_test_run(t, X, W, R0, Y, M, s->N, s->K, acc, cfg, &guard_ok, &err);
+    const int rc = var == SQUAD_GEMM_VAR_FULL
+                       ? squad_gemm_test_run(t, X, W, R0, Y, M, s->N, s->K, acc, cfg, &guard_ok, &err)
+                       : squad_gemm_test_run_variant(t, X, W, R0, Y, M, s->N, s->K, acc, cfg, var, &guard_ok, &err);
     CHECKF(rc == 0, "%s M %d acc %d, %s: %s", s->name, M, acc, name, err.msg);
     if (rc) return;
     CHECKF(guard_ok, "%s M %d acc %d, %s: wrote outside its output", s->name, M, acc, name);
@@ -132,8 +151,8 @@ static int test_shapes(squad_gemm_test *t, rng *r, int quick) {
             const int nc = has ? squad_gemm_test_configs(t, M, s->N, s->K, cfgs, MAX_CFGS) : 0;
             if (has) CHECKF(nc > 0, "%s M %d: the sm_90a kernel offers no configuration", s->name, M);
             for (int acc = 0; acc < 2; acc++) {
-                if (!s->odd) check_path(t, s, M, X, W, R0, P, Y, acc, NULL);
-                for (int c = 0; c < nc; c++) check_path(t, s, M, X, W, R0, P, Y, acc, cfgs[c]);
+                if (!s->odd) check_path(t, s, M, X, W, R0, P, Y, acc, NULL, SQUAD_GEMM_VAR_FULL);
+                for (int c = 0; c < nc; c++) check_path(t, s, M, X, W, R0, P, Y, acc, cfgs[c], SQUAD_GEMM_VAR_FULL);
                 n_paths += !s->odd + nc;
             }
             printf("%-12s %5d x %5d x %5d: %s%d sm_90a configurations, both epilogues\n", s->name, M, s->N, s->K,
@@ -197,6 +216,126 @@ static void time_shapes(squad_gemm_test *t) {
     }
 }
 
+/* ---- the decomposition probe (SQUAD_GEMM_PROBE=1) ---- */
+
+#define PROBE_HBM_BYTES_PER_US 4.3e6 /* the floor's HBM rate: 4.3 TB/s */
+#define PROBE_CFGS 2                 /* configurations probed per case: the tuning's pick, then the fastest */
+static const int PROBE_MS[] = {32, 128};
+/* The columns: the stages as each variant adds one, the product, then the candidate changes. */
+static const int PROBE_ORDER[SQUAD_GEMM_N_VARS] = {
+    SQUAD_GEMM_VAR_LAUNCH,  SQUAD_GEMM_VAR_EMPTY,   SQUAD_GEMM_VAR_LOADS,    SQUAD_GEMM_VAR_MAIN,
+    SQUAD_GEMM_VAR_STAGED,  SQUAD_GEMM_VAR_REDUCED, SQUAD_GEMM_VAR_FULL,     SQUAD_GEMM_VAR_PREFETCH,
+    SQUAD_GEMM_VAR_TRIGGER_MAIN, SQUAD_GEMM_VAR_TRIGGER_START};
+/* The variants that write Y: checked against the reference before they are timed. */
+static const int PROBE_CHECKED[] = {SQUAD_GEMM_VAR_FULL, SQUAD_GEMM_VAR_PREFETCH, SQUAD_GEMM_VAR_TRIGGER_MAIN,
+                                    SQUAD_GEMM_VAR_TRIGGER_START};
+
+/* Microseconds per call of one variant (negative after a failure, which is a failed check). */
+static double probe_time(squad_gemm_test *t, const shape *s, int M, const int *cfg, int var) {
+    squad_err err = {0};
+    double us = -1;
+    const int rc = squad_gemm_test_time_variant(t, M, s->N, s->K, s->acc, cfg, var, &us, &err);
+    CHECKF(rc == 0, "probe %s M %d (%d %d %d) %s: %s", s->name, M, cfg[0], cfg[1], cfg[2], VAR_NAMES[var], err.msg);
+    CHECKF(rc != 0 || (isfinite(us) && us > 0), "probe %s M %d (%d %d %d) %s: %.3f us", s->name, M, cfg[0], cfg[1],
+           cfg[2], VAR_NAMES[var], us);
+    return rc ? -1 : us;
+}
+
+/* The configurations to probe: the tuning's pick when it is the kernel, then the fastest of the
+ * candidates by the product's time (the variants exist for nt <= 2); their count. every: each
+ * candidate's time, for the line under the case. */
+static int probe_pick(squad_gemm_test *t, const shape *s, int M, const int *chosen, int (*out)[3], char *every,
+                      size_t every_len) {
+    int cfgs[MAX_CFGS][3], n = 0;
+    double us[MAX_CFGS];
+    const int nc = squad_gemm_test_configs(t, M, s->N, s->K, cfgs, MAX_CFGS);
+    size_t used = 0;
+    every[0] = 0;
+    for (int c = 0; c < nc; c++) {
+        us[c] = cfgs[c][1] <= 2 ? probe_time(t, s, M, cfgs[c], SQUAD_GEMM_VAR_FULL) : -1;
+        const int w = snprintf(every + used, every_len - used, " (%d %d %d) %.2f", cfgs[c][0], cfgs[c][1],
+                               cfgs[c][2], us[c]);
+        if (w > 0 && (size_t)w < every_len - used) used += (size_t)w;
+    }
+    if (chosen[0] && chosen[1] <= 2) memcpy(out[n++], chosen, sizeof out[0]);
+    while (n < PROBE_CFGS) {
+        int best = -1;
+        for (int c = 0; c < nc; c++) {
+            int taken = us[c] <= 0;
+            for (int i = 0; i < n && !taken; i++) taken = !memcmp(out[i], cfgs[c], sizeof out[0]);
+            if (!taken && (best < 0 || us[c] < us[best])) best = c;
+        }
+        if (best < 0) break;
+        memcpy(out[n++], cfgs[best], sizeof out[0]);
+    }
+    return n;
+}
+
+/* One case (shape, M): the checks, then one line per probed configuration and the differences. */
+static void probe_case(squad_gemm_test *t, rng *r, const shape *s, int M) {
+    float *W = randn_bf16(r, (size_t)s->N * s->K, 1.0 / sqrt((double)s->K));
+    float *X = randn_bf16(r, (size_t)M * s->K, 1.0);
+    float *R0 = randn_bf16(r, (size_t)M * s->N, 1.0);
+    float *P = malloc(sizeof(float) * M * s->N), *Y = malloc(sizeof(float) * M * s->N);
+    if (!P || !Y) abort();
+    ref_product(X, W, P, M, s->N, s->K);
+    squad_err err = {0};
+    double lt = -1, tuned = -1;
+    int chosen[3] = {0, 0, 0};
+    int rc = squad_gemm_test_time(t, SQUAD_GEMM_TIME_LT, M, s->N, s->K, s->acc, NULL, NULL, &lt, &err);
+    CHECKF(rc == 0, "probe: timing cuBLASLt %s M %d: %s", s->name, M, err.msg);
+    rc = squad_gemm_test_time(t, SQUAD_GEMM_TIME_TUNED, M, s->N, s->K, s->acc, NULL, chosen, &tuned, &err);
+    CHECKF(rc == 0, "probe: timing the tuning's choice %s M %d: %s", s->name, M, err.msg);
+    int cfgs[PROBE_CFGS][3];
+    char every[MAX_CFGS * 24];
+    const int n = probe_pick(t, s, M, chosen, cfgs, every, sizeof every);
+    CHECKF(n > 0, "probe %s M %d: no configuration to probe", s->name, M);
+    const double floor_us = 2.0 * s->N * s->K / PROBE_HBM_BYTES_PER_US;
+    char pick[48];
+    if (chosen[0]) snprintf(pick, sizeof pick, "sm90a (%d %d %d) %.2f", chosen[0], chosen[1], chosen[2], tuned);
+    else snprintf(pick, sizeof pick, "cuBLASLt %.2f", tuned);
+    for (int c = 0; c < n; c++) {
+        for (int i = 0; i < (int)(sizeof PROBE_CHECKED / sizeof PROBE_CHECKED[0]); i++)
+            check_path(t, s, M, X, W, R0, P, Y, s->acc, cfgs[c], PROBE_CHECKED[i]);
+        double us[SQUAD_GEMM_N_VARS];
+        for (int v = 0; v < SQUAD_GEMM_N_VARS; v++) us[v] = probe_time(t, s, M, cfgs[c], v);
+        char cfgbuf[24];
+        snprintf(cfgbuf, sizeof cfgbuf, "(%d %d %d)", cfgs[c][0], cfgs[c][1], cfgs[c][2]);
+        printf("%-12s %4d %-10s %6.2f %6.2f |", s->name, M, cfgbuf, floor_us, lt);
+        for (int i = 0; i < SQUAD_GEMM_N_VARS; i++)
+            printf(" %10.2f%s", us[PROBE_ORDER[i]], PROBE_ORDER[i] == SQUAD_GEMM_VAR_FULL ? " |" : "");
+        printf(" | %s\n", pick);
+        printf("    steps: launch %.2f, prologue %+.2f, loads %+.2f, wgmma %+.2f, staging + cluster barriers %+.2f, "
+               "split-K sums %+.2f, Y %+.2f; full - floor %+.2f\n",
+               us[SQUAD_GEMM_VAR_LAUNCH], us[SQUAD_GEMM_VAR_EMPTY] - us[SQUAD_GEMM_VAR_LAUNCH],
+               us[SQUAD_GEMM_VAR_LOADS] - us[SQUAD_GEMM_VAR_EMPTY], us[SQUAD_GEMM_VAR_MAIN] - us[SQUAD_GEMM_VAR_LOADS],
+               us[SQUAD_GEMM_VAR_STAGED] - us[SQUAD_GEMM_VAR_MAIN], us[SQUAD_GEMM_VAR_REDUCED] - us[SQUAD_GEMM_VAR_STAGED],
+               us[SQUAD_GEMM_VAR_FULL] - us[SQUAD_GEMM_VAR_REDUCED], us[SQUAD_GEMM_VAR_FULL] - floor_us);
+    }
+    printf("    every sm90a configuration (wg nt split), full us:%s\n", every);
+    fflush(stdout);
+    free(W);
+    free(X);
+    free(R0);
+    free(P);
+    free(Y);
+}
+
+static void probe_shapes(squad_gemm_test *t, rng *r) {
+    printf("gpu_test_gemm probe: us per call, calls back to back in one graph, each on another copy of the "
+           "weights (from HBM), the median of several replays; floor: the weights' bytes at %.1f TB/s; LT: "
+           "cuBLASLt tuned alone\n",
+           PROBE_HBM_BYTES_PER_US / 1e6);
+    printf("%-12s %4s %-10s %6s %6s |", "shape", "M", "(wg nt sp)", "floor", "LT");
+    for (int i = 0; i < SQUAD_GEMM_N_VARS; i++)
+        printf(" %10s%s", VAR_NAMES[PROBE_ORDER[i]], PROBE_ORDER[i] == SQUAD_GEMM_VAR_FULL ? " |" : "");
+    printf(" | tuning picks (us)\n");
+    for (int si = 0; si < N_SHAPES; si++)
+        if (!SHAPES[si].odd)
+            for (int mi = 0; mi < (int)(sizeof PROBE_MS / sizeof PROBE_MS[0]); mi++)
+                probe_case(t, r, &SHAPES[si], PROBE_MS[mi]);
+}
+
 /* The plan file keeps an sm_90a choice beside a cuBLASLt one, the latter in the form older files
  * have (5 numbers and 8 hex words), so files written before the kernel existed still read. */
 static void test_plan_file(void) {
@@ -232,12 +371,23 @@ int main(void) {
     CHECKF(t != NULL, "%s", err.msg);
     if (!t) return test_summary("gpu_test_gemm");
     const char *q = getenv("SQUAD_GPU_TEST_QUICK"), *tm = getenv("SQUAD_GEMM_TEST_TIME");
+    const char *pr = getenv("SQUAD_GEMM_PROBE");
     const int quick = q && q[0] == '1', timing = !quick && !(tm && tm[0] == '0');
+    rng r = {0x2545f4914f6cdd1dull};
+    if (pr && pr[0] == '1') {
+        if (!squad_gemm_test_has_sm90(t)) {
+            printf("gpu_test_gemm probe: the sm_90a kernel does not run on this GPU, skipped\n");
+            squad_gemm_test_free(t);
+            return TEST_SKIPPED;
+        }
+        probe_shapes(t, &r);
+        squad_gemm_test_free(t);
+        return test_summary("gpu_test_gemm probe");
+    }
     if (!squad_gemm_test_has_sm90(t))
         printf("gpu_test_gemm: the sm_90a kernel does not run on this GPU (compute capability 9.0 only): "
                "cuBLASLt cases only\n");
     test_plan_file();
-    rng r = {0x2545f4914f6cdd1dull};
     const int n = test_shapes(t, &r, quick);
     printf("gpu_test_gemm: %d path runs checked\n", n);
     if (timing) time_shapes(t);

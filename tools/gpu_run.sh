@@ -51,6 +51,9 @@
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
 #              weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
+#   gemmprobe  (not by default) the sm_90a projection kernel's decomposition probe: its variants
+#              with later stages left out, and candidate changes, timed beside it at M = 32 and 128
+#              (SQUAD_GEMM_PROBE=1 gpu_test_gemm; docs/cuda.md) -> gemmprobe.log
 #   tiers      (not by default) gpu_test_tiers: the host tier's demote -> promote equality on the demo
 #              preset, and the restore of a 4,096-token 0.8B state from host memory against its
 #              recompute (the 0.8B preset synthesized as for bench) -> test_tiers.log
@@ -106,7 +109,7 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CARRY=${GPU_CARRY:-.carry}
 case $CARRY in /*) ;; *) CARRY=$ROOT/$CARRY ;; esac
-BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision test_long test_vision_rows bench_gpu bench_server bench_vision bench_screenshot bench_image"}
+BINS=${GPU_BINS:-"squad gpu_test_kernels gpu_test_backend gpu_test_specialists gpu_test_batch gpu_test_repro gpu_test_tiers gpu_test_vision gpu_test_gemm test_long test_vision_rows bench_gpu bench_server bench_vision bench_screenshot bench_image"}
 # the build folder --prepare fills (GPU_BUILD=build reuses the Makefile's build when it has CUDA)
 GPU_BUILD=${GPU_BUILD:-build-gpu}
 
@@ -317,6 +320,9 @@ if has longbench; then
 fi
 if has gemm; then
     step "gemm shapes (SQUAD_GEMM_BENCH=1)" 300 "$OUT/gemm.log" $RUNENV SQUAD_GEMM_BENCH=1 "$BIN/gpu_test_kernels"
+fi
+if has gemmprobe; then
+    step "gpu_test_gemm probe (SQUAD_GEMM_PROBE=1)" 480 "$OUT/gemmprobe.log" $RUNENV SQUAD_GEMM_PROBE=1 "$BIN/gpu_test_gemm"
 fi
 if has hf && [ -e /tmp/bench_rows.jsonl ]; then
     step "hf_timing" 420 "$OUT/hf.log" env PYTHONUNBUFFERED=1 python3 tools/hf_timing.py --model "$MODEL" --rows /tmp/bench_rows.jsonl --reps "${HF_REPS:-5}" --out /tmp/hf.json --bench-json /tmp/bench.json

@@ -407,6 +407,28 @@ int cu_sm90_usable(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, co
                    int N, int K, int f32);
 int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M, int N,
                  int K, int acc, cudaStream_t st, squad_err *err);
+/* Test only (tests/cuda/cuda_test_gemm.cu's decomposition probe; the backend never calls these): the
+ * kernel with its later stages left out, or with one candidate change, timed beside the product to
+ * find where a call's time goes by differences. Each variant is its own instantiation (the product's
+ * code is untouched); the probe offers nt <= 2 only (a hit's M <= 128). */
+enum {
+    CU_SM90_VAR_FULL = 0,      /* the product kernel itself */
+    CU_SM90_VAR_LAUNCH,        /* a block that only waits for the previous grid: the launch as the product's */
+    CU_SM90_VAR_EMPTY,         /* + the prologue: the pipeline's barriers initialised */
+    CU_SM90_VAR_LOADS,         /* + every stage's TMA loads; the consumers release the stages unread */
+    CU_SM90_VAR_MAIN,          /* + the wgmma chain: the whole main loop, no epilogue */
+    CU_SM90_VAR_STAGED,        /* + the accumulators staged in shared memory and the epilogue's cluster barriers */
+    CU_SM90_VAR_REDUCED,       /* + the split-K sums over the cluster's shared memory: all but Y's accesses */
+    CU_SM90_VAR_PREFETCH,      /* candidate: the product with both tensor maps prefetched at the kernel's start */
+    CU_SM90_VAR_TRIGGER_MAIN,  /* candidate: the product letting the next grid launch after its main loop */
+    CU_SM90_VAR_TRIGGER_START, /* candidate: the same at its start (the next grid's weights load meanwhile) */
+    CU_SM90_N_VARS
+};
+/* Readies variant var of configuration c (its shared-memory limit); outside any stream capture. */
+int cu_sm90_variant_ready(const cu_sm90_cfg *c, int var, squad_err *err);
+/* One call of variant var, as cu_sm90_gemm (which is CU_SM90_VAR_FULL) otherwise; after cu_sm90_variant_ready. */
+int cu_sm90_variant_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, int var, const void *W, const void *X, void *Y,
+                         int M, int N, int K, int acc, cudaStream_t st, squad_err *err);
 
 /* ---- kernel launchers (host) ----------------------------------------------------------------- */
 

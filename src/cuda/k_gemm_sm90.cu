@@ -44,6 +44,12 @@
  * The tensor maps are made per call on the host (cuTensorMapEncodeTiled through the runtime's
  * driver entry point, so nothing links libcuda) and passed as __grid_constant__ parameters, which a
  * captured graph keeps; the launch (cudaLaunchKernelEx with the cluster's shape) is captured the same.
+ *
+ * Variants (test only, cu_sm90_variant_gemm): the kernel's template parameter VAR leaves its later
+ * stages out (launch alone, prologue, loads, main loop, staging and cluster barriers, split-K sums)
+ * or adds one candidate change (tensor maps prefetched at the start; the next grid let launch
+ * early), so a test can time each beside the product and take differences. Every VAR test is a
+ * compile-time constant: the product's instantiations (VAR 0) are the code without them.
  */
 #include "cuda_internal.cuh"
 #include "k_wgmma.cuh"
@@ -129,16 +135,29 @@ __device__ __forceinline__ void sm90_prefetch_map(const CUtensorMap *map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)map) : "memory");
 }
 
+/* Test variants only. Programmatic dependent launch, the other half: the next grid of the stream may
+ * launch once every block of this one has executed this or exited. */
+__device__ __forceinline__ void sm90_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+/* Keeps a value the variant computes but does not write (ptxas deletes unused wgmma results and
+ * loads, volatile or not): a store that never runs (acc is 0 or 1), which the compiler cannot know. */
+__device__ __forceinline__ void sm90_keep(const sm90_args &a, float v) {
+    if (a.acc > 1) *(float *)a.Y = v;
+}
+
 /* The output of one tile: the consumer thread ct of nthr writes 4 consecutive rows of one token per
  * item, items [beg, end) of the tile's (token, row / 4) grid, G items in flight at a time. Each item
  * is the sum over the cluster's `splits` staged tiles src[0..splits) in that order (SRC >= splits,
  * a compile-time bound so the loads are all issued before the first add). vec: N and Y allow the
- * 16-byte (fp32) or 8-byte (bf16) accesses; otherwise element by element. */
-template <int G, int SRC, int RQ, int LD>
+ * 16-byte (fp32) or 8-byte (bf16) accesses; otherwise element by element. SINK (a test variant):
+ * the sums are made (sm90_keep), Y is neither read nor written. */
+template <int G, int SRC, int RQ, int LD, bool SINK>
 __device__ __forceinline__ void sm90_out(const sm90_args &a, const float *const (&src)[SRC], int splits, int row0,
                                          int tok0, int beg, int end, int ct, int nthr, bool vec) {
     float *Yf = (float *)a.Y;
     bf16 *Yb = (bf16 *)a.Y;
+    float kept = 0.f; /* SINK: every sum, added up */
     for (int base = beg + ct; base < end; base += G * nthr) {
         float4 p[G][SRC], y[G];
 #pragma unroll
@@ -150,7 +169,7 @@ __device__ __forceinline__ void sm90_out(const sm90_args &a, const float *const 
 #pragma unroll
             for (int q = 0; q < SRC; q++)
                 if (q < splits) p[g][q] = *(const float4 *)(src[q] + off);
-            if (a.acc && vec && row < a.N) y[g] = *(const float4 *)(Yf + (size_t)(tok0 + tl) * a.N + row);
+            if (!SINK && a.acc && vec && row < a.N) y[g] = *(const float4 *)(Yf + (size_t)(tok0 + tl) * a.N + row);
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -167,6 +186,10 @@ __device__ __forceinline__ void sm90_out(const sm90_args &a, const float *const 
                     v.z += p[g][q].z;
                     v.w += p[g][q].w;
                 }
+            if (SINK) {
+                kept += (v.x + v.y) + (v.z + v.w);
+                continue;
+            }
             const size_t o = (size_t)(tok0 + tl) * a.N + row;
             if (vec) { /* N % 4 == 0: row < N means all 4 rows are */
                 if (a.acc) {
@@ -193,6 +216,7 @@ __device__ __forceinline__ void sm90_out(const sm90_args &a, const float *const 
             }
         }
     }
+    if (SINK) sm90_keep(a, kept);
 }
 #endif
 
@@ -205,10 +229,19 @@ __global__ void k_sm90_probe(int *out) {
 #endif
 }
 
-template <int WG, int NT>
+/* VAR: CU_SM90_VAR_FULL (0) in the product; the test variants leave stages out or add a candidate
+ * change (cuda_internal.cuh). A variant that returns early leaves the rest of the body unreachable in
+ * its instantiation, which the front end would report (diagnostic 128) for this kernel only. */
+#pragma nv_diag_suppress 128
+template <int WG, int NT, int VAR>
 __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT>::min_blocks)
     k_gemm_sm90(const __grid_constant__ CUtensorMap tmW, const __grid_constant__ CUtensorMap tmX, const sm90_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (VAR == CU_SM90_VAR_LAUNCH) {
+        sm90_grid_wait();
+        return;
+    }
+    if constexpr (VAR == CU_SM90_VAR_TRIGGER_START) sm90_launch_dependents();
     typedef sm90_shape<WG, NT> S;
     extern __shared__ uint8_t sm90_smem_raw[];
     __shared__ uint64_t full[S::stages], empty[S::stages];
@@ -221,6 +254,12 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
     const int kb0 = blockIdx.y * a.kb_per_split;
     const int nkb = min(a.kb_per_split, nkb_all - kb0); /* >= 1: the host sizes the slices */
 
+    if constexpr (VAR == CU_SM90_VAR_PREFETCH) {
+        if (tid == S::consumers) { /* the producer's thread, while thread 0 initialises the barriers */
+            sm90_prefetch_map(&tmW);
+            sm90_prefetch_map(&tmX);
+        }
+    }
     if (tid == 0) {
         for (int s = 0; s < S::stages; s++) {
             cu_mbar_init(&full[s], 1);
@@ -229,6 +268,10 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
         cu_mbar_init_fence();
     }
     __syncthreads();
+    if constexpr (VAR == CU_SM90_VAR_EMPTY) {
+        sm90_grid_wait();
+        return;
+    }
 
     float acc[NT][32];
 #pragma unroll
@@ -267,6 +310,10 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
         for (int i = 0; i < nkb; i++) {
             const int s = i % S::stages;
             cu_mbar_wait(&full[s], (unsigned)(i / S::stages) & 1u);
+            if constexpr (VAR == CU_SM90_VAR_LOADS) { /* the stage landed: release it unread */
+                if (lane == 0) sm90_mbar_arrive(&empty[s]);
+                continue;
+            }
             const uint32_t sa = cu_smem_addr(smem + s * S::stage_bytes) + wg * (SM90_ROWS * SM90_ROW_BYTES);
             const uint32_t sb = cu_smem_addr(smem + s * S::stage_bytes + S::a_bytes);
             wg_fence();
@@ -285,8 +332,18 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
         for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int r = 0; r < 32; r++) wg_pin(acc[t][r]);
+        if constexpr (VAR == CU_SM90_VAR_MAIN) {
+            float sum = 0.f;
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int r = 0; r < 32; r++) sum += acc[t][r];
+            sm90_keep(a, sum);
+        }
     }
     __syncthreads(); /* every load landed and every wgmma is done: the stages become the output tile */
+    if constexpr (VAR == CU_SM90_VAR_LOADS || VAR == CU_SM90_VAR_MAIN) return;
+    if constexpr (VAR == CU_SM90_VAR_TRIGGER_MAIN) sm90_launch_dependents();
     sm90_grid_wait(); /* (done long ago: the producer waited before loading tokens) orders Y's accesses */
 
     /* accumulator (t, r = 4 j + 2 h + c) of lane l in warp w of warpgroup wg: weight row
@@ -308,7 +365,7 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
     const int splits = (int)gridDim.y; /* the cluster: this tile's K slices */
     cluster.sync(); /* every slice's tile is staged (and visible to the cluster) */
 
-    if (warp < 4 * WG) {
+    if (VAR != CU_SM90_VAR_STAGED && warp < 4 * WG) {
         const int vt = min(S::toks, a.M - tok0); /* tokens of this tile that exist */
         const int items = vt * (S::rows / 4);
         const int rank = (int)cluster.block_rank();
@@ -316,18 +373,20 @@ __global__ void __launch_bounds__(sm90_shape<WG, NT>::threads, sm90_shape<WG, NT
         const bool vec = (a.N & 3) == 0 && ((uintptr_t)a.Y & (a.acc ? 15u : 7u)) == 0;
         if (splits == 1) {
             const float *const src[1] = {T};
-            sm90_out<SM90_GROUP_1, 1, S::rows / 4, S::ld>(a, src, 1, row0, tok0, beg, end, tid, S::consumers, vec);
+            sm90_out<SM90_GROUP_1, 1, S::rows / 4, S::ld, VAR == CU_SM90_VAR_REDUCED>(a, src, 1, row0, tok0, beg, end,
+                                                                                   tid, S::consumers, vec);
         } else {
             const float *src[SM90_SPLITS_MAX];
 #pragma unroll
             for (int q = 0; q < SM90_SPLITS_MAX; q++) src[q] = cluster.map_shared_rank(T, q < splits ? q : 0);
-            sm90_out<S::group_split, SM90_SPLITS_MAX, S::rows / 4, S::ld>(a, src, splits, row0, tok0, beg, end, tid,
-                                                                            S::consumers, vec);
+            sm90_out<S::group_split, SM90_SPLITS_MAX, S::rows / 4, S::ld, VAR == CU_SM90_VAR_REDUCED>(
+                a, src, splits, row0, tok0, beg, end, tid, S::consumers, vec);
         }
     }
     if (splits > 1) cluster.sync(); /* no block leaves while the cluster still reads its tile */
 #endif
 }
+#pragma nv_diag_default 128
 
 /* ---- host ------------------------------------------------------------------------------------ */
 
@@ -393,9 +452,9 @@ int cu_sm90_candidates(const cu_gemm_ctx *g, int M, int N, int K, int f32, cu_sm
     return n;
 }
 
-template <int WG, int NT>
+template <int WG, int NT, int VAR = CU_SM90_VAR_FULL>
 static cudaError_t set_smem() {
-    return cudaFuncSetAttribute(k_gemm_sm90<WG, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(k_gemm_sm90<WG, NT, VAR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 sm90_shape<WG, NT>::smem);
 }
 
@@ -457,7 +516,7 @@ static int make_map(const cu_gemm_ctx *g, CUtensorMap *m, const void *base, int 
 }
 
 /* One launch: the grid with the K slices of a tile as one cluster (a cluster of one when K is not split). */
-template <int WG, int NT>
+template <int WG, int NT, int VAR = CU_SM90_VAR_FULL>
 static cudaError_t launch(const sm90_grid *gr, const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
                           cudaStream_t st) {
     cudaLaunchAttribute at[2] = {};
@@ -474,26 +533,35 @@ static cudaError_t launch(const sm90_grid *gr, const CUtensorMap *mw, const CUte
     lc.stream = st;
     lc.attrs = at;
     lc.numAttrs = 2;
-    if (cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a) == cudaSuccess) return cudaSuccess;
+    if (cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT, VAR>, *mw, *mx, *a) == cudaSuccess) return cudaSuccess;
     (void)cudaGetLastError(); /* refused with the programmatic dependency: launch plainly ordered */
     lc.numAttrs = 1;
-    return cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT>, *mw, *mx, *a);
+    return cudaLaunchKernelEx(&lc, k_gemm_sm90<WG, NT, VAR>, *mw, *mx, *a);
+}
+
+/* What a launch of configuration c takes for this call: its grid, the two tensor maps, the arguments. */
+static int call_setup(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M, int N,
+                      int K, int acc, sm90_grid *gr, CUtensorMap *mw, CUtensorMap *mx, sm90_args *a, squad_err *err) {
+    if (!cu_sm90_usable(g, c, W, X, Y, M, N, K, 0))
+        return cu_err(err, SQUAD_E_BACKEND, "sm_90a GEMM: %d x %d x %d (wg %d, nt %d, splits %d) not supported here",
+                      M, N, K, c->wg, c->nt, c->splits);
+    *gr = grid_of(c, M, N, K);
+    int rc;
+    if ((rc = make_map(g, mw, W, N, K, c->wg * SM90_ROWS, err))) return rc;
+    if ((rc = make_map(g, mx, X, M, K, c->nt * SM90_TOK, err))) return rc;
+    a->Y = Y;
+    a->M = M, a->N = N, a->K = K, a->acc = acc ? 1 : 0;
+    a->kb_per_split = gr->kb_per_split;
+    return 0;
 }
 
 int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M, int N,
                  int K, int acc, cudaStream_t st, squad_err *err) {
-    if (!cu_sm90_usable(g, c, W, X, Y, M, N, K, 0))
-        return cu_err(err, SQUAD_E_BACKEND, "sm_90a GEMM: %d x %d x %d (wg %d, nt %d, splits %d) not supported here",
-                      M, N, K, c->wg, c->nt, c->splits);
-    const sm90_grid gr = grid_of(c, M, N, K);
+    sm90_grid gr = {};
     CUtensorMap mw, mx;
-    int rc;
-    if ((rc = make_map(g, &mw, W, N, K, c->wg * SM90_ROWS, err))) return rc;
-    if ((rc = make_map(g, &mx, X, M, K, c->nt * SM90_TOK, err))) return rc;
-    sm90_args a;
-    a.Y = Y;
-    a.M = M, a.N = N, a.K = K, a.acc = acc ? 1 : 0;
-    a.kb_per_split = gr.kb_per_split;
+    sm90_args a = {};
+    const int rc = call_setup(g, c, W, X, Y, M, N, K, acc, &gr, &mw, &mx, &a, err);
+    if (rc) return rc;
     cudaError_t e;
     switch (c->wg * 8 + c->nt) {
     case 9: e = launch<1, 1>(&gr, &mw, &mx, &a, st); break;
@@ -506,5 +574,67 @@ int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, cons
     default: e = launch<4, 2>(&gr, &mw, &mx, &a, st); break; /* cfg_known leaves only (4, 2) */
     }
     if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
+    return 0;
+}
+
+/* ---- test variants (cuda_internal.cuh's CU_SM90_VAR_*; never launched by the backend) ---------- */
+
+/* The configurations the variants are instantiated for: nt <= 2 (a hit's M <= 128), any wg. */
+static int variant_cfg_known(const cu_sm90_cfg *c, int var) {
+    return cfg_known(c) && c->nt <= 2 && var >= 0 && var < CU_SM90_N_VARS;
+}
+
+/* One variant of the configurations (wg, nt): ready (its shared-memory limit set) or launched. */
+template <int VAR>
+static cudaError_t variant_op(const cu_sm90_cfg *c, int ready, const sm90_grid *gr, const CUtensorMap *mw,
+                              const CUtensorMap *mx, const sm90_args *a, cudaStream_t st) {
+    switch (c->wg * 8 + c->nt) {
+    case 9: return ready ? set_smem<1, 1, VAR>() : launch<1, 1, VAR>(gr, mw, mx, a, st);
+    case 10: return ready ? set_smem<1, 2, VAR>() : launch<1, 2, VAR>(gr, mw, mx, a, st);
+    case 17: return ready ? set_smem<2, 1, VAR>() : launch<2, 1, VAR>(gr, mw, mx, a, st);
+    case 18: return ready ? set_smem<2, 2, VAR>() : launch<2, 2, VAR>(gr, mw, mx, a, st);
+    case 33: return ready ? set_smem<4, 1, VAR>() : launch<4, 1, VAR>(gr, mw, mx, a, st);
+    default: return ready ? set_smem<4, 2, VAR>() : launch<4, 2, VAR>(gr, mw, mx, a, st); /* (4, 2) */
+    }
+}
+
+static cudaError_t variant_dispatch(const cu_sm90_cfg *c, int var, int ready, const sm90_grid *gr,
+                                    const CUtensorMap *mw, const CUtensorMap *mx, const sm90_args *a,
+                                    cudaStream_t st) {
+    switch (var) {
+    case CU_SM90_VAR_FULL: return variant_op<CU_SM90_VAR_FULL>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_LAUNCH: return variant_op<CU_SM90_VAR_LAUNCH>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_EMPTY: return variant_op<CU_SM90_VAR_EMPTY>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_LOADS: return variant_op<CU_SM90_VAR_LOADS>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_MAIN: return variant_op<CU_SM90_VAR_MAIN>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_STAGED: return variant_op<CU_SM90_VAR_STAGED>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_REDUCED: return variant_op<CU_SM90_VAR_REDUCED>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_PREFETCH: return variant_op<CU_SM90_VAR_PREFETCH>(c, ready, gr, mw, mx, a, st);
+    case CU_SM90_VAR_TRIGGER_MAIN: return variant_op<CU_SM90_VAR_TRIGGER_MAIN>(c, ready, gr, mw, mx, a, st);
+    default: return variant_op<CU_SM90_VAR_TRIGGER_START>(c, ready, gr, mw, mx, a, st);
+    }
+}
+
+int cu_sm90_variant_ready(const cu_sm90_cfg *c, int var, squad_err *err) {
+    if (!variant_cfg_known(c, var))
+        return cu_err(err, SQUAD_E_INVALID, "sm_90a GEMM variant %d of (wg %d, nt %d, splits %d): not built", var,
+                      c->wg, c->nt, c->splits);
+    const cudaError_t e = variant_dispatch(c, var, 1, NULL, NULL, NULL, NULL, 0);
+    if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 variant (cudaFuncSetAttribute)", e, __FILE__, __LINE__);
+    return 0;
+}
+
+int cu_sm90_variant_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, int var, const void *W, const void *X, void *Y,
+                         int M, int N, int K, int acc, cudaStream_t st, squad_err *err) {
+    if (!variant_cfg_known(c, var))
+        return cu_err(err, SQUAD_E_INVALID, "sm_90a GEMM variant %d of (wg %d, nt %d, splits %d): not built", var,
+                      c->wg, c->nt, c->splits);
+    sm90_grid gr = {};
+    CUtensorMap mw, mx;
+    sm90_args a = {};
+    const int rc = call_setup(g, c, W, X, Y, M, N, K, acc, &gr, &mw, &mx, &a, err);
+    if (rc) return rc;
+    const cudaError_t e = variant_dispatch(c, var, 0, &gr, &mw, &mx, &a, st);
+    if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 variant (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
     return 0;
 }

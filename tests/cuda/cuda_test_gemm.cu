@@ -1,6 +1,7 @@
 /*
  * cuda_test_gemm.cu — implements cuda_test_gemm.h: runs and times the projections' GEMM paths (the
- * sm_90a kernel in a given configuration, cuBLASLt, the tuning's choice) for tests/gpu_test_gemm.c.
+ * sm_90a kernel in a given configuration or one of its probe variants, cuBLASLt, the tuning's choice)
+ * for tests/gpu_test_gemm.c.
  *
  * Design: one object holds a stream and three GEMM contexts, none with a plan file: `lt` (cuBLASLt
  * only, untuned: the heuristic's first choice; it also runs the sm_90a kernel in a given configuration),
@@ -17,6 +18,17 @@
 #define GT_ROTATE_BYTES (256u << 20) /* weight copies cycled through when timing: 5x the 50 MB L2 */
 #define GT_REPS 50                   /* calls per timed graph */
 #define GT_REPLAYS 5                 /* timed replays; the median counts */
+
+#define GT_SAME(a, b) ((int)(a) == (int)(b)) /* two unnamed enums' values */
+static_assert(GT_SAME(SQUAD_GEMM_VAR_FULL, CU_SM90_VAR_FULL) && GT_SAME(SQUAD_GEMM_VAR_LAUNCH, CU_SM90_VAR_LAUNCH) &&
+                  GT_SAME(SQUAD_GEMM_VAR_EMPTY, CU_SM90_VAR_EMPTY) && GT_SAME(SQUAD_GEMM_VAR_LOADS, CU_SM90_VAR_LOADS) &&
+                  GT_SAME(SQUAD_GEMM_VAR_MAIN, CU_SM90_VAR_MAIN) && GT_SAME(SQUAD_GEMM_VAR_STAGED, CU_SM90_VAR_STAGED) &&
+                  GT_SAME(SQUAD_GEMM_VAR_REDUCED, CU_SM90_VAR_REDUCED) &&
+                  GT_SAME(SQUAD_GEMM_VAR_PREFETCH, CU_SM90_VAR_PREFETCH) &&
+                  GT_SAME(SQUAD_GEMM_VAR_TRIGGER_MAIN, CU_SM90_VAR_TRIGGER_MAIN) &&
+                  GT_SAME(SQUAD_GEMM_VAR_TRIGGER_START, CU_SM90_VAR_TRIGGER_START) &&
+                  GT_SAME(SQUAD_GEMM_N_VARS, CU_SM90_N_VARS),
+              "the test's variant numbers are the kernel's");
 
 struct squad_gemm_test {
     cudaStream_t st;
@@ -110,8 +122,15 @@ static int upload_bf16(gt_bufs *b, void **out, const float *h, size_t n, squad_e
     return rc;
 }
 
+/* One sm_90a call: the product (var FULL) or one of its variants. */
+static int sm90_call(squad_gemm_test *t, const cu_sm90_cfg *c, int var, const void *W, const void *X, void *Y, int M,
+                     int N, int K, int acc, squad_err *err) {
+    if (var == SQUAD_GEMM_VAR_FULL) return cu_sm90_gemm(&t->lt, c, W, X, Y, M, N, K, acc, t->st, err);
+    return cu_sm90_variant_gemm(&t->lt, c, var, W, X, Y, M, N, K, acc, t->st, err);
+}
+
 static int run_once(squad_gemm_test *t, gt_bufs *b, const float *X, const float *W, const float *R0, float *Y, int M,
-                    int N, int K, int acc, const int *cfg, int *guard_ok, squad_err *err) {
+                    int N, int K, int acc, const int *cfg, int var, int *guard_ok, squad_err *err) {
     const size_t es = acc ? sizeof(float) : sizeof(bf16);
     const size_t guard = (size_t)GT_GUARD_ROWS * N, valid = (size_t)M * N, total = valid + 2 * guard;
     void *dX, *dW, *dY;
@@ -125,7 +144,8 @@ static int run_once(squad_gemm_test *t, gt_bufs *b, const float *X, const float 
     CU_TRY(cudaDeviceSynchronize());
     if (cfg) {
         const cu_sm90_cfg c = {cfg[0], cfg[1], cfg[2]};
-        rc = cu_sm90_gemm(&t->lt, &c, dW, dX, Yv, M, N, K, acc, t->st, err);
+        if (var != SQUAD_GEMM_VAR_FULL && (rc = cu_sm90_variant_ready(&c, var, err))) return rc;
+        rc = sm90_call(t, &c, var, dW, dX, Yv, M, N, K, acc, err);
     } else {
         rc = cu_gemm(&t->lt, dW, dX, Yv, M, N, K, acc, 0, t->st, err);
     }
@@ -164,7 +184,20 @@ extern "C" int squad_gemm_test_run(squad_gemm_test *t, const float *X, const flo
     if (M < 1 || N < 1 || K < 1 || (acc && !R0))
         return cu_err(err, SQUAD_E_INVALID, "GEMM test: bad shape %d x %d x %d", M, N, K);
     gt_bufs b = {{0}, 0};
-    const int rc = run_once(t, &b, X, W, R0, Y, M, N, K, acc, cfg, guard_ok, err);
+    const int rc = run_once(t, &b, X, W, R0, Y, M, N, K, acc, cfg, SQUAD_GEMM_VAR_FULL, guard_ok, err);
+    cudaDeviceSynchronize();
+    gt_free(&b);
+    return rc;
+}
+
+extern "C" int squad_gemm_test_run_variant(squad_gemm_test *t, const float *X, const float *W, const float *R0,
+                                           float *Y, int M, int N, int K, int acc, const int *cfg, int var,
+                                           int *guard_ok, squad_err *err) {
+    *guard_ok = 0;
+    if (M < 1 || N < 1 || K < 1 || (acc && !R0) || !cfg || var < 0 || var >= SQUAD_GEMM_N_VARS)
+        return cu_err(err, SQUAD_E_INVALID, "GEMM test: bad variant call %d x %d x %d (variant %d)", M, N, K, var);
+    gt_bufs b = {{0}, 0};
+    const int rc = run_once(t, &b, X, W, R0, Y, M, N, K, acc, cfg, var, guard_ok, err);
     cudaDeviceSynchronize();
     gt_free(&b);
     return rc;
@@ -172,9 +205,9 @@ extern "C" int squad_gemm_test_run(squad_gemm_test *t, const float *X, const flo
 
 /* ---- timing ---- */
 
-static int call(squad_gemm_test *t, int what, const cu_sm90_cfg *c, const void *W, const void *X, void *Y, int M,
-                int N, int K, int acc, squad_err *err) {
-    if (what == SQUAD_GEMM_TIME_SM90) return cu_sm90_gemm(&t->lt, c, W, X, Y, M, N, K, acc, t->st, err);
+static int call(squad_gemm_test *t, int what, const cu_sm90_cfg *c, int var, const void *W, const void *X, void *Y,
+                int M, int N, int K, int acc, squad_err *err) {
+    if (what == SQUAD_GEMM_TIME_SM90) return sm90_call(t, c, var, W, X, Y, M, N, K, acc, err);
     return cu_gemm(what == SQUAD_GEMM_TIME_LT ? &t->lt_tuned : &t->all, W, X, Y, M, N, K, acc, 0, t->st, err);
 }
 
@@ -183,7 +216,7 @@ static int cmp_float(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int time_graph(squad_gemm_test *t, int what, const cu_sm90_cfg *c, const bf16 *Wb, size_t w_stride,
+static int time_graph(squad_gemm_test *t, int what, const cu_sm90_cfg *c, int var, const bf16 *Wb, size_t w_stride,
                       int n_rot, const void *X, void *Y, int M, int N, int K, int acc, double *us, squad_err *err) {
     cudaGraph_t graph = NULL;
     cudaGraphExec_t ex = NULL;
@@ -191,7 +224,7 @@ static int time_graph(squad_gemm_test *t, int what, const cu_sm90_cfg *c, const 
     int rc = 0;
     CU_TRY(cudaStreamBeginCapture(t->st, cudaStreamCaptureModeThreadLocal));
     for (int r = 0; r < GT_REPS && !rc; r++)
-        rc = call(t, what, c, Wb + (size_t)(r % n_rot) * w_stride, X, Y, M, N, K, acc, err);
+        rc = call(t, what, c, var, Wb + (size_t)(r % n_rot) * w_stride, X, Y, M, N, K, acc, err);
     const cudaError_t ce = cudaStreamEndCapture(t->st, &graph);
     if (!rc && ce != cudaSuccess) rc = cu_fail(err, "cudaStreamEndCapture", ce, __FILE__, __LINE__);
     cudaError_t e = cudaSuccess;
@@ -218,7 +251,7 @@ static int time_graph(squad_gemm_test *t, int what, const cu_sm90_cfg *c, const 
     return 0;
 }
 
-static int time_once(squad_gemm_test *t, gt_bufs *b, int what, int M, int N, int K, int acc, const int *cfg,
+static int time_once(squad_gemm_test *t, gt_bufs *b, int what, int M, int N, int K, int acc, const int *cfg, int var,
                      int *chosen, double *us, squad_err *err) {
     const size_t w_stride = ((size_t)N * K + 127) / 128 * 128; /* elements between weight copies */
     int n_rot = (int)(GT_ROTATE_BYTES / (w_stride * sizeof(bf16)));
@@ -235,6 +268,7 @@ static int time_once(squad_gemm_test *t, gt_bufs *b, int what, int M, int N, int
     if (what == SQUAD_GEMM_TIME_SM90) {
         if (!cfg) return cu_err(err, SQUAD_E_INVALID, "GEMM timing: no configuration");
         c.wg = cfg[0], c.nt = cfg[1], c.splits = cfg[2];
+        if (var != SQUAD_GEMM_VAR_FULL && (rc = cu_sm90_variant_ready(&c, var, err))) return rc; /* not in a capture */
     } else {
         /* plan (and tune) outside the capture, as the backend does */
         cu_gemm_ctx *g = what == SQUAD_GEMM_TIME_LT ? &t->lt_tuned : &t->all;
@@ -253,7 +287,7 @@ static int time_once(squad_gemm_test *t, gt_bufs *b, int what, int M, int N, int
         }
     }
     CU_TRY(cudaStreamSynchronize(t->st));
-    return time_graph(t, what, &c, (const bf16 *)dW, w_stride, n_rot, dX, dY, M, N, K, acc, us, err);
+    return time_graph(t, what, &c, var, (const bf16 *)dW, w_stride, n_rot, dX, dY, M, N, K, acc, us, err);
 }
 
 extern "C" int squad_gemm_test_time(squad_gemm_test *t, int what, int M, int N, int K, int acc, const int *cfg,
@@ -262,7 +296,19 @@ extern "C" int squad_gemm_test_time(squad_gemm_test *t, int what, int M, int N, 
     if (M < 1 || N < 1 || K < 1 || what < SQUAD_GEMM_TIME_LT || what > SQUAD_GEMM_TIME_TUNED)
         return cu_err(err, SQUAD_E_INVALID, "GEMM timing: bad arguments");
     gt_bufs b = {{0}, 0};
-    const int rc = time_once(t, &b, what, M, N, K, acc, cfg, chosen, us, err);
+    const int rc = time_once(t, &b, what, M, N, K, acc, cfg, SQUAD_GEMM_VAR_FULL, chosen, us, err);
+    cudaStreamSynchronize(t->st);
+    gt_free(&b);
+    return rc;
+}
+
+extern "C" int squad_gemm_test_time_variant(squad_gemm_test *t, int M, int N, int K, int acc, const int *cfg, int var,
+                                            double *us, squad_err *err) {
+    *us = -1.0;
+    if (M < 1 || N < 1 || K < 1 || !cfg || var < 0 || var >= SQUAD_GEMM_N_VARS)
+        return cu_err(err, SQUAD_E_INVALID, "GEMM timing: bad variant arguments");
+    gt_bufs b = {{0}, 0};
+    const int rc = time_once(t, &b, SQUAD_GEMM_TIME_SM90, M, N, K, acc, cfg, var, NULL, us, err);
     cudaStreamSynchronize(t->st);
     gt_free(&b);
     return rc;

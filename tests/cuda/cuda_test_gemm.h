@@ -1,7 +1,8 @@
 /*
  * cuda_test_gemm.h — the projections' test and timing entry points for tests/gpu_test_gemm.c: the
  * sm_90a small-M kernel (k_gemm_sm90.cu) in a chosen configuration, cuBLASLt, and the tuning that
- * picks between them, each on host data or timed with the weights read from HBM.
+ * picks between them, each on host data or timed with the weights read from HBM; and the kernel's
+ * variants (stages left out, candidate changes) that the decomposition probe times beside it.
  *
  * Host arrays are fp32; X and W are rounded to bf16 on upload (a test rounds them first, so its
  * reference sees the same values). Compiled only with SQUAD_HAVE_CUDA, into testcuda. GEMM
@@ -40,6 +41,35 @@ int squad_gemm_test_run(squad_gemm_test *t, const float *X, const float *W, cons
 enum { SQUAD_GEMM_TIME_LT = 0, SQUAD_GEMM_TIME_SM90 = 1, SQUAD_GEMM_TIME_TUNED = 2 };
 int squad_gemm_test_time(squad_gemm_test *t, int what, int M, int N, int K, int acc, const int *cfg, int *chosen,
                          double *us, squad_err *err);
+
+/* The sm_90a kernel's variants for the decomposition probe (docs/cuda.md), the numbers of
+ * cuda_internal.cuh's CU_SM90_VAR_* (the .cu checks that they agree). Each leaves out what the one
+ * after it adds: LAUNCH (the launch alone: a kernel that only waits for the previous grid, launched
+ * as the product), EMPTY (+ the barriers' initialisation), LOADS (+ every TMA load), MAIN (+ the
+ * wgmma chain), STAGED (+ the accumulators staged and the cluster barriers), REDUCED (+ the split-K
+ * sums: all but Y), FULL (the product). Candidate changes to the product: PREFETCH (both tensor maps
+ * prefetched at the start), TRIGGER_MAIN / TRIGGER_START (the next grid may launch after the main
+ * loop / at the start). Offered for nt <= 2 (M <= 128 in one token tile). */
+enum {
+    SQUAD_GEMM_VAR_FULL = 0,
+    SQUAD_GEMM_VAR_LAUNCH,
+    SQUAD_GEMM_VAR_EMPTY,
+    SQUAD_GEMM_VAR_LOADS,
+    SQUAD_GEMM_VAR_MAIN,
+    SQUAD_GEMM_VAR_STAGED,
+    SQUAD_GEMM_VAR_REDUCED,
+    SQUAD_GEMM_VAR_PREFETCH,
+    SQUAD_GEMM_VAR_TRIGGER_MAIN,
+    SQUAD_GEMM_VAR_TRIGGER_START,
+    SQUAD_GEMM_N_VARS
+};
+/* squad_gemm_test_run with the sm_90a kernel's variant var of configuration cfg (one that writes Y:
+ * FULL or a candidate change). */
+int squad_gemm_test_run_variant(squad_gemm_test *t, const float *X, const float *W, const float *R0, float *Y, int M,
+                                int N, int K, int acc, const int *cfg, int var, int *guard_ok, squad_err *err);
+/* squad_gemm_test_time's SQUAD_GEMM_TIME_SM90 for variant var of configuration cfg. */
+int squad_gemm_test_time_variant(squad_gemm_test *t, int M, int N, int K, int acc, const int *cfg, int var, double *us,
+                                 squad_err *err);
 
 /* The plan file (SQUAD_GEMM_PLANS, which the caller points at a fresh path): a cuBLASLt record and an
  * sm_90a record written by one store and read back by another. 0 when both come back equal, else
