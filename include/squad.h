@@ -141,6 +141,10 @@ typedef enum { SQUAD_DEVICE_AUTO = 0, SQUAD_DEVICE_CPU = 1, SQUAD_DEVICE_CUDA = 
 /* budget_bytes value that asks the engine to size the cache from the device memory left after the
  * weights and the backend's scratch (CUDA), or the default budget on the CPU. */
 #define SQUAD_CACHE_BUDGET_AUTO ((size_t)-1)
+/* host_budget_bytes value that asks the engine to size the host tier from the machine (CUDA only):
+ * twice the device budget, at most an eighth of the physical memory and half of what is available
+ * now; off when that is under 256 MB, and off (not an error) when the system will not pin it. */
+#define SQUAD_CACHE_HOST_AUTO ((size_t)-1)
 
 /* State-cache policy (docs/design.md section 7). Zero-initialise and call squad_engine_opts_default. */
 typedef struct squad_cache_opts {
@@ -153,7 +157,8 @@ typedef struct squad_cache_opts {
     /* The host-RAM tier (docs/design.md section 7, "Tiers"): on a backend whose checkpoints live in
      * device memory (CUDA), a checkpoint evicted from budget_bytes moves to host memory bounded by
      * this many bytes, and comes back when a row needs it (or is recomputed when that is cheaper).
-     * 0: off. The CPU backend's checkpoints are host memory already: there it is ignored. */
+     * 0: off; SQUAD_CACHE_HOST_AUTO sizes it from the machine. The CPU backend's checkpoints are
+     * host memory already: there it is ignored. */
     size_t host_budget_bytes;
 } squad_cache_opts;
 

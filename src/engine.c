@@ -25,8 +25,11 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "image_rows.h"
@@ -98,6 +101,43 @@ static int auto_budget(squad_backend *be, size_t *budget, squad_err *err) {
     return 0;
 }
 
+/* SQUAD_CACHE_HOST_AUTO: the host tier sized from the machine where the backend has one (its
+ * checkpoints in device memory): HOST_TIER_AUTO_DEVICE_X times the device budget (a host tier is
+ * for states the device cannot keep; SGLang's host cache defaults to twice its device pool too),
+ * at most 1 / HOST_TIER_AUTO_RAM_DIV of the physical memory and 1 / HOST_TIER_AUTO_AVAIL_DIV of
+ * what is available now (the tier is pinned at start and never given back while serving: it must
+ * leave the rest of the machine its memory); 0 under HOST_TIER_AUTO_MIN_BYTES. */
+#define HOST_TIER_AUTO_DEVICE_X 2
+#define HOST_TIER_AUTO_RAM_DIV 8
+#define HOST_TIER_AUTO_AVAIL_DIV 2
+#define HOST_TIER_AUTO_MIN_BYTES ((size_t)256 << 20)
+
+/* MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read. */
+static size_t mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb << 10;
+}
+
+static size_t auto_host_budget(const squad_backend *be, size_t device_budget) {
+    if (!be->host_alloc || !be->blob_to_host) return 0;
+    size_t bytes = device_budget > SIZE_MAX / HOST_TIER_AUTO_DEVICE_X ? SIZE_MAX : device_budget * HOST_TIER_AUTO_DEVICE_X;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) {
+        const size_t ram = (size_t)pages * (size_t)page / HOST_TIER_AUTO_RAM_DIV;
+        if (ram < bytes) bytes = ram;
+    }
+    const size_t avail = mem_available_bytes() / HOST_TIER_AUTO_AVAIL_DIV;
+    if (avail > 0 && avail < bytes) bytes = avail;
+    bytes = bytes >> 20 << 20;
+    return bytes < HOST_TIER_AUTO_MIN_BYTES ? 0 : bytes;
+}
+
 /* Wires the specialists in: the backend applies them, the cache keeps router features. The CPU
  * backend reads the adapters' fp32 host weights in place, so every adapter is resident there and
  * max_adapters bounds nothing on it. */
@@ -158,8 +198,16 @@ squad_engine *squad_engine_new(squad_model *model, const squad_engine_opts *opts
     }
     if (e->opts.cache.budget_bytes == SQUAD_CACHE_BUDGET_AUTO && auto_budget(e->be, &e->opts.cache.budget_bytes, err))
         goto fail;
+    const int host_auto = e->opts.cache.host_budget_bytes == SQUAD_CACHE_HOST_AUTO;
+    if (host_auto) e->opts.cache.host_budget_bytes = auto_host_budget(e->be, e->opts.cache.budget_bytes);
     if (e->opts.cache.budget_bytes > 0) {
         e->cache = squad_cache_new(e->be, &e->opts.cache, err);
+        if (!e->cache && host_auto && err && err->code == SQUAD_E_NOMEM && e->opts.cache.host_budget_bytes > 0) {
+            /* a size the engine chose and the system would not pin: on without the tier */
+            e->opts.cache.host_budget_bytes = 0;
+            *err = (squad_err){0};
+            e->cache = squad_cache_new(e->be, &e->opts.cache, err);
+        }
         if (!e->cache) goto fail;
         e->memo = squad_memo_new(SQUAD_MEMO_DEFAULT_BYTES, err);
         if (!e->memo) goto fail;

@@ -858,18 +858,25 @@ static void host_tier_reserve_at_creation(squad_model *m) {
 
 /* Without the test hook the CPU backend has no host tier: its blobs are host memory already. */
 static void host_tier_off_on_cpu(squad_model *m) {
-    squad_engine_opts o;
-    squad_engine_opts_default(&o);
-    o.device = SQUAD_DEVICE_CPU;
-    o.threads = 1;
-    o.cache.host_budget_bytes = (size_t)64 << 20;
-    squad_err err = {0};
-    squad_engine *e = squad_engine_new(m, &o, &err);
-    if (!e) return;
-    squad_cache_stats st;
-    squad_engine_cache_stats(e, &st);
-    CHECKF(st.host_budget_bytes == 0, "the CPU backend reports a host tier of %zu bytes", st.host_budget_bytes);
-    squad_engine_free(e);
+    /* asked for in MB, and asked to be sized from the machine (the server's default) */
+    const size_t asks[2] = {(size_t)64 << 20, SQUAD_CACHE_HOST_AUTO};
+    for (int i = 0; i < 2; i++) {
+        squad_engine_opts o;
+        squad_engine_opts_default(&o);
+        o.device = SQUAD_DEVICE_CPU;
+        o.threads = 1;
+        o.cache.host_budget_bytes = asks[i];
+        squad_err err = {0};
+        squad_engine *e = squad_engine_new(m, &o, &err);
+        CHECKF(e != NULL, "engine with host budget %zu: %s", asks[i], err.msg);
+        if (!e) continue;
+        squad_cache_stats st;
+        squad_engine_cache_stats(e, &st);
+        CHECKF(st.host_budget_bytes == 0 && st.budget_bytes == o.cache.budget_bytes,
+               "the CPU backend reports a host tier of %zu bytes (asked %zu), device budget %zu", st.host_budget_bytes,
+               asks[i], st.budget_bytes);
+        squad_engine_free(e);
+    }
 }
 
 /* ---- the disk tier ------------------------------------------------------------------------- */

@@ -38,9 +38,9 @@ void squad_server_opts_default(squad_server_opts *o) {
     o->max_questions = SQUAD_SERVE_MAX_QUESTIONS;
     o->timeout_s = SQUAD_SERVE_TIMEOUT_S;
     o->max_conns_per_ip = SQUAD_SERVE_MAX_CONNS_PER_IP;
-    /* The host tier stays off unless asked for (--cache-host-mb): measured on the H200, its
-     * demotions still cost the scheduler ~20 ms each (docs/design.md section 7, "Tiers"). */
-    o->engine.cache.host_budget_bytes = 0;
+    /* The host tier sized from the machine unless --cache-host-mb says (docs/design.md section 7,
+     * "Tiers"); CUDA only, pinned before /ready. */
+    o->engine.cache.host_budget_bytes = SQUAD_CACHE_HOST_AUTO;
 }
 
 /* The last path component of dir (trailing slashes ignored). */
@@ -126,13 +126,19 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     for (int i = 0; i < n_names; i++) names[i] = squad_specialists_label(srv->sp, i);
     squad_cache_stats cs;
     squad_engine_cache_stats(engine, &cs);
+    const int host_auto = srv->opts.engine.cache.host_budget_bytes == SQUAD_CACHE_HOST_AUTO;
     if (cs.host_budget_bytes > 0)
-        srv_log(srv,
-                "host tier: %.0f MB of pinned host memory under the state cache, pinned in %.2f s (--cache-host-mb)",
-                (double)cs.host_budget_bytes / (1 << 20), cs.host_reserve_seconds);
+        srv_log(srv, "host tier: %.0f MB of pinned host memory under the state cache, pinned in %.2f s (%s)",
+                (double)cs.host_budget_bytes / (1 << 20), cs.host_reserve_seconds,
+                host_auto ? "sized from the machine: twice the device budget, at most 1/8 of the RAM and 1/2 of what "
+                            "is available; --cache-host-mb sets it"
+                          : "--cache-host-mb");
     else if (cs.budget_bytes > 0 && !strcmp(squad_engine_device(engine), "cpu"))
         srv_log(srv, "host tier: off (the CPU backend's checkpoints are host memory already; --cache-dir is its "
                 "second tier)");
+    else if (cs.budget_bytes > 0 && host_auto)
+        srv_log(srv, "host tier: off (the size from the machine was under 256 MB or could not be pinned; "
+                "--cache-host-mb N asks for N MB)");
     else if (cs.budget_bytes > 0)
         srv_log(srv, "host tier: off (--cache-host-mb N puts N MB of pinned host memory under the state cache)");
     if (srv->cache_dir) srv_cache_dir_start(srv->cache_dir, engine); /* /ready does not wait for it */
