@@ -19,8 +19,8 @@
  * pins (pinning ahead on a thread of the pool's own still stalled the engine): on the H200, a
  * 256 MB slab pinned while forwards run stalled the engine ~100 ms, where the same pin alone takes
  * 27 ms, and one fresh row in five paid such a stall while the tier grew. Pinning the budget up
- * front moves that cost to startup (about 0.1 s per GB, before the server is ready), where it
- * costs no request; vLLM's CPU swap space and SGLang's host memory pool are pinned once at start
+ * front moves that cost to startup (0.4-0.7 s per GB on the H200 machine, before the server is
+ * ready), where it costs no request; vLLM's CPU swap space and SGLang's host memory pool are pinned once at start
  * too. A budget the system cannot pin (its limit on locked memory, or its free RAM) is then a
  * startup error, not a tier that stalls or stops growing later. A pool that is not reserved
  * (malloc slabs, the CPU backend's test hook) grows on demand, a slab at a time inside the
