@@ -129,6 +129,21 @@ static size_t state_cost(squad_engine *e) {
     return squad_cache_group_cost(e->cache, 320) + 2 * squad_cache_ckpt_cost(e->cache);
 }
 
+/* An engine whose device budget holds two states, and one state's cost (measured on a probe
+ * engine of the same model); NULL when either engine cannot be made. */
+static squad_engine *two_state_engine(squad_model *m, size_t *one) {
+    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
+    if (!probe) return NULL;
+    *one = state_cost(probe);
+    squad_engine_free(probe);
+    return engine(m, 2 * *one + 4096, NULL);
+}
+
+/* bytes rounded up to the slab pool's alignment (a slab of exactly that many bytes). */
+static size_t pool_aligned(size_t bytes) {
+    return (bytes + SQUAD_TIER_POOL_ALIGN - 1) / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
+}
+
 /* ---- the host tier's slab pool ------------------------------------------------------------- */
 
 typedef struct slab_counts {
@@ -380,11 +395,8 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
                            double copy_rate) {
     const int expect = force ? force : copy_rate >= 1e9 ? 1 : copy_rate > 0 ? -1 : 0;
     const int V = squad_model_vocab_size(m);
-    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
-    if (!probe) return;
-    const size_t one = state_cost(probe);
-    squad_engine_free(probe);
-    squad_engine *e = engine(m, 2 * one + 4096, NULL);
+    size_t one = 0;
+    squad_engine *e = two_state_engine(m, &one);
     if (!e) return;
     const size_t host_budget = host_states * one + 1024;
     squad_err err = {0};
@@ -640,14 +652,11 @@ static void host_tier_agent_trace(squad_model *m, squad_engine *plain) {
  * squad_cache_new would, and freeing the engine gives back every slab taken. */
 static void host_tier_reserved(squad_model *m, squad_engine *plain) {
     const int V = squad_model_vocab_size(m);
-    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
-    if (!probe) return;
-    const size_t one = state_cost(probe);
-    squad_engine_free(probe);
-    const size_t host_budget = N_STATES * one + 1024;
-    const size_t step = (one + SQUAD_TIER_POOL_ALIGN - 1) / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
-    squad_engine *e = engine(m, 2 * one + 4096, NULL);
+    size_t one = 0;
+    squad_engine *e = two_state_engine(m, &one);
     if (!e) return;
+    const size_t host_budget = N_STATES * one + 1024;
+    const size_t step = pool_aligned(one);
     slab_source src;
     source_init(&src, (size_t)1 << 30);
     squad_err err = {0};
@@ -717,15 +726,12 @@ static void host_tier_reserved(squad_model *m, squad_engine *plain) {
 
 static void host_tier_blob_over_slab(squad_model *m, squad_engine *plain) {
     const int V = squad_model_vocab_size(m);
-    squad_engine *probe = engine(m, (size_t)1 << 30, NULL);
-    if (!probe) return;
-    const size_t one = state_cost(probe);
-    squad_engine_free(probe);
-    squad_engine *e = engine(m, 2 * one + 4096, NULL);
+    size_t one = 0;
+    squad_engine *e = two_state_engine(m, &one);
     if (!e) return;
     const size_t kv_short = (size_t)SHORT_STATE * e->be->kv_bytes_per_pos;
     const size_t kv_long = (size_t)STATE_LEN * e->be->kv_bytes_per_pos;
-    const size_t step = (kv_short + SQUAD_TIER_POOL_ALIGN - 1) / SQUAD_TIER_POOL_ALIGN * SQUAD_TIER_POOL_ALIGN;
+    const size_t step = pool_aligned(kv_short);
     CHECKF(kv_long > step && e->be->gdn_snapshot_bytes <= step, "blob over a slab: K / V %zu and GDN %zu, slabs of %zu",
            kv_long, e->be->gdn_snapshot_bytes, step);
     const size_t host_budget = N_STATES * one + 1024;
