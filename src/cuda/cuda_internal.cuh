@@ -242,6 +242,39 @@ __device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *conv
     }
 }
 
+/* The online softmax's steps on an m16n8 accumulator fragment (mma.sync's C layout, which a warp's
+ * share of a wgmma m64nN accumulator has too): a thread holds elements of two rows (e 0-1 row r,
+ * e 2-3 row r + 8), and the 4 lanes of a quad hold a row between them. Shared by the attention
+ * forwards (text and vision, mma.sync and wgmma). */
+/* mx0 / mx1: the maxima of the thread's two rows over NT 8-column tiles, across the quad. */
+template <int NT>
+__device__ __forceinline__ void cu_frag_row_max(const float (&S)[NT][4], float &mx0, float &mx1) {
+    mx0 = -__int_as_float(0x7f800000), mx1 = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
+        mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+}
+
+/* The two rows' output accumulators scaled by a0 / a1 (the old maxima's correction); skipped by the
+ * whole warp once every row's maximum has settled (every factor 1: the same bits either way). */
+template <int NJ>
+__device__ __forceinline__ void cu_frag_rescale(float (&O)[NJ][4], float a0, float a1) {
+    if (!__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        O[j][0] *= a0;
+        O[j][1] *= a0;
+        O[j][2] *= a1;
+        O[j][3] *= a1;
+    }
+}
+
 /* D += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate. Fragment layout (lane = 4 r + c):
  * a0 (row r, k 2c..2c+1), a1 (row r+8), a2 (row r, k 2c+8..), a3 (row r+8, k 2c+8..);
  * b0 (k 2c..2c+1, n r), b1 (k 2c+8.., n r); d0,d1 (row r, n 2c..2c+1), d2,d3 (row r+8). */

@@ -246,15 +246,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_kernel(attn_fwd_args 
         }
         l0 = l0 * al0 + s0;
         l1 = l1 * al1 + s1;
-        if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* once the maxima settle: skipped */
-#pragma unroll
-            for (int j = 0; j < HD / 8; j++) {
-                O[j][0] *= al0;
-                O[j][1] *= al0;
-                O[j][2] *= al1;
-                O[j][3] *= al1;
-            }
-        }
+        cu_frag_rescale(O, al0, al1);
         uint32_t pa[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {

@@ -217,16 +217,8 @@ __device__ __forceinline__ void att_tile_max(float (&S)[8][4], int kb, int c, in
             if (key + 1 >= lim1) S[j][3] = -INFINITY;
         }
     }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
-        mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mx0, mx1;
+    cu_frag_row_max(S, mx0, mx1);
     const float nm0 = fmaxf(m0, mx0 * scale_log2), nm1 = fmaxf(m1, mx1 * scale_log2);
     u0 = nm0 == -INFINITY ? 0.f : nm0;
     u1 = nm1 == -INFINITY ? 0.f : nm1;

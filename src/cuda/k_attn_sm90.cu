@@ -95,15 +95,6 @@ __device__ __forceinline__ void ats_pv(float (&d)[32][4], const uint32_t (&pa)[4
 }
 #endif
 
-/* Writes 1 when this cubin holds the Hopper code (the guard above was on when it was compiled). */
-__global__ void k_attn_sm90_probe(int *out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *out = 1;
-#else
-    *out = 0;
-#endif
-}
-
 __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int HD = ATS_HD;
@@ -203,15 +194,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
         /* the mask and the online softmax's maxima (att_tile_max) */
         float u0, u1, al0, al1;
         att_tile_max(S, kb, c, limf, lim0, lim1, a.scale_log2, m0, m1, u0, u1, al0, al1);
-        if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) { /* once the maxima settle: skipped */
-#pragma unroll
-            for (int j = 0; j < HD / 8; j++) {
-                O[j][0] *= al0;
-                O[j][1] *= al0;
-                O[j][2] *= al1;
-                O[j][3] *= al1;
-            }
-        }
+        cu_frag_rescale(O, al0, al1);
         /* P = 2^(S scale - m) in bf16, 16 keys (two n8 column groups of S) a slice */
         float s0 = 0.f, s1 = 0.f;
         uint32_t pa[4][4];
@@ -260,23 +243,9 @@ __global__ void __launch_bounds__(ATT_THREADS, 1) attn_fwd_sm90_kernel(attn_fwd_
 /* ---- host side ---------------------------------------------------------------------------------- */
 
 int cu_attn_sm90_probe(int *ok, squad_err *err) {
-    *ok = 0;
-    int dev = 0, major = 0, minor = 0;
-    CU_TRY(cudaGetDevice(&dev));
-    CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0) return 0; /* an sm_90a cubin loads on 9.0 alone */
-    int *d = NULL, h = 0;
-    CU_TRY(cudaMalloc(&d, sizeof(int)));
-    k_attn_sm90_probe<<<1, 1>>>(d);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    if (e != cudaSuccess) return cu_fail(err, "k_attn_sm90_probe", e, __FILE__, __LINE__);
-    if (h == 1) {
-        CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
-        *ok = 1;
-    }
+    const int rc = cu_sm90a_runs(ok, err);
+    if (rc || !*ok) return rc;
+    CU_TRY(cudaFuncSetAttribute(attn_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ATS_SMEM));
     return 0;
 }
 

@@ -290,16 +290,8 @@ __global__ void __launch_bounds__(VA_THREADS) vis_attn_kernel(const bf16 *__rest
             }
 
         /* online softmax of the warp's two rows a thread (r4 and r4 + 8), over the 4 lanes of a row */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mx0, mx1;
+        cu_frag_row_max(S, mx0, mx1);
         /* every tile holds at least one key of the frame (key kb), so the new maxima are finite */
         const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);
         const float corr0 = exp2f(m0 - n0), corr1 = exp2f(m1 - n1);

@@ -85,15 +85,6 @@ __device__ __forceinline__ void vw_load_kv(bf16 *Ks, bf16 *Vs, const bf16 *Kg, c
 }
 #endif
 
-/* Writes 1 when this cubin holds the Hopper code (the guard above was on when it was compiled). */
-__global__ void vis_attn_sm90_probe_kernel(int *out) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *out = 1;
-#else
-    *out = 0;
-#endif
-}
-
 __global__ void __launch_bounds__(VW_THREADS, 2)
     vis_attn_sm90_kernel(const bf16 *__restrict__ Q, const bf16 *__restrict__ K, const bf16 *__restrict__ V,
                          bf16 *__restrict__ out, int N, int L, int heads, float scale_log2) {
@@ -167,29 +158,14 @@ __global__ void __launch_bounds__(VW_THREADS, 2)
                 if (key + 1 >= L) S[j][1] = S[j][3] = -INFINITY;
             }
         /* online softmax of the thread's two rows (r4 and r4 + 8 of its warp), over a row's 4 lanes */
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            mx0 = fmaxf(mx0, fmaxf(S[j][0], S[j][1]));
-            mx1 = fmaxf(mx1, fmaxf(S[j][2], S[j][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        float mx0, mx1;
+        cu_frag_row_max(S, mx0, mx1);
         /* every tile holds at least one key of the frame (key kb), so the new maxima are finite */
         const float n0 = fmaxf(m0, mx0 * scale_log2), n1 = fmaxf(m1, mx1 * scale_log2);
         const float corr0 = exp2f(m0 - n0), corr1 = exp2f(m1 - n1);
         m0 = n0;
         m1 = n1;
-        if (__any_sync(0xffffffffu, corr0 != 1.f || corr1 != 1.f)) /* once the maxima settle: skipped */
-#pragma unroll
-            for (int d = 0; d < VW_HD / 8; d++) {
-                O[d][0] *= corr0;
-                O[d][1] *= corr0;
-                O[d][2] *= corr1;
-                O[d][3] *= corr1;
-            }
+        cu_frag_rescale(O, corr0, corr1);
         float s0 = 0.f, s1 = 0.f;
         uint32_t pa[4][4];
 #pragma unroll
@@ -249,23 +225,9 @@ __global__ void __launch_bounds__(VW_THREADS, 2)
 /* ---- host side ---------------------------------------------------------------------------------- */
 
 int cu_vis_attn_sm90_probe(int *ok, squad_err *err) {
-    *ok = 0;
-    int dev = 0, major = 0, minor = 0;
-    CU_TRY(cudaGetDevice(&dev));
-    CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major != 9 || minor != 0) return 0; /* an sm_90a cubin loads on 9.0 alone */
-    int *d = NULL, h = 0;
-    CU_TRY(cudaMalloc(&d, sizeof(int)));
-    vis_attn_sm90_probe_kernel<<<1, 1>>>(d);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    if (e != cudaSuccess) return cu_fail(err, "vis_attn_sm90_probe_kernel", e, __FILE__, __LINE__);
-    if (h == 1) {
-        CU_TRY(cudaFuncSetAttribute(vis_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, VW_SMEM));
-        *ok = 1;
-    }
+    const int rc = cu_sm90a_runs(ok, err);
+    if (rc || !*ok) return rc;
+    CU_TRY(cudaFuncSetAttribute(vis_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, VW_SMEM));
     return 0;
 }
 

@@ -2,11 +2,11 @@
  * k_wgmma.cuh — Hopper's warpgroup matrix multiply (wgmma) as the sm_90a kernels use it
  * (k_gemm_sm90.cu, k_attn_sm90.cu): shared-memory matrix descriptors, the fence / commit / wait of
  * the asynchronous groups, register pins, and the m64n64k16 product with both operands in shared
- * memory.
+ * memory; and the probe that tells the host whether this cubin's sm_90a code runs here.
  *
  * Why one header: the two kernels issue the same instructions; a primitive written once is checked
- * by both kernels' tests. Everything here is device code for the sm_90a target only: it is compiled
- * where __CUDA_ARCH_FEAT_SM90_ALL is defined (the files in CMakeLists.txt's
+ * by both kernels' tests. Everything but the probe is device code for the sm_90a target only: it is
+ * compiled where __CUDA_ARCH_FEAT_SM90_ALL is defined (the files in CMakeLists.txt's
  * SQUAD_CUDA_SM90A_SOURCES, built for sm_90a alone) and is empty elsewhere.
  */
 #ifndef SQUAD_CUDA_K_WGMMA_CUH
@@ -57,5 +57,35 @@ __device__ __forceinline__ void wg_m64n64k16(float (&d)[32], uint64_t da, uint64
         : "memory");
 }
 #endif
+
+/* Writes 1 when the cubin it runs from holds the Hopper code (built with __CUDA_ARCH_FEAT_SM90_ALL). */
+static __global__ void cu_sm90a_probe_kernel(int *out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+/* *ok = 1 when the current device runs the sm_90a code of the file that includes this: compute
+ * capability 9.0 (the only one an sm_90a cubin loads on) and the probe kernel, launched from that
+ * file, reporting the Hopper build; 0 otherwise. An error only when the probe itself fails. */
+static inline int cu_sm90a_runs(int *ok, squad_err *err) {
+    *ok = 0;
+    int dev = 0, major = 0, minor = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CU_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) return 0;
+    int *d = NULL, h = 0;
+    CU_TRY(cudaMalloc(&d, sizeof(int)));
+    cu_sm90a_probe_kernel<<<1, 1>>>(d);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    if (e != cudaSuccess) return cu_fail(err, "cu_sm90a_probe_kernel", e, __FILE__, __LINE__);
+    *ok = h == 1;
+    return 0;
+}
 
 #endif
