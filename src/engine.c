@@ -103,7 +103,7 @@ static int auto_budget(squad_backend *be, size_t *budget, squad_err *err) {
 
 /* SQUAD_CACHE_HOST_AUTO: the host tier sized from the machine where the backend has one (its
  * checkpoints in device memory): HOST_TIER_AUTO_DEVICE_X times the device budget (a host tier is
- * for states the device cannot keep; SGLang's host cache defaults to twice its device pool too),
+ * for states the device cannot keep, so it is sized as a multiple of what the device keeps),
  * at most 1 / HOST_TIER_AUTO_RAM_DIV of the physical memory and 1 / HOST_TIER_AUTO_AVAIL_DIV of
  * what is available now (the tier is pinned at start and never given back while serving: it must
  * leave the rest of the machine its memory); 0 under HOST_TIER_AUTO_MIN_BYTES. */
