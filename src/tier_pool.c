@@ -20,8 +20,8 @@
  * 256 MB slab pinned while forwards run stalled the engine ~100 ms, where the same pin alone takes
  * 27 ms, and one fresh row in five paid such a stall while the tier grew. Pinning the budget up
  * front moves that cost to startup (0.4-0.7 s per GB on the H200 machine, before the server is
- * ready), where it costs no request. A budget the system cannot pin (its limit on locked memory, or its free RAM) is then a
- * startup error, not a tier that stalls or stops growing later. A pool that is not reserved
+ * ready), where it costs no request. A budget the system cannot pin (its limit on locked memory,
+ * or its free RAM) is then a startup error, not a tier that stalls or stops growing later. A pool that is not reserved
  * (malloc slabs, the CPU backend's test hook) grows on demand, a slab at a time inside the
  * allocation that needs it. A reserved pool's largest blob is a slab (squad_tier_pool_max_blob):
  * a larger one (a group's K / V over 256 MB) is not demoted.
