@@ -632,7 +632,9 @@ static int ablate(squad_model *m, int reps) {
         const char *name;
         int start, len;
     } cases[] = {{"hit 4096+32", STATE_LEN, 32}, {"hit 4096+128", STATE_LEN, 128}, {"hit 4096+512", STATE_LEN, 512},
-                 {"cold 2048", 0, 2048},        {"cold 4096", 0, 4096}};
+                 {"cold 2048", 0, 2048},        {"cold 4096", 0, 4096},
+                 /* an 8192-token row's second chunk: with cold 4096, a long prefill's per-layer shares */
+                 {"8192: 4096+4096", STATE_LEN, 4096}};
     printf("\nablation: one chunk's graph replayed (median of %d), kernel groups left out (ms; max chunk %d)\n",
            reps, e->be->max_chunk);
     printf("| chunk |");

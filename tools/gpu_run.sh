@@ -51,6 +51,8 @@
 #              time (ABLATE_ENVS as BENCH_ENVS) -> ablate.log
 #   gemm       (not by default) the 0.8B projections timed one by one: tuned and untuned cuBLASLt,
 #              weights from HBM (SQUAD_GEMM_BENCH=1 gpu_test_kernels) -> gemm.log
+#   gemmtest   (not by default) gpu_test_gemm: every configuration of the sm_90a projection kernel
+#              against a float64 reference on the 0.8B shapes, then each one's time -> gemmtest.log
 #   gemmprobe  (not by default) the sm_90a projection kernel's decomposition probe: its variants
 #              with later stages left out, and candidate changes, timed beside it at M = 32 and 128
 #              (SQUAD_GEMM_PROBE=1 gpu_test_gemm; docs/cuda.md) -> gemmprobe.log
@@ -320,6 +322,9 @@ if has longbench; then
 fi
 if has gemm; then
     step "gemm shapes (SQUAD_GEMM_BENCH=1)" 300 "$OUT/gemm.log" $RUNENV SQUAD_GEMM_BENCH=1 "$BIN/gpu_test_kernels"
+fi
+if has gemmtest; then
+    step "gpu_test_gemm" 480 "$OUT/gemmtest.log" $RUNENV "$BIN/gpu_test_gemm"
 fi
 if has gemmprobe; then
     step "gpu_test_gemm probe (SQUAD_GEMM_PROBE=1)" 480 "$OUT/gemmprobe.log" $RUNENV SQUAD_GEMM_PROBE=1 "$BIN/gpu_test_gemm"
