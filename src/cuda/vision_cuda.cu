@@ -308,79 +308,69 @@ static int check_grid(const cu_vision *v, const int grid[3], squad_err *err) {
     return 0;
 }
 
-/* The bf16 path: from v->pixb (the bf16 pixels on the device) to v->out_d, enqueued on st. */
-static int run_device_bf16(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
-    const int N = t * h * w, L = h * w, Hv = v->Hv, I = v->I, Nm = N / (v->m * v->m);
+/* The forward's elementwise and attention steps in the tower's precision: the bf16 kernels on the
+ * bf16 path (attention on wgmma where it runs), their fp32 twins on the exact path, on the same
+ * scratch buffers (ensure_scratch's two views). One layer loop below serves both paths. */
+static int vis_layernorm(cu_vision *v, const float *bias, const float *w, const float *b, int rows, cudaStream_t st,
+                         squad_err *err) {
+    return v->f32 ? cu_vis_layernorm_f32(v->x, bias, w, b, v->xnf, rows, v->Hv, st, err)
+                  : cu_vis_layernorm(v->x, bias, w, b, v->xn, rows, v->Hv, st, err);
+}
+
+static int vis_rope_split(cu_vision *v, const float *qkv_b, int N, int h, int w, cudaStream_t st, squad_err *err) {
+    return v->f32 ? cu_vis_rope_split_f32(v->widef, qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->qf, v->kf,
+                                          v->vf, st, err)
+                  : cu_vis_rope_split(v->wide, qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->q, v->k, v->v, st,
+                                      err);
+}
+
+static int vis_attn(cu_vision *v, int t, int L, float scale, cudaStream_t st, squad_err *err) {
+    if (v->f32) return cu_vis_attn_f32(v->qf, v->kf, v->vf, t, L, v->heads, v->hd, scale, v->attf, st, err);
+    return v->attn_wg ? cu_vis_attn_sm90(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err)
+                      : cu_vis_attn(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err);
+}
+
+static int vis_bias_act(cu_vision *v, const float *bias, int rows, int n, int act, cudaStream_t st, squad_err *err) {
+    return v->f32 ? cu_vis_bias_act_f32(v->widef, bias, rows, n, act, st, err)
+                  : cu_vis_bias_act(v->wide, bias, rows, n, act, st, err);
+}
+
+/* From the pixels on the device (v->pixb, or v->pixf on the exact path) to v->out_d on the tower's
+ * path, enqueued on st. Every GEMM is cu_gemm with fp32 accumulation, on bf16 operands or, on the
+ * exact path (f32 = 1), fp32 operands and output. */
+static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
+    const int N = t * h * w, L = h * w, Hv = v->Hv, I = v->I, Nm = N / (v->m * v->m), f = v->f32;
     const int act = v->cfg.hidden_act == SQUAD_VISION_ACT_GELU_ERF ? CU_VIS_ACT_GELU_ERF : CU_VIS_ACT_GELU_TANH;
     const float scale = 1.0f / sqrtf((float)v->hd);
+    /* the GEMMs' activations (the same memory on both paths, as bf16 or fp32) */
+    const void *pix = f ? (const void *)v->pixf : (const void *)v->pixb;
+    void *xn = f ? (void *)v->xnf : (void *)v->xn, *wide = f ? (void *)v->widef : (void *)v->wide;
+    const void *att = f ? (const void *)v->attf : (const void *)v->att;
     int rc;
     if ((rc = cu_vis_pos_embed(v->pos, v->patch_b, v->cfg.position_grid_side, Hv, t, h, w, v->m, v->x, st, err)))
         return rc;
-    if ((rc = cu_gemm(g, v->patch, v->pixb, v->x, N, Hv, v->K, 1, 0, st, err))) return rc;
+    if ((rc = cu_gemm(g, v->patch, pix, v->x, N, Hv, v->K, 1, f, st, err))) return rc;
     if ((rc = cu_vis_rope_table(v->inv_freq, h > w ? h : w, v->hd, v->rope, st, err))) return rc;
     const float *pending = NULL; /* the bias of the GEMM that last added into x */
     for (int l = 0; l < v->cfg.depth; l++) {
         const cu_vision_block *b = &v->blocks[l];
-        if ((rc = cu_vis_layernorm(v->x, pending, b->n1w, b->n1b, v->xn, N, Hv, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->qkv, v->xn, v->wide, N, 3 * Hv, Hv, 0, 0, st, err))) return rc;
-        if ((rc = cu_vis_rope_split(v->wide, b->qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->q, v->k, v->v,
-                                    st, err)))
-            return rc;
-        rc = v->attn_wg ? cu_vis_attn_sm90(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err)
-                        : cu_vis_attn(v->q, v->k, v->v, t, L, v->heads, v->hd, scale, v->att, st, err);
-        if (rc) return rc;
-        if ((rc = cu_gemm(g, b->proj, v->att, v->x, N, Hv, Hv, 1, 0, st, err))) return rc;
-        if ((rc = cu_vis_layernorm(v->x, b->proj_b, b->n2w, b->n2b, v->xn, N, Hv, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->fc1, v->xn, v->wide, N, I, Hv, 0, 0, st, err))) return rc;
-        if ((rc = cu_vis_bias_act(v->wide, b->fc1_b, N, I, act, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->fc2, v->wide, v->x, N, Hv, I, 1, 0, st, err))) return rc;
+        if ((rc = vis_layernorm(v, pending, b->n1w, b->n1b, N, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->qkv, xn, wide, N, 3 * Hv, Hv, 0, f, st, err))) return rc;
+        if ((rc = vis_rope_split(v, b->qkv_b, N, h, w, st, err))) return rc;
+        if ((rc = vis_attn(v, t, L, scale, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->proj, att, v->x, N, Hv, Hv, 1, f, st, err))) return rc;
+        if ((rc = vis_layernorm(v, b->proj_b, b->n2w, b->n2b, N, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->fc1, xn, wide, N, I, Hv, 0, f, st, err))) return rc;
+        if ((rc = vis_bias_act(v, b->fc1_b, N, I, act, st, err))) return rc;
+        if ((rc = cu_gemm(g, b->fc2, wide, v->x, N, Hv, I, 1, f, st, err))) return rc;
         pending = b->fc2_b;
     }
     /* the merger: each window's m^2 normed patches are consecutive rows, i.e. one row of [Nm][Mm] */
-    if ((rc = cu_vis_layernorm(v->x, pending, v->mnw, v->mnb, v->xn, N, Hv, st, err))) return rc;
-    if ((rc = cu_gemm(g, v->mfc1, v->xn, v->wide, Nm, v->Mm, v->Mm, 0, 0, st, err))) return rc;
-    if ((rc = cu_vis_bias_act(v->wide, v->mfc1_b, Nm, v->Mm, CU_VIS_ACT_GELU_ERF, st, err))) return rc;
+    if ((rc = vis_layernorm(v, pending, v->mnw, v->mnb, N, st, err))) return rc;
+    if ((rc = cu_gemm(g, v->mfc1, xn, wide, Nm, v->Mm, v->Mm, 0, f, st, err))) return rc;
+    if ((rc = vis_bias_act(v, v->mfc1_b, Nm, v->Mm, CU_VIS_ACT_GELU_ERF, st, err))) return rc;
     if ((rc = cu_vis_rows_init(v->out_d, v->mfc2_b, Nm, v->out, st, err))) return rc;
-    return cu_gemm(g, v->mfc2, v->wide, v->out_d, Nm, v->out, v->Mm, 1, 0, st, err);
-}
-
-/* The exact path: the same steps as run_device_bf16 on fp32 activations, every GEMM cu_gemm's fp32
- * path (f32 = 1: fp32 operands and output) and the fp32 kernels; from v->pixf to v->out_d. */
-static int run_device_f32(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
-    const int N = t * h * w, L = h * w, Hv = v->Hv, I = v->I, Nm = N / (v->m * v->m);
-    const int act = v->cfg.hidden_act == SQUAD_VISION_ACT_GELU_ERF ? CU_VIS_ACT_GELU_ERF : CU_VIS_ACT_GELU_TANH;
-    const float scale = 1.0f / sqrtf((float)v->hd);
-    int rc;
-    if ((rc = cu_vis_pos_embed(v->pos, v->patch_b, v->cfg.position_grid_side, Hv, t, h, w, v->m, v->x, st, err)))
-        return rc;
-    if ((rc = cu_gemm(g, v->patch, v->pixf, v->x, N, Hv, v->K, 1, 1, st, err))) return rc;
-    if ((rc = cu_vis_rope_table(v->inv_freq, h > w ? h : w, v->hd, v->rope, st, err))) return rc;
-    const float *pending = NULL; /* the bias of the GEMM that last added into x */
-    for (int l = 0; l < v->cfg.depth; l++) {
-        const cu_vision_block *b = &v->blocks[l];
-        if ((rc = cu_vis_layernorm_f32(v->x, pending, b->n1w, b->n1b, v->xnf, N, Hv, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->qkv, v->xnf, v->widef, N, 3 * Hv, Hv, 0, 1, st, err))) return rc;
-        if ((rc = cu_vis_rope_split_f32(v->widef, b->qkv_b, v->rope, N, h, w, v->m, v->heads, v->hd, v->qf, v->kf,
-                                        v->vf, st, err)))
-            return rc;
-        if ((rc = cu_vis_attn_f32(v->qf, v->kf, v->vf, t, L, v->heads, v->hd, scale, v->attf, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->proj, v->attf, v->x, N, Hv, Hv, 1, 1, st, err))) return rc;
-        if ((rc = cu_vis_layernorm_f32(v->x, b->proj_b, b->n2w, b->n2b, v->xnf, N, Hv, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->fc1, v->xnf, v->widef, N, I, Hv, 0, 1, st, err))) return rc;
-        if ((rc = cu_vis_bias_act_f32(v->widef, b->fc1_b, N, I, act, st, err))) return rc;
-        if ((rc = cu_gemm(g, b->fc2, v->widef, v->x, N, Hv, I, 1, 1, st, err))) return rc;
-        pending = b->fc2_b;
-    }
-    if ((rc = cu_vis_layernorm_f32(v->x, pending, v->mnw, v->mnb, v->xnf, N, Hv, st, err))) return rc;
-    if ((rc = cu_gemm(g, v->mfc1, v->xnf, v->widef, Nm, v->Mm, v->Mm, 0, 1, st, err))) return rc;
-    if ((rc = cu_vis_bias_act_f32(v->widef, v->mfc1_b, Nm, v->Mm, CU_VIS_ACT_GELU_ERF, st, err))) return rc;
-    if ((rc = cu_vis_rows_init(v->out_d, v->mfc2_b, Nm, v->out, st, err))) return rc;
-    return cu_gemm(g, v->mfc2, v->widef, v->out_d, Nm, v->out, v->Mm, 1, 1, st, err);
-}
-
-/* From the pixels on the device to v->out_d on the tower's path. */
-static int run_device(cu_vision *v, cu_gemm_ctx *g, cudaStream_t st, int t, int h, int w, squad_err *err) {
-    return v->f32 ? run_device_f32(v, g, st, t, h, w, err) : run_device_bf16(v, g, st, t, h, w, err);
+    return cu_gemm(g, v->mfc2, wide, v->out_d, Nm, v->out, v->Mm, 1, f, st, err);
 }
 
 /* ---- pixels up, rows down ---------------------------------------------------------------------------- */
