@@ -1126,7 +1126,8 @@ static int tier_demote(squad_cache *c, cache_ckpt *k) {
     cache_group *g = k->group;
     const size_t gdn_bytes = c->be->gdn_snapshot_bytes;
     g->pins++; /* room for k must not take k's own group */
-    void *host = tier_blob_fits(c, gdn_bytes) && tier_make_room(c, ckpt_cost(c)) ? tier_host_alloc(c, gdn_bytes) : NULL;
+    const int room = tier_blob_fits(c, gdn_bytes) && tier_make_room(c, ckpt_cost(c));
+    void *host = room ? tier_host_alloc(c, gdn_bytes) : NULL;
     g->pins--;
     if (!host) return 0;
     if (tier_copy_down(c, host, k->gdn, gdn_bytes)) {

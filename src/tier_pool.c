@@ -5,26 +5,26 @@
  * The host tier holds a few hundred blobs at most (a GDN blob per checkpoint, a K / V blob per
  * group: megabytes each), so the allocator is the plainest that never pins on the hot path: each
  * slab keeps its blocks in an array ordered by offset that tiles the slab exactly (free and used
- * alike); an allocation takes the first free block that fits, in the oldest slab first, and
- * splits off the rest; a free marks its block free and merges it with free neighbours, so two free
- * blocks are never side by side. The descriptors live outside the slabs: a slab's bytes are only
- * ever the blobs (the copy engine writes them; nothing else there to race with). The pool is used
- * from one thread (the cache's caller). With blobs of a
- * few sizes, first fit keeps fragmentation low; when it is not enough, the cache frees its least
- * recently used host blobs until an allocation fits (cache.c).
+ * alike); an allocation takes the first free block that fits, in the oldest slab first, and splits
+ * off the rest; a free marks its block free and merges it with free neighbours, so two free blocks
+ * are never side by side. The descriptors live outside the slabs: a slab's bytes are only ever the
+ * blobs (the copy engine writes them; nothing else there to race with). The pool is used from one
+ * thread (the cache's caller). With blobs of a few sizes, first fit keeps fragmentation low; when
+ * it is not enough, the cache frees its least recently used host blobs until an allocation fits
+ * (cache.c).
  *
  * Reserving (squad_tier_pool_reserve): the host tier's page-locked memory is pinned once, when the
- * cache is made, the whole budget in slabs of SQUAD_TIER_POOL_STEP bytes, and never again while
- * the engine serves. A pin during serving blocks the engine thread's CUDA calls whichever thread
- * pins (pinning ahead on a thread of the pool's own still stalled the engine): on the H200, a
- * 256 MB slab pinned while forwards run stalled the engine ~100 ms, where the same pin alone takes
- * 27 ms, and one fresh row in five paid such a stall while the tier grew. Pinning the budget up
- * front moves that cost to startup (0.4-0.7 s per GB on the H200 machine, before the server is
- * ready), where it costs no request. A budget the system cannot pin (its limit on locked memory,
- * or its free RAM) is then a startup error, not a tier that stalls or stops growing later. A pool that is not reserved
- * (malloc slabs, the CPU backend's test hook) grows on demand, a slab at a time inside the
- * allocation that needs it. A reserved pool's largest blob is a slab (squad_tier_pool_max_blob):
- * a larger one (a group's K / V over 256 MB) is not demoted.
+ * cache is made, the whole budget in slabs of SQUAD_TIER_POOL_STEP bytes, and never again while the
+ * engine serves. A pin during serving blocks the engine thread's CUDA calls whichever thread pins
+ * (pinning ahead on a thread of the pool's own still stalled the engine): on the H200, a 256 MB
+ * slab pinned while forwards run stalled the engine ~100 ms, where the same pin alone takes 27 ms,
+ * and one fresh row in five paid such a stall while the tier grew. Pinning the budget up front
+ * moves that cost to startup (0.4-0.7 s per GB on the H200 machine, before the server is ready),
+ * where it costs no request. A budget the system cannot pin (its limit on locked memory, or its
+ * free RAM) is then a startup error, not a tier that stalls or stops growing later. A pool that is
+ * not reserved (malloc slabs, the CPU backend's test hook) grows on demand, a slab at a time inside
+ * the allocation that needs it. A reserved pool's largest blob is a slab
+ * (squad_tier_pool_max_blob): a larger one (a group's K / V over 256 MB) is not demoted.
  */
 #include "tier_pool.h"
 
@@ -117,7 +117,6 @@ static tier_slab *slab_add(squad_tier_pool *pool, size_t bytes, int reserved) {
     s.n_blocks = 1;
     pool->slabs[pool->n_slabs] = s;
     pool->slab_bytes += bytes;
-    pool->slabs_made++;
     if (reserved) pool->slabs_reserved++;
     else pool->slabs_sync++;
     return &pool->slabs[pool->n_slabs++];
@@ -220,9 +219,8 @@ int squad_tier_pool_check(const squad_tier_pool *pool, char *why, size_t why_len
     if (slabs != pool->slab_bytes || used != pool->used_bytes || slabs > pool->cap)
         POOL_FAIL("pool: slabs %zu counted %zu (cap %zu), used %zu counted %zu", slabs, pool->slab_bytes, pool->cap,
                   used, pool->used_bytes);
-    if (pool->slabs_made != pool->slabs_reserved + pool->slabs_sync ||
-        pool->slabs_made != (unsigned long long)pool->n_slabs)
-        POOL_FAIL("pool: %d slabs, %llu made, %llu reserved + %llu on demand", pool->n_slabs, pool->slabs_made,
-                  pool->slabs_reserved, pool->slabs_sync);
+    if ((unsigned long long)pool->n_slabs != pool->slabs_reserved + pool->slabs_sync)
+        POOL_FAIL("pool: %d slabs, %llu reserved + %llu on demand", pool->n_slabs, pool->slabs_reserved,
+                  pool->slabs_sync);
     return 0;
 }

@@ -41,7 +41,7 @@ typedef struct squad_tier_pool {
     size_t used_bytes; /* bytes of the blobs handed out (aligned sizes) */
     tier_slab *slabs;
     int n_slabs, cap_slabs;
-    unsigned long long slabs_made;     /* slabs taken (slabs_reserved + slabs_sync) */
+    /* the slabs taken (n_slabs of them: a slab stays until the pool is destroyed), by how */
     unsigned long long slabs_reserved; /* taken by squad_tier_pool_reserve, before any blob */
     unsigned long long slabs_sync;     /* taken inside an allocation (the pool grew on demand) */
 } squad_tier_pool;

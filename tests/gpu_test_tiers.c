@@ -16,9 +16,9 @@
  *    restore) and a cold row of the same length (best of a few); printed with the bytes moved and
  *    the bandwidth the backend measured;
  *  - the breakdown: what a restore's pieces cost alone on a state's bytes — pinning host memory
- *    (cudaHostAlloc: once per slab, all of them when the cache is made) and unpinning it, a device blob's
- *    alloc and release (the backend's pool), the copies up and down (queued, then one sync) — so
- *    a slow restore shows which piece it is;
+ *    (cudaHostAlloc: once per slab, all of them when the cache is made) and unpinning it, a device
+ *    blob's alloc and release (the backend's pool), the copies up and down (queued, then one sync)
+ *    — so a slow restore shows which piece it is;
  *  - the stall probe (test_stall): per-row times of fresh rows through a small device budget without
  *    a host tier and with one (its budget pinned when the cache was made: no pin during the passes,
  *    a first pass and a second on new states), the seconds that pin took, and hits alone against

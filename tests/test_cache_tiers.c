@@ -207,7 +207,7 @@ static void tier_pool_unit(void) {
     }
     CHECKF(pool.slab_bytes <= cap && n.bytes_out == pool.slab_bytes, "pool: %zu slab bytes of cap %zu (%zu got)",
            pool.slab_bytes, cap, n.bytes_out);
-    CHECKF(n.got <= 4 && n.got == (int)pool.slabs_made, "pool: %d slabs for 4000 steps", n.got);
+    CHECKF(n.got <= 4 && n.got == pool.n_slabs, "pool: %d slabs for 4000 steps", n.got);
     CHECKF(refused > 0, "pool: the cap never refused a blob (%d refused)", refused);
     /* everything back: one free block per slab, and a blob of a whole slab fits again */
     for (int i = 0; i < POOL_BLOBS; i++) squad_tier_pool_free(&pool, blob[i]);
@@ -301,7 +301,7 @@ static void tier_pool_reserve_unit(void) {
     CHECKF(src.got == reserve_slabs(cap, step), "reserve: %d slabs, expected %d", src.got, reserve_slabs(cap, step));
     CHECKF(got_bytes == 5 * step + 3 * SQUAD_TIER_POOL_ALIGN && pool.slab_bytes == got_bytes && pool.n_slabs == 6,
            "reserve: %zu bytes got, %zu in %d slabs", got_bytes, pool.slab_bytes, pool.n_slabs);
-    CHECKF(pool.slabs_reserved == 6 && pool.slabs_sync == 0 && pool.slabs_made == 6,
+    CHECKF(pool.slabs_reserved == 6 && pool.slabs_sync == 0 && pool.n_slabs == 6,
            "reserve: %llu reserved, %llu on demand", pool.slabs_reserved, pool.slabs_sync);
     CHECK(squad_tier_pool_check(&pool, why, sizeof why) == 0);
     CHECK(squad_tier_pool_reserve(&pool) == 0 && src.got == 6); /* full already: nothing more */
@@ -368,7 +368,7 @@ static void tier_pool_reserve_unit(void) {
     squad_tier_pool_init(&pool, 3 * step, step, source_get, source_put, &src);
     CHECK(squad_tier_pool_alloc(&pool, 100) != NULL && pool.slabs_sync == 1);
     CHECK(squad_tier_pool_reserve(&pool) == 0);
-    CHECKF(pool.slab_bytes == 3 * step && pool.slabs_reserved == 2 && pool.slabs_made == 3 &&
+    CHECKF(pool.slab_bytes == 3 * step && pool.slabs_reserved == 2 && pool.n_slabs == 3 &&
                squad_tier_pool_check(&pool, why, sizeof why) == 0,
            "reserve after a growth: %zu bytes, %llu reserved: %s", pool.slab_bytes, pool.slabs_reserved, why);
     squad_tier_pool_destroy(&pool);
@@ -459,8 +459,8 @@ static void host_tier_case(squad_model *m, squad_engine *plain, const char *name
     CHECKF(pool->slab_bytes <= host_budget && pool->used_bytes <= st.host_bytes_held,
            "%s: pool slabs %zu, used %zu, host tier %zu of %zu", name, pool->slab_bytes, pool->used_bytes,
            st.host_bytes_held, host_budget);
-    CHECKF(pool->slabs_made <= 2 && (st.demotions == 0 || pool->slabs_made >= 1), "%s: %llu slabs for %llu demotions",
-           name, pool->slabs_made, (unsigned long long)st.demotions);
+    CHECKF(pool->n_slabs <= 2 && (st.demotions == 0 || pool->n_slabs >= 1), "%s: %d slabs for %llu demotions", name,
+           pool->n_slabs, (unsigned long long)st.demotions);
     /* a clear empties both tiers; the slabs stay for the next demotions */
     squad_engine_cache_clear(e);
     squad_engine_cache_stats(e, &st);

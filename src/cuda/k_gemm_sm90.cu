@@ -579,9 +579,12 @@ int cu_sm90_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, const void *W, cons
 
 /* ---- test variants (cuda_internal.cuh's CU_SM90_VAR_*; never launched by the backend) ---------- */
 
-/* The configurations the variants are instantiated for: nt <= 2 (a hit's M <= 128), any wg. */
-static int variant_cfg_known(const cu_sm90_cfg *c, int var) {
-    return cfg_known(c) && c->nt <= 2 && var >= 0 && var < CU_SM90_N_VARS;
+/* The configurations the variants are instantiated for: nt <= 2 (a hit's M <= 128), any wg; 0, or
+ * SQUAD_E_INVALID with err filled. */
+static int variant_check(const cu_sm90_cfg *c, int var, squad_err *err) {
+    if (cfg_known(c) && c->nt <= 2 && var >= 0 && var < CU_SM90_N_VARS) return 0;
+    return cu_err(err, SQUAD_E_INVALID, "sm_90a GEMM variant %d of (wg %d, nt %d, splits %d): not built", var, c->wg,
+                  c->nt, c->splits);
 }
 
 /* One variant of the configurations (wg, nt): ready (its shared-memory limit set) or launched. */
@@ -616,9 +619,8 @@ static cudaError_t variant_dispatch(const cu_sm90_cfg *c, int var, int ready, co
 }
 
 int cu_sm90_variant_ready(const cu_sm90_cfg *c, int var, squad_err *err) {
-    if (!variant_cfg_known(c, var))
-        return cu_err(err, SQUAD_E_INVALID, "sm_90a GEMM variant %d of (wg %d, nt %d, splits %d): not built", var,
-                      c->wg, c->nt, c->splits);
+    const int rc = variant_check(c, var, err);
+    if (rc) return rc;
     const cudaError_t e = variant_dispatch(c, var, 1, NULL, NULL, NULL, NULL, 0);
     if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 variant (cudaFuncSetAttribute)", e, __FILE__, __LINE__);
     return 0;
@@ -626,13 +628,11 @@ int cu_sm90_variant_ready(const cu_sm90_cfg *c, int var, squad_err *err) {
 
 int cu_sm90_variant_gemm(const cu_gemm_ctx *g, const cu_sm90_cfg *c, int var, const void *W, const void *X, void *Y,
                          int M, int N, int K, int acc, cudaStream_t st, squad_err *err) {
-    if (!variant_cfg_known(c, var))
-        return cu_err(err, SQUAD_E_INVALID, "sm_90a GEMM variant %d of (wg %d, nt %d, splits %d): not built", var,
-                      c->wg, c->nt, c->splits);
     sm90_grid gr = {};
     CUtensorMap mw, mx;
     sm90_args a = {};
-    const int rc = call_setup(g, c, W, X, Y, M, N, K, acc, &gr, &mw, &mx, &a, err);
+    int rc = variant_check(c, var, err);
+    if (!rc) rc = call_setup(g, c, W, X, Y, M, N, K, acc, &gr, &mw, &mx, &a, err);
     if (rc) return rc;
     const cudaError_t e = variant_dispatch(c, var, 0, &gr, &mw, &mx, &a, st);
     if (e != cudaSuccess) return cu_fail(err, "k_gemm_sm90 variant (cudaLaunchKernelEx)", e, __FILE__, __LINE__);

@@ -130,14 +130,13 @@ static int on_engine_ready(void *ctx, squad_engine *engine, squad_err *err) {
     if (cs.host_budget_bytes > 0)
         srv_log(srv, "host tier: %.0f MB of pinned host memory under the state cache, pinned in %.2f s (%s)",
                 (double)cs.host_budget_bytes / (1 << 20), cs.host_reserve_seconds,
-                host_auto ? "sized from the machine: twice the device budget, at most 1/8 of the RAM and 1/2 of what "
-                            "is available; --cache-host-mb sets it"
+                host_auto ? "sized from the machine (docs/design.md section 7); --cache-host-mb sets it"
                           : "--cache-host-mb");
     else if (cs.budget_bytes > 0 && !strcmp(squad_engine_device(engine), "cpu"))
         srv_log(srv, "host tier: off (the CPU backend's checkpoints are host memory already; --cache-dir is its "
                 "second tier)");
     else if (cs.budget_bytes > 0 && host_auto)
-        srv_log(srv, "host tier: off (the size from the machine was under 256 MB or could not be pinned; "
+        srv_log(srv, "host tier: off (the size from the machine was too small to keep or could not be pinned; "
                 "--cache-host-mb N asks for N MB)");
     else if (cs.budget_bytes > 0)
         srv_log(srv, "host tier: off (--cache-host-mb N puts N MB of pinned host memory under the state cache)");
