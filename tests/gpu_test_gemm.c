@@ -170,9 +170,13 @@ static int test_shapes(squad_gemm_test *t, rng *r, int quick) {
 /* us per call of cuBLASLt tuned alone, of the sm_90a kernel's best configuration, and of what the
  * full tuning picks; GB/s of the kernel's best (weights + tokens + output bytes); below each row, the
  * us of every configuration the tuning times (what a change to the kernel moved, and where). */
-static void time_shapes(squad_gemm_test *t) {
+/* where the timed calls' weights come from (squad_gemm_test_weights_l2) */
+static const char *weights_from(int l2) { return l2 ? "from L2 (SQUAD_GEMM_TEST_L2=1)" : "from HBM"; }
+
+static void time_shapes(squad_gemm_test *t, int l2) {
     const int has = squad_gemm_test_has_sm90(t);
-    printf("\n%-12s %4s %5s %5s %3s | %9s | %9s %-14s %7s | %7s | %s\n", "shape", "M", "N", "K", "acc", "LT us",
+    printf("\ngpu_test_gemm timing: us per call, weights %s\n", weights_from(l2));
+    printf("%-12s %4s %5s %5s %3s | %9s | %9s %-14s %7s | %7s | %s\n", "shape", "M", "N", "K", "acc", "LT us",
            "sm90a us", "(wg nt split)", "GB/s", "LT/sm90", "tuning picks (us)");
     for (int si = 0; si < N_SHAPES; si++) {
         const shape *s = &SHAPES[si];
@@ -321,11 +325,10 @@ static void probe_case(squad_gemm_test *t, rng *r, const shape *s, int M) {
     free(Y);
 }
 
-static void probe_shapes(squad_gemm_test *t, rng *r) {
-    printf("gpu_test_gemm probe: us per call, calls back to back in one graph, each on another copy of the "
-           "weights (from HBM), the median of several replays; floor: the weights' bytes at %.1f TB/s; LT: "
-           "cuBLASLt tuned alone\n",
-           PROBE_HBM_BYTES_PER_US / 1e6);
+static void probe_shapes(squad_gemm_test *t, rng *r, int l2) {
+    printf("gpu_test_gemm probe: us per call, calls back to back in one graph, weights %s, the median of "
+           "several replays; floor: the weights' bytes at %.1f TB/s; LT: cuBLASLt tuned alone\n",
+           weights_from(l2), PROBE_HBM_BYTES_PER_US / 1e6);
     printf("%-12s %4s %-10s %6s %6s |", "shape", "M", "(wg nt sp)", "floor", "LT");
     for (int i = 0; i < SQUAD_GEMM_N_VARS; i++)
         printf(" %10s%s", VAR_NAMES[PROBE_ORDER[i]], PROBE_ORDER[i] == SQUAD_GEMM_VAR_FULL ? " |" : "");
@@ -371,7 +374,9 @@ int main(void) {
     CHECKF(t != NULL, "%s", err.msg);
     if (!t) return test_summary("gpu_test_gemm");
     const char *q = getenv("SQUAD_GPU_TEST_QUICK"), *tm = getenv("SQUAD_GEMM_TEST_TIME");
-    const char *pr = getenv("SQUAD_GEMM_PROBE");
+    const char *pr = getenv("SQUAD_GEMM_PROBE"), *l2v = getenv("SQUAD_GEMM_TEST_L2");
+    const int l2 = l2v && l2v[0] == '1';
+    squad_gemm_test_weights_l2(t, l2);
     const int quick = q && q[0] == '1', timing = !quick && !(tm && tm[0] == '0');
     rng r = {0x2545f4914f6cdd1dull};
     if (pr && pr[0] == '1') {
@@ -380,7 +385,7 @@ int main(void) {
             squad_gemm_test_free(t);
             return TEST_SKIPPED;
         }
-        probe_shapes(t, &r);
+        probe_shapes(t, &r, l2);
         squad_gemm_test_free(t);
         return test_summary("gpu_test_gemm probe");
     }
@@ -390,7 +395,7 @@ int main(void) {
     test_plan_file();
     const int n = test_shapes(t, &r, quick);
     printf("gpu_test_gemm: %d path runs checked\n", n);
-    if (timing) time_shapes(t);
+    if (timing) time_shapes(t, l2);
     squad_gemm_test_free(t);
     return test_summary("gpu_test_gemm");
 }

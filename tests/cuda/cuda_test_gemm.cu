@@ -34,7 +34,10 @@ struct squad_gemm_test {
     cudaStream_t st;
     cu_gemm_ctx lt, lt_tuned, all;
     int have_lt, have_lt_tuned, have_all;
+    int weights_l2; /* squad_gemm_test_weights_l2 */
 };
+
+extern "C" void squad_gemm_test_weights_l2(squad_gemm_test *t, int on) { t->weights_l2 = on != 0; }
 
 extern "C" void squad_gemm_test_free(squad_gemm_test *t) {
     if (!t) return;
@@ -256,10 +259,7 @@ static int time_once(squad_gemm_test *t, gt_bufs *b, int what, int M, int N, int
     const size_t w_stride = ((size_t)N * K + 127) / 128 * 128; /* elements between weight copies */
     int n_rot = (int)(GT_ROTATE_BYTES / (w_stride * sizeof(bf16)));
     if (n_rot < 2) n_rot = 2;
-    /* SQUAD_GEMM_TEST_L2=1: every call reads one copy (from L2 after the first, where it fits), so
-     * the time of a call with its weights at hand sits beside the one from HBM */
-    const char *l2 = getenv("SQUAD_GEMM_TEST_L2");
-    if (l2 && l2[0] == '1') n_rot = 1;
+    if (t->weights_l2) n_rot = 1; /* one copy: from L2 after the first call, where it fits */
     void *dW, *dX, *dY;
     int rc;
     if ((rc = gt_alloc(b, &dW, w_stride * sizeof(bf16) * n_rot, err))) return rc;

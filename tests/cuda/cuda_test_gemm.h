@@ -34,13 +34,16 @@ int squad_gemm_test_run(squad_gemm_test *t, const float *X, const float *W, cons
                         int K, int acc, const int *cfg, int *guard_ok, squad_err *err);
 
 /* Microseconds per call, random bf16 operands, the weights rotated over copies larger than the L2
- * (each call reads them from HBM), calls back to back in a graph (median of several replays).
+ * (each call reads them from HBM; one copy after squad_gemm_test_weights_l2(t, 1)), calls back to back in a graph (median of several replays).
  * What runs: SQUAD_GEMM_TIME_LT cuBLASLt tuned without the sm_90a kernel; SQUAD_GEMM_TIME_SM90 the
  * kernel in configuration cfg; SQUAD_GEMM_TIME_TUNED the full tuning's choice, returned in chosen
  * ({0, 0, 0}: a cuBLASLt algorithm). */
 enum { SQUAD_GEMM_TIME_LT = 0, SQUAD_GEMM_TIME_SM90 = 1, SQUAD_GEMM_TIME_TUNED = 2 };
 int squad_gemm_test_time(squad_gemm_test *t, int what, int M, int N, int K, int acc, const int *cfg, int *chosen,
                          double *us, squad_err *err);
+/* on 1: the timings that follow read one copy of the weights (from L2 after the first call) instead
+ * of rotating them from HBM, so a call with its weights at hand can be set beside one from HBM */
+void squad_gemm_test_weights_l2(squad_gemm_test *t, int on);
 
 /* The sm_90a kernel's variants for the decomposition probe (docs/cuda.md), the numbers of
  * cuda_internal.cuh's CU_SM90_VAR_* (the .cu checks that they agree). Each leaves out what the one
