@@ -401,8 +401,7 @@ static void test_gdn_rows(rng *g, int nk, int nv, int dk, int dv, int bucket, co
     for (int r = 0; r < n; r++) {
         float *P = randn(g, (size_t)bucket * ldP, 1.0, 1), *S = randn(g, nS, 0.3, 0), *cs = randn(g, nC + 1, 1.0, 1);
         A[r] = (cu_ref_gdn_args){nk, nv, dk, dv, K, ldP, bucket, lens[r], 1e-6f, P, cs, conv_w, A_log, dt, nw, S,
-                                 malloc(nY * 4), exact, short_rows, 0, 0, 1}; /* the long or the short kernels; the
-                                                                      fused mixer where it applies */
+                                 malloc(nY * 4), exact, short_rows, 0, 0}; /* the long or the short kernels */
         B[r] = A[r];
         B[r].conv_state = dup(cs, nC + 1);
         B[r].S = dup(S, nS);

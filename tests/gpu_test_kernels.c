@@ -61,10 +61,9 @@ static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
-/* A launch variant of the bf16 mixer (cu_ref_gdn_args: short_rows, prep_split, conv_groups,
- * mix_fused). */
+/* A launch variant of the bf16 mixer (cu_ref_gdn_args: short_rows, prep_split, conv_groups). */
 typedef struct gdn_variant {
-    int short_rows, prep_split, conv_groups, mix_fused;
+    int short_rows, prep_split, conv_groups;
 } gdn_variant;
 
 /* Returns a hash of the device's outputs (both chunks' Y and states, the conv state). */
@@ -89,7 +88,7 @@ static uint64_t test_gdn(rng *r, const gdn_case *c, int exact, const gdn_variant
         float *P = randn(r, (size_t)rows * ldP, 1.0, 1);
         float *Y = malloc(sizeof(float) * rows * c->nv * c->dv), *Yr = calloc((size_t)rows * c->nv * c->dv, 4);
         cu_ref_gdn_args a = {c->nk, c->nv, c->dk, c->dv, c->K, ldP, rows, len, 1e-6f, P, cs_dev, conv_w, A_log, dt, nw,
-                             S_dev, Y, exact, v->short_rows, v->prep_split, v->conv_groups, v->mix_fused};
+                             S_dev, Y, exact, v->short_rows, v->prep_split, v->conv_groups};
         squad_err err = {0};
         const int rc = squad_cuda_test_gdn(&a, &err);
         CHECKF(rc == 0, "squad_cuda_test_gdn: %s", err.msg);
@@ -380,23 +379,20 @@ int main(void) {
         {4, 4, 31, 32, 2, 64, 40, 128, 128},   /* odd dk (padded to 32), conv kernel 2 */
         {2, 2, 16, 16, 1, 32, 20, 16, 16},     /* conv kernel 1: no saved inputs */
     };
-    /* the bf16 path in twelve launch variants: the long-chunk or the short-chunk conv and output
+    /* the bf16 path in ten launch variants: the long-chunk or the short-chunk conv and output
      * kernels (short_rows), the prep whole or split over 2 or 4 blocks a (block, head) (prep_split,
      * bounded by the head dims), the conv one tile a block (conv_groups < 0) or pipelined over runs
-     * of 16-row groups (3 a block by default here, where the tests give no SM count; 1 or 5 fixed),
-     * prep, scan and output as three kernels or fused in one (mix_fused: short chunks of at most 2
-     * blocks; the others run the three). Each case has the same inputs in every variant, and the
-     * variants of one conv tiling must give the same bits: the splits, the conv's blocks and the
-     * fusion change who computes a value, not how. */
+     * of 16-row groups (3 a block by default here, where the tests give no SM count; 1 or 5 fixed).
+     * Each case has the same inputs in every variant, and the variants of one conv tiling must give
+     * the same bits: the splits and the conv's blocks change who computes a value, not how. */
     enum { LONG = -1, SHORT = 1000000 };
-    static const gdn_variant gv[] = {{LONG, 1, 0, 0},  {LONG, 4, 0, 0},  {SHORT, 1, 0, 0},  {SHORT, 2, 0, 0},
-                                     {SHORT, 4, 0, 0}, {LONG, 1, -1, 0}, {SHORT, 1, -1, 0}, {LONG, 1, 1, 0},
-                                     {SHORT, 1, 5, 0}, {LONG, 2, 1, 0},  {SHORT, 1, 0, 1},  {SHORT, 4, -1, 1}};
+    static const gdn_variant gv[] = {{LONG, 1, 0},  {LONG, 4, 0},   {SHORT, 1, 0}, {SHORT, 2, 0}, {SHORT, 4, 0},
+                                     {LONG, 1, -1}, {SHORT, 1, -1}, {LONG, 1, 1},  {SHORT, 1, 5}, {LONG, 2, 1}};
     enum { NV = sizeof gv / sizeof gv[0], NC = sizeof gc / sizeof gc[0] };
     uint64_t bits[NV][NC];
     for (int v = 0; v < NV; v++) {
-        printf("gdn kernels for %s chunks, prep split %d, conv groups %d%s\n", gv[v].short_rows == LONG ? "long" : "short",
-               gv[v].prep_split, gv[v].conv_groups, gv[v].mix_fused ? ", prep + scan + out fused" : "");
+        printf("gdn kernels for %s chunks, prep split %d, conv groups %d\n", gv[v].short_rows == LONG ? "long" : "short",
+               gv[v].prep_split, gv[v].conv_groups);
         for (int i = 0; i < NC; i++) {
             rng ri = {0x9e3779b97f4a7c15ull + (uint64_t)i};
             bits[v][i] = test_gdn(&ri, &gc[i], 0, &gv[v]);
@@ -405,22 +401,7 @@ int main(void) {
             CHECKF(bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v, first);
         }
     }
-    {
-        /* where the fused mixer runs: a hit's row at the 0.8B dims needs 16 clusters at once */
-        const gdn_case *c = &gc[5];
-        const int C = 2 * c->nk * c->dk + c->nv * c->dv;
-        cu_ref_gdn_args a;
-        memset(&a, 0, sizeof a);
-        a.nk = c->nk, a.nv = c->nv, a.dk = c->dk, a.dv = c->dv, a.K = c->K;
-        a.ldP = ((C + c->nv * c->dv + 2 * c->nv + 7) & ~7) + 8;
-        int fit[2] = {0, 0};
-        squad_err err = {0};
-        CHECKF(squad_cuda_test_gdn_mix_fit(&a, fit, &err) == 0, "squad_cuda_test_gdn_mix_fit: %s", err.msg);
-        printf("fused gdn mixer, nk %d nv %d dk %d dv %d: %d clusters of 1-block rows, %d of 2-block rows at once\n",
-               c->nk, c->nv, c->dk, c->dv, fit[0], fit[1]);
-        CHECKF(fit[0] >= fit[1] && fit[1] >= 0, "cluster counts %d, %d", fit[0], fit[1]);
-    }
-    static const gdn_variant as_backend = {0, 0, 0, 0};
+    static const gdn_variant as_backend = {0, 0, 0};
     for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1, &as_backend);
     const attn_case ac[] = {
         {4, 2, 32, 8, 64, 0, 64, 0},    /* tiny: one full chunk from position 0 */

@@ -163,8 +163,6 @@ typedef struct cuda_knobs {
                       runs it; 0 the portable mma.sync kernel everywhere */
     int gemm_sm90; /* SQUAD_GEMM_SM90: 1 (default) the GEMM tuning may pick the sm_90a small-M kernel; 0
                       cuBLASLt only */
-    int gdn_mix;   /* SQUAD_GDN_MIX: 1 (default) a short row's GDN prep, scan and output run as one fused
-                      kernel (cu_gdn_dims.mix_fused); 0 as three */
     /* SQUAD_GEMM_PLANS: the tuned GEMM plans' file; "" none ("off" or empty), else the variable, else
      * $XDG_CACHE_HOME/squad/gemm-plans.txt, else ~/.cache/squad/gemm-plans.txt */
     char gemm_plans[CUDA_KNOBS_PATH_BYTES];
@@ -499,7 +497,6 @@ int cu_vocab(const float *h, const float *final_norm, const bf16 *E, const cu_ba
              cudaStream_t st, squad_err *err);
 
 /* k_gdn.cu: the Gated DeltaNet mixer after in_proj. */
-#define CU_GDN_MIX_MAX_BLOCKS 2 /* the fused GDN mixer's longest rows, in blocks of 64 tokens */
 typedef struct cu_gdn_dims {
     int nk, nv, dk, dv, K; /* heads, head dims, conv kernel */
     int ldP;               /* row stride of the in_proj output P: [q | k | v | z | b | a | pad] */
@@ -522,11 +519,6 @@ typedef struct cu_gdn_dims {
     int conv_groups;       /* the pipelined conv's 16-row groups a block; 0: chosen per launch (the
                               backend); < 0: the one-tile conv on every launch; > 0 fixed. The
                               tests vary it: every form gives the same bits */
-    int mix_fused;         /* 1: short launches (short_rows) of rows of at most CU_GDN_MIX_MAX_BLOCKS
-                              blocks of 64 tokens run prep, scan and output as one kernel (k_gdn.cu,
-                              gdn_mix_kernel) where its clusters fit at once; the same bits as the three */
-    int mix_fit[CU_GDN_MIX_MAX_BLOCKS]; /* set by cu_gdn_init: the fused kernel's clusters resident at once
-                              for rows of 1, 2 blocks (a launch of more runs the three kernels) */
     int ldY;               /* the output Y's row stride in elements; 0: nv dv (packed). More when Y is
                               the first columns of a widened GEMM input (k_lora.cuh), so the
                               specialists' out_proj reads it without a copy */
@@ -562,8 +554,7 @@ int cu_gdn_pad(int x);
 size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int tokens, int blocks);
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int tokens, int blocks);
 int cu_gdn_supported(const cu_gdn_dims *d);
-/* kernel attributes (shared memory); sets d->mix_fit */
-int cu_gdn_init(cu_gdn_dims *d, squad_err *err);
+int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
 /* Every row of the batch at once (a grid dimension over rows). P: [tokens][ldP] bf16 in_proj output;
  * per row, its slot's arena (prm[r].gdn) holds this layer's S at byte offset s_off ([nv][pad dv][pad dk]
  * fp32, the transposed state; updated) and its conv inputs at conv_off ([K-1][C] bf16; updated);

@@ -52,19 +52,6 @@
 #define GDN_C CU_GDN_CHUNK
 #define PREP_THREADS 256
 
-/* A barrier over the block's first NT threads (named barrier 1; barrier 0 is __syncthreads'): the
- * scan's and the output's work synchronise with it, so in their own kernels (NT threads a block)
- * it is the block barrier, and in the fused mixer the other warps are not waited for. */
-/* An mbarrier's memory handed back for other use (required before reusing it) */
-__device__ __forceinline__ void gdn_mbar_inval(uint64_t *bar) {
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(cu_smem_addr(bar)) : "memory");
-}
-template <int NT>
-__device__ __forceinline__ void gdn_bar_sync() {
-    static_assert(NT % 32 == 0, "whole warps");
-    asm volatile("bar.sync 1, %0;\n" ::"n"(NT) : "memory");
-}
-
 /* The rows of a batch: blockIdx.z is the row, and every kernel first moves its pointers to that
  * row's part of the packed arrays, so the rest of it reads as the forward of one chunk of `bucket`
  * tokens. Row r's tokens start at token r bucket; its blocks of 64 tokens at block r ncb
@@ -508,14 +495,12 @@ struct prep_split {
     static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
 };
 
-/* One prep block's work: (block of 64 tokens c, head and split hs = h S + sp, batch row z), on
- * PREP_THREADS threads with prep_smem's bytes at smem. The prep kernel runs one a block; the fused
- * mixer (gdn_mix_kernel) runs it as its first phase. */
 template <int DK, int DV, int SPLIT>
-__device__ __forceinline__ void gdn_prep_unit(gdn_prep_args a, int c, int hs, int z, unsigned char *smem) {
+__global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
     typedef prep_split<DK, DV, SPLIT> SP;
     constexpr int LDK = SM::LDK, LDV = SM::LDV, LDL = SM::LDL;
+    extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
     float *Vs = (float *)(smem + SM::v_off);
@@ -524,21 +509,21 @@ __device__ __forceinline__ void gdn_prep_unit(gdn_prep_args a, int c, int hs, in
     float *gam = (float *)(smem + SM::vec_off);
     float *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
 
-    const int h = hs / SP::S, sp = hs % SP::S;
+    const int c = blockIdx.x, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
     const int row0 = sp * SP::ROWS; /* this block's rows of P, Gamma Q, K' */
-    a.prm += z;
+    a.prm += blockIdx.z;
     const int len = a.prm->len;
     const int t0 = c * GDN_C;
     /* a block wholly past the row's tokens (a padding row's every block): the scan never reads it,
      * the output kernel writes its zeros without it */
     if (t0 >= len) return;
     {
-        const size_t tok0 = (size_t)z * a.bt.bucket;
+        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
         a.P += tok0 * a.ldP;
-        gdn_scratch_row(a.scr, tok0, (size_t)z * a.bt.ncb, a.nk, a.nv, DK, DV);
+        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     }
     const size_t blk = (size_t)c * a.nv + h;
     const int dv = a.dv;
@@ -829,12 +814,6 @@ __device__ __forceinline__ void gdn_prep_unit(gdn_prep_args a, int c, int hs, in
     }
 }
 
-template <int DK, int DV, int SPLIT>
-__global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    gdn_prep_unit<DK, DV, SPLIT>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem);
-}
-
 /* ---- kernel B: the recurrence; one block per (value head, 16 rows of S^T), sequential over blocks */
 
 struct gdn_scan_args {
@@ -896,29 +875,26 @@ __device__ __forceinline__ void scan_fetch(unsigned char *st, uint64_t *bar, con
     cu_bulk_g2s(st + SM::u_off, scr.UT + (blk * DV + n_base) * SM::LDU, SM::u_bytes, bar);
 }
 
-/* One scan block's work: (value head h, slice ys of SM::BV S^T rows, batch row z) on the first
- * NWARP warps (threads 0 .. NWARP 32 - 1; their barriers are named barrier 1, so other warps of the
- * block may do other things) with scan_smem's bytes at smem. */
 template <int DK, int DV, int RG_, int NS_>
-__device__ __forceinline__ void gdn_scan_unit(gdn_scan_args a, int h, int ys, int z, unsigned char *smem) {
+__global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
     typedef scan_smem<DK, DV, RG_, NS_> SM;
     constexpr int KS = SM::KS;
     constexpr int DKH = DK / KS;  /* this warp's dk columns */
     constexpr int NJ = DKH / 8;   /* n-tiles of S^T along them */
     constexpr int NKS = DKH / 16; /* k-steps along them */
-    constexpr int NT = SM::NWARP * 32;
-    const int n_base = ys * SM::BV;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int h = blockIdx.x, n_base = blockIdx.y * SM::BV;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int rg = w / KS, kq = w % KS;
     const int r = lane >> 2, cc = lane & 3;
     const int kofs = kq * DKH;
-    a.prm += z;
+    a.prm += blockIdx.z;
     const int len = a.prm->len;
     if (len < 1) return; /* a padding row: no state to touch */
     a.S = (float *)(a.prm->gdn + a.bt.s_off);
     /* the state at the chunk's start: a restored blob's or the arena's */
     const float *S_in = (const float *)(cu_gdn_in(a.prm) + a.bt.s_off);
-    gdn_scratch_row(a.scr, (size_t)z * a.bt.bucket, (size_t)z * a.bt.ncb, a.nk, a.nv, DK, DV);
+    gdn_scratch_row(a.scr, (size_t)blockIdx.z * a.bt.bucket, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     const int nreal = (len + GDN_C - 1) / GDN_C; /* the row's blocks holding real tokens */
     float4 *X = (float4 *)(smem + SM::x_off);
     uint64_t *bar = (uint64_t *)(smem + SM::bar_off); /* bar[s]: stage s's copies have landed */
@@ -927,7 +903,7 @@ __device__ __forceinline__ void gdn_scan_unit(gdn_scan_args a, int h, int ys, in
         cu_mbar_init(&bar[1], 1);
         cu_mbar_init_fence();
     }
-    gdn_bar_sync<NT>();
+    __syncthreads();
     if (tid == 0 && nreal > 0) scan_fetch<DK, DV, RG_>(smem, &bar[0], a.scr, (size_t)h, n_base);
 
     /* S^T rows n0, n0 + 8 of this head, dk columns [kofs, kofs + DKH), in accumulators */
@@ -969,7 +945,7 @@ __device__ __forceinline__ void gdn_scan_unit(gdn_scan_args a, int h, int ys, in
             }
         }
         cu_mbar_wait(&bar[ci & 1], (unsigned)(ci >> 1) & 1u); /* block ci's operands have landed */
-        gdn_bar_sync<NT>(); /* and every warp is done with block ci - 1's stage: refill it */
+        __syncthreads(); /* and every warp is done with block ci - 1's stage: refill it */
         if (tid == 0 && ci + 1 < nreal)
             scan_fetch<DK, DV, RG_>(smem + ((ci + 1) & 1) * SM::stage, &bar[(ci + 1) & 1], a.scr,
                                     (size_t)(ci + 1) * a.nv + h, n_base);
@@ -1003,7 +979,7 @@ __device__ __forceinline__ void gdn_scan_unit(gdn_scan_args a, int h, int ys, in
 #pragma unroll
             for (int q = 0; q < 8; q++)
                 X[(w * 8 + q) * 32 + lane] = make_float4(D[q][0], D[q][1], D[q][2], D[q][3]);
-            gdn_bar_sync<NT>();
+            __syncthreads();
             float T[8][4];
 #pragma unroll
             for (int q = 0; q < 8; q++) T[q][0] = T[q][1] = T[q][2] = T[q][3] = 0.f;
@@ -1065,19 +1041,6 @@ __device__ __forceinline__ void gdn_scan_unit(gdn_scan_args a, int h, int ys, in
         *(float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
         *(float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
     }
-    /* the barriers' memory may serve something else next (the fused mixer's output phase): every
-     * warp is past its last wait, then they are invalidated */
-    gdn_bar_sync<NT>();
-    if (tid == 0) {
-        gdn_mbar_inval(&bar[0]);
-        gdn_mbar_inval(&bar[1]);
-    }
-}
-
-template <int DK, int DV, int RG_, int NS_>
-__global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_scan_kernel(gdn_scan_args a) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    gdn_scan_unit<DK, DV, RG_, NS_>(a, blockIdx.x, blockIdx.y, blockIdx.z, smem);
 }
 
 /* ---- kernel C: outputs; blocks per (block of 64 tokens, value head), all independent ----------- */
@@ -1149,7 +1112,7 @@ __device__ __forceinline__ void out_copy(unsigned char *smem, const bf16 *Q, con
 /* The outputs of the RT row tiles in shared memory (out_copy's, landed): O = (Gamma Q) S + P delta,
  * the gated RMSNorm, bf16 rows [t0, tend) of head h to Yrow (the row's Y, rows ldY apart; 0 past
  * len). rsq: the
- * two warps' halves of the sums of squares (one barrier of the 64 RT threads inside). */
+ * two warps' halves of the sums of squares (one __syncthreads inside). */
 template <int DK, int DV, int RT>
 __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)[2][16 * RT], bf16 *Yrow, size_t ldY,
                                          const float *norm_w, int dv, float eps, int t0, int tile0, int len, int tend,
@@ -1216,7 +1179,7 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
         rsq[w / RT][i0] = ss0;
         rsq[w / RT][i1] = ss1;
     }
-    gdn_bar_sync<64 * RT>();
+    __syncthreads();
     ss0 = rsq[0][i0] + rsq[1][i0];
     ss1 = rsq[0][i1] + rsq[1][i1];
     const float rs0 = rsqrtf(ss0 / (float)dv + eps), rs1 = rsqrtf(ss1 / (float)dv + eps);
@@ -1245,26 +1208,24 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
     }
 }
 
-/* One output block's work: (bx: the block of 64 tokens c and, inside it, row tiles [tile0,
- * tile0 + RT); head h; batch row z) on threads 0 .. 64 RT - 1 (named barrier 1) with out_smem's
- * bytes at smem. The conv state's shift is spread over the gx gy blocks of a batch row (gx over
- * the tokens, gy the heads), each taking its share by (bx, h). */
 template <int DK, int DV, int RT>
-__device__ __forceinline__ void gdn_out_unit(gdn_out_args a, int bx, int h, int z, int gx, int gy,
-                                             unsigned char *smem, float (&rsq)[2][16 * RT]) {
+__global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     typedef out_smem<DK, DV, RT> SM;
     constexpr int NT = 64 * RT, R = SM::R;
-    const int c = bx / (OUT_TILES / RT), tile0 = (bx % (OUT_TILES / RT)) * RT;
+    extern __shared__ __align__(16) unsigned char smem[];
+    /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
+    const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
+    const int h = blockIdx.y;
     const int tid = threadIdx.x;
-    a.prm += z;
+    a.prm += blockIdx.z;
     const int len = a.prm->len, dv = a.dv;
     const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
     const size_t blk = (size_t)c * a.nv + h;
     {
-        const size_t tok0 = (size_t)z * a.bt.bucket;
+        const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
         a.P += tok0 * a.ldP;
         a.Y += tok0 * a.ldY;
-        gdn_scratch_row(a.scr, tok0, (size_t)z * a.bt.ncb, a.nk, a.nv, DK, DV);
+        gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     }
     if (len < 1) { /* a padding row: zeros for out_proj, no state */
         const int tend = min(a.rows, t0 + R);
@@ -1279,7 +1240,7 @@ __device__ __forceinline__ void gdn_out_unit(gdn_out_args a, int bx, int h, int 
      * first): done before them, they put a dependent round trip to memory ahead of most blocks'
      * copies, which a short chunk's one wave of blocks pays in full. */
     const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
-    const int sh_first = (bx * gy + h) * NT + tid, sh_stride = gx * gy * NT;
+    const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
     const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
         cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
@@ -1294,133 +1255,10 @@ __device__ __forceinline__ void gdn_out_unit(gdn_out_args a, int bx, int h, int 
         cu_cp_async_commit();
         cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         cu_cp_async_wait<0>();
-        gdn_bar_sync<NT>();
+        __syncthreads();
     }
+    __shared__ float rsq[2][R];
     out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, a.norm_w, dv, a.eps, t0, tile0, len, tend, h, tid);
-}
-
-template <int DK, int DV, int RT>
-__global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float rsq[2][16 * RT];
-    gdn_out_unit<DK, DV, RT>(a, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, gridDim.y, smem, rsq);
-}
-
-/* ---- the fused mixer: prep, scan and out in one launch for rows of at most 2 blocks ------------ */
-
-/* A hit's question is a row of 1 or 2 blocks of 64 tokens, and its three kernels above are each one
- * short wave: the time between them (a kernel's drain, the next one's launch and first loads) is a
- * good part of the mixer's. Here one cluster a (value head, batch row) runs the three as phases,
- * with a cluster barrier between them instead of a kernel boundary: phase 1, block u of the
- * cluster is prep block (c, split sp) = (u / S, u % S) (MIX_SPLIT, bounded by the head dims); phase
- * 2, block u scans S^T rows [16 u, 16 u + 16) (one row group, warps 0-1); phase 3, block u is output
- * block u (one row tile, warps 0-1). The phases hand their intermediates over through the same
- * scratch as the kernels do (L2), and each is the kernels' own code (gdn_prep_unit, gdn_scan_unit,
- * gdn_out_unit), so the results are the three kernels' bits. The scan's bulk copies read what the
- * prep's threads stored: the async proxy is fenced against the generic one on both sides of the
- * barrier. */
-#define MIX_MAX_BLOCKS CU_GDN_MIX_MAX_BLOCKS /* rows of at most this many blocks of 64 tokens */
-#define MIX_SPLIT 4                          /* the prep's split in phase 1 (any split gives the same bits) */
-/* Dynamic shared memory a block asks for at least: more than half an SM's, so each block has an SM
- * of its own. Two a SM would fit (the prep's ~101 KB at the 0.8B dims), and then a cluster takes 4
- * SMs where the three kernels' blocks spread over 8: the prep's and the scan's work per SM doubles. */
-#define MIX_SMEM_MIN (116 * 1024)
-
-template <int DK, int DV, int NS>
-struct mix_smem {
-    typedef prep_smem<DK, DV> PS;
-    typedef scan_smem<DK, DV, 1, NS> SS;
-    typedef out_smem<DK, DV, OUT_RT_SHORT> OS;
-    static constexpr size_t a = PS::bytes > SS::bytes ? PS::bytes : SS::bytes;
-    static constexpr size_t b = a > OS::bytes ? a : OS::bytes;
-    static constexpr size_t bytes = b > MIX_SMEM_MIN ? b : MIX_SMEM_MIN;
-    static constexpr size_t natural = b;
-};
-
-/* The blocks of a cluster: the most any phase uses (prep nc S, scan DV / 16, out nc OUT_TILES). */
-template <int DK, int DV>
-static int mix_cluster(int nc) {
-    int n = nc * prep_split<DK, DV, MIX_SPLIT>::S;
-    if (DV / 16 > n) n = DV / 16;
-    if (nc * OUT_TILES > n) n = nc * OUT_TILES;
-    return n;
-}
-
-/* Every thread: its generic-proxy stores ordered before the cluster's later async-proxy reads,
- * the cluster's barrier (release / acquire), and the other blocks' stores before this thread's
- * own async-proxy reads. */
-__device__ __forceinline__ void mix_cluster_sync() {
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-
-template <int DK, int DV, int NS>
-__global__ void __launch_bounds__(PREP_THREADS, 2)
-    gdn_mix_kernel(gdn_prep_args pa, gdn_scan_args sa, gdn_out_args oa) {
-    typedef prep_split<DK, DV, MIX_SPLIT> SP;
-    typedef scan_smem<DK, DV, 1, NS> SS;
-    static_assert(SS::NWARP * 32 <= PREP_THREADS && 64 * OUT_RT_SHORT <= PREP_THREADS, "phases fit the block");
-    extern __shared__ __align__(16) unsigned char smem[];
-    __shared__ float rsq[2][16 * OUT_RT_SHORT];
-    const int u = blockIdx.x, h = blockIdx.y, z = blockIdx.z, nc = sa.bt.ncb;
-    const int tid = threadIdx.x;
-    if (u < nc * SP::S) gdn_prep_unit<DK, DV, MIX_SPLIT>(pa, u / SP::S, h * SP::S + u % SP::S, z, smem);
-    mix_cluster_sync();
-    if (u < DV / SS::BV && tid < SS::NWARP * 32) gdn_scan_unit<DK, DV, 1, NS>(sa, h, u, z, smem);
-    mix_cluster_sync(); /* also: every thread of this block is past the scan (its barriers invalidated) */
-    if (u < nc * OUT_TILES && tid < 64 * OUT_RT_SHORT)
-        gdn_out_unit<DK, DV, OUT_RT_SHORT>(oa, u, h, z, nc * (OUT_TILES / OUT_RT_SHORT), oa.nv, smem, rsq);
-}
-
-/* The fused mixer's launch over rows of nc <= MIX_MAX_BLOCKS blocks: a cluster a (head, row). */
-template <int DK, int DV>
-static void mix_config(cudaLaunchConfig_t &lc, cudaLaunchAttribute (&at)[2], int nc, int nv, unsigned nr, int form,
-                       cudaStream_t st) {
-    const int cl = mix_cluster<DK, DV>(nc);
-    at[0] = cudaLaunchAttribute{};
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cl;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1] = cudaLaunchAttribute{};
-    at[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-    at[1].val.clusterSchedulingPolicyPreference =
-        form == 1 ? cudaClusterSchedulingPolicySpread : cudaClusterSchedulingPolicyDefault;
-    lc = cudaLaunchConfig_t{};
-    lc.gridDim = dim3(cl, nv, nr);
-    lc.blockDim = dim3(PREP_THREADS);
-    if (form == 3)
-        lc.dynamicSmemBytes = nc == 1 ? mix_smem<DK, DV, 1>::bytes : mix_smem<DK, DV, 2>::bytes;
-    else
-        lc.dynamicSmemBytes = nc == 1 ? mix_smem<DK, DV, 1>::natural : mix_smem<DK, DV, 2>::natural;
-    lc.stream = st;
-    lc.attrs = at;
-    lc.numAttrs = 2;
-}
-template <int DK, int DV>
-static cudaError_t launch_gdn_mix(const gdn_prep_args &pa, const gdn_scan_args &sa, const gdn_out_args &oa, int nc,
-                                  int nv, unsigned nr, int form, cudaStream_t st) {
-    cudaLaunchConfig_t lc;
-    cudaLaunchAttribute at[2];
-    mix_config<DK, DV>(lc, at, nc, nv, nr, form, st);
-    if (nc == 1) return cudaLaunchKernelEx(&lc, gdn_mix_kernel<DK, DV, 1>, pa, sa, oa);
-    return cudaLaunchKernelEx(&lc, gdn_mix_kernel<DK, DV, 2>, pa, sa, oa);
-}
-/* The clusters of the fused mixer resident at once, for rows of 1 and 2 blocks (fit[nc - 1]). */
-template <int DK, int DV>
-static int mix_fit_query(int (&fit)[MIX_MAX_BLOCKS], int form, squad_err *err) {
-    for (int nc = 1; nc <= MIX_MAX_BLOCKS; nc++) {
-        cudaLaunchConfig_t lc;
-        cudaLaunchAttribute at[2];
-        mix_config<DK, DV>(lc, at, nc, 1, 1, form, 0);
-        fit[nc - 1] = 0;
-        const cudaError_t e = nc == 1 ? cudaOccupancyMaxActiveClusters(&fit[0], gdn_mix_kernel<DK, DV, 1>, &lc)
-                                      : cudaOccupancyMaxActiveClusters(&fit[1], gdn_mix_kernel<DK, DV, 2>, &lc);
-        if (e != cudaSuccess) return cu_fail(err, "cudaOccupancyMaxActiveClusters", e, __FILE__, __LINE__);
-    }
-    return 0;
 }
 
 /* ---- host side -------------------------------------------------------------------------------- */
@@ -1550,7 +1388,7 @@ static int scan_init(squad_err *err) {
     return 0;
 }
 
-int cu_gdn_init(cu_gdn_dims *d, squad_err *err) {
+int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (d->f32) return 0;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
 #define GDN_INIT(DK_, DV_)                                                                                          \
@@ -1563,11 +1401,6 @@ int cu_gdn_init(cu_gdn_dims *d, squad_err *err) {
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_SHORT>,                                           \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_SHORT>::bytes));                                 \
-        CU_TRY(cudaFuncSetAttribute(gdn_mix_kernel<DK_, DV_, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                    (int)mix_smem<DK_, DV_, 1>::bytes));                                            \
-        CU_TRY(cudaFuncSetAttribute(gdn_mix_kernel<DK_, DV_, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,        \
-                                    (int)mix_smem<DK_, DV_, 2>::bytes));                                            \
-        if (int rc_ = mix_fit_query<DK_, DV_>(d->mix_fit, d->mix_fused ? d->mix_fused : 1, err)) return rc_;                                           \
         return 0;                                                                                                   \
     }
     GDN_SHAPES(GDN_INIT)
@@ -1629,20 +1462,10 @@ static void launch_gdn_scan_rg(const gdn_scan_args &sa, int rg, int nv, unsigned
         launch_gdn_scan<DK, DV, 1>(sa, nv, nr, nb, st);
 }
 
-/* One layer's mixer after the conv, in one stream: prep, scan, out over every block; or the three
- * fused (gdn_mix_kernel) on short launches of rows of at most MIX_MAX_BLOCKS blocks when the dims
- * ask for it. */
+/* One layer's mixer after the conv, in one stream: prep, scan, out over every block. */
 template <int DK, int DV>
 static int gdn_run(const cu_gdn_dims *d, const gdn_prep_args &pa, const gdn_scan_args &sa, const gdn_out_args &oa, int nc, unsigned nr,
                    unsigned run, int prep_split, int scan_rg, bool short_rows, cudaStream_t st, squad_err *err) {
-    const unsigned three = CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
-    /* only where the clusters are one wave: a second would wait for the first's whole mixer */
-    if (d->mix_fused && short_rows && nc <= MIX_MAX_BLOCKS && (run & three) == three &&
-        (long)d->nv * nr <= d->mix_fit[nc - 1]) {
-        const cudaError_t e = launch_gdn_mix<DK, DV>(pa, sa, oa, nc, d->nv, nr, d->mix_fused, st);
-        if (e != cudaSuccess) return cu_fail(err, "gdn_mix_kernel (cudaLaunchKernelEx)", e, __FILE__, __LINE__);
-        return 0;
-    }
     if (run & CU_GDN_PREP) {
         launch_gdn_prep<DK, DV>(pa, nc, d->nv, nr, prep_split, st);
         CU_LAUNCH_CHECK("gdn_prep_kernel");

@@ -115,20 +115,10 @@ static cu_gdn_dims gdn_test_dims(const cu_ref_gdn_args *a) {
     d.short_rows = a->short_rows == 0 ? CU_GDN_SHORT_ROWS : a->short_rows < 0 ? 0 : a->short_rows;
     d.prep_split = a->prep_split; /* no SM count here (n_sm 0): 0 is 1 */
     d.conv_groups = a->conv_groups;
-    d.mix_fused = a->mix_fused;
     return d;
 }
 
 static int test_gdn_run(tbufs *b, const cu_ref_gdn_args *a, const cu_gdn_dims *dp, squad_err *err);
-
-extern "C" int squad_cuda_test_gdn_mix_fit(const cu_ref_gdn_args *a, int fit[2], squad_err *err) {
-    cu_gdn_dims d = gdn_test_dims(a);
-    if (!cu_gdn_supported(&d)) return cu_err(err, SQUAD_E_UNSUPPORTED, "test: gdn shape not supported");
-    static_assert(CU_GDN_MIX_MAX_BLOCKS == 2, "the API's two counts");
-    const int rc = cu_gdn_init(&d, err);
-    if (!rc) fit[0] = d.mix_fit[0], fit[1] = d.mix_fit[1];
-    return rc;
-}
 
 static int test_gdn(tbufs *b, const cu_ref_gdn_args *a, squad_err *err) {
     cu_gdn_dims d = gdn_test_dims(a);
@@ -770,12 +760,10 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     const int blocks = nrows * ((bucket + CU_GDN_CHUNK - 1) / CU_GDN_CHUNK);
     if (!rc) rc = batch_params(b, &bt, prm, n, nrows, bucket, err);
     if (!rc) rc = talloc_poison(b, &scr, cu_gdn_scratch_bytes(&d, (int)tokens, blocks), err);
-    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block, and the
-     * fused mixer (cu_gdn_dims.mix_fused, where the batch is short and its rows at most 2 blocks)
-     * only which kernel runs the same code: every form must give the same bytes (outputs and every
-     * arena), from the same starting arenas; the args' own form (one row group) runs last and its
-     * results are the ones returned */
-    static const int SCAN_RGS[] = {2, 4, 1, 1}, MIX[] = {0, 0, 1, -1}; /* -1: as the args ask */
+    /* the scan's row groups (cu_gdn_dims.scan_rg) change only which warps share a block: every
+     * count must give the same bytes (outputs and every arena), from the same starting arenas; the
+     * default (one row group) runs last and its results are the ones returned */
+    static const int SCAN_RGS[] = {2, 4, 1};
     const int n_rg = ex ? 1 : (int)(sizeof SCAN_RGS / sizeof SCAN_RGS[0]);
     const size_t ybytes = tokens * a->nv * a->dv * es, abytes = arena * (size_t)n;
     void *ar0 = NULL;
@@ -790,7 +778,6 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
     if (!rc) cu_gdn_scratch_bind(&s, scr, &d, (int)tokens, blocks);
     for (int k = ex ? n_rg - 1 : 0; k < n_rg && !rc; k++) {
         d.scan_rg = ex ? 0 : SCAN_RGS[k];
-        d.mix_fused = ex || MIX[k] < 0 ? a->mix_fused : MIX[k];
         if (n_rg > 1) CU_TRY(cudaMemcpy(ar, ar0, abytes, cudaMemcpyDeviceToDevice));
         rc = cu_gdn_forward(&d, P, conv_off, cw, Al, dt, nw, 0, Y, &s, &bt, 0, err);
         if (!rc) {
@@ -803,8 +790,8 @@ static int test_gdn_batch(tbufs *b, const cu_ref_gdn_args *rows, int n, int nrow
         CU_TRY(cudaMemcpy(ha, ar, abytes, cudaMemcpyDeviceToHost));
         if (k > 0 && memcmp(hbuf, hy, ybytes + abytes) != 0)
             rc = cu_err(err, SQUAD_E_BACKEND,
-                        "test: the GDN mixer with %d scan row groups a block%s differs from %d", SCAN_RGS[k],
-                        d.mix_fused ? " (fused where it applies)" : "", SCAN_RGS[0]);
+                        "test: the GDN mixer with %d scan row groups a block differs from %d", SCAN_RGS[k],
+                        SCAN_RGS[0]);
     }
     free(hbuf);
     for (int r = 0; r < n && !rc; r++) {

@@ -40,14 +40,9 @@ typedef struct cu_ref_gdn_args {
     int prep_split;        /* the prep's blocks a (block of 64 tokens, head): 1, 2 or 4; 0: 1 */
     int conv_groups;       /* the pipelined conv's 16-row groups a block; < 0: the one-tile conv on
                               every launch; 0: as chosen without an SM count (3) */
-    int mix_fused;         /* 1: rows of at most 2 blocks on short launches take the fused mixer
-                              (prep, scan and output in one kernel); 0: the three kernels */
 } cu_ref_gdn_args;
 void cu_ref_gdn(const cu_ref_gdn_args *a);
 int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err);
-/* The fused mixer's clusters resident at once on this GPU for a's dims: fit[0] for rows of one
- * block of 64 tokens, fit[1] for two (a launch of more heads x rows runs the three kernels). */
-int squad_cuda_test_gdn_mix_fit(const cu_ref_gdn_args *a, int fit[2], squad_err *err);
 
 /* ---- gated attention after q/k/v_proj ---- */
 typedef struct cu_ref_attn_args {
