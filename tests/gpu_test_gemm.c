@@ -167,12 +167,12 @@ static int test_shapes(squad_gemm_test *t, rng *r, int quick) {
     return n_paths;
 }
 
-/* us per call of cuBLASLt tuned alone, of the sm_90a kernel's best configuration, and of what the
- * full tuning picks; GB/s of the kernel's best (weights + tokens + output bytes); below each row, the
- * us of every configuration the tuning times (what a change to the kernel moved, and where). */
 /* where the timed calls' weights come from (squad_gemm_test_weights_l2) */
 static const char *weights_from(int l2) { return l2 ? "from L2 (SQUAD_GEMM_TEST_L2=1)" : "from HBM"; }
 
+/* us per call of cuBLASLt tuned alone, of the sm_90a kernel's best configuration, and of what the
+ * full tuning picks; GB/s of the kernel's best (weights + tokens + output bytes); below each row, the
+ * us of every configuration the tuning times (what a change to the kernel moved, and where). */
 static void time_shapes(squad_gemm_test *t, int l2) {
     const int has = squad_gemm_test_has_sm90(t);
     printf("\ngpu_test_gemm timing: us per call, weights %s\n", weights_from(l2));

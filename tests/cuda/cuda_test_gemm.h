@@ -34,7 +34,8 @@ int squad_gemm_test_run(squad_gemm_test *t, const float *X, const float *W, cons
                         int K, int acc, const int *cfg, int *guard_ok, squad_err *err);
 
 /* Microseconds per call, random bf16 operands, the weights rotated over copies larger than the L2
- * (each call reads them from HBM; one copy after squad_gemm_test_weights_l2(t, 1)), calls back to back in a graph (median of several replays).
+ * (each call reads them from HBM; one copy after squad_gemm_test_weights_l2(t, 1)), calls back to
+ * back in a graph (median of several replays).
  * What runs: SQUAD_GEMM_TIME_LT cuBLASLt tuned without the sm_90a kernel; SQUAD_GEMM_TIME_SM90 the
  * kernel in configuration cfg; SQUAD_GEMM_TIME_TUNED the full tuning's choice, returned in chosen
  * ({0, 0, 0}: a cuBLASLt algorithm). */
