@@ -34,8 +34,8 @@
  *   arrive by bulk copies (one thread, a shared-memory barrier per stage) while block c computes.
  *   Writes S^T at each block start and delta^T (bf16).
  * C, gdn_out (grid blocks x heads, all independent, two warps a 16-row tile, each half of dv;
- *   four tiles a block, or one on short chunks; its copies (out_copy) and its math (out_math) are
- *   separate steps):
+ *   four tiles a block, or one on short chunks, 8 warps a block either way, the ones beyond the
+ *   tiles' only copying; its copies (out_copy) and its math (out_math) are separate steps):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
@@ -514,19 +514,29 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int r = lane >> 2, cc = lane & 3;
     const int row0 = sp * SP::ROWS; /* this block's rows of P, Gamma Q, K' */
+    const int t0 = c * GDN_C;
+    /* The gates' inputs are loaded before the row's length is known: every token of the bucket has
+     * its row of P (a padding token's is computed too), and tokens past len are masked below. So the
+     * gates' global round trip overlaps the length's instead of following it. */
+    float raw_b = 0.f, raw_a = 0.f, a_log = 0.f, dt_b = 0.f;
+    if (tid < GDN_C) {
+        const int tt = min(t0 + tid, a.bt.bucket - 1);
+        const bf16 *prow = a.P + ((size_t)blockIdx.z * a.bt.bucket + tt) * a.ldP + a.C + a.nv * a.dv; /* b, a */
+        raw_b = __bfloat162float(prow[h]);
+        raw_a = __bfloat162float(prow[a.nv + h]);
+        a_log = a.A_log[h];
+        dt_b = a.dt_bias[h];
+    }
     a.prm += blockIdx.z;
     const int len = a.prm->len;
-    const int t0 = c * GDN_C;
     /* a block wholly past the row's tokens (a padding row's every block): the scan never reads it,
      * the output kernel writes its zeros without it */
     if (t0 >= len) return;
     {
         const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
-        a.P += tok0 * a.ldP;
         gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     }
     const size_t blk = (size_t)c * a.nv + h;
-    const int dv = a.dv;
 
     /* the conv kernel's q, k (bf16, normalised) and v (fp32) rows of this block; 0 past len */
     {
@@ -550,17 +560,13 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     }
 
     /* 0. gates */
-    if (tid < GDN_C) {
-        const int tt = t0 + tid;
+    if (tid < GDN_C) { /* b, a follow q, k, v and z in P (loaded at the top) */
         float g = 0.f, b = 0.f;
-        if (tt < len) {
-            const int boff = a.C + a.nv * dv; /* b, a follow q, k, v and z */
-            const float bv = __bfloat162float(a.P[(size_t)tt * a.ldP + boff + h]);
-            const float av = __bfloat162float(a.P[(size_t)tt * a.ldP + boff + a.nv + h]);
-            const float x = av + a.dt_bias[h];
+        if (t0 + tid < len) {
+            const float x = raw_a + dt_b;
             const float sp = x > 20.f ? x : log1pf(__expf(x));
-            g = -__expf(a.A_log[h]) * sp;
-            b = cu_sigmoid(bv);
+            g = -__expf(a_log) * sp;
+            b = cu_sigmoid(raw_b);
         }
         gam[tid] = g;
         bet[tid] = b;
@@ -674,53 +680,74 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
      *    of a prep warp's instructions on a short chunk); this is a chain of 16 plus three levels of
      *    small products. */
     {
-        /* 4a. the diagonal blocks by forward substitution, 4 threads a column (the sum over earlier rows
-         *     split by k mod 4, combined by two shuffles); the column stays in registers, stored after */
-        const int col = tid >> 2, qq = tid & 3, base = col & ~15;
-        float tv[4] = {0.f, 0.f, 0.f, 0.f}; /* rows base + 4 m + qq */
+        /* 4a. the diagonal blocks by forward substitution, a thread a column (the first two warps; the
+         *     others wait at the barrier): the sum over earlier rows in four chains by k mod 4, added
+         *     pairwise, (k0 + k1) + (k2 + k3), four short independent chains a step where four threads
+         *     a column needed two dependent shuffles a step; the column stays in registers, stored after */
+        if (tid < GDN_C) {
+            const int col = tid, base = col & ~15;
+            float tv[16]; /* rows base + rr */
 #pragma unroll
-        for (int rr = 0; rr < 16; rr++) {
-            const int row = base + rr;
-            float s = 0.f;
+            for (int rr = 0; rr < 16; rr++) {
+                const int row = base + rr;
+                float p4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int m = 0; m < 4; m++)
-                if (4 * m + qq < rr) s += Ls[row * LDL + base + 4 * m + qq] * tv[m];
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            s += __shfl_xor_sync(0xffffffffu, s, 2);
-            const float v = (row == col ? 1.f : 0.f) - s;
-            if ((rr & 3) == qq) tv[rr >> 2] = v;
+                for (int m = 0; m < 4; m++)
+#pragma unroll
+                    for (int qq = 0; qq < 4; qq++)
+                        if (4 * m + qq < rr) p4[qq] += Ls[row * LDL + base + 4 * m + qq] * tv[4 * m + qq];
+                tv[rr] = (row == col ? 1.f : 0.f) - ((p4[0] + p4[1]) + (p4[2] + p4[3]));
+            }
+#pragma unroll
+            for (int rr = 0; rr < 16; rr++) Ts[(base + rr) * LDL + col] = tv[rr];
         }
-#pragma unroll
-        for (int m = 0; m < 4; m++) Ts[(base + 4 * m + qq) * LDL + col] = tv[m];
         __syncthreads();
         /* 4b. below the diagonal, one block diagonal d at a time (each needs the ones before); X through
-         *     shared memory in Q's tile (dead since step 3: 3 x 256 floats fit its 64 x (DK + 8) bf16) */
+         *     shared memory in Q's tile (dead since step 3: 3 x 256 floats fit its 64 x (DK + 8) bf16).
+         *     Both products are shared-memory bound (two loads a multiply-add, ncu: the pipe's stalls),
+         *     so a thread takes 2 x 2 elements of a block, rows rb, rb + 8 and columns cb, cb + 8: a load
+         *     each per multiply-add. Each element keeps its sums (even and odd k apart, added last),
+         *     so the results do not depend on the mapping. */
         float *X = reinterpret_cast<float *>(Qs);
         static_assert(GDN_C == 64 && PREP_THREADS == 256, "the blocked inverse maps 256 threads to 16 x 16 blocks");
+        const int q = tid >> 6, rb = (tid >> 3) & 7, cb = tid & 7; /* block q of a diagonal, 2 x 2 elements */
 #pragma unroll
         for (int d = 1; d < 4; d++) {
+            const int i0 = 16 * (q + d), j0 = 16 * q; /* block (j + d, j), j = q */
+            if (q < 4 - d) {
+                float s[2][2][2] = {}; /* [row rb, rb + 8][column cb, cb + 8][k even, odd] */
 #pragma unroll
-            for (int q = 0; q < 4 - d; q++) { /* block (j + d, j), j = q: element (r, c) */
-                const int r = tid >> 4, c = tid & 15, i0 = 16 * (q + d), j0 = 16 * q;
-                float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-                for (int k = 0; k < 16 * d; k += 2) {
-                    s0 += Ls[(i0 + r) * LDL + j0 + k] * Ts[(j0 + k) * LDL + j0 + c];
-                    s1 += Ls[(i0 + r) * LDL + j0 + k + 1] * Ts[(j0 + k + 1) * LDL + j0 + c];
+                for (int k = 0; k < 16 * d; k++) {
+                    const float l0 = Ls[(i0 + rb) * LDL + j0 + k], l1 = Ls[(i0 + rb + 8) * LDL + j0 + k];
+                    const float u0 = Ts[(j0 + k) * LDL + j0 + cb], u1 = Ts[(j0 + k) * LDL + j0 + cb + 8];
+                    s[0][0][k & 1] += l0 * u0;
+                    s[0][1][k & 1] += l0 * u1;
+                    s[1][0][k & 1] += l1 * u0;
+                    s[1][1][k & 1] += l1 * u1;
                 }
-                X[q * 256 + tid] = s0 + s1;
+#pragma unroll
+                for (int a2 = 0; a2 < 2; a2++)
+#pragma unroll
+                    for (int b2 = 0; b2 < 2; b2++)
+                        X[q * 256 + (rb + 8 * a2) * 16 + cb + 8 * b2] = s[a2][b2][0] + s[a2][b2][1];
             }
             __syncthreads();
+            if (q < 4 - d) {
+                float s[2][2][2] = {}; /* T_ii's rows: 0 past the diagonal (4a stored them) */
 #pragma unroll
-            for (int q = 0; q < 4 - d; q++) {
-                const int r = tid >> 4, c = tid & 15, i0 = 16 * (q + d), j0 = 16 * q;
-                float s0 = 0.f, s1 = 0.f; /* T_ii's row r: 0 past the diagonal (4a stored them) */
-#pragma unroll
-                for (int m = 0; m < 16; m += 2) {
-                    s0 += Ts[(i0 + r) * LDL + i0 + m] * X[q * 256 + m * 16 + c];
-                    s1 += Ts[(i0 + r) * LDL + i0 + m + 1] * X[q * 256 + (m + 1) * 16 + c];
+                for (int m = 0; m < 16; m++) {
+                    const float a0 = Ts[(i0 + rb) * LDL + i0 + m], a1 = Ts[(i0 + rb + 8) * LDL + i0 + m];
+                    const float x0 = X[q * 256 + m * 16 + cb], x1 = X[q * 256 + m * 16 + cb + 8];
+                    s[0][0][m & 1] += a0 * x0;
+                    s[0][1][m & 1] += a0 * x1;
+                    s[1][0][m & 1] += a1 * x0;
+                    s[1][1][m & 1] += a1 * x1;
                 }
-                Ts[(i0 + r) * LDL + j0 + c] = -(s0 + s1);
+#pragma unroll
+                for (int a2 = 0; a2 < 2; a2++)
+#pragma unroll
+                    for (int b2 = 0; b2 < 2; b2++)
+                        Ts[(i0 + rb + 8 * a2) * LDL + j0 + cb + 8 * b2] = -(s[a2][b2][0] + s[a2][b2][1]);
             }
             __syncthreads();
         }
@@ -1065,6 +1092,11 @@ struct gdn_out_args {
 #define OUT_TILES (GDN_C / 16) /* row tiles in a block of 64 tokens */
 #define OUT_RT_LONG OUT_TILES
 #define OUT_RT_SHORT 1
+/* A block's threads whatever its row tiles: 2 RT warps compute, all of them copy. With RT = 1 a
+ * block's two computing warps also issued its ~54 KB of 16-byte copies alone, and ncu put a third
+ * of a hit's output kernel in that issue loop (one block an SM, two warps); the other six warps
+ * only copy, so the math and its bits are those of two warps a tile. */
+#define OUT_THREADS 256
 
 template <int DK, int DV, int RT>
 struct out_smem {
@@ -1087,7 +1119,8 @@ __device__ __forceinline__ void out_copy(unsigned char *smem, const bf16 *Q, con
                                          const bf16 *dT, const bf16 *Prow, int ldP, int zoff, int t0, int len, int dv,
                                          int tid) {
     typedef out_smem<DK, DV, RT> SM;
-    constexpr int LDK = SM::LDK, LDT = GDN_LDT, NT = 64 * RT, R = SM::R;
+    constexpr int LDK = SM::LDK, LDT = GDN_LDT, NT = OUT_THREADS, R = SM::R;
+    static_assert(64 * RT <= OUT_THREADS, "two warps a row tile");
     bf16 *Qs = (bf16 *)(smem + SM::q_off), *Ss = (bf16 *)(smem + SM::s_off);
     bf16 *Ps = (bf16 *)(smem + SM::p_off), *Ds = (bf16 *)(smem + SM::d_off);
     bf16 *Zs = (bf16 *)(smem + SM::z_off);
@@ -1109,14 +1142,29 @@ __device__ __forceinline__ void out_copy(unsigned char *smem, const bf16 *Q, con
     }
 }
 
+/* The gated norm's weights of thread tid's output columns (out_math's d = c0 + 8 j + 2 cc, d + 1;
+ * 0 past the real dv), loaded into registers at the kernel's start: read where they are used, their
+ * global round trip came after the products, at the end of every block's chain. */
+template <int DV, int RT>
+__device__ __forceinline__ void out_norm_weights(const float *norm_w, int dv, int tid, float (&nw)[DV / 16][2]) {
+    const int w = tid >> 5, cc = (tid & 31) & 3;
+    const int c0 = (w / RT) * (DV / 2);
+#pragma unroll
+    for (int j = 0; j < DV / 16; j++) {
+        const int d = c0 + 8 * j + 2 * cc;
+        nw[j][0] = d < dv ? norm_w[d] : 0.f;
+        nw[j][1] = d < dv ? norm_w[d + 1] : 0.f; /* dv is a multiple of 8 (cu_gdn_supported) */
+    }
+}
+
 /* The outputs of the RT row tiles in shared memory (out_copy's, landed): O = (Gamma Q) S + P delta,
- * the gated RMSNorm, bf16 rows [t0, tend) of head h to Yrow (the row's Y, rows ldY apart; 0 past
- * len). rsq: the
- * two warps' halves of the sums of squares (one __syncthreads inside). */
+ * the gated RMSNorm (weights nw: out_norm_weights), bf16 rows [t0, tend) of head h to Yrow (the row's
+ * Y, rows ldY apart; 0 past len), by the block's first 2 RT warps (the others only meet the
+ * barrier). rsq: the two warps' halves of the sums of squares (one __syncthreads inside). */
 template <int DK, int DV, int RT>
 __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)[2][16 * RT], bf16 *Yrow, size_t ldY,
-                                         const float *norm_w, int dv, float eps, int t0, int tile0, int len, int tend,
-                                         int h, int tid) {
+                                         const float (&nw)[DV / 16][2], int dv, float eps, int t0, int tile0, int len,
+                                         int tend, int h, int tid) {
     typedef out_smem<DK, DV, RT> SM;
     constexpr int LDK = SM::LDK, LDT = GDN_LDT;
     const bf16 *Qs = (const bf16 *)(smem + SM::q_off), *Ss = (const bf16 *)(smem + SM::s_off);
@@ -1128,12 +1176,14 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
      * DV (two warps a row tile: twice the warps of one a tile, for the same shared memory) */
     constexpr int CH = DV / 2, NJ = CH / 8;
     const int mt = w % RT, c0 = (w / RT) * CH;
+    const bool math = w < 2 * RT; /* warp-uniform */
     float O[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
     const int i0 = 16 * mt + r, i1 = i0 + 8;
 #pragma unroll
     for (int ks = 0; ks < DK / 16; ks++) {
+        if (!math) break;
         const int k0 = 16 * ks + 2 * cc;
         uint32_t aq[4];
         aq[0] = *(const uint32_t *)(Qs + i0 * LDK + k0);
@@ -1149,7 +1199,7 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
     }
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
-        if (ks > tile0 + mt) break; /* P is lower triangular */
+        if (!math || ks > tile0 + mt) break; /* P is lower triangular */
         const int k0 = 16 * ks + 2 * cc;
         uint32_t ap[4];
         ap[0] = *(const uint32_t *)(Ps + i0 * LDT + k0);
@@ -1175,11 +1225,12 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
     ss0 += __shfl_xor_sync(0xffffffffu, ss0, 2);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 1);
     ss1 += __shfl_xor_sync(0xffffffffu, ss1, 2);
-    if (cc == 0) {
+    if (math && cc == 0) {
         rsq[w / RT][i0] = ss0;
         rsq[w / RT][i1] = ss1;
     }
     __syncthreads();
+    if (!math) return;
     ss0 = rsq[0][i0] + rsq[1][i0];
     ss1 = rsq[0][i1] + rsq[1][i1];
     const float rs0 = rsqrtf(ss0 / (float)dv + eps), rs1 = rsqrtf(ss1 / (float)dv + eps);
@@ -1188,7 +1239,7 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
     for (int j = 0; j < NJ; j++) {
         const int d = c0 + 8 * j + 2 * cc;
         if (d >= dv) break;
-        const float w0 = norm_w[d], w1 = norm_w[d + 1];
+        const float w0 = nw[j][0], w1 = nw[j][1];
         if (tt0 < tend) {
             float y0 = 0.f, y1 = 0.f;
             if (tt0 < len) {
@@ -1209,9 +1260,9 @@ __device__ __forceinline__ void out_math(const unsigned char *smem, float (&rsq)
 }
 
 template <int DK, int DV, int RT>
-__global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
+__global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     typedef out_smem<DK, DV, RT> SM;
-    constexpr int NT = 64 * RT, R = SM::R;
+    constexpr int NT = OUT_THREADS, R = SM::R;
     extern __shared__ __align__(16) unsigned char smem[];
     /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
     const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
@@ -1221,6 +1272,8 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
     const int len = a.prm->len, dv = a.dv;
     const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
     const size_t blk = (size_t)c * a.nv + h;
+    float nw[DV / 16][2];
+    out_norm_weights<DV, RT>(a.norm_w, a.dv, tid, nw);
     {
         const size_t tok0 = (size_t)blockIdx.z * a.bt.bucket;
         a.P += tok0 * a.ldP;
@@ -1258,7 +1311,7 @@ __global__ void __launch_bounds__(64 * RT) gdn_out_kernel(gdn_out_args a) {
         __syncthreads();
     }
     __shared__ float rsq[2][R];
-    out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, a.norm_w, dv, a.eps, t0, tile0, len, tend, h, tid);
+    out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, nw, dv, a.eps, t0, tile0, len, tend, h, tid);
 }
 
 /* ---- host side -------------------------------------------------------------------------------- */
@@ -1443,10 +1496,10 @@ template <int DK, int DV>
 static void launch_gdn_out(const gdn_out_args &oa, bool short_rows, int nv, unsigned nr, cudaStream_t st) {
     const int nb = oa.bt.ncb;
     if (short_rows)
-        gdn_out_kernel<DK, DV, OUT_RT_SHORT><<<dim3(nb * (OUT_TILES / OUT_RT_SHORT), nv, nr), 64 * OUT_RT_SHORT,
+        gdn_out_kernel<DK, DV, OUT_RT_SHORT><<<dim3(nb * (OUT_TILES / OUT_RT_SHORT), nv, nr), OUT_THREADS,
                                                out_smem<DK, DV, OUT_RT_SHORT>::bytes, st>>>(oa);
     else
-        gdn_out_kernel<DK, DV, OUT_RT_LONG><<<dim3(nb * (OUT_TILES / OUT_RT_LONG), nv, nr), 64 * OUT_RT_LONG,
+        gdn_out_kernel<DK, DV, OUT_RT_LONG><<<dim3(nb * (OUT_TILES / OUT_RT_LONG), nv, nr), OUT_THREADS,
                                               out_smem<DK, DV, OUT_RT_LONG>::bytes, st>>>(oa);
 }
 
