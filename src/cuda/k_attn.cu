@@ -70,6 +70,8 @@ struct attn_prep_args {
     const int *mrope_axis;     /* [rd/2]: each frequency's axis; NULL: positions ignored */
 };
 
+#define ATT_PREP_REGS 8 /* head dims a lane of attn_prep keeps in registers: head_dim 256 / 32 lanes */
+
 template <typename A>
 __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     extern __shared__ float sm[];
@@ -78,10 +80,27 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
     float *cs = sm + (size_t)nwarp * a.hd;    /* cos [rd/2] */
     float *sn = cs + a.rd / 2;                /* sin [rd/2] */
     const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* The warp's head of q or k (and a k warp's v) is loaded before the row's parameters are read:
+     * every token of the bucket has its QKV row, so these loads' round trip overlaps the
+     * parameters' and the rotary angles' instead of following them (the v copy at the end was a
+     * dependent round trip of its own). A lane's first ATT_PREP_REGS head dims go to registers; larger
+     * heads (the exact path's) load the rest where they are used. */
+    const A *row = a.QKV + ((size_t)blockIdx.y * a.bucket + t) * a.ld;
+    const bool is_q = w < a.nh;
+    const int hh = is_q ? w : w - a.nh;
+    const A *src = is_q ? row + (size_t)hh * 2 * a.hd : row + (size_t)a.nh * 2 * a.hd + (size_t)hh * a.hd;
+    const A *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
+    float xr[ATT_PREP_REGS];
+    A vr[ATT_PREP_REGS];
+#pragma unroll
+    for (int i = 0; i < ATT_PREP_REGS; i++) {
+        const int d = lane + 32 * i;
+        xr[i] = d < a.hd ? cu_ld(src + d) : 0.f;
+        if (!is_q && d < a.hd) vr[i] = vs[d];
+    }
     const cu_chunk_params *prm = a.prm + blockIdx.y;
     const int start = prm->start, len = prm->len;
     if (len < 1) return; /* a padding row: attn_fwd / attn_exact write its zeros without q */
-    a.QKV += (size_t)blockIdx.y * a.bucket * a.ld;
     a.Qb += (size_t)blockIdx.y * a.bucket * a.nh * a.hd;
     const int pos = start + t;
     /* the row's own K / V: position p at index p - kv_split (the chunk never starts below it) */
@@ -105,14 +124,18 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
         sn[i] = (float)s;
     }
     __syncthreads();
-    const A *row = a.QKV + (size_t)t * a.ld;
-    const bool is_q = w < a.nh;
-    const int hh = is_q ? w : w - a.nh;
-    const A *src = is_q ? row + (size_t)hh * 2 * a.hd : row + (size_t)a.nh * 2 * a.hd + (size_t)hh * a.hd;
     const float *nw = is_q ? a.q_norm : a.k_norm;
     float *b = buf + (size_t)w * a.hd;
     float ss = 0.f;
-    for (int d = lane; d < a.hd; d += 32) {
+#pragma unroll
+    for (int i = 0; i < ATT_PREP_REGS; i++) {
+        const int d = lane + 32 * i;
+        if (d < a.hd) {
+            b[d] = xr[i];
+            ss += xr[i] * xr[i];
+        }
+    }
+    for (int d = lane + 32 * ATT_PREP_REGS; d < a.hd; d += 32) {
         const float x = cu_ld(src + d);
         b[d] = x;
         ss += x * x;
@@ -135,9 +158,11 @@ __global__ void attn_prep_kernel(attn_prep_args<A> a) {
         if (dst) cu_st(dst + d, o);
     }
     if (!is_q && t < len) { /* v passes unchanged */
-        const A *vs = row + (size_t)a.nh * 2 * a.hd + (size_t)a.nkv * a.hd + (size_t)hh * a.hd;
         A *vd = Vc + own * a.kv_stride + (size_t)hh * a.hd;
-        for (int d = lane; d < a.hd; d += 32) vd[d] = vs[d];
+#pragma unroll
+        for (int i = 0; i < ATT_PREP_REGS; i++)
+            if (lane + 32 * i < a.hd) vd[lane + 32 * i] = vr[i];
+        for (int d = lane + 32 * ATT_PREP_REGS; d < a.hd; d += 32) vd[d] = vs[d];
     }
 }
 

@@ -114,46 +114,71 @@ struct gdn_conv_args {
  * V needs fp32 operands). Padding channels get 0; rows past len are not written (the prep kernel
  * zero-fills them). TT, the tokens of a block, is 16, or 4 on short chunks (with 16, a hit's 128
  * tokens make 384 blocks of 2 warps each running a 16-token chain: latency-bound). */
+/* Channels ch, ch + 1 of row tau (bf16 pair bits; 0 past len, for channels not real, or below the
+ * chunk without saved inputs): rows before the chunk from conv_in (the row's saved inputs), the
+ * others at src, the row in P. The one-tile kernel's loads, as bits. */
+__device__ __forceinline__ uint32_t conv_ld_pair(const bf16 *src, const bf16 *conv_in, int C, int KC, int tau,
+                                                 int len, int ch, bool r0, bool r1) {
+    uint32_t v = 0u;
+    if (r0 && tau < len) {
+        const bf16 *p = (conv_in == NULL || tau >= 0) ? src : conv_in + (size_t)(KC - 1 + tau) * C + ch;
+        if (r1 && ((ch & 1) == 0)) {
+            v = __ldg((const unsigned int *)p);
+        } else {
+            const unsigned short *h = (const unsigned short *)p;
+            v = (uint32_t)__ldg(h) | (r1 ? (uint32_t)__ldg(h + 1) << 16 : 0u);
+        }
+    }
+    return v;
+}
+__device__ __forceinline__ float2 conv_pair_f2(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
+}
+
 /* The conv + SiLU of tokens [t0, t0 + TT) of a row (its tokens from tok0 in P) for channels ch and
- * ch + 1 (r0, r1: real), 0 at tokens past len: the KC weights and TT + KC - 1 inputs are all loaded
- * before any is used (rows before the chunk from conv_in, the row's saved inputs, which only its first
- * blocks read: NULL elsewhere). */
+ * ch + 1 (r0, r1: real), 0 at tokens past len, in two steps. conv_tile_load issues the KC weights'
+ * and the chunk's TT + KC - 1 input rows' loads, all before any is used and before the row's length
+ * is known (every token of the bucket has its row of P; the rows are clamped into the bucket), so
+ * their round trip overlaps the length's instead of following it; rows before the chunk are left 0.
+ * conv_tile_finish, once len and the row's saved inputs (conv_in, which only its first blocks
+ * read: NULL elsewhere) are known, loads the rows before the chunk from conv_in, zeroes the rows at
+ * or past len, and computes. The inputs stay raw bf16 pairs until used (conv_ld_pair's bits). */
 template <int KC, int TT>
-__device__ __forceinline__ void conv_tile(const bf16 *P, int ldP, const bf16 *conv_in, int C, const float *conv_w,
-                                          int tok0, int t0, int len, int ch, bool r0, bool r1, float2 (&y)[TT]) {
-    constexpr int NX = TT + KC - 1;
-    float w0[KC], w1[KC];
+__device__ __forceinline__ void conv_tile_load(const bf16 *P, int ldP, const float *conv_w, int bucket, int tok0,
+                                               int t0, int ch, bool r0, bool r1, float (&w0)[KC], float (&w1)[KC],
+                                               uint32_t (&x)[TT + KC - 1]) {
 #pragma unroll
     for (int j = 0; j < KC; j++) {
         w0[j] = r0 ? conv_w[(size_t)ch * KC + j] : 0.f;
         w1[j] = r1 ? conv_w[(size_t)(ch + 1) * KC + j] : 0.f;
     }
-    float2 x[NX]; /* x[m]: the inputs at row t0 - (KC - 1) + m */
-    /* one 64-bit base and 32-bit steps from it */
-    const bf16 *Pb = P + (size_t)(tok0 + t0) * ldP + ch;
 #pragma unroll
-    for (int m = 0; m < NX; m++) {
+    for (int m = 0; m < TT + KC - 1; m++) { /* x[m]: the inputs at row t0 - (KC - 1) + m */
         const int tau = t0 - (KC - 1) + m;
-        float2 v = make_float2(0.f, 0.f);
-        if (r0 && tau < len) {
-            const bf16 *src = (conv_in == NULL || tau >= 0) ? Pb + (m - (KC - 1)) * ldP
-                                                            : conv_in + (size_t)(KC - 1 + tau) * C + ch;
-            if (r1 && ((ch & 1) == 0)) {
-                v = __bfloat1622float2(*(const __nv_bfloat162 *)src);
-            } else {
-                v.x = __bfloat162float(src[0]);
-                v.y = r1 ? __bfloat162float(src[1]) : 0.f;
-            }
-        }
-        x[m] = v;
+        const int row = tau < bucket ? tau : bucket - 1;
+        x[m] = tau >= 0 ? conv_ld_pair(P + (size_t)(tok0 + row) * ldP + ch, NULL, 0, KC, 0, 1, ch, r0, r1) : 0u;
+    }
+}
+template <int KC, int TT>
+__device__ __forceinline__ void conv_tile_finish(uint32_t (&x)[TT + KC - 1], const float (&w0)[KC],
+                                                 const float (&w1)[KC], const bf16 *conv_in, int C, int t0, int len,
+                                                 int ch, bool r0, bool r1, float2 (&y)[TT]) {
+#pragma unroll
+    for (int m = 0; m < TT + KC - 1; m++) {
+        const int tau = t0 - (KC - 1) + m;
+        if (tau >= len)
+            x[m] = 0u;
+        else if (tau < 0 && conv_in != NULL)
+            x[m] = conv_ld_pair(NULL, conv_in, C, KC, tau, len, ch, r0, r1);
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         float a0 = 0.f, a1 = 0.f;
 #pragma unroll
         for (int j = 0; j < KC; j++) {
-            a0 += w0[j] * x[t + j].x;
-            a1 += w1[j] * x[t + j].y;
+            const float2 v = conv_pair_f2(x[t + j]);
+            a0 += w0[j] * v.x;
+            a1 += w1[j] * v.y;
         }
         const bool live = t0 + t < len;
         y[t] = make_float2(live && r0 ? cu_silu(a0) : 0.f, live && r1 ? cu_silu(a1) : 0.f);
@@ -202,14 +227,11 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
     __shared__ float red[NW][TT];
     const int t0 = blockIdx.x * TT, seg = blockIdx.y;
     const cu_chunk_params *prm = a.prm + blockIdx.z;
-    const int len = prm->len;
-    if (t0 >= len) return; /* also every block of a padding row */
     /* The row's tokens are found by their index in the batch (tok0 + t), not by moving the pointers
      * in `a` to the row: moved pointers live in registers for the whole kernel (64 -> 80 registers
      * at KC 4, TT 16: 12 blocks an SM instead of 16, and a cold row's conv 25 % slower), where
      * unmoved ones stay kernel parameters. The saved inputs are read only by a row's first blocks. */
     const int tok0 = blockIdx.z * a.bt.bucket;
-    const bf16 *conv_in = t0 < KC - 1 ? (const bf16 *)(cu_gdn_in(prm) + a.bt.conv_off) : NULL;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
     const int i = 2 * tid; /* this thread's first channel in the segment */
     const bool isq = seg < a.nk, isv = seg >= 2 * a.nk;
@@ -218,8 +240,14 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
     /* both channels real, or the first only (odd head dim), or neither */
     const bool r0 = i < size, r1 = i + 1 < size;
     const int ch = base + i;
+    float w0[KC], w1[KC];
+    uint32_t x[TT + KC - 1];
+    conv_tile_load<KC, TT>(a.P, a.ldP, a.conv_w, a.bt.bucket, tok0, t0, ch, r0, r1, w0, w1, x);
+    const int len = prm->len;
+    if (t0 >= len) return; /* also every block of a padding row */
+    const bf16 *conv_in = t0 < KC - 1 ? (const bf16 *)(cu_gdn_in(prm) + a.bt.conv_off) : NULL;
     float2 y[TT];
-    conv_tile<KC, TT>(a.P, a.ldP, conv_in, a.C, a.conv_w, tok0, t0, len, ch, r0, r1, y);
+    conv_tile_finish<KC, TT>(x, w0, w1, conv_in, a.C, t0, len, ch, r0, r1, y);
     if (isv) {
         if (i < pad) {
             float *dst = a.scr.Vn + (size_t)(seg - 2 * a.nk) * pad + i;
@@ -263,27 +291,6 @@ __global__ void __launch_bounds__(CONV_THREADS, MINB) gdn_conv_kernel(gdn_conv_a
  * (96 registers) hold them without spills at KC <= 4, 8 (128) at KC 5 .. 8. (Two groups' loads in
  * flight, or 8-row groups for 4-row tiles, measured no faster: docs/cuda.md.) */
 #define CONV_PIPE_MIN_BLOCKS(KC) ((KC) <= 4 ? 10 : 8)
-
-/* Channels ch, ch + 1 of row tau (bf16 pair bits; 0 past len, for channels not real, or below the
- * chunk without saved inputs): rows before the chunk from conv_in (the row's saved inputs), the
- * others at src, the row in P. The one-tile kernel's loads, as bits. */
-__device__ __forceinline__ uint32_t conv_ld_pair(const bf16 *src, const bf16 *conv_in, int C, int KC, int tau,
-                                                 int len, int ch, bool r0, bool r1) {
-    uint32_t v = 0u;
-    if (r0 && tau < len) {
-        const bf16 *p = (conv_in == NULL || tau >= 0) ? src : conv_in + (size_t)(KC - 1 + tau) * C + ch;
-        if (r1 && ((ch & 1) == 0)) {
-            v = __ldg((const unsigned int *)p);
-        } else {
-            const unsigned short *h = (const unsigned short *)p;
-            v = (uint32_t)__ldg(h) | (r1 ? (uint32_t)__ldg(h + 1) << 16 : 0u);
-        }
-    }
-    return v;
-}
-__device__ __forceinline__ float2 conv_pair_f2(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
-}
 
 /* Block (x, seg, row): groups [ng x, ng (x + 1)) of G = CONV_GROUP rows of head segment seg (as
  * the one-tile kernel: q heads, then k heads, then v heads; a thread per pair of channels). */
