@@ -1120,11 +1120,10 @@ struct out_smem {
 
 /* The copies of one (block of 64 tokens, head, row tiles [tile0, tile0 + RT)) into a block's shared
  * memory (out_smem): Gamma Q and P rows, S^T and delta^T (Q, S, Pm, dT at the block's scratch), z
- * rows from Prow (the row's P; 0 from row `rows` on: the kernel passes the bucket). Issued by all NT
- * threads, not committed. */
+ * rows from Prow (the row's P; 0 past len). Issued by all NT threads, not committed. */
 template <int DK, int DV, int RT>
 __device__ __forceinline__ void out_copy(unsigned char *smem, const bf16 *Q, const bf16 *S, const bf16 *Pm,
-                                         const bf16 *dT, const bf16 *Prow, int ldP, int zoff, int t0, int rows, int dv,
+                                         const bf16 *dT, const bf16 *Prow, int ldP, int zoff, int t0, int len, int dv,
                                          int tid) {
     typedef out_smem<DK, DV, RT> SM;
     constexpr int LDK = SM::LDK, LDT = GDN_LDT, NT = OUT_THREADS, R = SM::R;
@@ -1144,7 +1143,7 @@ __device__ __forceinline__ void out_copy(unsigned char *smem, const bf16 *Q, con
     const int SZ = dv / 8;
     for (int e = tid; e < R * SZ; e += NT) {
         const int t = e / SZ, s = e % SZ;
-        const bool ok = t0 + t < rows;
+        const bool ok = t0 + t < len;
         const bf16 *src = Prow + (size_t)(ok ? t0 + t : 0) * ldP + zoff + 8 * s;
         cu_cp_async16(Zs + t * SM::LDZ + 8 * s, src, ok ? 16 : 0);
     }
@@ -1275,7 +1274,9 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     /* blockIdx.x: the block of 64 tokens c and, inside it, row tiles [tile0, tile0 + RT) */
     const int c = blockIdx.x / (OUT_TILES / RT), tile0 = (blockIdx.x % (OUT_TILES / RT)) * RT;
     const int h = blockIdx.y;
-    const int tid = threadIdx.x, dv = a.dv;
+    const int tid = threadIdx.x;
+    a.prm += blockIdx.z;
+    const int len = a.prm->len, dv = a.dv;
     const int t0 = c * GDN_C + 16 * tile0; /* this block's first token */
     const size_t blk = (size_t)c * a.nv + h;
     float nw[DV / 16][2];
@@ -1286,21 +1287,8 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
         a.Y += tok0 * a.ldY;
         gdn_scratch_row(a.scr, tok0, (size_t)blockIdx.z * a.bt.ncb, a.nk, a.nv, DK, DV);
     }
-    /* The block's operands are copied before the row's length is known: they sit in the scratch at
-     * the block's place (a block past len copies what it will not use) and every token of the
-     * bucket has its z row (z past len is never used: those outputs are 0), so the copies' round
-     * trip overlaps the length's instead of following it. The early exits wait for them. */
-    {
-        const bf16 *Q = a.scr.Qg + (blk * GDN_C + 16 * tile0) * DK, *S = a.scr.Sc + blk * DV * DK;
-        const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
-        out_copy<DK, DV, RT>(smem, Q, S, Pm, dT, a.P, a.ldP, a.C + h * dv, t0, a.rows, dv, tid);
-        cu_cp_async_commit();
-    }
-    a.prm += blockIdx.z;
-    const int len = a.prm->len;
-    const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (len < 1) { /* a padding row: zeros for out_proj, no state */
-        cu_cp_async_wait<0>();
+        const int tend = min(a.rows, t0 + R);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
             a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
@@ -1308,19 +1296,27 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     a.conv_state = (bf16 *)(a.prm->gdn + a.bt.conv_off);
 
     /* the conv state moves on (gdn_conv, which read it, has finished); every block takes some
-     * channels, while the block's operands are on their way (done before them, it put a dependent
-     * round trip to memory ahead of most blocks' copies, which a short chunk's one wave of blocks
-     * pays in full) */
+     * channels. Its loads and stores go while the block's operands are on their way (issued
+     * first): done before them, they put a dependent round trip to memory ahead of most blocks'
+     * copies, which a short chunk's one wave of blocks pays in full. */
     const bf16 *conv_in = (const bf16 *)(cu_gdn_in(a.prm) + a.bt.conv_off);
     const int sh_first = (blockIdx.x * gridDim.y + h) * NT + tid, sh_stride = gridDim.x * gridDim.y * NT;
-    cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
-    cu_cp_async_wait<0>();
+    const int tend = min(a.rows, t0 + R); /* rows of this block inside the bucket */
     if (t0 >= len) { /* padding only (or past a bucket shorter than 64 rows) */
+        cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
         for (int e = tid; e < (tend - t0) * dv; e += NT)
             a.Y[(size_t)(t0 + e / dv) * a.ldY + (size_t)h * dv + e % dv] = __float2bfloat16(0.f);
         return;
     }
-    __syncthreads();
+    {
+        const bf16 *Q = a.scr.Qg + (blk * GDN_C + 16 * tile0) * DK, *S = a.scr.Sc + blk * DV * DK;
+        const bf16 *Pm = a.scr.Pm + (blk * GDN_C + 16 * tile0) * GDN_C, *dT = a.scr.dT + blk * DV * GDN_C;
+        out_copy<DK, DV, RT>(smem, Q, S, Pm, dT, a.P, a.ldP, a.C + h * dv, t0, len, dv, tid);
+        cu_cp_async_commit();
+        cu_conv_state_shift(a.conv_state, conv_in, a.P, a.ldP, a.C, a.K, len, sh_first, sh_stride);
+        cu_cp_async_wait<0>();
+        __syncthreads();
+    }
     __shared__ float rsq[2][R];
     out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, nw, dv, a.eps, t0, tile0, len, tend, h, tid);
 }
