@@ -40,6 +40,11 @@
 #              (NCU_CACHE=all, the default, comparable with earlier profiles), which makes short
 #              kernels that read what the previous one wrote look slower than in the graph;
 #              NCU_CACHE=none keeps the caches as they are
+#   kprofile   (not by default) where chosen kernels' warps wait: for each row of KPROFILE_CASES
+#              (hit:128), run once without ncu (tuning), then one launch (the KPROFILE_SKIP + 1th, 5th)
+#              of each kernel of KPROFILE_KERNELS (name regexes; the GDN and attention kernels) under
+#              ncu with source counters; tools/ncu_stalls.py's phases and each kernel's duration,
+#              registers, occupancy -> kprofile.log, the SASS pages and details -> kprofile.tgz
 #   bench      squad synth --preset qwen3.5-0.8b (on the machine), bench_gpu -> bench.log; with
 #              BENCH_ENVS="A=1 A=2,B=3 ..." also one more bench_gpu run per space-separated item, its
 #              comma-separated assignments in the environment (e.g. SQUAD_ATT_SM90=0 SQUAD_GEMM_SM90=0: the
@@ -253,7 +258,8 @@ if has screenshot; then
 fi
 BW=4300
 TF=790
-if { has profile || has bench || has batch || has ablate || has longbench || has tiers; } && [ ! -e "$MODEL/model.safetensors" ]; then
+if { has profile || has kprofile || has bench || has batch || has ablate || has longbench || has tiers; } &&
+    [ ! -e "$MODEL/model.safetensors" ]; then
     step "synth qwen3.5-0.8b" 180 "$OUT/bench.log" $RUNENV "$BIN/squad" synth --preset qwen3.5-0.8b --out "$MODEL"
 fi
 if has tiers; then
@@ -274,6 +280,27 @@ if has profile; then
             "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
         python3 tools/ncu_summary.py "$f" "$c" >>"${PROFILE_LOG:-$OUT/profile.log}" 2>&1
     done
+fi
+if has kprofile; then
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    KP=/tmp/kprofile
+    mkdir -p "$KP"
+    for c in ${KPROFILE_CASES:-hit:128}; do
+        step "tune $c" 120 "$OUT/kprofile.log" $RUNENV "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
+        for k in ${KPROFILE_KERNELS:-gdn_conv gdn_prep gdn_scan gdn_out attn_prep attn_fwd attn_combine}; do
+            n=${c/:/_}_$k
+            step "ncu source counters $c $k" 240 "$OUT/kprofile.log" $RUNENV "$NCU" --clock-control none \
+                --cache-control none --profile-from-start off -k "regex:$k" --launch-skip "${KPROFILE_SKIP:-4}" \
+                --launch-count 1 --section SourceCounters --section WarpStateStats --section LaunchStats \
+                --section Occupancy --section SpeedOfLight -f -o "$KP/$n" "$BIN/bench_gpu" --model "$MODEL" --profile "$c"
+            "$NCU" -i "$KP/$n.ncu-rep" --page source --csv --print-source sass >"$KP/$n.sass.csv" 2>&1
+            "$NCU" -i "$KP/$n.ncu-rep" --page details >"$KP/$n.details.txt" 2>&1
+            grep -E '^ +(Duration|Registers Per Thread|Achieved Occupancy|Block Size|Grid Size) ' "$KP/$n.details.txt" \
+                >>"$OUT/kprofile.log"
+            python3 tools/ncu_stalls.py "$KP/$n.sass.csv" "$c $k" >>"$OUT/kprofile.log" 2>&1
+        done
+    done
+    tar czf "$OUT/kprofile.tgz" -C "$KP" --exclude='*.ncu-rep' . # the SASS pages and details
 fi
 if has bench; then
     if python3 - >"$OUT/ceil.txt" 2>>"$OUT/bench.log" <<'EOF'
