@@ -825,6 +825,9 @@ async function phaseSpecialists(S, SM, SP, model, labels) {
 
 // ---- batching ---------------------------------------------------------------------------------
 const BATCH_TOL = 1e-5;  // --precision exact: batched against one at a time
+const BATCH_TIMEOUT_MARGIN = 4;   // R4's --timeout over R1's first round of the same requests
+const BATCH_TIMEOUT_MIN_S = 1.5;  // and at least this (times L.SLOW)
+const SIGTERM_TIMEOUT_S = 300;    // server B's --timeout (times L.SLOW): the drain's grace too
 
 // Requests that exercise batching: several questions about new pages (a request's rows share a
 // state), pages shared between requests, every endpoint, a /v1/score request with a bad row.
@@ -910,13 +913,24 @@ function checkBatchFigures(what, before, after, maxRows) {
 }
 
 // The same requests, all at once, twice (new states, then their cached ones), on --max-rows 1 and on
-// --max-rows 4: the same answers. Returns the --max-rows 1 answers by request.
-async function phaseBatchEqual(R1, R4, reqs) {
+// --max-rows 4: the same answers. R4 is started here, once R1 has shown how long the requests' first
+// round takes on this machine: its --timeout is that time times BATCH_TIMEOUT_MARGIN (at least
+// BATCH_TIMEOUT_MIN_S), so the requests never meet it however slow the build or busy the machine, while
+// longScore's request (~80x the round's tokens) always does. Returns the --max-rows 1 answers by
+// request, R4 and its --timeout.
+async function phaseBatchEqual(R1, startR4, reqs) {
   const want = [];
-  for (const [S, maxRows, what] of [[R1, 1, 'batching --max-rows 1'], [R4, 4, 'batching --max-rows 4']]) {
+  let R4 = null, timeoutS = 0;
+  for (const [maxRows, what] of [[1, 'batching --max-rows 1'], [4, 'batching --max-rows 4']]) {
+    if (maxRows === 4) [R4, timeoutS] = await startR4(want.seconds);
+    const S = maxRows === 1 ? R1 : R4;
     const before = await batchFigures(S);
     for (let round = 0; round < 2; round++) {
+      const t0 = Date.now();
       const got = await sendAll(S, reqs);
+      const seconds = (Date.now() - t0) / 1000;
+      console.log(`server_e2e: ${what} round ${round}: ${reqs.length} requests in ${seconds.toFixed(1)} s`);
+      if (maxRows === 1 && round === 0) want.seconds = seconds;
       got.forEach((r, i) => {
         const p = reqs[i];
         const tag = `${what} round ${round} ${p.endpoint} request ${i}`;
@@ -930,7 +944,7 @@ async function phaseBatchEqual(R1, R4, reqs) {
     checkBatchFigures(what, before, await batchFigures(S), maxRows);
   }
   checkRequestLog('batching --max-rows 4 (--log-requests)', R4.log());
-  return want;
+  return { want, R4, timeoutS };
 }
 
 // --log-requests: a line per request the engine took saying where its time went: its time split into
@@ -1096,7 +1110,10 @@ async function main() {
     const e = await L.stopServer(A);
     C.eq(e, { code: 0, signal: null }, 'server A: SIGTERM when idle, exit 0');
 
-    const B = await L.startServer(SQUAD, M, ['--api-key', API_KEY, '--memo-mb', '0', '--threads', '1']);
+    // B's --timeout is not what its phases check (its default, 30 s, is less than the SIGTERM phase's
+    // rows take in a sanitized build on a busy machine): lifted so that only the drain is tested
+    const B = await L.startServer(SQUAD, M, ['--api-key', API_KEY, '--memo-mb', '0', '--threads', '1',
+      '--timeout', String(SIGTERM_TIMEOUT_S * L.SLOW)]);
     servers.push(B);
     B.key = API_KEY;
     await phaseAuth(B, model);
@@ -1113,14 +1130,17 @@ async function main() {
     C.eq(await L.stopServer(O), { code: 0, signal: null }, 'server C: exit 0');
 
     // batching: --max-rows 1 against --max-rows 4, exact arithmetic, no request memo
-    const BT = 1.5 * L.SLOW;
     const R1 = await L.startServer(SQUAD, M, ['--max-rows', '1', '--precision', 'exact', '--memo-mb', '0', '--threads', '1']);
     servers.push(R1);
-    const R4 = await L.startServer(SQUAD, M, ['--max-rows', '4', '--precision', 'exact', '--memo-mb', '0', '--threads', '1',
-      '--timeout', String(BT), '--log-requests']);
-    servers.push(R4);
+    const startR4 = async (roundS) => {
+      const BT = Math.max(BATCH_TIMEOUT_MIN_S * L.SLOW, BATCH_TIMEOUT_MARGIN * roundS);
+      const S = await L.startServer(SQUAD, M, ['--max-rows', '4', '--precision', 'exact', '--memo-mb', '0', '--threads', '1',
+        '--timeout', BT.toFixed(1), '--log-requests']);
+      servers.push(S);
+      return [S, Number(BT.toFixed(1))];
+    };
     const breqs = batchRequests(model);
-    const bwant = await phaseBatchEqual(R1, R4, breqs);
+    const { want: bwant, R4, timeoutS: BT } = await phaseBatchEqual(R1, startR4, breqs);
     await phaseBatchCancel(R4, breqs, bwant, BT);
     await phaseMetrics(R4, 'server R4 (--max-rows 4)');
     C.eq(await L.stopServer(R1), { code: 0, signal: null }, 'server R1 (--max-rows 1): exit 0');

@@ -172,6 +172,9 @@ static void publish_engine_stats(srv_jobs *s, double step_s) {
     s->stats.n_routes = n_routes;
     memcpy(s->stats.route_rows, routes, sizeof routes);
     s->stats.rows_in_flight = s->in_flight;
+    /* no row left in the engine: it is idle now, not only once the loop next waits (a client
+     * answered by this step must not read its rows as still running) */
+    if (s->in_flight == 0) s->stats.rows_running = 0;
     s->stats.jobs_running = running;
     pthread_mutex_unlock(&s->lock);
     if (graphs_before > 0 && dev.graphs > graphs_before)
