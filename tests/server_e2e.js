@@ -920,31 +920,37 @@ function checkBatchFigures(what, before, after, maxRows) {
 // request, R4 and its --timeout.
 async function phaseBatchEqual(R1, startR4, reqs) {
   const want = [];
-  let R4 = null, timeoutS = 0;
-  for (const [maxRows, what] of [[1, 'batching --max-rows 1'], [4, 'batching --max-rows 4']]) {
-    if (maxRows === 4) [R4, timeoutS] = await startR4(want.seconds);
-    const S = maxRows === 1 ? R1 : R4;
-    const before = await batchFigures(S);
-    for (let round = 0; round < 2; round++) {
-      const t0 = Date.now();
-      const got = await sendAll(S, reqs);
-      const seconds = (Date.now() - t0) / 1000;
-      console.log(`server_e2e: ${what} round ${round}: ${reqs.length} requests in ${seconds.toFixed(1)} s`);
-      if (maxRows === 1 && round === 0) want.seconds = seconds;
-      got.forEach((r, i) => {
-        const p = reqs[i];
-        const tag = `${what} round ${round} ${p.endpoint} request ${i}`;
-        if (!C.eq(r.status, 200, `${tag}: status`)) { console.error(r.text); return; }
-        const n = normal(p.endpoint, r.json);
-        if (maxRows === 1 && round === 0) { want[i] = n; return; }
-        const d = deepClose(n, want[i], BATCH_TOL);
-        C.ok(!d, `${tag}: the answers of --max-rows 1 within ${BATCH_TOL}`, d);
-      });
-    }
-    checkBatchFigures(what, before, await batchFigures(S), maxRows);
-  }
+  const firstRoundS = await batchRounds(R1, 1, reqs, want);
+  const [R4, timeoutS] = await startR4(firstRoundS);
+  await batchRounds(R4, 4, reqs, want);
   checkRequestLog('batching --max-rows 4 (--log-requests)', R4.log());
   return { want, R4, timeoutS };
+}
+
+// phaseBatchEqual's two rounds on one server: --max-rows 1's first round fills want, every other
+// round is checked against it. Returns the first round's seconds.
+async function batchRounds(S, maxRows, reqs, want) {
+  const what = `batching --max-rows ${maxRows}`;
+  const before = await batchFigures(S);
+  let firstS = 0;
+  for (let round = 0; round < 2; round++) {
+    const t0 = Date.now();
+    const got = await sendAll(S, reqs);
+    const seconds = (Date.now() - t0) / 1000;
+    console.log(`server_e2e: ${what} round ${round}: ${reqs.length} requests in ${seconds.toFixed(1)} s`);
+    if (round === 0) firstS = seconds;
+    got.forEach((r, i) => {
+      const p = reqs[i];
+      const tag = `${what} round ${round} ${p.endpoint} request ${i}`;
+      if (!C.eq(r.status, 200, `${tag}: status`)) { console.error(r.text); return; }
+      const n = normal(p.endpoint, r.json);
+      if (maxRows === 1 && round === 0) { want[i] = n; return; }
+      const d = deepClose(n, want[i], BATCH_TOL);
+      C.ok(!d, `${tag}: the answers of --max-rows 1 within ${BATCH_TOL}`, d);
+    });
+  }
+  checkBatchFigures(what, before, await batchFigures(S), maxRows);
+  return firstS;
 }
 
 // --log-requests: a line per request the engine took saying where its time went: its time split into
@@ -1133,11 +1139,11 @@ async function main() {
     const R1 = await L.startServer(SQUAD, M, ['--max-rows', '1', '--precision', 'exact', '--memo-mb', '0', '--threads', '1']);
     servers.push(R1);
     const startR4 = async (roundS) => {
-      const BT = Math.max(BATCH_TIMEOUT_MIN_S * L.SLOW, BATCH_TIMEOUT_MARGIN * roundS);
+      const BT = Number(Math.max(BATCH_TIMEOUT_MIN_S * L.SLOW, BATCH_TIMEOUT_MARGIN * roundS).toFixed(1));
       const S = await L.startServer(SQUAD, M, ['--max-rows', '4', '--precision', 'exact', '--memo-mb', '0', '--threads', '1',
-        '--timeout', BT.toFixed(1), '--log-requests']);
+        '--timeout', String(BT), '--log-requests']);
       servers.push(S);
-      return [S, Number(BT.toFixed(1))];
+      return [S, BT];
     };
     const breqs = batchRequests(model);
     const { want: bwant, R4, timeoutS: BT } = await phaseBatchEqual(R1, startR4, breqs);
