@@ -14,7 +14,9 @@
  * computed); hits: a 4096-token state cached once, then rows of that state plus a fresh 32-, 128-
  * or 512-token question (state_len 4096: the cache restores the state and computes the question).
  * Every repetition uses fresh pseudo-random token ids, so the memo never answers. Wall time around
- * squad_engine_score; median and min over --reps.
+ * squad_engine_score; median and min over --reps. Beside it, each row's time outside the backend's
+ * forward (the engine's own work: submission, the memo, the cache's plan and restore, the scheduler,
+ * the answer's bookkeeping), from a timed wrapper around the two engines' forward.
  *
  * Floors: FLOPs (projections 2 x params x tokens, causal attention, the chunked delta rule) over
  * --tflops, and the fewest bytes (every projection weight once, the activations each GEMM must
@@ -144,34 +146,72 @@ typedef struct result {
     char name[48];
     int tokens, computed;
     double p50_ms, min_ms;
+    double outside_us; /* p50 of a row's time outside the backend's forward */
     cost c;
     double target_ms;
     double exact_ms, bf16_vs_exact;
     float probs_exact[N_LETTERS];
 } result;
 
+/* The backend's forward, timed: a row's time minus its forward time is the engine's own work. The
+ * backend's functions take no user pointer, so the wrapper finds the real forward here (a benchmark
+ * program: the engines it wraps share one backend implementation, checked when wrapped). */
+static struct {
+    int (*forward)(squad_backend *, const squad_chunk *, int, squad_err *);
+    double seconds;
+} timed;
+
+static int timed_forward(squad_backend *be, const squad_chunk *ck, int n_chunks, squad_err *err) {
+    const double t0 = squad_now_seconds();
+    const int rc = timed.forward(be, ck, n_chunks, err);
+    timed.seconds += squad_now_seconds() - t0;
+    return rc;
+}
+
+/* 0, or -1 when e's forward is another function than the one already wrapped (left unwrapped). */
+static int wrap_forward(squad_engine *e) {
+    if (e->be->forward == timed_forward) return 0;
+    if (timed.forward && timed.forward != e->be->forward) return -1;
+    timed.forward = e->be->forward;
+    e->be->forward = timed_forward;
+    return 0;
+}
+
 static int time_case(squad_engine *e, squad_engine *ex, bench_row *b, int n, int state_len, int prefix_fixed, int reps,
                      int vocab, result *out, FILE *rows_out, const char *kind) {
     double *t = calloc((size_t)reps, sizeof(double));
+    double *outside = calloc((size_t)reps, sizeof(double));
     squad_result *res = calloc(1, sizeof *res);
     squad_err err = {0};
     int computed = 0;
+    if (!t || !outside || !res) {
+        fprintf(stderr, "bench_gpu: %s: out of memory\n", out->name);
+        free(t);
+        free(outside);
+        free(res);
+        return SQUAD_E_NOMEM;
+    }
     for (int r = -2; r < reps; r++) { /* two warm-ups */
         if (prefix_fixed)
             fill(b->ids + prefix_fixed, n - prefix_fixed, vocab);
         else
             fill(b->ids, n, vocab);
         make_row(b, n, state_len, vocab);
+        timed.seconds = 0;
         const double t0 = squad_now_seconds();
         const int rc = squad_engine_score(e, &b->row, res, &err);
         const double dt = squad_now_seconds() - t0;
         if (rc) {
             fprintf(stderr, "bench_gpu: %s: %s\n", out->name, err.msg);
             free(t);
+            free(outside);
             free(res);
             return rc;
         }
-        if (r >= 0) t[r] = dt * 1e3;
+        if (r >= 0) {
+            t[r] = dt * 1e3;
+            outside[r] = (dt - timed.seconds) * 1e6;
+        }
         computed = res->computed;
         if (r == 0 && ex) { /* the same row once on the exact path */
             squad_result *rx = calloc(1, sizeof *rx);
@@ -201,10 +241,13 @@ static int time_case(squad_engine *e, squad_engine *ex, bench_row *b, int n, int
         }
     }
     qsort(t, (size_t)reps, sizeof(double), cmp_double);
+    qsort(outside, (size_t)reps, sizeof(double), cmp_double);
     out->p50_ms = t[reps / 2];
     out->min_ms = t[0];
+    out->outside_us = outside[reps / 2];
     out->computed = computed;
     free(t);
+    free(outside);
     free(res);
     return 0;
 }
@@ -925,6 +968,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("cache engine ready in %.2f s\n", squad_now_seconds() - t0);
+    const int outside_known = wrap_forward(cold) == 0 && wrap_forward(hot) == 0;
+    if (!outside_known) printf("note: the two engines' forwards differ; the time outside it is left out\n");
     t0 = squad_now_seconds();
     squad_engine *exact = open_engine(m, 0, SQUAD_PRECISION_EXACT, 0, &err);
     if (!exact) fprintf(stderr, "bench_gpu: exact engine: %s (exact figures left out)\n", err.msg);
@@ -987,10 +1032,17 @@ int main(int argc, char **argv) {
         if (jf)
             fprintf(jf,
                     "{\"case\": \"%s\", \"p50_ms\": %.4f, \"min_ms\": %.4f, \"gflop\": %.2f, \"mbytes\": %.2f, "
-                    "\"floor_ms\": %.4f}\n",
-                    r->name, r->p50_ms, r->min_ms, r->c.flops / 1e9, r->c.bytes / 1e6, floor_ms);
+                    "\"floor_ms\": %.4f, \"outside_forward_us\": %.1f}\n",
+                    r->name, r->p50_ms, r->min_ms, r->c.flops / 1e9, r->c.bytes / 1e6, floor_ms,
+                    outside_known ? r->outside_us : -1.0);
     }
     if (jf) fclose(jf);
+    if (outside_known) {
+        printf("\neach row's time outside the backend's forward (the engine's own work: the memo, the cache's plan "
+               "and restore, the scheduler), p50 us:");
+        for (int i = 0; i < nres; i++) printf("%s %s %.1f", i ? "," : "", res[i].name, res[i].outside_us);
+        printf("\n");
+    }
     printf("\nthe exact path (fp32, no cache: a hit row is computed whole), one row per case:\n");
     printf("| case | exact ms | max |p_bf16 - p_exact| |\n| --- | ---: | ---: |\n");
     for (int i = 0; i < nres && exact; i++) printf("| %s | %.1f | %.2e |\n", res[i].name, res[i].exact_ms, res[i].bf16_vs_exact);
