@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "forward_timer.h"
 #include "rows.h"
 #include "squad.h"
 #include "util.h"
@@ -168,30 +169,15 @@ static void oracle(const trace *t, int *lcp) {
     }
 }
 
-/* The backend's forward, timed: a row's latency minus its forward time is the cache's own work
- * (lookup, restore, saves, eviction). The backend's functions take no user pointer, so the wrapper
- * finds the real forward and the clock here (a benchmark program: one engine at a time). */
-static struct {
-    int (*forward)(squad_backend *, const squad_chunk *, int, squad_err *);
-    double (*now)(void);
-    double seconds;
-} timed;
-
-static int timed_forward(squad_backend *be, const squad_chunk *ck, int n_chunks, squad_err *err) {
-    double t0 = timed.now();
-    int rc = timed.forward(be, ck, n_chunks, err);
-    timed.seconds += timed.now() - t0;
-    return rc;
-}
-
 static int run_rows(squad_model *model, const squad_engine_opts *opts, double (*now)(void), const trace *t,
                     run_result *out, squad_err *err) {
     squad_engine *e = squad_engine_new(model, opts, err);
     if (!e) return err->code;
-    timed.forward = e->be->forward;
-    timed.now = now;
-    timed.seconds = 0;
-    e->be->forward = timed_forward;
+    if (forward_timer_wrap(e->be, now)) {
+        squad_engine_free(e);
+        return squad_fail(err, SQUAD_E_INVALID, "the engines' backends differ: their forward cannot be timed");
+    }
+    forward_timer.seconds = 0;
     out->latency = calloc((size_t)t->n, sizeof *out->latency);
     out->answers = calloc((size_t)t->n, sizeof *out->answers);
     out->reused = calloc((size_t)t->n, sizeof *out->reused);
@@ -217,7 +203,7 @@ static int run_rows(squad_model *model, const squad_engine_opts *opts, double (*
         if (st.bytes_held > out->peak_bytes) out->peak_bytes = st.bytes_held;
     }
     out->seconds = now() - t0;
-    out->forward_seconds = timed.seconds;
+    out->forward_seconds = forward_timer.seconds;
     squad_engine_cache_stats(e, &out->stats);
     squad_engine_free(e);
     return 0;

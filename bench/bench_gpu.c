@@ -44,6 +44,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "forward_timer.h"
 #include "model.h"
 #include "squad.h"
 #include "util.h"
@@ -153,30 +154,6 @@ typedef struct result {
     float probs_exact[N_LETTERS];
 } result;
 
-/* The backend's forward, timed: a row's time minus its forward time is the engine's own work. The
- * backend's functions take no user pointer, so the wrapper finds the real forward here (a benchmark
- * program: the engines it wraps share one backend implementation, checked when wrapped). */
-static struct {
-    int (*forward)(squad_backend *, const squad_chunk *, int, squad_err *);
-    double seconds;
-} timed;
-
-static int timed_forward(squad_backend *be, const squad_chunk *ck, int n_chunks, squad_err *err) {
-    const double t0 = squad_now_seconds();
-    const int rc = timed.forward(be, ck, n_chunks, err);
-    timed.seconds += squad_now_seconds() - t0;
-    return rc;
-}
-
-/* 0, or -1 when e's forward is another function than the one already wrapped (left unwrapped). */
-static int wrap_forward(squad_engine *e) {
-    if (e->be->forward == timed_forward) return 0;
-    if (timed.forward && timed.forward != e->be->forward) return -1;
-    timed.forward = e->be->forward;
-    e->be->forward = timed_forward;
-    return 0;
-}
-
 static int time_case(squad_engine *e, squad_engine *ex, bench_row *b, int n, int state_len, int prefix_fixed, int reps,
                      int vocab, result *out, FILE *rows_out, const char *kind) {
     double *t = calloc((size_t)reps, sizeof(double));
@@ -197,7 +174,7 @@ static int time_case(squad_engine *e, squad_engine *ex, bench_row *b, int n, int
         else
             fill(b->ids, n, vocab);
         make_row(b, n, state_len, vocab);
-        timed.seconds = 0;
+        forward_timer.seconds = 0;
         const double t0 = squad_now_seconds();
         const int rc = squad_engine_score(e, &b->row, res, &err);
         const double dt = squad_now_seconds() - t0;
@@ -210,7 +187,7 @@ static int time_case(squad_engine *e, squad_engine *ex, bench_row *b, int n, int
         }
         if (r >= 0) {
             t[r] = dt * 1e3;
-            outside[r] = (dt - timed.seconds) * 1e6;
+            outside[r] = (dt - forward_timer.seconds) * 1e6;
         }
         computed = res->computed;
         if (r == 0 && ex) { /* the same row once on the exact path */
@@ -968,7 +945,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("cache engine ready in %.2f s\n", squad_now_seconds() - t0);
-    const int outside_known = wrap_forward(cold) == 0 && wrap_forward(hot) == 0;
+    const int outside_known = forward_timer_wrap(cold->be, squad_now_seconds) == 0 &&
+                              forward_timer_wrap(hot->be, squad_now_seconds) == 0;
     if (!outside_known) printf("note: the two engines' forwards differ; the time outside it is left out\n");
     t0 = squad_now_seconds();
     squad_engine *exact = open_engine(m, 0, SQUAD_PRECISION_EXACT, 0, &err);
