@@ -28,7 +28,11 @@ def opcode(sass):
 
 def main():
     rows = list(csv.reader(open(sys.argv[1], errors="replace")))
-    hi = next(i for i, r in enumerate(rows) if "Source" in r and "Warp Stall Sampling (All Samples)" in r)
+    title = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
+    hi = next((i for i, r in enumerate(rows) if "Source" in r and "Warp Stall Sampling (All Samples)" in r), None)
+    if hi is None:  # no source page: the kernel did not run in this case (ncu profiled nothing)
+        print(f"\n## {title}: no source counters (the kernel was not launched in this case)")
+        return
     hdr, data = rows[hi], rows[hi + 1:]
     col = {h: i for i, h in enumerate(hdr)}
     si, ci = col["Warp Stall Sampling (All Samples)"], col["Source"]
@@ -52,7 +56,6 @@ def main():
         cur["last"], cur["end"] = len(data) - 1, ""
         segs.append(cur)
     total = sum(s["samples"] for s in segs) or 1.0
-    title = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
     print(f"\n## {title}: {total:.0f} warp-stall samples")
     print("| SASS lines | share | ends at | opcodes | stalls |")
     print("| --- | ---: | --- | --- | --- |")

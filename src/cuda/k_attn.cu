@@ -570,6 +570,8 @@ int cu_attn_forward(const cu_attn_dims *d, const void *QKVv, const float *q_norm
         CU_LAUNCH_CHECK("attn_exact_kernel");
         return 0;
     }
+    if ((d->ldQKV | ldo) & 1) /* the ending reads the gate and writes out a pair of bf16 at a time */
+        return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: attention row strides %d / %d (even ones only)", d->ldQKV, ldo);
     const bf16 *QKV = (const bf16 *)QKVv;
     bf16 *Qb = (bf16 *)Qbv, *out = (bf16 *)outv;
     const unsigned run = d->stages ? d->stages : CU_ATT_PREP | CU_ATT_FWD | CU_ATT_COMBINE;

@@ -254,20 +254,34 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
     const int rw[2] = {row0, row1};
     if (a.splits == 1) { /* finish here: normalise, gate, bf16 */
         const float il[2] = {l0 > 0.f ? 1.f / l0 : 0.f, l1 > 0.f ? 1.f / l1 : 0.f};
+        /* Both rows' output gates first, a pair of bf16 a load, all in flight together: the stores
+         * to out may alias QKV as far as the compiler knows, so a gate load placed after a store
+         * waited for it, and the epilogue was a chain of dependent round trips (a cold row's
+         * attention forward spent ~a fifth of its time there, docs/cuda.md). The bits are those
+         * of __bfloat162float on each half. */
+        uint32_t g[2][HD / 8];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int t = rw[hh];
+            const bool real = t < a.rows && t < b.len;
+            const uint32_t *gate =
+                (const uint32_t *)(a.QKV + (size_t)(real ? t : 0) * a.ld + (size_t)h * 2 * HD + HD) + c;
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++) g[hh][j] = real ? __ldg(gate + 4 * j) : 0u;
+        }
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int t = rw[hh];
             if (t >= a.rows) continue;
             const bool real = t < b.len;
-            const bf16 *gate = a.QKV + (size_t)t * a.ld + (size_t)h * 2 * HD + HD;
             bf16 *o = a.out + (size_t)t * a.ldo + (size_t)h * HD;
 #pragma unroll
             for (int j = 0; j < HD / 8; j++) {
                 const int d = 8 * j + 2 * c;
                 float v0 = 0.f, v1 = 0.f;
                 if (real) {
-                    v0 = O[j][2 * hh] * il[hh] * cu_sigmoid(__bfloat162float(gate[d]));
-                    v1 = O[j][2 * hh + 1] * il[hh] * cu_sigmoid(__bfloat162float(gate[d + 1]));
+                    v0 = O[j][2 * hh] * il[hh] * cu_sigmoid(__uint_as_float(g[hh][j] << 16));
+                    v1 = O[j][2 * hh + 1] * il[hh] * cu_sigmoid(__uint_as_float(g[hh][j] & 0xffff0000u));
                 }
                 *(uint32_t *)(o + d) = cu_pack_bf16(v0, v1);
             }
