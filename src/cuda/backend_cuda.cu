@@ -2037,6 +2037,26 @@ int cu_backend_capture_parts(squad_backend *be, int nrows, int shared, int start
     return 0;
 }
 
+int cu_backend_engine_graph(squad_backend *be, int nrows, int start, int len, cudaGraphExec_t *ex, cudaStream_t *st,
+                            squad_err *err) {
+    *ex = NULL;
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "engine graph: not a CUDA backend");
+    cu_be *cb = impl_of(be);
+    if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
+        return cu_err(err, SQUAD_E_INVALID, "engine graph: chunk [%d, %d) outside the backend's limits", start,
+                      start + len);
+    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len);
+    if (nrows < 1 || nrows > max_rows_of(cb, bi))
+        return cu_err(err, SQUAD_E_INVALID, "engine graph: %d rows of %d tokens", nrows, len);
+    const int rbi = row_bucket(nrows);
+    const int rc = get_graph(cb, bi, rbi, si, err);
+    if (rc) return rc;
+    *ex = cb->graphs[bi][rbi][si];
+    *st = cb->st;
+    return 0;
+}
+
 int cu_backend_upload_params(squad_backend *be, squad_err *err) {
     cu_be *cb = impl_of(be); /* the last staged replay's bytes, as forward uploads them */
     return upload_params(cb, cb->prm_host, cb->last_upload, err);

@@ -622,6 +622,10 @@ typedef struct cu_parts_graph {
  * want_engine captures (or finds) the engine's graph of the same shape. */
 int cu_backend_capture_parts(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
                              int want_engine, cu_parts_graph *a, squad_err *err);
+/* The engine's graph of a batch of nrows chunks [start, start + len) (captured first if it is not
+ * yet), without touching the slots or the parameters, and the backend's stream. */
+int cu_backend_engine_graph(squad_backend *be, int nrows, int start, int len, cudaGraphExec_t *ex, cudaStream_t *st,
+                            squad_err *err);
 /* The parameters' host-to-device copy forward makes before each replay (timed with it). */
 int cu_backend_upload_params(squad_backend *be, squad_err *err);
 /* A scratch buffer: `rows` rows `pitch` bytes apart, of which the first `width` bytes of each are
