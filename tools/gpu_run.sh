@@ -11,7 +11,8 @@
 # The run tool brings back at most 8 files from its $OUT: with more steps, or several OUTDIRs in one
 # call, set PACK_LOGS=1 (each OUTDIR comes back as one OUTDIR.tgz).
 # GPU_CARRY=.carry-NAME (both sides) keeps a second carried build beside .carry (a branch's, say), so
-# one call can run two builds. --prepare packs the folder's binaries, libraries and tokenizer into
+# one call can run two builds (an A/B: their bench steps alternated A B A B, compared by
+# tools/bench_ab.py). --prepare packs the folder's binaries, libraries and tokenizer into
 # one xz archive, unpacked there before the steps: the binaries share their CUDA code (an sm_90a
 # cubin each, ~14 MB), so nine of them travel as a few MB instead of ~120 (the run tool carries 64).
 #
