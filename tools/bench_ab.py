@@ -45,7 +45,7 @@ def main(argv):
     cols = []  # (label, {case: ms})
     for arg in argv:
         label, spec = arg.split("=", 1)
-        path, n = (spec.rsplit(":", 1) + ["1"])[:2] if re.search(r":[0-9]+$", spec) else (spec, "1")
+        path, n = spec.rsplit(":", 1) if re.search(r":[0-9]+$", spec) else (spec, "1")
         runs = runs_of(path)
         if int(n) < 1 or int(n) > len(runs):
             sys.exit(f"{path}: {len(runs)} whole-row table(s), asked for run {n}")

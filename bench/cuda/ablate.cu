@@ -64,25 +64,23 @@ static cudaError_t time_replays(squad_backend *be, const cu_parts_graph *a, cuda
     return e;
 }
 
+static int check_reps(int reps, const char *what, squad_err *err) {
+    return reps < 1 || reps > ABLATE_MAX_REPS
+               ? cu_err(err, SQUAD_E_INVALID, "%s: %d repetitions (1..%d)", what, reps, ABLATE_MAX_REPS)
+               : 0;
+}
+
 extern "C" int squad_cuda_time_last_forward(squad_backend *be, int nrows, int start, int len, int reps,
                                             squad_cuda_timing *out, squad_err *err) {
-    if (reps < 1 || reps > ABLATE_MAX_REPS)
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_last_forward: %d repetitions (1..%d)", reps,
-                      ABLATE_MAX_REPS);
+    int rc = check_reps(reps, "squad_cuda_time_last_forward", err);
+    if (rc) return rc;
     memset(out, 0, sizeof *out);
     cu_parts_graph a;
     memset(&a, 0, sizeof a);
-    int rc = cu_backend_engine_graph(be, nrows, start, len, &a.engine, &a.st, err);
-    if (rc) return rc;
+    if ((rc = cu_backend_engine_graph(be, nrows, start, len, &a.engine, &a.st, err))) return rc;
     float *buf = (float *)malloc(sizeof(float) * 3 * (size_t)reps);
-    squad_cuda_timing prm;
-    memset(&prm, 0, sizeof prm);
-    /* the device holds the last forward's parameters: replays on them, then with them uploaded */
-    cudaError_t e = buf ? time_replays(be, &a, a.engine, 0, reps, buf, out) : cudaErrorMemoryAllocation;
-    if (e == cudaSuccess) e = time_replays(be, &a, a.engine, 1, reps, buf, &prm);
-    out->engine_gpu_ms = out->gpu_ms;
-    out->engine_wall_ms = out->wall_ms;
-    out->params_wall_ms = prm.wall_ms;
+    /* the device still holds the last forward's parameters: the replays run on them */
+    const cudaError_t e = buf ? time_replays(be, &a, a.engine, 0, reps, buf, out) : cudaErrorMemoryAllocation;
     free(buf);
     if (e != cudaSuccess) rc = cu_fail(err, "squad_cuda_time_last_forward", e, __FILE__, __LINE__);
     return rc;
@@ -95,8 +93,7 @@ extern "C" int squad_cuda_time_parts(squad_backend *be, int start, int len, unsi
 
 extern "C" int squad_cuda_time_batch_parts(squad_backend *be, int nrows, int shared, int start, int len,
                                            unsigned parts, int reps, squad_cuda_timing *out, squad_err *err) {
-    if (reps < 1 || reps > ABLATE_MAX_REPS)
-        return cu_err(err, SQUAD_E_INVALID, "squad_cuda_time_parts: %d repetitions (1..%d)", reps, ABLATE_MAX_REPS);
+    if (check_reps(reps, "squad_cuda_time_parts", err)) return SQUAD_E_INVALID;
     memset(out, 0, sizeof *out);
     const int whole = parts == SQUAD_CUDA_PART_ALL;
     cu_parts_graph a;

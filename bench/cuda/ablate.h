@@ -38,9 +38,9 @@ int squad_cuda_time_batch_parts(squad_backend *be, int nrows, int shared, int st
                                 int reps, squad_cuda_timing *out, squad_err *err);
 /* The engine's graph of the last forward's shape (nrows chunks [start, start + len), which that forward
  * ran as one replay) replayed on the parameters it left on the device: its own rows' data (restored
- * blobs read in place, answer slots), where squad_cuda_time_batch_parts replays synthetic rows. gpu_ms
- * and wall_ms as there; params_wall_ms with that forward's parameters uploaded before each replay.
- * The replays rewrite what the forward wrote (the rows' states and K / V from the same inputs). */
+ * blobs read in place, answer slots), where squad_cuda_time_batch_parts replays synthetic rows. gpu_ms,
+ * wall_ms and launch_ms as there (the engine_* and params_* figures stay 0). The replays rewrite what
+ * the forward wrote (the rows' states and K / V from the same inputs). */
 int squad_cuda_time_last_forward(squad_backend *be, int nrows, int start, int len, int reps, squad_cuda_timing *out,
                                  squad_err *err);
 

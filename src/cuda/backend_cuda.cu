@@ -1969,22 +1969,35 @@ extern "C" int squad_cuda_backend_info(const squad_backend *be, squad_cuda_info 
 
 /* ---- the backend's internals for tests and benchmarks (cuda_internal.cuh; callers outside libsquad) ---- */
 
+/* The tools' batch of nrows chunks [start, start + len): *cb, and its length, rows and span buckets;
+ * what: the caller's name in the messages. */
+static int tool_batch_shape(squad_backend *be, int nrows, int start, int len, const char *what, cu_be **cbp, int *bi,
+                            int *rbi, int *si, squad_err *err) {
+    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
+        return cu_err(err, SQUAD_E_INVALID, "%s: not a CUDA backend", what);
+    cu_be *cb = impl_of(be);
+    if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
+        return cu_err(err, SQUAD_E_INVALID, "%s: chunk [%d, %d) outside the backend's limits", what, start, start + len);
+    *bi = chunk_bucket(len);
+    *si = span_bucket(cb, start + len);
+    const int most = max_rows_of(cb, *bi) < cb->max_seqs ? max_rows_of(cb, *bi) : cb->max_seqs;
+    if (nrows < 1 || nrows > most)
+        return cu_err(err, SQUAD_E_INVALID, "%s: %d rows of %d tokens (at most %d)", what, nrows, len, most);
+    *rbi = row_bucket(nrows);
+    *cbp = cb;
+    return 0;
+}
+
 int cu_backend_capture_parts(squad_backend *be, int nrows, int shared, int start, int len, unsigned parts,
                              int want_engine, cu_parts_graph *a, squad_err *err) {
     memset(a, 0, sizeof *a);
-    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
-        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: not a CUDA backend");
-    cu_be *cb = impl_of(be);
-    if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
-        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: chunk [%d, %d) outside the backend's limits",
-                      start, start + len);
+    cu_be *cb = NULL;
+    int bi = 0, rbi = 0, si = 0;
+    if (tool_batch_shape(be, nrows, start, len, "capture of kernel groups", &cb, &bi, &rbi, &si, err))
+        return SQUAD_E_INVALID;
     if (parts & ~(unsigned)SQUAD_CUDA_PART_ALL)
         return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: parts 0x%x", parts);
-    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len), bucket = CHUNK_BUCKETS[bi];
-    if (nrows < 1 || nrows > cb->max_seqs || nrows > max_rows_of(cb, bi))
-        return cu_err(err, SQUAD_E_INVALID, "capture of kernel groups: %d rows of %d tokens (at most %d)", nrows, len,
-                      max_rows_of(cb, bi) < cb->max_seqs ? max_rows_of(cb, bi) : cb->max_seqs);
-    const int rbi = row_bucket(nrows);
+    const int bucket = CHUNK_BUCKETS[bi];
     int *ids = (int *)malloc((size_t)nrows * len * sizeof(int));
     squad_chunk *ch = (squad_chunk *)calloc((size_t)nrows, sizeof *ch);
     int *order = (int *)malloc((size_t)nrows * sizeof(int));
@@ -2040,16 +2053,9 @@ int cu_backend_capture_parts(squad_backend *be, int nrows, int shared, int start
 int cu_backend_engine_graph(squad_backend *be, int nrows, int start, int len, cudaGraphExec_t *ex, cudaStream_t *st,
                             squad_err *err) {
     *ex = NULL;
-    if (!be || !be->name || strcmp(be->name, "cuda") || !be->impl)
-        return cu_err(err, SQUAD_E_INVALID, "engine graph: not a CUDA backend");
-    cu_be *cb = impl_of(be);
-    if (len < 1 || len > cb->max_chunk || start < 0 || start > cb->max_context - len)
-        return cu_err(err, SQUAD_E_INVALID, "engine graph: chunk [%d, %d) outside the backend's limits", start,
-                      start + len);
-    const int bi = chunk_bucket(len), si = span_bucket(cb, start + len);
-    if (nrows < 1 || nrows > max_rows_of(cb, bi))
-        return cu_err(err, SQUAD_E_INVALID, "engine graph: %d rows of %d tokens", nrows, len);
-    const int rbi = row_bucket(nrows);
+    cu_be *cb = NULL;
+    int bi = 0, rbi = 0, si = 0;
+    if (tool_batch_shape(be, nrows, start, len, "engine graph", &cb, &bi, &rbi, &si, err)) return SQUAD_E_INVALID;
     const int rc = get_graph(cb, bi, rbi, si, err);
     if (rc) return rc;
     *ex = cb->graphs[bi][rbi][si];

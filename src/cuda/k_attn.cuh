@@ -259,27 +259,25 @@ __device__ __forceinline__ void att_finish(const attn_fwd_args &a, const att_blo
          * waited for it, and the epilogue was a chain of dependent round trips (a cold row's
          * attention forward spent ~a fifth of its time there, docs/cuda.md). The bits are those
          * of __bfloat162float on each half. */
+        const bool real[2] = {row0 < a.rows && row0 < b.len, row1 < a.rows && row1 < b.len};
         uint32_t g[2][HD / 8];
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-            const int t = rw[hh];
-            const bool real = t < a.rows && t < b.len;
             const uint32_t *gate =
-                (const uint32_t *)(a.QKV + (size_t)(real ? t : 0) * a.ld + (size_t)h * 2 * HD + HD) + c;
+                (const uint32_t *)(a.QKV + (size_t)(real[hh] ? rw[hh] : 0) * a.ld + (size_t)h * 2 * HD + HD) + c;
 #pragma unroll
-            for (int j = 0; j < HD / 8; j++) g[hh][j] = real ? __ldg(gate + 4 * j) : 0u;
+            for (int j = 0; j < HD / 8; j++) g[hh][j] = real[hh] ? __ldg(gate + 4 * j) : 0u;
         }
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int t = rw[hh];
             if (t >= a.rows) continue;
-            const bool real = t < b.len;
             bf16 *o = a.out + (size_t)t * a.ldo + (size_t)h * HD;
 #pragma unroll
             for (int j = 0; j < HD / 8; j++) {
                 const int d = 8 * j + 2 * c;
                 float v0 = 0.f, v1 = 0.f;
-                if (real) {
+                if (real[hh]) {
                     v0 = O[j][2 * hh] * il[hh] * cu_sigmoid(__uint_as_float(g[hh][j] << 16));
                     v1 = O[j][2 * hh + 1] * il[hh] * cu_sigmoid(__uint_as_float(g[hh][j] & 0xffff0000u));
                 }
