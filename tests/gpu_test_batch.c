@@ -389,7 +389,7 @@ static double rel_err(const float *a, const float *ref, size_t n) {
  * (bit for bit) and the host reference. The odd rows start from a restored blob over a NaN arena
  * (squad_cuda_test_gdn_batch), so reading the blob and writing all of the state is checked too. */
 static void test_gdn_rows(rng *g, int nk, int nv, int dk, int dv, int bucket, const int *lens, int n, int nrows,
-                          int exact, int short_rows) {
+                          int exact, int short_rows, int fused_rows) {
     const int K = 4, C = 2 * nk * dk + nv * dv;
     const int ldP = ((C + nv * dv + 2 * nv + 7) & ~7) + 8;
     const size_t nS = (size_t)nv * dk * dv, nY = (size_t)bucket * nv * dv, nC = (size_t)(K - 1) * C;
@@ -401,7 +401,7 @@ static void test_gdn_rows(rng *g, int nk, int nv, int dk, int dv, int bucket, co
     for (int r = 0; r < n; r++) {
         float *P = randn(g, (size_t)bucket * ldP, 1.0, 1), *S = randn(g, nS, 0.3, 0), *cs = randn(g, nC + 1, 1.0, 1);
         A[r] = (cu_ref_gdn_args){nk, nv, dk, dv, K, ldP, bucket, lens[r], 1e-6f, P, cs, conv_w, A_log, dt, nw, S,
-                                 malloc(nY * 4), exact, short_rows, 0, 0}; /* the long or the short kernels */
+                                 malloc(nY * 4), exact, short_rows, 0, 0, fused_rows}; /* the long or short kernels, or fused */
         B[r] = A[r];
         B[r].conv_state = dup(cs, nC + 1);
         B[r].S = dup(S, nS);
@@ -502,13 +502,15 @@ static void test_mixers(int quick) {
     rng g = {12345};
     static const int lens16[] = {16, 3, 9}, lens64[] = {64, 1, 30, 64}, lens128[] = {128, 70, 65, 2, 100, 127};
     static const int lens256[] = {256, 129, 1}; /* 4 blocks (quick too) */
-    const int variants[2] = {-1, 1000000}; /* the long and the short conv / output kernels */
+    /* the long and the short conv / output kernels, and the fused mixer (where nv == nk) */
+    const int variants[3] = {-1, 1000000, 1000000}, fused[3] = {-1, -1, 1000000};
     for (int ex = 0; ex < 2; ex++)
-        for (int v = 0; v < 2; v++) {
-            test_gdn_rows(&g, 2, 4, 16, 16, 16, lens16, 3, 4, ex, variants[v]);
-            test_gdn_rows(&g, 2, 4, 32, 32, 64, lens64, 4, 8, ex, variants[v]);
-            if (!quick) test_gdn_rows(&g, 2, 2, 128, 128, 128, lens128, 6, 8, ex, variants[v]);
-            test_gdn_rows(&g, 2, 4, 32, 32, 256, lens256, 3, 4, ex, variants[v]);
+        for (int v = 0; v < 3; v++) {
+            test_gdn_rows(&g, 2, 4, 16, 16, 16, lens16, 3, 4, ex, variants[v], fused[v]);
+            test_gdn_rows(&g, 2, 4, 32, 32, 64, lens64, 4, 8, ex, variants[v], fused[v]);
+            test_gdn_rows(&g, 2, 2, 32, 32, 64, lens64, 4, 8, ex, variants[v], fused[v]);
+            if (!quick) test_gdn_rows(&g, 2, 2, 128, 128, 128, lens128, 6, 8, ex, variants[v], fused[v]);
+            test_gdn_rows(&g, 2, 4, 32, 32, 256, lens256, 3, 4, ex, variants[v], fused[v]);
         }
     static const int st[] = {0, 300, 77, 1000, 5, 2048}, sp[] = {0, 200, 0, 1000, 0, 1500};
     static const int la[] = {32, 17, 1, 32, 20, 9}, lb[] = {128, 100, 65, 3, 128, 77};

@@ -61,9 +61,10 @@ static uint64_t fnv_bytes(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
-/* A launch variant of the bf16 mixer (cu_ref_gdn_args: short_rows, prep_split, conv_groups). */
+/* A launch variant of the bf16 mixer (cu_ref_gdn_args: short_rows, prep_split, conv_groups,
+ * fused_rows). */
 typedef struct gdn_variant {
-    int short_rows, prep_split, conv_groups;
+    int short_rows, prep_split, conv_groups, fused_rows;
 } gdn_variant;
 
 /* Returns a hash of the device's outputs (both chunks' Y and states, the conv state). */
@@ -88,7 +89,7 @@ static uint64_t test_gdn(rng *r, const gdn_case *c, int exact, const gdn_variant
         float *P = randn(r, (size_t)rows * ldP, 1.0, 1);
         float *Y = malloc(sizeof(float) * rows * c->nv * c->dv), *Yr = calloc((size_t)rows * c->nv * c->dv, 4);
         cu_ref_gdn_args a = {c->nk, c->nv, c->dk, c->dv, c->K, ldP, rows, len, 1e-6f, P, cs_dev, conv_w, A_log, dt, nw,
-                             S_dev, Y, exact, v->short_rows, v->prep_split, v->conv_groups};
+                             S_dev, Y, exact, v->short_rows, v->prep_split, v->conv_groups, v->fused_rows};
         squad_err err = {0};
         const int rc = squad_cuda_test_gdn(&a, &err);
         CHECKF(rc == 0, "squad_cuda_test_gdn: %s", err.msg);
@@ -384,24 +385,42 @@ int main(void) {
      * bounded by the head dims), the conv one tile a block (conv_groups < 0) or pipelined over runs
      * of 16-row groups (3 a block by default here, where the tests give no SM count; 1 or 5 fixed).
      * Each case has the same inputs in every variant, and the variants of one conv tiling must give
-     * the same bits: the splits and the conv's blocks change who computes a value, not how. */
-    enum { LONG = -1, SHORT = 1000000 };
-    static const gdn_variant gv[] = {{LONG, 1, 0},  {LONG, 4, 0},   {SHORT, 1, 0}, {SHORT, 2, 0}, {SHORT, 4, 0},
-                                     {LONG, 1, -1}, {SHORT, 1, -1}, {LONG, 1, 1},  {SHORT, 1, 5}, {LONG, 2, 1}};
+     * the same bits: the splits and the conv's blocks change who computes a value, not how. The last
+     * variant runs the fused mixer (one kernel a layer) wherever it applies: the tolerances above;
+     * where it does not apply, the four kernels' bits. (Where it ran its bits may still equal theirs:
+     * its sums differ in order, and bf16 rounding hides that on small cases.) */
+    enum { LONG = -1, SHORT = 1000000, NEVER = -1 };
+    static const gdn_variant gv[] = {{LONG, 1, 0, NEVER},  {LONG, 4, 0, NEVER},  {SHORT, 1, 0, NEVER},
+                                     {SHORT, 2, 0, NEVER}, {SHORT, 4, 0, NEVER}, {LONG, 1, -1, NEVER},
+                                     {SHORT, 1, -1, NEVER}, {LONG, 1, 1, NEVER}, {SHORT, 1, 5, NEVER},
+                                     {LONG, 2, 1, NEVER},  {SHORT, 1, 0, SHORT}};
     enum { NV = sizeof gv / sizeof gv[0], NC = sizeof gc / sizeof gc[0] };
     uint64_t bits[NV][NC];
     for (int v = 0; v < NV; v++) {
-        printf("gdn kernels for %s chunks, prep split %d, conv groups %d\n", gv[v].short_rows == LONG ? "long" : "short",
-               gv[v].prep_split, gv[v].conv_groups);
+        printf("gdn kernels for %s chunks, prep split %d, conv groups %d%s\n", gv[v].short_rows == LONG ? "long" : "short",
+               gv[v].prep_split, gv[v].conv_groups, gv[v].fused_rows > 0 ? ", fused where it applies" : "");
         for (int i = 0; i < NC; i++) {
             rng ri = {0x9e3779b97f4a7c15ull + (uint64_t)i};
             bits[v][i] = test_gdn(&ri, &gc[i], 0, &gv[v]);
             /* long variants tile the conv by 16 tokens (variant 0 the first), short ones by 4 (variant 2) */
             const int first = gv[v].short_rows == LONG ? 0 : 2;
-            CHECKF(bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v, first);
+            int fused = 0;
+            if (gv[v].fused_rows > 0) {
+                const int C = 2 * gc[i].nk * gc[i].dk + gc[i].nv * gc[i].dv;
+                cu_ref_gdn_args q;
+                memset(&q, 0, sizeof q);
+                q.nk = gc[i].nk, q.nv = gc[i].nv, q.dk = gc[i].dk, q.dv = gc[i].dv, q.K = gc[i].K;
+                q.ldP = ((C + gc[i].nv * gc[i].dv + 2 * gc[i].nv + 7) & ~7) + 8; /* as test_gdn's */
+                q.rows = gc[i].rows1 > gc[i].rows2 ? gc[i].rows1 : gc[i].rows2;
+                q.fused_rows = gv[v].fused_rows;
+                fused = squad_cuda_test_gdn_fused(&q);
+                printf("  case %d: %s\n", i, fused ? "fused" : "the four kernels");
+            }
+            CHECKF(fused || bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v,
+                   first);
         }
     }
-    static const gdn_variant as_backend = {0, 0, 0};
+    static const gdn_variant as_backend = {0, 0, 0, 0};
     for (size_t i = 0; i < sizeof gc / sizeof gc[0]; i++) test_gdn(&r, &gc[i], 1, &as_backend);
     const attn_case ac[] = {
         {4, 2, 32, 8, 64, 0, 64, 0},    /* tiny: one full chunk from position 0 */

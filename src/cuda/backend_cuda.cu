@@ -1740,6 +1740,7 @@ static int build(cu_be *cb, const squad_model *m, const squad_engine_opts *opts,
     cb->gd.eps = c->rms_eps;
     cb->gd.f32 = cb->f32;
     cb->gd.short_rows = CU_GDN_SHORT_ROWS;
+    cb->gd.fused_rows = cb->knobs.gdn_fused_rows;
     cb->gd.n_sm = cb->n_sm; /* scan_rg, prep_split, conv_groups 0: chosen per launch */
     cb->ad.f32 = cb->f32;
     cb->ad.nh = c->num_heads;

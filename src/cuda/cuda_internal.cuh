@@ -163,6 +163,9 @@ typedef struct cuda_knobs {
                       runs it; 0 the portable mma.sync kernel everywhere */
     int gemm_sm90; /* SQUAD_GEMM_SM90: 1 (default) the GEMM tuning may pick the sm_90a small-M kernel; 0
                       cuBLASLt only */
+    int gdn_fused_rows; /* SQUAD_GDN_FUSED_ROWS: rows of at most this many tokens (the bucket) run the
+                           GDN mixer as one kernel where it applies (k_gdn.cu's kernel D); default
+                           CU_GDN_FUSED_ROWS; 0 never */
     /* SQUAD_GEMM_PLANS: the tuned GEMM plans' file; "" none ("off" or empty), else the variable, else
      * $XDG_CACHE_HOME/squad/gemm-plans.txt, else ~/.cache/squad/gemm-plans.txt */
     char gemm_plans[CUDA_KNOBS_PATH_BYTES];
@@ -221,14 +224,15 @@ __device__ __forceinline__ void cu_st(float *p, float v) { *p = v; }
 __device__ __forceinline__ float cu_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 /* The GDN conv state [K-1][C] moves on to the chunk's end: new[j] = [old | P][len + j] for the
- * channels ch = first, first + stride, ...; all loads of a channel before its stores (no round trip
- * per value). old is conv_in (the arena's own, or a restored blob's: cu_gdn_in), new goes to the
- * arena's conv_state. Run after everything that reads the old state (both GDN paths' last kernel). */
+ * channels ch = first, first + stride, ... below end; all loads of a channel before its stores (no
+ * round trip per value). old is conv_in (the arena's own, or a restored blob's: cu_gdn_in), new goes
+ * to the arena's conv_state. Run after everything that reads the old state of those channels (both
+ * GDN paths' last kernel; the fused mixer's block after its own first conv). */
 template <typename A>
-__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *conv_in, const A *P, int ldP, int C,
-                                                    int K, int len, int first, int stride) {
+__device__ __forceinline__ void cu_conv_state_shift_range(A *conv_state, const A *conv_in, const A *P, int ldP, int C,
+                                                          int K, int len, int first, int end, int stride) {
     const int Km1 = K - 1;
-    for (int ch = first; ch < C; ch += stride) {
+    for (int ch = first; ch < end; ch += stride) {
         A v[CU_MAX_CONV_K];
 #pragma unroll
         for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
@@ -240,6 +244,12 @@ __device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *conv
         for (int j = 0; j < CU_MAX_CONV_K - 1; j++)
             if (j < Km1) conv_state[(size_t)j * C + ch] = v[j];
     }
+}
+/* Every channel of the state (first, first + stride, ... below C). */
+template <typename A>
+__device__ __forceinline__ void cu_conv_state_shift(A *conv_state, const A *conv_in, const A *P, int ldP, int C,
+                                                    int K, int len, int first, int stride) {
+    cu_conv_state_shift_range(conv_state, conv_in, P, ldP, C, K, len, first, C, stride);
 }
 
 /* The online softmax's steps on an m16n8 accumulator fragment (mma.sync's C layout, which a warp's
@@ -522,8 +532,14 @@ typedef struct cu_gdn_dims {
     int ldY;               /* the output Y's row stride in elements; 0: nv dv (packed). More when Y is
                               the first columns of a widened GEMM input (k_lora.cuh), so the
                               specialists' out_proj reads it without a copy */
+    int fused_rows;        /* launches whose rows (bucket) have at most this many tokens run the fused
+                              mixer (one kernel, a block a (row, head)) where cu_gdn_fused_ok holds
+                              and, with n_sm set, the launch has a block an SM and rows of more than
+                              64 tokens (k_gdn.cu's gdn_fused_here); 0: never (the backend:
+                              cuda_knobs.gdn_fused_rows) */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
+#define CU_GDN_FUSED_ROWS 128 /* the fused mixer's default bound (docs/cuda.md, "The fused mixer") */
 enum { CU_GDN_CONV = 1, CU_GDN_PREP = 2, CU_GDN_SCAN = 4, CU_GDN_OUT = 8 };
 typedef struct cu_gdn_scratch {
     /* the chunked path (head dims padded) */
@@ -554,6 +570,10 @@ int cu_gdn_pad(int x);
 size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int tokens, int blocks);
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int tokens, int blocks);
 int cu_gdn_supported(const cu_gdn_dims *d);
+/* Whether the fused mixer can run these dims (nv == nk, conv width 4, head dims padded alike, 8-aligned
+ * rows, its shared memory on this GPU); launches of longer rows than fused_rows still take the four
+ * kernels. */
+int cu_gdn_fused_ok(const cu_gdn_dims *d);
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
 /* Every row of the batch at once (a grid dimension over rows). P: [tokens][ldP] bf16 in_proj output;
  * per row, its slot's arena (prm[r].gdn) holds this layer's S at byte offset s_off ([nv][pad dv][pad dk]

@@ -20,6 +20,7 @@
 #define KNOB_ATT_SM90 "SQUAD_ATT_SM90"
 #define KNOB_GEMM_SM90 "SQUAD_GEMM_SM90"
 #define KNOB_GEMM_PLANS "SQUAD_GEMM_PLANS"
+#define KNOB_GDN_FUSED_ROWS "SQUAD_GDN_FUSED_ROWS"
 #define KNOB_MAX_CHUNK_LIMIT (1 << 20)
 #define PLANS_FILE "squad/gemm-plans.txt" /* under $XDG_CACHE_HOME, else ~/.cache */
 
@@ -63,10 +64,12 @@ int cuda_knobs_read(cuda_knobs *k, squad_err *err) {
     k->max_chunk = CU_DEFAULT_MAX_CHUNK;
     k->att_sm90 = 1;
     k->gemm_sm90 = 1;
+    k->gdn_fused_rows = CU_GDN_FUSED_ROWS;
     int rc;
     if ((rc = knob_int(KNOB_GRAPHS, 0, 1, &k->graphs, err))) return rc;
     if ((rc = knob_int(KNOB_MAX_CHUNK, 1, KNOB_MAX_CHUNK_LIMIT, &k->max_chunk, err))) return rc;
     if ((rc = knob_int(KNOB_ATT_SM90, 0, 1, &k->att_sm90, err))) return rc;
     if ((rc = knob_int(KNOB_GEMM_SM90, 0, 1, &k->gemm_sm90, err))) return rc;
+    if ((rc = knob_int(KNOB_GDN_FUSED_ROWS, 0, KNOB_MAX_CHUNK_LIMIT, &k->gdn_fused_rows, err))) return rc;
     return knob_plans(k->gemm_plans, sizeof k->gemm_plans, err);
 }

@@ -38,6 +38,11 @@
  *   tiles' only copying; its copies (out_copy) and its math (out_math) are separate steps):
  *   O = diag(Gamma) Q S + P delta on the tensor cores, the gated RMSNorm (o / rms(o) * w * silu(z)) in registers, bf16 out; and the conv state
  *   moved on to the chunk's end (A0, which read it, has finished).
+ * D, gdn_fused (a block per (row, value head), for batches of many rows of 65 to 128 tokens): the
+ *   whole mixer of a row's head in one block, A0 .. C's steps with every intermediate in shared
+ *   memory and S^T in registers for the whole row (kernel D below; docs/cuda.md, "The fused mixer").
+ *   Where it runs is measured (gdn_fused_here): on a single row or rows of one block of 64 tokens it
+ *   loses to the four kernels' spread.
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
  * below); the padding channels of q, k, v are zero, so the padded rows / columns of S stay zero
@@ -502,11 +507,259 @@ struct prep_split {
     static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
 };
 
+/* The prep's steps, shared by the prep kernel and the fused mixer (kernel D): the same
+ * instructions in the same order, so both give W, U^T, P and T the same bits. Q, K (bf16) and V
+ * (fp32) of one block of 64 tokens are in shared memory, rows DK + 8 and DV + 4 apart. */
+template <int DK>
+__device__ __forceinline__ void prep_lp(const bf16 *Qs, const bf16 *Ks, float *Ls, const float *gam,
+                                        const float *bet, bf16 *Pm, int ldPm, int row0, int prow, int tid) {
+    constexpr int LDK = DK + 8, LDL = GDN_C + 1;
+    const int w = tid >> 5, lane = tid & 31, r = lane >> 2, cc = lane & 3;
+    /* P rows [row0, row0 + prow) go to Pm (rows ldPm apart); L is the block's whole */
+    /* 3. K K^T -> L and Q K^T -> P (mma), warp w: rows 16 (w/2).., cols 32 (w%2).. (4 n-tiles). The
+     *    k-steps outermost, so the A fragments of K and Q (ldmatrix) are loaded once for the 4 n-tiles
+     *    (not once per n-tile by scalar loads). */
+    {
+        const int mt = w >> 1, i0 = 16 * mt + r, i1 = i0 + 8;
+        /* this warp's row tile is among the split's P rows (warp-uniform) */
+        const bool pw = 16 * mt >= row0 && 16 * mt < row0 + prow;
+        float kk[4][4], qk4[4][4];
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) kk[q4][e] = qk4[q4][e] = 0.f;
+        /* n-tiles above the diagonal (P and L are 0 there) are skipped: warp-uniform */
+        const int nt0 = (w & 1) * 4;
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) {
+            const int k0 = 16 * ks + 2 * cc;
+            uint32_t ak[4], aq[4] = {0u, 0u, 0u, 0u};
+            cu_ldmatrix_x4(ak, Ks + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
+            if (pw) cu_ldmatrix_x4(aq, Qs + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
+#pragma unroll
+            for (int q4 = 0; q4 < 4; q4++) {
+                const int nt = nt0 + q4;
+                if (8 * nt > 16 * mt + 15) continue;
+                const uint32_t b0 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0);
+                const uint32_t b1 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0 + 8);
+                cu_mma16816(kk[q4], ak, b0, b1);
+                if (pw) cu_mma16816(qk4[q4], aq, b0, b1);
+            }
+        }
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            const int nt = nt0 + q4, j0 = 8 * nt + 2 * cc;
+            if (8 * nt > 16 * mt + 15) { /* above the diagonal: P is 0 there */
+                if (pw) {
+                    *(uint32_t *)(Pm + i0 * ldPm + j0) = 0u;
+                    *(uint32_t *)(Pm + i1 * ldPm + j0) = 0u;
+                }
+                continue;
+            }
+            const int ii[4] = {i0, i0, i1, i1}, jj[4] = {j0, j0 + 1, j0, j0 + 1};
+            float pv[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ri = ii[e], cj = jj[e];
+                const float dec = cj <= ri ? __expf(gam[ri] - gam[cj]) : 0.f;
+                if (cj < ri) Ls[ri * LDL + cj] = bet[ri] * dec * kk[q4][e];
+                pv[e] = dec * qk4[q4][e];
+            }
+            if (pw) {
+                *(uint32_t *)(Pm + i0 * ldPm + j0) = cu_pack_bf16(pv[0], pv[1]);
+                *(uint32_t *)(Pm + i1 * ldPm + j0) = cu_pack_bf16(pv[2], pv[3]);
+            }
+        }
+    }
+    __syncthreads();
+
+}
+
+/* T = (I + L)^-1 from L in Ls (both [64][GDN_C + 1] fp32); X: 3 x 256 floats of scratch. Ends
+ * with a barrier. */
+__device__ __forceinline__ void prep_inverse(const float *Ls, float *Ts, float *X, int tid) {
+    constexpr int LDL = GDN_C + 1;
+    /* 4. T = (I + L)^-1 by blocks of 16: L is strictly lower triangular, so T is unit lower
+     *    triangular, and with 16 x 16 blocks T_ii = (I + L_ii)^-1 on the diagonal and, below it,
+     *    T_ij = -T_ii X_ij with X_ij = sum_{j <= k < i} L_ik T_kj. Substituting down all 64 rows of
+     *    every column is a chain of 64 dependent steps, half of them on zeros above the diagonal (most
+     *    of a prep warp's instructions on a short chunk); this is a chain of 16 plus three levels of
+     *    small products. */
+    {
+        /* 4a. the diagonal blocks by forward substitution, a thread a column (the first two warps; the
+         *     others wait at the barrier): the sum over earlier rows in four chains by k mod 4, added
+         *     pairwise, (k0 + k1) + (k2 + k3), four short independent chains a step where four threads
+         *     a column needed two dependent shuffles a step; the column stays in registers, stored after */
+        if (tid < GDN_C) {
+            const int col = tid, base = col & ~15;
+            float tv[16]; /* rows base + rr */
+#pragma unroll
+            for (int rr = 0; rr < 16; rr++) {
+                const int row = base + rr;
+                float p4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int m = 0; m < 4; m++)
+#pragma unroll
+                    for (int qq = 0; qq < 4; qq++)
+                        if (4 * m + qq < rr) p4[qq] += Ls[row * LDL + base + 4 * m + qq] * tv[4 * m + qq];
+                tv[rr] = (row == col ? 1.f : 0.f) - ((p4[0] + p4[1]) + (p4[2] + p4[3]));
+            }
+#pragma unroll
+            for (int rr = 0; rr < 16; rr++) Ts[(base + rr) * LDL + col] = tv[rr];
+        }
+        __syncthreads();
+        /* 4b. below the diagonal, one block diagonal d at a time (each needs the ones before); X through
+         *     shared memory in Q's tile (dead since step 3: 3 x 256 floats fit its 64 x (DK + 8) bf16).
+         *     Both products are shared-memory bound (two loads a multiply-add, ncu: the pipe's stalls),
+         *     so a thread takes 2 x 2 elements of a block, rows rb, rb + 8 and columns cb, cb + 8: a load
+         *     each per multiply-add. Each element keeps its sums (even and odd k apart, added last),
+         *     so the results do not depend on the mapping. */
+        static_assert(GDN_C == 64 && PREP_THREADS == 256, "the blocked inverse maps 256 threads to 16 x 16 blocks");
+        const int q = tid >> 6, rb = (tid >> 3) & 7, cb = tid & 7; /* block q of a diagonal, 2 x 2 elements */
+#pragma unroll
+        for (int d = 1; d < 4; d++) {
+            const int i0 = 16 * (q + d), j0 = 16 * q; /* block (j + d, j), j = q */
+            if (q < 4 - d) {
+                float s[2][2][2] = {}; /* [row rb, rb + 8][column cb, cb + 8][k even, odd] */
+#pragma unroll
+                for (int k = 0; k < 16 * d; k++) {
+                    const float l0 = Ls[(i0 + rb) * LDL + j0 + k], l1 = Ls[(i0 + rb + 8) * LDL + j0 + k];
+                    const float u0 = Ts[(j0 + k) * LDL + j0 + cb], u1 = Ts[(j0 + k) * LDL + j0 + cb + 8];
+                    s[0][0][k & 1] += l0 * u0;
+                    s[0][1][k & 1] += l0 * u1;
+                    s[1][0][k & 1] += l1 * u0;
+                    s[1][1][k & 1] += l1 * u1;
+                }
+#pragma unroll
+                for (int a2 = 0; a2 < 2; a2++)
+#pragma unroll
+                    for (int b2 = 0; b2 < 2; b2++)
+                        X[q * 256 + (rb + 8 * a2) * 16 + cb + 8 * b2] = s[a2][b2][0] + s[a2][b2][1];
+            }
+            __syncthreads();
+            if (q < 4 - d) {
+                float s[2][2][2] = {}; /* T_ii's rows: 0 past the diagonal (4a stored them) */
+#pragma unroll
+                for (int m = 0; m < 16; m++) {
+                    const float a0 = Ts[(i0 + rb) * LDL + i0 + m], a1 = Ts[(i0 + rb + 8) * LDL + i0 + m];
+                    const float x0 = X[q * 256 + m * 16 + cb], x1 = X[q * 256 + m * 16 + cb + 8];
+                    s[0][0][m & 1] += a0 * x0;
+                    s[0][1][m & 1] += a0 * x1;
+                    s[1][0][m & 1] += a1 * x0;
+                    s[1][1][m & 1] += a1 * x1;
+                }
+#pragma unroll
+                for (int a2 = 0; a2 < 2; a2++)
+#pragma unroll
+                    for (int b2 = 0; b2 < 2; b2++)
+                        Ts[(i0 + rb + 8 * a2) * LDL + j0 + cb + 8 * b2] = -(s[a2][b2][0] + s[a2][b2][1]);
+            }
+            __syncthreads();
+        }
+    }
+
+}
+
+/* W and U^T of the split's columns (prep_split) from T: W [64][CU_GDN_LDW(DK)] bf16 and U^T
+ * [DV][CU_GDN_LDU] fp32 (the block's, in global or shared memory). sbg: 64 floats of scratch (L's,
+ * dead after the inverse). */
+template <int DK, int DV, int SPLIT>
+__device__ __forceinline__ void prep_wu(const float *Ts, float *sbg, const float *bet, const float *Gam,
+                                        const bf16 *Ks, const float *Vs, bf16 *W, float *UT, int sp, int tid) {
+    typedef prep_split<DK, DV, SPLIT> SP;
+    constexpr int LDK = DK + 8, LDV = DV + 4, LDL = GDN_C + 1;
+    const int w = tid >> 5, lane = tid & 31, r = lane >> 2, cc = lane & 3;
+    /* 5. W = T diag(beta Gamma) K and U = T diag(beta) V on the tensor cores with split operands
+     *    (A = T diag(.) as hi + lo bf16; K is bf16 already, V fp32 split too: U = Ah Vh + Ah Vl + Al Vh).
+     *    Warp w: rows 16 (w / 2).., half (w % 2) of the columns; T is lower triangular, so only the
+     *    k-steps up to the warp's row tile contribute. */
+    {
+        const int mt = w >> 1, half = w & 1;
+        const int i0 = 16 * mt + r, i1 = i0 + 8;
+        /* A fragments of T diag(s) for k-step ks, split hi / lo */
+        auto a_frag = [&](int ks, const float *scale, uint32_t (&ah)[4], uint32_t (&al)[4]) {
+            const int k0 = 16 * ks + 2 * cc;
+            const float s0 = scale[k0], s1 = scale[k0 + 1], s8 = scale[k0 + 8], s9 = scale[k0 + 9];
+            split_bf16(Ts[i0 * LDL + k0] * s0, Ts[i0 * LDL + k0 + 1] * s1, ah[0], al[0]);
+            split_bf16(Ts[i1 * LDL + k0] * s0, Ts[i1 * LDL + k0 + 1] * s1, ah[1], al[1]);
+            split_bf16(Ts[i0 * LDL + k0 + 8] * s8, Ts[i0 * LDL + k0 + 9] * s9, ah[2], al[2]);
+            split_bf16(Ts[i1 * LDL + k0 + 8] * s8, Ts[i1 * LDL + k0 + 9] * s9, ah[3], al[3]);
+        };
+        if (tid < GDN_C) sbg[tid] = bet[tid] * Gam[tid];
+        __syncthreads();
+
+        /* W: the split's columns [sp WB, (sp + 1) WB) of DK, half CW each, CW = WB / 2 (or all 16
+         * when WB = 16) */
+        constexpr int CW = SP::WB / 2 < 16 ? 16 : SP::WB / 2, NPW = CW / 16;
+        const int wc0 = sp * SP::WB + half * CW; /* this warp's first column */
+        if (half * CW < SP::WB) {
+            float acc[2 * NPW][4];
+#pragma unroll
+            for (int j = 0; j < 2 * NPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                if (ks > mt) break;
+                uint32_t ah[4], al[4];
+                a_frag(ks, sbg, ah, al);
+#pragma unroll
+                for (int np = 0; np < NPW; np++) {
+                    uint32_t kb[4];
+                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + wc0 + 16 * np + (lane >> 4) * 8);
+                    cu_mma16816(acc[2 * np], ah, kb[0], kb[1]);
+                    cu_mma16816(acc[2 * np], al, kb[0], kb[1]);
+                    cu_mma16816(acc[2 * np + 1], ah, kb[2], kb[3]);
+                    cu_mma16816(acc[2 * np + 1], al, kb[2], kb[3]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 2 * NPW; j++) {
+                const int n = wc0 + 8 * j + 2 * cc;
+                *(uint32_t *)(W + i0 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][0], acc[j][1]);
+                *(uint32_t *)(W + i1 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][2], acc[j][3]);
+            }
+        }
+        /* U^T: columns [half DV / 2, ...) of DV, B fragments from fp32 V split on the fly */
+        {
+            constexpr int CU = SP::UB / 2, NJU = CU / 8;
+            const int uc0 = sp * SP::UB + half * CU; /* this warp's first column */
+            float acc[NJU][4];
+#pragma unroll
+            for (int j = 0; j < NJU; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                if (ks > mt) break;
+                uint32_t ah[4], al[4];
+                a_frag(ks, bet, ah, al);
+                const int k0 = 16 * ks + 2 * cc;
+#pragma unroll
+                for (int j = 0; j < NJU; j++) {
+                    const int n = uc0 + 8 * j + r;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split_bf16(Vs[k0 * LDV + n], Vs[(k0 + 1) * LDV + n], bh0, bl0);
+                    split_bf16(Vs[(k0 + 8) * LDV + n], Vs[(k0 + 9) * LDV + n], bh1, bl1);
+                    cu_mma16816(acc[j], ah, bh0, bh1);
+                    cu_mma16816(acc[j], ah, bl0, bl1);
+                    cu_mma16816(acc[j], al, bh0, bh1);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NJU; j++) {
+                const int n = uc0 + 8 * j + 2 * cc;
+                UT[n * CU_GDN_LDU + i0] = acc[j][0];
+                UT[(n + 1) * CU_GDN_LDU + i0] = acc[j][1];
+                UT[n * CU_GDN_LDU + i1] = acc[j][2];
+                UT[(n + 1) * CU_GDN_LDU + i1] = acc[j][3];
+            }
+        }
+    }
+}
+
 template <int DK, int DV, int SPLIT>
 __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args a) {
     typedef prep_smem<DK, DV> SM;
     typedef prep_split<DK, DV, SPLIT> SP;
-    constexpr int LDK = SM::LDK, LDV = SM::LDV, LDL = SM::LDL;
+    constexpr int LDK = SM::LDK, LDV = SM::LDV;
+    static_assert(SM::LDK == DK + 8 && SM::LDV == DV + 4 && SM::LDL == GDN_C + 1, "the strides prep_lp .. prep_wu use");
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *Qs = (bf16 *)(smem + SM::q_off);
     bf16 *Ks = (bf16 *)(smem + SM::k_off);
@@ -519,7 +772,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     const int c = blockIdx.x, h = blockIdx.y / SP::S, sp = blockIdx.y % SP::S;
     const int hk = h / (a.nv / a.nk);
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
-    const int r = lane >> 2, cc = lane & 3;
     const int row0 = sp * SP::ROWS; /* this block's rows of P, Gamma Q, K' */
     const int t0 = c * GDN_C;
     /* The gates' inputs are loaded before the row's length is known: every token of the bucket has
@@ -622,230 +874,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         }
     }
 
-    /* 3. K K^T -> L and Q K^T -> P (mma), warp w: rows 16 (w/2).., cols 32 (w%2).. (4 n-tiles). The
-     *    k-steps outermost, so the A fragments of K and Q (ldmatrix) are loaded once for the 4 n-tiles
-     *    (not once per n-tile by scalar loads). */
-    {
-        const int mt = w >> 1, i0 = 16 * mt + r, i1 = i0 + 8;
-        /* this warp's row tile is among the split's P rows (warp-uniform) */
-        const bool pw = 16 * mt >= row0 && 16 * mt < row0 + SP::ROWS;
-        bf16 *Pm = a.scr.Pm + blk * GDN_C * GDN_C;
-        float kk[4][4], qk4[4][4];
-#pragma unroll
-        for (int q4 = 0; q4 < 4; q4++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) kk[q4][e] = qk4[q4][e] = 0.f;
-        /* n-tiles above the diagonal (P and L are 0 there) are skipped: warp-uniform */
-        const int nt0 = (w & 1) * 4;
-#pragma unroll
-        for (int ks = 0; ks < DK / 16; ks++) {
-            const int k0 = 16 * ks + 2 * cc;
-            uint32_t ak[4], aq[4] = {0u, 0u, 0u, 0u};
-            cu_ldmatrix_x4(ak, Ks + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
-            if (pw) cu_ldmatrix_x4(aq, Qs + (16 * mt + (lane & 15)) * LDK + 16 * ks + (lane >> 4) * 8);
-#pragma unroll
-            for (int q4 = 0; q4 < 4; q4++) {
-                const int nt = nt0 + q4;
-                if (8 * nt > 16 * mt + 15) continue;
-                const uint32_t b0 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0);
-                const uint32_t b1 = *(const uint32_t *)(Ks + (8 * nt + r) * LDK + k0 + 8);
-                cu_mma16816(kk[q4], ak, b0, b1);
-                if (pw) cu_mma16816(qk4[q4], aq, b0, b1);
-            }
-        }
-#pragma unroll
-        for (int q4 = 0; q4 < 4; q4++) {
-            const int nt = nt0 + q4, j0 = 8 * nt + 2 * cc;
-            if (8 * nt > 16 * mt + 15) { /* above the diagonal: P is 0 there */
-                if (pw) {
-                    *(uint32_t *)(Pm + i0 * GDN_C + j0) = 0u;
-                    *(uint32_t *)(Pm + i1 * GDN_C + j0) = 0u;
-                }
-                continue;
-            }
-            const int ii[4] = {i0, i0, i1, i1}, jj[4] = {j0, j0 + 1, j0, j0 + 1};
-            float pv[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int ri = ii[e], cj = jj[e];
-                const float dec = cj <= ri ? __expf(gam[ri] - gam[cj]) : 0.f;
-                if (cj < ri) Ls[ri * LDL + cj] = bet[ri] * dec * kk[q4][e];
-                pv[e] = dec * qk4[q4][e];
-            }
-            if (pw) {
-                *(uint32_t *)(Pm + i0 * GDN_C + j0) = cu_pack_bf16(pv[0], pv[1]);
-                *(uint32_t *)(Pm + i1 * GDN_C + j0) = cu_pack_bf16(pv[2], pv[3]);
-            }
-        }
-    }
-    __syncthreads();
-
-    /* 4. T = (I + L)^-1 by blocks of 16: L is strictly lower triangular, so T is unit lower
-     *    triangular, and with 16 x 16 blocks T_ii = (I + L_ii)^-1 on the diagonal and, below it,
-     *    T_ij = -T_ii X_ij with X_ij = sum_{j <= k < i} L_ik T_kj. Substituting down all 64 rows of
-     *    every column is a chain of 64 dependent steps, half of them on zeros above the diagonal (most
-     *    of a prep warp's instructions on a short chunk); this is a chain of 16 plus three levels of
-     *    small products. */
-    {
-        /* 4a. the diagonal blocks by forward substitution, a thread a column (the first two warps; the
-         *     others wait at the barrier): the sum over earlier rows in four chains by k mod 4, added
-         *     pairwise, (k0 + k1) + (k2 + k3), four short independent chains a step where four threads
-         *     a column needed two dependent shuffles a step; the column stays in registers, stored after */
-        if (tid < GDN_C) {
-            const int col = tid, base = col & ~15;
-            float tv[16]; /* rows base + rr */
-#pragma unroll
-            for (int rr = 0; rr < 16; rr++) {
-                const int row = base + rr;
-                float p4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int m = 0; m < 4; m++)
-#pragma unroll
-                    for (int qq = 0; qq < 4; qq++)
-                        if (4 * m + qq < rr) p4[qq] += Ls[row * LDL + base + 4 * m + qq] * tv[4 * m + qq];
-                tv[rr] = (row == col ? 1.f : 0.f) - ((p4[0] + p4[1]) + (p4[2] + p4[3]));
-            }
-#pragma unroll
-            for (int rr = 0; rr < 16; rr++) Ts[(base + rr) * LDL + col] = tv[rr];
-        }
-        __syncthreads();
-        /* 4b. below the diagonal, one block diagonal d at a time (each needs the ones before); X through
-         *     shared memory in Q's tile (dead since step 3: 3 x 256 floats fit its 64 x (DK + 8) bf16).
-         *     Both products are shared-memory bound (two loads a multiply-add, ncu: the pipe's stalls),
-         *     so a thread takes 2 x 2 elements of a block, rows rb, rb + 8 and columns cb, cb + 8: a load
-         *     each per multiply-add. Each element keeps its sums (even and odd k apart, added last),
-         *     so the results do not depend on the mapping. */
-        float *X = reinterpret_cast<float *>(Qs);
-        static_assert(GDN_C == 64 && PREP_THREADS == 256, "the blocked inverse maps 256 threads to 16 x 16 blocks");
-        const int q = tid >> 6, rb = (tid >> 3) & 7, cb = tid & 7; /* block q of a diagonal, 2 x 2 elements */
-#pragma unroll
-        for (int d = 1; d < 4; d++) {
-            const int i0 = 16 * (q + d), j0 = 16 * q; /* block (j + d, j), j = q */
-            if (q < 4 - d) {
-                float s[2][2][2] = {}; /* [row rb, rb + 8][column cb, cb + 8][k even, odd] */
-#pragma unroll
-                for (int k = 0; k < 16 * d; k++) {
-                    const float l0 = Ls[(i0 + rb) * LDL + j0 + k], l1 = Ls[(i0 + rb + 8) * LDL + j0 + k];
-                    const float u0 = Ts[(j0 + k) * LDL + j0 + cb], u1 = Ts[(j0 + k) * LDL + j0 + cb + 8];
-                    s[0][0][k & 1] += l0 * u0;
-                    s[0][1][k & 1] += l0 * u1;
-                    s[1][0][k & 1] += l1 * u0;
-                    s[1][1][k & 1] += l1 * u1;
-                }
-#pragma unroll
-                for (int a2 = 0; a2 < 2; a2++)
-#pragma unroll
-                    for (int b2 = 0; b2 < 2; b2++)
-                        X[q * 256 + (rb + 8 * a2) * 16 + cb + 8 * b2] = s[a2][b2][0] + s[a2][b2][1];
-            }
-            __syncthreads();
-            if (q < 4 - d) {
-                float s[2][2][2] = {}; /* T_ii's rows: 0 past the diagonal (4a stored them) */
-#pragma unroll
-                for (int m = 0; m < 16; m++) {
-                    const float a0 = Ts[(i0 + rb) * LDL + i0 + m], a1 = Ts[(i0 + rb + 8) * LDL + i0 + m];
-                    const float x0 = X[q * 256 + m * 16 + cb], x1 = X[q * 256 + m * 16 + cb + 8];
-                    s[0][0][m & 1] += a0 * x0;
-                    s[0][1][m & 1] += a0 * x1;
-                    s[1][0][m & 1] += a1 * x0;
-                    s[1][1][m & 1] += a1 * x1;
-                }
-#pragma unroll
-                for (int a2 = 0; a2 < 2; a2++)
-#pragma unroll
-                    for (int b2 = 0; b2 < 2; b2++)
-                        Ts[(i0 + rb + 8 * a2) * LDL + j0 + cb + 8 * b2] = -(s[a2][b2][0] + s[a2][b2][1]);
-            }
-            __syncthreads();
-        }
-    }
-
-    /* 5. W = T diag(beta Gamma) K and U = T diag(beta) V on the tensor cores with split operands
-     *    (A = T diag(.) as hi + lo bf16; K is bf16 already, V fp32 split too: U = Ah Vh + Ah Vl + Al Vh).
-     *    Warp w: rows 16 (w / 2).., half (w % 2) of the columns; T is lower triangular, so only the
-     *    k-steps up to the warp's row tile contribute. */
-    {
-        const int mt = w >> 1, half = w & 1;
-        const int i0 = 16 * mt + r, i1 = i0 + 8;
-        /* A fragments of T diag(s) for k-step ks, split hi / lo */
-        auto a_frag = [&](int ks, const float *scale, uint32_t (&ah)[4], uint32_t (&al)[4]) {
-            const int k0 = 16 * ks + 2 * cc;
-            const float s0 = scale[k0], s1 = scale[k0 + 1], s8 = scale[k0 + 8], s9 = scale[k0 + 9];
-            split_bf16(Ts[i0 * LDL + k0] * s0, Ts[i0 * LDL + k0 + 1] * s1, ah[0], al[0]);
-            split_bf16(Ts[i1 * LDL + k0] * s0, Ts[i1 * LDL + k0 + 1] * s1, ah[1], al[1]);
-            split_bf16(Ts[i0 * LDL + k0 + 8] * s8, Ts[i0 * LDL + k0 + 9] * s9, ah[2], al[2]);
-            split_bf16(Ts[i1 * LDL + k0 + 8] * s8, Ts[i1 * LDL + k0 + 9] * s9, ah[3], al[3]);
-        };
-        float *sbg = Ls; /* beta Gamma per token (L is dead after step 4) */
-        if (tid < GDN_C) sbg[tid] = bet[tid] * Gam[tid];
-        __syncthreads();
-
-        /* W: the split's columns [sp WB, (sp + 1) WB) of DK, half CW each, CW = WB / 2 (or all 16
-         * when WB = 16) */
-        constexpr int CW = SP::WB / 2 < 16 ? 16 : SP::WB / 2, NPW = CW / 16;
-        const int wc0 = sp * SP::WB + half * CW; /* this warp's first column */
-        if (half * CW < SP::WB) {
-            float acc[2 * NPW][4];
-#pragma unroll
-            for (int j = 0; j < 2 * NPW; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                if (ks > mt) break;
-                uint32_t ah[4], al[4];
-                a_frag(ks, sbg, ah, al);
-#pragma unroll
-                for (int np = 0; np < NPW; np++) {
-                    uint32_t kb[4];
-                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + wc0 + 16 * np + (lane >> 4) * 8);
-                    cu_mma16816(acc[2 * np], ah, kb[0], kb[1]);
-                    cu_mma16816(acc[2 * np], al, kb[0], kb[1]);
-                    cu_mma16816(acc[2 * np + 1], ah, kb[2], kb[3]);
-                    cu_mma16816(acc[2 * np + 1], al, kb[2], kb[3]);
-                }
-            }
-            bf16 *W = a.scr.W + blk * GDN_C * CU_GDN_LDW(DK);
-#pragma unroll
-            for (int j = 0; j < 2 * NPW; j++) {
-                const int n = wc0 + 8 * j + 2 * cc;
-                *(uint32_t *)(W + i0 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][0], acc[j][1]);
-                *(uint32_t *)(W + i1 * CU_GDN_LDW(DK) + n) = cu_pack_bf16(acc[j][2], acc[j][3]);
-            }
-        }
-        /* U^T: columns [half DV / 2, ...) of DV, B fragments from fp32 V split on the fly */
-        {
-            constexpr int CU = SP::UB / 2, NJU = CU / 8;
-            const int uc0 = sp * SP::UB + half * CU; /* this warp's first column */
-            float acc[NJU][4];
-#pragma unroll
-            for (int j = 0; j < NJU; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                if (ks > mt) break;
-                uint32_t ah[4], al[4];
-                a_frag(ks, bet, ah, al);
-                const int k0 = 16 * ks + 2 * cc;
-#pragma unroll
-                for (int j = 0; j < NJU; j++) {
-                    const int n = uc0 + 8 * j + r;
-                    uint32_t bh0, bl0, bh1, bl1;
-                    split_bf16(Vs[k0 * LDV + n], Vs[(k0 + 1) * LDV + n], bh0, bl0);
-                    split_bf16(Vs[(k0 + 8) * LDV + n], Vs[(k0 + 9) * LDV + n], bh1, bl1);
-                    cu_mma16816(acc[j], ah, bh0, bh1);
-                    cu_mma16816(acc[j], ah, bl0, bl1);
-                    cu_mma16816(acc[j], al, bh0, bh1);
-                }
-            }
-            float *UT = a.scr.UT + blk * DV * CU_GDN_LDU;
-#pragma unroll
-            for (int j = 0; j < NJU; j++) {
-                const int n = uc0 + 8 * j + 2 * cc;
-                UT[n * CU_GDN_LDU + i0] = acc[j][0];
-                UT[(n + 1) * CU_GDN_LDU + i0] = acc[j][1];
-                UT[n * CU_GDN_LDU + i1] = acc[j][2];
-                UT[(n + 1) * CU_GDN_LDU + i1] = acc[j][3];
-            }
-        }
-    }
+    prep_lp<DK>(Qs, Ks, Ls, gam, bet, a.scr.Pm + blk * GDN_C * GDN_C, GDN_C, row0, SP::ROWS, tid);
+    prep_inverse(Ls, Ts, reinterpret_cast<float *>(Qs), tid); /* X in Q's tile, dead since step 3 */
+    prep_wu<DK, DV, SPLIT>(Ts, Ls, bet, Gam, Ks, Vs, a.scr.W + blk * GDN_C * CU_GDN_LDW(DK),
+                           a.scr.UT + blk * DV * CU_GDN_LDU, sp, tid);
 }
 
 /* ---- kernel B: the recurrence; one block per (value head, 16 rows of S^T), sequential over blocks */
@@ -1321,11 +1353,454 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
     out_math<DK, DV, RT>(smem, rsq, a.Y, (size_t)a.ldY, nw, dv, a.eps, t0, tile0, len, tend, h, tid);
 }
 
+/* ---- kernel D: the whole mixer of a short row, one block a (row, value head) ------------------ */
+
+/* The four kernels above spread one (block of 64 tokens, head) over many blocks and pass W, U^T,
+ * P, Gamma Q, K', S^T and delta^T between them through L2: on short rows (a hit's question, a
+ * batch of them) each kernel is a short latency chain, and the launches and round trips are most of
+ * the mixer's time. Here one block of 256 threads runs a row's whole mixer for one value head, its
+ * blocks of 64 tokens one after another: the conv of its q, k and v channels, the gates, the prep
+ * (the same functions as gdn_prep: prep_lp, prep_inverse, prep_wu), the recurrence with S^T in the
+ * first DV / 16 warps' accumulators for the whole row (each warp 16 rows of S^T, every dk column:
+ * no partial sums), the output O^T = S^T (Gamma Q)^T + delta^T P^T in the same warps and the gated
+ * RMSNorm; every intermediate stays in shared memory or registers. Only S, the conv state and Y
+ * leave the block. A block reads and writes only its own head's state and channels, so it needs no
+ * other block: the conv state of its channels moves on once its first block of tokens has read
+ * them. That holds while every value head has its own q / k head (nv == nk, cu_gdn_fused_ok). The
+ * arithmetic is the four kernels' (the same conv taps, prep, chain products) except where the sums
+ * meet in another order (the q / k norms, the output's products transposed), so the outputs are
+ * within the chunked form's round-off of theirs, not the same bits. A block is one long chain (8
+ * warps, one block an SM by its shared memory), so it pays only where many rows fill the GPU with
+ * such blocks: a single hit's 16 blocks lose to the four kernels' hundreds (gdn_fused_here). */
+#define FUSED_THREADS 256
+#define FUSED_K 4 /* the conv width it is built for (the Qwen3.5 models'); others run the four kernels */
+
+struct gdn_fused_args {
+    const bf16 *P;
+    int ldP;
+    const float *conv_w, *A_log, *dt_bias, *norm_w;
+    bf16 *Y; /* [rows][ldY] */
+    int ldY;
+    const cu_chunk_params *prm;
+    gdn_batch_args bt;
+    int nk, nv, dk, dv, C;
+    float eps;
+};
+
+template <int DK, int DV>
+struct fused_smem {
+    static constexpr int LDK = DK + 8, LDV = DV + 4, LDL = GDN_C + 1, LDZ = DV + 8;
+    static_assert(LDK == CU_GDN_LDW(DK), "K' and W share the prep's row stride");
+    static constexpr size_t q_off = 0;                                 /* Q, then Gamma Q [64][LDK] bf16 */
+    static constexpr size_t k_off = q_off + (size_t)GDN_C * LDK * 2;   /* K, then K' [64][LDK] bf16 */
+    static constexpr size_t w_off = k_off + (size_t)GDN_C * LDK * 2;   /* W [64][LDK] bf16 */
+    static constexpr size_t v_off = w_off + (size_t)GDN_C * LDK * 2;   /* V [64][LDV] fp32 */
+    static constexpr size_t u_off = v_off + (size_t)GDN_C * LDV * 4;   /* U^T [DV][CU_GDN_LDU] fp32 */
+    static constexpr size_t l_off = u_off + (size_t)DV * CU_GDN_LDU * 4; /* L [64][LDL] fp32; then Y's tile */
+    static constexpr size_t t_off = l_off + (size_t)GDN_C * LDL * 4;   /* T [64][LDL] fp32 */
+    static constexpr size_t x_off = t_off + (size_t)GDN_C * LDL * 4;   /* the inverse's scratch, 3 x 256 */
+    static constexpr size_t p_off = x_off + 3 * 256 * 4;               /* P [64][GDN_LDT] bf16 */
+    static constexpr size_t z_off = p_off + (size_t)GDN_C * GDN_LDT * 2; /* z [64][LDZ] bf16 */
+    static constexpr size_t vec_off = z_off + (size_t)GDN_C * LDZ * 2; /* gamma, Gamma, beta, exp(gl - g) */
+    static constexpr size_t rsq_off = vec_off + 4 * GDN_C * 4;         /* [DV / 16][64] sums of squares */
+    static constexpr size_t rs_off = rsq_off + (size_t)(DV / 16) * GDN_C * 4; /* [64] the norm's scales */
+    static constexpr int NCW = 2 * DK + DV;                            /* conv channels of a head, padded */
+    static constexpr size_t cw_off = rs_off + GDN_C * 4;               /* their weights [NCW][FUSED_K] fp32 */
+    static constexpr size_t bytes = cw_off + (size_t)NCW * FUSED_K * 4 + 16; /* + Gamma_last */
+    static_assert((size_t)GDN_C * LDZ * 2 <= 2 * (size_t)GDN_C * LDL * 4, "Y's tile fits L and T");
+    /* the conv's raw inputs, rows [t0 - (KC - 1), t0 + 64) of [q | k | v] (DK, DK, DV channels), over
+     * U^T, L and T (written only after the conv) */
+    static constexpr int LDR = 2 * DK + DV + 8;
+    static constexpr size_t r_off = u_off;
+    static_assert((size_t)(GDN_C + CU_MAX_CONV_K - 1) * LDR * 2 <= x_off - u_off, "the raw inputs fit U^T, L, T");
+};
+
+/* The conv's raw inputs of the block's 64 tokens into Rs (fused_smem::r_off): rows tau = t0 - (KC - 1)
+ * .. t0 + 63 of the head's q, k and v channels, one round of 16-byte copies (not committed); rows
+ * before the row from the saved inputs (conv_in, [K-1][C], read 4 bytes at a time), 0 at or past len. */
+template <int DK, int DV, int KC>
+__device__ __forceinline__ void fused_stage(const gdn_fused_args &a, const bf16 *P, const bf16 *conv_in, int h,
+                                            int t0, int len, bf16 *Rs, int tid) {
+    typedef fused_smem<DK, DV> SM;
+    constexpr int NO = SM::NCW / 8, QO = DK / 8; /* octets of a row (padded), of q's */
+    const int hk = h / (a.nv / a.nk);
+    for (int e = tid; e < (GDN_C + KC - 1) * NO; e += FUSED_THREADS) {
+        const int m = e / NO, oc = e % NO, tau = t0 - (KC - 1) + m;
+        const int seg = oc < QO ? 0 : oc < 2 * QO ? 1 : 2, c = 8 * (oc - seg * QO); /* channel in the segment */
+        if (c >= (seg == 2 ? a.dv : a.dk)) continue; /* padding: never read */
+        const int ch = seg == 0 ? hk * a.dk + c : seg == 1 ? (a.nk + hk) * a.dk + c : 2 * a.nk * a.dk + h * a.dv + c;
+        bf16 *d = Rs + m * SM::LDR + 8 * oc;
+        if (tau >= 0) { /* (len > 0: a row before the chunk is a real one) */
+            cu_cp_async16(d, P + (size_t)(tau < len ? tau : 0) * a.ldP + ch, tau < len ? 16 : 0);
+        } else {
+            const unsigned *s4 = (const unsigned *)(conv_in + (size_t)(KC - 1 + tau) * a.C + ch);
+            *(uint4 *)d = make_uint4(s4[0], s4[1], s4[2], s4[3]);
+        }
+    }
+}
+
+/* The head's conv weights into Cw ([NCW][KC]: q, k, v channels at 0, DK, 2 DK; 0 for padding). */
+template <int DK, int DV, int KC>
+__device__ __forceinline__ void fused_conv_weights(const gdn_fused_args &a, int h, float *Cw, int tid) {
+    typedef fused_smem<DK, DV> SM;
+    const int hk = h / (a.nv / a.nk);
+    for (int e = tid; e < SM::NCW * KC; e += FUSED_THREADS) {
+        const int cc = e / KC, j = e % KC;
+        const int seg = cc < DK ? 0 : cc < 2 * DK ? 1 : 2, c = cc - seg * DK;
+        const int ch = seg == 0 ? hk * a.dk + c : seg == 1 ? (a.nk + hk) * a.dk + c : 2 * a.nk * a.dk + h * a.dv + c;
+        Cw[e] = c < (seg == 2 ? a.dv : a.dk) ? a.conv_w[(size_t)ch * KC + j] : 0.f;
+    }
+}
+
+/* The conv + SiLU of the block's 64 tokens [t0, t0 + 64) for the head's q, k (L2-normalised, q also
+ * / sqrt(dk); bf16 to Qs, Ks) and v (fp32 to Vs): a half-warp a token, a lane 8 channels, so a
+ * row's norm is four shuffles. The taps in gdn_conv's order; 0 for tokens past len and padding
+ * channels. */
+template <int DK, int DV, int KC>
+__device__ __forceinline__ void fused_conv(const gdn_fused_args &a, const bf16 *Rs, const float *Cw, int t0, int len,
+                                           bf16 *Qs, bf16 *Ks, float *Vs, int tid) {
+    typedef fused_smem<DK, DV> SM;
+    const int w = tid >> 5, lane = tid & 31, o = lane & 15;
+#pragma unroll 1
+    for (int seg = 0; seg < 3; seg++) {
+        const bool isv = seg == 2;
+        const int size = isv ? a.dv : a.dk, pad = isv ? DV : DK;
+        const bool real = 8 * o < size, mine = 8 * o < pad; /* size and pad are multiples of 8 */
+        const int rs0 = seg * DK + 8 * o; /* the lane's first channel in Rs's rows and Cw */
+        float wt[8][KC];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < KC; j++) wt[i][j] = real ? Cw[(rs0 + i) * KC + j] : 0.f; /* past the head: none */
+        const float qs = seg == 0 ? rsqrtf((float)a.dk) : 1.f;
+#pragma unroll 2
+        for (int it = 0; it < GDN_C / 16; it++) {
+            const int tl = 2 * w + (lane >> 4) + 16 * it, t = t0 + tl;
+            uint4 x[KC];
+#pragma unroll
+            for (int j = 0; j < KC; j++)
+                x[j] = real ? *(const uint4 *)(Rs + (tl + j) * SM::LDR + rs0) : make_uint4(0u, 0u, 0u, 0u);
+            float y[8];
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+                for (int j = 0; j < KC; j++) {
+                    const uint32_t pr = (&x[j].x)[i / 2];
+                    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&pr));
+                    a0 += wt[i][j] * v.x;
+                    a1 += wt[i + 1][j] * v.y;
+                }
+                const bool live = t < len && real;
+                y[i] = live ? cu_silu(a0) : 0.f;
+                y[i + 1] = live ? cu_silu(a1) : 0.f;
+            }
+            if (isv) {
+                if (mine) {
+                    float4 *dst = (float4 *)(Vs + tl * SM::LDV + 8 * o);
+                    dst[0] = make_float4(y[0], y[1], y[2], y[3]);
+                    dst[1] = make_float4(y[4], y[5], y[6], y[7]);
+                }
+                continue;
+            }
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) ss += y[i] * y[i];
+#pragma unroll
+            for (int m = 1; m < 16; m <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+            const float sc = rsqrtf(ss + 1e-6f) * qs;
+            if (mine)
+                *(uint4 *)((seg == 0 ? Qs : Ks) + tl * SM::LDK + 8 * o) =
+                    make_uint4(cu_pack_bf16(y[0] * sc, y[1] * sc), cu_pack_bf16(y[2] * sc, y[3] * sc),
+                               cu_pack_bf16(y[4] * sc, y[5] * sc), cu_pack_bf16(y[6] * sc, y[7] * sc));
+        }
+    }
+}
+
+/* Zeros for rows [r0, r1) of the head's dv columns of Y (the row's, rows ldY apart). */
+__device__ __forceinline__ void fused_zero_rows(bf16 *Y, int ldY, int dv, int r0, int r1, int tid) {
+    const int n8 = dv / 8;
+    for (int e = tid; e < (r1 - r0) * n8; e += FUSED_THREADS)
+        *(uint4 *)(Y + (size_t)(r0 + e / n8) * ldY + 8 * (e % n8)) = make_uint4(0u, 0u, 0u, 0u);
+}
+
+template <int DK, int DV, int KC>
+__global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_args a) {
+    typedef fused_smem<DK, DV> SM;
+    constexpr int LDK = SM::LDK, LDT = GDN_LDT, NKS = DK / 16, NJ = DK / 8;
+    constexpr int CW = DV / 16; /* the chain's warps: 16 rows of S^T each */
+    static_assert(CW <= FUSED_THREADS / 32 && GDN_C == 64, "a chain warp per 16 rows of S^T, 64-token blocks");
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *Qs = (bf16 *)(smem + SM::q_off), *Ks = (bf16 *)(smem + SM::k_off), *Ws = (bf16 *)(smem + SM::w_off);
+    float *Vs = (float *)(smem + SM::v_off), *UT = (float *)(smem + SM::u_off);
+    float *Ls = (float *)(smem + SM::l_off), *Ts = (float *)(smem + SM::t_off), *X = (float *)(smem + SM::x_off);
+    bf16 *Ps = (bf16 *)(smem + SM::p_off), *Zs = (bf16 *)(smem + SM::z_off), *Yt = (bf16 *)(smem + SM::l_off);
+    float *gam = (float *)(smem + SM::vec_off), *Gam = gam + GDN_C, *bet = Gam + GDN_C, *gsc = bet + GDN_C;
+    float *rsq = (float *)(smem + SM::rsq_off), *rsv = (float *)(smem + SM::rs_off);
+    float *Cw = (float *)(smem + SM::cw_off), *glast = Cw + SM::NCW * KC;
+    static_assert(KC == FUSED_K, "the weights' room is FUSED_K taps a channel");
+
+    const int h = blockIdx.x, tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int r = lane >> 2, cc = lane & 3;
+    const cu_chunk_params *prm = a.prm + blockIdx.y;
+    const int len = prm->len, bucket = a.bt.bucket, dv = a.dv;
+    const size_t tok0 = (size_t)blockIdx.y * bucket;
+    const bf16 *P = a.P + tok0 * a.ldP;
+    bf16 *Y = a.Y + tok0 * a.ldY + (size_t)h * dv;
+    if (len < 1) { /* a padding row: zeros for out_proj, no state */
+        fused_zero_rows(Y, a.ldY, dv, 0, bucket, tid);
+        return;
+    }
+    const unsigned char *gin = cu_gdn_in(prm);
+    const bf16 *conv_in = (const bf16 *)(gin + a.bt.conv_off);
+    const bool chain = w < CW; /* warp-uniform */
+    const int n0 = 16 * w + r; /* a chain warp's S^T rows n0, n0 + 8 */
+    float Sacc[NJ][4];
+    float nw0 = 0.f, nw1 = 0.f; /* the gated norm's weights of rows n0, n0 + 8 */
+    if (chain) {
+        const float *Sin = (const float *)(gin + a.bt.s_off) + (size_t)h * DV * DK;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const float2 lo = *(const float2 *)(Sin + (size_t)n0 * DK + 8 * j + 2 * cc);
+            const float2 hi = *(const float2 *)(Sin + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc);
+            Sacc[j][0] = lo.x, Sacc[j][1] = lo.y, Sacc[j][2] = hi.x, Sacc[j][3] = hi.y;
+        }
+        nw0 = n0 < dv ? a.norm_w[n0] : 0.f;
+        nw1 = n0 + 8 < dv ? a.norm_w[n0 + 8] : 0.f;
+    }
+    const float a_log = a.A_log[h], dt_b = a.dt_bias[h];
+    fused_conv_weights<DK, DV, KC>(a, h, Cw, tid); /* read after the first block's barriers */
+
+#pragma unroll 1
+    for (int c = 0; c < a.bt.ncb; c++) {
+        const int t0 = c * GDN_C, tend = min(bucket, t0 + GDN_C) - t0; /* rows of this block in the bucket */
+        if (t0 >= len) { /* padding only */
+            fused_zero_rows(Y, a.ldY, dv, t0, t0 + tend, tid);
+            continue;
+        }
+        __syncthreads(); /* the previous block's shared memory is read */
+        {   /* z rows (the gated norm's), 0 past len */
+            const int n8 = dv / 8;
+            for (int e = tid; e < GDN_C * n8; e += FUSED_THREADS) {
+                const int t = e / n8, s8 = e % n8;
+                const bool ok = t0 + t < len;
+                cu_cp_async16(Zs + t * SM::LDZ + 8 * s8, P + (size_t)(ok ? t0 + t : 0) * a.ldP + a.C + h * dv + 8 * s8,
+                              ok ? 16 : 0);
+            }
+            cu_cp_async_commit();
+        }
+        float raw_b = 0.f, raw_a = 0.f;
+        if (tid < GDN_C && t0 + tid < len) {
+            const bf16 *prow = P + (size_t)(t0 + tid) * a.ldP + a.C + a.nv * dv; /* b, a */
+            raw_b = __bfloat162float(prow[h]);
+            raw_a = __bfloat162float(prow[a.nv + h]);
+        }
+        fused_stage<DK, DV, KC>(a, P, conv_in, h, t0, len, (bf16 *)(smem + SM::r_off), tid);
+        cu_cp_async_commit();
+        cu_cp_async_wait<0>();
+        __syncthreads();
+        fused_conv<DK, DV, KC>(a, (const bf16 *)(smem + SM::r_off), Cw, t0, len, Qs, Ks, Vs, tid);
+        if (tid < GDN_C) { /* the gates, as gdn_prep's */
+            float g = 0.f, b = 0.f;
+            if (t0 + tid < len) {
+                const float x = raw_a + dt_b;
+                const float sp = x > 20.f ? x : log1pf(__expf(x));
+                g = -__expf(a_log) * sp;
+                b = cu_sigmoid(raw_b);
+            }
+            gam[tid] = g;
+            bet[tid] = b;
+        }
+        __syncthreads();
+        if (c == 0) { /* this head's conv inputs are read: its channels of the state move on */
+            bf16 *conv_state = (bf16 *)(prm->gdn + a.bt.conv_off);
+            const int hk = h / (a.nv / a.nk);
+            cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, hk * a.dk + tid, (hk + 1) * a.dk,
+                                      FUSED_THREADS);
+            cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, (a.nk + hk) * a.dk + tid,
+                                      (a.nk + hk + 1) * a.dk, FUSED_THREADS);
+            const int vb = 2 * a.nk * a.dk + h * dv;
+            cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, vb + tid, vb + dv, FUSED_THREADS);
+        }
+        if (w == 0) { /* cumulative log-decay, as gdn_prep's */
+            const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
+            float s = v0 + v1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float u = __shfl_up_sync(0xffffffffu, s, o);
+                if (lane >= o) s += u;
+            }
+            const float g0 = s - v1, g1 = s;
+            const float gl = __shfl_sync(0xffffffffu, s, 31);
+            gam[2 * lane] = g0;
+            gam[2 * lane + 1] = g1;
+            Gam[2 * lane] = __expf(g0);
+            Gam[2 * lane + 1] = __expf(g1);
+            gsc[2 * lane] = __expf(gl - g0);
+            gsc[2 * lane + 1] = __expf(gl - g1);
+            if (lane == 31) *glast = __expf(gl);
+        }
+        __syncthreads();
+        prep_lp<DK>(Qs, Ks, Ls, gam, bet, Ps, LDT, 0, GDN_C, tid);
+        prep_inverse(Ls, Ts, X, tid);
+        prep_wu<DK, DV, 1>(Ts, Ls, bet, Gam, Ks, Vs, Ws, UT, 0, tid);
+        __syncthreads();
+        {   /* Gamma Q and K' in place, as gdn_prep's step 2 */
+            constexpr int SK = DK / 8;
+            for (int e = tid; e < GDN_C * SK; e += FUSED_THREADS) {
+                const int t = e / SK, s8 = e % SK;
+                uint4 *qp = (uint4 *)(Qs + t * LDK + 8 * s8), *kp = (uint4 *)(Ks + t * LDK + 8 * s8);
+                const uint4 qv = *qp, kv = *kp;
+                const __nv_bfloat162 *q2 = (const __nv_bfloat162 *)&qv, *k2 = (const __nv_bfloat162 *)&kv;
+                uint4 qo, ko;
+                uint32_t *qo2 = (uint32_t *)&qo, *ko2 = (uint32_t *)&ko;
+                const float gq = Gam[t], gk = gsc[t];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    qo2[u] = cu_pack_bf16(gq * __low2float(q2[u]), gq * __high2float(q2[u]));
+                    ko2[u] = cu_pack_bf16(gk * __low2float(k2[u]), gk * __high2float(k2[u]));
+                }
+                *qp = qo;
+                *kp = ko;
+            }
+        }
+        cu_cp_async_wait<0>();
+        __syncthreads();
+        float O[8][4]; /* O^T rows n0, n0 + 8, the block's 64 tokens */
+        if (chain) {
+            /* S^T as bf16 A fragments (k = dk), as gdn_scan's */
+            uint32_t sF[NKS][4];
+#pragma unroll
+            for (int ks = 0; ks < NKS; ks++) {
+                sF[ks][0] = cu_pack_bf16(Sacc[2 * ks][0], Sacc[2 * ks][1]);
+                sF[ks][1] = cu_pack_bf16(Sacc[2 * ks][2], Sacc[2 * ks][3]);
+                sF[ks][2] = cu_pack_bf16(Sacc[2 * ks + 1][0], Sacc[2 * ks + 1][1]);
+                sF[ks][3] = cu_pack_bf16(Sacc[2 * ks + 1][2], Sacc[2 * ks + 1][3]);
+            }
+            /* O^T = S^T (Gamma Q)^T: B[k = dk][n = token] = Gamma Q[token][dk] */
+#pragma unroll
+            for (int j = 0; j < 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < NKS; ks++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const bf16 *q = Qs + (8 * j + r) * LDK + 16 * ks + 2 * cc;
+                    cu_mma16816(O[j], sF[ks], *(const uint32_t *)q, *(const uint32_t *)(q + 8));
+                }
+            /* delta^T = U^T - S^T W^T (-S^T: the sign bits flipped, exact) */
+            float D[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float2 lo = *(const float2 *)(UT + n0 * CU_GDN_LDU + 8 * j + 2 * cc);
+                const float2 hi = *(const float2 *)(UT + (n0 + 8) * CU_GDN_LDU + 8 * j + 2 * cc);
+                D[j][0] = lo.x, D[j][1] = lo.y, D[j][2] = hi.x, D[j][3] = hi.y;
+            }
+#pragma unroll
+            for (int ks = 0; ks < NKS; ks++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) sF[ks][e] ^= 0x80008000u;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    const bf16 *wp = Ws + (8 * j + r) * LDK + 16 * ks + 2 * cc;
+                    cu_mma16816(D[j], sF[ks], *(const uint32_t *)wp, *(const uint32_t *)(wp + 8));
+                }
+            }
+            uint32_t dF[4][4]; /* delta^T as bf16 A fragments (k = tokens) */
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++) {
+                dF[ks][0] = cu_pack_bf16(D[2 * ks][0], D[2 * ks][1]);
+                dF[ks][1] = cu_pack_bf16(D[2 * ks][2], D[2 * ks][3]);
+                dF[ks][2] = cu_pack_bf16(D[2 * ks + 1][0], D[2 * ks + 1][1]);
+                dF[ks][3] = cu_pack_bf16(D[2 * ks + 1][2], D[2 * ks + 1][3]);
+            }
+            /* O^T += delta^T P^T: B[k = token j][n = token i] = P[i][j], 0 for j > i */
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (16 * ks > 8 * j + 7) continue;
+                    const bf16 *pp = Ps + (8 * j + r) * LDT + 16 * ks + 2 * cc;
+                    cu_mma16816(O[j], dF[ks], *(const uint32_t *)pp, *(const uint32_t *)(pp + 8));
+                }
+            /* S^T = Gamma_last S^T + delta^T K', as gdn_scan's */
+            const float gl = *glast;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) Sacc[j][0] *= gl, Sacc[j][1] *= gl, Sacc[j][2] *= gl, Sacc[j][3] *= gl;
+#pragma unroll
+            for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+                for (int np = 0; np < NJ / 2; np++) {
+                    uint32_t kb[4];
+                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + 16 * np + (lane >> 4) * 8);
+                    cu_mma16816(Sacc[2 * np], dF[ks], kb[0], kb[1]);
+                    cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
+                }
+            /* the tokens' sums of squares over this warp's 16 rows (tokens 8 j + 2 cc, + 1) */
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float s0 = O[j][0] * O[j][0] + O[j][2] * O[j][2], s1 = O[j][1] * O[j][1] + O[j][3] * O[j][3];
+#pragma unroll
+                for (int m = 4; m < 32; m <<= 1) {
+                    s0 += __shfl_xor_sync(0xffffffffu, s0, m);
+                    s1 += __shfl_xor_sync(0xffffffffu, s1, m);
+                }
+                if (r == 0) {
+                    rsq[w * GDN_C + 8 * j + 2 * cc] = s0;
+                    rsq[w * GDN_C + 8 * j + 2 * cc + 1] = s1;
+                }
+            }
+        }
+        __syncthreads();
+        if (tid < GDN_C) { /* each token's norm scale, its warps' sums in warp order */
+            float ss = 0.f;
+#pragma unroll
+            for (int u = 0; u < CW; u++) ss += rsq[u * GDN_C + tid];
+            rsv[tid] = rsqrtf(ss / (float)dv + a.eps);
+        }
+        __syncthreads();
+        if (chain) { /* the gated RMSNorm into Y's tile (L and T are dead) */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int t = 8 * j + 2 * cc + e;
+                    const float rs = rsv[t];
+                    const bool live = t0 + t < len;
+                    if (n0 < dv)
+                        Yt[t * SM::LDZ + n0] = __float2bfloat16(
+                            live ? O[j][e] * rs * nw0 * cu_silu(__bfloat162float(Zs[t * SM::LDZ + n0])) : 0.f);
+                    if (n0 + 8 < dv)
+                        Yt[t * SM::LDZ + n0 + 8] = __float2bfloat16(
+                            live ? O[j][2 + e] * rs * nw1 * cu_silu(__bfloat162float(Zs[t * SM::LDZ + n0 + 8])) : 0.f);
+                }
+        }
+        __syncthreads();
+        {
+            const int n8 = dv / 8;
+            for (int e = tid; e < tend * n8; e += FUSED_THREADS) {
+                const int t = e / n8, s8 = e % n8;
+                *(uint4 *)(Y + (size_t)(t0 + t) * a.ldY + 8 * s8) = *(const uint4 *)(Yt + t * SM::LDZ + 8 * s8);
+            }
+        }
+    }
+    if (chain) {
+        float *Sout = (float *)(prm->gdn + a.bt.s_off) + (size_t)h * DV * DK;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            *(float2 *)(Sout + (size_t)n0 * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
+            *(float2 *)(Sout + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
+        }
+    }
+}
+
 /* ---- host side -------------------------------------------------------------------------------- */
 
 /* Padded head dims instantiated: DK, DV in {16, 32, 64, 128}. */
 #define GDN_SHAPES(X)                                                                                   \
     X(16, 16) X(16, 32) X(32, 16) X(32, 32) X(32, 64) X(64, 32) X(64, 64) X(64, 128) X(128, 64) X(128, 128)
+
+/* The fused mixer's instances: DK = DV (padded) in {16, 32, 64, 128}, conv width FUSED_K. */
+#define GDN_FUSED_SHAPES(X) X(16) X(32) X(64) X(128)
 
 int cu_gdn_pad(int x) {
     const int p = (x + 15) & ~15;
@@ -1448,6 +1923,73 @@ static int scan_init(squad_err *err) {
     return 0;
 }
 
+/* The fused mixer's shared memory for padded head dims D (0: no instance). */
+static size_t fused_bytes(int D) {
+#define FUSED_BYTES(D_) if (D == D_) return fused_smem<D_, D_>::bytes;
+    GDN_FUSED_SHAPES(FUSED_BYTES)
+#undef FUSED_BYTES
+    return 0;
+}
+
+/* The shared memory a block may opt into on the current GPU (0 when it cannot be read). */
+static int smem_optin(void) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return v;
+}
+
+int cu_gdn_fused_ok(const cu_gdn_dims *d) {
+    if (d->f32 || d->nk != d->nv || d->K != FUSED_K || d->dk % 8 || d->dv % 8 || d->ldP % 8) return 0;
+    const int D = cu_gdn_pad(d->dk), ldY = d->ldY > 0 ? d->ldY : d->nv * d->dv;
+    if (D != cu_gdn_pad(d->dv) || ldY % 8 || (2 * d->nk * d->dk + d->nv * d->dv) % 8) return 0;
+    const size_t need = fused_bytes(D);
+    return need > 0 && need <= (size_t)smem_optin();
+}
+
+/* The fused mixer's shared-memory attribute, where it can run. */
+static int fused_init(const cu_gdn_dims *d, squad_err *err) {
+    if (!cu_gdn_fused_ok(d)) return 0;
+    const int D = cu_gdn_pad(d->dk);
+#define FUSED_INIT(D_)                                                                                             \
+    if (D == D_)                                                                                                   \
+        CU_TRY(cudaFuncSetAttribute(gdn_fused_kernel<D_, D_, FUSED_K>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                    (int)fused_smem<D_, D_>::bytes));
+    GDN_FUSED_SHAPES(FUSED_INIT)
+#undef FUSED_INIT
+    return 0;
+}
+
+/* Whether a launch of nr rows of `rows` tokens takes the fused mixer. Where the GPU's SMs are known
+ * (the backend), only launches of a block an SM or more, of rows longer than one block of 64 tokens:
+ * its blocks are long chains (a (row, head) each), so a launch of fewer loses to the four kernels'
+ * hundreds of blocks (a hit: 2.48 against 1.60 ms at 4096+128), and on rows of one block its conv
+ * and prep cost more than the four kernels' (16 x 32: 2.92-3.00 against 2.75-2.83 ms), while 16
+ * rows of 128 gain (6.98-7.05 against 7.37-7.45; docs/cuda.md, "The fused mixer"). The tests (no
+ * SM count) take it for any rows within fused_rows. */
+static bool gdn_fused_here(const cu_gdn_dims *d, int rows, unsigned nr) {
+    if (d->fused_rows <= 0 || rows > d->fused_rows || !cu_gdn_fused_ok(d)) return false;
+    return d->n_sm == 0 || ((long)d->nv * nr >= d->n_sm && rows > GDN_C);
+}
+
+/* The fused mixer over the launch's rows: a block a (value head, row). */
+static int launch_gdn_fused(const cu_gdn_dims *d, const gdn_fused_args &fa, unsigned nr, cudaStream_t st,
+                            squad_err *err) {
+    const int D = cu_gdn_pad(d->dk);
+#define FUSED_RUN(D_)                                                                                              \
+    if (D == D_) {                                                                                                 \
+        gdn_fused_kernel<D_, D_, FUSED_K><<<dim3(d->nv, nr), FUSED_THREADS, fused_smem<D_, D_>::bytes, st>>>(fa);  \
+        CU_LAUNCH_CHECK("gdn_fused_kernel");                                                                       \
+        return 0;                                                                                                  \
+    }
+    GDN_FUSED_SHAPES(FUSED_RUN)
+#undef FUSED_RUN
+    return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: no fused GDN mixer for head dims %d", D);
+}
+
 int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
     if (d->f32) return 0;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
@@ -1461,7 +2003,7 @@ int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
         CU_TRY(cudaFuncSetAttribute(gdn_out_kernel<DK_, DV_, OUT_RT_SHORT>,                                           \
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,                                    \
                                     (int)out_smem<DK_, DV_, OUT_RT_SHORT>::bytes));                                 \
-        return 0;                                                                                                   \
+        return fused_init(d, err);                                                                                  \
     }
     GDN_SHAPES(GDN_INIT)
 #undef GDN_INIT
@@ -1561,6 +2103,13 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     gdn_out_args oa = {P,     d->ldP, NULL, norm_w, Y,      b->prm, bt,   d->nk, d->nv, d->dv, d->K, C,
                        rows,  d->eps, *scr, d->ldY > 0 ? d->ldY : d->nv * d->dv};
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
+    /* short rows: the whole mixer in one kernel (kernel D), where it applies; in the ablation's
+     * stages it is the conv's group (the others leave nothing out) */
+    if (gdn_fused_here(d, rows, nr) && ((uintptr_t)P & 15) == 0 && ((uintptr_t)Y & 15) == 0) {
+        const gdn_fused_args fa = {P,   d->ldP, conv_w, A_log, dt_bias, norm_w, Y,    oa.ldY,
+                                   b->prm, bt,  d->nk, d->nv, d->dk,  d->dv,  C,    d->eps};
+        return (run & CU_GDN_CONV) ? launch_gdn_fused(d, fa, nr, st, err) : 0;
+    }
     const bool short_rows = rows * b->nrows <= d->short_rows; /* few blocks in all: spread them */
     /* the conv's chain is a row's: short rows take 4 tokens a block however many rows ride along
      * (16 rows of 128 tokens: 0.60-0.70 ms of conv against 0.86 with 16 tokens a block; the out

@@ -115,7 +115,13 @@ static cu_gdn_dims gdn_test_dims(const cu_ref_gdn_args *a) {
     d.short_rows = a->short_rows == 0 ? CU_GDN_SHORT_ROWS : a->short_rows < 0 ? 0 : a->short_rows;
     d.prep_split = a->prep_split; /* no SM count here (n_sm 0): 0 is 1 */
     d.conv_groups = a->conv_groups;
+    d.fused_rows = a->fused_rows == 0 ? CU_GDN_FUSED_ROWS : a->fused_rows < 0 ? 0 : a->fused_rows;
     return d;
+}
+
+extern "C" int squad_cuda_test_gdn_fused(const cu_ref_gdn_args *a) {
+    const cu_gdn_dims d = gdn_test_dims(a);
+    return !d.f32 && d.fused_rows > 0 && a->rows <= d.fused_rows && cu_gdn_fused_ok(&d);
 }
 
 static int test_gdn_run(tbufs *b, const cu_ref_gdn_args *a, const cu_gdn_dims *dp, squad_err *err);

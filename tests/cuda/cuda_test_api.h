@@ -40,9 +40,15 @@ typedef struct cu_ref_gdn_args {
     int prep_split;        /* the prep's blocks a (block of 64 tokens, head): 1, 2 or 4; 0: 1 */
     int conv_groups;       /* the pipelined conv's 16-row groups a block; < 0: the one-tile conv on
                               every launch; 0: as chosen without an SM count (3) */
+    int fused_rows;        /* launches of at most this many tokens run the fused mixer where it applies
+                              (squad_cuda_test_gdn_fused); 0: the backend's bound; < 0: never. Its
+                              bits are not the four kernels' (other sums' orders), only within the
+                              tolerances */
 } cu_ref_gdn_args;
 void cu_ref_gdn(const cu_ref_gdn_args *a);
 int squad_cuda_test_gdn(const cu_ref_gdn_args *a, squad_err *err);
+/* 1 when the dims of a run the fused mixer on this GPU (its rows within fused_rows), else 0. */
+int squad_cuda_test_gdn_fused(const cu_ref_gdn_args *a);
 
 /* ---- gated attention after q/k/v_proj ---- */
 typedef struct cu_ref_attn_args {
