@@ -507,6 +507,49 @@ struct prep_split {
     static constexpr int WB = DK / S, UB = DV / S;         /* columns of W, U^T */
 };
 
+/* The gates of a token (g, the log-decay, and beta) from its raw a, b; 0 for a token past the row. */
+__device__ __forceinline__ void prep_gate(float raw_a, float raw_b, float a_log, float dt_b, bool live, float &g,
+                                          float &b) {
+    g = 0.f, b = 0.f;
+    if (live) {
+        const float x = raw_a + dt_b;
+        const float sp = x > 20.f ? x : log1pf(__expf(x));
+        g = -__expf(a_log) * sp;
+        b = cu_sigmoid(raw_b);
+    }
+}
+
+/* One warp: the block's cumulative log-decay gamma in place of its gates g (64 of them), Gamma =
+ * exp(gamma) and exp(gamma_last - gamma); returns gamma_last (every lane). */
+__device__ __forceinline__ float prep_decay(float *gam, float *Gam, float *gsc, int lane) {
+    const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
+    float s = v0 + v1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float u = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) s += u;
+    }
+    const float g0 = s - v1, g1 = s;
+    const float glast = __shfl_sync(0xffffffffu, s, 31);
+    gam[2 * lane] = g0;
+    gam[2 * lane + 1] = g1;
+    Gam[2 * lane] = __expf(g0);
+    Gam[2 * lane + 1] = __expf(g1);
+    gsc[2 * lane] = __expf(glast - g0);
+    gsc[2 * lane + 1] = __expf(glast - g1);
+    return glast;
+}
+
+/* Eight bf16 values scaled by f, rounded back to bf16 (diag(Gamma) Q and K' rows). */
+__device__ __forceinline__ uint4 prep_scale8(uint4 v, float f) {
+    const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&v;
+    uint4 o;
+    uint32_t *o2 = (uint32_t *)&o;
+#pragma unroll
+    for (int u = 0; u < 4; u++) o2[u] = cu_pack_bf16(f * __low2float(v2[u]), f * __high2float(v2[u]));
+    return o;
+}
+
 /* The prep's steps, shared by the prep kernel and the fused mixer (kernel D): the same
  * instructions in the same order, so both give W, U^T, P and T the same bits. Q, K (bf16) and V
  * (fp32) of one block of 64 tokens are in shared memory, rows DK + 8 and DV + 4 apart. */
@@ -819,34 +862,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     }
 
     /* 0. gates */
-    if (tid < GDN_C) { /* b, a follow q, k, v and z in P (loaded at the top) */
-        float g = 0.f, b = 0.f;
-        if (t0 + tid < len) {
-            const float x = raw_a + dt_b;
-            const float sp = x > 20.f ? x : log1pf(__expf(x));
-            g = -__expf(a_log) * sp;
-            b = cu_sigmoid(raw_b);
-        }
-        gam[tid] = g;
-        bet[tid] = b;
-    }
+    if (tid < GDN_C) /* b, a follow q, k, v and z in P (loaded at the top) */
+        prep_gate(raw_a, raw_b, a_log, dt_b, t0 + tid < len, gam[tid], bet[tid]);
     __syncthreads();
     if (w == 0) { /* cumulative log-decay */
-        const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
-        float s = v0 + v1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float u = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += u;
-        }
-        const float g0 = s - v1, g1 = s;
-        const float glast = __shfl_sync(0xffffffffu, s, 31);
-        gam[2 * lane] = g0;
-        gam[2 * lane + 1] = g1;
-        Gam[2 * lane] = __expf(g0);
-        Gam[2 * lane + 1] = __expf(g1);
-        gsc[2 * lane] = __expf(glast - g0);
-        gsc[2 * lane + 1] = __expf(glast - g1);
+        const float glast = prep_decay(gam, Gam, gsc, lane);
         if (lane == 31 && sp == 0) a.scr.glast[blk] = __expf(glast);
     }
     cu_cp_async_wait<0>();
@@ -859,18 +879,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
         bf16 *Kp = a.scr.Kp + blk * GDN_C * CU_GDN_LDW(DK);
         for (int e = tid; e < SP::ROWS * SK; e += PREP_THREADS) {
             const int t = row0 + e / SK, s = e % SK;
-            const uint4 qv = *(const uint4 *)(Qs + t * LDK + 8 * s), kv = *(const uint4 *)(Ks + t * LDK + 8 * s);
-            const __nv_bfloat162 *q2 = (const __nv_bfloat162 *)&qv, *k2 = (const __nv_bfloat162 *)&kv;
-            uint4 qo, ko;
-            uint32_t *qo2 = (uint32_t *)&qo, *ko2 = (uint32_t *)&ko;
-            const float gq = Gam[t], gk = gsc[t];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                qo2[u] = cu_pack_bf16(gq * __low2float(q2[u]), gq * __high2float(q2[u]));
-                ko2[u] = cu_pack_bf16(gk * __low2float(k2[u]), gk * __high2float(k2[u]));
-            }
-            *(uint4 *)(Qg + t * DK + 8 * s) = qo;
-            *(uint4 *)(Kp + t * CU_GDN_LDW(DK) + 8 * s) = ko;
+            *(uint4 *)(Qg + t * DK + 8 * s) = prep_scale8(*(const uint4 *)(Qs + t * LDK + 8 * s), Gam[t]);
+            *(uint4 *)(Kp + t * CU_GDN_LDW(DK) + 8 * s) = prep_scale8(*(const uint4 *)(Ks + t * LDK + 8 * s), gsc[t]);
         }
     }
 
@@ -878,6 +888,15 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) gdn_prep_kernel(gdn_prep_args
     prep_inverse(Ls, Ts, reinterpret_cast<float *>(Qs), tid); /* X in Q's tile, dead since step 3 */
     prep_wu<DK, DV, SPLIT>(Ts, Ls, bet, Gam, Ks, Vs, a.scr.W + blk * GDN_C * CU_GDN_LDW(DK),
                            a.scr.UT + blk * DV * CU_GDN_LDU, sp, tid);
+}
+
+/* Two m16n8 accumulator tiles (columns 16 ks .. 16 ks + 15 of a product) as an m16k16 bf16 A
+ * fragment: mma's accumulator layout is its A operand's, so one product's result feeds the next. */
+__device__ __forceinline__ void gdn_acc_to_a(const float (&lo)[4], const float (&hi)[4], uint32_t (&a)[4]) {
+    a[0] = cu_pack_bf16(lo[0], lo[1]);
+    a[1] = cu_pack_bf16(lo[2], lo[3]);
+    a[2] = cu_pack_bf16(hi[0], hi[1]);
+    a[3] = cu_pack_bf16(hi[2], hi[3]);
 }
 
 /* ---- kernel B: the recurrence; one block per (value head, 16 rows of S^T), sequential over blocks */
@@ -1072,10 +1091,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
         uint32_t dF[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
-            dF[ks][0] = cu_pack_bf16(D[2 * ks][0], D[2 * ks][1]);
-            dF[ks][1] = cu_pack_bf16(D[2 * ks][2], D[2 * ks][3]);
-            dF[ks][2] = cu_pack_bf16(D[2 * ks + 1][0], D[2 * ks + 1][1]);
-            dF[ks][3] = cu_pack_bf16(D[2 * ks + 1][2], D[2 * ks + 1][3]);
+            gdn_acc_to_a(D[2 * ks], D[2 * ks + 1], dF[ks]);
             if (kq == 0) {
                 *(uint32_t *)(dT + 16 * ks + 2 * cc) = dF[ks][0];
                 *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 2 * cc) = dF[ks][1];
@@ -1600,17 +1616,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
         cu_cp_async_wait<0>();
         __syncthreads();
         fused_conv<DK, DV, KC>(a, (const bf16 *)(smem + SM::r_off), Cw, t0, len, Qs, Ks, Vs, tid);
-        if (tid < GDN_C) { /* the gates, as gdn_prep's */
-            float g = 0.f, b = 0.f;
-            if (t0 + tid < len) {
-                const float x = raw_a + dt_b;
-                const float sp = x > 20.f ? x : log1pf(__expf(x));
-                g = -__expf(a_log) * sp;
-                b = cu_sigmoid(raw_b);
-            }
-            gam[tid] = g;
-            bet[tid] = b;
-        }
+        if (tid < GDN_C) /* the gates, as gdn_prep's */
+            prep_gate(raw_a, raw_b, a_log, dt_b, t0 + tid < len, gam[tid], bet[tid]);
         __syncthreads();
         if (c == 0) { /* this head's conv inputs are read: its channels of the state move on */
             bf16 *conv_state = (bf16 *)(prm->gdn + a.bt.conv_off);
@@ -1623,21 +1630,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
             cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, vb + tid, vb + dv, FUSED_THREADS);
         }
         if (w == 0) { /* cumulative log-decay, as gdn_prep's */
-            const float v0 = gam[2 * lane], v1 = gam[2 * lane + 1];
-            float s = v0 + v1;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const float u = __shfl_up_sync(0xffffffffu, s, o);
-                if (lane >= o) s += u;
-            }
-            const float g0 = s - v1, g1 = s;
-            const float gl = __shfl_sync(0xffffffffu, s, 31);
-            gam[2 * lane] = g0;
-            gam[2 * lane + 1] = g1;
-            Gam[2 * lane] = __expf(g0);
-            Gam[2 * lane + 1] = __expf(g1);
-            gsc[2 * lane] = __expf(gl - g0);
-            gsc[2 * lane + 1] = __expf(gl - g1);
+            const float gl = prep_decay(gam, Gam, gsc, lane);
             if (lane == 31) *glast = __expf(gl);
         }
         __syncthreads();
@@ -1650,18 +1643,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
             for (int e = tid; e < GDN_C * SK; e += FUSED_THREADS) {
                 const int t = e / SK, s8 = e % SK;
                 uint4 *qp = (uint4 *)(Qs + t * LDK + 8 * s8), *kp = (uint4 *)(Ks + t * LDK + 8 * s8);
-                const uint4 qv = *qp, kv = *kp;
-                const __nv_bfloat162 *q2 = (const __nv_bfloat162 *)&qv, *k2 = (const __nv_bfloat162 *)&kv;
-                uint4 qo, ko;
-                uint32_t *qo2 = (uint32_t *)&qo, *ko2 = (uint32_t *)&ko;
-                const float gq = Gam[t], gk = gsc[t];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    qo2[u] = cu_pack_bf16(gq * __low2float(q2[u]), gq * __high2float(q2[u]));
-                    ko2[u] = cu_pack_bf16(gk * __low2float(k2[u]), gk * __high2float(k2[u]));
-                }
-                *qp = qo;
-                *kp = ko;
+                *qp = prep_scale8(*qp, Gam[t]);
+                *kp = prep_scale8(*kp, gsc[t]);
             }
         }
         cu_cp_async_wait<0>();
@@ -1671,12 +1654,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
             /* S^T as bf16 A fragments (k = dk), as gdn_scan's */
             uint32_t sF[NKS][4];
 #pragma unroll
-            for (int ks = 0; ks < NKS; ks++) {
-                sF[ks][0] = cu_pack_bf16(Sacc[2 * ks][0], Sacc[2 * ks][1]);
-                sF[ks][1] = cu_pack_bf16(Sacc[2 * ks][2], Sacc[2 * ks][3]);
-                sF[ks][2] = cu_pack_bf16(Sacc[2 * ks + 1][0], Sacc[2 * ks + 1][1]);
-                sF[ks][3] = cu_pack_bf16(Sacc[2 * ks + 1][2], Sacc[2 * ks + 1][3]);
-            }
+            for (int ks = 0; ks < NKS; ks++) gdn_acc_to_a(Sacc[2 * ks], Sacc[2 * ks + 1], sF[ks]);
             /* O^T = S^T (Gamma Q)^T: B[k = dk][n = token] = Gamma Q[token][dk] */
 #pragma unroll
             for (int j = 0; j < 8; j++) O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
@@ -1707,12 +1685,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
             }
             uint32_t dF[4][4]; /* delta^T as bf16 A fragments (k = tokens) */
 #pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                dF[ks][0] = cu_pack_bf16(D[2 * ks][0], D[2 * ks][1]);
-                dF[ks][1] = cu_pack_bf16(D[2 * ks][2], D[2 * ks][3]);
-                dF[ks][2] = cu_pack_bf16(D[2 * ks + 1][0], D[2 * ks + 1][1]);
-                dF[ks][3] = cu_pack_bf16(D[2 * ks + 1][2], D[2 * ks + 1][3]);
-            }
+            for (int ks = 0; ks < 4; ks++) gdn_acc_to_a(D[2 * ks], D[2 * ks + 1], dF[ks]);
             /* O^T += delta^T P^T: B[k = token j][n = token i] = P[i][j], 0 for j > i */
 #pragma unroll
             for (int ks = 0; ks < 4; ks++)
