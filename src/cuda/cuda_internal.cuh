@@ -535,8 +535,10 @@ typedef struct cu_gdn_dims {
     int fused_rows;        /* launches whose rows (bucket) have at most this many tokens run the fused
                               mixer (one kernel, a block a (row, head)) where cu_gdn_fused_ok holds
                               and, with n_sm set, the launch has a block an SM and rows of more than
-                              64 tokens (k_gdn.cu's gdn_fused_here); 0: never (the backend:
+                              64 tokens (cu_gdn_fused_here); 0: never (the backend:
                               cuda_knobs.gdn_fused_rows) */
+    int fused_fits;        /* set by cu_gdn_init: the fused mixer has an instance for these head dims
+                              and this GPU gives a block its shared memory */
 } cu_gdn_dims;
 #define CU_GDN_SHORT_ROWS 256 /* a hit's question: 4 tokens a conv block, one row tile an out block */
 #define CU_GDN_FUSED_ROWS 128 /* the fused mixer's default bound (docs/cuda.md, "The fused mixer") */
@@ -571,10 +573,13 @@ size_t cu_gdn_scratch_bytes(const cu_gdn_dims *d, int tokens, int blocks);
 void cu_gdn_scratch_bind(cu_gdn_scratch *s, void *base, const cu_gdn_dims *d, int tokens, int blocks);
 int cu_gdn_supported(const cu_gdn_dims *d);
 /* Whether the fused mixer can run these dims (nv == nk, conv width 4, head dims padded alike, 8-aligned
- * rows, its shared memory on this GPU); launches of longer rows than fused_rows still take the four
- * kernels. */
+ * rows, fused_fits); launches of longer rows than fused_rows still take the four kernels. */
 int cu_gdn_fused_ok(const cu_gdn_dims *d);
-int cu_gdn_init(const cu_gdn_dims *d, squad_err *err); /* kernel attributes (shared memory) */
+/* Whether a launch of nrows rows of `rows` tokens (the bucket) takes the fused mixer (the rule
+ * cu_gdn_forward applies, but for its pointers' 16-byte alignment). */
+int cu_gdn_fused_here(const cu_gdn_dims *d, int rows, unsigned nrows);
+/* Kernel attributes (shared memory), and d->fused_fits. */
+int cu_gdn_init(cu_gdn_dims *d, squad_err *err);
 /* Every row of the batch at once (a grid dimension over rows). P: [tokens][ldP] bf16 in_proj output;
  * per row, its slot's arena (prm[r].gdn) holds this layer's S at byte offset s_off ([nv][pad dv][pad dk]
  * fp32, the transposed state; updated) and its conv inputs at conv_off ([K-1][C] bf16; updated);

@@ -41,7 +41,7 @@
  * D, gdn_fused (a block per (row, value head), for batches of many rows of 65 to 128 tokens): the
  *   whole mixer of a row's head in one block, A0 .. C's steps with every intermediate in shared
  *   memory and S^T in registers for the whole row (kernel D below; docs/cuda.md, "The fused mixer").
- *   Where it runs is measured (gdn_fused_here): on a single row or rows of one block of 64 tokens it
+ *   Where it runs is measured (cu_gdn_fused_here): on a single row or rows of one block of 64 tokens it
  *   loses to the four kernels' spread.
  * The state is kept transposed, S^T [nv][dv][dk] fp32 (a backend-internal layout).
  * Head dims: the kernels are instantiated for dk, dv padded up to 16, 32, 64 or 128 (DK, DV
@@ -218,11 +218,12 @@ __device__ __forceinline__ float conv_row_sums(const float2 (&y)[TT], int lane) 
 template <int TT>
 __device__ __forceinline__ bool conv_row_lane(int lane) { return (lane & 1) == 0 && (lane & ~(2 * TT - 1)) == 0; }
 /* The L2-norm scale of a row from its two warps' sums (in this order: the same bits everywhere). */
+#define GDN_QK_NORM_EPS 1e-6f /* the q / k L2 norms' eps (the reference's l2norm) */
 __device__ __forceinline__ float conv_row_scale(float s0, float s1, float qs) {
     float ss = 0.f;
     ss += s0;
     ss += s1;
-    return rsqrtf(ss + 1e-6f) * qs;
+    return rsqrtf(ss + GDN_QK_NORM_EPS) * qs;
 }
 
 template <int KC, int TT, int MINB>
@@ -899,6 +900,52 @@ __device__ __forceinline__ void gdn_acc_to_a(const float (&lo)[4], const float (
     a[3] = cu_pack_bf16(hi[2], hi[3]);
 }
 
+/* A warp's S^T in mma accumulators: rows n0 and n0 + 8 of a head's [DV][DK] state, NJ 8-column
+ * tiles from dk column kofs (the recurrence of gdn_scan and of the fused mixer). */
+template <int DK, int NJ>
+__device__ __forceinline__ void gdn_state_load(float (&S)[NJ][4], const float *Sh, int n0, int kofs, int cc) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        const float2 lo = *(const float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
+        const float2 hi = *(const float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
+        S[j][0] = lo.x;
+        S[j][1] = lo.y;
+        S[j][2] = hi.x;
+        S[j][3] = hi.y;
+    }
+}
+template <int DK, int NJ>
+__device__ __forceinline__ void gdn_state_store(const float (&S)[NJ][4], float *Sh, int n0, int kofs, int cc) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        *(float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc) = make_float2(S[j][0], S[j][1]);
+        *(float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc) = make_float2(S[j][2], S[j][3]);
+    }
+}
+/* One block's step of the state: S^T = Gamma_last S^T + delta^T K' over the warp's dk columns, delta^T
+ * as bf16 A fragments (k = tokens), K' [64][ldk] bf16 in shared memory (B[k = token][n = dk]: pairs
+ * along the token, so ldmatrix.trans). */
+template <int NJ>
+__device__ __forceinline__ void gdn_state_step(float (&S)[NJ][4], float gl, const uint32_t (&dF)[4][4],
+                                               const bf16 *Kp, int ldk, int kofs, int lane) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        S[j][0] *= gl;
+        S[j][1] *= gl;
+        S[j][2] *= gl;
+        S[j][3] *= gl;
+    }
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+        for (int np = 0; np < NJ / 2; np++) {
+            uint32_t kb[4];
+            cu_ldmatrix_x4_trans(kb, Kp + (16 * ks + (lane & 15)) * ldk + kofs + 16 * np + (lane >> 4) * 8);
+            cu_mma16816(S[2 * np], dF[ks], kb[0], kb[1]);
+            cu_mma16816(S[2 * np + 1], dF[ks], kb[2], kb[3]);
+        }
+}
+
 /* ---- kernel B: the recurrence; one block per (value head, 16 rows of S^T), sequential over blocks */
 
 struct gdn_scan_args {
@@ -997,15 +1044,7 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
     const float *Sh_in = S_in + (size_t)h * DV * DK;
     const int nl = 16 * rg + r; /* row inside the block's slice */
     const int n0 = n_base + nl;
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-        const float2 lo = *(const float2 *)(Sh_in + (size_t)n0 * DK + kofs + 8 * j + 2 * cc);
-        const float2 hi = *(const float2 *)(Sh_in + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc);
-        Sacc[j][0] = lo.x;
-        Sacc[j][1] = lo.y;
-        Sacc[j][2] = hi.x;
-        Sacc[j][3] = hi.y;
-    }
+    gdn_state_load<DK, NJ>(Sacc, Sh_in, n0, kofs, cc);
 
     for (int ci = 0; ci < nreal; ci++) {
         const size_t blk = (size_t)ci * a.nv + h;
@@ -1099,30 +1138,9 @@ __global__ void __launch_bounds__(scan_smem<DK, DV, RG_, NS_>::NWARP * 32) gdn_s
                 *(uint32_t *)(dT + 8 * GDN_C + 16 * ks + 8 + 2 * cc) = dF[ks][3];
             }
         }
-        /* S^T = Gamma_last S^T + delta^T K' (this warp's dk columns) */
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            Sacc[j][0] *= gl;
-            Sacc[j][1] *= gl;
-            Sacc[j][2] *= gl;
-            Sacc[j][3] *= gl;
-        }
-        /* B[k = token][n = dk] = K'[token][dk]: pairs along the token, so ldmatrix.trans from [64][DK] */
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int np = 0; np < NJ / 2; np++) {
-                uint32_t kb[4];
-                cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * SM::LDW + kofs + 16 * np + (lane >> 4) * 8);
-                cu_mma16816(Sacc[2 * np], dF[ks], kb[0], kb[1]);
-                cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
-            }
+        gdn_state_step<NJ>(Sacc, gl, dF, Ks, SM::LDW, kofs, lane); /* this warp's dk columns */
     }
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-        *(float2 *)(Sh + (size_t)n0 * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
-        *(float2 *)(Sh + (size_t)(n0 + 8) * DK + kofs + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
-    }
+    gdn_state_store<DK, NJ>(Sacc, Sh, n0, kofs, cc);
 }
 
 /* ---- kernel C: outputs; blocks per (block of 64 tokens, value head), all independent ----------- */
@@ -1387,7 +1405,7 @@ __global__ void __launch_bounds__(OUT_THREADS) gdn_out_kernel(gdn_out_args a) {
  * meet in another order (the q / k norms, the output's products transposed), so the outputs are
  * within the chunked form's round-off of theirs, not the same bits. A block is one long chain (8
  * warps, one block an SM by its shared memory), so it pays only where many rows fill the GPU with
- * such blocks: a single hit's 16 blocks lose to the four kernels' hundreds (gdn_fused_here). */
+ * such blocks: a single hit's 16 blocks lose to the four kernels' hundreds (cu_gdn_fused_here). */
 #define FUSED_THREADS 256
 #define FUSED_K 4 /* the conv width it is built for (the Qwen3.5 models'); others run the four kernels */
 
@@ -1524,7 +1542,7 @@ __device__ __forceinline__ void fused_conv(const gdn_fused_args &a, const bf16 *
             for (int i = 0; i < 8; i++) ss += y[i] * y[i];
 #pragma unroll
             for (int m = 1; m < 16; m <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);
-            const float sc = rsqrtf(ss + 1e-6f) * qs;
+            const float sc = rsqrtf(ss + GDN_QK_NORM_EPS) * qs;
             if (mine)
                 *(uint4 *)((seg == 0 ? Qs : Ks) + tl * SM::LDK + 8 * o) =
                     make_uint4(cu_pack_bf16(y[0] * sc, y[1] * sc), cu_pack_bf16(y[2] * sc, y[3] * sc),
@@ -1574,13 +1592,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
     float Sacc[NJ][4];
     float nw0 = 0.f, nw1 = 0.f; /* the gated norm's weights of rows n0, n0 + 8 */
     if (chain) {
-        const float *Sin = (const float *)(gin + a.bt.s_off) + (size_t)h * DV * DK;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            const float2 lo = *(const float2 *)(Sin + (size_t)n0 * DK + 8 * j + 2 * cc);
-            const float2 hi = *(const float2 *)(Sin + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc);
-            Sacc[j][0] = lo.x, Sacc[j][1] = lo.y, Sacc[j][2] = hi.x, Sacc[j][3] = hi.y;
-        }
+        gdn_state_load<DK, NJ>(Sacc, (const float *)(gin + a.bt.s_off) + (size_t)h * DV * DK, n0, 0, cc);
         nw0 = n0 < dv ? a.norm_w[n0] : 0.f;
         nw1 = n0 + 8 < dv ? a.norm_w[n0 + 8] : 0.f;
     }
@@ -1695,19 +1707,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
                     const bf16 *pp = Ps + (8 * j + r) * LDT + 16 * ks + 2 * cc;
                     cu_mma16816(O[j], dF[ks], *(const uint32_t *)pp, *(const uint32_t *)(pp + 8));
                 }
-            /* S^T = Gamma_last S^T + delta^T K', as gdn_scan's */
-            const float gl = *glast;
-#pragma unroll
-            for (int j = 0; j < NJ; j++) Sacc[j][0] *= gl, Sacc[j][1] *= gl, Sacc[j][2] *= gl, Sacc[j][3] *= gl;
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-                for (int np = 0; np < NJ / 2; np++) {
-                    uint32_t kb[4];
-                    cu_ldmatrix_x4_trans(kb, Ks + (16 * ks + (lane & 15)) * LDK + 16 * np + (lane >> 4) * 8);
-                    cu_mma16816(Sacc[2 * np], dF[ks], kb[0], kb[1]);
-                    cu_mma16816(Sacc[2 * np + 1], dF[ks], kb[2], kb[3]);
-                }
+            gdn_state_step<NJ>(Sacc, *glast, dF, Ks, LDK, 0, lane); /* every dk column */
             /* the tokens' sums of squares over this warp's 16 rows (tokens 8 j + 2 cc, + 1) */
 #pragma unroll
             for (int j = 0; j < 8; j++) {
@@ -1756,14 +1756,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
             }
         }
     }
-    if (chain) {
-        float *Sout = (float *)(prm->gdn + a.bt.s_off) + (size_t)h * DV * DK;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            *(float2 *)(Sout + (size_t)n0 * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][0], Sacc[j][1]);
-            *(float2 *)(Sout + (size_t)(n0 + 8) * DK + 8 * j + 2 * cc) = make_float2(Sacc[j][2], Sacc[j][3]);
-        }
-    }
+    if (chain) gdn_state_store<DK, NJ>(Sacc, (float *)(prm->gdn + a.bt.s_off) + (size_t)h * DV * DK, n0, 0, cc);
 }
 
 /* ---- host side -------------------------------------------------------------------------------- */
@@ -1916,15 +1909,17 @@ static int smem_optin(void) {
 }
 
 int cu_gdn_fused_ok(const cu_gdn_dims *d) {
-    if (d->f32 || d->nk != d->nv || d->K != FUSED_K || d->dk % 8 || d->dv % 8 || d->ldP % 8) return 0;
-    const int D = cu_gdn_pad(d->dk), ldY = d->ldY > 0 ? d->ldY : d->nv * d->dv;
-    if (D != cu_gdn_pad(d->dv) || ldY % 8 || (2 * d->nk * d->dk + d->nv * d->dv) % 8) return 0;
-    const size_t need = fused_bytes(D);
-    return need > 0 && need <= (size_t)smem_optin();
+    if (!d->fused_fits || d->f32 || d->nk != d->nv || d->K != FUSED_K || d->dk % 8 || d->dv % 8 || d->ldP % 8)
+        return 0;
+    const int ldY = d->ldY > 0 ? d->ldY : d->nv * d->dv;
+    return cu_gdn_pad(d->dk) == cu_gdn_pad(d->dv) && ldY % 8 == 0 && (2 * d->nk * d->dk + d->nv * d->dv) % 8 == 0;
 }
 
-/* The fused mixer's shared-memory attribute, where it can run. */
-static int fused_init(const cu_gdn_dims *d, squad_err *err) {
+/* Whether the fused mixer has an instance for these head dims whose shared memory this GPU gives a
+ * block (d->fused_fits, asked once, here), and its kernel attribute where it does. */
+static int fused_init(cu_gdn_dims *d, squad_err *err) {
+    const size_t need = fused_bytes(cu_gdn_pad(d->dk));
+    d->fused_fits = need > 0 && need <= (size_t)smem_optin();
     if (!cu_gdn_fused_ok(d)) return 0;
     const int D = cu_gdn_pad(d->dk);
 #define FUSED_INIT(D_)                                                                                             \
@@ -1943,8 +1938,8 @@ static int fused_init(const cu_gdn_dims *d, squad_err *err) {
  * and prep cost more than the four kernels' (16 x 32: 2.92-3.00 against 2.75-2.83 ms), while 16
  * rows of 128 gain (6.98-7.05 against 7.37-7.45; docs/cuda.md, "The fused mixer"). The tests (no
  * SM count) take it for any rows within fused_rows. */
-static bool gdn_fused_here(const cu_gdn_dims *d, int rows, unsigned nr) {
-    if (d->fused_rows <= 0 || rows > d->fused_rows || !cu_gdn_fused_ok(d)) return false;
+int cu_gdn_fused_here(const cu_gdn_dims *d, int rows, unsigned nr) {
+    if (d->fused_rows <= 0 || rows > d->fused_rows || !cu_gdn_fused_ok(d)) return 0;
     return d->n_sm == 0 || ((long)d->nv * nr >= d->n_sm && rows > GDN_C);
 }
 
@@ -1963,7 +1958,7 @@ static int launch_gdn_fused(const cu_gdn_dims *d, const gdn_fused_args &fa, unsi
     return cu_err(err, SQUAD_E_UNSUPPORTED, "CUDA: no fused GDN mixer for head dims %d", D);
 }
 
-int cu_gdn_init(const cu_gdn_dims *d, squad_err *err) {
+int cu_gdn_init(cu_gdn_dims *d, squad_err *err) {
     if (d->f32) return 0;
     const int DKP = cu_gdn_pad(d->dk), DVP = cu_gdn_pad(d->dv);
 #define GDN_INIT(DK_, DV_)                                                                                          \
@@ -2078,7 +2073,7 @@ int cu_gdn_forward(const cu_gdn_dims *d, const void *Pv, size_t conv_off, const 
     const unsigned run = d->stages ? d->stages : CU_GDN_CONV | CU_GDN_PREP | CU_GDN_SCAN | CU_GDN_OUT;
     /* short rows: the whole mixer in one kernel (kernel D), where it applies; in the ablation's
      * stages it is the conv's group (the others leave nothing out) */
-    if (gdn_fused_here(d, rows, nr) && ((uintptr_t)P & 15) == 0 && ((uintptr_t)Y & 15) == 0) {
+    if (cu_gdn_fused_here(d, rows, nr) && ((uintptr_t)P & 15) == 0 && ((uintptr_t)Y & 15) == 0) {
         const gdn_fused_args fa = {P,   d->ldP, conv_w, A_log, dt_bias, norm_w, Y,    oa.ldY,
                                    b->prm, bt,  d->nk, d->nv, d->dk,  d->dv,  C,    d->eps};
         return (run & CU_GDN_CONV) ? launch_gdn_fused(d, fa, nr, st, err) : 0;

@@ -120,8 +120,8 @@ static cu_gdn_dims gdn_test_dims(const cu_ref_gdn_args *a) {
 }
 
 extern "C" int squad_cuda_test_gdn_fused(const cu_ref_gdn_args *a) {
-    const cu_gdn_dims d = gdn_test_dims(a);
-    return !d.f32 && d.fused_rows > 0 && a->rows <= d.fused_rows && cu_gdn_fused_ok(&d);
+    cu_gdn_dims d = gdn_test_dims(a);
+    return cu_gdn_supported(&d) && cu_gdn_init(&d, NULL) == 0 && cu_gdn_fused_here(&d, a->rows, 1);
 }
 
 static int test_gdn_run(tbufs *b, const cu_ref_gdn_args *a, const cu_gdn_dims *dp, squad_err *err);
