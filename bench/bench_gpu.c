@@ -4,6 +4,7 @@
  *
  *   bench_gpu --model DIR [--reps N] [--bw GB/s] [--tflops T] [--rows-out FILE] [--json FILE]
  *   bench_gpu --model DIR --profile cold:N|hit:Q      (one row between cudaProfilerStart / Stop, for ncu)
+ *   bench_gpu --model DIR --profile batch:NxQ        (one batched step of N Q-token hits, likewise)
  *   bench_gpu --model DIR --ablate [--reps N]          (each kernel group's share of a chunk's graph)
  *   bench_gpu --model DIR --long [--reps N]            (long rows: cold and hits at 32k / 64k / 128k)
  *   bench_gpu --model DIR --batch [--reps N]           (N = 1 .. 64 concurrent hits in one batched forward)
@@ -364,6 +365,29 @@ static int batch_restore(squad_backend *be, int n, int shared, void *const *G, v
     return rc;
 }
 
+/* n cached STATE_LEN-token states of fresh ids: each row run on slot 0 and saved into G[s], KV[s]
+ * (allocated here; the caller releases them). */
+static int batch_states(squad_backend *be, int n, int V, void **G, void **KV, squad_err *err) {
+    int32_t *ids = malloc(sizeof(int32_t) * STATE_LEN);
+    int rc = ids ? 0 : SQUAD_E_NOMEM;
+    for (int s = 0; s < n && !rc; s++) {
+        fill(ids, STATE_LEN, V);
+        squad_chunk ch;
+        memset(&ch, 0, sizeof ch);
+        ch.ids = ids;
+        ch.len = STATE_LEN;
+        G[s] = be->alloc(be, be->gdn_snapshot_bytes, err);
+        KV[s] = G[s] ? be->alloc(be, (size_t)STATE_LEN * be->kv_bytes_per_pos, err) : NULL;
+        if (!KV[s]) rc = SQUAD_E_NOMEM;
+        if (!rc) rc = be->reset(be, 0, err);
+        if (!rc) rc = squad_backend_forward1(be, &ch, NULL, err);
+        if (!rc) rc = be->save_gdn(be, 0, G[s], err);
+        if (!rc) rc = be->save_kv(be, 0, KV[s], STATE_LEN, err);
+    }
+    free(ids);
+    return rc;
+}
+
 static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
     const squad_config *c = &m->cfg;
     squad_engine_opts o;
@@ -380,29 +404,14 @@ static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
     }
     const int V = c->vocab_size;
     void *G[BATCH_MAX_N] = {0}, *KV[BATCH_MAX_N] = {0};
-    int32_t *state_ids = malloc(sizeof(int32_t) * STATE_LEN);
     int32_t *q_ids = malloc(sizeof(int32_t) * BATCH_MAX_N * BATCH_MAX_Q), letters[N_LETTERS];
     double *ta = calloc((size_t)reps, sizeof(double)), *tb = calloc((size_t)reps, sizeof(double));
     float *probs = malloc(sizeof(float) * BATCH_MAX_N * SQUAD_MAX_LETTERS);
     squad_chunk *ck = calloc(BATCH_MAX_N, sizeof *ck);
-    int rc = state_ids && q_ids && ta && tb && probs && ck ? 0 : SQUAD_E_NOMEM;
+    int rc = q_ids && ta && tb && probs && ck ? 0 : SQUAD_E_NOMEM;
     for (int i = 0; i < N_LETTERS; i++) letters[i] = 32 + 3 * i;
-    /* the cached states: BATCH_MAX_N different 4096-token rows, each saved from slot 0 */
     const double t0 = squad_now_seconds();
-    for (int s = 0; s < BATCH_MAX_N && !rc; s++) {
-        fill(state_ids, STATE_LEN, V);
-        squad_chunk ch;
-        memset(&ch, 0, sizeof ch);
-        ch.ids = state_ids;
-        ch.len = STATE_LEN;
-        G[s] = be->alloc(be, be->gdn_snapshot_bytes, &err);
-        KV[s] = G[s] ? be->alloc(be, (size_t)STATE_LEN * be->kv_bytes_per_pos, &err) : NULL;
-        if (!KV[s]) rc = SQUAD_E_NOMEM;
-        if (!rc) rc = be->reset(be, 0, &err);
-        if (!rc) rc = squad_backend_forward1(be, &ch, NULL, &err);
-        if (!rc) rc = be->save_gdn(be, 0, G[s], &err);
-        if (!rc) rc = be->save_kv(be, 0, KV[s], STATE_LEN, &err);
-    }
+    if (!rc) rc = batch_states(be, BATCH_MAX_N, V, G, KV, &err);
     if (!rc) printf("\n%d cached %d-token states made in %.2f s\n", BATCH_MAX_N, STATE_LEN, squad_now_seconds() - t0);
     cost cw = cost_of(c, 0, 0);
     int n_lin = 0;
@@ -458,7 +467,59 @@ static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
         be->release(be, KV[s]);
     }
     be->destroy(be);
-    free(state_ids), free(q_ids), free(ta), free(tb), free(probs), free(ck);
+    free(q_ids), free(ta), free(tb), free(probs), free(ck);
+    return rc ? 1 : 0;
+}
+
+/* --profile batch:NxQ: one batched forward of N Q-token hits, each on its own cached state, between
+ * cudaProfilerStart / Stop (run under ncu), after BATCH_PROFILE_WARM unprofiled ones (the graph
+ * captured, the GEMM plans tuned, so a profile sees the kernels a batched step runs). */
+#define BATCH_PROFILE_WARM 3
+static int batch_profile(squad_model *m, int n, int q) {
+    if (n < 1 || n > BATCH_MAX_N || q < 1 || q > BATCH_MAX_Q) {
+        fprintf(stderr, "bench_gpu: --profile batch:NxQ takes N 1..%d, Q 1..%d\n", BATCH_MAX_N, BATCH_MAX_Q);
+        return 2;
+    }
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precision = SQUAD_PRECISION_DEFAULT;
+    o.max_rows = BATCH_MAX_N;
+    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q;
+    squad_err err = {0};
+    squad_backend *be = squad_cuda_backend_new(m, &o, 8192, &err);
+    if (!be) {
+        fprintf(stderr, "bench_gpu --profile: %s\n", err.msg);
+        return 1;
+    }
+    const int V = m->cfg.vocab_size;
+    void *G[BATCH_MAX_N] = {0}, *KV[BATCH_MAX_N] = {0};
+    int32_t *q_ids = malloc(sizeof(int32_t) * (size_t)n * q), letters[N_LETTERS];
+    float *probs = malloc(sizeof(float) * (size_t)n * SQUAD_MAX_LETTERS);
+    squad_chunk *ck = calloc((size_t)n, sizeof *ck);
+    int rc = q_ids && probs && ck ? 0 : SQUAD_E_NOMEM;
+    for (int i = 0; i < N_LETTERS; i++) letters[i] = 32 + 3 * i;
+    if (!rc) rc = batch_states(be, n, V, G, KV, &err);
+    double dt = 0;
+    for (int r = 0; r <= BATCH_PROFILE_WARM && !rc; r++) {
+        fill(q_ids, n * q, V);
+        batch_chunks(ck, n, q, q_ids, letters, probs);
+        rc = batch_restore(be, n, 0, G, KV, &err);
+        if (cudaDeviceSynchronize() != cudaSuccess && !rc) rc = SQUAD_E_BACKEND;
+        if (rc) break;
+        if (r == BATCH_PROFILE_WARM) cudaProfilerStart();
+        const double ts = squad_now_seconds();
+        rc = be->forward(be, ck, n, &err);
+        dt = squad_now_seconds() - ts;
+        if (r == BATCH_PROFILE_WARM) cudaProfilerStop();
+    }
+    printf("profile batch:%dx%d: %.3f ms%s%s\n", n, q, dt * 1e3, rc ? ": " : "", rc ? err.msg : "");
+    for (int s = 0; s < n; s++) {
+        be->release(be, G[s]);
+        be->release(be, KV[s]);
+    }
+    be->destroy(be);
+    free(q_ids), free(probs), free(ck);
     return rc ? 1 : 0;
 }
 #endif
@@ -898,6 +959,18 @@ int main(int argc, char **argv) {
     }
     if (do_long) { /* a cold 131072-token row takes seconds: fewer repetitions unless asked */
         const int rc = long_bench(m, reps_given ? reps : 3, bw, tflops);
+        squad_model_free(m);
+        return rc;
+    }
+    if (profile && !strncmp(profile, "batch:", 6)) {
+        int n = 0, q = 0;
+        if (sscanf(profile + 6, "%dx%d", &n, &q) != 2) n = 0;
+#ifdef SQUAD_HAVE_CUDA
+        const int rc = batch_profile(m, n, q);
+#else
+        const int rc = 1;
+        fprintf(stderr, "bench_gpu --profile batch: built without CUDA\n");
+#endif
         squad_model_free(m);
         return rc;
     }

@@ -42,7 +42,8 @@
 #              kernels that read what the previous one wrote look slower than in the graph;
 #              NCU_CACHE=none keeps the caches as they are
 #   kprofile   (not by default) where chosen kernels' warps wait: for each row of KPROFILE_CASES
-#              (hit:128), run once without ncu (tuning), then one launch (the KPROFILE_SKIP + 1th, 5th)
+#              (hit:128; cold:N, hit:Q, or batch:NxQ for a batched step of N Q-token hits), run once
+#              without ncu (tuning), then one launch (the KPROFILE_SKIP + 1th, 5th)
 #              of each kernel of KPROFILE_KERNELS (name regexes; the GDN and attention kernels) under
 #              ncu with source counters; tools/ncu_stalls.py's phases and each kernel's duration,
 #              registers, occupancy -> kprofile.log, the SASS pages and details -> kprofile.tgz
