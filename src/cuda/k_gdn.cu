@@ -1439,7 +1439,7 @@ struct fused_smem {
     static constexpr size_t rsq_off = vec_off + 4 * GDN_C * 4;         /* [DV / 16][64] sums of squares */
     static constexpr size_t rs_off = rsq_off + (size_t)(DV / 16) * GDN_C * 4; /* [64] the norm's scales */
     static constexpr int NCW = 2 * DK + DV;                            /* conv channels of a head, padded */
-    static constexpr size_t cw_off = rs_off + GDN_C * 4;               /* their weights [NCW][FUSED_K] fp32 */
+    static constexpr size_t cw_off = (rs_off + GDN_C * 4 + 15) / 16 * 16; /* their weights [NCW][FUSED_K] fp32 */
     static constexpr size_t bytes = cw_off + (size_t)NCW * FUSED_K * 4 + 16; /* + Gamma_last */
     static_assert((size_t)GDN_C * LDZ * 2 <= 2 * (size_t)GDN_C * LDL * 4, "Y's tile fits L and T");
     /* the conv's raw inputs, rows [t0 - (KC - 1), t0 + 64) of [q | k | v] (DK, DK, DV channels), over
@@ -1494,6 +1494,7 @@ template <int DK, int DV, int KC>
 __device__ __forceinline__ void fused_conv(const gdn_fused_args &a, const bf16 *Rs, const float *Cw, int t0, int len,
                                            bf16 *Qs, bf16 *Ks, float *Vs, int tid) {
     typedef fused_smem<DK, DV> SM;
+    static_assert(KC == 4 && SM::cw_off % 16 == 0, "a channel's taps are one aligned float4");
     const int w = tid >> 5, lane = tid & 31, o = lane & 15;
 #pragma unroll 1
     for (int seg = 0; seg < 3; seg++) {
@@ -1501,11 +1502,14 @@ __device__ __forceinline__ void fused_conv(const gdn_fused_args &a, const bf16 *
         const int size = isv ? a.dv : a.dk, pad = isv ? DV : DK;
         const bool real = 8 * o < size, mine = 8 * o < pad; /* size and pad are multiples of 8 */
         const int rs0 = seg * DK + 8 * o; /* the lane's first channel in Rs's rows and Cw */
+        /* a channel's KC = 4 taps in one 16-byte load: 8 loads a lane, where 32 scalar ones keep the
+         * shared-memory queue full (ncu put a third of the kernel's samples in the conv with them) */
         float wt[8][KC];
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int j = 0; j < KC; j++) wt[i][j] = real ? Cw[(rs0 + i) * KC + j] : 0.f; /* past the head: none */
+        for (int i = 0; i < 8; i++) {
+            const float4 w4 = real ? *(const float4 *)(Cw + (rs0 + i) * KC) : make_float4(0.f, 0.f, 0.f, 0.f);
+            wt[i][0] = w4.x, wt[i][1] = w4.y, wt[i][2] = w4.z, wt[i][3] = w4.w; /* past the head: none */
+        }
         const float qs = seg == 0 ? rsqrtf((float)a.dk) : 1.f;
 #pragma unroll 2
         for (int it = 0; it < GDN_C / 16; it++) {
@@ -1731,7 +1735,10 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
             rsv[tid] = rsqrtf(ss / (float)dv + a.eps);
         }
         __syncthreads();
-        if (chain) { /* the gated RMSNorm into Y's tile (L and T are dead) */
+        if (chain) { /* the gated RMSNorm into Y's tile (L and T are dead). Every value is computed
+                      * and only the store is conditional: conditions around the arithmetic
+                      * (padding rows, tokens past len) make each element a branch of its own and
+                      * run the 32 SiLUs one after another (docs/cuda.md, "The fused mixer") */
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -1739,12 +1746,10 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
                     const int t = 8 * j + 2 * cc + e;
                     const float rs = rsv[t];
                     const bool live = t0 + t < len;
-                    if (n0 < dv)
-                        Yt[t * SM::LDZ + n0] = __float2bfloat16(
-                            live ? O[j][e] * rs * nw0 * cu_silu(__bfloat162float(Zs[t * SM::LDZ + n0])) : 0.f);
-                    if (n0 + 8 < dv)
-                        Yt[t * SM::LDZ + n0 + 8] = __float2bfloat16(
-                            live ? O[j][2 + e] * rs * nw1 * cu_silu(__bfloat162float(Zs[t * SM::LDZ + n0 + 8])) : 0.f);
+                    const float y0 = O[j][e] * rs * nw0 * cu_silu(__bfloat162float(Zs[t * SM::LDZ + n0]));
+                    const float y1 = O[j][2 + e] * rs * nw1 * cu_silu(__bfloat162float(Zs[t * SM::LDZ + n0 + 8]));
+                    if (n0 < dv) Yt[t * SM::LDZ + n0] = __float2bfloat16(live ? y0 : 0.f);
+                    if (n0 + 8 < dv) Yt[t * SM::LDZ + n0 + 8] = __float2bfloat16(live ? y1 : 0.f);
                 }
         }
         __syncthreads();
@@ -1936,7 +1941,7 @@ static int fused_init(cu_gdn_dims *d, squad_err *err) {
  * its blocks are long chains (a (row, head) each), so a launch of fewer loses to the four kernels'
  * hundreds of blocks (a hit: 2.48 against 1.60 ms at 4096+128), and on rows of one block its conv
  * and prep cost more than the four kernels' (16 x 32: 2.92-3.00 against 2.75-2.83 ms), while 16
- * rows of 128 tie or gain up to ~1.7 % (docs/cuda.md, "The fused mixer"). The tests (no
+ * rows of 128 gain ~5 % (docs/cuda.md, "The fused mixer"). The tests (no
  * SM count) take it for any rows within fused_rows. */
 int cu_gdn_fused_here(const cu_gdn_dims *d, int rows, unsigned nr) {
     if (d->fused_rows <= 0 || rows > d->fused_rows || !cu_gdn_fused_ok(d)) return 0;
