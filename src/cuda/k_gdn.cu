@@ -1941,7 +1941,7 @@ static int fused_init(cu_gdn_dims *d, squad_err *err) {
  * its blocks are long chains (a (row, head) each), so a launch of fewer loses to the four kernels'
  * hundreds of blocks (a hit: 2.48 against 1.60 ms at 4096+128), and on rows of one block its conv
  * and prep cost more than the four kernels' (16 x 32: 2.92-3.00 against 2.75-2.83 ms), while 16
- * rows of 128 gain ~5 % (docs/cuda.md, "The fused mixer"). The tests (no
+ * rows of 128 gain (docs/cuda.md, "The fused mixer"). The tests (no
  * SM count) take it for any rows within fused_rows. */
 int cu_gdn_fused_here(const cu_gdn_dims *d, int rows, unsigned nr) {
     if (d->fused_rows <= 0 || rows > d->fused_rows || !cu_gdn_fused_ok(d)) return 0;
