@@ -365,6 +365,18 @@ static int batch_restore(squad_backend *be, int n, int shared, void *const *G, v
     return rc;
 }
 
+/* The backend the batched cases run on: the default precision, BATCH_MAX_N rows of up to
+ * BATCH_MAX_Q tokens in one replay. NULL with err set when it cannot be made. */
+static squad_backend *batch_backend(squad_model *m, squad_err *err) {
+    squad_engine_opts o;
+    squad_engine_opts_default(&o);
+    o.device = SQUAD_DEVICE_CUDA;
+    o.precision = SQUAD_PRECISION_DEFAULT;
+    o.max_rows = BATCH_MAX_N;
+    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q; /* 64 questions of 128 tokens in one replay */
+    return squad_cuda_backend_new(m, &o, 8192, err);
+}
+
 /* n cached STATE_LEN-token states of fresh ids: each row run on slot 0 and saved into G[s], KV[s]
  * (allocated here; the caller releases them). */
 static int batch_states(squad_backend *be, int n, int V, void **G, void **KV, squad_err *err) {
@@ -390,14 +402,8 @@ static int batch_states(squad_backend *be, int n, int V, void **G, void **KV, sq
 
 static int batch_bench(squad_model *m, int reps, double bw, double tflops) {
     const squad_config *c = &m->cfg;
-    squad_engine_opts o;
-    squad_engine_opts_default(&o);
-    o.device = SQUAD_DEVICE_CUDA;
-    o.precision = SQUAD_PRECISION_DEFAULT;
-    o.max_rows = BATCH_MAX_N;
-    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q; /* 64 questions of 128 tokens in one replay */
     squad_err err = {0};
-    squad_backend *be = squad_cuda_backend_new(m, &o, 8192, &err);
+    squad_backend *be = batch_backend(m, &err);
     if (!be) {
         fprintf(stderr, "bench_gpu --batch: %s\n", err.msg);
         return 1;
@@ -480,14 +486,8 @@ static int batch_profile(squad_model *m, int n, int q) {
         fprintf(stderr, "bench_gpu: --profile batch:NxQ takes N 1..%d, Q 1..%d\n", BATCH_MAX_N, BATCH_MAX_Q);
         return 2;
     }
-    squad_engine_opts o;
-    squad_engine_opts_default(&o);
-    o.device = SQUAD_DEVICE_CUDA;
-    o.precision = SQUAD_PRECISION_DEFAULT;
-    o.max_rows = BATCH_MAX_N;
-    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q;
     squad_err err = {0};
-    squad_backend *be = squad_cuda_backend_new(m, &o, 8192, &err);
+    squad_backend *be = batch_backend(m, &err);
     if (!be) {
         fprintf(stderr, "bench_gpu --profile: %s\n", err.msg);
         return 1;
@@ -599,38 +599,16 @@ static int abl_batch_step(squad_backend *be, void **G, void **KV, int n, int q, 
 }
 
 static int batch_ablate(squad_model *m, int reps) {
-    squad_engine_opts o;
-    squad_engine_opts_default(&o);
-    o.device = SQUAD_DEVICE_CUDA;
-    o.precision = SQUAD_PRECISION_DEFAULT;
-    o.max_rows = BATCH_MAX_N;
-    o.batch_tokens = BATCH_MAX_N * BATCH_MAX_Q;
     squad_err err = {0};
-    squad_backend *be = squad_cuda_backend_new(m, &o, 8192, &err);
+    squad_backend *be = batch_backend(m, &err);
     if (!be) {
         fprintf(stderr, "bench_gpu --batch --ablate: %s\n", err.msg);
         return 1;
     }
-    /* the cached states: rows of STATE_LEN pseudo-random tokens run on slot 0 and saved (real
-     * values: zeros can time differently) */
+    /* the cached states: rows of STATE_LEN pseudo-random tokens (real values: zeros can time
+     * differently) */
     void *G[ABL_BATCH_STATES] = {0}, *KV[ABL_BATCH_STATES] = {0};
-    int32_t *state_ids = malloc(sizeof(int32_t) * STATE_LEN);
-    int rc = state_ids ? 0 : SQUAD_E_NOMEM;
-    for (int s = 0; s < ABL_BATCH_STATES && !rc; s++) {
-        G[s] = be->alloc(be, be->gdn_snapshot_bytes, &err);
-        KV[s] = G[s] ? be->alloc(be, (size_t)STATE_LEN * be->kv_bytes_per_pos, &err) : NULL;
-        if (!KV[s]) rc = SQUAD_E_NOMEM;
-        fill(state_ids, STATE_LEN, m->cfg.vocab_size);
-        squad_chunk ch;
-        memset(&ch, 0, sizeof ch);
-        ch.ids = state_ids;
-        ch.len = STATE_LEN;
-        if (!rc) rc = be->reset(be, 0, &err);
-        if (!rc) rc = squad_backend_forward1(be, &ch, NULL, &err);
-        if (!rc) rc = be->save_gdn(be, 0, G[s], &err);
-        if (!rc) rc = be->save_kv(be, 0, KV[s], STATE_LEN, &err);
-    }
-    free(state_ids);
+    int rc = batch_states(be, ABL_BATCH_STATES, m->cfg.vocab_size, G, KV, &err);
     printf("\nbatch ablation: each case's batch graph replayed (median of %d), kernel groups left out (GPU ms)\n", reps);
     printf("| case |");
     for (int j = 0; j < N_SETS; j++) printf(" %s |", SETS[j].name);
