@@ -9,7 +9,8 @@
 #   tools/gpu_run.sh OUTDIR        THERE (the run tool, carry [".carry"]): runs everything below and
 #                                  writes at most 8 logs into OUTDIR.
 # The run tool brings back at most 8 files from its $OUT: with more steps, or several OUTDIRs in one
-# call, set PACK_LOGS=1 (each OUTDIR comes back as one OUTDIR.tgz).
+# call, set PACK_LOGS=1 (each OUTDIR comes back as one OUTDIR.tgz; a later invocation on the same
+# OUTDIR as OUTDIR.2.tgz, .3 ...).
 # GPU_CARRY=.carry-NAME (both sides) keeps a second carried build beside .carry (a branch's, say), so
 # one call can run two builds (an A/B: their bench steps alternated A B A B, compared by
 # tools/bench_ab.py). --prepare packs the folder's binaries, libraries and tokenizer into
@@ -435,9 +436,14 @@ if has racecheck; then
 fi
 log "done"
 # The run tool brings back at most 8 files from $OUT: PACK_LOGS=1 leaves one archive, OUTDIR.tgz,
-# in place of the folder (the summary is printed first, so the call's output still shows it).
+# in place of the folder (the summary is printed first, so the call's output still shows it). A
+# second invocation on the same OUTDIR (the arms of an A/B) gets OUTDIR.2.tgz, .3 ..., never
+# overwriting an earlier archive.
 if [ "${PACK_LOGS:-0}" = 1 ]; then
     cat "$SUM"
-    tar czf "$OUT.tgz" -C "$OUT" . && rm -rf "$OUT"
+    pack=$OUT.tgz
+    n=2
+    while [ -e "$pack" ]; do pack=$OUT.$n.tgz; n=$((n + 1)); done
+    tar czf "$pack" -C "$OUT" . && rm -rf "$OUT"
 fi
 exit 0
