@@ -910,12 +910,25 @@ int main(int argc, char **argv) {
     printf("model %s loaded in %.2f s (H %d, %d layers, vocab %d)\n", model_dir, squad_now_seconds() - tl,
            m->cfg.hidden_size, m->cfg.num_layers, m->cfg.vocab_size);
     const int vocab = m->cfg.vocab_size;
-    if (do_ablate && do_batch) {
+    /* the batched cases (the backend's own batched forward: CUDA only); --batch before --ablate
+     * alone, --ablate and --long before --profile */
+    const int profile_batch = profile && !strncmp(profile, "batch:", 6) && !do_ablate && !do_long;
+    if (do_batch || profile_batch) {
 #ifdef SQUAD_HAVE_CUDA
-        const int rc = batch_ablate(m, reps);
+        int rc = 0;
+        if (do_batch && do_ablate) {
+            rc = batch_ablate(m, reps);
+        } else if (do_batch) {
+            rc = batch_bench(m, reps_given ? reps : 30, bw, tflops);
+        } else {
+            int n = 0, q = 0;
+            if (sscanf(profile + 6, "%dx%d", &n, &q) != 2) n = 0;
+            rc = batch_profile(m, n, q);
+        }
 #else
         const int rc = 1;
-        fprintf(stderr, "bench_gpu --batch --ablate: built without CUDA\n");
+        fprintf(stderr, "bench_gpu %s: built without CUDA\n",
+                do_batch ? (do_ablate ? "--batch --ablate" : "--batch") : "--profile batch");
 #endif
         squad_model_free(m);
         return rc;
@@ -925,30 +938,8 @@ int main(int argc, char **argv) {
         squad_model_free(m);
         return rc;
     }
-    if (do_batch) {
-#ifdef SQUAD_HAVE_CUDA
-        const int rc = batch_bench(m, reps_given ? reps : 30, bw, tflops);
-#else
-        const int rc = 1;
-        fprintf(stderr, "bench_gpu --batch: built without CUDA\n");
-#endif
-        squad_model_free(m);
-        return rc;
-    }
     if (do_long) { /* a cold 131072-token row takes seconds: fewer repetitions unless asked */
         const int rc = long_bench(m, reps_given ? reps : 3, bw, tflops);
-        squad_model_free(m);
-        return rc;
-    }
-    if (profile && !strncmp(profile, "batch:", 6)) {
-        int n = 0, q = 0;
-        if (sscanf(profile + 6, "%dx%d", &n, &q) != 2) n = 0;
-#ifdef SQUAD_HAVE_CUDA
-        const int rc = batch_profile(m, n, q);
-#else
-        const int rc = 1;
-        fprintf(stderr, "bench_gpu --profile batch: built without CUDA\n");
-#endif
         squad_model_free(m);
         return rc;
     }

@@ -67,10 +67,27 @@ typedef struct gdn_variant {
     int short_rows, prep_split, conv_groups, fused_rows;
 } gdn_variant;
 
+/* The in_proj output's row stride of a case: q, k, v, z, b, a, padded and 8-aligned as the backend has it. */
+static int gdn_case_ldP(const gdn_case *c) {
+    const int C = 2 * c->nk * c->dk + c->nv * c->dv;
+    return ((C + c->nv * c->dv + 2 * c->nv + 7) & ~7) + 8;
+}
+
+/* 1 when a variant with this fused_rows runs the case's launches as the fused mixer on this GPU. */
+static int gdn_case_fused(const gdn_case *c, int fused_rows) {
+    cu_ref_gdn_args q;
+    memset(&q, 0, sizeof q);
+    q.nk = c->nk, q.nv = c->nv, q.dk = c->dk, q.dv = c->dv, q.K = c->K;
+    q.ldP = gdn_case_ldP(c);
+    q.rows = c->rows1 > c->rows2 ? c->rows1 : c->rows2;
+    q.fused_rows = fused_rows;
+    return squad_cuda_test_gdn_fused(&q);
+}
+
 /* Returns a hash of the device's outputs (both chunks' Y and states, the conv state). */
 static uint64_t test_gdn(rng *r, const gdn_case *c, int exact, const gdn_variant *v) {
     const int C = 2 * c->nk * c->dk + c->nv * c->dv;
-    const int ldP = ((C + c->nv * c->dv + 2 * c->nv + 7) & ~7) + 8; /* padded, 8-aligned as the backend has it */
+    const int ldP = gdn_case_ldP(c);
     const size_t nS = (size_t)c->nv * c->dk * c->dv;
     float *conv_w = randn(r, (size_t)C * c->K, 0.5, 0);
     float *A_log = malloc(sizeof(float) * c->nv), *dt = randn(r, c->nv, 0.5, 0), *nw = malloc(sizeof(float) * c->dv);
@@ -406,14 +423,7 @@ int main(void) {
             const int first = gv[v].short_rows == LONG ? 0 : 2;
             int fused = 0;
             if (gv[v].fused_rows > 0) {
-                const int C = 2 * gc[i].nk * gc[i].dk + gc[i].nv * gc[i].dv;
-                cu_ref_gdn_args q;
-                memset(&q, 0, sizeof q);
-                q.nk = gc[i].nk, q.nv = gc[i].nv, q.dk = gc[i].dk, q.dv = gc[i].dv, q.K = gc[i].K;
-                q.ldP = ((C + gc[i].nv * gc[i].dv + 2 * gc[i].nv + 7) & ~7) + 8; /* as test_gdn's */
-                q.rows = gc[i].rows1 > gc[i].rows2 ? gc[i].rows1 : gc[i].rows2;
-                q.fused_rows = gv[v].fused_rows;
-                fused = squad_cuda_test_gdn_fused(&q);
+                fused = gdn_case_fused(&gc[i], gv[v].fused_rows);
                 printf("  case %d: %s\n", i, fused ? "fused" : "the four kernels");
             }
             CHECKF(fused || bits[v][i] == bits[first][i], "gdn case %d: variant %d's bits differ from variant %d's", i, v,

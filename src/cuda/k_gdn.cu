@@ -1449,6 +1449,13 @@ struct fused_smem {
     static_assert((size_t)(GDN_C + CU_MAX_CONV_K - 1) * LDR * 2 <= x_off - u_off, "the raw inputs fit U^T, L, T");
 };
 
+/* The channel (in P's rows, the conv state and the conv weights) of offset c in segment seg (0 q,
+ * 1 k, 2 v) of value head h. The fused mixer runs only where nv == nk (cu_gdn_fused_ok), so value
+ * head h reads q / k head h. */
+__device__ __forceinline__ int fused_channel(const gdn_fused_args &a, int h, int seg, int c) {
+    return seg == 0 ? h * a.dk + c : seg == 1 ? (a.nk + h) * a.dk + c : 2 * a.nk * a.dk + h * a.dv + c;
+}
+
 /* The conv's raw inputs of the block's 64 tokens into Rs (fused_smem::r_off): rows tau = t0 - (KC - 1)
  * .. t0 + 63 of the head's q, k and v channels, one round of 16-byte copies (not committed); rows
  * before the row from the saved inputs (conv_in, [K-1][C], read 4 bytes at a time), 0 at or past len. */
@@ -1457,12 +1464,11 @@ __device__ __forceinline__ void fused_stage(const gdn_fused_args &a, const bf16 
                                             int t0, int len, bf16 *Rs, int tid) {
     typedef fused_smem<DK, DV> SM;
     constexpr int NO = SM::NCW / 8, QO = DK / 8; /* octets of a row (padded), of q's */
-    const int hk = h / (a.nv / a.nk);
     for (int e = tid; e < (GDN_C + KC - 1) * NO; e += FUSED_THREADS) {
         const int m = e / NO, oc = e % NO, tau = t0 - (KC - 1) + m;
         const int seg = oc < QO ? 0 : oc < 2 * QO ? 1 : 2, c = 8 * (oc - seg * QO); /* channel in the segment */
         if (c >= (seg == 2 ? a.dv : a.dk)) continue; /* padding: never read */
-        const int ch = seg == 0 ? hk * a.dk + c : seg == 1 ? (a.nk + hk) * a.dk + c : 2 * a.nk * a.dk + h * a.dv + c;
+        const int ch = fused_channel(a, h, seg, c);
         bf16 *d = Rs + m * SM::LDR + 8 * oc;
         if (tau >= 0) { /* (len > 0: a row before the chunk is a real one) */
             cu_cp_async16(d, P + (size_t)(tau < len ? tau : 0) * a.ldP + ch, tau < len ? 16 : 0);
@@ -1477,12 +1483,10 @@ __device__ __forceinline__ void fused_stage(const gdn_fused_args &a, const bf16 
 template <int DK, int DV, int KC>
 __device__ __forceinline__ void fused_conv_weights(const gdn_fused_args &a, int h, float *Cw, int tid) {
     typedef fused_smem<DK, DV> SM;
-    const int hk = h / (a.nv / a.nk);
     for (int e = tid; e < SM::NCW * KC; e += FUSED_THREADS) {
         const int cc = e / KC, j = e % KC;
         const int seg = cc < DK ? 0 : cc < 2 * DK ? 1 : 2, c = cc - seg * DK;
-        const int ch = seg == 0 ? hk * a.dk + c : seg == 1 ? (a.nk + hk) * a.dk + c : 2 * a.nk * a.dk + h * a.dv + c;
-        Cw[e] = c < (seg == 2 ? a.dv : a.dk) ? a.conv_w[(size_t)ch * KC + j] : 0.f;
+        Cw[e] = c < (seg == 2 ? a.dv : a.dk) ? a.conv_w[(size_t)fused_channel(a, h, seg, c) * KC + j] : 0.f;
     }
 }
 
@@ -1637,13 +1641,12 @@ __global__ void __launch_bounds__(FUSED_THREADS, 1) gdn_fused_kernel(gdn_fused_a
         __syncthreads();
         if (c == 0) { /* this head's conv inputs are read: its channels of the state move on */
             bf16 *conv_state = (bf16 *)(prm->gdn + a.bt.conv_off);
-            const int hk = h / (a.nv / a.nk);
-            cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, hk * a.dk + tid, (hk + 1) * a.dk,
-                                      FUSED_THREADS);
-            cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, (a.nk + hk) * a.dk + tid,
-                                      (a.nk + hk + 1) * a.dk, FUSED_THREADS);
-            const int vb = 2 * a.nk * a.dk + h * dv;
-            cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, vb + tid, vb + dv, FUSED_THREADS);
+#pragma unroll
+            for (int seg = 0; seg < 3; seg++) {
+                const int c0 = fused_channel(a, h, seg, 0);
+                cu_conv_state_shift_range(conv_state, conv_in, P, a.ldP, a.C, KC, len, c0 + tid,
+                                          c0 + (seg == 2 ? dv : a.dk), FUSED_THREADS);
+            }
         }
         if (w == 0) { /* cumulative log-decay, as gdn_prep's */
             const float gl = prep_decay(gam, Gam, gsc, lane);
